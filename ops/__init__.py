@@ -1,0 +1,16 @@
+"""onnx-numba's kernels.  Importing this package registers every op family.
+
+Every public module of this package (a name without a leading underscore) is
+an op family and is imported here, so adding a family is adding a file.
+"""
+import importlib
+import pkgutil
+
+from . import registry  # noqa: F401
+
+_FAMILIES = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
+                   and m.name not in ("registry",))
+for _name in _FAMILIES:
+    importlib.import_module(f"{__name__}.{_name}")
+
+__all__ = ["registry"]

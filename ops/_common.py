@@ -1,0 +1,115 @@
+"""Helpers shared by the op wrappers: broadcasting, output buffers, dtypes, axes.
+
+Wrappers keep kernels few and typed: they reshape inputs to a canonical
+rank (flat, or 4-d for broadcasting) so each kernel compiles once per dtype,
+compute 16-bit floats in float32, and hand kernels the preallocated output
+buffer when the planner gave one whose shape and dtype match.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.errors import InvalidArgumentError, ShapeMismatchError
+
+__all__ = ["broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
+           "check_same_dtype", "check_indices"]
+
+F32 = np.dtype(np.float32)
+_LOWP_NAMES = {"float16", "bfloat16"}
+
+
+def lowp(dtype) -> bool:
+    """16-bit (and 8-bit) floats are computed in float32 by the wrappers."""
+    dt = np.dtype(dtype)
+    return dt.name in _LOWP_NAMES or dt.name.startswith("float8") or dt.name.startswith("float4")
+
+
+def broadcast_shape(*shapes) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeMismatchError(f"shapes {[list(s) for s in shapes]} cannot be broadcast together") from None
+
+
+_TO4_CACHE: dict = {}
+
+
+def to4(out_shape: tuple, shapes: tuple) -> tuple | None:
+    """Canonical 4-d shapes for a broadcast: (out4, [in4...]) or None if it needs more than 4 axes.
+
+    Axes are merged where every operand either spans or broadcasts both, so
+    most broadcasts collapse to two or three axes.
+    """
+    key = (out_shape, shapes)
+    hit = _TO4_CACHE.get(key)
+    if hit is not None:
+        return hit
+    r = len(out_shape)
+    padded = [(1,) * (r - len(s)) + tuple(s) for s in shapes]
+    groups = []  # (out_extent, [extent per operand], pattern)
+    for ax in range(r):
+        n = out_shape[ax]
+        if n == 1:
+            continue
+        pat = tuple(p[ax] == n for p in padded)
+        if groups and groups[-1][2] == pat:
+            g = groups[-1]
+            groups[-1] = (g[0] * n, [e * (p[ax]) for e, p in zip(g[1], padded)], pat)
+        else:
+            groups.append((n, [p[ax] for p in padded], pat))
+    if len(groups) > 4:
+        res = None
+    else:
+        pad = 4 - len(groups)
+        out4 = (1,) * pad + tuple(g[0] for g in groups)
+        ins4 = [(1,) * pad + tuple(g[1][k] for g in groups) for k in range(len(shapes))]
+        res = (out4, ins4)
+    if len(_TO4_CACHE) < 4096:
+        _TO4_CACHE[key] = res
+    return res
+
+
+def out_buffer(buf, shape, dtype):
+    """``buf`` if it has exactly this shape and dtype, else a fresh array."""
+    if buf is not None and buf.shape == shape and buf.dtype == dtype:
+        return buf
+    return np.empty(shape, dtype)
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    a = int(axis)
+    if a < -rank or a >= max(rank, 1):
+        raise InvalidArgumentError(f"{what} {axis} is out of range for a tensor of rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def norm_axes(axes, rank: int) -> tuple:
+    out = tuple(sorted(norm_axis(a, rank) for a in axes))
+    if len(set(out)) != len(out):
+        raise InvalidArgumentError(f"axes {list(axes)} repeat an axis")
+    return out
+
+
+def as_int_list(x) -> list:
+    if x is None:
+        return []
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def check_same_dtype(op: str, *arrays) -> None:
+    dt = arrays[0].dtype
+    for a in arrays[1:]:
+        if a.dtype != dt:
+            raise InvalidArgumentError(f"{op}: inputs must share one dtype, got {[str(x.dtype) for x in arrays]}")
+
+
+def check_indices(op: str, idx: np.ndarray, lo: int, hi: int, what: str = "index") -> None:
+    """Raise ``IndexOutOfRangeError`` unless every index lies in [lo, hi)."""
+    from runtime.errors import IndexOutOfRangeError
+    if idx.size == 0:
+        return
+    mn = idx.min()
+    mx = idx.max()
+    if mn < lo or mx >= hi:
+        bad = mn if mn < lo else mx
+        raise IndexOutOfRangeError(f"{op}: {what} {int(bad)} is out of bounds; valid range is [{lo}, {hi - 1}]")

@@ -1,0 +1,139 @@
+"""The op registry: (domain, op_type, since_version) -> wrapper.
+
+A wrapper is a plain function whose positional parameters are the op's inputs
+(missing optional inputs arrive as ``None``; trailing ones are omitted) and
+whose keyword parameters are the ONNX attribute names with the spec's
+defaults.  At plan time the attributes are bound once with
+``functools.partial``.  A wrapper that also needs plan-time facts (opset,
+output count, static shapes, preallocated buffers) declares a keyword-only
+``ctx`` parameter and receives an ``OpContext``.
+
+A wrapper registered with ``factory=True`` is instead called once at plan
+time as ``factory(ctx, **attrs)`` and returns the per-run callable; hot ops
+use this to bind their compiled kernel and output buffer ahead of time.
+
+Invariants a wrapper keeps:
+- it returns numpy arrays (0-d for scalars), one per output, as an ndarray
+  for a single output or a tuple for several;
+- it never writes to its inputs;
+- unless registered with ``views=True`` it never returns an input or a view
+  of one (the planner relies on this to recycle buffers).
+
+Resolution picks the newest registration whose since_version is at or below
+the model's opset for that domain.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["op", "resolve", "OpContext", "OpImpl", "registered_ops", "bind"]
+
+
+@dataclass
+class OpImpl:
+    domain: str
+    op_type: str
+    since: int
+    fn: Callable
+    factory: bool = False
+    views: bool = False
+    wants_ctx: bool = False
+    provider: str = "CPUExecutionProvider"
+
+
+@dataclass
+class OpContext:
+    """Plan-time facts about one node."""
+
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    attrs: dict
+    n_inputs: int
+    n_outputs: int
+    input_types: list = field(default_factory=list)  # ValueInfo or None per input
+    output_types: list = field(default_factory=list)
+    out: list = field(default_factory=list)  # preallocated ndarray or None per output
+    provider: str = "CPUExecutionProvider"
+    outputs_used: list = field(default_factory=list)  # bool per output
+    node: Any = None
+    graph: Any = None  # the IR graph the node belongs to (subgraph ops need it)
+    session_options: Any = None
+
+
+_REG: dict[tuple, list] = {}
+_SINCE: dict[tuple, list] = {}
+
+_DOMAIN_ALIASES = {"ai.onnx": ""}
+
+
+def _norm_domain(d: str) -> str:
+    return _DOMAIN_ALIASES.get(d, d)
+
+
+def op(op_type: str, since: int = 1, domain: str = "", *, factory: bool = False, views: bool = False,
+       provider: str = "CPUExecutionProvider"):
+    """Register the decorated wrapper for ``(domain, op_type)`` from version ``since`` on."""
+
+    def deco(fn):
+        wants_ctx = "ctx" in inspect.signature(fn).parameters and not factory
+        impl = OpImpl(_norm_domain(domain), op_type, since, fn, factory, views, wants_ctx, provider)
+        key = (provider, impl.domain, op_type)
+        lst = _REG.setdefault(key, [])
+        sinces = _SINCE.setdefault(key, [])
+        if since in sinces:
+            i = sinces.index(since)
+            lst[i] = impl
+        else:
+            i = bisect.bisect(sinces, since)
+            sinces.insert(i, since)
+            lst.insert(i, impl)
+        return fn
+
+    return deco
+
+
+def resolve(domain: str, op_type: str, opset: int, provider: str = "CPUExecutionProvider") -> OpImpl | None:
+    """Newest registration at or below ``opset``, or None."""
+    key = (provider, _norm_domain(domain), op_type)
+    sinces = _SINCE.get(key)
+    if not sinces:
+        return None
+    i = bisect.bisect_right(sinces, opset) - 1
+    if i < 0:
+        return None
+    return _REG[key][i]
+
+
+def registered_ops(provider: str = "CPUExecutionProvider") -> list:
+    return sorted((d, o, s) for (p, d, o), v in _SINCE.items() if p == provider for s in v)
+
+
+def bind(impl: OpImpl, ctx: OpContext) -> Callable:
+    """The per-run callable for a node: attributes and context bound once."""
+    attrs = ctx.attrs
+    _check_attrs(impl, attrs, ctx)
+    if impl.factory:
+        return impl.fn(ctx, **attrs)
+    if impl.wants_ctx:
+        return functools.partial(impl.fn, ctx=ctx, **attrs)
+    if attrs:
+        return functools.partial(impl.fn, **attrs)
+    return impl.fn
+
+
+def _check_attrs(impl: OpImpl, attrs: dict, ctx: OpContext) -> None:
+    params = inspect.signature(impl.fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [a for a in attrs if a not in params or params[a].kind is inspect.Parameter.VAR_POSITIONAL]
+    if unknown:
+        from runtime.errors import InvalidAttributeError
+        raise InvalidAttributeError(
+            f"node {ctx.name!r} ({ctx.op_type}, opset {ctx.opset}): unexpected attribute(s) {unknown}; "
+            f"the kernel accepts {[k for k, p in params.items() if p.kind is p.KEYWORD_ONLY or p.default is not p.empty]}")

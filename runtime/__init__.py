@@ -1,0 +1,9 @@
+"""onnx-numba's runtime: load, optimize, plan and run ONNX models natively.
+
+``from runtime import InferenceSession`` is a drop-in for onnxruntime's.
+"""
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors_all
+from .session import InferenceSession, IOBinding, NodeArg, SessionOptions, build_graph
+
+__all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "build_graph", *_errors_all]

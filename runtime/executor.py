@@ -1,0 +1,222 @@
+"""The planned executor.
+
+``Plan`` compiles a graph once: nodes in topological order, every value given
+an integer slot, every kernel bound to its attributes and plan-time context,
+buffers of statically shaped intermediates assigned from an arena whose
+blocks are recycled once the value (and every view of it) is dead.  ``run``
+is then a short loop over tuples with no dictionary look-ups.
+
+Invariants:
+- slot 0 always holds None and stands for absent optional inputs;
+- a value slot is cleared right after the last step that reads it;
+- an arena block is handed to a new value only on a step after the last read
+  of every value that may alias it, so a kernel never sees its output share
+  memory with one of its inputs;
+- graph outputs never live in the arena, and an output that is an
+  initializer or a feed (or a view of one) is copied before it is returned.
+"""
+from __future__ import annotations
+
+import threading
+from operator import itemgetter
+
+import numpy as np
+
+from ops import registry
+from .errors import OnnxNumbaError, UnsupportedOpError
+from .ir import Graph, free_names, subgraphs
+
+__all__ = ["Plan", "KernelError"]
+
+
+class KernelError(OnnxNumbaError, RuntimeError):
+    """A kernel failed while running a node."""
+
+
+def _getter(slots):
+    if len(slots) == 1:
+        return itemgetter(slice(slots[0], slots[0] + 1))
+    if len(slots) == 0:
+        return itemgetter(slice(0, 0))
+    return itemgetter(*slots)
+
+
+class Plan:
+    """A graph compiled for one provider."""
+
+    def __init__(self, graph: Graph, provider: str = "CPUExecutionProvider", *, preallocate: bool = True,
+                 session_options=None, outer_slots: dict | None = None):
+        self.graph = graph
+        self.provider = provider
+        self.session_options = session_options
+        slot_of: dict[str, int] = {"": 0}
+        values: list = [None]
+
+        def new_slot(name, value=None):
+            slot_of[name] = len(values)
+            values.append(value)
+            return slot_of[name]
+
+        for name, arr in graph.initializers.items():
+            new_slot(name, arr)
+        self.init_slots = set(slot_of.values()) - {0}
+        self.input_names = [v.name for v in graph.inputs]
+        self.input_slots = [new_slot(n) for n in self.input_names]
+        # Names a subgraph reads from its enclosing scope arrive like feeds.
+        self.outer_names = sorted(getattr(graph, "outer_names", set()) - set(slot_of))
+        self.outer_slots = [new_slot(n) for n in self.outer_names]
+
+        unsupported = []
+        bound = []
+        for node in graph.nodes:
+            impl = registry.resolve(node.domain, node.op_type, node.opset, provider)
+            if impl is None:
+                unsupported.append((node.name, node.op_type, node.domain, node.opset))
+                bound.append(None)
+                continue
+            for o in node.outputs:
+                if o:
+                    if o in slot_of and slot_of[o] != 0:
+                        from .errors import ModelLoadError
+                        raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r})")
+                    new_slot(o)
+            bound.append(impl)
+        if unsupported:
+            raise UnsupportedOpError(unsupported, provider)
+
+        out_names = [v.name for v in graph.outputs]
+        for n in out_names:
+            if n not in slot_of:
+                from .errors import ModelLoadError
+                raise ModelLoadError(f"graph output {n!r} is not produced by any node, input or initializer")
+        self.output_names = out_names
+        self.output_slots = [slot_of[n] for n in out_names]
+        self.slot_of = slot_of
+        nsteps = len(graph.nodes)
+        INF = nsteps + 1
+
+        # Liveness: the last step reading each slot (subgraph captures count as reads).
+        last_use = [-1] * len(values)
+        step_reads = []
+        for i, node in enumerate(graph.nodes):
+            reads = {slot_of[x] for x in node.inputs if x}
+            for g in subgraphs(node):
+                reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
+            step_reads.append(reads)
+            for s in reads:
+                last_use[s] = i
+        for s in self.output_slots:
+            last_use[s] = INF
+        # Aliasing: a view op's outputs share their inputs' root buffer.
+        root = list(range(len(values)))
+        for node, impl in zip(graph.nodes, bound):
+            if impl.views:
+                ins = [slot_of[x] for x in node.inputs if x]
+                if ins:
+                    for o in node.outputs:
+                        if o:
+                            root[slot_of[o]] = root[ins[0]]
+        end = [-1] * len(values)
+        for s in range(len(values)):
+            r = root[s]
+            end[r] = max(end[r], last_use[s])
+        # Views of a feed or initializer that are returned must be copied.
+        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
+        self.copy_out = [root[s] in protected for s in self.output_slots]
+
+        # Arena: statically shaped outputs of kernels that can write into a buffer.
+        arena_free: dict[int, list] = {}
+        release_at: dict[int, list] = {}
+        self.arena_bytes = 0
+        outs_buffers = []
+        for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
+            for blk in release_at.pop(i, ()):
+                arena_free.setdefault(blk.nbytes, []).append(blk)
+            bufs = []
+            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views
+            for o in node.outputs:
+                buf = None
+                vi = graph.value_info.get(o) if o else None
+                s = slot_of.get(o, 0)
+                if can_write and vi is not None and vi.dtype is not None and vi.dtype != object \
+                        and vi.static_shape is not None and 0 <= end[s] < INF and root[s] == s:
+                    dt = np.dtype(vi.dtype)
+                    shape = vi.static_shape
+                    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                    if nbytes > 0:
+                        pool = arena_free.get(nbytes)
+                        blk = pool.pop() if pool else None
+                        if blk is None:
+                            blk = np.empty(nbytes, np.uint8)
+                            self.arena_bytes += nbytes
+                        buf = blk.view(dt).reshape(shape)
+                        release_at.setdefault(end[s] + 1, []).append(blk)
+                bufs.append(buf)
+            outs_buffers.append(bufs)
+
+        steps = []
+        self.step_nodes = []
+        for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
+            ins = list(node.inputs)
+            while ins and not ins[-1]:
+                ins.pop()
+            in_slots = tuple(slot_of[x] if x else 0 for x in ins)
+            ctx = registry.OpContext(
+                name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
+                attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
+                input_types=[graph.value_info.get(x) if x else None for x in ins],
+                output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
+                out=outs_buffers[i], provider=provider, outputs_used=[bool(x) for x in node.outputs],
+                node=node, graph=graph, session_options=session_options)
+            try:
+                fn = registry.bind(impl, ctx)
+            except OnnxNumbaError:
+                raise
+            except Exception as e:
+                raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
+            outs = [slot_of[o] if o else 0 for o in node.outputs]
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
+            steps.append((fn, _getter(in_slots), out, frees))
+            self.step_nodes.append(node)
+        self.steps = steps
+        self.template = values
+        self.nslots = len(values)
+        self._lock = threading.Lock()
+
+    def run(self, feeds, outer=()) -> list:
+        """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
+        with self._lock:
+            vals = self.template[:]
+            for s, v in zip(self.input_slots, feeds):
+                vals[s] = v
+            for s, v in zip(self.outer_slots, outer):
+                vals[s] = v
+            ndarray = np.ndarray
+            step = None
+            try:
+                for step in self.steps:
+                    fn, get, out, frees = step
+                    r = fn(*get(vals))
+                    if out.__class__ is int:
+                        vals[out] = r
+                    else:
+                        for o, x in zip(out, r):
+                            vals[o] = x
+                    for f in frees:
+                        vals[f] = None
+            except Exception as e:
+                node = self.step_nodes[self.steps.index(step)] if step is not None else None
+                if node is None:
+                    raise
+                where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset})"
+                if isinstance(e, OnnxNumbaError):
+                    if hasattr(e, "add_note"):
+                        e.add_note(f"while running {where}")
+                    raise
+                raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+            res = [vals[s] for s in self.output_slots]
+            for k, c in enumerate(self.copy_out):
+                if c and isinstance(res[k], ndarray):
+                    res[k] = res[k].copy()
+            return res

@@ -1,0 +1,164 @@
+"""Load ONNX models from a path, bytes or a ``ModelProto`` into the IR.
+
+Invariants:
+- External data is memory-mapped, one read-only map per file, and handed out
+  as zero-copy numpy views; nothing is read into memory up front.
+- A location that is absolute, climbs out of the model's folder (``..``, a
+  symlink) or reaches past the end of its file is refused with
+  ``ExternalDataPathError`` / ``ExternalDataRangeError``.
+- Model-local functions are inlined before the IR is built.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto, numpy_helper
+
+from .dtypes import np_dtype
+from .errors import ExternalDataPathError, ExternalDataRangeError, ModelLoadError
+from .ir import Graph, graph_from_proto
+
+__all__ = ["load_model_proto", "load_graph", "resolve_external_path"]
+
+
+def load_model_proto(model) -> tuple[ModelProto, str | None]:
+    """Parse ``model`` (path, bytes or ModelProto) without loading external data."""
+    if isinstance(model, ModelProto):
+        return model, None
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            m = onnx.load_from_string(bytes(model))
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ModelLoadError(f"bytes are not a valid ONNX ModelProto: {e}") from None
+        return m, None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model file {path!r} does not exist")
+        try:
+            m = onnx.load(path, load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ModelLoadError(f"{path!r} is not a valid ONNX model: {e}") from None
+        return m, os.path.dirname(os.path.abspath(path))
+    raise TypeError(f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+
+
+def resolve_external_path(base_dir: str | None, location: str) -> str:
+    """Absolute path of an external-data file, refusing anything outside ``base_dir``."""
+    if base_dir is None:
+        raise ExternalDataPathError(
+            f"tensor data lives in external file {location!r} but the model was not loaded from a "
+            "path, so there is no model folder to resolve it against")
+    if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location[:3]:
+        raise ExternalDataPathError(
+            f"external data location {location!r} must be a relative path inside the model folder {base_dir!r}")
+    root = os.path.realpath(base_dir)
+    full = os.path.realpath(os.path.join(root, location))
+    if os.path.commonpath([root, full]) != root:
+        raise ExternalDataPathError(
+            f"external data location {location!r} resolves to {full!r}, outside the model folder {root!r}")
+    if not os.path.isfile(full):
+        raise ExternalDataPathError(f"external data file {full!r} (location {location!r}) does not exist")
+    return full
+
+
+class _ExternalData:
+    """One read-only memory map per external file."""
+
+    def __init__(self, base_dir: str | None):
+        self.base_dir = base_dir
+        self.maps: dict[str, np.memmap] = {}
+
+    def tensor(self, t: TensorProto) -> np.ndarray:
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        path = resolve_external_path(self.base_dir, location)
+        mm = self.maps.get(path)
+        if mm is None:
+            size = os.path.getsize(path)
+            mm = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+            self.maps[path] = mm
+        size = mm.shape[0]
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else size - offset
+        except ValueError:
+            raise ModelLoadError(f"tensor {t.name!r}: external data offset/length are not integers: {info}") from None
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ExternalDataRangeError(
+                f"tensor {t.name!r}: external data [{offset}, {offset + length}) reaches past the end of "
+                f"{location!r} ({size} bytes)")
+        dims = tuple(int(d) for d in t.dims)
+        dtype = np_dtype(t.data_type)
+        count = int(np.prod(dims)) if dims else 1
+        if dtype.itemsize * count != length and t.data_type not in _PACKED:
+            raise ExternalDataRangeError(
+                f"tensor {t.name!r}: shape {dims} of {dtype} needs {dtype.itemsize * count} bytes, "
+                f"external data holds {length}")
+        raw = mm[offset:offset + length]
+        if t.data_type in _PACKED or dtype == object:
+            # Sub-byte types are unpacked by onnx's own helper (a copy).
+            tp = TensorProto()
+            tp.CopyFrom(t)
+            del tp.external_data[:]
+            tp.data_location = TensorProto.DEFAULT
+            tp.raw_data = raw.tobytes()
+            return numpy_helper.to_array(tp)
+        arr = raw.view(dtype)
+        if not arr.flags.aligned:
+            arr = arr.copy()
+        return arr.reshape(dims)
+
+
+_PACKED = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
+
+
+def _tensors_of(g):
+    for t in g.initializer:
+        yield t
+    for n in g.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensors_of(sg)
+
+
+def load_graph(model) -> Graph:
+    """Load ``model`` into an IR graph (external data mapped, local functions inlined)."""
+    proto, base_dir = load_model_proto(model)
+    if not proto.HasField("graph"):
+        raise ModelLoadError("model has no graph")
+    if proto.functions:
+        try:
+            from onnx import inliner
+            proto = inliner.inline_local_functions(proto)
+        except Exception as e:  # pragma: no cover - depends on onnx build
+            raise ModelLoadError(f"could not inline model-local functions: {e}") from None
+    opsets = {}
+    for o in proto.opset_import:
+        opsets[o.domain if o.domain != "ai.onnx" else ""] = o.version
+    if "" not in opsets:
+        opsets[""] = 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
+    ext = _ExternalData(base_dir)
+    loaded = {}
+    for t in proto.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            loaded[t.name] = ext.tensor(t)
+    # External tensors inside Constant attributes are rare; resolve them in place.
+    for t in _tensors_of(proto.graph):
+        if t.data_location == TensorProto.EXTERNAL and t.name not in loaded:
+            arr = ext.tensor(t)
+            t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr), t.name))
+    try:
+        graph = graph_from_proto(proto.graph, opsets, loaded)
+    except (ValueError, TypeError) as e:
+        raise ModelLoadError(f"model graph is malformed: {e}") from None
+    graph.ir_version = proto.ir_version
+    graph.base_dir = base_dir
+    graph.external = ext
+    graph.toposort()
+    return graph

@@ -1,0 +1,8 @@
+"""Graph passes over the IR; each returns a ``PassResult`` saying whether it changed the graph."""
+from .base import Pass, PassManager, PassResult
+from .functions import ExpandFunctions, function_body
+from .shape_inference import InferShapes
+from .simplify import EliminateDeadNodes, EliminateIdentity, FoldConstants
+
+__all__ = ["Pass", "PassManager", "PassResult", "ExpandFunctions", "function_body", "InferShapes",
+           "EliminateDeadNodes", "EliminateIdentity", "FoldConstants"]

@@ -18,10 +18,17 @@ F32 = np.dtype(np.float32)
 _LOWP_NAMES = {"float16", "bfloat16"}
 
 
+_LOWP_CACHE: dict = {}
+
+
 def lowp(dtype) -> bool:
     """16-bit (and 8-bit) floats are computed in float32 by the wrappers."""
-    dt = np.dtype(dtype)
-    return dt.name in _LOWP_NAMES or dt.name.startswith("float8") or dt.name.startswith("float4")
+    hit = _LOWP_CACHE.get(dtype)
+    if hit is None:
+        dt = np.dtype(dtype)
+        hit = dt.name in _LOWP_NAMES or dt.name.startswith("float8") or dt.name.startswith("float4")
+        _LOWP_CACHE[dtype] = hit
+    return hit
 
 
 def broadcast_shape(*shapes) -> tuple:

@@ -25,6 +25,7 @@ import numpy as np
 from ops import registry
 from .errors import OnnxNumbaError, UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
+from .segments import Segment, find_segments
 
 __all__ = ["Plan", "KernelError"]
 
@@ -120,8 +121,16 @@ class Plan:
         for s in range(len(values)):
             r = root[s]
             end[r] = max(end[r], last_use[s])
-        # Views of a feed or initializer that are returned must be copied.
-        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
+        # Runs of small elementwise nodes execute as one compiled segment.
+        segments = []
+        if getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
+            segments = find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
+        in_segment = set()
+        for a, b in segments:
+            in_segment.update(range(a, b))
+        seg_values = {slot_of[o] for i in in_segment for o in graph.nodes[i].outputs if o}
+        # Views of a feed, an initializer or segment scratch that are returned must be copied.
+        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
         self.copy_out = [root[s] in protected for s in self.output_slots]
 
         # Arena: statically shaped outputs of kernels that can write into a buffer.
@@ -133,7 +142,7 @@ class Plan:
             for blk in release_at.pop(i, ()):
                 arena_free.setdefault(blk.nbytes, []).append(blk)
             bufs = []
-            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views
+            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views and i not in in_segment
             for o in node.outputs:
                 buf = None
                 vi = graph.value_info.get(o) if o else None
@@ -156,7 +165,28 @@ class Plan:
 
         steps = []
         self.step_nodes = []
+        self.segments = []
+        seg_start = {a: b for a, b in segments}
+        i_skip = -1
         for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
+            if i < i_skip:
+                continue
+            if i in seg_start:
+                end_i = seg_start[i]
+                names = [o for k in range(i, end_i) for o in graph.nodes[k].outputs]
+                read_after = {n for n in names if last_use[slot_of[n]] >= end_i}
+                seg = Segment(graph.nodes[i:end_i], graph.value_info, graph.initializers, read_after, slot_of)
+                outs = seg.out_slots
+                out = outs[0] if len(outs) == 1 else outs
+                fn = seg.run if len(outs) != 1 else (lambda *xs, _r=seg.run: _r(*xs)[0])
+                frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
+                                      if i <= last_use[s] < end_i and s not in self.init_slots
+                                      and s not in seg_values}))
+                steps.append((fn, _getter(seg.in_slots), out, frees))
+                self.step_nodes.append(node)
+                self.segments.append(seg)
+                i_skip = end_i
+                continue
             ins = list(node.inputs)
             while ins and not ins[-1]:
                 ins.pop()

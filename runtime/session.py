@@ -36,6 +36,7 @@ class SessionOptions:
         self.graph_optimization_level = 99
         self.strict_shape_inference = False
         self.preallocate = True
+        self.fused_segments = True
         self.intra_op_num_threads = 0
         self.log_severity_level = 2
         self.enable_profiling = False

@@ -1,0 +1,133 @@
+"""Loading: paths, bytes, ModelProto, external data (mapped, never copied) and its safety checks."""
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime import InferenceSession
+from runtime.errors import ExternalDataPathError, ExternalDataRangeError, ModelLoadError
+from runtime.loader import load_graph
+
+
+def _model(weight=None):
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4) if weight is None else weight, "W")
+    g = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _save_external(m, folder, location="w.bin"):
+    path = os.path.join(folder, "model.onnx")
+    onnx.save_model(m, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                    size_threshold=0)
+    return path
+
+
+def _set_location(path, location=None, offset=None, length=None):
+    m = onnx.load(path, load_external_data=False)
+    t = m.graph.initializer[0]
+    for e in t.external_data:
+        if e.key == "location" and location is not None:
+            e.value = location
+        if e.key == "offset" and offset is not None:
+            e.value = str(offset)
+        if e.key == "length" and length is not None:
+            e.value = str(length)
+    if offset is not None and not any(e.key == "offset" for e in t.external_data):
+        t.external_data.add(key="offset", value=str(offset))
+    onnx.save_model(m, path)
+
+
+x = np.ones((3, 4), np.float32)
+expected = x + np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+def test_path_bytes_and_proto_agree(tmp_path):
+    m = _model()
+    p = str(tmp_path / "m.onnx")
+    onnx.save_model(m, p)
+    for src in (p, m, m.SerializeToString()):
+        np.testing.assert_array_equal(InferenceSession(src).run(None, {"x": x})[0], expected)
+
+
+def test_external_data_is_memory_mapped(tmp_path):
+    path = _save_external(_model(), str(tmp_path))
+    g = load_graph(path)
+    w = g.initializers["W"]
+    base = w
+    while getattr(base, "base", None) is not None and not isinstance(base, np.memmap):
+        base = base.base
+    assert isinstance(base, np.memmap), "external weights must be views of a memory map"
+    assert not w.flags.writeable
+    np.testing.assert_array_equal(InferenceSession(path).run(None, {"x": x})[0], expected)
+
+
+@pytest.mark.parametrize("location", ["../w.bin", "/etc/passwd", "sub/../../w.bin"])
+def test_external_data_outside_folder_is_refused(tmp_path, location):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _save_external(_model(), str(folder))
+    (tmp_path / "w.bin").write_bytes(b"\0" * 48)
+    _set_location(path, location=location)
+    with pytest.raises(ExternalDataPathError):
+        InferenceSession(path)
+
+
+def test_external_data_symlink_escape_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _save_external(_model(), str(folder))
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"\0" * 48)
+    os.symlink(outside, folder / "link.bin")
+    _set_location(path, location="link.bin")
+    with pytest.raises(ExternalDataPathError, match="outside the model folder"):
+        InferenceSession(path)
+
+
+def test_external_data_past_end_of_file_is_refused(tmp_path):
+    path = _save_external(_model(), str(tmp_path))
+    _set_location(path, offset=16)  # 48 bytes needed, only 32 remain
+    with pytest.raises(ExternalDataRangeError):
+        InferenceSession(path)
+    _set_location(path, offset=0, length=4096)
+    with pytest.raises(ExternalDataRangeError, match="past the end"):
+        InferenceSession(path)
+
+
+def test_external_data_from_bytes_has_no_folder(tmp_path):
+    path = _save_external(_model(), str(tmp_path))
+    with pytest.raises(ExternalDataPathError, match="not loaded from a path"):
+        InferenceSession(open(path, "rb").read())
+
+
+def test_malformed_models_are_refused(tmp_path):
+    with pytest.raises(ModelLoadError):
+        InferenceSession(b"\x08\x07garbage-that-is-not-protobuf\xff\xff")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model at all \xff\xfe")
+    with pytest.raises(ModelLoadError):
+        InferenceSession(str(bad))
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        InferenceSession(str(tmp_path / "missing.onnx"))
+    g = helper.make_graph([helper.make_node("Add", ["x", "nowhere"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    with pytest.raises(ModelLoadError, match="nowhere"):
+        InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_model_local_functions_are_inlined():
+    f = helper.make_function("local", "AddTwice", ["a", "b"], ["c"],
+                             [helper.make_node("Add", ["a", "b"], ["t"]), helper.make_node("Add", ["t", "b"], ["c"])],
+                             [helper.make_opsetid("", 17)])
+    g = helper.make_graph([helper.make_node("AddTwice", ["x", "x"], ["y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                          functions=[f])
+    out = InferenceSession(m).run(None, {"x": np.array([1, 2], np.float32)})[0]
+    np.testing.assert_array_equal(out, [3, 6])

@@ -53,11 +53,15 @@ def _ifmod(x, y):
 
 @njit(inline="always", **_OPTS)
 def _fmod_py(x, y):
-    if y == 0:
-        return math.nan
-    r = math.fmod(x, y)
-    if r != 0 and (r < 0) != (y < 0):
-        r += y
+    # numpy's float mod: the result takes the divisor's sign; zero keeps it too.
+    if y == 0 or not math.isfinite(x) or y != y:
+        return x * 0 + math.nan
+    r = np.fmod(x, y)
+    if r != 0:
+        if (y < 0) != (r < 0):
+            r += y
+    else:
+        r = math.copysign(0.0, y)
     return r
 
 
@@ -67,12 +71,17 @@ def _pow(x, y):
 
 
 @njit(inline="always", **_OPTS)
-def _shl(x, y):
+def _shl(x, y, nbits):
+    # Shifts by a negative amount or by the bit width or more give 0.
+    if y < 0 or y >= nbits:
+        return x * 0
     return x << y
 
 
 @njit(inline="always", **_OPTS)
-def _shr(x, y):
+def _shr(x, y, nbits):
+    if y < 0 or y >= nbits:
+        return x * 0 - 1 if x < 0 else x * 0
     return x >> y
 
 
@@ -592,7 +601,7 @@ def b_fmod_f(xs, ys, out):
     for i in range(out.shape[0]):
         x = xs[i]
         y = ys[i]
-        out[i] = math.fmod(x, y) if y != 0 else math.nan
+        out[i] = np.fmod(x, y) if y != 0 else math.nan
 
 
 @njit(**_OPTS)
@@ -612,7 +621,7 @@ def b4_fmod_f(xs, ys, out):
                 for i3 in range(n3):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
-                    out[i0, i1, i2, i3] = math.fmod(x, y) if y != 0 else math.nan
+                    out[i0, i1, i2, i3] = np.fmod(x, y) if y != 0 else math.nan
 
 
 @njit(**_OPTS)
@@ -1040,7 +1049,7 @@ def b_shl(xs, ys, out):
     for i in range(out.shape[0]):
         x = xs[i]
         y = ys[i]
-        out[i] = _shl(x, y)
+        out[i] = _shl(x, y, xs.itemsize * 8)
 
 
 @njit(**_OPTS)
@@ -1060,7 +1069,7 @@ def b4_shl(xs, ys, out):
                 for i3 in range(n3):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
-                    out[i0, i1, i2, i3] = _shl(x, y)
+                    out[i0, i1, i2, i3] = _shl(x, y, xs.itemsize * 8)
 
 
 @njit(**_OPTS)
@@ -1068,7 +1077,7 @@ def b_shr(xs, ys, out):
     for i in range(out.shape[0]):
         x = xs[i]
         y = ys[i]
-        out[i] = _shr(x, y)
+        out[i] = _shr(x, y, xs.itemsize * 8)
 
 
 @njit(**_OPTS)
@@ -1088,7 +1097,7 @@ def b4_shr(xs, ys, out):
                 for i3 in range(n3):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
-                    out[i0, i1, i2, i3] = _shr(x, y)
+                    out[i0, i1, i2, i3] = _shr(x, y, xs.itemsize * 8)
 
 
 @njit(**_OPTS)

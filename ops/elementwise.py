@@ -32,6 +32,8 @@ def run_unary(kern, x, buf=None, p0=0.0, p1=0.0, out_dtype=None):
 
 
 def run_binary(flat, nd, a, b, buf=None, out_dtype=None, name="op"):
+    if a.dtype == object or b.dtype == object:
+        return _run_object(flat, a, b, name)
     if a.dtype != b.dtype:
         raise InvalidArgumentError(f"{name}: both inputs must have one dtype, got {a.dtype} and {b.dtype}")
     dt = a.dtype
@@ -57,6 +59,17 @@ def run_binary(flat, nd, a, b, buf=None, out_dtype=None, name="op"):
     out4, (a4, b4) = c
     nd(a.reshape(a4), b.reshape(b4), o.reshape(out4))
     return o
+
+
+_OBJECT_OPS = {"b_equal": np.equal}
+
+
+def _run_object(flat, a, b, name):
+    """String tensors: only equality is defined on them."""
+    f = _OBJECT_OPS.get(getattr(flat, "__name__", ""))
+    if f is None:
+        raise InvalidArgumentError(f"{name} is not defined for string tensors")
+    return np.asarray(f(a, b), dtype=bool)
 
 
 def _unary(kern, float_only=False, out_dtype=None, p0=0.0, p1=0.0, name=""):

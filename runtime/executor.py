@@ -7,7 +7,8 @@ blocks are recycled once the value (and every view of it) is dead.  ``run``
 is then a short loop over tuples with no dictionary look-ups.
 
 Invariants:
-- slot 0 always holds None and stands for absent optional inputs;
+- slot 0 always holds None and stands for absent optional inputs; results of
+  outputs a node leaves unnamed go to a separate discard slot;
 - a value slot is cleared right after the last step that reads it;
 - an arena block is handed to a new value only on a step after the last read
   of every value that may alias it, so a kernel never sees its output share
@@ -25,6 +26,7 @@ import numpy as np
 from ops import registry
 from .errors import OnnxNumbaError, UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
+from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
 __all__ = ["Plan", "KernelError"]
@@ -49,6 +51,7 @@ class Plan:
                  session_options=None, outer_slots: dict | None = None):
         self.graph = graph
         self.provider = provider
+        self.device = PROVIDERS[provider]
         self.session_options = session_options
         slot_of: dict[str, int] = {"": 0}
         values: list = [None]
@@ -163,6 +166,9 @@ class Plan:
                 bufs.append(buf)
             outs_buffers.append(bufs)
 
+        # Results of outputs a node leaves unnamed land in a slot nothing reads.
+        discard = len(values)
+        values.append(None)
         steps = []
         self.step_nodes = []
         self.segments = []
@@ -204,7 +210,7 @@ class Plan:
                 raise
             except Exception as e:
                 raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
-            outs = [slot_of[o] if o else 0 for o in node.outputs]
+            outs = [slot_of[o] if o else discard for o in node.outputs]
             out = outs[0] if len(outs) == 1 else tuple(outs)
             frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
             steps.append((fn, _getter(in_slots), out, frees))
@@ -241,9 +247,11 @@ class Plan:
                     raise
                 where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset})"
                 if isinstance(e, OnnxNumbaError):
-                    if hasattr(e, "add_note"):
-                        e.add_note(f"while running {where}")
-                    raise
+                    try:
+                        err = type(e)(f"{where}: {e}")
+                    except TypeError:
+                        raise e from None
+                    raise err from e
                 raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
             res = [vals[s] for s in self.output_slots]
             for k, c in enumerate(self.copy_out):

@@ -178,3 +178,13 @@ def test_fused_segments_match_the_unfused_plan_bit_for_bit():
     first = fused.run(None, feed)[1]
     fused.run(None, {"x": feed["x"] + 1, "s": feed["s"]})
     np.testing.assert_array_equal(first, b[1]), "returned values must not alias the segment scratch"
+
+
+def test_kernel_errors_name_the_node():
+    m = _model([helper.make_node("Add", ["x", "y"], ["z"], name="the_add")], [_vi("x", None), _vi("y", None)],
+               [_vi("z", None)])
+    s = InferenceSession(m)
+    with pytest.raises(Exception, match="the_add") as e:
+        s.run(None, {"x": np.zeros((2, 3), np.float32), "y": np.zeros((4, 5), np.float32)})
+    assert "cannot be broadcast" in str(e.value) or "cannot be broadcast" in "".join(getattr(e.value, "__notes__", []))
+    assert s.plan.device.kind == "cpu"

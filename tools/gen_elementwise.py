@@ -68,7 +68,7 @@ BINARY = {
     "div_i": "_idiv(x, y)",
     "mod_i": "_imod(x, y)",
     "fmod_i": "_ifmod(x, y)",
-    "fmod_f": "math.fmod(x, y) if y != 0 else math.nan",
+    "fmod_f": "np.fmod(x, y) if y != 0 else math.nan",
     "mod_f": "_fmod_py(x, y)",
     "pow": "_pow(x, y)",
     "max": "x if (x >= y or x != x) else y",
@@ -84,8 +84,8 @@ BINARY = {
     "bitwise_and": "x & y",
     "bitwise_or": "x | y",
     "bitwise_xor": "x ^ y",
-    "shl": "_shl(x, y)",
-    "shr": "_shr(x, y)",
+    "shl": "_shl(x, y, xs.itemsize * 8)",
+    "shr": "_shr(x, y, xs.itemsize * 8)",
     "prelu": "x if x >= 0 else x * y",
 }
 
@@ -144,11 +144,15 @@ def _ifmod(x, y):
 
 @njit(inline="always", **_OPTS)
 def _fmod_py(x, y):
-    if y == 0:
-        return math.nan
-    r = math.fmod(x, y)
-    if r != 0 and (r < 0) != (y < 0):
-        r += y
+    # numpy's float mod: the result takes the divisor's sign; zero keeps it too.
+    if y == 0 or not math.isfinite(x) or y != y:
+        return x * 0 + math.nan
+    r = np.fmod(x, y)
+    if r != 0:
+        if (y < 0) != (r < 0):
+            r += y
+    else:
+        r = math.copysign(0.0, y)
     return r
 
 
@@ -158,12 +162,17 @@ def _pow(x, y):
 
 
 @njit(inline="always", **_OPTS)
-def _shl(x, y):
+def _shl(x, y, nbits):
+    # Shifts by a negative amount or by the bit width or more give 0.
+    if y < 0 or y >= nbits:
+        return x * 0
     return x << y
 
 
 @njit(inline="always", **_OPTS)
-def _shr(x, y):
+def _shr(x, y, nbits):
+    if y < 0 or y >= nbits:
+        return x * 0 - 1 if x < 0 else x * 0
     return x >> y
 '''
 

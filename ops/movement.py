@@ -1,0 +1,840 @@
+"""Data-movement ops: Transpose, Concat, Split, Slice, Expand, Tile, Pad, ConstantOfShape, Range, Trilu,
+Where, Dropout, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence, CenterCropPad, BitCast.
+
+Moving data does not depend on what the bytes mean, so every kernel here
+works on unsigned-integer views of the element bytes (uint8/16/32/64; a
+16-byte complex is two uint64): each kernel compiles at most four times,
+whatever the dtype.  Object (string) tensors and layouts the kernels cannot
+express fall back to numpy.
+
+Most ops are written as "build a numpy view of the source (transpose, slice,
+broadcast), then copy it": ``strided_copy`` turns the view into element
+offsets and strides, drops unit axes, merges axes that are contiguous in
+both source and destination, and hands a rank-6 loop to ``_copy6``.  Pad
+modes that repeat data (edge/reflect/wrap) gather through per-axis offset
+maps (``_gather6``).
+
+Invariants: outputs are fresh C-contiguous arrays (Dropout, registered with
+``views=True``, may return its input); inputs are never written; indices
+coming from tensors are validated before a kernel reads memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from runtime.dtypes import np_dtype
+from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,
+                            ShapeMismatchError)
+from ._common import F32, as_int_list, broadcast_shape, lowp, norm_axis, out_buffer, to4
+from .registry import op
+
+I64 = np.dtype(np.int64)
+OBJ = np.dtype(object)
+_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+MAXR = 6
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _copy6(src, soff, ss, dst, doff, ds, n):
+    """dst[doff + sum(i_k*ds_k)] = src[soff + sum(i_k*ss_k)] over the rank-6 box n."""
+    n4 = n[4]
+    n5 = n[5]
+    s4 = ss[4]
+    s5 = ss[5]
+    d4 = ds[4]
+    d5 = ds[5]
+    # A swap of the two inner axes (src contiguous along axis 4, dst along 5) is copied in tiles so
+    # both sides stay in cache.
+    tiled = s4 == 1 and d5 == 1 and s5 != 1 and n4 >= 16 and n5 >= 16
+    T = 32
+    for a in range(n[0]):
+        sa = soff + a * ss[0]
+        da = doff + a * ds[0]
+        for b in range(n[1]):
+            sb = sa + b * ss[1]
+            db = da + b * ds[1]
+            for c in range(n[2]):
+                sc = sb + c * ss[2]
+                dc = db + c * ds[2]
+                for d in range(n[3]):
+                    sd = sc + d * ss[3]
+                    dd = dc + d * ds[3]
+                    if tiled:
+                        for e0 in range(0, n4, T):
+                            e1 = min(e0 + T, n4)
+                            for f0 in range(0, n5, T):
+                                f1 = min(f0 + T, n5)
+                                for e in range(e0, e1):
+                                    de = dd + e * d4
+                                    se = sd + e
+                                    for f in range(f0, f1):
+                                        dst[de + f] = src[se + f * s5]
+                    elif s5 == 1 and d5 == 1:
+                        for e in range(n4):
+                            sv = src[sd + e * s4: sd + e * s4 + n5]
+                            dv = dst[dd + e * d4: dd + e * d4 + n5]
+                            for f in range(n5):
+                                dv[f] = sv[f]
+                    else:
+                        for e in range(n4):
+                            se = sd + e * s4
+                            de = dd + e * d4
+                            for f in range(n5):
+                                dst[de + f * d5] = src[se + f * s5]
+
+
+@njit(cache=True)
+def _gather6(src, maps, mstart, n, dst, fill):
+    """dst (C order over box n) = src[sum_k maps[mstart[k] + i_k]], or ``fill`` where any map entry is < 0."""
+    o = 0
+    for a in range(n[0]):
+        ma = maps[mstart[0] + a]
+        for b in range(n[1]):
+            mb = maps[mstart[1] + b]
+            for c in range(n[2]):
+                mc = maps[mstart[2] + c]
+                for d in range(n[3]):
+                    md = maps[mstart[3] + d]
+                    for e in range(n[4]):
+                        me = maps[mstart[4] + e]
+                        neg = ma < 0 or mb < 0 or mc < 0 or md < 0 or me < 0
+                        base = ma + mb + mc + md + me
+                        m5 = mstart[5]
+                        for f in range(n[5]):
+                            mf = maps[m5 + f]
+                            if neg or mf < 0:
+                                dst[o] = fill
+                            else:
+                                dst[o] = src[base + mf]
+                            o += 1
+
+
+@njit(cache=True)
+def _trilu(x, out, k, upper):
+    B, M, N = x.shape
+    for b in range(B):
+        for i in range(M):
+            for j in range(N):
+                keep = (j - i >= k) if upper else (j - i <= k)
+                if keep:
+                    out[b, i, j] = x[b, i, j]
+                else:
+                    out[b, i, j] = 0
+
+
+@njit(cache=True)
+def _where_flat(c, x, y, out):
+    for i in range(out.size):
+        out[i] = x[i] if c[i] else y[i]
+
+
+@njit(cache=True)
+def _where4(c, x, y, out):
+    n0, n1, n2, n3 = out.shape
+    for a in range(n0):
+        ca = a if c.shape[0] > 1 else 0
+        xa = a if x.shape[0] > 1 else 0
+        ya = a if y.shape[0] > 1 else 0
+        for b in range(n1):
+            cb = b if c.shape[1] > 1 else 0
+            xb = b if x.shape[1] > 1 else 0
+            yb = b if y.shape[1] > 1 else 0
+            for d in range(n2):
+                cd = d if c.shape[2] > 1 else 0
+                xd = d if x.shape[2] > 1 else 0
+                yd = d if y.shape[2] > 1 else 0
+                for e in range(n3):
+                    ce = e if c.shape[3] > 1 else 0
+                    xe = e if x.shape[3] > 1 else 0
+                    ye = e if y.shape[3] > 1 else 0
+                    out[a, b, d, e] = x[xa, xb, xd, xe] if c[ca, cb, cd, ce] else y[ya, yb, yd, ye]
+
+
+@njit(cache=True)
+def _reverse_seq(x, out, lens, time_first):
+    """x, out: (d0, d1, inner); reverse the first lens[b] steps of the time axis for each batch b."""
+    d0, d1, inner = x.shape
+    for i in range(d0):
+        for j in range(d1):
+            if time_first:
+                t = i
+                L = lens[j]
+                si = (L - 1 - t) if t < L else t
+                sj = j
+            else:
+                t = j
+                L = lens[i]
+                si = i
+                sj = (L - 1 - t) if t < L else t
+            for k in range(inner):
+                out[i, j, k] = x[si, sj, k]
+
+
+@njit(cache=True)
+def _range_f(start, delta, out):
+    for i in range(out.size):
+        out[i] = start + i * delta
+
+
+@njit(cache=True)
+def _range_i(start, delta, out):
+    for i in range(out.size):
+        out[i] = start + i * delta
+
+
+@njit(cache=True)
+def _dropout_apply(x, u, ratio, scale, y, mask):
+    for i in range(x.size):
+        keep = u[i] >= ratio
+        mask[i] = keep
+        y[i] = x[i] * scale if keep else x[i] * 0
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _uview(a: np.ndarray):
+    """(unsigned view, factor) of a C-contiguous array, flat; factor > 1 for 16-byte elements; None for objects."""
+    it = a.dtype.itemsize
+    if a.dtype == OBJ or a.dtype.hasobject:
+        return None
+    if it in _UINT:
+        return a.reshape(-1).view(_UINT[it]), 1
+    if it % 8 == 0:
+        return a.reshape(-1).view(np.uint64), it // 8
+    return None
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _merge(shape, ss, ds):
+    dims = [(n, s, d) for n, s, d in zip(shape, ss, ds) if n != 1]
+    out = []
+    for n, s, d in dims:
+        if out:
+            pn, ps, pd = out[-1]
+            if ps == s * n and pd == d * n:
+                out[-1] = (pn * n, s, d)
+                continue
+        out.append((n, s, d))
+    return out
+
+
+def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarray, src_view: np.ndarray) -> None:
+    """Copy ``src_view`` (a view into the C-contiguous ``src_base``) into ``dst_view`` (a view into ``dst_base``)."""
+    if dst_view.size == 0:
+        return
+    if src_view.shape != dst_view.shape:
+        src_view = np.broadcast_to(src_view, dst_view.shape)
+    su = _uview(src_base)
+    du = _uview(dst_base)
+    it = src_base.dtype.itemsize
+    if su is None or du is None or dst_base.dtype.itemsize != it:
+        dst_view[...] = src_view
+        return
+    sflat, f = su
+    dflat = du[0]
+    shape = list(dst_view.shape)
+    ss = [s // it * f for s in src_view.strides]
+    ds = [s // it * f for s in dst_view.strides]
+    if f > 1:
+        shape.append(f)
+        ss.append(1)
+        ds.append(1)
+    dims = _merge(shape, ss, ds)
+    if len(dims) > MAXR:
+        dst_view[...] = src_view
+        return
+    dims = [(1, 0, 0)] * (MAXR - len(dims)) + dims
+    soff = (_addr(src_view) - _addr(src_base)) // it * f
+    doff = (_addr(dst_view) - _addr(dst_base)) // it * f
+    n = np.array([d[0] for d in dims], I64)
+    _copy6(sflat, soff, np.array([d[1] for d in dims], I64), dflat, doff, np.array([d[2] for d in dims], I64), n)
+
+
+def _contig(x: np.ndarray) -> np.ndarray:
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+
+
+def materialize(src_base: np.ndarray, src_view: np.ndarray, buf=None) -> np.ndarray:
+    """A fresh C-contiguous copy of a view of ``src_base`` (into ``buf`` when it fits)."""
+    out = out_buffer(buf, src_view.shape, src_base.dtype)
+    strided_copy(out, out, src_base, src_view)
+    return out
+
+
+def _buf(ctx):
+    return ctx.out[0] if ctx is not None and ctx.out else None
+
+
+# -- Transpose -------------------------------------------------------------------------------------
+
+@op("Transpose", 1)
+def Transpose(data, perm=None, *, ctx=None):
+    x = _contig(data)
+    r = x.ndim
+    p = list(range(r))[::-1] if perm is None else [norm_axis(a, r, "perm entry") for a in perm]
+    if sorted(p) != list(range(r)):
+        raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
+    return materialize(x, x.transpose(p), _buf(ctx))
+
+
+# -- Concat / Split --------------------------------------------------------------------------------
+
+def _concat(inputs, axis, buf):
+    xs = [_contig(x) for x in inputs if x is not None]
+    if not xs:
+        raise InvalidArgumentError("Concat needs at least one input")
+    r = xs[0].ndim
+    ax = norm_axis(axis, r)
+    dt = xs[0].dtype
+    base = list(xs[0].shape)
+    for x in xs:
+        if x.dtype != dt:
+            raise InvalidArgumentError(f"Concat: inputs must share one dtype, got {[str(a.dtype) for a in xs]}")
+        if x.ndim != r or any(x.shape[i] != base[i] for i in range(r) if i != ax):
+            raise ShapeMismatchError(f"Concat: input shapes {[list(a.shape) for a in xs]} differ outside axis {ax}")
+    shape = list(base)
+    shape[ax] = sum(x.shape[ax] for x in xs)
+    out = out_buffer(buf, tuple(shape), dt)
+    off = 0
+    idx = [slice(None)] * r
+    for x in xs:
+        n = x.shape[ax]
+        if n:
+            idx[ax] = slice(off, off + n)
+            strided_copy(out, out[tuple(idx)], x, x)
+        off += n
+    return out
+
+
+@op("Concat", 1)
+def Concat_1(*inputs, axis=1, ctx=None):
+    return _concat(inputs, axis, _buf(ctx))
+
+
+@op("Concat", 4)
+def Concat(*inputs, axis=None, ctx=None):
+    if axis is None:
+        raise InvalidAttributeError("Concat: the axis attribute is required")
+    return _concat(inputs, axis, _buf(ctx))
+
+
+def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
+    x = _contig(x)
+    ax = norm_axis(axis, x.ndim)
+    d = x.shape[ax]
+    if split is not None and len(as_int_list(split)):
+        parts = as_int_list(split)
+        if len(parts) != n_out or sum(parts) != d or min(parts) < 0:
+            raise InvalidArgumentError(f"Split: split {parts} must be {n_out} non-negative sizes summing to {d}")
+    elif num_outputs is not None:
+        if num_outputs != n_out:
+            raise InvalidAttributeError(f"Split: num_outputs={num_outputs} but the node has {n_out} outputs")
+        c = -(-d // n_out)
+        parts = [min(c, max(d - i * c, 0)) for i in range(n_out)]
+    else:
+        if d % n_out:
+            raise InvalidArgumentError(f"Split: axis {ax} of size {d} cannot be split into {n_out} equal parts")
+        parts = [d // n_out] * n_out
+    outs = []
+    off = 0
+    idx = [slice(None)] * x.ndim
+    for i, n in enumerate(parts):
+        idx[ax] = slice(off, off + n)
+        v = x[tuple(idx)]
+        buf = ctx.out[i] if ctx is not None and i < len(ctx.out) else None
+        outs.append(materialize(x, v, buf))
+        off += n
+    return outs[0] if n_out == 1 else tuple(outs)
+
+
+@op("Split", 1)
+def Split_1(input, split_in=None, axis=0, split=None, *, ctx):
+    return _split(input, axis, split_in if split_in is not None else split, ctx.n_outputs, ctx=ctx)
+
+
+@op("Split", 2)
+def Split_2(input, axis=0, split=None, *, ctx):
+    return _split(input, axis, split, ctx.n_outputs, ctx=ctx)
+
+
+@op("Split", 13)
+def Split_13(input, split=None, axis=0, *, ctx):
+    return _split(input, axis, split, ctx.n_outputs, ctx=ctx)
+
+
+@op("Split", 18)
+def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
+    if split is not None and num_outputs is not None:
+        raise InvalidAttributeError("Split: give either the split input or num_outputs, not both")
+    if split is None and num_outputs is None:
+        raise InvalidAttributeError("Split: one of the split input or the num_outputs attribute is required")
+    return _split(input, axis, split, ctx.n_outputs, num_outputs, ctx=ctx)
+
+
+# -- Slice -----------------------------------------------------------------------------------------
+
+def _slice_view(x, starts, ends, axes, steps):
+    r = x.ndim
+    st = as_int_list(starts)
+    en = as_int_list(ends)
+    ax = list(range(len(st))) if axes is None or len(as_int_list(axes)) == 0 else as_int_list(axes)
+    sp = [1] * len(st) if steps is None or len(as_int_list(steps)) == 0 else as_int_list(steps)
+    if not (len(st) == len(en) == len(ax) == len(sp)):
+        raise InvalidArgumentError(f"Slice: starts {st}, ends {en}, axes {ax} and steps {sp} differ in length")
+    idx = [slice(None)] * r
+    seen = set()
+    for s, e, a, p in zip(st, en, ax, sp):
+        a = norm_axis(a, r)
+        if a in seen:
+            raise InvalidArgumentError(f"Slice: axes {ax} repeat axis {a}")
+        seen.add(a)
+        if p == 0:
+            raise InvalidArgumentError("Slice: steps must be non-zero")
+        b, c, p = slice(s, e, p).indices(x.shape[a])
+        idx[a] = slice(b, c if c >= 0 else None, p)
+    return x[tuple(idx)]
+
+
+@op("Slice", 1)
+def Slice_1(data, axes=None, ends=None, starts=None, *, ctx=None):
+    x = _contig(data)
+    return materialize(x, _slice_view(x, starts, ends, axes, None), _buf(ctx))
+
+
+@op("Slice", 10)
+def Slice(data, starts, ends, axes=None, steps=None, *, ctx=None):
+    x = _contig(data)
+    return materialize(x, _slice_view(x, starts, ends, axes, steps), _buf(ctx))
+
+
+# -- Expand / Tile ---------------------------------------------------------------------------------
+
+@op("Expand", 8)
+def Expand(input, shape, *, ctx=None):
+    x = _contig(input)
+    target = as_int_list(shape)
+    out_shape = broadcast_shape(x.shape, tuple(target))
+    return materialize(x, np.broadcast_to(x, out_shape), _buf(ctx))
+
+
+@op("Tile", 1)
+def Tile_1(input, tiles, axis):
+    x = _contig(input)
+    reps = [1] * x.ndim
+    reps[norm_axis(int(np.asarray(axis).reshape(-1)[0]), x.ndim)] = int(np.asarray(tiles).reshape(-1)[0])
+    return Tile(x, np.array(reps))
+
+
+@op("Tile", 6)
+def Tile(input, repeats, *, ctx=None):
+    x = _contig(input)
+    reps = as_int_list(repeats)
+    if len(reps) != x.ndim or any(r < 0 for r in reps):
+        raise InvalidArgumentError(f"Tile: repeats {reps} must be {x.ndim} non-negative counts")
+    inter = []
+    bshape = []
+    for d, r in zip(x.shape, reps):
+        inter += [1, d]
+        bshape += [r, d]
+    v = np.broadcast_to(x.reshape(inter), bshape)
+    out = out_buffer(_buf(ctx), tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)
+    strided_copy(out, out.reshape(bshape), x, v)
+    return out
+
+
+# -- Pad -------------------------------------------------------------------------------------------
+
+def _pad_map(d, before, after, mode, stride):
+    """Per-axis source offsets (element units) for each output index; -1 marks the constant fill."""
+    n = d + before + after
+    i = np.arange(n, dtype=I64) - before
+    if mode == "constant":
+        m = np.where((i >= 0) & (i < d), i, -1)
+    elif d == 0:
+        if n:
+            raise InvalidArgumentError(f"Pad: mode {mode!r} cannot pad an axis of size 0")
+        m = i
+    elif mode == "edge":
+        m = np.clip(i, 0, d - 1)
+    elif mode == "wrap":
+        m = np.mod(i, d)
+    else:  # reflect
+        if d == 1:
+            m = np.zeros(n, I64)
+        else:
+            period = 2 * (d - 1)
+            j = np.mod(i, period)
+            m = np.where(j < d, j, period - j)
+    return np.where(m >= 0, m * stride, -1).astype(I64)
+
+
+def _pad(x, pads, mode, value, axes=None, buf=None):
+    x = _contig(x)
+    r = x.ndim
+    p = as_int_list(pads)
+    ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in as_int_list(axes)]
+    if len(p) != 2 * len(ax):
+        raise InvalidArgumentError(f"Pad: pads {p} must hold 2 x {len(ax)} entries")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise InvalidAttributeError(f"Pad: mode must be constant, reflect, edge or wrap, got {mode!r}")
+    before = [0] * r
+    after = [0] * r
+    for k, a in enumerate(ax):
+        before[a] = p[k]
+        after[a] = p[k + len(ax)]
+    # Negative pads crop first.
+    crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
+                 for i, (b, a) in enumerate(zip(before, after)))
+    if any(b < 0 or a < 0 for b, a in zip(before, after)):
+        x = np.ascontiguousarray(x[crop])
+        before = [max(b, 0) for b in before]
+        after = [max(a, 0) for a in after]
+    out_shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after))
+    if mode == "reflect":
+        for d, b, a in zip(x.shape, before, after):
+            if d > 0 and (b > d - 1 or a > d - 1) and d > 1:
+                pass  # onnxruntime and numpy reflect repeatedly; so does _pad_map
+    out = out_buffer(buf, out_shape, x.dtype)
+    if out.size == 0:
+        return out
+    if value is None:
+        fill = np.zeros((), x.dtype)
+    else:
+        fill = np.asarray(value).reshape(-1)
+        fill = np.array(fill[0] if fill.size else 0).astype(x.dtype) if x.dtype != OBJ else np.array(fill[0], OBJ)
+    if mode == "constant":
+        out[...] = fill
+        inner = tuple(slice(b, b + d) for b, d in zip(before, x.shape))
+        strided_copy(out, out[inner], x, x)
+        return out
+    u = _uview(x)
+    if u is None or r > MAXR or u[1] != 1:
+        np_mode = {"edge": "edge", "wrap": "wrap", "reflect": "reflect"}[mode]
+        out[...] = np.pad(x, list(zip(before, after)), mode=np_mode)
+        return out
+    strides = [s // x.dtype.itemsize for s in x.strides]
+    maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(x.shape, before, after, strides)]
+    maps = [np.zeros(1, I64)] * (MAXR - r) + maps
+    n = np.array([len(m) for m in maps], I64)
+    mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
+    _gather6(u[0], np.concatenate(maps), mstart, n, out.reshape(-1).view(u[0].dtype),
+             fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
+    return out
+
+
+@op("Pad", 1)
+def Pad_1(data, mode="constant", paddings=None, value=0.0, *, ctx=None):
+    return _pad(data, paddings, mode, value, None, _buf(ctx))
+
+
+@op("Pad", 2)
+def Pad_2(data, mode="constant", pads=None, value=0.0, *, ctx=None):
+    return _pad(data, pads, mode, value, None, _buf(ctx))
+
+
+@op("Pad", 11)
+def Pad(data, pads, constant_value=None, axes=None, mode="constant", *, ctx=None):
+    return _pad(data, pads, mode, constant_value, axes, _buf(ctx))
+
+
+# -- ConstantOfShape / Range / EyeLike -------------------------------------------------------------
+
+@op("ConstantOfShape", 9)
+def ConstantOfShape(input, value=None):
+    shape = as_int_list(input)
+    if any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"ConstantOfShape: shape {shape} has a negative dim")
+    if value is None:
+        v = np.zeros((), np.float32)
+    else:
+        v = np.asarray(value).reshape(-1)
+        if v.size != 1:
+            raise InvalidAttributeError(f"ConstantOfShape: value must hold one element, got {v.size}")
+        v = v.reshape(())
+    out = np.empty(tuple(shape), v.dtype)
+    out[...] = v
+    return out
+
+
+def _scalar(x, name):
+    a = np.asarray(x)
+    if a.size != 1:
+        raise InvalidArgumentError(f"Range: {name} must be a scalar, got shape {list(a.shape)}")
+    return a.reshape(())
+
+
+@op("Range", 11)
+def Range(start, limit, delta, stash_type=1):
+    s, l, d = _scalar(start, "start"), _scalar(limit, "limit"), _scalar(delta, "delta")
+    dt = s.dtype
+    if dt.kind in "iu":
+        si, li, di = int(s), int(l), int(d)
+        if di == 0:
+            raise InvalidArgumentError("Range: delta must be non-zero")
+        n = max(-(-(li - si) // di), 0)
+        out = np.empty(n, np.int64)
+        _range_i(si, di, out)
+        return out.astype(dt)
+    # Like the spec's loop, start + i * delta; evaluated in float64 and rounded once to T.
+    sf, lf, df = (float(np.asarray(v).astype(np.float64)) for v in (s, l, d))
+    if df == 0:
+        raise InvalidArgumentError("Range: delta must be non-zero")
+    n = max(int(np.ceil((lf - sf) / df)), 0)
+    out = np.empty(n, np.float64)
+    _range_f(sf, df, out)
+    return out if dt == np.float64 else out.astype(dt)
+
+
+@op("EyeLike", 9)
+def EyeLike(input, dtype=None, k=0):
+    if input.ndim != 2:
+        raise InvalidArgumentError(f"EyeLike: input must be 2-D, got shape {list(input.shape)}")
+    dt = input.dtype if dtype is None else np_dtype(int(dtype))
+    out = np.zeros(input.shape, dt)
+    m, n = input.shape
+    i = np.arange(max(0, -k), min(m, n - k)) if n - k > 0 else np.arange(0)
+    if i.size:
+        out[i, i + k] = 1
+    return out
+
+
+# -- Trilu / Where ---------------------------------------------------------------------------------
+
+@op("Trilu", 14)
+def Trilu(input, k=None, upper=1):
+    x = _contig(input)
+    if x.ndim < 2:
+        raise InvalidArgumentError(f"Trilu: input must have rank >= 2, got shape {list(x.shape)}")
+    kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    out = np.empty(x.shape, x.dtype)
+    if x.size == 0:
+        return out
+    M, N = x.shape[-2:]
+    u = _uview(x)
+    if u is None or u[1] != 1:
+        i = np.arange(M)[:, None]
+        j = np.arange(N)[None, :]
+        keep = (j - i >= kk) if upper else (j - i <= kk)
+        out[...] = np.where(keep, x, np.zeros((), x.dtype))
+        return out
+    ut = u[0].dtype
+    _trilu(u[0].reshape(-1, M, N), out.reshape(-1, M, N).view(ut), kk, bool(upper))
+    return out
+
+
+def _where(condition, X, Y, buf=None):
+    if X.dtype != Y.dtype:
+        raise InvalidArgumentError(f"Where: X and Y must share one dtype, got {X.dtype} and {Y.dtype}")
+    c = _contig(condition)
+    if c.dtype != np.bool_:
+        c = c.astype(bool)
+    x = _contig(X)
+    y = _contig(Y)
+    shape = broadcast_shape(c.shape, x.shape, y.shape)
+    out = out_buffer(buf, shape, x.dtype)
+    if out.size == 0:
+        return out
+    ux, uy = _uview(x), _uview(y)
+    if ux is None or ux[1] != 1:
+        out[...] = np.where(c, x, y)
+        return out
+    ut = ux[0].dtype
+    cu = c.reshape(-1).view(np.uint8)
+    uo = out.reshape(-1).view(ut)
+    if c.shape == x.shape == y.shape:
+        _where_flat(cu, ux[0], uy[0], uo)
+        return out
+    g = to4(shape, (c.shape, x.shape, y.shape))
+    if g is None:
+        cb = np.ascontiguousarray(np.broadcast_to(c, shape)).reshape(-1).view(np.uint8)
+        xb = np.ascontiguousarray(np.broadcast_to(x, shape)).reshape(-1).view(ut)
+        yb = np.ascontiguousarray(np.broadcast_to(y, shape)).reshape(-1).view(ut)
+        _where_flat(cb, xb, yb, uo)
+        return out
+    o4, (c4, x4, y4) = g
+    _where4(cu.reshape(c4), ux[0].reshape(x4), uy[0].reshape(y4), uo.reshape(o4))
+    return out
+
+
+@op("Where", 9)
+def Where(condition, X, Y, *, ctx=None):
+    return _where(condition, X, Y, _buf(ctx))
+
+
+# -- Dropout ---------------------------------------------------------------------------------------
+
+def _dropout(x, ratio, training, seed, ctx, mask_dtype):
+    """(output, mask) when the node has a mask output (mask None when unused), else the output alone."""
+    n_out = ctx.n_outputs if ctx is not None else 1
+    want_mask = n_out > 1 and ctx.outputs_used[1]
+    if not training or ratio == 0:
+        if n_out == 1:
+            return x
+        return x, (np.ones(x.shape, mask_dtype) if want_mask else None)
+    if not 0 <= ratio < 1:
+        raise InvalidArgumentError(f"Dropout: ratio must lie in [0, 1), got {ratio}")
+    # With a seed, draw exactly as the ONNX reference does (legacy MT19937 uniform doubles) so seeded runs
+    # are reproducible against it; without one, any fresh stream will do.
+    if seed is not None:
+        u = np.random.RandomState(int(seed)).uniform(0.0, 1.0, x.size)
+    else:
+        u = np.random.default_rng().random(x.size)
+    xf = np.ascontiguousarray(x, dtype=F32) if (lowp(x.dtype) or x.dtype.kind != "f") else _contig(x)
+    y = np.empty(x.shape, xf.dtype)
+    mask = np.empty(x.shape, np.bool_)
+    if x.size:
+        _dropout_apply(xf.reshape(-1), u, float(ratio), xf.dtype.type(1.0 / (1.0 - ratio)), y.reshape(-1),
+                       mask.reshape(-1))
+    if y.dtype != x.dtype:
+        y = y.astype(x.dtype)
+    if n_out == 1:
+        return y
+    return y, (mask.astype(mask_dtype) if want_mask else None)
+
+
+@op("Dropout", 1, views=True)
+def Dropout_1(data, is_test=0, ratio=0.5, consumed_inputs=None, *, ctx):
+    # Old Dropout only ran for training; runtimes treat it as inference (identity).
+    return _dropout(data, ratio, False, None, ctx, data.dtype)
+
+
+@op("Dropout", 10, views=True)
+def Dropout_10(data, ratio=0.5, *, ctx):
+    return _dropout(data, ratio, False, None, ctx, np.bool_)
+
+
+@op("Dropout", 12, views=True)
+def Dropout(data, ratio=None, training_mode=None, seed=None, *, ctx):
+    r = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+    t = False if training_mode is None else bool(np.asarray(training_mode).reshape(-1)[0])
+    return _dropout(data, r, t, seed, ctx, np.bool_)
+
+
+# -- DepthToSpace / SpaceToDepth -------------------------------------------------------------------
+
+def _check4(x, name):
+    if x.ndim != 4:
+        raise InvalidArgumentError(f"{name}: input must be 4-D (N, C, H, W), got shape {list(x.shape)}")
+
+
+@op("DepthToSpace", 1)
+def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
+    x = _contig(input)
+    _check4(x, "DepthToSpace")
+    b = int(blocksize)
+    N, C, H, W = x.shape
+    if b <= 0 or C % (b * b):
+        raise InvalidArgumentError(f"DepthToSpace: channels {C} are not divisible by blocksize^2 = {b * b}")
+    c = C // (b * b)
+    if mode == "DCR":
+        v = x.reshape(N, b, b, c, H, W).transpose(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        v = x.reshape(N, c, b, b, H, W).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        raise InvalidAttributeError(f"DepthToSpace: mode must be 'DCR' or 'CRD', got {mode!r}")
+    out = out_buffer(_buf(ctx), (N, c, H * b, W * b), x.dtype)
+    strided_copy(out, out.reshape(v.shape), x, v)
+    return out
+
+
+@op("SpaceToDepth", 1)
+def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
+    x = _contig(input)
+    _check4(x, "SpaceToDepth")
+    b = int(blocksize)
+    N, C, H, W = x.shape
+    if b <= 0 or H % b or W % b:
+        raise InvalidArgumentError(f"SpaceToDepth: H={H} and W={W} must be divisible by blocksize {b}")
+    v = x.reshape(N, C, H // b, b, W // b, b)
+    if mode == "DCR":
+        v = v.transpose(0, 3, 5, 1, 2, 4)
+    elif mode == "CRD":
+        v = v.transpose(0, 1, 3, 5, 2, 4)
+    else:
+        raise InvalidAttributeError(f"SpaceToDepth: mode must be 'DCR' or 'CRD', got {mode!r}")
+    out = out_buffer(_buf(ctx), (N, C * b * b, H // b, W // b), x.dtype)
+    strided_copy(out, out.reshape(v.shape), x, v)
+    return out
+
+
+# -- ReverseSequence / CenterCropPad / BitCast ----------------------------------------------------
+
+@op("ReverseSequence", 10)
+def ReverseSequence(input, sequence_lens, batch_axis=1, time_axis=0):
+    x = _contig(input)
+    if x.ndim < 2:
+        raise InvalidArgumentError(f"ReverseSequence: input must have rank >= 2, got shape {list(x.shape)}")
+    if sorted((batch_axis, time_axis)) != [0, 1]:
+        raise InvalidAttributeError(f"ReverseSequence: batch_axis/time_axis must be 0 and 1, got "
+                                    f"{batch_axis}/{time_axis}")
+    lens = np.ascontiguousarray(sequence_lens, dtype=np.int64).reshape(-1)
+    B, T = x.shape[batch_axis], x.shape[time_axis]
+    if lens.size != B:
+        raise InvalidArgumentError(f"ReverseSequence: sequence_lens has {lens.size} entries, expected {B}")
+    if lens.size and (lens.min() < 0 or lens.max() > T):
+        bad = int(lens.min() if lens.min() < 0 else lens.max())
+        raise IndexOutOfRangeError(f"ReverseSequence: sequence length {bad} is out of range [0, {T}]")
+    out = np.empty(x.shape, x.dtype)
+    if x.size == 0:
+        return out
+    u = _uview(x)
+    if u is None or u[1] != 1:
+        for b in range(B):
+            L = int(lens[b])
+            src = [slice(None)] * x.ndim
+            src[batch_axis] = b
+            out[tuple(src)] = x[tuple(src)]
+            src[time_axis] = slice(0, L)
+            dst = list(src)
+            dst[time_axis] = slice(L - 1, None, -1) if L else slice(0, 0)
+            out[tuple(src)] = x[tuple(dst)]
+        return out
+    ut = u[0].dtype
+    shp = (x.shape[0], x.shape[1], -1)
+    _reverse_seq(u[0].reshape(shp), out.reshape(-1).view(ut).reshape(shp), lens, time_axis == 0)
+    return out
+
+
+@op("CenterCropPad", 18)
+def CenterCropPad(input_data, shape, axes=None):
+    x = _contig(input_data)
+    r = x.ndim
+    target = as_int_list(shape)
+    ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in axes]
+    if len(target) != len(ax):
+        raise InvalidArgumentError(f"CenterCropPad: shape {target} must have one entry per axis {ax}")
+    out_shape = list(x.shape)
+    src = [slice(None)] * r
+    dst = [slice(None)] * r
+    for a, s in zip(ax, target):
+        d = x.shape[a]
+        out_shape[a] = s
+        if s < d:
+            o = (d - s) // 2
+            src[a] = slice(o, o + s)
+        elif s > d:
+            o = (s - d) // 2
+            dst[a] = slice(o, o + d)
+    out = np.zeros(tuple(out_shape), x.dtype)
+    strided_copy(out, out[tuple(dst)], x, x[tuple(src)])
+    return out
+
+
+@op("BitCast", 26)
+def BitCast(input, to=None):
+    if to is None:
+        raise InvalidAttributeError("BitCast: the 'to' attribute is required")
+    dt = np_dtype(int(to))
+    x = _contig(input)
+    if dt == OBJ or x.dtype == OBJ:
+        raise InvalidArgumentError("BitCast: string tensors cannot be bit-cast")
+    if dt.itemsize != x.dtype.itemsize:
+        raise InvalidArgumentError(f"BitCast: {x.dtype} ({x.dtype.itemsize * 8} bits) and {dt} "
+                                   f"({dt.itemsize * 8} bits) differ in width")
+    return x.copy().view(dt)

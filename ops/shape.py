@@ -1,0 +1,193 @@
+"""Metadata ops: Constant, Identity, Reshape, Shape, Size, Squeeze, Unsqueeze, Flatten.
+
+None of these touches element data.  Reshape, Squeeze, Unsqueeze, Flatten and
+Identity are registered with ``views=True`` and return numpy views of their
+(C-contiguous) input, so they cost O(rank); the planner treats their output
+as an alias of the input.  Shape and Size return fresh int64 arrays.
+Constant returns a fresh copy of its attribute each run, so a caller that
+mutates a returned graph output never mutates the model.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import as_int_list, norm_axis
+from .registry import op
+
+I64 = np.dtype(np.int64)
+
+
+# -- Constant --------------------------------------------------------------------------------------
+
+def _constant_value(value, value_float, value_floats, value_int, value_ints, value_string, value_strings,
+                    sparse_value):
+    given = [(k, v) for k, v in (("value", value), ("value_float", value_float), ("value_floats", value_floats),
+                                 ("value_int", value_int), ("value_ints", value_ints),
+                                 ("value_string", value_string), ("value_strings", value_strings),
+                                 ("sparse_value", sparse_value)) if v is not None]
+    if len(given) != 1:
+        raise InvalidAttributeError(f"Constant needs exactly one value attribute, got {[k for k, _ in given]}")
+    k, v = given[0]
+    if k in ("value", "sparse_value"):
+        return np.asarray(v)
+    if k == "value_float":
+        return np.array(v, dtype=np.float32)
+    if k == "value_floats":
+        return np.array(v, dtype=np.float32).reshape(-1)
+    if k == "value_int":
+        return np.array(v, dtype=np.int64)
+    if k == "value_ints":
+        return np.array(v, dtype=np.int64).reshape(-1)
+    if k == "value_string":
+        return np.array(v if isinstance(v, str) else bytes(v).decode(), dtype=object)
+    arr = np.empty(len(v), dtype=object)
+    arr[:] = [s if isinstance(s, str) else bytes(s).decode() for s in v]
+    return arr
+
+
+@op("Constant", 1, factory=True)
+def Constant(ctx, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None,
+             value_string=None, value_strings=None, sparse_value=None):
+    arr = _constant_value(value, value_float, value_floats, value_int, value_ints, value_string, value_strings,
+                          sparse_value)
+
+    def run():
+        return arr.copy()
+    return run
+
+
+# -- Identity --------------------------------------------------------------------------------------
+
+@op("Identity", 1, views=True)
+def Identity(x):
+    # Tensors, sequences (lists) and optionals (None or a value) all pass through unchanged.
+    return x
+
+
+# -- Reshape ---------------------------------------------------------------------------------------
+
+def reshape_target(in_shape: tuple, shape, allowzero: int = 0) -> tuple:
+    """The output shape of Reshape: 0 copies the input dim (unless allowzero), -1 is inferred."""
+    dims = as_int_list(shape)
+    out = []
+    infer = -1
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            if i >= len(in_shape):
+                raise ShapeMismatchError(f"Reshape: shape {dims} copies dim {i} (0) but the input has rank "
+                                         f"{len(in_shape)}")
+            out.append(in_shape[i])
+        elif d == -1:
+            if infer >= 0:
+                raise ShapeMismatchError(f"Reshape: shape {dims} has more than one -1")
+            infer = i
+            out.append(1)
+        elif d < 0:
+            raise ShapeMismatchError(f"Reshape: shape {dims} has the invalid dim {d}")
+        else:
+            out.append(d)
+    if allowzero and infer >= 0 and 0 in dims:
+        raise ShapeMismatchError(f"Reshape: shape {dims} has both -1 and 0 with allowzero=1")
+    total = int(np.prod(in_shape, dtype=np.int64))
+    if infer >= 0:
+        known = int(np.prod(out, dtype=np.int64))
+        if known == 0 or total % known:
+            raise ShapeMismatchError(f"Reshape: cannot reshape input of shape {list(in_shape)} to {dims}")
+        out[infer] = total // known
+    elif int(np.prod(out, dtype=np.int64)) != total:
+        raise ShapeMismatchError(f"Reshape: cannot reshape input of shape {list(in_shape)} ({total} elements) "
+                                 f"to {dims} ({int(np.prod(out, dtype=np.int64))} elements)")
+    return tuple(out)
+
+
+@op("Reshape", 1, views=True)
+def Reshape_1(data, shape=None, consumed_inputs=None):
+    return data.reshape(reshape_target(data.shape, shape))
+
+
+@op("Reshape", 5, views=True)
+def Reshape(data, shape, allowzero=0):
+    return data.reshape(reshape_target(data.shape, shape, allowzero))
+
+
+# -- Shape and Size --------------------------------------------------------------------------------
+
+@op("Shape", 1)
+def Shape_1(data):
+    return np.array(data.shape, dtype=I64)
+
+
+@op("Shape", 15)
+def Shape(data, start=0, end=None):
+    r = data.ndim
+    s = start + r if start < 0 else start
+    e = r if end is None else (end + r if end < 0 else end)
+    s = min(max(s, 0), r)
+    e = min(max(e, 0), r)
+    return np.array(data.shape[s:e] if e > s else (), dtype=I64)
+
+
+@op("Size", 1)
+def Size(data):
+    return np.array(data.size, dtype=I64)
+
+
+# -- Squeeze / Unsqueeze / Flatten -----------------------------------------------------------------
+
+def _squeeze(data, axes):
+    r = data.ndim
+    if axes is None or len(as_int_list(axes)) == 0:
+        return data.reshape(tuple(d for d in data.shape if d != 1))
+    ax = sorted({norm_axis(a, r) for a in as_int_list(axes)})
+    for a in ax:
+        if data.shape[a] != 1:
+            raise ShapeMismatchError(f"Squeeze: axis {a} of shape {list(data.shape)} has size {data.shape[a]}, "
+                                     f"expected 1")
+    return data.reshape(tuple(d for i, d in enumerate(data.shape) if i not in ax))
+
+
+@op("Squeeze", 1, views=True)
+def Squeeze_1(data, axes=None):
+    return _squeeze(data, axes)
+
+
+@op("Squeeze", 13, views=True)
+def Squeeze(data, axes=None):
+    return _squeeze(data, axes)
+
+
+def _unsqueeze(data, axes):
+    ax_list = as_int_list(axes)
+    r = data.ndim + len(ax_list)
+    ax = [norm_axis(a, r) for a in ax_list]
+    if len(set(ax)) != len(ax):
+        raise InvalidArgumentError(f"Unsqueeze: axes {ax_list} repeat an axis")
+    shape = list(data.shape)
+    for a in sorted(ax):
+        shape.insert(a, 1)
+    return data.reshape(tuple(shape))
+
+
+@op("Unsqueeze", 1, views=True)
+def Unsqueeze_1(data, axes=None):
+    if axes is None:
+        raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
+    return _unsqueeze(data, axes)
+
+
+@op("Unsqueeze", 13, views=True)
+def Unsqueeze(data, axes=None):
+    if axes is None:
+        raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
+    return _unsqueeze(data, axes)
+
+
+@op("Flatten", 1, views=True)
+def Flatten(input, axis=1):
+    r = input.ndim
+    a = axis + r if axis < 0 else axis
+    if a < 0 or a > r:
+        raise InvalidAttributeError(f"Flatten: axis {axis} is out of range for rank {r}; expected [-{r}, {r}]")
+    outer = int(np.prod(input.shape[:a], dtype=np.int64))
+    return input.reshape(outer, int(np.prod(input.shape[a:], dtype=np.int64)))

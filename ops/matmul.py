@@ -1,0 +1,522 @@
+"""Matrix products: MatMul, Gemm, Einsum, MatMulInteger.
+
+Wrappers canonicalize every product to a batched 3-d one, ``(nb, M, K) @
+(nb, K, N)``, where batch broadcasting becomes two small index maps (which
+batch of A and of B each output batch reads).  A 2-d right operand (a
+weight) folds the left operand's batch into M, so ``(B, S, K) @ (K, N)`` is
+one GEMM.  Float32/float64 GEMMs call BLAS through Numba's ``np.dot``
+(measured faster than a hand-blocked kernel on every shape tried); a single
+row (M=1 after folding) takes a parallel GEMV kernel that streams the weight
+once, each thread owning a block of output columns.  Integer products use a
+plain typed kernel that wraps around like numpy.  16-bit floats are
+computed in float32 and rounded back.
+
+Invariants: kernels never write to inputs; outputs are fresh arrays (or the
+planner's buffer); shapes are validated in the wrappers, which raise
+``ShapeMismatchError`` naming both shapes.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, broadcast_shape, lowp, out_buffer
+from .registry import op
+
+__all__ = ["matmul_nd", "einsum"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _bmm_blas(a3, b3, ia, ib, out3):
+    """out3[t] = a3[ia[t]] @ b3[ib[t]] through BLAS (float32/float64)."""
+    for t in range(out3.shape[0]):
+        np.dot(a3[ia[t]], b3[ib[t]], out3[t])
+
+
+@njit(cache=True, nogil=True)
+def _bmm_generic(a3, b3, ia, ib, out3):
+    """out3[t] = a3[ia[t]] @ b3[ib[t]] for any numeric dtype, accumulating in the output dtype."""
+    nb, m, n = out3.shape
+    kk = a3.shape[2]
+    for t in range(nb):
+        a = a3[ia[t]]
+        b = b3[ib[t]]
+        o = out3[t]
+        for i in range(m):
+            for j in range(n):
+                o[i, j] = 0
+            for k in range(kk):
+                aik = a[i, k]
+                for j in range(n):
+                    o[i, j] += aik * b[k, j]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _gemv(a, b, out, bs):
+    """out[n] = sum_k a[k] * b[k, n]; each thread owns ``bs`` columns and streams their rows once."""
+    kk = a.shape[0]
+    n = b.shape[1]
+    nblk = (n + bs - 1) // bs
+    k4 = kk - kk % 4
+    for jb in prange(nblk):
+        j0 = jb * bs
+        j1 = min(j0 + bs, n)
+        w = j1 - j0
+        acc = np.zeros(w, out.dtype)
+        for k in range(0, k4, 4):
+            a0 = a[k]
+            a1 = a[k + 1]
+            a2 = a[k + 2]
+            a3 = a[k + 3]
+            r0 = b[k, j0:j1]
+            r1 = b[k + 1, j0:j1]
+            r2 = b[k + 2, j0:j1]
+            r3 = b[k + 3, j0:j1]
+            for j in range(w):
+                acc[j] += a0 * r0[j] + a1 * r1[j] + a2 * r2[j] + a3 * r3[j]
+        for k in range(k4, kk):
+            ak = a[k]
+            r0 = b[k, j0:j1]
+            for j in range(w):
+                acc[j] += ak * r0[j]
+        for j in range(w):
+            out[j0 + j] = acc[j]
+
+
+@njit(cache=True, nogil=True)
+def _gemm_epilogue(a, b, c2, alpha, beta, out):
+    """out = alpha * (a @ b) + beta * c2 (c2 is (1|M, 1|N), read with broadcasting); a, b may be transposed views."""
+    np.dot(a, b, out)
+    m, n = out.shape
+    cm, cn = c2.shape
+    for i in range(m):
+        ci = i if cm > 1 else 0
+        for j in range(n):
+            out[i, j] = alpha * out[i, j] + beta * c2[ci, j if cn > 1 else 0]
+
+
+@njit(cache=True, nogil=True)
+def _gemm_generic(a, b, c2, alpha, beta, out):
+    m, n = out.shape
+    kk = a.shape[1]
+    cm, cn = c2.shape
+    for i in range(m):
+        for j in range(n):
+            out[i, j] = 0
+        for k in range(kk):
+            aik = a[i, k]
+            for j in range(n):
+                out[i, j] += aik * b[k, j]
+        ci = i if cm > 1 else 0
+        for j in range(n):
+            out[i, j] = alpha * out[i, j] + beta * c2[ci, j if cn > 1 else 0]
+
+
+@njit(cache=True, nogil=True)
+def _bmm_int(a3, b3, za, zb, ia, ib, out3):
+    """Integer product with zero points: out3[t, i, j] = sum_k (a - za[ia, i]) * (b - zb[ib, j]) in int32."""
+    nb, m, n = out3.shape
+    kk = a3.shape[2]
+    zam = za.shape[0]
+    zbm = zb.shape[0]
+    bz = np.empty(n, np.int32)
+    for t in range(nb):
+        a = a3[ia[t]]
+        b = b3[ib[t]]
+        o = out3[t]
+        zar = za[ia[t] if zam > 1 else 0]
+        zbr = zb[ib[t] if zbm > 1 else 0]
+        for j in range(n):
+            bz[j] = zbr[j if zbr.shape[0] > 1 else 0]
+        for i in range(m):
+            z = np.int32(zar[i if zar.shape[0] > 1 else 0])
+            for j in range(n):
+                o[i, j] = 0
+            for k in range(kk):
+                aik = np.int32(a[i, k]) - z
+                if aik == 0:
+                    continue
+                for j in range(n):
+                    o[i, j] += aik * (np.int32(b[k, j]) - bz[j])
+
+
+@njit(cache=True, nogil=True)
+def _rowsum(x2, out):
+    """out[p] = sum_q x2[p, q]."""
+    for p in range(x2.shape[0]):
+        s = out.dtype.type(0)
+        for q in range(x2.shape[1]):
+            s += x2[p, q]
+        out[p] = s
+
+
+# -- batched product driver ------------------------------------------------------------------------
+
+_MAP_CACHE: dict = {}
+
+
+def _batch_maps(abatch: tuple, bbatch: tuple, batch: tuple):
+    key = (abatch, bbatch, batch)
+    hit = _MAP_CACHE.get(key)
+    if hit is not None:
+        return hit
+    r = len(batch)
+    ia = np.broadcast_to(np.arange(int(np.prod(abatch, dtype=np.int64)), dtype=np.int64)
+                         .reshape((1,) * (r - len(abatch)) + abatch), batch).reshape(-1).copy()
+    ib = np.broadcast_to(np.arange(int(np.prod(bbatch, dtype=np.int64)), dtype=np.int64)
+                         .reshape((1,) * (r - len(bbatch)) + bbatch), batch).reshape(-1).copy()
+    if len(_MAP_CACHE) < 1024:
+        _MAP_CACHE[key] = (ia, ib)
+    return ia, ib
+
+
+_ZERO_MAP = np.zeros(1, np.int64)
+
+
+def _gemv_block(n: int, nt: int) -> int:
+    bs = -(-n // (4 * nt))
+    bs = max(64, min(1024, (bs + 15) // 16 * 16))
+    return bs
+
+
+_GEMV_BYTES_PER_THREAD = 1 << 21
+
+
+def _gemv_run(a, b, out):
+    # Waking threads costs more than a small weight takes to stream: use one thread per 2 MiB of weight.
+    nt_max = numba.get_num_threads()
+    nt = max(1, min(nt_max, b.nbytes // _GEMV_BYTES_PER_THREAD))
+    if nt == nt_max:
+        _gemv(a, b, out, _gemv_block(out.shape[0], nt))
+        return
+    numba.set_num_threads(nt)
+    try:
+        _gemv(a, b, out, _gemv_block(out.shape[0], nt))
+    finally:
+        numba.set_num_threads(nt_max)
+
+
+def _mm_into(a3, b3, ia, ib, o3):
+    if a3.dtype in _FLOATS and a3.dtype == b3.dtype:
+        if o3.shape[0] == 1 and o3.shape[1] == 1 and o3.shape[2] >= 256:
+            _gemv_run(a3[ia[0], 0], b3[ib[0]], o3[0, 0])
+        else:
+            _bmm_blas(a3, b3, ia, ib, o3)
+    else:
+        _bmm_generic(a3, b3, ia, ib, o3)
+
+
+def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarray:
+    """numpy.matmul semantics: batch broadcasting, 1-d operands promoted then squeezed."""
+    if a.dtype != b.dtype:
+        raise InvalidArgumentError(f"{name}: both inputs must have one dtype, got {a.dtype} and {b.dtype}")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeMismatchError(f"{name}: inputs must have rank >= 1, got shapes {list(a.shape)} and {list(b.shape)}")
+    dt = a.dtype
+    if lowp(dt) or dt == np.float16:
+        r = matmul_nd(a.astype(F32), b.astype(F32), None, name)
+        return r.astype(dt)
+    if dt.kind not in "fiu":
+        raise InvalidArgumentError(f"{name}: expected a numeric dtype, got {dt}")
+    A = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+    B = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    m, k = A.shape[-2:]
+    k2, n = B.shape[-2:]
+    if k != k2:
+        raise ShapeMismatchError(f"{name}: inner dimensions differ: A has shape {list(a.shape)} "
+                                 f"(K={k}), B has shape {list(b.shape)} (K={k2})")
+    abatch, bbatch = tuple(A.shape[:-2]), tuple(B.shape[:-2])
+    batch = broadcast_shape(abatch, bbatch)
+    full = batch + (m, n)
+    out_shape = full
+    if a.ndim == 1:
+        out_shape = out_shape[:-2] + out_shape[-1:]
+    if b.ndim == 1:
+        out_shape = out_shape[:-1]
+    o = out_buffer(buf, out_shape, dt)
+    if o.size == 0:
+        return o
+    if k == 0:
+        o[...] = 0
+        return o
+    if int(np.prod(bbatch, dtype=np.int64)) == 1 and abatch == batch:
+        # A weight on the right: fold A's batch into its rows, one GEMM (or GEMV for one row).
+        rows = int(np.prod(abatch, dtype=np.int64)) * m
+        _mm_into(A.reshape(1, rows, k), B.reshape(1, k, n), _ZERO_MAP, _ZERO_MAP, o.reshape(1, rows, n))
+        return o
+    ia, ib = _batch_maps(abatch, bbatch, batch)
+    _mm_into(A.reshape(-1, m, k), B.reshape(-1, k, n), ia, ib, o.reshape(-1, m, n))
+    return o
+
+
+# -- MatMul ----------------------------------------------------------------------------------------
+
+def _matmul_factory(ctx):
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(a, b):
+        return matmul_nd(a, b, buf)
+    return run
+
+
+for _v in (1, 9, 13):
+    op("MatMul", _v, factory=True)(_matmul_factory)
+
+
+# -- Gemm ------------------------------------------------------------------------------------------
+
+def _gemm_factory(ctx, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    buf = ctx.out[0] if ctx.out else None
+    alpha = float(alpha)
+    beta = float(beta)
+
+    def run(a, b, c=None):
+        if a.ndim != 2 or b.ndim != 2:
+            raise ShapeMismatchError(f"Gemm: A and B must be 2-d, got shapes {list(a.shape)} and {list(b.shape)}")
+        if a.dtype != b.dtype or (c is not None and c.dtype != a.dtype):
+            raise InvalidArgumentError(f"Gemm: inputs must share one dtype, got "
+                                       f"{[str(x.dtype) for x in (a, b, c) if x is not None]}")
+        dt = a.dtype
+        if lowp(dt) or dt == np.float16:
+            r = run_f(a.astype(F32), b.astype(F32), None if c is None else c.astype(F32), None)
+            return r.astype(dt)
+        return run_f(a, b, c, buf)
+
+    def run_f(a, b, c, obuf):
+        A = a.T if transA else a
+        B = b.T if transB else b
+        m, k = A.shape
+        k2, n = B.shape
+        if k != k2:
+            raise ShapeMismatchError(f"Gemm: inner dimensions differ: op(A) is {[m, k]}, op(B) is {[k2, n]} "
+                                     f"(transA={transA}, transB={transB})")
+        dt = a.dtype
+        if c is None or beta == 0.0:
+            c2 = np.zeros((1, 1), dt)
+        else:
+            c2 = c.reshape((1,) * (2 - c.ndim) + c.shape) if c.ndim < 2 else c
+            if c2.ndim != 2 or c2.shape[0] not in (1, m) or c2.shape[1] not in (1, n):
+                raise ShapeMismatchError(f"Gemm: C of shape {list(c.shape)} cannot be broadcast to {[m, n]}")
+        o = out_buffer(obuf, (m, n), dt)
+        if o.size == 0:
+            return o
+        if k == 0:
+            o[...] = 0
+            A = np.zeros((m, 1), dt)
+            B = np.zeros((1, n), dt)
+        if dt in _FLOATS:
+            _gemm_epilogue(A, B, c2, alpha, beta, o)
+        else:
+            _gemm_generic(np.ascontiguousarray(A), np.ascontiguousarray(B), c2, alpha, beta, o)
+        return o
+
+    return run
+
+
+for _v in (1, 6, 7, 9, 11, 13):
+    op("Gemm", _v, factory=True)(_gemm_factory)
+
+
+# -- MatMulInteger ---------------------------------------------------------------------------------
+
+def _zero_point_rows(z, batch_shape: tuple, rows: int, per_last: bool, name: str):
+    """Zero point as a (nbatch|1, rows|1) int32 array: scalar, 1-d per row/column, or N-d with batch dims."""
+    if z is None:
+        return np.zeros((1, 1), np.int32)
+    z = np.asarray(z)
+    if z.ndim <= 1:
+        if z.size not in (1, rows):
+            raise ShapeMismatchError(f"{name}: zero point of shape {list(z.shape)} must be a scalar or have "
+                                     f"{rows} elements")
+        return z.astype(np.int32).reshape(1, -1)
+    # N-d: [..., M, 1] for A or [..., 1, N] for B.
+    zz = z.reshape(z.shape[:-2] + ((z.shape[-1],) if per_last else (z.shape[-2],)))
+    nb = int(np.prod(batch_shape, dtype=np.int64))
+    try:
+        zz = np.broadcast_to(zz, batch_shape + (zz.shape[-1],))
+    except ValueError:
+        raise ShapeMismatchError(f"{name}: zero point of shape {list(z.shape)} does not match the batch "
+                                 f"{list(batch_shape)}") from None
+    return np.ascontiguousarray(zz.astype(np.int32)).reshape(nb, -1)
+
+
+def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger"):
+    for x, nm in ((a, "A"), (b, "B")):
+        if x.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            raise InvalidArgumentError(f"{name}: {nm} must be int8 or uint8, got {x.dtype}")
+    A = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+    B = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    m, k = A.shape[-2:]
+    k2, n = B.shape[-2:]
+    if k != k2:
+        raise ShapeMismatchError(f"{name}: inner dimensions differ: A {list(a.shape)}, B {list(b.shape)}")
+    abatch, bbatch = tuple(A.shape[:-2]), tuple(B.shape[:-2])
+    batch = broadcast_shape(abatch, bbatch)
+    out_shape = batch + (m, n)
+    if a.ndim == 1:
+        out_shape = out_shape[:-2] + out_shape[-1:]
+    if b.ndim == 1:
+        out_shape = out_shape[:-1]
+    o = np.zeros(out_shape, np.int32)
+    if o.size == 0 or k == 0:
+        return o
+    za2 = _zero_point_rows(za, abatch, m, False, name)
+    zb2 = _zero_point_rows(zb, bbatch, n, True, name)
+    ia, ib = _batch_maps(abatch, bbatch, batch)
+    _bmm_int(A.reshape(-1, m, k), B.reshape(-1, k, n), za2, zb2, ia, ib, o.reshape(-1, m, n))
+    return o
+
+
+@op("MatMulInteger", 10)
+def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
+    return matmul_integer(A, B, a_zero_point, b_zero_point)
+
+
+# -- Einsum ----------------------------------------------------------------------------------------
+
+def _sum_axes(x: np.ndarray, labels: str, drop: set):
+    """Sum x over the axes whose labels are in ``drop``; returns (array, remaining labels)."""
+    keep = [i for i, c in enumerate(labels) if c not in drop]
+    gone = [i for i, c in enumerate(labels) if c in drop]
+    if not gone:
+        return x, labels
+    xt = np.ascontiguousarray(x.transpose(keep + gone))
+    kshape = xt.shape[:len(keep)]
+    p = int(np.prod(kshape, dtype=np.int64))
+    q = int(np.prod(xt.shape[len(keep):], dtype=np.int64))
+    out = np.empty(p, x.dtype)
+    if p and q:
+        _rowsum(xt.reshape(p, q), out)
+    else:
+        out[...] = 0
+    return out.reshape(kshape), "".join(labels[i] for i in keep)
+
+
+def _diagonal(x: np.ndarray, labels: str):
+    """Collapse repeated labels of one operand to their diagonal (a strided view)."""
+    if len(set(labels)) == len(labels):
+        return x, labels
+    shape, strides, seen = [], [], {}
+    for i, c in enumerate(labels):
+        if c in seen:
+            j = seen[c]
+            if shape[j] != x.shape[i]:
+                raise ShapeMismatchError(f"Einsum: repeated label {c!r} spans sizes {shape[j]} and {x.shape[i]}")
+            strides[j] += x.strides[i]
+        else:
+            seen[c] = len(shape)
+            shape.append(x.shape[i])
+            strides.append(x.strides[i])
+    v = np.lib.stride_tricks.as_strided(x, shape=tuple(shape), strides=tuple(strides), writeable=False)
+    return v, "".join(seen)
+
+
+def _parse(equation: str, ndims: list):
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, rhs = eq.split("->")
+    else:
+        lhs, rhs = eq, None
+    terms = lhs.split(",")
+    if len(terms) != len(ndims):
+        raise InvalidArgumentError(f"Einsum: equation {equation!r} names {len(terms)} operands, "
+                                   f"{len(ndims)} were given")
+    n_ell = 0
+    for t, nd in zip(terms, ndims):
+        if "..." in t:
+            n_ell = max(n_ell, nd - (len(t) - 3))
+    ell = "".join(chr(0x100 + i) for i in range(n_ell))
+    out_terms = []
+    for t, nd in zip(terms, ndims):
+        if "..." in t:
+            e = nd - (len(t) - 3)
+            if e < 0:
+                raise ShapeMismatchError(f"Einsum: term {t!r} has more labels than its operand's rank {nd}")
+            t = t.replace("...", ell[n_ell - e:] if e else "")
+        if len(t) != nd:
+            raise ShapeMismatchError(f"Einsum: term {t!r} has {len(t)} labels but its operand has rank {nd}")
+        out_terms.append(t)
+    if rhs is None:
+        counts: dict = {}
+        for t in out_terms:
+            for c in t:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = ell + "".join(sorted(c for c, v in counts.items() if v == 1 and ord(c) < 0x100))
+    else:
+        rhs = rhs.replace("...", ell)
+    return out_terms, rhs
+
+
+def _contract(x, xl: str, y, yl: str, needed: set):
+    """Contract two operands with unique labels; labels in ``needed`` survive."""
+    batch = [c for c in xl if c in yl and c in needed]
+    contr = [c for c in xl if c in yl and c not in needed]
+    left = [c for c in xl if c not in yl]
+    right = [c for c in yl if c not in xl]
+    xs = dict(zip(xl, x.shape))
+    ys = dict(zip(yl, y.shape))
+    for c in contr:
+        if xs[c] != ys[c]:
+            raise ShapeMismatchError(f"Einsum: label {c!r} spans sizes {xs[c]} and {ys[c]}")
+    xt = x.transpose([xl.index(c) for c in batch + left + contr])
+    yt = y.transpose([yl.index(c) for c in batch + contr + right])
+    L = int(np.prod([xs[c] for c in left], dtype=np.int64))
+    R = int(np.prod([ys[c] for c in right], dtype=np.int64))
+    C = int(np.prod([xs[c] for c in contr], dtype=np.int64))
+    xb = tuple(xs[c] for c in batch)
+    yb = tuple(ys[c] for c in batch)
+    A = np.ascontiguousarray(xt).reshape(xb + (L, C))
+    B = np.ascontiguousarray(yt).reshape(yb + (C, R))
+    r = matmul_nd(A, B, None, "Einsum")
+    bshape = r.shape[:len(batch)]
+    r = r.reshape(bshape + tuple(xs[c] for c in left) + tuple(ys[c] for c in right))
+    return r, "".join(batch + left + right)
+
+
+def einsum(equation: str, *xs):
+    terms, rhs = _parse(equation, [x.ndim for x in xs])
+    dt = xs[0].dtype
+    for x in xs:
+        if x.dtype != dt:
+            raise InvalidArgumentError(f"Einsum: inputs must share one dtype, got {[str(x.dtype) for x in xs]}")
+    if lowp(dt) or dt == np.float16:
+        return einsum(equation, *[x.astype(F32) for x in xs]).astype(dt)
+    ops = []
+    for x, t in zip(xs, terms):
+        ops.append(_diagonal(x, t))
+    cur, cl = ops[0]
+    for i in range(1, len(ops) + 1):
+        later = set(rhs)
+        for _, t in ops[i:]:
+            later |= set(t)
+        cur, cl = _sum_axes(cur, cl, set(c for c in cl if c not in later))
+        if i == len(ops):
+            break
+        y, yl = ops[i]
+        later_y = set(rhs) | set(cl)
+        for _, t in ops[i + 1:]:
+            later_y |= set(t)
+        y, yl = _sum_axes(y, yl, set(c for c in yl if c not in later_y))
+        needed = set(rhs)
+        for _, t in ops[i + 1:]:
+            needed |= set(t)
+        cur, cl = _contract(cur, cl, y, yl, needed)
+    if set(cl) != set(rhs) or len(cl) != len(rhs):
+        raise InvalidArgumentError(f"Einsum: output labels {rhs!r} are not a permutation of the result's {cl!r}")
+    res = cur.transpose([cl.index(c) for c in rhs])
+    if not res.flags.c_contiguous or any(np.may_share_memory(res, x) for x in xs):
+        res = res.copy(order="C")
+    return res
+
+
+@op("Einsum", 12)
+def Einsum(*inputs, equation=""):
+    if not equation:
+        raise InvalidAttributeError("Einsum: the 'equation' attribute is required")
+    return einsum(equation, *inputs)

@@ -1,0 +1,332 @@
+"""Recurrent ops: RNN, GRU, LSTM (opset 7 and 14, the latter adding ``layout``).
+
+The wrapper canonicalizes everything to layout 0 (X [seq, batch, input]),
+pre-transposes the weights so every matrix product inside the kernels is a
+plain contiguous ``np.dot`` (BLAS), and fills missing optional inputs (bias,
+initial states, peepholes, sequence_lens) with their defaults.  Each cell
+kernel handles every direction and compiles once per float dtype (float16 and
+bfloat16 run in float32).
+
+Semantics follow onnxruntime: for batch entry b only the first
+``sequence_lens[b]`` steps are computed (a reverse direction runs them
+backwards from step ``sequence_lens[b] - 1``); Y is zero past that length and
+Y_h/Y_c hold the state after the last valid step.  ``clip`` bounds every gate
+pre-activation.  Activation alpha/beta lists are consumed in activation
+order, only by the activations that take them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, lowp
+from .registry import op
+
+__all__ = ["RNN", "GRU", "LSTM"]
+
+# name -> (code, default alpha or None, default beta or None)
+_ACTS = {
+    "relu": (0, None, None), "tanh": (1, None, None), "sigmoid": (2, None, None),
+    "affine": (3, 1.0, 0.0), "leakyrelu": (4, 0.01, None), "thresholdedrelu": (5, 1.0, None),
+    "scaledtanh": (6, 1.0, 1.0), "hardsigmoid": (7, 0.2, 0.5), "elu": (8, 1.0, None),
+    "softsign": (9, None, None), "softplus": (10, None, None),
+}
+
+
+@njit(cache=True, nogil=True)
+def _act(code, a, b, clip, x):
+    if clip > 0.0:
+        x = min(max(x, -clip), clip)
+    if code == 1:
+        return math.tanh(x)
+    if code == 2:
+        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    if code == 0:
+        return max(x, 0.0)
+    if code == 3:
+        return a * x + b
+    if code == 4:
+        return x if x >= 0 else a * x
+    if code == 5:
+        return x if x > a else 0.0
+    if code == 6:
+        return a * math.tanh(b * x)
+    if code == 7:
+        return max(0.0, min(1.0, a * x + b))
+    if code == 8:
+        return x if x >= 0 else a * (math.exp(x) - 1.0)
+    if code == 9:
+        return x / (1.0 + abs(x))
+    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
+
+
+@njit(cache=True, nogil=True)
+def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh):
+    seq, batch, nin = X.shape
+    D, H, _ = RT.shape
+    X2 = X.reshape(seq * batch, nin)
+    for d in range(D):
+        xw = np.dot(X2, WT[d])
+        h = h0[d].copy()
+        c0 = acts[d, 0]
+        a0 = alphas[d, 0]
+        b0 = betas[d, 0]
+        for s in range(seq):
+            hr = np.dot(h, RT[d])
+            for b in range(batch):
+                L = seqlens[b]
+                if s >= L:
+                    continue
+                t = L - 1 - s if rev[d] else s
+                row = t * batch + b
+                for j in range(H):
+                    v = xw[row, j] + hr[b, j] + B[d, j] + B[d, H + j]
+                    h[b, j] = _act(c0, a0, b0, clip, v)
+                    Y[t, d, b, j] = h[b, j]
+        Yh[d] = h
+
+
+@njit(cache=True, nogil=True)
+def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip, lbr, Y, Yh):
+    seq, batch, nin = X.shape
+    D, H, _ = RhT.shape
+    X2 = X.reshape(seq * batch, nin)
+    z = np.empty((batch, H), X.dtype)
+    rh = np.zeros((batch, H), X.dtype)
+    for d in range(D):
+        xw = np.dot(X2, WT[d])
+        h = h0[d].copy()
+        cf, ag, bg = acts[d, 0], alphas[d, 0], betas[d, 0]
+        cg, ah, bh = acts[d, 1], alphas[d, 1], betas[d, 1]
+        for s in range(seq):
+            hzr = np.dot(h, RzrT[d])
+            if lbr:
+                hh = np.dot(h, RhT[d])
+            for b in range(batch):
+                L = seqlens[b]
+                if s >= L:
+                    continue
+                row = ((L - 1 - s) if rev[d] else s) * batch + b
+                for j in range(H):
+                    z[b, j] = _act(cf, ag, bg, clip, xw[row, j] + hzr[b, j] + B[d, j] + B[d, 3 * H + j])
+                    r = _act(cf, ag, bg, clip, xw[row, H + j] + hzr[b, H + j] + B[d, H + j] + B[d, 4 * H + j])
+                    if lbr:
+                        rh[b, j] = r * (hh[b, j] + B[d, 5 * H + j])
+                    else:
+                        rh[b, j] = r * h[b, j]
+            if not lbr:
+                hh = np.dot(rh, RhT[d])
+            for b in range(batch):
+                L = seqlens[b]
+                if s >= L:
+                    continue
+                t = L - 1 - s if rev[d] else s
+                row = t * batch + b
+                for j in range(H):
+                    pre = xw[row, 2 * H + j] + B[d, 2 * H + j]
+                    if lbr:
+                        pre += rh[b, j]
+                    else:
+                        pre += hh[b, j] + B[d, 5 * H + j]
+                    ht = _act(cg, ah, bh, clip, pre)
+                    h[b, j] = (1.0 - z[b, j]) * ht + z[b, j] * h[b, j]
+                    Y[t, d, b, j] = h[b, j]
+        Yh[d] = h
+
+
+@njit(cache=True, nogil=True)
+def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
+    seq, batch, nin = X.shape
+    D, H, _ = RT.shape
+    X2 = X.reshape(seq * batch, nin)
+    G = 4 * H
+    for d in range(D):
+        xw = np.dot(X2, WT[d])
+        h = h0[d].copy()
+        c = c0[d].copy()
+        cf, af, bf = acts[d, 0], alphas[d, 0], betas[d, 0]
+        cg, ag, bg = acts[d, 1], alphas[d, 1], betas[d, 1]
+        ch, ah, bh = acts[d, 2], alphas[d, 2], betas[d, 2]
+        for s in range(seq):
+            hr = np.dot(h, RT[d])
+            for b in range(batch):
+                L = seqlens[b]
+                if s >= L:
+                    continue
+                t = L - 1 - s if rev[d] else s
+                row = t * batch + b
+                for j in range(H):
+                    cp = c[b, j]
+                    gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
+                    go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
+                    gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] \
+                        + P[d, 2 * H + j] * cp
+                    gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
+                    i = _act(cf, af, bf, clip, gi)
+                    f = 1.0 - i if input_forget else _act(cf, af, bf, clip, gf)
+                    cn = f * cp + i * _act(cg, ag, bg, clip, gc)
+                    o = _act(cf, af, bf, clip, go + P[d, H + j] * cn)
+                    c[b, j] = cn
+                    h[b, j] = o * _act(ch, ah, bh, 0.0, cn)
+                    Y[t, d, b, j] = h[b, j]
+        Yh[d] = h
+        Yc[d] = c
+
+
+def _activations(op_name, activations, alpha, beta, defaults, D):
+    names = list(activations) if activations else list(defaults) * D
+    k = len(defaults)
+    if len(names) == k and D == 2:
+        names = names * 2
+    if len(names) != k * D:
+        raise InvalidAttributeError(f"{op_name}: expected {k * D} activations for {D} direction(s), got {names}")
+    codes = np.empty((D, k), np.int64)
+    al = np.zeros((D, k))
+    be = np.zeros((D, k))
+    ia = ib = 0
+    alpha = list(alpha or [])
+    beta = list(beta or [])
+    for n, name in enumerate(names):
+        key = name.decode() if isinstance(name, bytes) else str(name)
+        spec = _ACTS.get(key.lower())
+        if spec is None:
+            raise InvalidAttributeError(f"{op_name}: unsupported activation {key!r}; expected one of "
+                                        f"{sorted(_ACTS)}")
+        code, da, db = spec
+        a, b = 0.0, 0.0
+        if da is not None:
+            a = float(alpha[ia]) if ia < len(alpha) else da
+            ia += 1
+        if db is not None:
+            b = float(beta[ib]) if ib < len(beta) else db
+            ib += 1
+        codes[n // k, n % k] = code
+        al[n // k, n % k] = a
+        be[n // k, n % k] = b
+    return codes, al, be
+
+
+class _Prep:
+    """Canonical (layout 0, contiguous, compute-dtype) operands shared by the three cells."""
+
+    def __init__(self, op_name, G, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout):
+        dirs = {"forward": (0,), "reverse": (1,), "bidirectional": (0, 1)}
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        if direction not in dirs:
+            raise InvalidAttributeError(f"{op_name}: direction must be forward, reverse or bidirectional, "
+                                        f"got {direction!r}")
+        self.rev = np.array(dirs[direction], np.bool_)
+        D = len(self.rev)
+        self.out_dtype = X.dtype
+        if X.dtype.kind != "f" and not lowp(X.dtype):
+            raise InvalidArgumentError(f"{op_name} expects floating-point inputs, got {X.dtype}")
+        dt = F32 if lowp(X.dtype) else X.dtype
+        self.dt = dt
+        if X.ndim != 3:
+            raise ShapeMismatchError(f"{op_name}: X must be 3-d, got shape {list(X.shape)}")
+        if layout:
+            X = X.transpose(1, 0, 2)
+        self.X = np.ascontiguousarray(X, dt)
+        seq, batch, nin = self.X.shape
+        H = int(hidden_size) if hidden_size else R.shape[-1]
+        if W.shape != (D, G * H, nin) or R.shape != (D, G * H, H):
+            raise ShapeMismatchError(f"{op_name}: expected W {[D, G * H, nin]} and R {[D, G * H, H]}, "
+                                     f"got {list(W.shape)} and {list(R.shape)}")
+        self.D, self.H, self.seq, self.batch, self.layout = D, H, seq, batch, layout
+        self.WT = np.ascontiguousarray(W.astype(dt, copy=False).transpose(0, 2, 1))
+        self.R = R.astype(dt, copy=False)
+        if B is None:
+            self.B = np.zeros((D, 2 * G * H), dt)
+        else:
+            if B.shape != (D, 2 * G * H):
+                raise ShapeMismatchError(f"{op_name}: expected B {[D, 2 * G * H]}, got {list(B.shape)}")
+            self.B = np.ascontiguousarray(B, dt)
+        if sequence_lens is None or sequence_lens.size == 0:
+            self.seqlens = np.full(batch, seq, np.int64)
+        else:
+            self.seqlens = np.ascontiguousarray(sequence_lens.reshape(-1), np.int64)
+            if self.seqlens.shape[0] != batch:
+                raise ShapeMismatchError(f"{op_name}: sequence_lens must have {batch} entries, "
+                                         f"got {self.seqlens.shape[0]}")
+            if self.seqlens.size and (self.seqlens.min() < 0 or self.seqlens.max() > seq):
+                from runtime.errors import IndexOutOfRangeError
+                raise IndexOutOfRangeError(f"{op_name}: sequence_lens must lie in [0, {seq}], "
+                                           f"got {self.seqlens.tolist()}")
+        self.h0 = self.state(op_name, initial_h, "initial_h")
+        self.Y = np.zeros((seq, D, batch, H), dt)
+        self.Yh = np.empty((D, batch, H), dt)
+
+    def state(self, op_name, s, what):
+        shape = (self.D, self.batch, self.H)
+        if s is None:
+            return np.zeros(shape, self.dt)
+        if self.layout:
+            s = s.transpose(1, 0, 2)
+        if s.shape != shape:
+            raise ShapeMismatchError(f"{op_name}: expected {what} of shape {list(shape)} (layout 0), "
+                                     f"got {list(s.shape)}")
+        return np.ascontiguousarray(s, self.dt)
+
+    def finish(self, ctx, *states):
+        Y = self.Y
+        if self.layout:
+            Y = Y.transpose(2, 0, 1, 3)
+            states = tuple(s.transpose(1, 0, 2) for s in states)
+        res = tuple(np.ascontiguousarray(a).astype(self.out_dtype, copy=False) for a in (Y,) + states)
+        n = ctx.n_outputs
+        return res[0] if n == 1 else res[:n]
+
+
+def _clip(clip):
+    return 0.0 if clip is None else float(clip)
+
+
+def RNN(X, W, R, B=None, sequence_lens=None, initial_h=None, *, ctx, activation_alpha=None,
+        activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, layout=0):
+    p = _Prep("RNN", 1, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout)
+    codes, al, be = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), p.D)
+    RT = np.ascontiguousarray(p.R.transpose(0, 2, 1))
+    _rnn_kernel(p.X, p.WT, RT, p.B, p.seqlens, p.h0, p.rev, codes, al, be, _clip(clip), p.Y, p.Yh)
+    return p.finish(ctx, p.Yh)
+
+
+def GRU(X, W, R, B=None, sequence_lens=None, initial_h=None, *, ctx, activation_alpha=None,
+        activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
+        layout=0, linear_before_reset=0):
+    p = _Prep("GRU", 3, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout)
+    codes, al, be = _activations("GRU", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), p.D)
+    H = p.H
+    RzrT = np.ascontiguousarray(p.R[:, :2 * H].transpose(0, 2, 1))
+    RhT = np.ascontiguousarray(p.R[:, 2 * H:].transpose(0, 2, 1))
+    _gru_kernel(p.X, p.WT, RzrT, RhT, p.B, p.seqlens, p.h0, p.rev, codes, al, be, _clip(clip),
+                bool(linear_before_reset), p.Y, p.Yh)
+    return p.finish(ctx, p.Yh)
+
+
+def LSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, ctx,
+         activation_alpha=None, activation_beta=None, activations=None, clip=None, direction="forward",
+         hidden_size=None, input_forget=0, layout=0):
+    p = _Prep("LSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout)
+    codes, al, be = _activations("LSTM", activations, activation_alpha, activation_beta,
+                                 ("Sigmoid", "Tanh", "Tanh"), p.D)
+    c0 = p.state("LSTM", initial_c, "initial_c")
+    if P is None:
+        Pm = np.zeros((p.D, 3 * p.H), p.dt)
+    else:
+        if P.shape != (p.D, 3 * p.H):
+            raise ShapeMismatchError(f"LSTM: expected P {[p.D, 3 * p.H]}, got {list(P.shape)}")
+        Pm = np.ascontiguousarray(P, p.dt)
+    RT = np.ascontiguousarray(p.R.transpose(0, 2, 1))
+    Yc = np.empty_like(p.Yh)
+    _lstm_kernel(p.X, p.WT, RT, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, _clip(clip),
+                 bool(input_forget), p.Y, p.Yh, Yc)
+    return p.finish(ctx, p.Yh, Yc)
+
+
+for _v in (7, 14):
+    op("RNN", _v)(RNN)
+    op("GRU", _v)(GRU)
+    op("LSTM", _v)(LSTM)

@@ -64,6 +64,7 @@ class OpContext:
     node: Any = None
     graph: Any = None  # the IR graph the node belongs to (subgraph ops need it)
     session_options: Any = None
+    captured: list = field(default_factory=list)  # outer-scope names a node's subgraphs read, passed after inputs
 
 
 _REG: dict[tuple, list] = {}

@@ -111,19 +111,19 @@ class Plan:
                 last_use[s] = i
         for s in self.output_slots:
             last_use[s] = INF
-        # Aliasing: a view op's outputs share their inputs' root buffer.
-        root = list(range(len(values)))
+        # Aliasing: a view op's outputs may share memory with any of its inputs, so each value
+        # carries the set of root values whose memory it may reference.
+        roots = [(s,) for s in range(len(values))]
         for node, impl in zip(graph.nodes, bound):
             if impl.views:
-                ins = [slot_of[x] for x in node.inputs if x]
-                if ins:
-                    for o in node.outputs:
-                        if o:
-                            root[slot_of[o]] = root[ins[0]]
+                rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
+                for o in node.outputs:
+                    if o and rs:
+                        roots[slot_of[o]] = rs
         end = [-1] * len(values)
         for s in range(len(values)):
-            r = root[s]
-            end[r] = max(end[r], last_use[s])
+            for r in roots[s]:
+                end[r] = max(end[r], last_use[s])
         # Runs of small elementwise nodes execute as one compiled segment.
         segments = []
         if getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
@@ -134,7 +134,7 @@ class Plan:
         seg_values = {slot_of[o] for i in in_segment for o in graph.nodes[i].outputs if o}
         # Views of a feed, an initializer or segment scratch that are returned must be copied.
         protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
-        self.copy_out = [root[s] in protected for s in self.output_slots]
+        self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
 
         # Arena: statically shaped outputs of kernels that can write into a buffer.
         arena_free: dict[int, list] = {}
@@ -151,7 +151,7 @@ class Plan:
                 vi = graph.value_info.get(o) if o else None
                 s = slot_of.get(o, 0)
                 if can_write and vi is not None and vi.dtype is not None and vi.dtype != object \
-                        and vi.static_shape is not None and 0 <= end[s] < INF and root[s] == s:
+                        and vi.static_shape is not None and 0 <= end[s] < INF and roots[s] == (s,):
                     dt = np.dtype(vi.dtype)
                     shape = vi.static_shape
                     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -196,14 +196,17 @@ class Plan:
             ins = list(node.inputs)
             while ins and not ins[-1]:
                 ins.pop()
-            in_slots = tuple(slot_of[x] if x else 0 for x in ins)
+            # A node with subgraphs also receives, after its declared inputs, every value its
+            # subgraphs read from enclosing scopes (in ``ctx.captured`` order).
+            captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
+            in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
             ctx = registry.OpContext(
                 name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
                 attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
                 input_types=[graph.value_info.get(x) if x else None for x in ins],
                 output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
                 out=outs_buffers[i], provider=provider, outputs_used=[bool(x) for x in node.outputs],
-                node=node, graph=graph, session_options=session_options)
+                node=node, graph=graph, session_options=session_options, captured=captured)
             try:
                 fn = registry.bind(impl, ctx)
             except OnnxNumbaError:

@@ -300,6 +300,13 @@ def graph_to_proto(graph: Graph, *, small_init_limit: int | None = None) -> Grap
             extra_inputs.append(helper.make_tensor_value_info(name, onnx_type(arr.dtype), list(arr.shape)))
         else:
             inits.append(_to_tensor(arr, name))
+    # Values a subgraph reads from enclosing scopes travel as typed inputs when their type is known.
+    outer_types = getattr(graph, "outer_types", {})
+    for name in sorted(getattr(graph, "outer_names", ())):
+        vi = outer_types.get(name)
+        if vi is not None and name not in graph.initializers:
+            extra_inputs.append(valueinfo_to_proto(ValueInfo(name, vi.dtype, vi.shape, vi.elem_type, vi.kind,
+                                                             vi.type_proto)))
     g = helper.make_graph(
         [n.to_proto() for n in graph.nodes], graph.name,
         [valueinfo_to_proto(v) for v in graph.inputs] + extra_inputs,

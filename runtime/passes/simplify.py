@@ -85,7 +85,7 @@ class FoldConstants(Pass):
             r = fn(*ins)
         except Exception:
             return None  # leave the node; the error surfaces when it runs
-        res = list(r) if isinstance(r, (tuple, list)) else [r]
+        res = [r] if len(node.outputs) == 1 else list(r)
         if len(res) < len([o for o in node.outputs if o]):
             return None
         out = []

@@ -1,0 +1,179 @@
+"""Control flow: If, Loop and Scan, each running its subgraphs as child plans.
+
+Child plans are built once at bind time (``runtime.subgraph.plan_subgraph``)
+and see outer-scope values by name: the executor passes every captured value
+after the node's declared inputs, in ``ctx.captured`` order.
+
+Invariants:
+- Loop and Scan outputs are fresh arrays (scan outputs are stacked copies);
+- a Loop with zero iterations returns its initial loop-carried values and
+  empty scan outputs of the body's declared dtype;
+- Scan slices are made contiguous before the body sees them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.errors import InvalidArgumentError
+from runtime.subgraph import plan_subgraph
+from ._common import norm_axis
+from .registry import op
+
+_I64 = np.dtype(np.int64)
+
+
+def _scalar_bool(x, what):
+    if x is None:
+        return True
+    a = np.asarray(x)
+    if a.size != 1:
+        raise InvalidArgumentError(f"{what} must hold exactly one element, got shape {list(a.shape)}")
+    return bool(a.reshape(-1)[0])
+
+
+def _pack(outs):
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@op("If", 1, factory=True)
+def If(ctx, then_branch=None, else_branch=None):
+    then_p = plan_subgraph(then_branch, ctx)
+    else_p = plan_subgraph(else_branch, ctx)
+    n = ctx.n_inputs
+
+    def run(cond, *captured):
+        branch = then_p if _scalar_bool(cond, "If condition") else else_p
+        return _pack(branch.run([], captured[n - 1:] if n else captured))
+    return run
+
+
+for _v in (11, 13, 16, 19, 21, 23, 24, 25):
+    op("If", _v, factory=True)(If)
+
+
+def _empty_like_output(plan, k):
+    vi = plan.plan.graph.outputs[k]
+    dt = vi.dtype if vi.dtype is not None else np.dtype(np.float32)
+    tail = tuple(d if isinstance(d, int) else 0 for d in (vi.shape or ()))
+    return np.zeros((0,) + tail, dtype=dt)
+
+
+@op("Loop", 1, factory=True)
+def Loop(ctx, body=None):
+    child = plan_subgraph(body, ctx)
+    n_in = ctx.n_inputs
+    n_carried = max(n_in - 2, 0)
+    n_scan = len(child.output_names) - 1 - n_carried
+
+    def run(*args):
+        m, cond = (args + (None, None))[:2]
+        carried = list(args[2:n_in])
+        captured = args[n_in:]
+        trip = None if m is None else int(np.asarray(m).reshape(-1)[0])
+        keep = _scalar_bool(cond, "Loop condition")
+        scans = [[] for _ in range(n_scan)]
+        i = 0
+        while keep and (trip is None or i < trip):
+            outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured)
+            keep = _scalar_bool(outs[0], "Loop body condition")
+            carried = list(outs[1:1 + n_carried])
+            for k in range(n_scan):
+                scans[k].append(outs[1 + n_carried + k])
+            i += 1
+        res = carried
+        for k in range(n_scan):
+            if scans[k]:
+                if isinstance(scans[k][0], list):
+                    res.append(scans[k])
+                else:
+                    res.append(np.stack([np.asarray(x) for x in scans[k]]))
+            else:
+                res.append(_empty_like_output(child, 1 + n_carried + k))
+        return _pack(res)
+    return run
+
+
+for _v in (11, 13, 16, 19, 21, 23, 24, 25):
+    op("Loop", _v, factory=True)(Loop)
+
+
+def _scan_core(child, states, xs, captured, in_axes, in_dirs, out_axes, out_dirs, n_state):
+    if not xs:
+        raise InvalidArgumentError("Scan needs at least one scan input")
+    axes = [norm_axis(a, x.ndim, "scan_input_axes") for a, x in zip(in_axes, xs)]
+    steps = xs[0].shape[axes[0]]
+    for x, a in zip(xs, axes):
+        if x.shape[a] != steps:
+            raise InvalidArgumentError(
+                f"Scan inputs disagree on the sequence length: {steps} and {x.shape[a]}")
+    n_out = len(child.output_names) - n_state
+    outs_t = [[] for _ in range(n_out)]
+    states = list(states)
+    for t in range(steps):
+        sl = []
+        for x, a, d in zip(xs, axes, in_dirs):
+            idx = steps - 1 - t if d else t
+            v = np.asarray(np.take(x, idx, axis=a))
+            sl.append(v if v.flags.c_contiguous else v.copy())
+        outs = child.run([*states, *sl], captured)
+        states = list(outs[:n_state])
+        for k in range(n_out):
+            outs_t[k].append(outs[n_state + k])
+    res = states
+    for k in range(n_out):
+        seq = outs_t[k][::-1] if out_dirs[k] else outs_t[k]
+        if seq:
+            rank = seq[0].ndim + 1
+            res.append(np.stack(seq, axis=norm_axis(out_axes[k], rank, "scan_output_axes")))
+        else:
+            res.append(_empty_like_output(child, n_state + k))
+    return res
+
+
+@op("Scan", 9, factory=True)
+def Scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
+         scan_output_axes=None, scan_output_directions=None):
+    child = plan_subgraph(body, ctx)
+    n_in = ctx.n_inputs
+    m = int(num_scan_inputs)
+    n_state = n_in - m
+    n_out = len(child.output_names) - n_state
+    in_axes = list(scan_input_axes or [0] * m)
+    in_dirs = list(scan_input_directions or [0] * m)
+    out_axes = list(scan_output_axes or [0] * n_out)
+    out_dirs = list(scan_output_directions or [0] * n_out)
+
+    def run(*args):
+        states = args[:n_state]
+        xs = args[n_state:n_in]
+        return _pack(_scan_core(child, states, xs, args[n_in:], in_axes, in_dirs, out_axes, out_dirs, n_state))
+    return run
+
+
+for _v in (11, 16, 19, 21, 23, 24, 25):
+    op("Scan", _v, factory=True)(Scan)
+
+
+@op("Scan", 8, factory=True)
+def Scan8(ctx, body=None, num_scan_inputs=1, directions=None):
+    """Opset 8: a leading batch axis on every state and scan input, and optional sequence_lens."""
+    child = plan_subgraph(body, ctx)
+    n_in = ctx.n_inputs
+    m = int(num_scan_inputs)
+    n_state = n_in - 1 - m
+    n_out = len(child.output_names) - n_state
+    dirs = list(directions or [0] * m)
+
+    def run(seq_lens, *args):
+        states = args[:n_state]
+        xs = args[n_state:n_in - 1]
+        captured = args[n_in - 1:]
+        batch = xs[0].shape[0]
+        per = []
+        for b in range(batch):
+            L = xs[0].shape[1] if seq_lens is None else int(np.asarray(seq_lens).reshape(-1)[b])
+            r = _scan_core(child, [s[b] for s in states], [x[b, :L] for x in xs], captured, [0] * m, dirs,
+                           [0] * n_out, [0] * n_out, n_state)
+            per.append(r)
+        return _pack([np.stack([p[k] for p in per]) for k in range(n_state + n_out)])
+    return run

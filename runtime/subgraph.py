@@ -1,0 +1,57 @@
+"""Child plans for the subgraphs of control-flow nodes (If, Loop, Scan, SequenceMap).
+
+A subgraph is planned once, when its parent node is bound.  It reads values
+of enclosing scopes by name: they arrive at run time as ``outer`` values
+(see ``Plan.run``), so the child shares the parent's weights and feeds
+without copying them.  The child runs on the parent's provider.
+"""
+from __future__ import annotations
+
+from onnx import GraphProto
+
+from .executor import Plan
+from .ir import ValueInfo, free_names, graph_from_proto
+
+__all__ = ["ChildPlan", "plan_subgraph"]
+
+
+class ChildPlan:
+    """A planned subgraph plus the positions of its outer values in the parent's captured list."""
+
+    def __init__(self, plan: Plan, outer_index: list):
+        self.plan = plan
+        self.outer_index = outer_index
+        self.input_names = plan.input_names
+        self.output_names = plan.output_names
+
+    def run(self, feeds, captured) -> list:
+        return self.plan.run(feeds, [captured[i] for i in self.outer_index])
+
+
+def plan_subgraph(gproto: GraphProto, ctx, input_types: list | None = None) -> ChildPlan:
+    """Plan ``gproto`` as a child of the node described by ``ctx`` (an ``OpContext``)."""
+    from .session import build_graph  # late: session imports the executor
+
+    parent = ctx.graph
+    g = graph_from_proto(gproto, dict(parent.opsets) if parent is not None else {"": ctx.opset})
+    g.outer_names = free_names(gproto)
+    types = {}
+    if parent is not None:
+        for name in g.outer_names:
+            vi = parent.value_info.get(name)
+            if vi is None and name in parent.initializers:
+                arr = parent.initializers[name]
+                from .dtypes import onnx_type
+                vi = ValueInfo(name, arr.dtype, tuple(arr.shape), onnx_type(arr.dtype)) if arr.dtype != object else None
+            if vi is not None:
+                types[name] = vi
+    g.outer_types = types
+    if input_types:
+        for v, t in zip(g.inputs, input_types):
+            if t is not None and v.dtype is None and v.kind == "tensor":
+                v.dtype, v.elem_type = t.dtype, t.elem_type
+    g.toposort()
+    g = build_graph(g, ctx.session_options, ctx.provider)
+    plan = Plan(g, ctx.provider, session_options=ctx.session_options)
+    outer_index = [ctx.captured.index(n) for n in plan.outer_names]
+    return ChildPlan(plan, outer_index)

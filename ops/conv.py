@@ -1,0 +1,500 @@
+"""Convolutions: Conv, ConvTranspose, ConvInteger, Col2Im.
+
+Every spatial rank (1-d, 2-d, 3-d) is canonicalized to 3-d by inserting unit
+leading spatial axes, so each kernel compiles once per dtype.  Conv is
+im2col followed by a BLAS matmul per (batch, group); ConvTranspose is the
+reverse, a matmul followed by a col2im scatter-add.  16-bit floats are
+computed in float32; integer convs (ConvInteger) in float64, which is exact
+for the int32 accumulations their inputs allow.
+
+Invariants: kernels receive C-contiguous arrays and never write into their
+inputs; attribute checks (channel/group consistency, kernel shape) happen in
+the wrappers and raise ``ShapeMismatchError`` / ``InvalidAttributeError``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, as_int_list, lowp
+from .registry import op
+
+__all__ = ["conv_nd", "conv_transpose_nd"]
+
+_OPTS = dict(cache=True, nogil=True)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(parallel=True, **_OPTS)
+def _im2col(x, col, ksz, st, pb, dil, osz):
+    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0."""
+    Cg, D, H, W = x.shape
+    kd, kh, kw = ksz[0], ksz[1], ksz[2]
+    od, oh, ow = osz[0], osz[1], osz[2]
+    nrow = Cg * kd * kh * kw
+    for r in prange(nrow):
+        c = r // (kd * kh * kw)
+        rem = r - c * (kd * kh * kw)
+        a = rem // (kh * kw)
+        rem -= a * (kh * kw)
+        b = rem // kw
+        e = rem - b * kw
+        # valid output columns: 0 <= xo*st - pb + e*dil < W, so the inner loop needs no branch
+        off = e * dil[2] - pb[2]
+        lo = 0
+        if off < 0:
+            lo = min((-off + st[2] - 1) // st[2], ow)
+        hi = 0
+        if W - off > 0:
+            hi = min((W - off + st[2] - 1) // st[2], ow)
+        hi = max(hi, lo)
+        j = 0
+        for zo in range(od):
+            zi = zo * st[0] - pb[0] + a * dil[0]
+            zok = zi >= 0 and zi < D
+            for yo in range(oh):
+                yi = yo * st[1] - pb[1] + b * dil[1]
+                if zok and yi >= 0 and yi < H:
+                    for xo in range(lo):
+                        col[r, j + xo] = 0
+                    for xo in range(lo, hi):
+                        col[r, j + xo] = x[c, zi, yi, xo * st[2] + off]
+                    for xo in range(hi, ow):
+                        col[r, j + xo] = 0
+                else:
+                    for xo in range(ow):
+                        col[r, j + xo] = 0
+                j += ow
+
+
+@njit(**_OPTS)
+def _add_bias(out, b):
+    """out: (N, M, L) += b[M]."""
+    N, M, L = out.shape
+    for nm in range(N * M):
+        n = nm // M
+        m = nm - n * M
+        v = b[m]
+        for j in range(L):
+            out[n, m, j] += v
+
+
+@njit(**_OPTS)
+def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
+    """x: (N, G, Cg, D, H, W); w: (G, Mg, Cg*K); out: (N, G, Mg, L); col: (Cg*K, L) scratch."""
+    N, G = x.shape[0], x.shape[1]
+    Cg = x.shape[2]
+    L = out.shape[3]
+    for n in range(N):
+        for g in range(G):
+            if direct:
+                np.dot(w[g], x[n, g].reshape((Cg, L)), out[n, g])
+            else:
+                _im2col(x[n, g], col, ksz, st, pb, dil, osz)
+                np.dot(w[g], col, out[n, g])
+
+
+@njit(parallel=True, **_OPTS)
+def _col2im(col, out, ksz, st, pb, dil, isz):
+    """col: (Mg*kd*kh*kw, id*ih*iw) scatter-added into out: (Mg, OD, OH, OW)."""
+    Mg, OD, OH, OW = out.shape
+    kd, kh, kw = ksz[0], ksz[1], ksz[2]
+    idd, ih, iw = isz[0], isz[1], isz[2]
+    K = kd * kh * kw
+    for m in prange(Mg):
+        for k in range(K):
+            a = k // (kh * kw)
+            rem = k - a * (kh * kw)
+            b = rem // kw
+            e = rem - b * kw
+            r = m * K + k
+            j = 0
+            for zi in range(idd):
+                zo = zi * st[0] - pb[0] + a * dil[0]
+                zok = zo >= 0 and zo < OD
+                for yi in range(ih):
+                    yo = yi * st[1] - pb[1] + b * dil[1]
+                    yok = zok and yo >= 0 and yo < OH
+                    for xi in range(iw):
+                        xo = xi * st[2] - pb[2] + e * dil[2]
+                        if yok and xo >= 0 and xo < OW:
+                            out[m, zo, yo, xo] += col[r, j]
+                        j += 1
+
+
+@njit(**_OPTS)
+def _convT_run(x, wt, out, col, ksz, st, pb, dil, isz):
+    """x: (N, G, Cg, L); wt: (G, Mg*K, Cg); out: (N, G, Mg, OD, OH, OW) zero-filled; col: (Mg*K, L)."""
+    N, G = x.shape[0], x.shape[1]
+    for n in range(N):
+        for g in range(G):
+            np.dot(wt[g], x[n, g], col)
+            _col2im(col, out[n, g], ksz, st, pb, dil, isz)
+
+
+# -- shape bookkeeping -----------------------------------------------------------------------------
+
+def _blas_ready(a):
+    """A C-contiguous, writeable array: numba's np.dot crashes on read-only operands (initializer mmaps)."""
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
+
+
+def _to3(vals, fill):
+    vals = list(vals)
+    return np.array([fill] * (3 - len(vals)) + vals, np.int64)
+
+
+def _spatial_attrs(name, xshape, kshape, auto_pad, dilations, pads, strides):
+    """(kernel, strides, dilations, pads_begin, pads_end, out_spatial) as lists of the op's rank."""
+    nd = len(xshape) - 2
+    if nd < 1 or nd > 3:
+        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(xshape)}")
+    k = [int(v) for v in kshape]
+    if len(k) != nd:
+        raise InvalidAttributeError(f"{name}: kernel_shape {k} does not match {nd} spatial axes")
+    s = as_int_list(strides) or [1] * nd
+    d = as_int_list(dilations) or [1] * nd
+    if len(s) != nd or len(d) != nd:
+        raise InvalidAttributeError(f"{name}: strides {s} / dilations {d} must have {nd} entries")
+    ins = list(xshape[2:])
+    ek = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-ins[i] // s[i]) for i in range(nd)]
+        tot = [max((out[i] - 1) * s[i] + ek[i] - ins[i], 0) for i in range(nd)]
+        if auto_pad == "SAME_UPPER":
+            pb = [t // 2 for t in tot]
+        else:
+            pb = [t - t // 2 for t in tot]
+        pe = [tot[i] - pb[i] for i in range(nd)]
+    else:
+        if auto_pad == "VALID":
+            p = [0] * (2 * nd)
+        elif auto_pad in ("NOTSET", "", None):
+            p = as_int_list(pads) or [0] * (2 * nd)
+        else:
+            raise InvalidAttributeError(f"{name}: auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, "
+                                        f"got {auto_pad!r}")
+        if len(p) != 2 * nd:
+            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
+        pb, pe = p[:nd], p[nd:]
+        out = [(ins[i] + pb[i] + pe[i] - ek[i]) // s[i] + 1 for i in range(nd)]
+    if any(o < 0 for o in out):
+        raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
+    return k, s, d, pb, pe, out
+
+
+def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+            name="Conv"):
+    """Float convolution; x: (N, C, *S), w: (M, C/group, *K)."""
+    if x.ndim != w.ndim:
+        raise ShapeMismatchError(f"{name}: X has rank {x.ndim} but W has rank {w.ndim}")
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    group = int(group)
+    if group < 1 or C != w.shape[1] * group or M % group:
+        raise ShapeMismatchError(f"{name}: X has {C} channels, W has shape {list(w.shape)} and group={group}; "
+                                 f"expected C == W.shape[1]*group and M divisible by group")
+    ks = kernel_shape if kernel_shape else w.shape[2:]
+    if list(ks) != list(w.shape[2:]):
+        raise ShapeMismatchError(f"{name}: kernel_shape {list(ks)} does not match W spatial shape {list(w.shape[2:])}")
+    k, s, d, pb, pe, osp = _spatial_attrs(name, x.shape, ks, auto_pad, dilations, pads, strides)
+    dt = x.dtype
+    cdt = F32 if lowp(dt) else dt
+    if cdt.kind != "f":
+        cdt = np.dtype(np.float64)
+    G, Cg, Mg = group, C // group, M // group
+    k3, s3, d3, pb3, o3 = _to3(k, 1), _to3(s, 1), _to3(d, 1), _to3(pb, 0), _to3(osp, 1)
+    i3 = _to3(x.shape[2:], 1)
+    L = int(np.prod(o3))
+    out = np.empty((N, G, Mg, L), cdt)
+    if out.size:
+        xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, *i3))
+        wc = _blas_ready(w.astype(cdt, copy=False)).reshape((G, Mg, -1))
+        direct = bool(np.all(k3 == 1) and np.all(s3 == 1) and not any(pb) and not any(pe))
+        col = np.empty((0, 0) if direct else (wc.shape[2], L), cdt)
+        if Cg * int(np.prod(k3)) == 0:
+            out[...] = 0
+        else:
+            if G == 1:
+                # numpy's BLAS runs its own thread pool and beats numba's np.dot binding here
+                for n in range(N):
+                    if direct:
+                        np.matmul(wc[0], xc[n, 0].reshape((Cg, L)), out=out[n, 0])
+                    else:
+                        _im2col(xc[n, 0], col, k3, s3, pb3, d3, o3)
+                        np.matmul(wc[0], col, out=out[n, 0])
+            else:
+                _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, direct)
+    out = out.reshape((N, M, L))
+    if b is not None and out.size:
+        if b.shape != (M,):
+            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
+        _add_bias(out, np.ascontiguousarray(b, dtype=cdt))
+    out = out.reshape((N, M, *osp))
+    return out.astype(dt) if cdt != dt else out
+
+
+@op("Conv", 1)
+def Conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    return conv_nd(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+op("Conv", 11)(Conv)
+
+
+def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
+                      output_shape=None, pads=None, strides=None, name="ConvTranspose"):
+    """x: (N, C, *S), w: (C, M/group, *K) -> (N, M, *O)."""
+    if x.ndim != w.ndim:
+        raise ShapeMismatchError(f"{name}: X has rank {x.ndim} but W has rank {w.ndim}")
+    nd = x.ndim - 2
+    if nd < 1 or nd > 3:
+        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(x.shape)}")
+    N, C = x.shape[:2]
+    group = int(group)
+    if group < 1 or w.shape[0] != C or C % group:
+        raise ShapeMismatchError(f"{name}: X has {C} channels, W has shape {list(w.shape)} and group={group}; "
+                                 f"expected W.shape[0] == C, divisible by group")
+    G, Cg, Mg = group, C // group, w.shape[1]
+    M = Mg * G
+    k = list(w.shape[2:])
+    if kernel_shape and list(kernel_shape) != k:
+        raise ShapeMismatchError(f"{name}: kernel_shape {list(kernel_shape)} does not match W spatial shape {k}")
+    s = as_int_list(strides) or [1] * nd
+    d = as_int_list(dilations) or [1] * nd
+    op_ = as_int_list(output_padding) or [0] * nd
+    if len(op_) == 2 * nd:
+        op_ = op_[:nd]
+    ins = list(x.shape[2:])
+    full = [s[i] * (ins[i] - 1) + op_[i] + (k[i] - 1) * d[i] + 1 for i in range(nd)]
+    p = as_int_list(pads)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") or (output_shape is not None and len(output_shape) and not p):
+        if output_shape is not None and len(output_shape):
+            osp = as_int_list(output_shape)[-nd:]
+        else:
+            osp = [ins[i] * s[i] for i in range(nd)]
+        tot = [full[i] - osp[i] for i in range(nd)]
+        if auto_pad == "SAME_UPPER":
+            pb = [t // 2 for t in tot]
+        else:
+            pb = [t - t // 2 for t in tot]
+    else:
+        if auto_pad == "VALID" or not p:
+            p = [0] * (2 * nd)
+        if len(p) != 2 * nd:
+            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
+        pb = p[:nd]
+        if output_shape is not None and len(output_shape):
+            osp = as_int_list(output_shape)[-nd:]
+        else:
+            osp = [full[i] - p[i] - p[nd + i] for i in range(nd)]
+    if any(o < 0 for o in osp):
+        raise ShapeMismatchError(f"{name}: computed a negative output shape {osp}")
+    dt = x.dtype
+    cdt = F32 if lowp(dt) else dt
+    o3 = _to3(osp, 1)
+    out = np.zeros((N, G, Mg, *o3), cdt)
+    L = int(np.prod(ins))
+    K = int(np.prod(k))
+    if out.size and L and Cg and K:
+        xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, L))
+        wt = np.ascontiguousarray(np.ascontiguousarray(w, dtype=cdt).reshape((G, Cg, Mg * K)).transpose(0, 2, 1))
+        col = np.empty((Mg * K, L), cdt)
+        _convT_run(xc, wt, out, col, _to3(k, 1), _to3(s, 1), _to3(pb, 0), _to3(d, 1), _to3(ins, 1))
+    out = out.reshape((N, M, int(np.prod(o3))))
+    if b is not None and out.size:
+        if b.shape != (M,):
+            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
+        _add_bias(out, np.ascontiguousarray(b, dtype=cdt))
+    out = out.reshape((N, M, *osp))
+    return out.astype(dt) if cdt != dt else out
+
+
+@op("ConvTranspose", 1)
+def ConvTranspose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                  output_padding=None, output_shape=None, pads=None, strides=None):
+    return conv_transpose_nd(X, W, B, auto_pad, dilations, group, kernel_shape, output_padding, output_shape,
+                             pads, strides)
+
+
+op("ConvTranspose", 11)(ConvTranspose)
+
+
+@op("ConvInteger", 10)
+def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                kernel_shape=None, pads=None, strides=None):
+    """Integer conv in float64 (exact up to 2**53); padding contributes the zero point, i.e. 0 after shifting."""
+    xf = x.astype(np.float64)
+    if x_zero_point is not None:
+        xf -= np.asarray(x_zero_point, np.float64).reshape(-1)[0]
+    wf = w.astype(np.float64)
+    if w_zero_point is not None:
+        zp = np.asarray(w_zero_point, np.float64).reshape(-1)
+        wf -= zp.reshape((-1,) + (1,) * (w.ndim - 1)) if zp.size > 1 else zp[0]
+    y = conv_nd(xf, wf, None, auto_pad, dilations, group, kernel_shape, pads, strides, name="ConvInteger")
+    return np.rint(y).astype(np.int32)
+
+
+@op("QLinearConv", 10)
+def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
+                auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Integer accumulation (exact in float64), then requantization with a float32 multiplier, rounded half to even."""
+    xf = x.astype(np.float64) - float(np.asarray(x_zero_point).reshape(-1)[0])
+    wzp = np.asarray(w_zero_point).astype(np.float64).reshape(-1)
+    wf = w.astype(np.float64) - (wzp.reshape((-1,) + (1,) * (w.ndim - 1)) if wzp.size > 1 else wzp[0])
+    acc = conv_nd(xf, wf, None, auto_pad, dilations, group, kernel_shape, pads, strides, name="QLinearConv")
+    M = w.shape[0]
+    if B is not None:
+        acc += np.asarray(B, np.float64).reshape((1, M) + (1,) * (acc.ndim - 2))
+    ws = np.asarray(w_scale, np.float32).reshape(-1)
+    mult = (np.float32(np.asarray(x_scale, np.float32).reshape(-1)[0]) * ws) / np.float32(
+        np.asarray(y_scale, np.float32).reshape(-1)[0])
+    mult = mult.astype(np.float64).reshape(((1, -1) if ws.size > 1 else (1, 1)) + (1,) * (acc.ndim - 2))
+    yz = np.asarray(y_zero_point)
+    info = np.iinfo(yz.dtype)
+    y = np.rint((acc * mult).astype(np.float32)) + float(yz.reshape(-1)[0])
+    return np.clip(y, info.min, info.max).astype(yz.dtype)
+
+
+@op("Col2Im", 18)
+def Col2Im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    img = as_int_list(image_shape)
+    blk = as_int_list(block_shape)
+    nd = len(img)
+    if nd < 1 or nd > 3 or len(blk) != nd:
+        raise InvalidArgumentError(f"Col2Im: expected 1 to 3 spatial axes with matching block_shape, got "
+                                   f"image_shape {img} and block_shape {blk}")
+    s = as_int_list(strides) or [1] * nd
+    d = as_int_list(dilations) or [1] * nd
+    p = as_int_list(pads) or [0] * (2 * nd)
+    K = int(np.prod(blk))
+    N, CK, L = input.shape
+    if K == 0 or CK % K:
+        raise ShapeMismatchError(f"Col2Im: input dim 1 ({CK}) must be a multiple of prod(block_shape) ({K})")
+    nblk = [(img[i] + p[i] + p[nd + i] - ((blk[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(nd)]
+    if int(np.prod(nblk)) != L:
+        raise ShapeMismatchError(f"Col2Im: input has {L} blocks, image_shape {img} with these attributes gives "
+                                 f"{int(np.prod(nblk))}")
+    C = CK // K
+    dt = input.dtype
+    cdt = F32 if lowp(dt) else dt
+    o3 = _to3(img, 1)
+    out = np.zeros((N, C, *o3), cdt)
+    xc = np.ascontiguousarray(input, dtype=cdt)
+    for n in range(N):
+        _col2im(xc[n], out[n], _to3(blk, 1), _to3(s, 1), _to3(p[:nd], 0), _to3(d, 1), _to3(nblk, 1))
+    out = out.reshape((N, C, *img))
+    return out.astype(dt) if cdt != dt else out
+
+
+@njit(parallel=True, **_OPTS)
+def _deform_im2col(x, off, msk, col, ksz, st, pb, dil, osz):
+    """x: (C, H, W); off: (OG, kh, kw, 2, oh, ow); msk: (OG, kh, kw, oh, ow); col: (C*kh*kw, oh*ow).
+
+    Each tap samples x bilinearly at its offset position; corners outside the image read 0.
+    """
+    C, H, W = x.shape
+    OG = off.shape[0]
+    kh, kw = ksz[0], ksz[1]
+    oh, ow = osz[0], osz[1]
+    cpg = C // OG
+    for r in prange(C * kh * kw):
+        c = r // (kh * kw)
+        rem = r - c * (kh * kw)
+        a = rem // kw
+        b = rem - a * kw
+        og = c // cpg
+        j = 0
+        for yo in range(oh):
+            for xo in range(ow):
+                hh = yo * st[0] - pb[0] + a * dil[0] + off[og, a, b, 0, yo, xo]
+                ww = xo * st[1] - pb[1] + b * dil[1] + off[og, a, b, 1, yo, xo]
+                h0 = int(np.floor(hh))
+                w0 = int(np.floor(ww))
+                lh = hh - h0
+                lw = ww - w0
+                v = 0.0
+                if h0 >= 0 and h0 < H:
+                    if w0 >= 0 and w0 < W:
+                        v += (1 - lh) * (1 - lw) * x[c, h0, w0]
+                    if w0 + 1 >= 0 and w0 + 1 < W:
+                        v += (1 - lh) * lw * x[c, h0, w0 + 1]
+                if h0 + 1 >= 0 and h0 + 1 < H:
+                    if w0 >= 0 and w0 < W:
+                        v += lh * (1 - lw) * x[c, h0 + 1, w0]
+                    if w0 + 1 >= 0 and w0 + 1 < W:
+                        v += lh * lw * x[c, h0 + 1, w0 + 1]
+                col[r, j] = v * msk[og, a, b, yo, xo]
+                j += 1
+
+
+@op("DeformConv", 19)
+def DeformConv(X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None, offset_group=1,
+               pads=None, strides=None):
+    if X.ndim not in (3, 4) or W.ndim != X.ndim:
+        raise InvalidArgumentError(f"DeformConv: expected 1-d or 2-d spatial input, got X {list(X.shape)}, "
+                                   f"W {list(W.shape)}")
+    one_d = X.ndim == 3
+    if one_d:  # a unit height axis: offsets gain a zero row component
+        X, W = X[:, :, None, :], W[:, :, None, :]
+        n_, c_, ow_ = offset.shape
+        o2 = offset.reshape((n_, c_ // 1, 1, ow_))
+        o2 = np.stack([np.zeros_like(o2), o2], axis=2).reshape((n_, 2 * c_, 1, ow_))
+        offset = o2
+        if mask is not None:
+            mask = mask[:, :, None, :]
+        dilations = [1] + as_int_list(dilations) if dilations is not None else None
+        strides = [1] + as_int_list(strides) if strides is not None else None
+        if pads is not None:
+            p = as_int_list(pads)
+            pads = [0, p[0], 0, p[1]]
+    N, C, H, Wd = X.shape
+    M = W.shape[0]
+    group, og = int(group), int(offset_group)
+    k = list(W.shape[2:])
+    if kernel_shape is not None and len(kernel_shape) and list(kernel_shape)[-len(k) if not one_d else -1:] != \
+            (k if not one_d else k[-1:]):
+        raise ShapeMismatchError(f"DeformConv: kernel_shape {list(kernel_shape)} does not match W {list(W.shape)}")
+    if C != W.shape[1] * group or M % group or og < 1 or C % og:
+        raise ShapeMismatchError(f"DeformConv: X has {C} channels, W {list(W.shape)}, group={group}, "
+                                 f"offset_group={og}: inconsistent")
+    K = k[0] * k[1]
+    oh, ow = offset.shape[2:]
+    if offset.shape[:2] != (N, og * 2 * K):
+        raise ShapeMismatchError(f"DeformConv: offset must have shape [{N}, {og * 2 * K}, oH, oW], "
+                                 f"got {list(offset.shape)}")
+    s = as_int_list(strides) or [1, 1]
+    d = as_int_list(dilations) or [1, 1]
+    p = as_int_list(pads) or [0, 0, 0, 0]
+    for i, (n_in, n_out) in enumerate(((H, oh), (Wd, ow))):
+        if (n_in + p[i] + p[2 + i] - ((k[i] - 1) * d[i] + 1)) // s[i] + 1 != n_out:
+            raise ShapeMismatchError(f"DeformConv: offset spatial shape {[oh, ow]} does not match the conv output")
+    dt = X.dtype
+    cdt = F32 if lowp(dt) else dt
+    xc = np.ascontiguousarray(X, dtype=cdt)
+    offc = np.ascontiguousarray(offset, dtype=cdt).reshape((N, og, k[0], k[1], 2, oh, ow))
+    if mask is None:
+        mc = np.ones((N, og, k[0], k[1], oh, ow), cdt)
+    else:
+        mc = np.ascontiguousarray(mask, dtype=cdt).reshape((N, og, k[0], k[1], oh, ow))
+    G, Cg, Mg = group, C // group, M // group
+    wc = _blas_ready(W.astype(cdt, copy=False)).reshape((G, Mg, Cg * K))
+    L = oh * ow
+    out = np.empty((N, G, Mg, L), cdt)
+    col = np.empty((C * K, L), cdt)
+    ia = lambda v: np.array(v, np.int64)  # noqa: E731
+    for n in range(N):
+        _deform_im2col(xc[n], offc[n], mc[n], col, ia(k), ia(s), ia(p[:2]), ia(d), ia([oh, ow]))
+        for g in range(G):
+            np.dot(wc[g], col[g * Cg * K:(g + 1) * Cg * K], out[n, g])
+    out = out.reshape((N, M, L))
+    if B is not None:
+        _add_bias(out, np.ascontiguousarray(B, dtype=cdt).reshape(-1))
+    out = out.reshape((N, M, oh, ow) if not one_d else (N, M, ow))
+    return out.astype(dt) if cdt != dt else out
+
+
+op("DeformConv", 22)(DeformConv)

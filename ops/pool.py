@@ -1,0 +1,397 @@
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool.
+
+Inputs are canonicalized to (N*C, D, H, W) with unit leading spatial axes for
+1-d and 2-d pools, so each kernel compiles once per dtype.  Windows never
+read padding: out-of-image taps are skipped, and AveragePool's divisor with
+``count_include_pad`` counts the taps inside the explicitly padded extent
+(taps that only exist because of ``ceil_mode`` are never counted), as the
+ONNX reference does.  16-bit floats are computed in float32.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, as_int_list, check_indices, lowp
+from .registry import op
+
+_OPTS = dict(cache=True, nogil=True)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(parallel=True, **_OPTS)
+def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
+    """mode 0: max (writes idx if want_idx), 1: average excluding pad, 2: average including pad, 3: Lp."""
+    NC, D, H, W = x.shape
+    _, OD, OH, OW = out.shape
+    sp = D * H * W
+    for nc in prange(NC):
+        for zo in range(OD):
+            z0 = zo * st[0] - pb[0]
+            for yo in range(OH):
+                y0 = yo * st[1] - pb[1]
+                for xo in range(OW):
+                    x0 = xo * st[2] - pb[2]
+                    acc = 0.0
+                    best = x[nc, 0, 0, 0]
+                    bi = -1
+                    cnt = 0
+                    cntp = 0
+                    for a in range(ksz[0]):
+                        zi = z0 + a * dil[0]
+                        if zi >= D + pe[0]:
+                            break
+                        zin = zi >= 0 and zi < D
+                        for b in range(ksz[1]):
+                            yi = y0 + b * dil[1]
+                            if yi >= H + pe[1]:
+                                break
+                            yin = zin and yi >= 0 and yi < H
+                            for e in range(ksz[2]):
+                                xi = x0 + e * dil[2]
+                                if xi >= W + pe[2]:
+                                    break
+                                cntp += 1
+                                if yin and xi >= 0 and xi < W:
+                                    v = x[nc, zi, yi, xi]
+                                    cnt += 1
+                                    if mode == 0:
+                                        if bi < 0 or v > best:
+                                            best = v
+                                            if storage_order == 0:
+                                                bi = (zi * H + yi) * W + xi
+                                            else:
+                                                bi = zi + yi * D + xi * D * H
+                                    elif mode == 3:
+                                        acc += abs(v) ** p
+                                    else:
+                                        acc += v
+                    if mode == 0:
+                        out[nc, zo, yo, xo] = best
+                        if want_idx:
+                            idx[nc, zo, yo, xo] = nc * sp + bi
+                    elif mode == 1:
+                        out[nc, zo, yo, xo] = acc / cnt if cnt > 0 else 0.0
+                    elif mode == 2:
+                        out[nc, zo, yo, xo] = acc / cntp if cntp > 0 else 0.0
+                    else:
+                        out[nc, zo, yo, xo] = acc ** (1.0 / p)
+
+
+@njit(**_OPTS)
+def _global(x, out, mode, p):
+    """x: (NC, L) -> out: (NC,); mode 0: max, 1: mean, 3: Lp."""
+    NC, L = x.shape
+    for i in range(NC):
+        if mode == 0:
+            best = x[i, 0]
+            for j in range(1, L):
+                if x[i, j] > best:
+                    best = x[i, j]
+            out[i] = best
+        elif mode == 1:
+            acc = 0.0
+            for j in range(L):
+                acc += x[i, j]
+            out[i] = acc / L
+        else:
+            acc = 0.0
+            for j in range(L):
+                acc += abs(x[i, j]) ** p
+            out[i] = acc ** (1.0 / p)
+
+
+@njit(**_OPTS)
+def _unpool(x, idx, out):
+    """Scatter flat x at flat idx into flat out (pre-zeroed); indices validated by the wrapper."""
+    for i in range(x.shape[0]):
+        out[idx[i]] = x[i]
+
+
+# -- wrappers --------------------------------------------------------------------------------------
+
+def _to3(vals, fill):
+    vals = list(vals)
+    return np.array([fill] * (3 - len(vals)) + vals, np.int64)
+
+
+def _pool_geometry(name, xshape, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides):
+    nd = len(xshape) - 2
+    if nd < 1 or nd > 3:
+        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(xshape)}")
+    k = as_int_list(kernel_shape)
+    if len(k) != nd:
+        raise InvalidAttributeError(f"{name}: kernel_shape {k} must have {nd} entries for input {list(xshape)}")
+    s = as_int_list(strides) or [1] * nd
+    d = as_int_list(dilations) or [1] * nd
+    ins = list(xshape[2:])
+    ek = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-ins[i] // s[i]) for i in range(nd)]
+        tot = [max((out[i] - 1) * s[i] + ek[i] - ins[i], 0) for i in range(nd)]
+        pb = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in tot]
+        pe = [tot[i] - pb[i] for i in range(nd)]
+    else:
+        if auto_pad == "VALID":
+            p = [0] * (2 * nd)
+        elif auto_pad in ("NOTSET", "", None):
+            p = as_int_list(pads) or [0] * (2 * nd)
+        else:
+            raise InvalidAttributeError(f"{name}: auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, "
+                                        f"got {auto_pad!r}")
+        if len(p) != 2 * nd:
+            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
+        pb, pe = p[:nd], p[nd:]
+        out = []
+        for i in range(nd):
+            span = ins[i] + pb[i] + pe[i] - ek[i]
+            if ceil_mode:
+                o = -(-span // s[i]) + 1
+                # the last window must start inside the image or its leading padding
+                if (o - 1) * s[i] >= ins[i] + pb[i]:
+                    o -= 1
+            else:
+                o = span // s[i] + 1
+            out.append(o)
+    if any(o < 0 for o in out):
+        raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
+    return k, s, d, pb, pe, out
+
+
+def _run_pool(name, x, mode, p, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides,
+              storage_order=0, want_idx=False):
+    k, s, d, pb, pe, osp = _pool_geometry(name, x.shape, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides)
+    dt = x.dtype
+    if mode != 0 and dt.kind != "f" and not lowp(dt):
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {dt}")
+    cdt = F32 if lowp(dt) else dt
+    N, C = x.shape[:2]
+    i3, o3 = _to3(x.shape[2:], 1), _to3(osp, 1)
+    out = np.empty((N * C, *o3), cdt)
+    idx = np.empty((N * C, *o3) if want_idx else (1, 1, 1, 1), np.int64)
+    if out.size and x.size:
+        xc = np.ascontiguousarray(x, dtype=cdt).reshape((N * C, *i3))
+        # taps past the end padding (they only exist because of ceil_mode) never count, even as padding
+        pe3 = _to3(pe, 0)
+        _pool(xc, out, idx, mode, float(p), _to3(k, 1), _to3(s, 1), _to3(pb, 0), pe3, _to3(d, 1),
+              int(storage_order), bool(want_idx))
+    out = out.reshape((N, C, *osp))
+    if cdt != dt:
+        out = out.astype(dt)
+    if want_idx:
+        return out, idx.reshape((N, C, *osp))
+    return out
+
+
+def _maxpool(ctx, X, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides):
+    want = ctx is not None and ctx.n_outputs > 1 and (not ctx.outputs_used or ctx.outputs_used[1])
+    r = _run_pool("MaxPool", X, 0, 0.0, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides,
+                  storage_order, want)
+    if ctx is not None and ctx.n_outputs > 1:
+        if not want:
+            return r, np.zeros(r.shape, np.int64)
+        return r
+    return r
+
+
+@op("MaxPool", 1)
+def MaxPool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0,
+            strides=None, ctx=None):
+    return _maxpool(ctx, X, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides)
+
+
+for _v in (8, 10, 11, 12):
+    op("MaxPool", _v)(MaxPool)
+
+
+@op("AveragePool", 1)
+def AveragePool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None,
+                pads=None, strides=None):
+    return _run_pool("AveragePool", X, 2 if count_include_pad else 1, 0.0, kernel_shape, auto_pad, ceil_mode,
+                     dilations, pads, strides)
+
+
+for _v in (7, 10, 11, 19):
+    op("AveragePool", _v)(AveragePool)
+
+
+@op("LpPool", 1)
+def LpPool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
+    return _run_pool("LpPool", X, 3, float(p), kernel_shape, auto_pad, ceil_mode, dilations, pads, strides)
+
+
+for _v in (2, 11, 18):
+    op("LpPool", _v)(LpPool)
+
+
+def _run_global(name, x, mode, p=2.0):
+    if x.ndim < 2:
+        raise InvalidArgumentError(f"{name}: expected input of rank >= 2, got shape {list(x.shape)}")
+    dt = x.dtype
+    cdt = F32 if lowp(dt) else dt
+    N, C = x.shape[:2]
+    L = int(np.prod(x.shape[2:]))
+    out = np.empty(N * C, cdt)
+    if out.size:
+        if L == 0:
+            raise InvalidArgumentError(f"{name}: spatial extent of input {list(x.shape)} is empty")
+        _global(np.ascontiguousarray(x, dtype=cdt).reshape((N * C, L)), out, mode, float(p))
+    out = out.reshape((N, C) + (1,) * (x.ndim - 2))
+    return out.astype(dt) if cdt != dt else out
+
+
+@op("GlobalAveragePool", 1)
+def GlobalAveragePool(X):
+    return _run_global("GlobalAveragePool", X, 1)
+
+
+@op("GlobalMaxPool", 1)
+def GlobalMaxPool(X):
+    return _run_global("GlobalMaxPool", X, 0)
+
+
+@op("GlobalLpPool", 1)
+def GlobalLpPool(X, *, p=2):
+    return _run_global("GlobalLpPool", X, 3, p)
+
+
+op("GlobalLpPool", 2)(GlobalLpPool)
+
+
+@op("MaxUnpool", 9)
+def MaxUnpool(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
+    nd = X.ndim - 2
+    k = as_int_list(kernel_shape)
+    if len(k) != nd:
+        raise InvalidAttributeError(f"MaxUnpool: kernel_shape {k} must have {nd} entries for input {list(X.shape)}")
+    s = as_int_list(strides) or [1] * nd
+    p = as_int_list(pads) or [0] * (2 * nd)
+    if I.shape != X.shape:
+        raise ShapeMismatchError(f"MaxUnpool: I must have X's shape {list(X.shape)}, got {list(I.shape)}")
+    inferred = tuple(X.shape[:2]) + tuple((X.shape[2 + i] - 1) * s[i] + k[i] - p[i] - p[nd + i] for i in range(nd))
+    out = np.zeros(int(np.prod(inferred)), X.dtype)
+    ii = np.ascontiguousarray(I, dtype=np.int64).reshape(-1)
+    check_indices("MaxUnpool", ii, 0, out.size, "index")
+    if X.size:
+        _unpool(np.ascontiguousarray(X).reshape(-1), ii, out)
+    out = out.reshape(inferred)
+    if output_shape is None:
+        return out
+    # indices address the inferred shape; an explicit output_shape places that block at the origin
+    shape = tuple(as_int_list(output_shape))
+    if len(shape) != X.ndim:
+        raise ShapeMismatchError(f"MaxUnpool: output_shape {list(shape)} must have rank {X.ndim}")
+    if shape == inferred:
+        return out
+    res = np.zeros(shape, X.dtype)
+    sl = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
+    res[sl] = out[sl]
+    return res
+
+
+op("MaxUnpool", 11)(MaxUnpool)
+
+
+# -- RoiAlign --------------------------------------------------------------------------------------
+
+@njit(parallel=True, **_OPTS)
+def _roi_align(x, rois, bidx, out, scale, sampling_ratio, half_pixel, is_max):
+    """x: (N, C, H, W); rois: (R, 4) as x1, y1, x2, y2; out: (R, C, PH, PW); bilinear samples per bin."""
+    N, C, H, W = x.shape
+    R, _, PH, PW = out.shape
+    off = 0.5 if half_pixel else 0.0
+    for rc in prange(R * C):
+        r = rc // C
+        c = rc - r * C
+        n = bidx[r]
+        sw = rois[r, 0] * scale - off
+        sh = rois[r, 1] * scale - off
+        rw = rois[r, 2] * scale - off - sw
+        rh = rois[r, 3] * scale - off - sh
+        if not half_pixel:
+            rw = max(rw, 1.0)
+            rh = max(rh, 1.0)
+        bh = rh / PH
+        bw = rw / PW
+        gh = sampling_ratio if sampling_ratio > 0 else int(np.ceil(rh / PH))
+        gw = sampling_ratio if sampling_ratio > 0 else int(np.ceil(rw / PW))
+        cnt = max(gh * gw, 1)
+        for ph in range(PH):
+            for pw in range(PW):
+                acc = 0.0
+                first = True
+                for iy in range(gh):
+                    y0 = sh + ph * bh + (iy + 0.5) * bh / gh
+                    for ix in range(gw):
+                        xx = sw + pw * bw + (ix + 0.5) * bw / gw
+                        v = 0.0
+                        if not (y0 < -1.0 or y0 > H or xx < -1.0 or xx > W):
+                            y = max(y0, 0.0)
+                            xv = max(xx, 0.0)
+                            yl = int(y)
+                            if yl >= H - 1:
+                                yl = H - 1
+                                yh = yl
+                                y = float(yl)
+                            else:
+                                yh = yl + 1
+                            xl = int(xv)
+                            if xl >= W - 1:
+                                xl = W - 1
+                                xh = xl
+                                xv = float(xl)
+                            else:
+                                xh = xl + 1
+                            ly = y - yl
+                            lx = xv - xl
+                            hy = 1.0 - ly
+                            hx = 1.0 - lx
+                            a1 = hy * hx * x[n, c, yl, xl]
+                            a2 = hy * lx * x[n, c, yl, xh]
+                            a3 = ly * hx * x[n, c, yh, xl]
+                            a4 = ly * lx * x[n, c, yh, xh]
+                            if is_max:
+                                v = max(max(a1, a2), max(a3, a4))
+                            else:
+                                v = a1 + a2 + a3 + a4
+                        elif is_max:
+                            v = 0.0
+                        if is_max:
+                            acc = v if first else max(acc, v)
+                            first = False
+                        else:
+                            acc += v
+                out[r, c, ph, pw] = acc if is_max else acc / cnt
+
+
+@op("RoiAlign", 10)
+def RoiAlign10(X, rois, batch_indices, *, mode="avg", output_height=1, output_width=1, sampling_ratio=0,
+               spatial_scale=1.0):
+    return _run_roi_align("RoiAlign", X, rois, batch_indices, "output_half_pixel", mode, output_height, output_width,
+                      sampling_ratio, spatial_scale)
+
+
+@op("RoiAlign", 16)
+def RoiAlign(X, rois, batch_indices, *, coordinate_transformation_mode="half_pixel", mode="avg", output_height=1,
+             output_width=1, sampling_ratio=0, spatial_scale=1.0):
+    return _run_roi_align("RoiAlign", X, rois, batch_indices, coordinate_transformation_mode, mode, output_height,
+                      output_width, sampling_ratio, spatial_scale)
+
+
+def _run_roi_align(name, X, rois, bi, ctm, mode, oh, ow, sr, scale):
+    if X.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4 or bi.shape != (rois.shape[0],):
+        raise ShapeMismatchError(f"{name}: expected X [N, C, H, W], rois [R, 4], batch_indices [R]; got "
+                                 f"{list(X.shape)}, {list(rois.shape)}, {list(bi.shape)}")
+    if mode not in ("avg", "max") or ctm not in ("half_pixel", "output_half_pixel"):
+        raise InvalidAttributeError(f"{name}: unsupported mode {mode!r} or coordinate_transformation_mode {ctm!r}")
+    b = np.ascontiguousarray(bi, dtype=np.int64)
+    check_indices(name, b, 0, X.shape[0], "batch index")
+    dt = X.dtype
+    cdt = F32 if lowp(dt) else dt
+    out = np.empty((rois.shape[0], X.shape[1], int(oh), int(ow)), cdt)
+    if out.size:
+        _roi_align(np.ascontiguousarray(X, dtype=cdt), np.ascontiguousarray(rois, dtype=np.float64), b, out,
+                   float(scale), int(sr), ctm == "half_pixel", mode == "max")
+    return out.astype(dt) if cdt != dt else out

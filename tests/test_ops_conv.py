@@ -1,0 +1,255 @@
+"""Convolution, pooling and resampling kernels against onnxruntime on realistic shapes.
+
+Each case builds a one-node model with onnx.helper (weights as initializers), runs it through
+``runtime.InferenceSession`` and ``onnxruntime.InferenceSession``, and compares every output with a
+per-dtype tolerance.  MaxUnpool indices outside the output must raise ``IndexOutOfRangeError``.
+"""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from runtime import InferenceSession
+from runtime.dtypes import onnx_type
+from runtime.errors import IndexOutOfRangeError, ShapeMismatchError
+
+RNG = np.random.default_rng(0)
+
+
+def _model(op_type, feeds, inits=None, n_out=1, opset=19, **attrs):
+    inits = inits or {}
+    in_names = list(feeds) + list(inits)
+    outs = [f"y{i}" for i in range(n_out)]
+    node = helper.make_node(op_type, in_names, outs, **attrs)
+    g = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(k, onnx_type(v.dtype), list(v.shape)) for k, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(o) for o in outs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def _ours(op_type, feeds, inits=None, **kw):
+    m = _model(op_type, feeds, inits, **kw)
+    return InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _compare(op_type, feeds, inits=None, rtol=1e-5, atol=1e-5, **kw):
+    m = _model(op_type, feeds, inits, **kw)
+    ours = InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert len(ours) == len(ref)
+    for a, b in zip(ours, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol)
+    return ours
+
+
+def _randn(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+# -- Conv ------------------------------------------------------------------------------------------
+
+def test_conv_resnet_3x3():
+    x = _randn(1, 64, 56, 56)
+    w = (_randn(64, 64, 3, 3) * 0.05).astype(np.float32)
+    b = _randn(64)
+    (y,) = _compare("Conv", {"x": x}, {"w": w, "b": b}, rtol=1e-4, atol=1e-4, pads=[1, 1, 1, 1])
+    assert y.shape == (1, 64, 56, 56)
+
+
+def test_conv_strided_grouped_dilated():
+    x = _randn(2, 32, 29, 31)
+    w = _randn(64, 8, 3, 5)
+    attrs = dict(group=4, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 3])
+    (y,) = _compare("Conv", {"x": x}, {"w": w}, rtol=1e-4, atol=1e-4, **attrs)
+    # onnxruntime has no float64 Conv on CPU: check ours against its float32 result
+    (y64,) = _ours("Conv", {"x": x.astype(np.float64)}, {"w": w.astype(np.float64)}, **attrs)
+    assert y64.dtype == np.float64
+    np.testing.assert_allclose(y64, y, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_depthwise_same_upper_and_pointwise():
+    x = _randn(1, 96, 28, 28)
+    _compare("Conv", {"x": x}, {"w": _randn(96, 1, 3, 3)}, rtol=1e-4, atol=1e-4, group=96, auto_pad="SAME_UPPER",
+             strides=[2, 2])
+    _compare("Conv", {"x": x}, {"w": _randn(48, 96, 1, 1), "b": _randn(48)}, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_1d_and_3d():
+    _compare("Conv", {"x": _randn(3, 16, 100)}, {"w": _randn(24, 16, 7)}, rtol=1e-4, atol=1e-4, strides=[3],
+             auto_pad="SAME_LOWER")
+    _compare("Conv", {"x": _randn(1, 4, 9, 10, 11)}, {"w": _randn(8, 4, 3, 3, 3), "b": _randn(8)},
+             rtol=1e-4, atol=1e-4, pads=[1, 0, 1, 1, 0, 1], strides=[1, 2, 2])
+
+
+def test_conv_float16_matches_float32():
+    x = _randn(1, 16, 20, 20)
+    w = _randn(8, 16, 3, 3) * 0.1
+    (y32,) = _ours("Conv", {"x": x}, {"w": w})
+    (y16,) = _ours("Conv", {"x": x.astype(np.float16)}, {"w": w.astype(np.float16)})
+    assert y16.dtype == np.float16
+    np.testing.assert_allclose(y16.astype(np.float32), y32, rtol=2e-2, atol=2e-2)
+
+
+def test_conv_channel_mismatch():
+    with pytest.raises(ShapeMismatchError):
+        _ours("Conv", {"x": _randn(1, 5, 8, 8)}, {"w": _randn(4, 4, 3, 3)})
+
+
+# -- ConvTranspose ---------------------------------------------------------------------------------
+
+def test_convtranspose_upsampler():
+    x = _randn(1, 64, 28, 28)
+    w = _randn(64, 32, 4, 4) * 0.05
+    (y,) = _compare("ConvTranspose", {"x": x}, {"w": w.astype(np.float32), "b": _randn(32)}, rtol=1e-4, atol=1e-4,
+                    strides=[2, 2], pads=[1, 1, 1, 1])
+    assert y.shape == (1, 64 // 2, 56, 56)
+
+
+def test_convtranspose_group_dilation_output_padding():
+    x = _randn(2, 8, 7, 9)
+    w = _randn(8, 3, 3, 2)
+    _compare("ConvTranspose", {"x": x}, {"w": w}, rtol=1e-4, atol=1e-4, group=2, strides=[3, 2],
+             dilations=[2, 1], output_padding=[1, 1])
+    _compare("ConvTranspose", {"x": _randn(1, 4, 10)}, {"w": _randn(4, 6, 3)}, rtol=1e-4, atol=1e-4, strides=[2],
+             output_shape=[21])
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+
+def test_maxpool_with_indices():
+    x = _randn(2, 32, 57, 57)
+    _compare("MaxPool", {"x": x}, n_out=2, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    _compare("MaxPool", {"x": x[:, :4]}, n_out=2, kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1,
+             storage_order=1)
+
+
+def test_maxpool_uint8_dilated_3d():
+    x = RNG.integers(0, 255, (1, 3, 16, 17)).astype(np.uint8)
+    _compare("MaxPool", {"x": x}, kernel_shape=[3, 3], dilations=[2, 2], strides=[1, 2])
+    _compare("MaxPool", {"x": _randn(1, 2, 8, 9, 10)}, kernel_shape=[2, 3, 2], auto_pad="SAME_UPPER",
+             strides=[2, 2, 2])
+
+
+@pytest.mark.parametrize("cip", [0, 1])
+def test_averagepool(cip):
+    x = _randn(2, 16, 35, 35)
+    _compare("AveragePool", {"x": x}, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+             count_include_pad=cip, ceil_mode=1)
+    _compare("AveragePool", {"x": _randn(3, 4, 50)}, kernel_shape=[5], strides=[3], auto_pad="SAME_LOWER",
+             count_include_pad=cip)
+
+
+def test_lppool_and_globals():
+    x = _randn(2, 64, 14, 14)
+    _compare("LpPool", {"x": x}, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], p=2, rtol=1e-4)
+    _compare("GlobalAveragePool", {"x": x})
+    _compare("GlobalMaxPool", {"x": x})
+    _compare("GlobalLpPool", {"x": x}, rtol=1e-4)
+
+
+def test_maxunpool_roundtrip_and_bad_index():
+    x = _randn(1, 3, 8, 8)
+    _, idx = _ours("MaxPool", {"x": x}, n_out=2, kernel_shape=[2, 2], strides=[2, 2])
+    pooled = _randn(1, 3, 4, 4)
+    _compare("MaxUnpool", {"x": pooled, "i": idx}, kernel_shape=[2, 2], strides=[2, 2])
+    bad = idx.copy()
+    bad[0, 0, 0, 0] = 3 * 64
+    with pytest.raises(IndexOutOfRangeError):
+        _ours("MaxUnpool", {"x": pooled, "i": bad}, kernel_shape=[2, 2], strides=[2, 2])
+
+
+# -- Resize ----------------------------------------------------------------------------------------
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+@pytest.mark.parametrize("mode,ctm", [("nearest", "asymmetric"), ("nearest", "half_pixel"),
+                                      ("linear", "half_pixel"), ("linear", "align_corners"),
+                                      ("linear", "pytorch_half_pixel"), ("cubic", "half_pixel"),
+                                      ("cubic", "asymmetric")])
+def test_resize_sizes(mode, ctm):
+    x = _randn(1, 3, 40, 36)
+    sizes = np.array([1, 3, 80, 54], np.int64)
+    _compare("Resize", {"x": x}, {"roi": _EMPTY, "scales": _EMPTY, "sizes": sizes}, rtol=1e-4, atol=1e-4,
+             mode=mode, coordinate_transformation_mode=ctm)
+
+
+def test_resize_scales_downsample_antialias_and_uint8():
+    x = _randn(2, 3, 64, 48)
+    scales = np.array([1, 1, 0.5, 0.75], np.float32)
+    _compare("Resize", {"x": x}, {"roi": _EMPTY, "scales": scales}, rtol=1e-4, atol=1e-4, mode="linear",
+             antialias=1)
+    _compare("Resize", {"x": x}, {"roi": _EMPTY, "scales": scales}, rtol=1e-4, atol=1e-4, mode="cubic",
+             exclude_outside=1, cubic_coeff_a=-0.5)
+    xi = RNG.integers(0, 255, (1, 3, 20, 20)).astype(np.uint8)
+    _compare("Resize", {"x": xi}, {"roi": _EMPTY, "scales": np.array([1, 1, 2, 2], np.float32)}, atol=1,
+             mode="nearest", nearest_mode="round_prefer_ceil")
+
+
+@pytest.mark.parametrize("opset,scales", [(10, [1, 1, 0.5, 0.6]), (10, [1, 1, 2, 3]), (9, [1, 1, 2, 1.5])])
+def test_resize10_and_upsample_legacy(opset, scales):
+    x = _randn(1, 2, 10, 12)
+    s = np.array(scales, np.float32)
+    op_type = "Resize" if opset == 10 else "Upsample"
+    for mode in ("nearest", "linear"):
+        _compare(op_type, {"x": x}, {"scales": s}, opset=opset, mode=mode)
+
+
+# -- the rest of the family --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,pad", [("linear", "zeros"), ("nearest", "border"), ("cubic", "reflection")])
+def test_gridsample(mode, pad):
+    x = _randn(2, 8, 24, 20)
+    grid = RNG.uniform(-1.2, 1.2, (2, 16, 18, 2)).astype(np.float32)
+    for ac in (0, 1):
+        _compare("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode, padding_mode=pad, align_corners=ac,
+                 rtol=1e-4, atol=1e-4)
+
+
+def test_roialign_and_bad_batch_index():
+    x = _randn(2, 16, 32, 32)
+    rois = np.sort(RNG.uniform(0, 60, (10, 4)).astype(np.float32).reshape(10, 2, 2), axis=1)
+    rois = rois.transpose(0, 2, 1).reshape(10, 4)[:, [0, 2, 1, 3]].copy()  # x1 <= x2, y1 <= y2
+    bi = RNG.integers(0, 2, 10).astype(np.int64)
+    _compare("RoiAlign", {"x": x, "rois": rois, "bi": bi}, opset=16, output_height=7, output_width=7,
+             spatial_scale=0.5, sampling_ratio=2, rtol=1e-4, atol=1e-4)
+    with pytest.raises(IndexOutOfRangeError):
+        _ours("RoiAlign", {"x": x, "rois": rois, "bi": bi + 2}, opset=16)
+
+
+def test_col2im_matches_ort():
+    x = _randn(2, 3 * 2 * 3, 6 * 4)
+    _compare("Col2Im", {"x": x}, {"image_shape": np.array([7, 10], np.int64),
+                                  "block_shape": np.array([2, 3], np.int64)}, opset=18, strides=[1, 3],
+             pads=[0, 1, 0, 1])
+
+
+def test_quantized_convs():
+    x = RNG.integers(0, 255, (1, 16, 20, 20)).astype(np.uint8)
+    w = RNG.integers(-127, 127, (8, 16, 3, 3)).astype(np.int8)
+    _compare("ConvInteger", {"x": x}, {"w": w, "xz": np.array(128, np.uint8)}, opset=10, pads=[1, 1, 1, 1])
+    # uint8 weights: onnxruntime's u8s8 path may saturate int16 pair sums on AVX2, u8u8 is exact
+    wu = RNG.integers(0, 255, (8, 16, 3, 3)).astype(np.uint8)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8), "w": wu,
+             "ws": np.full(8, 0.01, np.float32), "wz": np.full(8, 120, np.uint8), "ys": np.array(0.5, np.float32),
+             "yz": np.array(100, np.uint8), "b": RNG.integers(-500, 500, 8).astype(np.int32)}
+    _compare("QLinearConv", {"x": x}, inits, opset=10, atol=1, strides=[2, 2])
+
+
+def test_deformconv():
+    x = _randn(2, 8, 12, 12)
+    w = _randn(6, 4, 3, 3)
+    off = (_randn(2, 2 * 2 * 9, 10, 10) * 2).astype(np.float32)
+    mask = RNG.uniform(0, 1, (2, 2 * 9, 10, 10)).astype(np.float32)
+    try:
+        _compare("DeformConv", {"x": x, "w": w, "off": off}, {"b": _randn(6), "mask": mask}, opset=19, group=2,
+                 offset_group=2, rtol=1e-4, atol=1e-4)
+    except Exception as e:  # onnxruntime builds without a CPU DeformConv kernel
+        if "NOT_IMPLEMENTED" in str(e) or "Could not find an implementation" in str(e):
+            pytest.skip("onnxruntime has no DeformConv kernel")
+        raise

@@ -1,0 +1,445 @@
+"""Normalization ops: LayerNormalization, RMSNormalization, MeanVarianceNormalization, LpNormalization,
+BatchNormalization, InstanceNormalization, GroupNormalization, LRN.
+
+Canonical views keep the kernels few: row ops (LayerNorm, RMSNorm, MVN) see
+``(rows, n)``; channel ops (Batch/Instance/Group norm, LRN) see ``(N, C, S)``;
+LpNormalization sees ``(outer, n, inner)``.  Statistics accumulate in
+float64 with a two-pass mean/variance; 16-bit floats are computed in
+float32.  Scale, bias and running statistics are small, so wrappers convert
+them to contiguous float64 vectors (broadcast to the normalized extent) and
+kernels take one parameter dtype.  Large row ops use a ``parallel=True``
+kernel over rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, as_int_list, lowp, norm_axes, norm_axis, out_buffer
+from .reduce import canon3
+from .registry import op
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+_PARALLEL_MIN = 1 << 18  # elements
+F64 = np.dtype(np.float64)
+LAYER, RMS, MVN = 0, 1, 2
+EMPTY = np.empty(0, F64)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(**_OPTS)
+def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
+    n = x.shape[1]
+    n4 = n - n % 4
+    mean = 0.0
+    if mode != RMS:
+        s0 = s1 = s2 = s3 = 0.0
+        for j in range(0, n4, 4):
+            s0 += x[r, j]
+            s1 += x[r, j + 1]
+            s2 += x[r, j + 2]
+            s3 += x[r, j + 3]
+        for j in range(n4, n):
+            s0 += x[r, j]
+        mean = ((s0 + s1) + (s2 + s3)) / n
+    q0 = q1 = q2 = q3 = 0.0
+    for j in range(0, n4, 4):
+        d0 = x[r, j] - mean
+        d1 = x[r, j + 1] - mean
+        d2 = x[r, j + 2] - mean
+        d3 = x[r, j + 3] - mean
+        q0 += d0 * d0
+        q1 += d1 * d1
+        q2 += d2 * d2
+        q3 += d3 * d3
+    for j in range(n4, n):
+        d0 = x[r, j] - mean
+        q0 += d0 * d0
+    var = ((q0 + q1) + (q2 + q3)) / n
+    if mode == MVN:
+        inv = 1.0 / (math.sqrt(var) + eps)
+    else:
+        inv = 1.0 / math.sqrt(var + eps)
+    if mean_out.shape[0]:
+        mean_out[r] = mean
+    if inv_out.shape[0]:
+        inv_out[r] = inv
+    if scale.shape[0] and bias.shape[0]:
+        for j in range(n):
+            y[r, j] = (x[r, j] - mean) * inv * scale[j] + bias[j]
+    elif scale.shape[0]:
+        for j in range(n):
+            y[r, j] = (x[r, j] - mean) * inv * scale[j]
+    else:
+        for j in range(n):
+            y[r, j] = (x[r, j] - mean) * inv
+
+
+@njit(**_OPTS)
+def _norm_rows(x, scale, bias, y, mean_out, inv_out, eps, mode):
+    """Normalize each row of ``x`` (rows, n) into ``y``; empty ``scale``/``bias``/stat outputs are skipped."""
+    for r in range(x.shape[0]):
+        _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode)
+
+
+@njit(parallel=True, **_OPTS)
+def _norm_rows_par(x, scale, bias, y, mean_out, inv_out, eps, mode):
+    for r in prange(x.shape[0]):
+        _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode)
+
+
+@njit(**_OPTS)
+def _affine_chan(x, a, b, y):
+    """``y[n, c, s] = x[n, c, s] * a[c] + b[c]`` for (N, C, S) views."""
+    N, C, S = x.shape
+    for n in range(N):
+        for c in range(C):
+            ac = a[c]
+            bc = b[c]
+            for s in range(S):
+                y[n, c, s] = x[n, c, s] * ac + bc
+
+
+@njit(**_OPTS)
+def _chan_stats(x, mean, var):
+    """Population mean and variance of each channel of ``x`` (N, C, S) over N and S."""
+    N, C, S = x.shape
+    cnt = N * S
+    for c in range(C):
+        s = 0.0
+        for n in range(N):
+            for j in range(S):
+                s += x[n, c, j]
+        m = s / cnt
+        q = 0.0
+        for n in range(N):
+            for j in range(S):
+                d = x[n, c, j] - m
+                q += d * d
+        mean[c] = m
+        var[c] = q / cnt
+
+
+@njit(**_OPTS)
+def _group_norm(x, scale, bias, y, eps, groups):
+    """Normalize ``x`` (N, C, S) over each (sample, group of C/groups channels); per-channel affine."""
+    N, C, S = x.shape
+    cpg = C // groups
+    cnt = cpg * S
+    for n in range(N):
+        for g in range(groups):
+            c0 = g * cpg
+            s = 0.0
+            for c in range(c0, c0 + cpg):
+                for j in range(S):
+                    s += x[n, c, j]
+            m = s / cnt
+            q = 0.0
+            for c in range(c0, c0 + cpg):
+                for j in range(S):
+                    d = x[n, c, j] - m
+                    q += d * d
+            inv = 1.0 / math.sqrt(q / cnt + eps)
+            for c in range(c0, c0 + cpg):
+                a = inv * scale[c]
+                b = bias[c] - m * a
+                for j in range(S):
+                    y[n, c, j] = x[n, c, j] * a + b
+
+
+@njit(**_OPTS)
+def _lrn(x, y, alpha, beta, bias, size):
+    """Local response normalization across channels of ``x`` (N, C, S)."""
+    N, C, S = x.shape
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    sq = np.empty(S, np.float64)
+    k = alpha / size
+    for n in range(N):
+        for c in range(C):
+            for j in range(S):
+                sq[j] = 0.0
+            for cc in range(max(0, c - lo), min(C, c + hi + 1)):
+                for j in range(S):
+                    v = x[n, cc, j]
+                    sq[j] += v * v
+            for j in range(S):
+                y[n, c, j] = x[n, c, j] / (bias + k * sq[j]) ** beta
+
+
+@njit(**_OPTS)
+def _lp3(x, y, p, acc):
+    """``y = x / ||x||_p`` along axis 1 of (outer, n, inner) views (0 where the norm is 0); ``acc``: (inner,)."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            acc[i] = 0.0
+        for k in range(n):
+            for i in range(inner):
+                v = x[o, k, i]
+                acc[i] += abs(v) if p == 1 else v * v
+        if p == 2:
+            for i in range(inner):
+                acc[i] = math.sqrt(acc[i])
+        for k in range(n):
+            for i in range(inner):
+                y[o, k, i] = x[o, k, i] / acc[i] if acc[i] != 0 else 0.0
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _check_float(name, x):
+    if x.dtype.kind != "f" and not lowp(x.dtype):
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {x.dtype}")
+
+
+def _compute(x):
+    """(array to compute on, dtype to return): 16-bit floats go through float32."""
+    return (x.astype(F32), x.dtype) if lowp(x.dtype) else (x, x.dtype)
+
+
+def _vec(name, what, p, shape) -> np.ndarray:
+    """``p`` broadcast to ``shape`` as a flat contiguous float64 vector."""
+    try:
+        b = np.broadcast_to(np.asarray(p, F64), shape)
+    except ValueError:
+        raise ShapeMismatchError(f"{name}: {what} of shape {list(np.shape(p))} does not broadcast to "
+                                 f"{list(shape)}") from None
+    return np.ascontiguousarray(b).reshape(-1)
+
+
+def _chan(name, what, p, C) -> np.ndarray:
+    v = np.asarray(p, F64).reshape(-1)
+    if v.size == 1 and C != 1:
+        v = np.full(C, v[0])
+    if v.size != C:
+        raise ShapeMismatchError(f"{name}: {what} must have {C} elements (one per channel), got shape "
+                                 f"{list(np.shape(p))}")
+    return v
+
+
+def _ncs(x) -> tuple:
+    if x.ndim < 2:
+        raise ShapeMismatchError(f"expected an input of rank >= 2 (N, C, ...), got shape {list(x.shape)}")
+    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def _stat_dtype(ctx, k, stash_type, x_dtype):
+    vi = ctx.output_types[k] if len(ctx.output_types) > k else None
+    if vi is not None and vi.dtype is not None:
+        return np.dtype(vi.dtype)
+    return F32 if stash_type == 1 else np.dtype(x_dtype)
+
+
+def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None):
+    """Row normalization over axes ``axis..`` of ``x``; returns (y, mean, inv) (stats None unless asked)."""
+    _check_float(name, x)
+    ax = norm_axis(axis, x.ndim)
+    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    n = int(np.prod(x.shape[ax:], dtype=np.int64))
+    xc, dt = _compute(x)
+    norm_shape = x.shape[ax:]
+    sc = EMPTY if scale is None else _vec(name, "scale", scale, norm_shape)
+    bi = EMPTY if bias is None else _vec(name, "bias", bias, norm_shape)
+    y = out_buffer(buf, x.shape, dt) if xc is x else np.empty(x.shape, xc.dtype)
+    stat_shape = x.shape[:ax] + (1,) * (x.ndim - ax)
+    # Statistics are produced in float64 (one kernel specialization per input dtype) and cast after.
+    m64 = np.full(rows, np.nan) if stat_dtypes is not None else EMPTY
+    i64 = np.full(rows, np.nan) if stat_dtypes is not None else EMPTY
+    if x.size:
+        kern = _norm_rows_par if x.size >= _PARALLEL_MIN and rows > 1 else _norm_rows
+        kern(xc.reshape(rows, n), sc, bi, y.reshape(rows, n), m64, i64, float(eps), mode)
+    mean = inv = None
+    if stat_dtypes is not None:
+        mean = m64.astype(stat_dtypes[0]).reshape(stat_shape)
+        inv = i64.astype(stat_dtypes[1]).reshape(stat_shape)
+    if y.dtype != dt:
+        y = y.astype(dt)
+    return y, mean, inv
+
+
+# -- row ops ---------------------------------------------------------------------------------------
+
+@op("LayerNormalization", 17, factory=True)
+def LayerNormalization(ctx, axis=-1, epsilon=1e-5, stash_type=1):
+    buf = ctx.out[0] if ctx.out else None
+    used = ctx.outputs_used
+    want_stats = len(used) > 1 and any(used[1:])
+
+    def run(X, Scale, B=None):
+        sd = None
+        if want_stats:
+            sd = (_stat_dtype(ctx, 1, stash_type, X.dtype), _stat_dtype(ctx, 2, stash_type, X.dtype))
+        y, mean, inv = _run_rows("LayerNormalization", X, axis, Scale, B, epsilon, LAYER, buf, sd)
+        if ctx.n_outputs == 1:
+            return y
+        return (y, mean, inv)[:ctx.n_outputs]
+    return run
+
+
+@op("RMSNormalization", 23, factory=True)
+def RMSNormalization(ctx, axis=-1, epsilon=1e-5, stash_type=1):
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(X, scale):
+        return _run_rows("RMSNormalization", X, axis, scale, None, epsilon, RMS, buf)[0]
+    return run
+
+
+def _mvn_factory(ctx, axes=(0, 2, 3)):
+    def run(X):
+        _check_float("MeanVarianceNormalization", X)
+        red = norm_axes(as_int_list(axes), X.ndim)
+        (outer, n, inner), perm = canon3(X.shape, red)
+        if perm is None and inner == 1:
+            return _run_rows("MeanVarianceNormalization", X.reshape(outer, n), 1, None, None, 1e-9, MVN)[0] \
+                .reshape(X.shape)
+        kept = [a for a in range(X.ndim) if a not in red]
+        perm = tuple(kept) + red
+        xt = np.ascontiguousarray(X.transpose(perm))
+        yt = _run_rows("MeanVarianceNormalization", xt.reshape(-1, n), 1, None, None, 1e-9, MVN)[0]
+        return np.ascontiguousarray(yt.reshape(xt.shape).transpose(np.argsort(perm)))
+    return run
+
+
+op("MeanVarianceNormalization", 9, factory=True)(_mvn_factory)
+op("MeanVarianceNormalization", 13, factory=True)(_mvn_factory)
+
+
+def _lp_factory(ctx, axis=-1, p=2):
+    if p not in (1, 2):
+        raise InvalidAttributeError(f"LpNormalization: p must be 1 or 2, got {p}")
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(input):
+        _check_float("LpNormalization", input)
+        ax = norm_axis(axis, input.ndim)
+        xc, dt = _compute(input)
+        shp3 = (int(np.prod(input.shape[:ax], dtype=np.int64)), input.shape[ax],
+                int(np.prod(input.shape[ax + 1:], dtype=np.int64)))
+        y = out_buffer(buf, input.shape, dt) if xc is input else np.empty(input.shape, xc.dtype)
+        if input.size:
+            _lp3(xc.reshape(shp3), y.reshape(shp3), p, np.empty(shp3[2], F64))
+        return y.astype(dt) if y.dtype != dt else y
+    return run
+
+
+op("LpNormalization", 1, factory=True)(_lp_factory)
+op("LpNormalization", 22, factory=True)(_lp_factory)
+
+
+# -- channel ops -----------------------------------------------------------------------------------
+
+def _bn_factory(ctx, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1, is_test=0, consumed_inputs=None):
+    buf = ctx.out[0] if ctx.out else None
+    training = bool(training_mode) or (ctx.opset < 14 and ctx.n_outputs > 1 and not is_test)
+
+    def run(X, scale, B, input_mean, input_var):
+        _check_float("BatchNormalization", X)
+        xc, dt = _compute(X)
+        N, C, S = _ncs(X)
+        if not spatial:
+            C, S = C * S, 1
+        params = [_chan("BatchNormalization", w, p, C) if spatial else _vec("BatchNormalization", w, p, X.shape[1:])
+                  for w, p in (("scale", scale), ("B", B), ("input_mean", input_mean), ("input_var", input_var))]
+        sc, bi, mean, var = params
+        x3 = xc.reshape(N, C, S)
+        if training:
+            cur_mean = np.empty(C, F64)
+            cur_var = np.empty(C, F64)
+            if X.size:
+                _chan_stats(x3, cur_mean, cur_var)
+            mean, var = cur_mean, cur_var
+        a = sc / np.sqrt(var + epsilon)
+        b = bi - mean * a
+        y = out_buffer(buf, X.shape, dt) if xc is X else np.empty(X.shape, xc.dtype)
+        if X.size:
+            _affine_chan(x3, a, b, y.reshape(N, C, S))
+        if y.dtype != dt:
+            y = y.astype(dt)
+        if ctx.n_outputs == 1:
+            return y
+        mdt = np.asarray(input_mean).dtype
+        vdt = np.asarray(input_var).dtype
+        shp = np.shape(input_mean)
+        run_mean = (np.asarray(input_mean, F64).reshape(-1) * momentum + mean * (1 - momentum)).astype(mdt)
+        run_var = (np.asarray(input_var, F64).reshape(-1) * momentum + var * (1 - momentum)).astype(vdt)
+        outs = (y, run_mean.reshape(shp), run_var.reshape(shp), mean.astype(mdt).reshape(shp),
+                var.astype(vdt).reshape(shp))
+        return outs[:ctx.n_outputs]
+    return run
+
+
+for _v in (1, 6, 7, 9, 14, 15):
+    op("BatchNormalization", _v, factory=True)(_bn_factory)
+
+
+def _group_run(name, X, scale, bias, epsilon, groups, buf):
+    _check_float(name, X)
+    xc, dt = _compute(X)
+    N, C, S = _ncs(X)
+    if groups <= 0 or C % groups:
+        raise InvalidAttributeError(f"{name}: the {C} channels do not split into {groups} equal groups")
+    y = out_buffer(buf, X.shape, dt) if xc is X else np.empty(X.shape, xc.dtype)
+    if X.size:
+        _group_norm(xc.reshape(N, C, S), scale, bias, y.reshape(N, C, S), float(epsilon), groups)
+    return y.astype(dt) if y.dtype != dt else y
+
+
+def _instance_factory(ctx, epsilon=1e-5, consumed_inputs=None):
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(input, scale, B):
+        C = input.shape[1] if input.ndim >= 2 else 0
+        return _group_run("InstanceNormalization", input, _chan("InstanceNormalization", "scale", scale, C),
+                          _chan("InstanceNormalization", "B", B, C), epsilon, max(C, 1), buf)
+    return run
+
+
+for _v in (1, 6, 22):
+    op("InstanceNormalization", _v, factory=True)(_instance_factory)
+
+
+def _group_factory(ctx, num_groups, epsilon=1e-5, stash_type=1):
+    buf = ctx.out[0] if ctx.out else None
+    per_group = ctx.opset < 21
+
+    def run(X, scale, bias):
+        C = X.shape[1] if X.ndim >= 2 else 0
+        sc = np.asarray(scale, F64).reshape(-1)
+        bi = np.asarray(bias, F64).reshape(-1)
+        if per_group and sc.size == num_groups and num_groups and C % num_groups == 0:
+            sc = np.repeat(sc, C // num_groups)
+            bi = np.repeat(bi, C // num_groups)
+        sc = _chan("GroupNormalization", "scale", sc, C)
+        bi = _chan("GroupNormalization", "bias", bi, C)
+        return _group_run("GroupNormalization", X, sc, bi, epsilon, int(num_groups), buf)
+    return run
+
+
+op("GroupNormalization", 18, factory=True)(_group_factory)
+op("GroupNormalization", 21, factory=True)(_group_factory)
+
+
+def _lrn_factory(ctx, size, alpha=0.0001, beta=0.75, bias=1.0):
+    if size <= 0:
+        raise InvalidAttributeError(f"LRN: size must be positive, got {size}")
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(X):
+        _check_float("LRN", X)
+        xc, dt = _compute(X)
+        N, C, S = _ncs(X)
+        y = out_buffer(buf, X.shape, dt) if xc is X else np.empty(X.shape, xc.dtype)
+        if X.size:
+            _lrn(xc.reshape(N, C, S), y.reshape(N, C, S), float(alpha), float(beta), float(bias), int(size))
+        return y.astype(dt) if y.dtype != dt else y
+    return run
+
+
+op("LRN", 1, factory=True)(_lrn_factory)
+op("LRN", 13, factory=True)(_lrn_factory)

@@ -1,0 +1,340 @@
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare, ArgMax, ArgMin.
+
+Every reduction is canonicalized to a 3-d view ``(outer, n, inner)`` with the
+reduced extent in the middle, so one kernel per dtype serves every rank and
+axes set.  Reduced axes that are not adjacent (after dropping extent-1 axes)
+are reduced one adjacent run at a time for the modes that compose (sum, max,
+min, prod, float mean); the others first move them last with one transposing
+copy.  16-bit floats are
+computed in float32; floats accumulate in float64 and integers in their own
+(wrapping) type.  A reduction over an empty set yields the op's identity
+(0, 1, -inf, +inf, or the dtype's extreme for integers).
+
+Axes arrive as an attribute up to opset 12 (ReduceSum) / 17 (the others) and
+as an optional int64 input from 13 / 18; ``noop_with_empty_axes`` with no
+axes reduces over nothing, i.e. applies the op's elementwise part only.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from runtime.errors import InvalidArgumentError
+from ._common import F32, as_int_list, lowp, norm_axis, norm_axes, out_buffer
+from .registry import op
+
+__all__ = ["canon3", "reduce_shape"]
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+
+SUM, SUMSQ, L1, L2, MEAN, MAX, MIN, PROD, LOGSUM, LOGSUMEXP = range(10)
+BOOL = np.dtype(bool)
+F64 = np.dtype(np.float64)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(**_OPTS)
+def _row_sum(x, o, n, mode, z):
+    """Sum of ``x[o, :, 0]`` mapped by ``mode`` (plain, square, abs), with four accumulators of ``z``'s type."""
+    s0 = z
+    s1 = z
+    s2 = z
+    s3 = z
+    n4 = n - n % 4
+    if mode == SUMSQ or mode == L2:
+        for k in range(0, n4, 4):
+            a = x[o, k, 0]
+            b = x[o, k + 1, 0]
+            c = x[o, k + 2, 0]
+            d = x[o, k + 3, 0]
+            s0 += a * a
+            s1 += b * b
+            s2 += c * c
+            s3 += d * d
+        for k in range(n4, n):
+            a = x[o, k, 0]
+            s0 += a * a
+    elif mode == L1:
+        for k in range(0, n4, 4):
+            s0 += abs(x[o, k, 0])
+            s1 += abs(x[o, k + 1, 0])
+            s2 += abs(x[o, k + 2, 0])
+            s3 += abs(x[o, k + 3, 0])
+        for k in range(n4, n):
+            s0 += abs(x[o, k, 0])
+    else:
+        for k in range(0, n4, 4):
+            s0 += x[o, k, 0]
+            s1 += x[o, k + 1, 0]
+            s2 += x[o, k + 2, 0]
+            s3 += x[o, k + 3, 0]
+        for k in range(n4, n):
+            s0 += x[o, k, 0]
+    return (s0 + s1) + (s2 + s3)
+
+
+@njit(**_OPTS)
+def _reduce3(x, out, acc, mode):
+    """Reduce ``x`` (outer, n, inner) over axis 1 into ``out`` (outer, inner).
+
+    ``acc`` is (2, inner) scratch of the accumulator dtype, zeroed by the caller.
+    """
+    outer, n, inner = x.shape
+    z = acc[1, 0]
+    a = acc[0]
+    for o in range(outer):
+        if mode == MAX or mode == MIN or mode == LOGSUMEXP:
+            for i in range(inner):
+                a[i] = x[o, 0, i]
+            if mode == MIN:
+                for k in range(1, n):
+                    for i in range(inner):
+                        v = x[o, k, i]
+                        if v < a[i] or v != v:
+                            a[i] = v
+            else:
+                for k in range(1, n):
+                    for i in range(inner):
+                        v = x[o, k, i]
+                        if v > a[i] or v != v:
+                            a[i] = v
+            if mode == LOGSUMEXP:
+                s = acc[1]
+                for i in range(inner):
+                    s[i] = 0.0
+                for k in range(n):
+                    for i in range(inner):
+                        s[i] += math.exp(x[o, k, i] - a[i])
+                for i in range(inner):
+                    m = a[i]
+                    out[o, i] = m if math.isinf(m) else m + math.log(s[i])
+            else:
+                for i in range(inner):
+                    out[o, i] = a[i]
+            continue
+        if mode == PROD:
+            for i in range(inner):
+                a[i] = z + 1
+            for k in range(n):
+                for i in range(inner):
+                    a[i] *= x[o, k, i]
+        elif inner == 1:
+            a[0] = _row_sum(x, o, n, mode, z)
+        else:
+            for i in range(inner):
+                a[i] = z
+            if mode == SUMSQ or mode == L2:
+                for k in range(n):
+                    for i in range(inner):
+                        v = x[o, k, i]
+                        a[i] += v * v
+            elif mode == L1:
+                for k in range(n):
+                    for i in range(inner):
+                        a[i] += abs(x[o, k, i])
+            else:
+                for k in range(n):
+                    for i in range(inner):
+                        a[i] += x[o, k, i]
+        if mode == L2:
+            for i in range(inner):
+                out[o, i] = math.sqrt(a[i])
+        elif mode == MEAN:
+            for i in range(inner):
+                out[o, i] = a[i] / n
+        elif mode == LOGSUM:
+            for i in range(inner):
+                out[o, i] = math.log(a[i]) if a[i] > 0 else (-math.inf if a[i] == 0 else math.nan)
+        else:
+            for i in range(inner):
+                out[o, i] = a[i]
+
+
+@njit(**_OPTS)
+def _arg3(x, out, is_max, last):
+    """Index of the max (``is_max``) or min along axis 1 of ``x`` (outer, n, inner); first or ``last`` tie wins."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            best = x[o, 0, i]
+            bi = 0
+            if is_max and last:
+                for k in range(1, n):
+                    if x[o, k, i] >= best:
+                        best = x[o, k, i]
+                        bi = k
+            elif is_max:
+                for k in range(1, n):
+                    if x[o, k, i] > best:
+                        best = x[o, k, i]
+                        bi = k
+            elif last:
+                for k in range(1, n):
+                    if x[o, k, i] <= best:
+                        best = x[o, k, i]
+                        bi = k
+            else:
+                for k in range(1, n):
+                    if x[o, k, i] < best:
+                        best = x[o, k, i]
+                        bi = k
+            out[o, i] = bi
+
+
+# -- canonicalization ------------------------------------------------------------------------------
+
+def canon3(shape: tuple, axes: tuple):
+    """``((outer, n, inner), perm)`` for reducing sorted ``axes`` of ``shape``.
+
+    ``perm`` is None when the reduced axes are adjacent once extent-1 axes are
+    ignored (the input reshapes in place); otherwise it is the transpose that
+    moves them last (then ``inner == 1``).
+    """
+    red = set(axes)
+    live = [ax for ax in range(len(shape)) if shape[ax] != 1]
+    rl = [ax for ax in live if ax in red]
+    n = int(np.prod([shape[a] for a in rl], dtype=np.int64)) if rl else 1
+    if not rl:
+        return (int(np.prod(shape, dtype=np.int64)), 1, 1), None
+    first, lastr = live.index(rl[0]), live.index(rl[-1])
+    if lastr - first + 1 == len(rl):
+        outer = int(np.prod([shape[a] for a in live[:first]], dtype=np.int64))
+        inner = int(np.prod([shape[a] for a in live[lastr + 1:]], dtype=np.int64))
+        return (outer, n, inner), None
+    kept = [ax for ax in range(len(shape)) if ax not in red]
+    perm = tuple(kept) + tuple(sorted(red))
+    outer = int(np.prod([shape[a] for a in kept], dtype=np.int64))
+    return (outer, n, 1), perm
+
+
+def reduce_shape(shape: tuple, axes: tuple, keepdims) -> tuple:
+    if keepdims:
+        return tuple(1 if ax in axes else d for ax, d in enumerate(shape))
+    return tuple(d for ax, d in enumerate(shape) if ax not in axes)
+
+
+def view3(x: np.ndarray, axes: tuple) -> np.ndarray:
+    """``x`` as a C-contiguous (outer, n, inner) array reducing ``axes`` over its middle axis."""
+    shp3, perm = canon3(x.shape, axes)
+    if perm is not None:
+        x = x.transpose(perm)
+    return np.ascontiguousarray(x).reshape(shp3)
+
+
+def _identity(mode: int, dt: np.dtype):
+    if mode in (SUM, SUMSQ, L1, L2):
+        return 0
+    if mode == PROD:
+        return 1
+    if mode == MEAN:
+        return np.nan if dt.kind == "f" else 0
+    if mode in (LOGSUM, LOGSUMEXP):
+        return -np.inf if dt.kind == "f" else np.iinfo(dt).min
+    if dt == BOOL:
+        return mode == MIN
+    if dt.kind == "f":
+        return -np.inf if mode == MAX else np.inf
+    info = np.iinfo(dt)
+    return info.min if mode == MAX else info.max
+
+
+def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.ndarray:
+    """Reduce ``x`` over normalized, sorted ``axes`` with ``mode``."""
+    dt = x.dtype
+    oshape = reduce_shape(x.shape, axes, keepdims)
+    if dt == BOOL:
+        if mode not in (MAX, MIN):
+            raise InvalidArgumentError(f"reduction mode {mode} does not accept bool inputs")
+        if canon3(x.shape, axes)[0][1] == 0:
+            return np.full(oshape, mode == MIN, BOOL)
+        return run_reduce(mode, x.view(np.uint8), axes, keepdims).view(BOOL)
+    if lowp(dt):
+        return run_reduce(mode, x.astype(F32), axes, keepdims).astype(dt)
+    if dt.kind not in "fiu":
+        raise InvalidArgumentError(f"reductions expect a numeric tensor, got {dt}")
+    out = out_buffer(buf, oshape, dt)
+    if out.size == 0:
+        return out
+    shp3, perm = canon3(x.shape, axes)
+    if shp3[1] == 0:
+        out.fill(_identity(mode, dt))
+        return out
+    if perm is not None and (mode in (SUM, MAX, MIN, PROD) or (mode == MEAN and dt.kind == "f")):
+        # These modes compose: reduce each run of adjacent axes in place, last run first, instead of
+        # transposing the whole input.
+        runs = []
+        for ax in axes:
+            if runs and runs[-1][-1] == ax - 1:
+                runs[-1].append(ax)
+            else:
+                runs.append([ax])
+        y = x
+        for r in reversed(runs):
+            y = run_reduce(mode, y, tuple(r), 1)
+        out[...] = y.reshape(oshape)
+        return out
+    x3 = view3(x, axes)
+    float_acc = dt.kind == "f" or mode in (L2, LOGSUM, LOGSUMEXP)
+    acc = np.zeros((2, shp3[2]), F64 if float_acc else (np.int64 if dt.kind == "i" else np.uint64))
+    _reduce3(x3, out.reshape(shp3[0], shp3[2]), acc, mode)
+    return out
+
+
+# -- wrappers --------------------------------------------------------------------------------------
+
+def _reduce_factory(mode: int):
+    def factory(ctx, axes=None, keepdims=1, noop_with_empty_axes=0):
+        attr_axes = axes
+        buf = ctx.out[0] if ctx.out else None
+
+        def run(data, axes=None):
+            given = as_int_list(attr_axes if axes is None else axes)
+            if not given:
+                red = () if noop_with_empty_axes else tuple(range(data.ndim))
+            else:
+                red = norm_axes(given, data.ndim)
+            return run_reduce(mode, data, red, keepdims, buf)
+        return run
+    return factory
+
+
+for _name, _mode, _vers in [("ReduceSum", SUM, (1, 13)), ("ReduceMean", MEAN, (1, 18)),
+                            ("ReduceMax", MAX, (1, 18)), ("ReduceMin", MIN, (1, 18)),
+                            ("ReduceProd", PROD, (1, 18)), ("ReduceL1", L1, (1, 18)),
+                            ("ReduceL2", L2, (1, 18)), ("ReduceLogSum", LOGSUM, (1, 18)),
+                            ("ReduceLogSumExp", LOGSUMEXP, (1, 18)), ("ReduceSumSquare", SUMSQ, (1, 18))]:
+    for _v in _vers:
+        op(_name, _v, factory=True)(_reduce_factory(_mode))
+
+
+def _arg_factory(is_max: bool):
+    def factory(ctx, axis=0, keepdims=1, select_last_index=0):
+        buf = ctx.out[0] if ctx.out else None
+        name = ctx.op_type
+
+        def run(data):
+            ax = norm_axis(axis, data.ndim)
+            x = data
+            if x.dtype == BOOL:
+                x = x.view(np.uint8)
+            elif lowp(x.dtype):
+                x = x.astype(F32)
+            oshape = reduce_shape(data.shape, (ax,), keepdims)
+            out = out_buffer(buf, oshape, np.dtype(np.int64))
+            if out.size == 0:
+                return out
+            if data.shape[ax] == 0:
+                raise InvalidArgumentError(f"{name}: axis {axis} has extent 0; there is no element to select")
+            outer = int(np.prod(data.shape[:ax], dtype=np.int64))
+            x3 = np.ascontiguousarray(x).reshape(outer, data.shape[ax], -1)
+            _arg3(x3, out.reshape(outer, -1), is_max, bool(select_last_index))
+            return out
+        return run
+    return factory
+
+
+op("ArgMax", 1, factory=True)(_arg_factory(True))
+op("ArgMin", 1, factory=True)(_arg_factory(False))

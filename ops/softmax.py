@@ -1,0 +1,170 @@
+"""Softmax, LogSoftmax and Hardmax.
+
+Before opset 13 the input is coerced to 2-d at ``axis`` (rows are the
+flattened trailing axes); from 13 on the op works along one axis.  Both are
+canonicalized to a 3-d view ``(outer, n, inner)`` so each kernel compiles
+once per dtype.  Rows are max-shifted before ``exp``; sums accumulate in
+float64.  Large inputs normalized along their last (contiguous) axis with
+more than one row use a ``parallel=True`` kernel over rows.  16-bit floats are computed in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError
+from ._common import F32, lowp, norm_axis, out_buffer
+from .registry import op
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+_PARALLEL_MIN = 1 << 18  # elements; below this, thread start-up costs more than it saves
+
+
+@njit(**_OPTS)
+def _softmax_row(x, out, r, log):
+    """Softmax (or ``log``-softmax) of row ``r`` of ``x`` (rows, n) into ``out``."""
+    n = x.shape[1]
+    m = x[r, 0]
+    for k in range(1, n):
+        if x[r, k] > m:
+            m = x[r, k]
+    s = 0.0
+    if log:
+        for k in range(n):
+            s += math.exp(x[r, k] - m)
+        sub = m + math.log(s)
+        for k in range(n):
+            out[r, k] = x[r, k] - sub
+    else:
+        for k in range(n):
+            e = math.exp(x[r, k] - m)
+            out[r, k] = e
+            s += e
+        inv = 1.0 / s
+        for k in range(n):
+            out[r, k] *= inv
+
+
+@njit(**_OPTS)
+def _softmax3(x, out, log):
+    """Softmax (or ``log``-softmax) of ``x`` (outer, n, inner) along axis 1 into ``out``."""
+    outer, n, inner = x.shape
+    if inner == 1:
+        x2 = x.reshape(outer, n)
+        o2 = out.reshape(outer, n)
+        for r in range(outer):
+            _softmax_row(x2, o2, r, log)
+        return
+    m = np.empty(inner, x.dtype)
+    s = np.empty(inner, np.float64)
+    for o in range(outer):
+        for i in range(inner):
+            m[i] = x[o, 0, i]
+            s[i] = 0.0
+        for k in range(1, n):
+            for i in range(inner):
+                if x[o, k, i] > m[i]:
+                    m[i] = x[o, k, i]
+        for k in range(n):
+            for i in range(inner):
+                e = math.exp(x[o, k, i] - m[i])
+                out[o, k, i] = e
+                s[i] += e
+        if log:
+            for i in range(inner):
+                s[i] = math.log(s[i])
+            for k in range(n):
+                for i in range(inner):
+                    out[o, k, i] = x[o, k, i] - m[i] - s[i]
+        else:
+            for i in range(inner):
+                s[i] = 1.0 / s[i]
+            for k in range(n):
+                for i in range(inner):
+                    out[o, k, i] *= s[i]
+
+
+@njit(parallel=True, **_OPTS)
+def _softmax_rows_par(x, out, log):
+    """Softmax of each row of ``x`` (rows, n) into ``out``, rows spread over threads."""
+    for r in prange(x.shape[0]):
+        _softmax_row(x, out, r, log)
+
+
+@njit(**_OPTS)
+def _hardmax3(x, out):
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            best = x[o, 0, i]
+            bi = 0
+            for k in range(n):
+                v = x[o, k, i]
+                if v > best:
+                    best = v
+                    bi = k
+                out[o, k, i] = 0
+            out[o, bi, i] = 1
+
+
+def _shape3(shape: tuple, axis: int, coerce_2d: bool) -> tuple:
+    ax = norm_axis(axis, len(shape))
+    outer = int(np.prod(shape[:ax], dtype=np.int64))
+    if coerce_2d:
+        return outer, int(np.prod(shape[ax:], dtype=np.int64)), 1
+    return outer, shape[ax], int(np.prod(shape[ax + 1:], dtype=np.int64))
+
+
+def _check(name, x):
+    if x.dtype.kind != "f" and not lowp(x.dtype):
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {x.dtype}")
+
+
+def _softmax_factory(log: bool, coerce_2d: bool):
+    def factory(ctx, axis=1 if coerce_2d else -1):
+        buf = ctx.out[0] if ctx.out else None
+        name = ctx.op_type
+
+        def run(x):
+            _check(name, x)
+            shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
+            dt = x.dtype
+            if lowp(dt):
+                xf = x.astype(F32)
+                out = np.empty(x.shape, F32)
+            else:
+                xf = x
+                out = out_buffer(buf, x.shape, dt)
+            if out.size:
+                if x.size >= _PARALLEL_MIN and shp3[0] > 1 and shp3[2] == 1:
+                    _softmax_rows_par(xf.reshape(shp3[:2]), out.reshape(shp3[:2]), log)
+                else:
+                    _softmax3(xf.reshape(shp3), out.reshape(shp3), log)
+            return out.astype(dt) if out.dtype != dt else out
+        return run
+    return factory
+
+
+def _hardmax_factory(coerce_2d: bool):
+    def factory(ctx, axis=1 if coerce_2d else -1):
+        buf = ctx.out[0] if ctx.out else None
+
+        def run(x):
+            _check("Hardmax", x)
+            shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
+            dt = x.dtype
+            xf = x.astype(F32) if lowp(dt) else x
+            out = out_buffer(buf, x.shape, xf.dtype) if xf is x else np.empty(x.shape, F32)
+            if out.size:
+                _hardmax3(xf.reshape(shp3), out.reshape(shp3))
+            return out.astype(dt) if out.dtype != dt else out
+        return run
+    return factory
+
+
+for _v, _coerce in ((1, True), (13, False)):
+    op("Softmax", _v, factory=True)(_softmax_factory(False, _coerce))
+    op("LogSoftmax", _v, factory=True)(_softmax_factory(True, _coerce))
+    op("Hardmax", _v, factory=True)(_hardmax_factory(_coerce))

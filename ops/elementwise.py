@@ -7,6 +7,7 @@ floats are computed in float32 and rounded back.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import _elementwise_kernels as K
@@ -335,3 +336,58 @@ for _v in (8, 12, 13):
 for _v in (8, 13):
     op("Sum", _v, factory=True)(_variadic(K.b_add, K.b4_add, "Sum"))
     op("Mean", _v, factory=True)(_variadic(K.b_add, K.b4_add, "Mean", mean=True))
+
+
+# -- Clip ------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _clip_kernel(xs, out, lo, hi):
+    # min(max(x, lo), hi): with lo > hi everything becomes hi.  NaN passes through.
+    for i in range(xs.shape[0]):
+        x = xs[i]
+        v = lo if x < lo else x
+        out[i] = hi if v > hi else v
+
+
+def _clip_run(x, lo, hi, buf):
+    dt = x.dtype
+    if lowp(dt):
+        return _clip_run(x.astype(F32), np.float32(lo), np.float32(hi), None).astype(dt)
+    o = out_buffer(buf, x.shape, dt)
+    if x.size:
+        _clip_kernel(x.reshape(-1), o.reshape(-1), dt.type(lo), dt.type(hi))
+    return o
+
+
+def _bound(v, dt, upper):
+    if v is None or (isinstance(v, np.ndarray) and v.size == 0):
+        if dt.kind == "f" or lowp(dt):
+            return np.inf if upper else -np.inf
+        info = np.iinfo(dt)
+        return info.max if upper else info.min
+    a = np.asarray(v)
+    if a.size != 1:
+        raise InvalidArgumentError(f"Clip: min and max must be scalars, got shape {list(a.shape)}")
+    return a.reshape(-1)[0]
+
+
+@op("Clip", 6, factory=True)
+def Clip6(ctx, min=-3.4028234663852886e38, max=3.4028234663852886e38):
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(x):
+        return _clip_run(x, min, max, buf)
+    return run
+
+
+@op("Clip", 11, factory=True)
+def Clip(ctx):
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(x, lo=None, hi=None):
+        return _clip_run(x, _bound(lo, x.dtype, False), _bound(hi, x.dtype, True), buf)
+    return run
+
+
+for _v in (12, 13):
+    op("Clip", _v, factory=True)(Clip)

@@ -2,7 +2,9 @@
 
     python -m tools.bench_startup [--hidden 64]
 
-Each start runs in a fresh Python process: import, session build, first run.
+Each start runs in a fresh Python process: import (of the runtime and every
+kernel module; Numba compiles lazily), session build, first run (compiles
+or loads each kernel the model uses), second run.
 "Cold" points NUMBA_CACHE_DIR at an empty folder, so every kernel compiles;
 "warm" runs again with that folder filled, so kernels load from the cache.
 onnxruntime's start in the same kind of process is printed alongside.
@@ -21,14 +23,16 @@ import json, sys, time
 t0 = time.perf_counter()
 which, hidden = sys.argv[1], int(sys.argv[2])
 from fixtures import mlp_block
+if which == "native":
+    from runtime import InferenceSession
+else:
+    import onnxruntime as ort
 model = mlp_block.build(hidden)
 feeds = mlp_block.inputs(2, 8, hidden)
 t1 = time.perf_counter()
 if which == "native":
-    from runtime import InferenceSession
     s = InferenceSession(model)
 else:
-    import onnxruntime as ort
     s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 t2 = time.perf_counter()
 s.run(None, feeds)

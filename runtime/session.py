@@ -20,6 +20,8 @@ import ops  # noqa: F401  (registers every kernel)
 from ops import registry
 from .dtypes import onnx_type, type_string
 from .errors import InvalidFeedError
+from .decode_sibling import build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
+    symbol_positions
 from .executor import Plan
 from .ir import Graph
 from .loader import load_graph
@@ -27,6 +29,9 @@ from .passes import EliminateDeadNodes, EliminateIdentity, ExpandFunctions, Fold
 from .providers import PROVIDERS, normalize_providers
 
 __all__ = ["InferenceSession", "SessionOptions", "NodeArg", "IOBinding", "build_graph"]
+
+
+_UNSET = object()
 
 
 class SessionOptions:
@@ -37,6 +42,8 @@ class SessionOptions:
         self.strict_shape_inference = False
         self.preallocate = True
         self.fused_segments = True
+        # Decode sibling (single-trip Scan inlining); None: read ONNX_NUMBA_DECODE_INLINE_SCAN.
+        self.decode_inline_scan = None
         self.intra_op_num_threads = 0
         self.log_severity_level = 2
         self.enable_profiling = False
@@ -95,6 +102,12 @@ class InferenceSession:
                           session_options=self._options)
         self._inputs = [_arg(v) for v in self._graph.inputs]
         self._outputs = [_arg(v) for v in self._graph.outputs]
+        flag = getattr(self._options, "decode_inline_scan", None)
+        self._decode_flag = flag_from_environment() if flag is None else parse_flag(flag)
+        self._scan_symbol = _UNSET
+        self._scan_positions = []
+        self._sibling = _UNSET
+        self.plan_runs = {"main": 0, "sibling": 0}
         self._input_info = {v.name: v for v in self._graph.inputs}
         self._input_index = {v.name: k for k, v in enumerate(self._graph.inputs)}
         self._output_index = {v.name: k for k, v in enumerate(self._graph.outputs)}
@@ -167,9 +180,39 @@ class InferenceSession:
             feeds.append(self._check_feed(v.name, input_feed[v.name]))
         return feeds
 
+    # -- decode sibling ------------------------------------------------------------------------------
+    @property
+    def decode_sibling(self):
+        """The single-token sibling plan: None if there is none, or if it has not been built yet."""
+        return None if self._sibling is _UNSET else self._sibling
+
+    def _scan_extent(self, feeds):
+        if self._scan_symbol is _UNSET:
+            self._scan_symbol = find_scan_symbol(self._graph)
+            self._scan_positions = symbol_positions(self._graph, self._scan_symbol) if self._scan_symbol else []
+        if not self._scan_positions:
+            return None
+        extents = {feeds[k].shape[ax] for k, ax in self._scan_positions if hasattr(feeds[k], "shape")}
+        return extents.pop() if len(extents) == 1 else None
+
+    def _select_plan(self, feeds) -> Plan:
+        if not self._decode_flag:
+            self.plan_runs["main"] += 1
+            return self._plan
+        extent = self._scan_extent(feeds)
+        if extent == 1 and self._sibling is _UNSET:
+            g = build_sibling(self._graph, self._scan_symbol)
+            self._sibling = None if g is None else Plan(g, self._provider, session_options=self._options)
+        sibling = self.decode_sibling
+        if route_to_sibling(self._decode_flag, sibling is not None, extent):
+            self.plan_runs["sibling"] += 1
+            return sibling
+        self.plan_runs["main"] += 1
+        return self._plan
+
     def run(self, output_names, input_feed, run_options=None):
         feeds = self._feeds(input_feed)
-        results = self._plan.run(feeds)
+        results = self._select_plan(feeds).run(feeds)
         if not output_names:
             return results
         idx = []
@@ -227,7 +270,7 @@ class IOBinding:
 
     def _run(self):
         feeds = self._s._feeds(self._inputs)
-        results = self._s._plan.run(feeds)
+        results = self._s._select_plan(feeds).run(feeds)
         names = list(self._outputs) or list(self._s._output_index)
         out = []
         for n in names:

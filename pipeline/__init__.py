@@ -1,5 +1,15 @@
-"""GenAI pipelines (genai_config.json and inference_metadata.yaml packages).
+"""GenAI pipelines: run genai_config.json and inference_metadata.yaml packages natively or on onnxruntime.
 
-This package is where composite GenAI packages are run; it currently holds
-no components.
+The API follows onnxruntime-genai: ``Model``, ``Tokenizer``, ``GeneratorParams``,
+``Generator`` and a one-call ``generate``.  ``python -m pipeline parity|generate``
+are the command-line entry points.  Submodules load on first use, so
+``import pipeline.spec`` stays light.
 """
+__all__ = ["Model", "Tokenizer", "GeneratorParams", "Generator", "generate"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,0 +1,338 @@
+"""The two component interfaces and their onnxruntime and native implementations.
+
+- ``ComponentSession`` (stateless): declared inputs and outputs; ``run(feeds)``
+  returns a dict of outputs.
+- ``DecoderComponent`` (stateful): ``prefill`` and ``step`` take token ids or
+  embeddings plus extra inputs and return the next-token logits (or, with
+  ``want="argmax"``, the greedy token ids); ``kv_length`` is the live cache
+  length; ``rewind(n)`` drops everything after the first ``n`` positions.
+
+The decoder owns its loop-carried values.  KV caches live in static buffers
+sized to ``max_length`` and written in place (only the new positions of each
+step are written, so a step's cost follows the live length); recurrent and
+conv state pairs are replaced by each step's outputs.  The native decoder
+hands those buffers to its session through an IO binding, so across its
+``prefill`` / ``step`` boundary only the step's ids or embeddings (and the
+small mask / position inputs it builds itself) go in, and only logits or
+the argmax come out; ``transfers`` counts exactly those bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .spec import ComponentSpec, IncompletePackageError, MetadataError, PipelineSpec
+
+__all__ = ["ComponentSession", "OrtComponent", "NativeComponent", "DecoderComponent", "OrtDecoder",
+           "NativeDecoder", "Transfers"]
+
+
+def _ort_session(path, providers=None):
+    import onnxruntime as ort
+    return ort.InferenceSession(path, providers=providers or ["CPUExecutionProvider"])
+
+
+class ComponentSession:
+    """A stateless component: ``run(feeds) -> {output: array}``."""
+
+    backend = "?"
+
+    def __init__(self, spec: ComponentSpec, session):
+        self.spec = spec
+        self.name = spec.name
+        self.session = session
+        self.inputs = {i.name: i for i in session.get_inputs()}
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: dict) -> dict:
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise IncompletePackageError(f"component {self.name!r}: nothing provides input(s) {missing}")
+        out = self.session.run(None, {n: feeds[n] for n in self.input_names})
+        return dict(zip(self.output_names, out))
+
+
+class OrtComponent(ComponentSession):
+    backend = "ort"
+
+    def __init__(self, spec: ComponentSpec):
+        super().__init__(spec, _ort_session(spec.filename))
+
+
+class NativeComponent(ComponentSession):
+    backend = "native"
+
+    def __init__(self, spec: ComponentSpec, providers=None, options=None):
+        from runtime import InferenceSession
+        super().__init__(spec, InferenceSession(spec.filename, options, providers=providers))
+
+
+@dataclass
+class Transfers:
+    """Bytes handed into and out of a decoder across its prefill/step boundary."""
+    bytes_in: int = 0
+    bytes_out: int = 0
+    calls: int = 0
+    largest_in: dict = field(default_factory=dict)
+
+    def note_in(self, name, arr):
+        n = int(np.asarray(arr).nbytes)
+        self.bytes_in += n
+        self.largest_in[name] = max(self.largest_in.get(name, 0), n)
+
+    def note_out(self, arr):
+        self.bytes_out += int(np.asarray(arr).nbytes)
+
+
+_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def _np_type(t: str):
+    return _INT_TYPES.get(t) or _FLOAT_TYPES.get(t) or np.float32
+
+
+class _KVBuffer:
+    """One KV cache tensor in a static buffer sized to ``max_length`` along its sequence axis."""
+
+    def __init__(self, shape, axis, dtype, max_length):
+        full = list(shape)
+        full[axis] = max_length
+        self.buf = np.zeros(full, dtype)
+        self.axis = axis
+        self.length = 0
+
+    def live(self) -> np.ndarray:
+        idx = [slice(None)] * self.buf.ndim
+        idx[self.axis] = slice(0, self.length)
+        return self.buf[tuple(idx)]
+
+    def write(self, present: np.ndarray, new_from: int):
+        total = present.shape[self.axis]
+        if total > self.buf.shape[self.axis]:
+            raise MetadataError(f"KV cache would grow to {total} positions, past its maximum of "
+                                f"{self.buf.shape[self.axis]} (search.max_length)")
+        src = [slice(None)] * present.ndim
+        dst = [slice(None)] * present.ndim
+        src[self.axis] = slice(new_from, total)
+        dst[self.axis] = slice(new_from, total)
+        self.buf[tuple(dst)] = present[tuple(src)]
+        self.length = total
+
+
+class DecoderComponent:
+    """The stateful decoder; subclasses supply the session and how a step runs."""
+
+    backend = "?"
+
+    def __init__(self, spec: ComponentSpec, pipeline: PipelineSpec, session, max_length: int, batch: int = 1):
+        self.spec = spec
+        self.io = spec.io
+        self.pipeline = pipeline
+        self.session = session
+        self.max_length = int(max_length)
+        self.batch = batch
+        self.inputs = {i.name: i for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+        io = self.io
+        if io.logits_output is None or io.logits_output not in self.output_names:
+            raise MetadataError(f"decoder {spec.name!r}: logits_output {io.logits_output!r} is not an output of "
+                                f"{spec.filename}")
+        for names, where in ((io.kv_inputs, "kv_inputs"), ([p.input for p in io.state_pairs], "state_pairs")):
+            for n in names:
+                if n not in self.inputs:
+                    raise MetadataError(f"decoder {spec.name!r}: {where} names {n!r}, which is not an input of "
+                                        f"{spec.filename}")
+        self.transfers = Transfers()
+        self.reset()
+
+    # -- state -------------------------------------------------------------------------------------
+    def reset(self):
+        self.kv = None          # name -> _KVBuffer, created at the first run
+        self.state = {}         # state input name -> array
+        self._length = 0
+        self._positions_max = None
+
+    @property
+    def kv_length(self) -> int:
+        return self._length
+
+    def rewind(self, length: int):
+        if length < 0 or length > self._length:
+            raise ValueError(f"cannot rewind to {length}: the cache holds {self._length} positions")
+        if self.io.state_pairs and length != self._length:
+            raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
+        if self.kv:
+            for b in self.kv.values():
+                b.length = length
+        self._length = length
+
+    def _seq_axis(self, name):
+        shape = self.inputs[name].shape
+        axes = [k for k, d in enumerate(shape) if k > 0 and not isinstance(d, int) and not _is_head_dim(d)]
+        if len(axes) != 1:
+            raise MetadataError(f"decoder input {name!r} has shape {shape}: cannot tell its sequence axis")
+        return axes[0]
+
+    def _concrete(self, name, seq_len=0):
+        shape = self.inputs[name].shape
+        out = []
+        for k, d in enumerate(shape):
+            if isinstance(d, int):
+                out.append(d)
+            elif k == 0:
+                out.append(self.batch)
+            elif _is_head_dim(d) and self.pipeline.head_size:
+                out.append(self.pipeline.head_size)
+            elif name in self.io.kv_inputs and k == self._seq_axis(name):
+                out.append(seq_len)
+            else:
+                raise MetadataError(f"decoder input {name!r}: axis {k} is symbolic ({d!r}); only the leading "
+                                    f"batch axis (and a KV cache's sequence axis) may be")
+        return out
+
+    def _init_state(self):
+        for p in self.io.state_pairs:
+            if p.input not in self.state:
+                self.state[p.input] = np.zeros(self._concrete(p.input), _np_type(self.inputs[p.input].type))
+
+    def _past(self, name):
+        if self.kv is None:
+            return np.zeros(self._concrete(name, 0), _np_type(self.inputs[name].type))
+        return self.kv[name].live()
+
+    def _extras(self, seq_len, extra):
+        feeds = dict(extra or {})
+        io = self.io
+        total = self._length + seq_len
+        if io.attention_mask_input and io.attention_mask_input in self.inputs and io.attention_mask_input not in feeds:
+            t = _np_type(self.inputs[io.attention_mask_input].type)
+            feeds[io.attention_mask_input] = np.ones((self.batch, total), t)
+        pos = self.pipeline.positions
+        pname = io.position_ids_input or (pos.input if pos is not None else None)
+        if pname and pname in self.inputs and pname not in feeds:
+            rank = pos.rank if pos is not None else 1
+            t = _np_type(self.inputs[pname].type)
+            if rank == 3:
+                if pos.continuation == "carry_max" and self._positions_max is not None:
+                    start = self._positions_max + 1
+                else:
+                    start = np.full(3, self._length, np.int64)
+                base = np.arange(seq_len, dtype=np.int64)
+                ids = np.stack([np.broadcast_to(s + base, (self.batch, seq_len)) for s in start]).astype(t)
+                self._positions_max = ids.reshape(3, -1).max(axis=1)
+            else:
+                ids = np.broadcast_to(np.arange(self._length, total, dtype=np.int64), (self.batch, seq_len)).astype(t)
+            feeds[pname] = np.ascontiguousarray(ids)
+        for port, absent in (io.optional_inputs or {}).items():
+            if port in self.inputs and port not in feeds:
+                feeds[port] = np.zeros(absent.shape, absent.dtype)
+        return feeds
+
+    # -- running -----------------------------------------------------------------------------------
+    def prefill(self, tokens=None, embeds=None, extra=None, want="logits"):
+        return self._forward(tokens, embeds, extra, want)
+
+    def step(self, tokens=None, embeds=None, extra=None, want="logits"):
+        return self._forward(tokens, embeds, extra, want)
+
+    def _forward(self, tokens, embeds, extra, want):
+        io = self.io
+        feeds = {}
+        if io.sequence_source == "inputs_embeds":
+            if embeds is None:
+                raise ValueError(f"decoder {self.spec.name!r} reads inputs_embeds; pass embeds=")
+            x = np.ascontiguousarray(embeds)
+            feeds[io.inputs_embeds_input] = x
+            seq_len = x.shape[1]
+            self.transfers.note_in(io.inputs_embeds_input, x)
+        else:
+            if tokens is None:
+                raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
+            x = np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
+                                     .reshape(self.batch, -1))
+            feeds[io.token_input] = x
+            seq_len = x.shape[1]
+            self.transfers.note_in(io.token_input, x)
+        if self._length + seq_len > self.max_length:
+            raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
+                                f"{self.max_length}")
+        feeds.update(self._extras(seq_len, extra))
+        for k, v in (extra or {}).items():
+            self.transfers.note_in(k, v)
+        self._init_state()
+        logits = self._run(feeds, seq_len)
+        self.transfers.calls += 1
+        last = logits[:, -1, :] if logits.ndim == 3 else logits
+        if want == "argmax":
+            out = np.argmax(last, axis=-1).astype(np.int64)
+        else:
+            out = np.ascontiguousarray(last)
+        self.transfers.note_out(out)
+        return out
+
+    def _store(self, results: dict, seq_len):
+        io = self.io
+        if self.kv is None:
+            self.kv = {}
+            for i, o in zip(io.kv_inputs, io.kv_outputs):
+                pres = results[o]
+                self.kv[i] = _KVBuffer(pres.shape, self._seq_axis(i), pres.dtype, self.max_length)
+        for i, o in zip(io.kv_inputs, io.kv_outputs):
+            self.kv[i].write(results[o], self._length)
+        for p in io.state_pairs:
+            self.state[p.input] = results[p.output]
+        self._length += seq_len
+
+    def _run(self, feeds, seq_len):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _is_head_dim(d) -> bool:
+    return isinstance(d, str) and d in ("kv_cache_dim", "head_size", "head_dim")
+
+
+class OrtDecoder(DecoderComponent):
+    """onnxruntime decoder: every step feeds the live caches and state (the baseline)."""
+
+    backend = "ort"
+
+    def __init__(self, spec, pipeline, max_length, batch=1):
+        super().__init__(spec, pipeline, _ort_session(spec.filename), max_length, batch)
+
+    def _run(self, feeds, seq_len):
+        for i in self.io.kv_inputs:
+            feeds[i] = np.ascontiguousarray(self._past(i))
+        feeds.update(self.state)
+        names = self.output_names
+        res = dict(zip(names, self.session.run(None, feeds)))
+        self._store(res, seq_len)
+        return res[self.io.logits_output]
+
+
+class NativeDecoder(DecoderComponent):
+    """Native decoder: caches and state stay in the session's bound buffers between steps."""
+
+    backend = "native"
+
+    def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
+        from runtime import InferenceSession
+        sess = InferenceSession(spec.filename, options, providers=providers)
+        super().__init__(spec, pipeline, sess, max_length, batch)
+
+    def _run(self, feeds, seq_len):
+        b = self.session.io_binding()
+        for name, arr in feeds.items():
+            b.bind_input(name, arr)
+        for i in self.io.kv_inputs:
+            b.bind_input(i, self._past(i))
+        for name, arr in self.state.items():
+            b.bind_input(name, arr)
+        for o in self.output_names:
+            b.bind_output(o)
+        self.session.run_with_iobinding(b)
+        res = dict(zip(self.output_names, b.get_outputs()))
+        self._store(res, seq_len)
+        return res[self.io.logits_output]

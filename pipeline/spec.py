@@ -1,0 +1,141 @@
+"""The normalized description of a GenAI package that every part of the pipeline works from.
+
+``pipeline.metadata.load_package(path)`` turns either package form into a
+``PipelineSpec``:
+
+- a ``genai_config.json`` package (one decoder, written by the
+  onnxruntime-genai model builder), or
+- an ``inference_metadata.yaml`` composite (vision encoder, embedding,
+  decoder, ... joined by dataflow edges and run in stages).
+
+Invariants of a ``PipelineSpec`` (checked when it is built):
+- every component file exists inside the package folder;
+- every dataflow edge names existing components (its ports are checked
+  against the ONNX files when sessions are created);
+- ``kv_inputs[i]`` pairs with ``kv_outputs[i]``;
+- exactly one stage is autoregressive and its decoder is a component.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["StatePair", "AbsentValue", "IOSpec", "ComponentSpec", "Edge", "Stage", "Positions", "SearchOptions",
+           "PipelineSpec", "MetadataError", "IncompletePackageError"]
+
+
+class MetadataError(ValueError):
+    """The package description is malformed: an unknown or contradictory key, a bad value.  Names the key."""
+
+
+class IncompletePackageError(ValueError):
+    """The package lacks something it declares: a component file, a dataflow endpoint, a tokenizer."""
+
+
+@dataclass
+class StatePair:
+    """Loop-carried state: ``output`` of one step is fed to ``input`` of the next."""
+    input: str
+    output: str
+    init: str = "zeros"      # only "zeros"
+    update: str = "replace"  # only "replace"
+
+
+@dataclass
+class AbsentValue:
+    """The value fed to an optional input nobody provides: zeros of ``shape`` (a dim may be 0)."""
+    shape: list
+    dtype: str = "float32"
+
+
+@dataclass
+class IOSpec:
+    token_input: str | None = None           # receives the prompt ids, then the running token
+    sequence_source: str = "token_ids"       # "token_ids" or "inputs_embeds" (decoders)
+    inputs_embeds_input: str | None = None
+    logits_output: str | None = None
+    attention_mask_input: str | None = None
+    position_ids_input: str | None = None
+    kv_inputs: list = field(default_factory=list)
+    kv_outputs: list = field(default_factory=list)
+    state_pairs: list = field(default_factory=list)     # StatePair
+    optional_inputs: dict = field(default_factory=dict)  # port -> AbsentValue
+
+
+@dataclass
+class ComponentSpec:
+    name: str
+    filename: str        # absolute path
+    type: str            # e.g. "decoder", "embedding", "vision_encoder"
+    io: IOSpec = field(default_factory=IOSpec)
+    tokenizer: str | None = None
+
+
+@dataclass
+class Edge:
+    src: str       # component name
+    src_port: str  # output name
+    dst: str
+    dst_port: str  # input name
+    dtype: str | None = None
+
+
+@dataclass
+class Stage:
+    name: str
+    kind: str            # "single_pass" or "autoregressive"
+    model: str           # the component a single_pass stage runs, or the decoder of an autoregressive one
+    run_on: str          # "prompt_only", "every_step" or "final_only"
+    max_tokens: int | None = None
+
+
+@dataclass
+class Positions:
+    input: str
+    rank: int = 1                        # 1, or 3 for mrope
+    continuation: str = "linear_increment"  # or "carry_max"
+
+
+@dataclass
+class SearchOptions:
+    max_length: int = 128
+    min_length: int = 0
+    do_sample: bool = False
+    top_k: int = 50
+    top_p: float = 1.0
+    min_p: float = 0.0
+    temperature: float = 1.0
+    repetition_penalty: float = 1.0
+    past_present_share_buffer: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class PipelineSpec:
+    root: str                                   # package folder
+    components: dict                            # name -> ComponentSpec (insertion order = declaration order)
+    dataflow: list = field(default_factory=list)  # Edge
+    stages: list = field(default_factory=list)    # Stage
+    positions: Positions | None = None
+    search: SearchOptions = field(default_factory=SearchOptions)
+    eos_token_ids: list = field(default_factory=list)
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    context_length: int | None = None
+    tokenizer_dir: str | None = None            # folder holding tokenizer.json
+    model_type: str | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_size: int | None = None
+    text_only: bool = False                     # admitted for text decoding only (see metadata.py)
+    text_only_reason: str | None = None
+    sliding_window: dict | None = None          # genai_config decoder.sliding_window, when present
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    source: str = "genai_config"                # or "inference_metadata"
+
+    @property
+    def decoder(self) -> ComponentSpec:
+        for st in self.stages:
+            if st.kind == "autoregressive":
+                return self.components[st.model]
+        raise IncompletePackageError("the package has no autoregressive stage")

@@ -1,0 +1,140 @@
+"""Text <-> token ids for a GenAI package, after onnxruntime-genai's ``Tokenizer`` and ``TokenizerStream``.
+
+``Tokenizer(folder)`` loads ``folder/tokenizer.json`` with the ``tokenizers``
+library (a path to the json file itself is accepted too).  ``encode`` adds
+special tokens the way the tokenizer's own post-processor says; only when
+``tokenizer_config.json`` asks for ``add_bos_token`` / ``add_eos_token`` and
+the post-processor did not already add that token is it added here (the
+model builder writes byte-level BPE tokenizers whose post-processor adds
+nothing).  ``decode`` skips special tokens.
+
+``Tokenizer.create_stream()`` gives a ``TokenizerStream`` whose
+``decode(token_id)`` returns only the text completed by that token.
+Invariants of the stream:
+- the concatenation of everything it returned equals ``decode`` of all the
+  ids it was fed, once the last character is complete;
+- a character split over several tokens (UTF-8 bytes in byte-level BPE)
+  is returned whole by the token that completes it; until then the stream
+  returns ``""`` (after 4 tokens it gives up waiting: a token may decode to
+  U+FFFD on its own);
+- it decodes a sliding window (the previous step's tokens plus the new ones),
+  so its cost per token does not grow with the length of the text, and
+  decoders that strip a leading space from the first token (Metaspace) do
+  not lose the spaces between tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .spec import IncompletePackageError
+
+__all__ = ["Tokenizer", "TokenizerStream"]
+
+_REPLACEMENT = "\ufffd"
+_MAX_PENDING = 4  # tokens a stream waits for a character to complete (a UTF-8 character has at most 4 bytes)
+
+
+def _token_text(value):
+    """The text of a ``bos_token``-style entry of tokenizer_config.json (a string or an AddedToken dict)."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with onnxruntime-genai's calling conventions (int64 numpy ids)."""
+
+    def __init__(self, path: str):
+        import tokenizers  # imported here so that the rest of pipeline/ loads without it
+
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            folder, file = path, os.path.join(path, "tokenizer.json")
+        else:
+            folder, file = os.path.dirname(path) or ".", path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"no tokenizer.json at {file!r}: the package needs a tokenizers-format "
+                                    f"tokenizer.json next to its genai_config.json")
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(file)
+        except Exception as exc:  # the tokenizers library raises a bare Exception on malformed files
+            raise IncompletePackageError(f"cannot read tokenizer {file!r}: {exc}") from exc
+        self.path = file
+        self.config = {}
+        cfg = os.path.join(folder, "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            with open(cfg, encoding="utf-8") as f:
+                self.config = json.load(f)
+        self.bos_token_id = self._config_token_id("bos_token")
+        self.eos_token_id = self._config_token_id("eos_token")
+        self.pad_token_id = self._config_token_id("pad_token")
+        self._add_bos = bool(self.config.get("add_bos_token", False)) and self.bos_token_id is not None
+        self._add_eos = bool(self.config.get("add_eos_token", False)) and self.eos_token_id is not None
+
+    def _config_token_id(self, key):
+        text = _token_text(self.config.get(key))
+        return None if text is None else self._tok.token_to_id(text)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str):
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int):
+        return self._tok.id_to_token(int(token_id))
+
+    def _finish(self, ids: list) -> np.ndarray:
+        if self._add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id] + ids
+        if self._add_eos and (not ids or ids[-1] != self.eos_token_id):
+            ids = ids + [self.eos_token_id]
+        return np.asarray(ids, dtype=np.int64)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids (int64 [n]) of ``text``, special tokens added per the post-processor (and config hints)."""
+        if not isinstance(text, str):
+            raise TypeError(f"Tokenizer.encode expects a str, got {type(text).__name__}")
+        return self._finish(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def encode_batch(self, texts) -> list:
+        """``encode`` of each text, as a list of int64 arrays (lengths differ; no padding)."""
+        return [self._finish(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
+
+    def decode(self, ids) -> str:
+        """Text of ``ids`` (any integer sequence or array), special tokens skipped."""
+        seq = np.asarray(ids).reshape(-1).tolist()
+        return self._tok.decode([int(i) for i in seq], skip_special_tokens=True)
+
+    def create_stream(self) -> "TokenizerStream":
+        return TokenizerStream(self)
+
+
+class TokenizerStream:
+    """Incremental detokenizer: ``decode(token_id)`` returns the text that token completes."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tok = tokenizer._tok
+        self.reset()
+
+    def reset(self):
+        """Forget the tokens fed so far (start of a new sequence)."""
+        self._ids = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0    # tokens before this index have had their text returned
+
+    def decode(self, token_id) -> str:
+        self._ids.append(int(token_id))
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=True)
+        pending = len(self._ids) - self._read
+        if pending < _MAX_PENDING and (len(text) <= len(prefix_text) or text.endswith(_REPLACEMENT)):
+            return ""  # nothing new (a skipped special token) or the last character is not complete yet
+        out = text[len(prefix_text):]
+        self._prefix = self._read
+        self._read = len(self._ids)
+        return out

@@ -1,0 +1,102 @@
+"""The decode loop on the composite VLM fixture: onnxruntime baseline, every native mix, transfers, backends."""
+import numpy as np
+import pytest
+
+from fixtures import composite_vlm as V
+from pipeline.backends import BackendChoice, BackendConfigError, choice_from_environment, parse_device
+from pipeline.metadata import load_package
+from pipeline.runner import Pipeline
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    return V.build_package(str(tmp_path_factory.mktemp("vlm")))
+
+
+def _run(package, native_components=(), native_decoder=False):
+    spec = load_package(package)
+    pipe = Pipeline(spec, BackendChoice(set(native_components), native_decoder, "cpu"))
+    return pipe, pipe.generate(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS})
+
+
+def test_onnxruntime_baseline_is_pinned(package):
+    pipe, ids = _run(package)
+    assert ids == V.EXPECTED == [0, 5, 6, 7]
+    assert {c.backend for c in pipe.components.values()} == {"ort"} and pipe.decoder.backend == "ort"
+
+
+@pytest.mark.parametrize("components,decoder", [(["embedding"], False), ([], True),
+                                                (["vision_encoder", "embedding"], True)])
+def test_native_mixes_match_the_baseline(package, components, decoder):
+    pipe, ids = _run(package, components, decoder)
+    assert ids == V.EXPECTED
+    for name in components:
+        assert pipe.components[name].backend == "native"
+    assert pipe.decoder.backend == ("native" if decoder else "ort")
+
+
+def test_native_decoder_keeps_its_cache_resident(package):
+    pipe, ids = _run(package, ["vision_encoder", "embedding"], True)
+    t = pipe.decoder.transfers
+    # In: the prompt's embeddings once, then one token's embedding per step; out: one argmax id per step.
+    hidden = 4
+    expected_in = (len(V.PROMPT_IDS) + 3) * hidden * 4
+    assert t.largest_in == {"inputs_embeds": len(V.PROMPT_IDS) * hidden * 4}
+    assert t.bytes_in == expected_in, "a KV cache crossed into the decoder"
+    assert t.bytes_out == 4 * 8, "more than the argmax came out of the decoder"
+    assert pipe.decoder.kv_length == len(V.PROMPT_IDS) + 3
+    kv = pipe.decoder.kv["past_key_values.0.key"]
+    assert kv.buf.shape[2] == pipe.max_length  # a static buffer sized to max_length, written in place
+
+
+def test_kv_cache_past_max_length_is_refused(package):
+    spec = load_package(package)
+    pipe = Pipeline(spec, BackendChoice(set(), True, "cpu"), max_length=3)
+    with pytest.raises(ValueError, match="max_length|maximum"):
+        pipe.decoder.prefill(embeds=np.zeros((1, 4, 4), np.float32))
+
+
+def test_backend_choice_from_environment():
+    env = {"ONNX_NUMBA_NATIVE_COMPONENTS": "embedding,vision_encoder", "ONNX_NUMBA_NATIVE_DECODER": "decoder",
+           "ONNX_NUMBA_NATIVE_DEVICE": "cpu"}
+    c = choice_from_environment(["vision_encoder", "embedding"], "decoder", env)
+    assert c.native_components == {"embedding", "vision_encoder"} and c.native_decoder and c.device == "cpu"
+    assert choice_from_environment(["e"], "decoder", {"ONNX_NUMBA_NATIVE_DECODER": "all"}).native_decoder
+    assert not choice_from_environment(["e"], "decoder", {}).native_decoder
+    with pytest.raises(BackendConfigError, match="ONNX_NUMBA_NATIVE_COMPONENTS"):
+        choice_from_environment(["embedding"], "decoder", {"ONNX_NUMBA_NATIVE_COMPONENTS": "embeding"})
+    with pytest.raises(BackendConfigError, match="ONNX_NUMBA_NATIVE_DECODER"):
+        choice_from_environment(["e"], "decoder", {"ONNX_NUMBA_NATIVE_DECODER": "yes please"})
+    for bad in ("gpu", "cuda:x", "cpu:0", "CUDA0"):
+        with pytest.raises(BackendConfigError, match="ONNX_NUMBA_NATIVE_DEVICE"):
+            parse_device(bad)
+    assert parse_device("cuda:1") == "cuda:1"
+
+
+def test_cuda_device_without_a_cuda_provider_is_an_error(package):
+    spec = load_package(package)
+    with pytest.raises(BackendConfigError, match="CUDA"):
+        Pipeline(spec, BackendChoice(set(), True, "cuda"))
+
+
+def test_native_sides_are_really_used(package, monkeypatch):
+    """Perturbing the native embedding, then the native decoder, changes the tokens: the parity tests can fail."""
+    from pipeline import components as C
+
+    orig_run = C.NativeComponent.run
+
+    def bad_embedding(self, feeds):
+        out = orig_run(self, feeds)
+        if self.name == "embedding":
+            out = {k: v[..., ::-1].copy() for k, v in out.items()}
+        return out
+
+    monkeypatch.setattr(C.NativeComponent, "run", bad_embedding)
+    assert _run(package, ["embedding"], False)[1] != V.EXPECTED
+    monkeypatch.setattr(C.NativeComponent, "run", orig_run)
+
+    orig_dec = C.NativeDecoder._run
+    monkeypatch.setattr(C.NativeDecoder, "_run", lambda self, f, n: -orig_dec(self, f, n))
+    assert _run(package, [], True)[1] != V.EXPECTED
+    monkeypatch.setattr(C.NativeDecoder, "_run", orig_dec)
+    assert _run(package, [], True)[1] == V.EXPECTED

@@ -1,0 +1,125 @@
+"""Profile a GenAI package: prefill ms, decode ms/token and tok/s, native against onnxruntime in one run.
+
+    python -m tools.profile_native --model PACKAGE [--ep cpu|cuda] [--backend native|ort|both] [--steady]
+        [--decode-skip 8] [--warmups 2] [--runs 3] [--tokens 64]
+        [--prompt TEXT | --prompt-ids IDS | --prompt-tokens N] [--pixel-values FILE.npy] [--json FILE]
+
+Each run decodes ``--tokens`` greedy tokens.  Prefill is the time to the first
+token (prompt-only components included); decode ms/token is the median step
+time after skipping the first ``--decode-skip`` steps (with ``--steady``; all
+steps otherwise).  Warm-up runs are not counted.  Per-run lines come first,
+then ``steady_median: backend=... prefill=X ms decode=Y ms/token
+throughput=Z tok/s`` per backend, ``generated_token_ids: [...]`` and, with
+``both``, the native/onnxruntime ratio.  The command fails if the tokens
+differ between runs or between backends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def _one_run(pipe, prompt, tokens, external):
+    times = []
+    ids = []
+    t = time.perf_counter()
+    for tok in pipe.tokens(prompt, tokens, external=external):
+        now = time.perf_counter()
+        times.append(now - t)
+        ids.append(tok)
+        t = time.perf_counter()
+    return times, ids
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--ep", default="cpu")
+    ap.add_argument("--backend", choices=["native", "ort", "both"], default="both")
+    ap.add_argument("--steady", action="store_true")
+    ap.add_argument("--decode-skip", type=int, default=8)
+    ap.add_argument("--warmups", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-ids")
+    g.add_argument("--prompt-tokens", type=int)
+    ap.add_argument("--pixel-values")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    from pipeline.backends import BackendChoice, parse_device
+    from pipeline.metadata import load_package
+    from pipeline.runner import Pipeline
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+
+    spec = load_package(args.model)
+    if args.prompt_ids:
+        prompt = [int(x) for x in args.prompt_ids.split(",")]
+    elif args.prompt is not None:
+        from pipeline.tokenizer import Tokenizer
+        prompt = [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
+    else:
+        n = args.prompt_tokens or 16
+        prompt = [int(x) for x in (np.arange(n) * 7 + 3) % 97 + 1]
+    external = {"pixel_values": np.load(args.pixel_values)} if args.pixel_values else {}
+    device = parse_device(args.ep)
+    dec = spec.decoder.name
+    stateless = [c for c in spec.components if c != dec]
+    backends = ["native", "ort"] if args.backend == "both" else [args.backend]
+    results = {}
+    ref_ids = None
+    for be in backends:
+        choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
+        t0 = time.perf_counter()
+        pipe = Pipeline(spec, choice)
+        create = time.perf_counter() - t0
+        runs = []
+        total = args.warmups + args.runs
+        it = range(total)
+        if tqdm is not None and args.tokens * total >= 256:
+            it = tqdm(it, desc=be, leave=False)
+        for r in it:
+            times, ids = _one_run(pipe, prompt, args.tokens, external)
+            if ref_ids is None:
+                ref_ids = ids
+            elif ids != ref_ids:
+                print(f"tokens differ ({be}, run {r}): {ids} vs {ref_ids}")
+                return 1
+            if r >= args.warmups:
+                skip = args.decode_skip if args.steady else 0
+                steps = times[1:][skip:] or times[1:]
+                pre = times[0] * 1e3
+                dec_ms = statistics.median(steps) * 1e3 if steps else float("nan")
+                runs.append((pre, dec_ms))
+                print(f"run {r - args.warmups}: backend={be} prefill={pre:.2f} ms decode={dec_ms:.3f} ms/token")
+        pre = statistics.median(p for p, _ in runs)
+        dms = statistics.median(d for _, d in runs)
+        results[be] = {"prefill_ms": pre, "decode_ms_per_token": dms, "tok_per_s": 1e3 / dms,
+                       "session_create_ms": create * 1e3}
+    for be, r in results.items():
+        print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
+              f"ms/token throughput={r['tok_per_s']:.1f} tok/s")
+    print(f"generated_token_ids: {ref_ids}")
+    if len(results) == 2:
+        n, o = results["native"], results["ort"]
+        print(f"ratio native/ort: prefill {n['prefill_ms'] / o['prefill_ms']:.2f}x "
+              f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "prompt_ids": prompt, "generated_token_ids": ref_ids,
+                       "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

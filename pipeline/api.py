@@ -151,9 +151,10 @@ class Generator:
         self._done = False
 
 
-def generate(model: Model, prompt_ids, max_new_tokens=None, **search) -> list:
+def generate(model: Model, prompt_ids, max_new_tokens=None, inputs=None, **search) -> list:
+    """Generate in one call; ``inputs``: extra inputs of prompt-only components (e.g. pixel_values)."""
     params = GeneratorParams(model)
     if search:
         params.set_search_options(**search)
     s = params.search
-    return model.pipeline.generate(prompt_ids, max_new_tokens, sampler=Sampler(s), search=s)
+    return model.pipeline.generate(prompt_ids, max_new_tokens, sampler=Sampler(s), search=s, external=inputs)

@@ -36,11 +36,37 @@ def _one_run(pipe, prompt, tokens, external):
     return times, ids
 
 
+def _genai_run(model_path, prompt, tokens):
+    """One greedy run on onnxruntime-genai's own generator: (per-token times, ids)."""
+    import onnxruntime_genai as og
+    m = _genai_run.models.get(model_path)
+    if m is None:
+        m = _genai_run.models[model_path] = og.Model(model_path)
+    p = og.GeneratorParams(m)
+    p.set_search_options(max_length=len(prompt) + tokens, do_sample=False)
+    g = og.Generator(m, p)
+    times, ids = [], []
+    t = time.perf_counter()
+    g.append_tokens(prompt)
+    while not g.is_done():
+        g.generate_next_token()
+        ids.append(int(g.get_next_tokens()[0]))
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+    return times, ids
+
+
+_genai_run.models = {}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--ep", default="cpu")
-    ap.add_argument("--backend", choices=["native", "ort", "both"], default="both")
+    ap.add_argument("--backend", choices=["native", "ort", "both"], default="both",
+                    help="both: native, the pipeline's onnxruntime session loop, and (for genai_config packages, "
+                         "when installed) onnxruntime-genai's own generator")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--decode-skip", type=int, default=8)
     ap.add_argument("--warmups", type=int, default=2)
@@ -76,12 +102,18 @@ def main(argv=None) -> int:
     dec = spec.decoder.name
     stateless = [c for c in spec.components if c != dec]
     backends = ["native", "ort"] if args.backend == "both" else [args.backend]
+    if args.backend == "both" and spec.source == "genai_config" and args.ep == "cpu":
+        try:
+            import onnxruntime_genai  # noqa: F401
+            backends.append("ort-genai")
+        except ImportError:
+            print("onnxruntime-genai is not installed: its column is skipped")
     results = {}
     ref_ids = None
     for be in backends:
         choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
         t0 = time.perf_counter()
-        pipe = Pipeline(spec, choice)
+        pipe = Pipeline(spec, choice) if be != "ort-genai" else None
         create = time.perf_counter() - t0
         runs = []
         total = args.warmups + args.runs
@@ -89,7 +121,10 @@ def main(argv=None) -> int:
         if tqdm is not None and args.tokens * total >= 256:
             it = tqdm(it, desc=be, leave=False)
         for r in it:
-            times, ids = _one_run(pipe, prompt, args.tokens, external)
+            if be == "ort-genai":
+                times, ids = _genai_run(args.model, prompt, args.tokens)
+            else:
+                times, ids = _one_run(pipe, prompt, args.tokens, external)
             if ref_ids is None:
                 ref_ids = ids
             elif ids != ref_ids:
@@ -110,10 +145,12 @@ def main(argv=None) -> int:
         print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
               f"ms/token throughput={r['tok_per_s']:.1f} tok/s")
     print(f"generated_token_ids: {ref_ids}")
-    if len(results) == 2:
-        n, o = results["native"], results["ort"]
-        print(f"ratio native/ort: prefill {n['prefill_ms'] / o['prefill_ms']:.2f}x "
-              f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
+    n = results.get("native")
+    for other in ("ort", "ort-genai"):
+        o = results.get(other)
+        if n and o:
+            print(f"ratio native/{other}: prefill {n['prefill_ms'] / o['prefill_ms']:.2f}x "
+                  f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "prompt_ids": prompt, "generated_token_ids": ref_ids,

@@ -176,3 +176,20 @@ def test_environment_variable_turns_the_sibling_on(model, monkeypatch):
     s = InferenceSession(model)
     s.run(None, feeds)
     assert s.plan_runs["sibling"] == 0
+
+
+def test_pipeline_native_decoder_uses_the_sibling_when_the_flag_is_on(tmp_path, monkeypatch):
+    from pipeline.backends import BackendChoice
+    from pipeline.metadata import load_package
+    from pipeline.runner import Pipeline
+
+    spec = load_package(H.build_package(str(tmp_path / "hybrid")))
+    prompt = [1, 5, 7, 2]
+    monkeypatch.setenv(ENV_FLAG, "1")
+    on = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    ids_on = on.generate(prompt, 8)
+    assert on.decoder.session.plan_runs == {"main": 1, "sibling": 7}
+    monkeypatch.setenv(ENV_FLAG, "0")
+    off = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    assert off.generate(prompt, 8) == ids_on
+    assert off.decoder.session.plan_runs == {"main": 8, "sibling": 0}

@@ -27,7 +27,9 @@ def run_unary(kern, x, buf=None, p0=0.0, p1=0.0, out_dtype=None):
         kern(xf.reshape(-1), o.reshape(-1), p0, p1)
         return o.astype(dt) if out_dtype is None else o
     o = out_buffer(buf, x.shape, dt if out_dtype is None else out_dtype)
-    if x.size:
+    if x.ndim == 1:
+        kern(x, o, p0, p1)
+    elif x.size:
         kern(x.reshape(-1), o.reshape(-1), p0, p1)
     return o
 
@@ -44,7 +46,9 @@ def run_binary(flat, nd, a, b, buf=None, out_dtype=None, name="op"):
     odt = dt if out_dtype is None else out_dtype
     if a.shape == b.shape:
         o = out_buffer(buf, a.shape, odt)
-        if a.size:
+        if a.ndim == 1:
+            flat(a, b, o)
+        elif a.size:
             flat(a.reshape(-1), b.reshape(-1), o.reshape(-1))
         return o
     shape = broadcast_shape(a.shape, b.shape)

@@ -96,6 +96,32 @@ def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
                 np.dot(w[g], col, out[n, g])
 
 
+@njit(**_OPTS)
+def _depthwise(x, w, out, ksz, st, pb, dil):
+    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel."""
+    N, C, OD, OH, OW = out.shape
+    ID, IH, IW = x.shape[2], x.shape[3], x.shape[4]
+    for n in range(N):
+        for c in range(C):
+            for od in range(OD):
+                for oh in range(OH):
+                    for ow in range(OW):
+                        acc = out.dtype.type(0)
+                        for a in range(ksz[0]):
+                            zi = od * st[0] - pb[0] + a * dil[0]
+                            if zi < 0 or zi >= ID:
+                                continue
+                            for b in range(ksz[1]):
+                                yi = oh * st[1] - pb[1] + b * dil[1]
+                                if yi < 0 or yi >= IH:
+                                    continue
+                                for e in range(ksz[2]):
+                                    xi = ow * st[2] - pb[2] + e * dil[2]
+                                    if xi >= 0 and xi < IW:
+                                        acc += x[n, c, zi, yi, xi] * w[c, a, b, e]
+                        out[n, c, od, oh, ow] = acc
+
+
 @njit(parallel=True, **_OPTS)
 def _col2im(col, out, ksz, st, pb, dil, isz):
     """col: (Mg*kd*kh*kw, id*ih*iw) scatter-added into out: (Mg, OD, OH, OW)."""
@@ -226,6 +252,10 @@ def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=No
                     else:
                         _im2col(xc[n, 0], col, k3, s3, pb3, d3, o3)
                         np.matmul(wc[0], col, out=out[n, 0])
+            elif Cg == 1 and Mg == 1:
+                # Depthwise: one direct loop; per-group im2col + matmul would pay C parallel launches.
+                _depthwise(xc.reshape((N, C, *i3)), wc.reshape((C, *k3)), out.reshape((N, C, *o3)), k3, s3, pb3,
+                           d3)
             else:
                 _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, direct)
     out = out.reshape((N, M, L))

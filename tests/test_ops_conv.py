@@ -253,3 +253,25 @@ def test_deformconv():
         if "NOT_IMPLEMENTED" in str(e) or "Could not find an implementation" in str(e):
             pytest.skip("onnxruntime has no DeformConv kernel")
         raise
+
+
+@pytest.mark.parametrize("shape,k,attrs", [((2, 3072, 4), (4,), {}),
+                                          ((1, 32, 16, 16), (3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                          ((1, 8, 5, 6, 7), (3, 2, 3), {"dilations": [1, 2, 1]})])
+def test_depthwise_conv_matches_onnxruntime(shape, k, attrs):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from runtime import InferenceSession
+    rng = np.random.default_rng(3)
+    C = shape[1]
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((C, 1, *k)).astype(np.float32)
+    b = rng.standard_normal(C).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=C, **attrs)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ours = InferenceSession(m).run(None, {"x": x})[0]
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)

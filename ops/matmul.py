@@ -4,10 +4,12 @@ Wrappers canonicalize every product to a batched 3-d one, ``(nb, M, K) @
 (nb, K, N)``, where batch broadcasting becomes two small index maps (which
 batch of A and of B each output batch reads).  A 2-d right operand (a
 weight) folds the left operand's batch into M, so ``(B, S, K) @ (K, N)`` is
-one GEMM.  Float32/float64 GEMMs call BLAS through Numba's ``np.dot``
-(measured faster than a hand-blocked kernel on every shape tried); a single
-row (M=1 after folding) takes a parallel GEMV kernel that streams the weight
-once, each thread owning a block of output columns.  Integer products use a
+one GEMM.  Float32/float64 GEMMs call numpy's matmul (BLAS) from the wrapper
+(measured faster than Numba's ``np.dot``, which also crashes on read-only
+inputs, and than a hand-blocked kernel on every shape tried); a single
+row (M=1 after folding) takes a GEMV kernel that streams the weight once:
+each thread owns a contiguous range of weight rows and accumulates axpys into
+a private output row (vectorized by reassociation), the rows summed at the end.  Integer products use a
 plain typed kernel that wraps around like numpy.  16-bit floats are
 computed in float32 and rounded back.
 
@@ -23,6 +25,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, broadcast_shape, lowp, out_buffer
+from ._fastmath import FAST
 from .registry import op
 
 __all__ = ["matmul_nd", "einsum"]
@@ -31,13 +34,6 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True)
-def _bmm_blas(a3, b3, ia, ib, out3):
-    """out3[t] = a3[ia[t]] @ b3[ib[t]] through BLAS (float32/float64)."""
-    for t in range(out3.shape[0]):
-        np.dot(a3[ia[t]], b3[ib[t]], out3[t])
-
 
 @njit(cache=True, nogil=True)
 def _bmm_generic(a3, b3, ia, ib, out3):
@@ -57,48 +53,59 @@ def _bmm_generic(a3, b3, ia, ib, out3):
                     o[i, j] += aik * b[k, j]
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _gemv(a, b, out, bs):
-    """out[n] = sum_k a[k] * b[k, n]; each thread owns ``bs`` columns and streams their rows once."""
-    kk = a.shape[0]
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _gemv_rows(a, b, acc, k0, k1):
+    """acc[:] = sum_{k0 <= k < k1} a[k] * b[k, :]: axpys over contiguous weight rows, four at a time
+    (one load/store of ``acc``, which stays in L1, per four streamed rows)."""
     n = b.shape[1]
-    nblk = (n + bs - 1) // bs
-    k4 = kk - kk % 4
-    for jb in prange(nblk):
-        j0 = jb * bs
-        j1 = min(j0 + bs, n)
-        w = j1 - j0
-        acc = np.zeros(w, out.dtype)
-        for k in range(0, k4, 4):
-            a0 = a[k]
-            a1 = a[k + 1]
-            a2 = a[k + 2]
-            a3 = a[k + 3]
-            r0 = b[k, j0:j1]
-            r1 = b[k + 1, j0:j1]
-            r2 = b[k + 2, j0:j1]
-            r3 = b[k + 3, j0:j1]
-            for j in range(w):
-                acc[j] += a0 * r0[j] + a1 * r1[j] + a2 * r2[j] + a3 * r3[j]
-        for k in range(k4, kk):
-            ak = a[k]
-            r0 = b[k, j0:j1]
-            for j in range(w):
-                acc[j] += ak * r0[j]
-        for j in range(w):
-            out[j0 + j] = acc[j]
+    for j in range(n):
+        acc[j] = 0
+    k = k0
+    while k + 4 <= k1:
+        a0 = a[k]
+        a1 = a[k + 1]
+        a2 = a[k + 2]
+        a3 = a[k + 3]
+        for j in range(n):
+            acc[j] += a0 * b[k, j] + a1 * b[k + 1, j] + a2 * b[k + 2, j] + a3 * b[k + 3, j]
+        k += 4
+    while k < k1:
+        ak = a[k]
+        for j in range(n):
+            acc[j] += ak * b[k, j]
+        k += 1
 
 
-@njit(cache=True, nogil=True)
-def _gemm_epilogue(a, b, c2, alpha, beta, out):
-    """out = alpha * (a @ b) + beta * c2 (c2 is (1|M, 1|N), read with broadcasting); a, b may be transposed views."""
-    np.dot(a, b, out)
+@njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
+def _gemv_par(a, b, out, part):
+    """out = a @ b; thread t streams the contiguous rows [t*K/nt, (t+1)*K/nt) of ``b`` into
+    ``part[t]`` (nt = part.shape[0]), then the partial rows are summed."""
+    nt = part.shape[0]
+    kk = b.shape[0]
+    n = b.shape[1]
+    for t in prange(nt):
+        _gemv_rows(a, b, part[t], t * kk // nt, (t + 1) * kk // nt)
+    for j in range(n):
+        s = part[0, j]
+        for t in range(1, nt):
+            s += part[t, j]
+        out[j] = s
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _gemm_epilogue(c2, alpha, beta, out):
+    """out = alpha * out + beta * c2 (c2 is (1|M, 1|N), read with broadcasting)."""
     m, n = out.shape
     cm, cn = c2.shape
     for i in range(m):
         ci = i if cm > 1 else 0
-        for j in range(n):
-            out[i, j] = alpha * out[i, j] + beta * c2[ci, j if cn > 1 else 0]
+        if cn > 1:
+            for j in range(n):
+                out[i, j] = alpha * out[i, j] + beta * c2[ci, j]
+        else:
+            cv = beta * c2[ci, 0]
+            for j in range(n):
+                out[i, j] = alpha * out[i, j] + cv
 
 
 @njit(cache=True, nogil=True)
@@ -179,37 +186,42 @@ def _batch_maps(abatch: tuple, bbatch: tuple, batch: tuple):
 _ZERO_MAP = np.zeros(1, np.int64)
 
 
-def _gemv_block(n: int, nt: int) -> int:
-    bs = -(-n // (4 * nt))
-    bs = max(64, min(1024, (bs + 15) // 16 * 16))
-    return bs
-
-
 _GEMV_BYTES_PER_THREAD = 1 << 21
 
 
 def _gemv_run(a, b, out):
     # Waking threads costs more than a small weight takes to stream: use one thread per 2 MiB of weight.
     nt_max = numba.get_num_threads()
-    nt = max(1, min(nt_max, b.nbytes // _GEMV_BYTES_PER_THREAD))
+    nt = max(1, min(nt_max, b.nbytes // _GEMV_BYTES_PER_THREAD, b.shape[0] // 4))
+    if nt == 1:
+        _gemv_rows(a, b, out, 0, b.shape[0])
+        return
+    part = np.empty((nt, b.shape[1]), out.dtype)
     if nt == nt_max:
-        _gemv(a, b, out, _gemv_block(out.shape[0], nt))
+        _gemv_par(a, b, out, part)
         return
     numba.set_num_threads(nt)
     try:
-        _gemv(a, b, out, _gemv_block(out.shape[0], nt))
+        _gemv_par(a, b, out, part)
     finally:
         numba.set_num_threads(nt_max)
 
 
 def _mm_into(a3, b3, ia, ib, o3):
-    if a3.dtype in _FLOATS and a3.dtype == b3.dtype:
-        if o3.shape[0] == 1 and o3.shape[1] == 1 and o3.shape[2] >= 256:
-            _gemv_run(a3[ia[0], 0], b3[ib[0]], o3[0, 0])
-        else:
-            _bmm_blas(a3, b3, ia, ib, o3)
+    """Integer (and other non-BLAS) batched products through the typed kernel."""
+    _bmm_generic(a3, b3, ia, ib, o3)
+
+
+def _blas_into(a, b, o):
+    """Float32/float64 product into ``o``: the GEMV kernel for one row against a wide weight, else
+    numpy's matmul (BLAS per 2-d slice, batch broadcasting in C).  numpy's BLAS measured faster
+    than Numba's ``np.dot`` (a different OpenBLAS build), and it accepts read-only inputs (memory-
+    mapped initializers), on which Numba's ``np.dot`` crashes."""
+    if (a.ndim == 2 and b.ndim == 2 and a.shape[0] == 1 and b.shape[1] >= 256 and b.flags.c_contiguous
+            and a.flags.c_contiguous):
+        _gemv_run(a.reshape(-1), b, o.reshape(-1))
     else:
-        _bmm_generic(a3, b3, ia, ib, o3)
+        np.matmul(a, b, out=o)
 
 
 def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarray:
@@ -248,7 +260,13 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
     if int(np.prod(bbatch, dtype=np.int64)) == 1 and abatch == batch:
         # A weight on the right: fold A's batch into its rows, one GEMM (or GEMV for one row).
         rows = int(np.prod(abatch, dtype=np.int64)) * m
+        if dt in _FLOATS:
+            _blas_into(A.reshape(rows, k), B.reshape(k, n), o.reshape(rows, n))
+            return o
         _mm_into(A.reshape(1, rows, k), B.reshape(1, k, n), _ZERO_MAP, _ZERO_MAP, o.reshape(1, rows, n))
+        return o
+    if dt in _FLOATS:
+        np.matmul(A, B, out=o.reshape(full))
         return o
     ia, ib = _batch_maps(abatch, bbatch, batch)
     _mm_into(A.reshape(-1, m, k), B.reshape(-1, k, n), ia, ib, o.reshape(-1, m, n))
@@ -311,7 +329,10 @@ def _gemm_factory(ctx, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
             A = np.zeros((m, 1), dt)
             B = np.zeros((1, n), dt)
         if dt in _FLOATS:
-            _gemm_epilogue(A, B, c2, alpha, beta, o)
+            if k:
+                _blas_into(A, B, o)
+            if alpha != 1.0 or (c is not None and beta != 0.0):
+                _gemm_epilogue(c2, alpha, beta, o)
         else:
             _gemm_generic(np.ascontiguousarray(A), np.ascontiguousarray(B), c2, alpha, beta, o)
         return o

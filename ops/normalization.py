@@ -6,9 +6,11 @@ Canonical views keep the kernels few: row ops (LayerNorm, RMSNorm, MVN) see
 LpNormalization sees ``(outer, n, inner)``.  Statistics accumulate in
 float64 with a two-pass mean/variance; 16-bit floats are computed in
 float32.  Scale, bias and running statistics are small, so wrappers convert
-them to contiguous float64 vectors (broadcast to the normalized extent) and
-kernels take one parameter dtype.  Large row ops use a ``parallel=True``
-kernel over rows.
+them to contiguous vectors (broadcast to the normalized extent): float64 for
+the channel ops, the compute dtype for the row ops, whose affine step runs in
+the input dtype.  Large row ops use a ``parallel=True`` kernel over rows.
+Reduction kernels are compiled with ``FAST`` (reassociation and contraction,
+never nnan/ninf) so their sums vectorize.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, as_int_list, lowp, norm_axes, norm_axis, out_buffer
+from ._fastmath import FAST
 from .reduce import canon3
 from .registry import op
 
@@ -31,35 +34,22 @@ EMPTY = np.empty(0, F64)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
+    """Normalize row ``r``: float64 two-pass statistics (vectorized by reassociation), then the
+    affine step in the input dtype (``scale``/``bias`` have the input dtype)."""
     n = x.shape[1]
-    n4 = n - n % 4
     mean = 0.0
     if mode != RMS:
-        s0 = s1 = s2 = s3 = 0.0
-        for j in range(0, n4, 4):
-            s0 += x[r, j]
-            s1 += x[r, j + 1]
-            s2 += x[r, j + 2]
-            s3 += x[r, j + 3]
-        for j in range(n4, n):
-            s0 += x[r, j]
-        mean = ((s0 + s1) + (s2 + s3)) / n
-    q0 = q1 = q2 = q3 = 0.0
-    for j in range(0, n4, 4):
-        d0 = x[r, j] - mean
-        d1 = x[r, j + 1] - mean
-        d2 = x[r, j + 2] - mean
-        d3 = x[r, j + 3] - mean
-        q0 += d0 * d0
-        q1 += d1 * d1
-        q2 += d2 * d2
-        q3 += d3 * d3
-    for j in range(n4, n):
-        d0 = x[r, j] - mean
-        q0 += d0 * d0
-    var = ((q0 + q1) + (q2 + q3)) / n
+        s = 0.0
+        for j in range(n):
+            s += x[r, j]
+        mean = s / n
+    q = 0.0
+    for j in range(n):
+        d = x[r, j] - mean
+        q += d * d
+    var = q / n
     if mode == MVN:
         inv = 1.0 / (math.sqrt(var) + eps)
     else:
@@ -68,31 +58,33 @@ def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
         mean_out[r] = mean
     if inv_out.shape[0]:
         inv_out[r] = inv
+    m = x.dtype.type(mean)
+    iv = x.dtype.type(inv)
     if scale.shape[0] and bias.shape[0]:
         for j in range(n):
-            y[r, j] = (x[r, j] - mean) * inv * scale[j] + bias[j]
+            y[r, j] = (x[r, j] - m) * (iv * scale[j]) + bias[j]
     elif scale.shape[0]:
         for j in range(n):
-            y[r, j] = (x[r, j] - mean) * inv * scale[j]
+            y[r, j] = (x[r, j] - m) * (iv * scale[j])
     else:
         for j in range(n):
-            y[r, j] = (x[r, j] - mean) * inv
+            y[r, j] = (x[r, j] - m) * iv
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _norm_rows(x, scale, bias, y, mean_out, inv_out, eps, mode):
     """Normalize each row of ``x`` (rows, n) into ``y``; empty ``scale``/``bias``/stat outputs are skipped."""
     for r in range(x.shape[0]):
         _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode)
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, fastmath=FAST, **_OPTS)
 def _norm_rows_par(x, scale, bias, y, mean_out, inv_out, eps, mode):
     for r in prange(x.shape[0]):
         _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode)
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _affine_chan(x, a, b, y):
     """``y[n, c, s] = x[n, c, s] * a[c] + b[c]`` for (N, C, S) views."""
     N, C, S = x.shape
@@ -104,7 +96,7 @@ def _affine_chan(x, a, b, y):
                 y[n, c, s] = x[n, c, s] * ac + bc
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _chan_stats(x, mean, var):
     """Population mean and variance of each channel of ``x`` (N, C, S) over N and S."""
     N, C, S = x.shape
@@ -124,7 +116,7 @@ def _chan_stats(x, mean, var):
         var[c] = q / cnt
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _group_norm(x, scale, bias, y, eps, groups):
     """Normalize ``x`` (N, C, S) over each (sample, group of C/groups channels); per-channel affine."""
     N, C, S = x.shape
@@ -243,8 +235,10 @@ def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None)
     n = int(np.prod(x.shape[ax:], dtype=np.int64))
     xc, dt = _compute(x)
     norm_shape = x.shape[ax:]
-    sc = EMPTY if scale is None else _vec(name, "scale", scale, norm_shape)
-    bi = EMPTY if bias is None else _vec(name, "bias", bias, norm_shape)
+    # Scale and bias in the compute dtype: the affine step runs in it (one specialization per dtype).
+    cdt = xc.dtype
+    sc = np.empty(0, cdt) if scale is None else _vec(name, "scale", scale, norm_shape).astype(cdt)
+    bi = np.empty(0, cdt) if bias is None else _vec(name, "bias", bias, norm_shape).astype(cdt)
     y = out_buffer(buf, x.shape, dt) if xc is x else np.empty(x.shape, xc.dtype)
     stat_shape = x.shape[:ax] + (1,) * (x.ndim - ax)
     # Statistics are produced in float64 (one kernel specialization per input dtype) and cast after.

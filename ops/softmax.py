@@ -3,9 +3,18 @@
 Before opset 13 the input is coerced to 2-d at ``axis`` (rows are the
 flattened trailing axes); from 13 on the op works along one axis.  Both are
 canonicalized to a 3-d view ``(outer, n, inner)`` so each kernel compiles
-once per dtype.  Rows are max-shifted before ``exp``; sums accumulate in
-float64.  Large inputs normalized along their last (contiguous) axis with
-more than one row use a ``parallel=True`` kernel over rows.  16-bit floats are computed in float32.
+once per dtype.  Rows are max-shifted before ``exp``.  Large inputs
+normalized along their last (contiguous) axis with more than one row use a
+``parallel=True`` kernel over rows.  16-bit floats are computed in float32.
+
+Speed: the softmax kernels are compiled with ``FAST`` (reassociation and
+contraction, never nnan/ninf) so their max, exp and sum loops vectorize.
+Float32 exponentials use ``ops._fastmath`` (within 2 ulp; a row whose
+spread ``max - min`` is at most 86 takes the cheaper ``exp32_normal``, the
+others the fully general ``exp32``); float64 keeps ``math.exp``.  Row sums
+add vector partial sums (in the input dtype, over blocks of ``_BLOCK``
+elements) in float64; the strided (inner > 1) kernel sums in float64.  A NaN anywhere in a
+row makes the whole row NaN, as in the reference.
 """
 from __future__ import annotations
 
@@ -16,38 +25,59 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError
 from ._common import F32, lowp, norm_axis, out_buffer
+from ._fastmath import FAST, fexp, fexp_normal, maxnum, minnum
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 _PARALLEL_MIN = 1 << 18  # elements; below this, thread start-up costs more than it saves
+_BLOCK = 1024  # elements per float32 partial sum in _softmax_row
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _softmax_row(x, out, r, log):
-    """Softmax (or ``log``-softmax) of row ``r`` of ``x`` (rows, n) into ``out``."""
+    """Softmax (or ``log``-softmax) of row ``r`` of ``x`` (rows, n) into ``out``.
+
+    Every loop vectorizes.  The first pass takes the row's max and min (``maxnum``/``minnum``
+    reductions, which skip NaN; a sum in the same loop would stop it vectorizing).  When
+    ``min - max >= -86`` (false with an inf), every ``exp(x - max)`` of a number is a normal float
+    and the cheaper ``fexp_normal`` is as accurate; otherwise ``fexp`` handles inf and underflow.
+    Either maps NaN to NaN, so a row with a NaN sums to NaN and comes out all NaN.  Sums: blocks of ``_BLOCK`` elements in vector lanes of the input
+    dtype, block sums added in float64 (a block's lanes hold only ``_BLOCK / 32`` terms)."""
     n = x.shape[1]
     m = x[r, 0]
-    for k in range(1, n):
-        if x[r, k] > m:
-            m = x[r, k]
+    lo = x[r, 0]
+    for k in range(n):
+        v = x[r, k]
+        m = maxnum(m, v)
+        lo = minnum(lo, v)
+    normal = lo - m >= -86.0
     s = 0.0
+    for k0 in range(0, n, _BLOCK):
+        k1 = min(k0 + _BLOCK, n)
+        b = x.dtype.type(0.0)
+        # LogSoftmax stores the exponentials too (overwritten below): one loop per path compiles faster.
+        if normal:
+            for k in range(k0, k1):
+                e = fexp_normal(x[r, k] - m)
+                out[r, k] = e
+                b += e
+        else:
+            for k in range(k0, k1):
+                e = fexp(x[r, k] - m)
+                out[r, k] = e
+                b += e
+        s += b
     if log:
-        for k in range(n):
-            s += math.exp(x[r, k] - m)
-        sub = m + math.log(s)
+        sub = x.dtype.type(m + math.log(s))
         for k in range(n):
             out[r, k] = x[r, k] - sub
     else:
-        for k in range(n):
-            e = math.exp(x[r, k] - m)
-            out[r, k] = e
-            s += e
-        inv = 1.0 / s
+        inv = x.dtype.type(1.0 / s)
         for k in range(n):
             out[r, k] *= inv
 
 
-@njit(**_OPTS)
+@njit(fastmath=FAST, **_OPTS)
 def _softmax3(x, out, log):
     """Softmax (or ``log``-softmax) of ``x`` (outer, n, inner) along axis 1 into ``out``."""
     outer, n, inner = x.shape
@@ -65,11 +95,10 @@ def _softmax3(x, out, log):
             s[i] = 0.0
         for k in range(1, n):
             for i in range(inner):
-                if x[o, k, i] > m[i]:
-                    m[i] = x[o, k, i]
+                m[i] = maxnum(m[i], x[o, k, i])
         for k in range(n):
             for i in range(inner):
-                e = math.exp(x[o, k, i] - m[i])
+                e = fexp(x[o, k, i] - m[i])
                 out[o, k, i] = e
                 s[i] += e
         if log:
@@ -86,7 +115,7 @@ def _softmax3(x, out, log):
                     out[o, k, i] *= s[i]
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, fastmath=FAST, **_OPTS)
 def _softmax_rows_par(x, out, log):
     """Softmax of each row of ``x`` (rows, n) into ``out``, rows spread over threads."""
     for r in prange(x.shape[0]):

@@ -42,10 +42,13 @@ def _prompt(args, spec):
     return [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
 
 
-def _external(args):
+def _external(args, spec=None):
     ext = {}
     if getattr(args, "pixel_values", None):
         ext["pixel_values"] = np.load(args.pixel_values)
+    if getattr(args, "image", None):
+        from .preprocess import find_preprocessor, preprocess_image
+        ext["pixel_values"] = preprocess_image(args.image, find_preprocessor(spec.root))
     return ext
 
 
@@ -64,7 +67,7 @@ def cmd_parity(args) -> int:
     spec = load_package(args.package)
     prompt = _prompt(args, spec)
     greedy = SearchOptions(max_length=spec.search.max_length)
-    ext = _external(args)
+    ext = _external(args, spec)
     base = Pipeline(spec, _choice(spec, "none", "cpu"))
     ort_steps = list(base.tokens(prompt, args.tokens, external=ext, search=greedy, with_logits=True))
     ort_ids = [t for t, _ in ort_steps]
@@ -110,7 +113,7 @@ def cmd_generate(args) -> int:
         if v is not None:
             setattr(s, k, v)
     pipe = Pipeline(spec, _choice(spec, args.native, args.device))
-    ids = pipe.generate(prompt, args.max_new_tokens, sampler=Sampler(s), external=_external(args), search=s)
+    ids = pipe.generate(prompt, args.max_new_tokens, sampler=Sampler(s), external=_external(args, spec), search=s)
     if spec.tokenizer_dir:
         from .tokenizer import Tokenizer
         print(Tokenizer(spec.tokenizer_dir).decode(ids))
@@ -127,7 +130,8 @@ def main(argv=None) -> int:
         p.add_argument("package")
         p.add_argument("--prompt")
         p.add_argument("--prompt-ids")
-        p.add_argument("--pixel-values")
+        p.add_argument("--pixel-values", help="a .npy array fed to the vision component's pixel_values")
+        p.add_argument("--image", help="an image file, through the package's declared preprocessing")
         p.add_argument("--native", default="all" if name == "parity" else "none",
                        help="component names, 'all' or 'none'")
         p.add_argument("--device", default="cpu")

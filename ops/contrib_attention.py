@@ -1,0 +1,700 @@
+"""onnxruntime contrib attention ops (domain com.microsoft): GroupQueryAttention, RotaryEmbedding,
+MRotaryEmbedding, MultiHeadAttention.
+
+GroupQueryAttention follows onnxruntime's CPU kernel: per batch entry ``b`` the cache holds
+``T_b = seqlens_k[b] + 1`` positions after the step; the new tokens sit at positions
+``[P_b, P_b + S)`` with ``P_b = 0`` for the first prompt (``S == total_sequence_length``) and
+``P_b = T_b - S`` otherwise.  Query row ``s`` (absolute position ``P_b + s``) attends to the keys
+``[lo, hi)``: ``hi = min(P_b + s + 1, T_b)`` when causal (``T_b`` otherwise) and
+``lo = P_b + s + 1 - local_window_size`` when a window is set (the window counts the row's own key).
+With ``sliding_window_cache=1`` the past/present buffers have a fixed capacity ``C`` and hold the
+last ``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, see ``_resident``); the
+resident past and the new rows are staged and attention runs in staged coordinates.
+
+Invariants:
+- 16-bit floats are computed in float32 and rounded back once;
+- ``present_key``/``present_value`` are fresh arrays of length ``max(total_sequence_length,
+  past_len)`` (``C`` for a windowed cache); only the live rows are written (past rows ``[0, P_b)``
+  copied from ``past_*``, then the new ones), the rest stay zero.  ``np.zeros`` of a large buffer is
+  lazily zero-paged, so a shared max-length buffer costs O(live length) per step, never O(max_len);
+- the attention reads only the live rows: prefill runs one query row per task (parallel over
+  batch * heads * rows), decode (one new token) runs one task per (batch, kv head) that streams
+  the live K and V rows once for every query head of the group;
+- a query row with no key in range yields zeros, never NaN;
+- rotary positions (``position_ids`` or ``P_b + s``) are validated against the cos/sin caches
+  (``IndexOutOfRangeError``); the rotary ops never rotate their input in place;
+- MultiHeadAttention turns ``key_padding_mask`` into an additive ``mask_filter_value`` bias, as
+  onnxruntime does, and concatenates ``past_*`` with the new keys/values into ``present_*``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, check_indices
+from .registry import op
+
+_MS = "com.microsoft"
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot):
+    """x/out 4-d (B,H,S,D), or (B,S,H,D) if seq_second; cos_t/sin_t (B,S,rot//2) per-token tables.
+    ``out`` may be ``x`` (each rotated pair is read before it is written)."""
+    A0, A1, A2, D = x.shape
+    half = rot // 2
+    for a in range(A0):
+        for c in range(A1):
+            for e in range(A2):
+                si = c if seq_second else e
+                for t in range(half):
+                    co = cos_t[a, si, t]
+                    sn = sin_t[a, si, t]
+                    if interleaved:
+                        i1 = 2 * t
+                        i2 = 2 * t + 1
+                    else:
+                        i1 = t
+                        i2 = t + half
+                    x1 = x[a, c, e, i1]
+                    x2 = x[a, c, e, i2]
+                    out[a, c, e, i1] = co * x1 - sn * x2
+                    out[a, c, e, i2] = sn * x1 + co * x2
+                for t in range(rot, D):
+                    out[a, c, e, t] = x[a, c, e, t]
+
+
+@njit(cache=True, nogil=True)
+def _cache_write_kernel(past_b, new, pres):
+    """new (B,S,kvH,D) -> pres (B,kvH,L,D) rows [past_b[b], past_b[b] + S)."""
+    B, S, H, D = new.shape
+    for b in range(B):
+        pb = past_b[b]
+        for h in range(H):
+            for s in range(S):
+                pres[b, h, pb + s, :] = new[b, s, h, :]
+
+
+def _copy_past(past, past_b, pres):
+    """Rows [0, past_b[b]) of past into pres, straight from the caller's buffer (numpy memcpy per batch)."""
+    if past is None:
+        return
+    B = past_b.shape[0]
+    n0 = int(past_b[0]) if B else 0
+    if B and (past_b == n0).all():
+        if n0:
+            pres[:, :, :n0] = past[:, :, :n0]
+        return
+    for b in range(B):
+        n = int(past_b[b])
+        if n:
+            pres[b, :, :n] = past[b, :, :n]
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode,
+                        qk, qk_mode, out):
+    """q (B,S,H,D), pk/pv (B,kvH,L,D) (row j holds absolute position j + kbase[b]), bias (bb,bh,S|1,Tb)
+    indexed by absolute position, sink (H,), params [scale, softcap]; writes out (B,S,H,Dv) and, if qk_mode
+    (1 raw, 2 softmax), qk (B,H,S,Tq) at absolute key positions."""
+    B, S, H, D = q.shape
+    kvH = pk.shape[1]
+    Dv = pv.shape[3]
+    group = H // kvH
+    mb, mh, mq, mk = bias.shape
+    scale = params[0]
+    softcap = params[1]
+    for r in prange(B * H * S):
+        b = r // (H * S)
+        h = (r // S) % H
+        s = r % S
+        kh = h // group
+        p = past_b[b] + s
+        T = total_b[b]
+        hi = T
+        if causal and p + 1 < hi:
+            hi = p + 1
+        lo = 0
+        if window > 0 and p + 1 - window > 0:
+            lo = p + 1 - window
+        if hi < lo:
+            hi = lo
+        n = hi - lo
+        sc = np.empty(max(n, 1), np.float32)
+        m = -np.inf
+        qr = np.empty(D, np.float32)  # contiguous copy: keeps the dot loop vectorized
+        for d in range(D):
+            qr[d] = q[b, s, h, d]
+        for j in range(lo, hi):
+            krow = pk[b, kh, j]
+            acc = np.float32(0.0)
+            for d in range(D):
+                acc += qr[d] * krow[d]
+            x = acc * scale
+            if softcap > 0:
+                x = softcap * math.tanh(x / softcap)
+            if has_bias:
+                x += bias[b if mb > 1 else 0, h if mh > 1 else 0, s if mq > 1 else 0, j + kbase[b]]
+            sc[j - lo] = x
+            if x > m:
+                m = x
+        if qk_mode == 1:
+            for j in range(lo, hi):
+                qk[b, h, s, j + kbase[b]] = sc[j - lo]
+        sk = np.float32(0.0)
+        if sink_mode == 2:
+            sk = sink[h]
+        if sink_mode > 0 and sk > m:
+            m = sk
+        tot = np.float32(0.0)
+        if sink_mode > 0:
+            tot = math.exp(sk - m)
+        if m == -np.inf:
+            for j in range(n):
+                sc[j] = 0.0
+        else:
+            for j in range(n):
+                e = math.exp(sc[j] - m)
+                sc[j] = e
+                tot += e
+        inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
+        for j in range(n):
+            sc[j] *= inv
+        if qk_mode == 2:
+            for j in range(lo, hi):
+                qk[b, h, s, j + kbase[b]] = sc[j - lo]
+        acc_v = np.zeros(Dv, np.float32)
+        for j in range(lo, hi):
+            w = sc[j - lo]
+            vrow = pv[b, kh, j]
+            for d in range(Dv):
+                acc_v[d] += w * vrow[d]
+        for d in range(Dv):
+            out[b, s, h, d] = acc_v[d]
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, out):
+    """One new token (S == 1): one task per (batch, kv head) streams the live K rows, then the V rows,
+    once for the whole query-head group.  Shapes as in ``_gqa_prefill_kernel``."""
+    B, S, H, D = q.shape
+    kvH = pk.shape[1]
+    Dv = pv.shape[3]
+    group = H // kvH
+    mb, mh, mq, mk = bias.shape
+    scale = params[0]
+    softcap = params[1]
+    for r in prange(B * kvH):
+        b = r // kvH
+        kh = r % kvH
+        p = past_b[b]
+        T = total_b[b]
+        hi = T
+        if causal and p + 1 < hi:
+            hi = p + 1
+        lo = 0
+        if window > 0 and p + 1 - window > 0:
+            lo = p + 1 - window
+        if hi < lo:
+            hi = lo
+        n = hi - lo
+        sc = np.empty((group, max(n, 1)), np.float32)
+        mx = np.full(group, -np.inf, np.float32)
+        qg = np.empty((group, D), np.float32)  # contiguous copy: keeps the dot loops vectorized
+        for g in range(group):
+            for d in range(D):
+                qg[g, d] = q[b, 0, kh * group + g, d]
+        for j in range(lo, hi):
+            krow = pk[b, kh, j]
+            for g in range(group):
+                h = kh * group + g
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += qg[g, d] * krow[d]
+                x = acc * scale
+                if softcap > 0:
+                    x = softcap * math.tanh(x / softcap)
+                if has_bias:
+                    x += bias[b if mb > 1 else 0, h if mh > 1 else 0, 0, j + kbase[b]]
+                sc[g, j - lo] = x
+                if x > mx[g]:
+                    mx[g] = x
+        for g in range(group):
+            h = kh * group + g
+            m = mx[g]
+            sk = np.float32(0.0)
+            if sink_mode == 2:
+                sk = sink[h]
+            if sink_mode > 0 and sk > m:
+                m = sk
+            tot = np.float32(0.0)
+            if sink_mode > 0:
+                tot = math.exp(sk - m)
+            if m == -np.inf:
+                for j in range(n):
+                    sc[g, j] = 0.0
+            else:
+                for j in range(n):
+                    e = math.exp(sc[g, j] - m)
+                    sc[g, j] = e
+                    tot += e
+            inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
+            for j in range(n):
+                sc[g, j] *= inv
+        accv = np.zeros((group, Dv), np.float32)
+        for j in range(lo, hi):
+            vrow = pv[b, kh, j]
+            for g in range(group):
+                w = sc[g, j - lo]
+                for d in range(Dv):
+                    accv[g, d] += w * vrow[d]
+        for g in range(group):
+            for d in range(Dv):
+                out[b, 0, kh * group + g, d] = accv[g, d]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+_DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
+_DUMMY1 = np.zeros(1, np.float32)
+
+
+def _f32(x):
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _rope_tables(opname, cos_cache, sin_cache, pos):
+    """Per-token (B,S,half) cos/sin gathered at ``pos`` (B,S), after validating the positions."""
+    if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape:
+        raise ShapeMismatchError(f"{opname}: cos_cache and sin_cache must be 2-d and alike, got "
+                                 f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
+    check_indices(opname, pos, 0, cos_cache.shape[0], "position id")
+    return _f32(cos_cache)[pos], _f32(sin_cache)[pos]
+
+
+def _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, opname):
+    """Rotate x4 (float32, C-contiguous, 4-d) in place."""
+    rot = 2 * cos_t.shape[-1]
+    if rot > x4.shape[3]:
+        raise ShapeMismatchError(f"{opname}: the cos/sin caches rotate {rot} dims but the head size is {x4.shape[3]}")
+    _rope_tok_kernel(x4, np.ascontiguousarray(cos_t), np.ascontiguousarray(sin_t), x4, bool(seq_second),
+                     bool(interleaved), rot)
+
+
+def _resident(T, C, W):
+    """Rows a windowed cache of capacity C and window W holds after T positions (onnxruntime's L(T))."""
+    T = np.asarray(T, np.int64)
+    G = C - W + 1
+    over = np.maximum(T - C, 0)
+    return np.where(T <= C, T, T - G * ((over + G - 1) // G))
+
+
+# -- GroupQueryAttention -----------------------------------------------------------------------------
+
+@op("GroupQueryAttention", 1, domain=_MS)
+def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+                        total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+                        attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+                        k_norm_weight=None, query_seqlens=None, *, ctx=None, num_heads=0, kv_num_heads=0,
+                        scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0,
+                        smooth_softmax=-1, causal=1, qk_output=0, sliding_window_cache=0, kv_cache_bit_width=0,
+                        k_quant_type="NONE", v_quant_type="NONE", qk_norm_epsilon=1e-6, q_norm_epsilon=None,
+                        k_norm_epsilon=None):
+    name = "GroupQueryAttention"
+    H, kvH = int(num_heads), int(kv_num_heads)
+    if H <= 0 or kvH <= 0 or H % kvH:
+        raise InvalidAttributeError(f"{name}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
+    for what, v in (("k_scale", k_scale), ("v_scale", v_scale), ("q_norm_weight", q_norm_weight),
+                    ("k_norm_weight", k_norm_weight), ("query_seqlens", query_seqlens)):
+        if v is not None:
+            raise InvalidArgumentError(f"{name}: input {what} is not supported by this kernel")
+    if int(kv_cache_bit_width) or k_quant_type not in ("NONE", b"NONE") or v_quant_type not in ("NONE", b"NONE"):
+        raise InvalidAttributeError(f"{name}: quantized KV caches are not supported by this kernel")
+    if seqlens_k is None or total_sequence_length is None:
+        raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
+    if query.ndim != 3:
+        raise ShapeMismatchError(f"{name}: query must be 3-d (batch, seq, hidden), got shape {list(query.shape)}")
+    B, S, hidden = query.shape
+    packed = key is None
+    if packed:
+        if value is not None:
+            raise InvalidArgumentError(f"{name}: value is given without key")
+        if hidden % (H + 2 * kvH):
+            raise ShapeMismatchError(f"{name}: packed QKV width {hidden} is not a multiple of "
+                                     f"num_heads + 2 * kv_num_heads = {H + 2 * kvH}")
+        D = hidden // (H + 2 * kvH)
+        q = query[:, :, :H * D]
+        k = query[:, :, H * D:(H + kvH) * D]
+        v = query[:, :, (H + kvH) * D:]
+    else:
+        if hidden % H:
+            raise ShapeMismatchError(f"{name}: query width {hidden} is not a multiple of num_heads {H}")
+        D = hidden // H
+        if value is None or key.shape != (B, S, kvH * D) or value.shape != (B, S, kvH * D):
+            raise ShapeMismatchError(f"{name}: key and value must both have shape {[B, S, kvH * D]}, got "
+                                     f"{None if key is None else list(key.shape)} and "
+                                     f"{None if value is None else list(value.shape)}")
+        q, k, v = query, key, value
+    dtype = query.dtype
+    seqlens = np.asarray(seqlens_k).reshape(-1).astype(np.int64)
+    if seqlens.shape[0] != B:
+        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens.shape[0]}")
+    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+    has_past = past_key is not None
+    if has_past != (past_value is not None):
+        raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
+    P = 0
+    if has_past:
+        if past_key.ndim != 4 or past_key.shape[:2] != (B, kvH) or past_key.shape[3] != D \
+                or past_value.shape != past_key.shape:
+            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape {[B, kvH, 'past', D]}, got "
+                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
+        P = past_key.shape[2]
+    totals = seqlens + 1
+    windowed = bool(int(sliding_window_cache))
+    if windowed:
+        W = int(local_window_size)
+        if W <= 0 or not has_past or P < W:
+            raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
+                                       f"buffers of capacity at least local_window_size ({W}), got "
+                                       f"{P if has_past else 'no past'}")
+        if (totals < 1).any() or (totals > max(total, 1)).any():
+            raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} exceed total_sequence_length {total}")
+        L = P
+        n_new = np.minimum(S, totals)               # valid new rows per entry
+        abs_past = totals - n_new                   # absolute positions cached before this step
+        past_b = _resident(abs_past, P, W)          # rows of past_key that hold them
+        kbase = abs_past - past_b                   # absolute position of staged row 0
+    else:
+        L = max(total, P)
+        first_prompt = S == total
+        past_b = np.zeros(B, np.int64) if first_prompt else totals - S
+        if (past_b < 0).any() or (past_b > P).any() or (past_b + S > L).any() or (totals > L).any() \
+                or (totals < 1).any():
+            raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} do not fit sequence_length {S}, "
+                                       f"total_sequence_length {total} and a past of {P} positions")
+        abs_past = past_b
+        kbase = np.zeros(B, np.int64)
+
+    rotary = bool(int(do_rotary))
+    # rotary rotates in place: then always work on copies, never on the caller's arrays
+    q4 = (np.array(q, np.float32, order="C") if rotary else _f32(q)).reshape(B, S, H, D)
+    k4 = (np.array(k, np.float32, order="C") if rotary else _f32(k)).reshape(B, S, kvH, D)
+    v4 = _f32(v).reshape(B, S, kvH, D)
+    if rotary:
+        if cos_cache is None or sin_cache is None:
+            raise InvalidArgumentError(f"{name}: do_rotary=1 needs cos_cache and sin_cache")
+        if position_ids is not None:
+            pos = np.asarray(position_ids).astype(np.int64)
+            if pos.shape != (B, S):
+                pos = np.broadcast_to(pos.reshape(-1)[:1] + np.arange(S), (B, S)) if pos.size == 1 else pos
+            if pos.shape != (B, S):
+                raise ShapeMismatchError(f"{name}: position_ids must have shape {[B, S]}, got {list(pos.shape)}")
+        else:
+            pos = abs_past[:, None] + np.arange(S)[None, :]
+            # right-padded rows (past the entry's total) get position 1, as onnxruntime does
+            pos = np.where(pos < totals[:, None], pos, 1)
+        cos_t, sin_t = _rope_tables(name, cos_cache, sin_cache, np.ascontiguousarray(pos))
+        _rope_apply(q4, cos_t, sin_t, True, rotary_interleaved, name)
+        _rope_apply(k4, cos_t, sin_t, True, rotary_interleaved, name)
+
+    # present caches: live rows only.  Windowed caches first stage the resident past and the new rows
+    # (row j = absolute position j + kbase[b]) and keep the last L(T) rows afterwards.
+    live = int((past_b + S).max()) if B else 0
+    if dtype == F32 and not windowed:
+        pres_k = np.zeros((B, kvH, L, D), np.float32)
+        pres_v = np.zeros((B, kvH, L, D), np.float32)
+        wk, wv = pres_k, pres_v
+    else:
+        wk = np.empty((B, kvH, live, D), np.float32)
+        wv = np.empty((B, kvH, live, D), np.float32)
+    _copy_past(past_key, past_b, wk)
+    _copy_past(past_value, past_b, wv)
+    _cache_write_kernel(past_b, k4, wk)
+    _cache_write_kernel(past_b, v4, wv)
+    att_total = past_b + n_new if windowed else totals
+
+    has_bias = attention_bias is not None
+    if has_bias:
+        bias = _f32(attention_bias)
+        if bias.ndim != 4 or bias.shape[0] not in (1, B) or bias.shape[1] not in (1, H) \
+                or bias.shape[2] not in (1, S) or bias.shape[3] < int(totals.max()):
+            raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {total}], "
+                                     f"got {list(attention_bias.shape)}")
+    else:
+        bias = _DUMMY4
+    if head_sink is not None:
+        sink = _f32(head_sink).reshape(-1)
+        if sink.shape[0] != H:
+            raise ShapeMismatchError(f"{name}: head_sink must have num_heads={H} entries, got {sink.shape[0]}")
+        sink_mode = 2
+    else:
+        sink = _DUMMY1
+        sink_mode = 1 if int(smooth_softmax) > 0 else 0
+    sc = float(scale) if scale else 1.0 / math.sqrt(D)
+    params = np.array([sc, float(softcap)], np.float32)
+    window = int(local_window_size) if int(local_window_size) > 0 else -1
+    out = np.empty((B, S, H, D), np.float32)
+    qk_mode = int(qk_output)
+    want_qk = qk_mode > 0 and ctx is not None and ctx.n_outputs > 3
+    if S == 1 and not want_qk:
+        _gqa_decode_kernel(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
+                           sink_mode, out)
+        qk = None
+    else:
+        qk = np.zeros((B, H, S, total), np.float32) if want_qk else _DUMMY4
+        _gqa_prefill_kernel(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
+                            sink_mode, qk, qk_mode if want_qk else 0, out)
+    y = out.reshape(B, S, H * D)
+    if dtype != F32:
+        y = y.astype(dtype)
+    if windowed:
+        pres_k = np.zeros((B, kvH, L, D), dtype)
+        pres_v = np.zeros((B, kvH, L, D), dtype)
+        keep = _resident(totals, P, W)
+        for b in range(B):
+            end = int(past_b[b] + n_new[b])
+            n = int(keep[b])
+            pres_k[b, :, :n] = wk[b, :, end - n:end]
+            pres_v[b, :, :n] = wv[b, :, end - n:end]
+    elif dtype != F32:
+        pres_k = np.zeros((B, kvH, L, D), dtype)
+        pres_v = np.zeros((B, kvH, L, D), dtype)
+        pres_k[:, :, :live] = wk
+        pres_v[:, :, :live] = wv
+    res = [y, pres_k, pres_v]
+    n = ctx.n_outputs if ctx is not None else 3
+    if n > 3:  # output_qk declared: scores (qk_output=1), probabilities (2), or zeros when qk_output=0
+        res.append(qk.astype(dtype) if want_qk else np.zeros((B, H, S, total), dtype))
+    return tuple(res[:n]) if n > 1 else y
+
+
+# -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
+
+def _rope_layout(name, x, cos_cache, num_heads, rotary_embedding_dim):
+    """(x4 float32 copy, seq_second, B, S, rot) for a 3-d (B,S,hidden) or 4-d (B,H,S,D) input."""
+    if cos_cache.ndim != 2:
+        raise ShapeMismatchError(f"{name}: cos_cache must be 2-d, got shape {list(cos_cache.shape)}")
+    rot = int(rotary_embedding_dim) or 2 * cos_cache.shape[1]
+    if rot != 2 * cos_cache.shape[1]:
+        raise ShapeMismatchError(f"{name}: rotary_embedding_dim {rot} needs cos/sin caches of width {rot // 2}, "
+                                 f"got {cos_cache.shape[1]}")
+    if x.ndim == 4:
+        B, H, S, D = x.shape
+        x4 = np.array(x, np.float32, order="C")
+        seq_second = False
+    elif x.ndim == 3:
+        B, S, hidden = x.shape
+        if int(rotary_embedding_dim) and int(num_heads) <= 0:
+            raise InvalidAttributeError(f"{name}: rotary_embedding_dim needs num_heads for a 3-d input")
+        D = hidden // int(num_heads) if int(num_heads) > 0 else rot
+        if D <= 0 or hidden % D:
+            raise ShapeMismatchError(f"{name}: hidden size {hidden} is not a multiple of the head size {D}")
+        x4 = np.array(x, np.float32, order="C").reshape(B, S, hidden // D, D)
+        seq_second = True
+    else:
+        raise ShapeMismatchError(f"{name}: input must be 3-d (batch, seq, hidden) or 4-d (batch, heads, seq, "
+                                 f"head_size), got shape {list(x.shape)}")
+    if rot > D or rot % 2:
+        raise ShapeMismatchError(f"{name}: rotary dim {rot} does not fit head size {D}")
+    return x4, seq_second, B, S, rot
+
+
+def _positions_2d(name, position_ids, B, S):
+    pos = np.asarray(position_ids).astype(np.int64)
+    if pos.size == 1:
+        return np.broadcast_to(pos.reshape(-1)[0] + np.arange(S, dtype=np.int64), (B, S))
+    if pos.shape != (B, S):
+        raise ShapeMismatchError(f"{name}: position_ids must have shape [1] or {[B, S]}, got {list(pos.shape)}")
+    return pos
+
+
+@op("RotaryEmbedding", 1, domain=_MS)
+def RotaryEmbedding_ms(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
+                       num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    name = "RotaryEmbedding"
+    if int(is_packed_batching):
+        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
+    x4, seq_second, B, S, rot = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
+    pos = np.ascontiguousarray(_positions_2d(name, position_ids, B, S))
+    cos_t, sin_t = _rope_tables(name, cos_cache, sin_cache, pos)
+    _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, name)
+    return x4.reshape(input.shape).astype(input.dtype, copy=False)
+
+
+@op("MRotaryEmbedding", 1, domain=_MS)
+def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section=(), mrope_layout=0,
+                     interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    name = "MRotaryEmbedding"
+    if int(is_packed_batching):
+        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
+    x4, seq_second, B, S, rot = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
+    half = rot // 2
+    sec = [int(v) for v in mrope_section]
+    if len(sec) != 3 or min(sec) < 0 or sum(sec) != half:
+        raise InvalidAttributeError(f"{name}: mrope_section must be 3 non-negative integers summing to {half}, "
+                                    f"got {sec}")
+    pos = np.asarray(position_ids).astype(np.int64)
+    if pos.shape != (3, B, S):
+        raise ShapeMismatchError(f"{name}: position_ids must have shape {[3, B, S]}, got {list(pos.shape)}")
+    # which of the T/H/W streams feeds each of the half rotary dims
+    which = np.zeros(half, np.int64)
+    i = np.arange(half)
+    if int(mrope_layout) == 0:
+        which[sec[0]:sec[0] + sec[1]] = 1
+        which[sec[0] + sec[1]:] = 2
+    elif int(mrope_layout) == 1:
+        which[(i % 3 == 1) & (i < 3 * sec[1])] = 1
+        which[(i % 3 == 2) & (i < 3 * sec[2])] = 2
+    else:
+        raise InvalidAttributeError(f"{name}: mrope_layout must be 0 (sectioned) or 1 (interleaved), "
+                                    f"got {mrope_layout}")
+    check_indices(name, pos, 0, cos_cache.shape[0], "position id")
+    tok_pos = pos[which[None, None, :], np.arange(B)[:, None, None], np.arange(S)[None, :, None]]  # (B,S,half)
+    cos_t = np.ascontiguousarray(_f32(cos_cache)[tok_pos, i[None, None, :]])
+    sin_t = np.ascontiguousarray(_f32(sin_cache)[tok_pos, i[None, None, :]])
+    _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, name)
+    return x4.reshape(input.shape).astype(input.dtype, copy=False)
+
+
+# -- MultiHeadAttention --------------------------------------------------------------------------
+
+def _bnsh(x, B, L, H, D):
+    """(B,L,H*D) -> (B,H,L,D) float32 C-contiguous."""
+    return np.ascontiguousarray(_f32(x).reshape(B, L, H, D).transpose(0, 2, 1, 3))
+
+
+@op("MultiHeadAttention", 1, domain=_MS)
+def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                       past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None, *,
+                       ctx=None, num_heads=0, scale=0.0, mask_filter_value=-10000.0, unidirectional=0):
+    name = "MultiHeadAttention"
+    H = int(num_heads)
+    if H <= 0:
+        raise InvalidAttributeError(f"{name}: num_heads must be positive, got {num_heads}")
+    if past_sequence_length is not None or cache_indirection is not None:
+        raise InvalidArgumentError(f"{name}: past_sequence_length/cache_indirection (buffer sharing, beam "
+                                   f"search) are not supported by this kernel")
+    dtype = query.dtype
+    qb = kb = vb = None
+    if bias is not None:
+        bias = _f32(bias).reshape(-1)
+    cross_bnsh = False
+    if query.ndim == 5:  # packed QKV (B,S,H,3,D)
+        if key is not None or value is not None:
+            raise InvalidArgumentError(f"{name}: packed QKV query excludes key and value inputs")
+        B, S, _, three, D = query.shape
+        if query.shape[2] != H or three != 3:
+            raise ShapeMismatchError(f"{name}: packed QKV must have shape [B, S, {H}, 3, D], got {list(query.shape)}")
+        qkv = _f32(query)
+        if bias is not None:
+            qkv = qkv + bias.reshape(3, H, D).transpose(1, 0, 2)
+        q = np.ascontiguousarray(qkv[:, :, :, 0])
+        k = np.ascontiguousarray(qkv[:, :, :, 1].transpose(0, 2, 1, 3))
+        v = np.ascontiguousarray(qkv[:, :, :, 2].transpose(0, 2, 1, 3))
+        Dv = D
+    else:
+        if query.ndim != 3 or query.shape[2] % H:
+            raise ShapeMismatchError(f"{name}: query must be (batch, seq, hidden) with hidden a multiple of "
+                                     f"{H}, got {list(query.shape)}")
+        B, S, hq = query.shape
+        D = hq // H
+        if key is None:
+            raise InvalidArgumentError(f"{name}: key is required unless query is packed QKV")
+        if bias is not None:
+            qb = bias[:hq]
+        q = _f32(query) if qb is None else _f32(query) + qb
+        q = np.ascontiguousarray(q).reshape(B, S, H, D)
+        if key.ndim == 5:  # packed KV (B,L,H,2,D)
+            if value is not None or key.shape[2] != H or key.shape[3] != 2 or key.shape[4] != D:
+                raise ShapeMismatchError(f"{name}: packed KV must have shape [B, L, {H}, 2, {D}] and no value, "
+                                         f"got {list(key.shape)}")
+            kv = _f32(key)
+            if bias is not None:
+                kv = kv + bias[hq:].reshape(2, H, D).transpose(1, 0, 2)
+            k = np.ascontiguousarray(kv[:, :, :, 0].transpose(0, 2, 1, 3))
+            v = np.ascontiguousarray(kv[:, :, :, 1].transpose(0, 2, 1, 3))
+            Dv = D
+        elif key.ndim == 4:  # already projected BNSH key/value (cross-attention cache)
+            if value is None or key.shape[0] != B or key.shape[1] != H or key.shape[3] != D \
+                    or value.ndim != 4 or value.shape[:3] != key.shape[:3]:
+                raise ShapeMismatchError(f"{name}: BNSH key/value must have shape [{B}, {H}, L, D], got "
+                                         f"{list(key.shape)} and {None if value is None else list(value.shape)}")
+            k = _f32(key)
+            v = _f32(value)
+            Dv = value.shape[3]
+            cross_bnsh = True
+        else:
+            if value is None or key.ndim != 3 or value.ndim != 3 or key.shape[0] != B or key.shape[2] != hq \
+                    or value.shape[:2] != key.shape[:2] or value.shape[2] % H:
+                raise ShapeMismatchError(f"{name}: key/value must be (batch, kv_seq, hidden) with key hidden "
+                                         f"{hq}, got {list(key.shape)} and "
+                                         f"{None if value is None else list(value.shape)}")
+            Lk = key.shape[1]
+            Dv = value.shape[2] // H
+            kf, vf = _f32(key), _f32(value)
+            if bias is not None:
+                kf = kf + bias[hq:2 * hq]
+                vf = vf + bias[2 * hq:]
+            k = _bnsh(kf, B, Lk, H, D)
+            v = _bnsh(vf, B, Lk, H, Dv)
+    P = 0
+    if (past_key is None) != (past_value is None):
+        raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
+    if past_key is not None and not cross_bnsh:
+        if past_key.ndim != 4 or past_key.shape[:2] != (B, H) or past_key.shape[3] != D \
+                or past_value.shape[:3] != past_key.shape[:3] or past_value.shape[3] != Dv:
+            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape [{B}, {H}, P, {D}/{Dv}], got "
+                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
+        P = past_key.shape[2]
+        k = np.concatenate([_f32(past_key), k], axis=2)
+        v = np.concatenate([_f32(past_value), v], axis=2)
+    T = k.shape[2]
+
+    # additive bias: attention_bias plus the key padding mask (mask_filter_value where masked)
+    add = None
+    if attention_bias is not None:
+        ab = _f32(attention_bias)
+        if ab.ndim != 4 or ab.shape[0] not in (1, B) or ab.shape[1] not in (1, H) or ab.shape[2] != S \
+                or ab.shape[3] != T:
+            raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {T}], "
+                                     f"got {list(attention_bias.shape)}")
+        add = ab
+    if key_padding_mask is not None:
+        m = np.asarray(key_padding_mask)
+        if m.ndim == 1 and m.shape[0] == B:
+            keep = np.arange(T)[None, :] < m.astype(np.int64)[:, None]
+            keep = keep[:, None, None, :]
+        elif m.ndim == 2 and m.shape == (B, T):
+            keep = (m != 0)[:, None, None, :]
+        elif m.ndim == 3 and m.shape == (B, S, T):
+            keep = (m != 0)[:, None, :, :]
+        else:
+            raise ShapeMismatchError(f"{name}: key_padding_mask must have shape [{B}], [{B}, {T}] or "
+                                     f"[{B}, {S}, {T}], got {list(m.shape)}")
+        madd = np.where(keep, np.float32(0), np.float32(mask_filter_value)).astype(np.float32)
+        add = madd if add is None else add + madd
+    has_bias = add is not None
+    add = np.ascontiguousarray(add, np.float32) if has_bias else _DUMMY4
+    sc = float(scale) if scale else 1.0 / math.sqrt(D)
+    params = np.array([sc, 0.0], np.float32)
+    past_b = np.full(B, P, np.int64)
+    totals = np.full(B, T, np.int64)
+    out = np.empty((B, S, H, Dv), np.float32)
+    want_qk = ctx is not None and ctx.n_outputs > 3 and ctx.outputs_used[3]
+    # qk: the scaled, biased scores; keys outside the causal range read the float32 lowest, as onnxruntime's
+    qk = np.full((B, H, S, T), np.finfo(np.float32).min, np.float32) if want_qk else _DUMMY4
+    _gqa_prefill_kernel(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), past_b, totals,
+                        np.zeros(B, np.int64), params, bool(int(unidirectional)), -1, add, has_bias, _DUMMY1, 0,
+                        qk, 1 if want_qk else 0, out)
+    y = out.reshape(B, S, H * Dv).astype(dtype, copy=False)
+    res = [y, k.astype(dtype), v.astype(dtype)]
+    if want_qk:
+        res.append(qk.astype(dtype))
+    n = ctx.n_outputs if ctx is not None else 1
+    return tuple(res[:n]) if n > 1 else y

@@ -145,6 +145,17 @@ class DecoderComponent:
                 if n not in self.inputs:
                     raise MetadataError(f"decoder {spec.name!r}: {where} names {n!r}, which is not an input of "
                                         f"{spec.filename}")
+        # Sliding-window layers keep a window-sized cache that each step replaces whole (genai_config's
+        # decoder.sliding_window): their past is zeros of the window's capacity at the start.
+        self._window = {}
+        sw = pipeline.sliding_window or {}
+        if sw.get("layers") is not None and sw.get("window_size"):
+            cap = int(sw["window_size"]) + int(sw.get("cache_slack", 0) or 0)
+            layers = {int(x) for x in sw["layers"]}
+            for name in io.kv_inputs:
+                parts = name.split(".")
+                if any(p.isdigit() and int(p) in layers for p in parts):
+                    self._window[name] = cap
         self.transfers = Transfers()
         self.reset()
 
@@ -152,6 +163,7 @@ class DecoderComponent:
     def reset(self):
         self.kv = None          # name -> _KVBuffer, created at the first run
         self.state = {}         # state input name -> array
+        self.window_kv = {}     # sliding-window KV input name -> its whole cache
         self._length = 0
         self._positions_max = None
 
@@ -162,7 +174,7 @@ class DecoderComponent:
     def rewind(self, length: int):
         if length < 0 or length > self._length:
             raise ValueError(f"cannot rewind to {length}: the cache holds {self._length} positions")
-        if self.io.state_pairs and length != self._length:
+        if (self.io.state_pairs or self._window) and length != self._length:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         if self.kv:
             for b in self.kv.values():
@@ -199,6 +211,11 @@ class DecoderComponent:
                 self.state[p.input] = np.zeros(self._concrete(p.input), _np_type(self.inputs[p.input].type))
 
     def _past(self, name):
+        if name in self._window:
+            if name not in self.window_kv:
+                self.window_kv[name] = np.zeros(self._concrete(name, self._window[name]),
+                                                _np_type(self.inputs[name].type))
+            return self.window_kv[name]
         if self.kv is None:
             return np.zeros(self._concrete(name, 0), _np_type(self.inputs[name].type))
         return self.kv[name].live()
@@ -278,10 +295,14 @@ class DecoderComponent:
         if self.kv is None:
             self.kv = {}
             for i, o in zip(io.kv_inputs, io.kv_outputs):
-                pres = results[o]
-                self.kv[i] = _KVBuffer(pres.shape, self._seq_axis(i), pres.dtype, self.max_length)
+                if i not in self._window:
+                    pres = results[o]
+                    self.kv[i] = _KVBuffer(pres.shape, self._seq_axis(i), pres.dtype, self.max_length)
         for i, o in zip(io.kv_inputs, io.kv_outputs):
-            self.kv[i].write(results[o], self._length)
+            if i in self._window:
+                self.window_kv[i] = results[o]
+            else:
+                self.kv[i].write(results[o], self._length)
         for p in io.state_pairs:
             self.state[p.input] = results[p.output]
         self._length += seq_len

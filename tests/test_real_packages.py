@@ -1,9 +1,8 @@
 """Real-architecture packages from the onnxruntime-genai model builder (fixtures/packages).
 
 The pipeline's onnxruntime backend must produce the same greedy tokens as
-onnxruntime-genai's own generator on the same package and prompt.  The native
-backend must refuse these packages loudly while their com.microsoft ops have
-no kernel, never run them elsewhere.
+onnxruntime-genai's own generator on the same package and prompt, and the
+fully native pipeline the same tokens as onnxruntime.
 """
 import os
 
@@ -17,7 +16,7 @@ from pipeline.runner import Pipeline
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is a test dependency (pip install -e .[test])")
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages")
-PACKAGES = ["llama_fp32", "qwen35_fp32"]
+PACKAGES = ["llama_fp32", "qwen35_fp32", "llama_int4", "qwen35_int4"]
 # Prompts avoid the pad id (3): onnxruntime-genai masks a trailing pad token of the prompt, a convention the
 # pipeline does not copy.
 PROMPTS = [[1, 45, 77, 12, 300, 9], [7, 5, 11]]
@@ -46,17 +45,13 @@ def test_onnxruntime_backend_matches_onnxruntime_genai(name, prompt):
     assert pipe.generate(prompt, n) == expected
 
 
+@pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("name", PACKAGES)
-def test_native_backend_names_the_ops_it_lacks(name):
-    from runtime.errors import UnsupportedOpError
+def test_native_backend_matches_onnxruntime(name, prompt):
+    """Fully native decoding (every contrib op on its own kernel) gives onnxruntime's tokens."""
     spec = load_package(os.path.join(HERE, name))
-    try:
-        Pipeline(spec, BackendChoice(set(), True, "cpu"))
-    except UnsupportedOpError as e:
-        # Only onnxruntime's contrib ops may be missing (SimplifiedLayerNormalization is one that onnxruntime
-        # registers in the default domain).
-        assert all(dom == "com.microsoft" or op == "SimplifiedLayerNormalization" for _, op, dom, _ in e.nodes), e.nodes
-    else:  # once every contrib op has a kernel, native decoding must match onnxruntime
-        pipe = Pipeline(spec, BackendChoice(set(), True, "cpu"))
-        ref = Pipeline(spec, BackendChoice(set(), False, "cpu"))
-        assert pipe.generate(PROMPTS[0], 8) == ref.generate(PROMPTS[0], 8)
+    n = 16
+    native = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    assert native.decoder.backend == "native"
+    ref = Pipeline(spec, BackendChoice(set(), False, "cpu")).generate(prompt, n)
+    assert native.generate(prompt, n) == ref

@@ -1,0 +1,435 @@
+"""Block-quantized contrib ops (domain com.microsoft): MatMulNBits and GatherBlockQuantized.
+
+These are what the onnxruntime-genai model builder emits for int4/int8 packages: every linear layer
+is a ``MatMulNBits`` and a tied embedding is a ``GatherBlockQuantized`` over the lm_head's packed
+weight.
+
+MatMulNBits: ``Y = A @ dequant(B)^T (+ bias)`` where ``B`` is uint8 ``[N, n_blocks, blob]`` holding
+``bits``-bit codes packed low bits first along K, and element ``(n, k)`` dequantizes as
+``(q - zp[n, g(k)]) * scale[n, g(k)]`` with ``g(k) = k // block_size`` (or ``g_idx[k]``).  Zero
+points are absent (``2**(bits-1)``), packed uint8 (``ceil(n_blocks*bits/8)`` bytes per row) or
+floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so do we).  Two paths:
+
+- rows (M <= ``_ROWS_MAX``, decode): one pass over the packed weight, parallel over N; each block's
+  codes are dotted with the matching slice of A (deinterleaved into even/odd halves once per call so
+  the nibble loop is two vectorizable FMAs per byte) and the zero point is folded out through the block
+  sum of A: ``sum((q - z) a) = sum(q a) - z sum(a)``.  With ``accuracy_level=4`` A is first
+  quantized to int8 per block (scale ``max|a|/127``, round half to even) as onnxruntime does; the
+  integer block dots are exact in float32, so the result matches onnxruntime's int8 path to float
+  rounding.  Otherwise (level 0..3, or float zero points, where onnxruntime also keeps A float)
+  A stays float: float accumulation of dequantized weights.  Small weights run on one thread
+  (waking threads costs more than streaming them); big ones in small dynamically scheduled chunks
+  of rows, so a thread delayed on a busy core does not hold up the pass.
+- tiles (M > ``_ROWS_MAX``, prefill, or a non-trivial g_idx): a tile of weight rows is dequantized
+  once into float32 and multiplied with all rows of A by BLAS.  At level 4, A is replaced by its
+  per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's level-4 product up
+  to float rounding (the block scales factor out of each block's integer dot).
+
+Per node, the float scales and unpacked zero points are cached by the identity of the initializer
+arrays (they are constants in every builder package).
+
+GatherBlockQuantized: gathers slices of a block-quantized table along ``gather_axis`` and
+dequantizes them (blocks run along ``quantize_axis``).  uint8 data packs ``8/bits`` codes per byte
+along the last axis (which must then be the quantize axis) with default zero point
+``2**(bits-1)``; int4/uint4 data (one code per element) has default zero point 0.  Indices may be
+negative (counted from the end) and are validated: ``IndexOutOfRangeError``.
+
+Invariants: inputs are never written; outputs are fresh arrays of A's (MatMulNBits) or the scales'
+(GatherBlockQuantized) dtype; 16-bit floats are computed in float32.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, check_indices, lowp
+from ._fastmath import FAST
+from .registry import op
+
+__all__ = ["matmul_nbits"]
+
+_ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
+_CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
+_BYTES_PER_THREAD = 1 << 20
+_TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
+
+
+# -- MatMulNBits kernels ---------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
+    """Split A [M, K] per block into ae = even elements and ao = odd - 16*even ([M, nb, bs//2]), so
+    that ``byte*ae + (byte >> 4)*ao`` is the block dot with both nibbles; block sums and scales [M, nb].
+
+    ``quant``: replace each block by its int8 quantization (values stay small integers in float32)
+    and record the block scale; else keep floats with scale 1."""
+    m_, k_ = a.shape
+    half = bs // 2
+    for m in range(m_):
+        for blk in range(nb):
+            k0 = blk * bs
+            s = np.float32(1.0)
+            inv = np.float32(1.0)
+            if quant:
+                amax = np.float32(0.0)
+                for t in range(bs):
+                    k = k0 + t
+                    if k < k_:
+                        v = abs(np.float32(a[m, k]))
+                        if v > amax:
+                            amax = v
+                s = amax / np.float32(127.0)
+                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            tot = np.float32(0.0)
+            for j in range(half):
+                k = k0 + 2 * j
+                x0 = np.float32(a[m, k]) if k < k_ else np.float32(0.0)
+                x1 = np.float32(a[m, k + 1]) if k + 1 < k_ else np.float32(0.0)
+                if quant:
+                    x0 = np.float32(np.rint(x0 * inv))
+                    x1 = np.float32(np.rint(x1 * inv))
+                ae[m, blk, j] = x0
+                ao[m, blk, j] = x1 - np.float32(16.0) * x0  # byte*x0 + hi*(x1 - 16 x0) = lo*x0 + hi*x1
+                tot += x0 + x1
+            asum[m, blk] = tot
+            ascale[m, blk] = s
+
+
+@njit(cache=True, nogil=True)
+def _prep_a8(a, nb, bs, quant, ap, asum, ascale):
+    """A [M, K] padded per block: ap [M, nb, bs], block sums and scales [M, nb] (int8-quantized if ``quant``)."""
+    m_, k_ = a.shape
+    for m in range(m_):
+        for blk in range(nb):
+            k0 = blk * bs
+            s = np.float32(1.0)
+            inv = np.float32(1.0)
+            if quant:
+                amax = np.float32(0.0)
+                for t in range(bs):
+                    k = k0 + t
+                    if k < k_:
+                        v = abs(np.float32(a[m, k]))
+                        if v > amax:
+                            amax = v
+                s = amax / np.float32(127.0)
+                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            tot = np.float32(0.0)
+            for t in range(bs):
+                k = k0 + t
+                x = np.float32(a[m, k]) if k < k_ else np.float32(0.0)
+                if quant:
+                    x = np.float32(np.rint(x * inv))
+                ap[m, blk, t] = x
+                tot += x
+            asum[m, blk] = tot
+            ascale[m, blk] = s
+
+
+@njit(cache=True, nogil=True)
+def _fake_quant_a(a, bs, out):
+    """out = A [M, K] int8-quantized per block of ``bs`` along K and scaled back (onnxruntime's level-4 A)."""
+    m_, k_ = a.shape
+    for m in range(m_):
+        for k0 in range(0, k_, bs):
+            k1 = min(k0 + bs, k_)
+            amax = np.float32(0.0)
+            for k in range(k0, k1):
+                v = abs(np.float32(a[m, k]))
+                if v > amax:
+                    amax = v
+            s = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            for k in range(k0, k1):
+                out[m, k] = np.float32(np.rint(np.float32(a[m, k]) * inv)) * s
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
+def _rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
+    """out[m, n] = sum_blk ascale*sc*(sum_j (lo*a_even + hi*a_odd) - z*asum): one streamed pass over B [N, nb, half]."""
+    n_, nb, half = b.shape
+    m_ = ae.shape[0]
+    for n in prange(n_):
+        for m in range(m_):
+            tot = np.float32(0.0)
+            for blk in range(nb):
+                d = np.float32(0.0)
+                for j in range(half):
+                    # High nibble by float floor (exact for 0..255): Numba widens integer ops to
+                    # int64, whose conversion to float does not vectorize on AVX2; floor does.  The
+                    # low nibble is folded into ``ao`` (see _prep_a4): 2 FMAs per byte.
+                    f = np.float32(b[n, blk, j])
+                    d += f * ae[m, blk, j] + np.floor(f * np.float32(0.0625)) * ao[m, blk, j]
+                z = zf[n, blk] if has_zp else zdef
+                tot += (ascale[m, blk] * sc[n, blk]) * (d - z * asum[m, blk])
+            out[m, n] = tot
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
+def _rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
+    """8-bit variant of ``_rows_q4``: B [N, nb, bs], one code per byte."""
+    n_, nb, bs = b.shape
+    m_ = ap.shape[0]
+    for n in prange(n_):
+        for m in range(m_):
+            tot = np.float32(0.0)
+            for blk in range(nb):
+                d = np.float32(0.0)
+                for j in range(bs):
+                    d += np.float32(b[n, blk, j]) * ap[m, blk, j]
+                z = zf[n, blk] if has_zp else zdef
+                tot += (ascale[m, blk] * sc[n, blk]) * (d - z * asum[m, blk])
+            out[m, n] = tot
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
+    """w[r, k] = (q[n0 + r, k] - z) * s for the tile's rows, block of k given by ``grp[k]``."""
+    rows, k_ = w.shape
+    blob = b.shape[2]
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    bs = blob * per
+    for r in prange(rows):
+        n = n0 + r
+        for k in range(k_):
+            blk = k // bs
+            t = k - blk * bs
+            byte = np.int32(b[n, blk, t // per])
+            q = (byte >> ((t % per) * bits)) & mask
+            g = grp[k]
+            z = zf[n, g] if has_zp else zdef
+            w[r, k] = (np.float32(q) - z) * sc[n, g]
+
+
+# -- MatMulNBits wrapper ---------------------------------------------------------------------------
+
+def _unpack_zero_points(zp, n, nb, bits, name):
+    """Zero points as float32 [N, nb]: packed uint8 codes or floats."""
+    if zp.dtype == np.uint8:
+        per_row = (nb * bits + 7) // 8
+        if zp.size != n * per_row:
+            raise ShapeMismatchError(f"{name}: packed zero_points must hold N*ceil(n_blocks*bits/8) = "
+                                     f"{n * per_row} bytes, got shape {list(zp.shape)}")
+        z = zp.reshape(n, per_row).astype(np.int32)
+        per = 8 // bits
+        cols = np.arange(nb)
+        vals = (z[:, cols // per] >> ((cols % per) * bits)) & ((1 << bits) - 1)
+        return np.ascontiguousarray(vals, dtype=F32)
+    if zp.size != n * nb:
+        raise ShapeMismatchError(f"{name}: float zero_points must have N*n_blocks = {n * nb} elements, "
+                                 f"got shape {list(zp.shape)}")
+    return np.ascontiguousarray(zp.reshape(n, nb), dtype=F32)
+
+
+def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size=0,
+                 accuracy_level=0, cache=None, name="MatMulNBits"):
+    """The op as a function (the node wrapper binds attributes and a per-node constant cache)."""
+    K, N, bits, bs = int(K), int(N), int(bits), int(block_size)
+    if bits not in (4, 8):
+        raise InvalidAttributeError(f"{name}: bits must be 4 or 8, got {bits}")
+    if bs < 16 or bs & (bs - 1):
+        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
+    nb = (K + bs - 1) // bs
+    blob = bs * bits // 8
+    if a.shape[-1:] != (K,):
+        raise ShapeMismatchError(f"{name}: A must end in K={K}, got shape {list(a.shape)}")
+    if b.dtype != np.uint8 or b.size != N * nb * blob:
+        raise ShapeMismatchError(f"{name}: B must be uint8 [N={N}, n_blocks={nb}, blob={blob}], got "
+                                 f"{b.dtype} {list(b.shape)}")
+    if scales.size != N * nb:
+        raise ShapeMismatchError(f"{name}: scales must have N*n_blocks = {N * nb} elements, got shape "
+                                 f"{list(scales.shape)}")
+    cache = {} if cache is None else cache
+    key = (scales, zero_points, g_idx)
+    hit = cache.get("consts")
+    if hit is None or any(x is not y for x, y in zip(hit[0], key)):
+        sc = np.ascontiguousarray(scales.reshape(N, nb), dtype=F32)
+        # onnxruntime (1.32) ignores packed uint8 zero points when g_idx is given: mirror it.
+        has_zp = zero_points is not None and not (g_idx is not None and zero_points.dtype == np.uint8)
+        zf = _unpack_zero_points(zero_points, N, nb, bits, name) if has_zp else np.zeros((1, 1), F32)
+        grp = None
+        if g_idx is not None:
+            gi = np.asarray(g_idx).reshape(-1).astype(np.int64)
+            if gi.size != K:
+                raise ShapeMismatchError(f"{name}: g_idx must have K={K} entries, got shape {list(g_idx.shape)}")
+            check_indices(name, gi, 0, nb, "g_idx entry")
+            if not np.array_equal(gi, np.arange(K) // bs):
+                grp = gi
+        hit = (key, sc, zf, has_zp, grp)
+        cache["consts"] = hit
+    _, sc, zf, has_zp, grp = hit
+    zdef = np.float32(1 << (bits - 1))
+    b3 = b.reshape(N, nb, blob)
+    dt = a.dtype
+    a2 = a.reshape(-1, K)
+    m = a2.shape[0]
+    out = np.empty((m, N), F32)
+    # onnxruntime's int8 path (level 4) quantizes A per block; with float zero points it keeps float A.
+    quant = int(accuracy_level) == 4 and not (has_zp and zero_points.dtype != np.uint8)
+    if m == 0 or N == 0:
+        pass
+    elif K == 0:
+        out[...] = 0
+    elif m <= _ROWS_MAX and grp is None:
+        a2 = np.ascontiguousarray(a2, dtype=F32)
+        asum = np.empty((m, nb), F32)
+        ascale = np.empty((m, nb), F32)
+        # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.
+        # Waking threads costs more than a small weight takes to stream: one thread per 1 MiB packed.
+        nt_max = numba.get_num_threads()
+        nt = max(1, min(nt_max, b3.nbytes // _BYTES_PER_THREAD))
+        prev = numba.get_parallel_chunksize()
+        numba.set_parallel_chunksize(_CHUNK_ROWS)
+        if nt != nt_max:
+            numba.set_num_threads(nt)
+        try:
+            if bits == 4:
+                ae = np.empty((m, nb, bs // 2), F32)
+                ao = np.empty((m, nb, bs // 2), F32)
+                _prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+                _rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
+            else:
+                ap = np.empty((m, nb, bs), F32)
+                _prep_a8(a2, nb, bs, quant, ap, asum, ascale)
+                _rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
+        finally:
+            numba.set_parallel_chunksize(prev)
+            if nt != nt_max:
+                numba.set_num_threads(nt_max)
+    else:
+        af = a2 if a2.dtype == F32 else a2.astype(F32)
+        if quant:
+            fq = np.empty((m, K), F32)
+            _fake_quant_a(np.ascontiguousarray(af), bs, fq)
+            af = fq
+        g = grp if grp is not None else (np.arange(K, dtype=np.int64) // bs)
+        tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
+        w = np.empty((tile, K), F32)
+        for n0 in range(0, N, tile):
+            rows = min(tile, N - n0)
+            wt = w[:rows]
+            _dequant_tile(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
+            np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
+    if bias is not None:
+        if bias.size != N:
+            raise ShapeMismatchError(f"{name}: bias must have N={N} elements, got shape {list(bias.shape)}")
+        out += bias.reshape(1, N).astype(F32)
+    res = out.reshape(a.shape[:-1] + (N,))
+    return res if dt == F32 else res.astype(dt)
+
+
+@op("MatMulNBits", 1, domain="com.microsoft", factory=True)
+def _matmul_nbits_factory(ctx, K, N, bits=4, block_size=0, accuracy_level=0):
+    cache = {}
+    name = f"MatMulNBits node {ctx.name!r}"
+
+    def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
+        return matmul_nbits(a, b, scales, zero_points, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size,
+                            accuracy_level=accuracy_level, cache=cache, name=name)
+    return run
+
+
+# -- GatherBlockQuantized --------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _gbq_dequant(q3, sc3, zf3, has_zp, zdef, bs, out3):
+    """out3[o, t, i] = (q3[o, t, i] - z) * s with s, z from block t // bs of sc3/zf3 [outer, nbq, inner]."""
+    outer, qn, inner = out3.shape
+    for o in range(outer):
+        for t in range(qn):
+            blk = t // bs
+            for i in range(inner):
+                z = zf3[o, blk, i] if has_zp else zdef
+                out3[o, t, i] = (np.float32(q3[o, t, i]) - z) * sc3[o, blk, i]
+
+
+def _unpack_last(x, bits, length):
+    """uint8 codes packed ``8/bits`` per byte along the last axis -> int32 codes, last axis cut to ``length``."""
+    x = x.astype(np.int32)
+    if bits == 8:
+        return x[..., :length]
+    per = 8 // bits
+    parts = [(x >> (bits * i)) & ((1 << bits) - 1) for i in range(per)]
+    return np.stack(parts, axis=-1).reshape(x.shape[:-1] + (x.shape[-1] * per,))[..., :length]
+
+
+@op("GatherBlockQuantized", 1, domain="com.microsoft")
+def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_axis=0, quantize_axis=1,
+                           block_size=128, bits=4):
+    name = "GatherBlockQuantized"
+    bits, bs = int(bits), int(block_size)
+    if bs < 16 or bs & (bs - 1):
+        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
+    r = data.ndim
+    if r == 0:
+        raise ShapeMismatchError(f"{name}: data must have rank >= 1, got a scalar")
+    ga = gather_axis + r if gather_axis < 0 else int(gather_axis)
+    qa = quantize_axis + r if quantize_axis < 0 else int(quantize_axis)
+    if not (0 <= ga < r and 0 <= qa < r):
+        raise InvalidAttributeError(f"{name}: gather_axis {gather_axis} / quantize_axis {quantize_axis} out of "
+                                    f"range for data of rank {r}")
+    if data.dtype == np.uint8:
+        if bits not in (4, 8):
+            raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {bits}")
+        if bits == 4 and qa != r - 1:
+            raise InvalidAttributeError(f"{name}: packed uint8 data needs quantize_axis = last axis ({r - 1}), "
+                                        f"got {quantize_axis}")
+        per = 8 // bits
+        zdef = np.float32(1 << (bits - 1))
+        packed = True
+    elif data.dtype.name in ("int4", "uint4"):
+        per, zdef, packed = 1, np.float32(0.0), False
+    else:
+        raise InvalidArgumentError(f"{name}: data must be uint8, int4 or uint4, got {data.dtype}")
+    lshape = data.shape[:-1] + (data.shape[-1] * per,)
+    qn = lshape[qa]
+    nbq = (qn + bs - 1) // bs
+    want = lshape[:qa] + (nbq,) + lshape[qa + 1:]
+    if scales.shape != want:
+        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(scales.shape)}")
+    idx = np.asarray(indices)
+    if idx.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name}: indices must be int32 or int64, got {idx.dtype}")
+    gn = lshape[ga]
+    check_indices(name, idx, -gn, gn)
+    idx = np.where(idx < 0, idx + gn, idx).astype(np.int64)
+
+    def codes(x, length):  # logical int32 codes
+        return _unpack_last(x, bits, length) if packed else x.astype(np.int32)
+
+    if ga != qa:
+        q = codes(np.take(data, idx.reshape(-1), axis=ga), lshape[-1])
+        s = np.take(scales, idx.reshape(-1), axis=ga)
+        zs = None
+        if zero_points is not None:
+            zshape = scales.shape[:-1] + ((scales.shape[-1] + per - 1) // per,) if packed else scales.shape
+            if zero_points.shape != zshape:
+                raise ShapeMismatchError(f"{name}: zero_points must have shape {list(zshape)}, got "
+                                         f"{list(zero_points.shape)}")
+            zs = codes(np.take(zero_points, idx.reshape(-1), axis=ga), scales.shape[-1])
+    else:
+        # Gathering along the quantized axis: blocks follow the gathered positions.
+        q = np.take(codes(data, lshape[-1]), idx.reshape(-1), axis=ga)
+        s = np.take(scales, idx.reshape(-1) // bs, axis=ga)
+        zs = None
+        if zero_points is not None:
+            zs = np.take(codes(zero_points, scales.shape[-1]), idx.reshape(-1) // bs, axis=ga)
+        bs = 1
+    odt = scales.dtype
+    outer = int(np.prod(q.shape[:qa], dtype=np.int64))
+    inner = int(np.prod(q.shape[qa + 1:], dtype=np.int64))
+    qn2 = q.shape[qa]
+    nb2 = s.shape[qa]
+    q3 = np.ascontiguousarray(q).reshape(outer, qn2, inner)
+    s3 = np.ascontiguousarray(s, dtype=F32).reshape(outer, nb2, inner)
+    has_zp = zs is not None
+    z3 = np.ascontiguousarray(zs, dtype=F32).reshape(outer, nb2, inner) if has_zp else np.zeros((1, 1, 1), F32)
+    out = np.empty((outer, qn2, inner), F32)
+    _gbq_dequant(q3, s3, z3, has_zp, zdef, bs, out)
+    out = out.reshape(q.shape)
+    # q has the gathered (flattened) indices on axis ga: restore the indices' shape.
+    out = out.reshape(lshape[:ga] + tuple(idx.shape) + lshape[ga + 1:])
+    return out if odt == F32 else out.astype(odt)

@@ -10,8 +10,9 @@ time after skipping the first ``--decode-skip`` steps (with ``--steady``; all
 steps otherwise).  Warm-up runs are not counted.  Per-run lines come first,
 then ``steady_median: backend=... prefill=X ms decode=Y ms/token
 throughput=Z tok/s`` per backend, ``generated_token_ids: [...]`` and, with
-``both``, the native/onnxruntime ratio.  The command fails if the tokens
-differ between runs or between backends.
+``both``, the native/onnxruntime ratios.  The command fails if a backend's
+tokens differ between its runs; tokens that differ between backends are
+reported (int4 numerics can flip a near-tie) but do not fail it.
 """
 from __future__ import annotations
 
@@ -110,7 +111,9 @@ def main(argv=None) -> int:
             print("onnxruntime-genai is not installed: its column is skipped")
     results = {}
     ref_ids = None
+    first_ids = {}
     for be in backends:
+        ref_ids = None
         choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
         t0 = time.perf_counter()
         pipe = Pipeline(spec, choice) if be != "ort-genai" else None
@@ -137,6 +140,7 @@ def main(argv=None) -> int:
                 dec_ms = statistics.median(steps) * 1e3 if steps else float("nan")
                 runs.append((pre, dec_ms))
                 print(f"run {r - args.warmups}: backend={be} prefill={pre:.2f} ms decode={dec_ms:.3f} ms/token")
+        first_ids[be] = ref_ids
         pre = statistics.median(p for p, _ in runs)
         dms = statistics.median(d for _, d in runs)
         results[be] = {"prefill_ms": pre, "decode_ms_per_token": dms, "tok_per_s": 1e3 / dms,
@@ -144,7 +148,13 @@ def main(argv=None) -> int:
     for be, r in results.items():
         print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
               f"ms/token throughput={r['tok_per_s']:.1f} tok/s")
-    print(f"generated_token_ids: {ref_ids}")
+    main_ids = first_ids[backends[0]]
+    print(f"generated_token_ids: {main_ids}")
+    for be, ids in first_ids.items():
+        if ids != main_ids:
+            k = next((i for i, (a, b) in enumerate(zip(ids, main_ids)) if a != b), min(len(ids), len(main_ids)))
+            print(f"note: {be} tokens differ from {backends[0]}'s from step {k} on "
+                  f"(check with python -m pipeline parity whether it is a near-tie): {be}_token_ids: {ids}")
     n = results.get("native")
     for other in ("ort", "ort-genai"):
         o = results.get(other)
@@ -153,7 +163,7 @@ def main(argv=None) -> int:
                   f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "prompt_ids": prompt, "generated_token_ids": ref_ids,
+            json.dump({"model": args.model, "prompt_ids": prompt, "generated_token_ids": first_ids,
                        "results": results}, f, indent=2)
     return 0
 

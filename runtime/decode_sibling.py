@@ -2,9 +2,10 @@
 
 A hybrid decoder's recurrences are Scans over the sequence.  For a
 one-token step the session can run a sibling plan built from a copy of the
-optimized graph in which the sequence symbol is fixed to 1, shapes are
-re-inferred (permissively), and ``InlineSingleTripScan`` has spliced every
-eligible Scan body into the graph.  The sibling shares the main plan's
+optimized graph in which the sequence symbol is fixed to 1 (and the leading
+batch symbols to the step's batch size, one sibling per batch size), shapes
+are re-inferred (permissively), and ``InlineSingleTripScan`` has spliced
+every eligible Scan body into the graph.  The sibling shares the main plan's
 initializer arrays (no copies) and its provider.
 
 Invariants:
@@ -105,9 +106,24 @@ def symbol_positions(graph: Graph, symbol) -> list:
     return [(k, ax) for k, v in enumerate(graph.inputs) for ax, d in enumerate(v.shape or ()) if d == symbol]
 
 
-def build_sibling(graph: Graph, symbol) -> Graph | None:
-    """The optimized single-token graph, or None if no Scan could be inlined."""
-    g = _copy_graph(graph, {symbol: 1})
+def batch_symbols(graph: Graph, exclude=()) -> list:
+    """Symbols that only ever name a leading (batch) axis of the graph's inputs."""
+    lead, other = set(), set()
+    for v in graph.inputs:
+        for ax, d in enumerate(v.shape or ()):
+            if isinstance(d, str) and d not in exclude:
+                (lead if ax == 0 else other).add(d)
+    return sorted(lead - other)
+
+
+def build_sibling(graph: Graph, symbol, fixed: dict | None = None) -> Graph | None:
+    """The optimized single-token graph, or None if no Scan could be inlined.
+
+    ``fixed`` pins further symbols (the batch size of the generation) so the
+    inlined interior gets static shapes: preallocated buffers and fused
+    elementwise segments then apply inside it too.
+    """
+    g = _copy_graph(graph, {symbol: 1, **(fixed or {})})
     InferShapes(strict=False)(g)
     res = InlineSingleTripScan()(g)
     if not res.modified:

@@ -20,7 +20,7 @@ import ops  # noqa: F401  (registers every kernel)
 from ops import registry
 from .dtypes import onnx_type, type_string
 from .errors import InvalidFeedError
-from .decode_sibling import build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
+from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
     symbol_positions
 from .executor import Plan
 from .ir import Graph
@@ -107,6 +107,7 @@ class InferenceSession:
         self._scan_symbol = _UNSET
         self._scan_positions = []
         self._sibling = _UNSET
+        self._siblings = {}
         self.plan_runs = {"main": 0, "sibling": 0}
         self._input_info = {v.name: v for v in self._graph.inputs}
         self._input_index = {v.name: k for k, v in enumerate(self._graph.inputs)}
@@ -190,6 +191,9 @@ class InferenceSession:
         if self._scan_symbol is _UNSET:
             self._scan_symbol = find_scan_symbol(self._graph)
             self._scan_positions = symbol_positions(self._graph, self._scan_symbol) if self._scan_symbol else []
+            self._batch_syms = batch_symbols(self._graph, exclude=(self._scan_symbol,))
+            # One position per batch symbol is enough to read its value from the feeds.
+            self._batch_positions = [symbol_positions(self._graph, b)[0] for b in self._batch_syms]
         if not self._scan_positions:
             return None
         extents = {feeds[k].shape[ax] for k, ax in self._scan_positions if hasattr(feeds[k], "shape")}
@@ -200,9 +204,14 @@ class InferenceSession:
             self.plan_runs["main"] += 1
             return self._plan
         extent = self._scan_extent(feeds)
-        if extent == 1 and self._sibling is _UNSET:
-            g = build_sibling(self._graph, self._scan_symbol)
-            self._sibling = None if g is None else Plan(g, self._provider, session_options=self._options)
+        if extent == 1:
+            # One sibling per batch size: the batch symbols are pinned so the inlined interior is static.
+            key = tuple(feeds[k].shape[ax] for k, ax in self._batch_positions)
+            if key not in self._siblings:
+                fixed = dict(zip(self._batch_syms, key))
+                g = build_sibling(self._graph, self._scan_symbol, fixed)
+                self._siblings[key] = None if g is None else Plan(g, self._provider, session_options=self._options)
+            self._sibling = self._siblings[key]
         sibling = self.decode_sibling
         if route_to_sibling(self._decode_flag, sibling is not None, extent):
             self.plan_runs["sibling"] += 1

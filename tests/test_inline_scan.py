@@ -193,3 +193,17 @@ def test_pipeline_native_decoder_uses_the_sibling_when_the_flag_is_on(tmp_path, 
     off = Pipeline(spec, BackendChoice(set(), True, "cpu"))
     assert off.generate(prompt, 8) == ids_on
     assert off.decoder.session.plan_runs == {"main": 8, "sibling": 0}
+
+
+def test_one_sibling_per_batch_size(model):
+    s, ref = _session(model, True), _session(model, False)
+    for batch in (1, 2, 1):
+        feeds = H.zero_states(CFG, batch)
+        feeds["input_ids"] = PROMPT[:batch]
+        ra, rb = _step(ref, feeds), _step(s, feeds)
+        ids = np.argmax(ra["logits"][:, -1], -1)[:, None].astype(np.int64)
+        ra, rb = _step(ref, _next_feeds(ra, ids)), _step(s, _next_feeds(rb, ids))
+        for k in ra:
+            np.testing.assert_array_equal(ra[k], rb[k], err_msg=k)
+    assert sorted(s._siblings) == [(1,), (2,)]
+    assert s.plan_runs == {"main": 3, "sibling": 3}

@@ -226,6 +226,13 @@ def _blas_into(a, b, o):
 
 def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarray:
     """numpy.matmul semantics: batch broadcasting, 1-d operands promoted then squeezed."""
+    if (b.ndim == 2 and a.ndim >= 2 and a.dtype == b.dtype and a.dtype in _FLOATS and a.shape[-1] == b.shape[0]
+            and b.shape[0] and a.size and b.size):
+        # The common case, a weight on the right: one GEMM (or GEMV) with A's batch folded into its rows.
+        k, n = b.shape
+        o = out_buffer(buf, a.shape[:-1] + (n,), a.dtype)
+        _blas_into(a.reshape(-1, k), b, o.reshape(-1, n))
+        return o
     if a.dtype != b.dtype:
         raise InvalidArgumentError(f"{name}: both inputs must have one dtype, got {a.dtype} and {b.dtype}")
     if a.ndim == 0 or b.ndim == 0:

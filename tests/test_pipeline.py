@@ -100,3 +100,50 @@ def test_native_sides_are_really_used(package, monkeypatch):
     assert _run(package, [], True)[1] != V.EXPECTED
     monkeypatch.setattr(C.NativeDecoder, "_run", orig_dec)
     assert _run(package, [], True)[1] == V.EXPECTED
+
+
+def _state_package(folder, state_shape):
+    import os
+
+    import onnx
+    import yaml
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceSum", ["f"], ["s"], keepdims=1),
+         helper.make_node("Add", ["state_in", "s"], ["state_out"]),
+         helper.make_node("Expand", ["s", "shape8"], ["logits3"]),
+         helper.make_node("Identity", ["logits3"], ["logits"])], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, state_shape)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, None)],
+        [helper.make_tensor("shape8", TensorProto.INT64, [3], [1, 1, 8])])
+    os.makedirs(folder, exist_ok=True)
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                    os.path.join(folder, "decoder.onnx"))
+    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": {
+        "token_input": "input_ids", "logits_output": "logits",
+        "state_pairs": [{"input": "state_in", "output": "state_out", "init": "zeros", "update": "replace"}]}}},
+        "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
+            "kind": "autoregressive", "decoder": "decoder", "max_tokens": 3}, "run_on": "every_step"}]}}}
+    with open(os.path.join(folder, "inference_metadata.yaml"), "w") as f:
+        yaml.safe_dump(meta, f)
+    return folder
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_loop_carried_state_starts_at_zeros_with_the_batch_axis_resolved(tmp_path, native):
+    spec = load_package(_state_package(str(tmp_path / "p"), ["batch", 4]))
+    pipe = Pipeline(spec, BackendChoice(set(), native, "cpu"))
+    pipe.generate([2, 3], 3)
+    # state = sum of every token fed so far: 2 + 3, then the generated tokens (argmax of equal logits: 0).
+    np.testing.assert_array_equal(pipe.decoder.state["state_in"], np.full((1, 4), 5.0, np.float32))
+
+
+def test_any_other_symbolic_state_dimension_is_an_error(tmp_path):
+    from pipeline.spec import MetadataError
+    spec = load_package(_state_package(str(tmp_path / "p"), ["batch", "width"]))
+    pipe = Pipeline(spec, BackendChoice(set(), False, "cpu"))
+    with pytest.raises(MetadataError, match=r"'state_in'.*axis 1"):
+        pipe.generate([2, 3], 3)

@@ -1,0 +1,26 @@
+"""CUDA kernels of the op families, one module per family beside its CPU twin.
+
+``import ops`` imports this package (every public name under ``ops/`` is), so it must stay cheap and must
+not import ``numba.cuda``: Numba fixes the choice between a real GPU and the simulator when ``numba.cuda``
+is first imported, and a test has to be able to set ``NUMBA_ENABLE_CUDASIM=1`` before that.  The kernel
+modules are therefore imported on demand (``load()`` or a plain ``import ops.cuda.elementwise``).
+
+Invariants of every module here:
+- ``numba.cuda`` is reached only through ``runtime.cuda`` (``from runtime.cuda import cuda``);
+- wrappers take and return device arrays (C-contiguous), never numpy arrays, so every host<->device copy
+  goes through ``runtime.cuda.to_device``/``to_host`` and is counted; the only host reads are small index
+  validations (Gather), made through ``to_host`` too;
+- wrappers reshape to a canonical rank (flat, 4-d broadcast, (rows, n)) so each kernel compiles once per
+  dtype; 16-bit floats are computed in float32 inside the kernels;
+- nothing is registered with ``ops.registry`` yet: the executor does not run CUDA plans.
+"""
+import importlib
+
+__all__ = ["FAMILIES", "load"]
+
+FAMILIES = ("elementwise", "cast", "softmax", "contrib_norm", "matmul", "indexing", "reduce")
+
+
+def load() -> dict:
+    """Import every CUDA kernel module (needs numba-cuda); returns {family: module}."""
+    return {f: importlib.import_module(f"{__name__}.{f}") for f in FAMILIES}

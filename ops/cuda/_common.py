@@ -1,0 +1,95 @@
+"""Launch geometry and argument checks shared by the CUDA kernel wrappers.
+
+Grids are sized for a real GPU (256-thread blocks, grid-stride loops) but shrink to a few threads under the
+simulator, where every thread is a Python thread; kernels never assume a particular grid size, only that row
+kernels get a power-of-two block no larger than ``MAX_ROW_THREADS`` (the size of their shared scratch).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime import cuda as rc
+from runtime.errors import InvalidArgumentError
+
+__all__ = ["grid1d", "row_threads", "check_device", "MAX_ROW_THREADS", "F32", "F16", "FLOATS"]
+
+MAX_ROW_THREADS = 256  # shared scratch length of the row-reduction kernels
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+FLOATS = (F32, F16, np.dtype(np.float64))
+_MAX_BLOCKS = 1 << 16
+
+
+def grid1d(n: int) -> tuple:
+    """(blocks, threads) for a grid-stride loop over ``n`` items."""
+    n = max(int(n), 1)
+    if rc.simulator():
+        t = min(n, 8)
+        return min(-(-n // t), 2), t
+    return min(-(-n // 256), _MAX_BLOCKS), 256
+
+
+def row_threads(n: int) -> int:
+    """Power-of-two threads per block for a kernel that reduces one row of ``n`` per block."""
+    p = 1 << max(0, math.ceil(math.log2(max(int(n), 1))))
+    if rc.simulator():
+        return min(p, 16)
+    return max(32, min(p, MAX_ROW_THREADS))
+
+
+def check_device(op: str, **arrays) -> None:
+    """Every named argument (None allowed) must be a C-contiguous device array."""
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if not rc.is_device_array(a):
+            raise InvalidArgumentError(f"{op}: {name} must be a device array (use runtime.cuda.to_device), "
+                                       f"got {type(a).__name__}")
+        if not a.is_c_contiguous():
+            raise InvalidArgumentError(f"{op}: {name} must be C-contiguous")
+
+
+def flat(a):
+    """A 1-d view of a contiguous device array."""
+    return a.reshape(a.size) if a.ndim != 1 else a
+
+
+# -- block reductions (device functions) -----------------------------------------------------------
+# Every thread of the block must call these with the same ``nt`` (a power of two <= MAX_ROW_THREADS);
+# ``sh`` is the block's float32 shared scratch.  The result is returned to every thread.
+
+from runtime.cuda import cuda  # noqa: E402  (kept below the host helpers, which need no CUDA)
+
+
+@cuda.jit(device=True)
+def block_sum(sh, tid, nt, v):
+    sh[tid] = v
+    cuda.syncthreads()
+    s = nt // 2
+    while s > 0:
+        if tid < s:
+            sh[tid] += sh[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    r = sh[0]
+    cuda.syncthreads()  # so the scratch can be reused right away
+    return r
+
+
+@cuda.jit(device=True)
+def block_max(sh, tid, nt, v):
+    sh[tid] = v
+    cuda.syncthreads()
+    s = nt // 2
+    while s > 0:
+        if tid < s:
+            o = sh[tid + s]
+            if o > sh[tid]:
+                sh[tid] = o
+        cuda.syncthreads()
+        s //= 2
+    r = sh[0]
+    cuda.syncthreads()
+    return r

@@ -1,0 +1,234 @@
+"""The one door to ``numba.cuda``: device detection, transfers and their accounting.
+
+Every CUDA kernel module reaches Numba's CUDA target through this module
+(``from runtime.cuda import cuda``), so moving to another CUDA front end is a
+one-file change.
+
+Invariants:
+- importing this module never imports ``numba.cuda`` and never fails, even
+  when numba-cuda is not installed: the target is loaded on first use (the
+  ``cuda`` attribute, ``available()``, a transfer).  Numba decides between the
+  real driver and the simulator when ``numba.cuda`` is first imported, so
+  ``NUMBA_ENABLE_CUDASIM=1`` must be in the environment before that first use,
+  not merely before this import (``load`` re-reads Numba's config first, so
+  setting it after ``import numba`` is fine);
+- ``available()`` and ``simulator()`` never raise;
+- every host<->device copy made through ``to_device``/``to_host`` is counted
+  by each active ``TransferCounter`` (and by the process-wide ``TOTAL``);
+  copies made any other way (``DeviceNDArray.copy_to_host``, launching a
+  kernel on a host array) are invisible to it, so kernel wrappers accept and
+  return device arrays only;
+- with ``ONNX_NUMBA_REQUIRE_CUDA=1`` a missing CUDA target is an error,
+  never a skip (``require_cuda``).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+import numpy as np
+
+from .errors import OnnxNumbaError
+
+__all__ = ["cuda", "available", "simulator", "gpu_present", "load", "to_device", "to_host", "device_empty",
+           "is_device_array", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
+           "SIM_ENV"]
+
+REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
+SIM_ENV = "NUMBA_ENABLE_CUDASIM"
+
+
+class CudaUnavailableError(OnnxNumbaError, RuntimeError):
+    """CUDA was required (or used) but neither a GPU nor the CUDA simulator is usable."""
+
+
+_lock = threading.Lock()
+_state: dict = {}  # "module": numba.cuda or None; "error": why loading failed
+
+
+def load():
+    """``numba.cuda``, imported on first call; raises ``CudaUnavailableError`` if numba-cuda is missing."""
+    mod = _state.get("module")
+    if mod is not None:
+        return mod
+    with _lock:
+        if "module" not in _state:
+            try:
+                # Numba snapshots NUMBA_* variables when numba itself is imported (numba-cuda shares that
+                # config); re-read them so NUMBA_ENABLE_CUDASIM set after ``import numba`` still counts.
+                # The compiler calls reload_config() on every compile anyway, so this changes nothing else.
+                try:
+                    from numba.core import config as _numba_config
+                    _numba_config.reload_config()
+                except Exception:
+                    pass
+                _state["module"] = importlib.import_module("numba.cuda")
+            except Exception as e:  # ImportError, or the CUDA bindings failing to load
+                _state["module"] = None
+                _state["error"] = f"{type(e).__name__}: {e}"
+    mod = _state["module"]
+    if mod is None:
+        raise CudaUnavailableError(f"numba.cuda could not be imported ({_state['error']}); "
+                                   f"install it with `pip install numba-cuda`")
+    return mod
+
+
+def __getattr__(name):
+    # ``from runtime.cuda import cuda`` loads the target lazily (PEP 562).
+    if name == "cuda":
+        return load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def unavailable_reason() -> str:
+    """Why ``available()`` is False ('' when it is True)."""
+    try:
+        mod = load()
+    except CudaUnavailableError as e:
+        return str(e)
+    try:
+        if mod.is_available():
+            return ""
+    except Exception as e:
+        return f"numba.cuda.is_available() raised {type(e).__name__}: {e}"
+    return (f"numba-cuda is installed but finds no usable GPU, and the simulator is off "
+            f"(set {SIM_ENV}=1 before numba.cuda is first imported)")
+
+
+def available() -> bool:
+    """True when a real GPU or the CUDA simulator can run kernels; never raises."""
+    try:
+        return unavailable_reason() == ""
+    except Exception:
+        return False
+
+
+def simulator() -> bool:
+    """True when kernels run on Numba's CUDA simulator; never raises."""
+    try:
+        mod = load()
+        # The simulator's API functions live under numba.cuda.simulator; the config flag may be re-read later.
+        return "simulator" in (getattr(mod.to_device, "__module__", "") or "")
+    except Exception:
+        return False
+
+
+def gpu_present() -> bool:
+    """True when the CUDA driver reports at least one device (asked through ctypes, without numba.cuda).
+
+    Lets a test decide whether to turn the simulator on before ``numba.cuda`` is imported.
+    """
+    import ctypes
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
+        try:
+            drv = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        try:
+            if drv.cuInit(0) != 0:
+                return False
+            n = ctypes.c_int(0)
+            return drv.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+        except Exception:
+            return False
+    return False
+
+
+def require_cuda() -> None:
+    """Raise ``CudaUnavailableError`` when CUDA is unusable and ``ONNX_NUMBA_REQUIRE_CUDA=1`` is set.
+
+    Callers that would otherwise skip (tests, optional providers) call this first, so CI that must exercise
+    the GPU path fails loudly instead of skipping silently.
+    """
+    if os.environ.get(REQUIRE_ENV, "") in ("", "0"):
+        return
+    reason = unavailable_reason()
+    if reason:
+        raise CudaUnavailableError(f"{REQUIRE_ENV}=1 but CUDA is unavailable: {reason}")
+
+
+# -- transfers ---------------------------------------------------------------------------------------
+
+class TransferCounter:
+    """Counts bytes copied host->device (``h2d``) and device->host (``d2h``) through this module.
+
+    Use as a context manager; counters nest and each sees every transfer made while it is active, from any
+    thread.  ``h2d_calls``/``d2h_calls`` count the copies themselves.
+    """
+
+    def __init__(self):
+        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = 0
+
+    def __enter__(self):
+        with _lock:
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            _active.remove(self)
+        return False
+
+    def reset(self):
+        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = 0
+
+    def __repr__(self):
+        return (f"TransferCounter(h2d={self.h2d} B in {self.h2d_calls} copies, "
+                f"d2h={self.d2h} B in {self.d2h_calls} copies)")
+
+
+TOTAL = TransferCounter()
+_active: list = [TOTAL]
+
+
+def _count(kind: str, nbytes: int) -> None:
+    with _lock:
+        for c in _active:
+            if kind == "h2d":
+                c.h2d += nbytes
+                c.h2d_calls += 1
+            else:
+                c.d2h += nbytes
+                c.d2h_calls += 1
+
+
+def is_device_array(x) -> bool:
+    if x is None or isinstance(x, np.ndarray):
+        return False
+    # Real device arrays expose the CUDA array interface; the simulator's FakeCUDAArray does not.
+    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+
+
+def to_device(array, out=None, stream=0):
+    """Copy a host array to the device (into ``out`` when given); returns the device array."""
+    cuda = load()
+    a = np.ascontiguousarray(array)
+    if out is None:
+        d = cuda.to_device(a, stream=stream)
+    else:
+        if tuple(out.shape) != a.shape or np.dtype(out.dtype) != a.dtype:
+            from .errors import ShapeMismatchError
+            raise ShapeMismatchError(f"to_device: destination is {list(out.shape)} {out.dtype}, "
+                                     f"source is {list(a.shape)} {a.dtype}")
+        out.copy_to_device(a, stream=stream)
+        d = out
+    _count("h2d", a.nbytes)
+    return d
+
+
+def to_host(device_array, out=None, stream=0) -> np.ndarray:
+    """Copy a device array back to a (new, or ``out``) host numpy array."""
+    if isinstance(device_array, np.ndarray):
+        raise TypeError("to_host: expected a device array, got a numpy array")
+    load()
+    h = device_array.copy_to_host(out, stream=stream) if out is not None else device_array.copy_to_host(stream=stream)
+    _count("d2h", int(h.nbytes))
+    return h
+
+
+def device_empty(shape, dtype):
+    """An uninitialized C-contiguous device array (no transfer)."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    return load().device_array(tuple(int(s) for s in shape), dtype=np.dtype(dtype))

@@ -1,6 +1,23 @@
 import os
 import sys
+import zlib
+
+import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _order_independent_random_data(request):
+    """Reseed module-level random generators per test, so a test's data never depends on which tests ran
+    before it in the same worker (pytest-xdist distributes tests differently from run to run)."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    mod = request.module
+    for name, val in list(vars(mod).items()):
+        if isinstance(val, np.random.Generator):
+            setattr(mod, name, np.random.default_rng(seed))
+    np.random.seed(seed)
+    yield

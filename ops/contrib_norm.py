@@ -288,7 +288,7 @@ def LayerNormalization_contrib(ctx, axis=-1, epsilon=1e-5, stash_type=1):
         if ctx.n_outputs == 1:
             return y
         if not want:
-            m = inv = np.zeros(int(np.prod(ss, dtype=np.int64)))
+            m = inv = np.zeros(int(math.prod(ss)))
         outs = (y, m.astype(_stat_dtype(ctx, 1, stash_type, X.dtype)).reshape(ss),
                 inv.astype(_stat_dtype(ctx, 2, stash_type, X.dtype)).reshape(ss))
         return outs[:ctx.n_outputs]

@@ -40,6 +40,8 @@ Invariants: inputs are never written; outputs are fresh arrays of A's (MatMulNBi
 from __future__ import annotations
 
 import numba
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -419,8 +421,8 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_ax
             zs = np.take(codes(zero_points, scales.shape[-1]), idx.reshape(-1) // bs, axis=ga)
         bs = 1
     odt = scales.dtype
-    outer = int(np.prod(q.shape[:qa], dtype=np.int64))
-    inner = int(np.prod(q.shape[qa + 1:], dtype=np.int64))
+    outer = int(math.prod(q.shape[:qa]))
+    inner = int(math.prod(q.shape[qa + 1:]))
     qn2 = q.shape[qa]
     nb2 = s.shape[qa]
     q3 = np.ascontiguousarray(q).reshape(outer, qn2, inner)

@@ -155,7 +155,7 @@ def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation
             raise ShapeMismatchError(f"CausalConvWithState: channels-last input must be (batch, length, d_1, ...), "
                                      f"got {list(input.shape)}")
         B, L = input.shape[:2]
-        C = int(np.prod(input.shape[2:], dtype=np.int64))
+        C = int(math.prod(input.shape[2:]))
         x = input.reshape(B, L, C).transpose(0, 2, 1)
     else:
         if input.ndim != 3:
@@ -171,7 +171,7 @@ def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation
         raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
     if past_state is not None:
         if channels_last:
-            if past_state.shape[:2] != (B, P) or int(np.prod(past_state.shape[2:], dtype=np.int64)) != C:
+            if past_state.shape[:2] != (B, P) or int(math.prod(past_state.shape[2:])) != C:
                 raise ShapeMismatchError(f"CausalConvWithState: past_state must be (batch={B}, {P}, channels...), "
                                          f"got {list(past_state.shape)}")
             past = past_state.reshape(B, P, C).transpose(0, 2, 1)

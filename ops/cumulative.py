@@ -8,6 +8,8 @@ value is kept in the output's own dtype (integers wrap like onnxruntime's);
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -54,8 +56,8 @@ def _scan_factory(prod: bool):
             xc = x.astype(F32) if lowp(dt) else x
             out = out_buffer(buf, x.shape, dt) if xc is x else np.empty(x.shape, F32)
             if x.size:
-                shp3 = (int(np.prod(x.shape[:ax], dtype=np.int64)), x.shape[ax],
-                        int(np.prod(x.shape[ax + 1:], dtype=np.int64)))
+                shp3 = (int(math.prod(x.shape[:ax])), x.shape[ax],
+                        int(math.prod(x.shape[ax + 1:])))
                 _scan3(xc.reshape(shp3), out.reshape(shp3), prod, bool(exclusive), bool(reverse))
             return out.astype(dt) if out.dtype != dt else out
         return run

@@ -20,6 +20,8 @@ planner's buffer); shapes are validated in the wrappers, which raise
 from __future__ import annotations
 
 import numba
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -174,9 +176,9 @@ def _batch_maps(abatch: tuple, bbatch: tuple, batch: tuple):
     if hit is not None:
         return hit
     r = len(batch)
-    ia = np.broadcast_to(np.arange(int(np.prod(abatch, dtype=np.int64)), dtype=np.int64)
+    ia = np.broadcast_to(np.arange(int(math.prod(abatch)), dtype=np.int64)
                          .reshape((1,) * (r - len(abatch)) + abatch), batch).reshape(-1).copy()
-    ib = np.broadcast_to(np.arange(int(np.prod(bbatch, dtype=np.int64)), dtype=np.int64)
+    ib = np.broadcast_to(np.arange(int(math.prod(bbatch)), dtype=np.int64)
                          .reshape((1,) * (r - len(bbatch)) + bbatch), batch).reshape(-1).copy()
     if len(_MAP_CACHE) < 1024:
         _MAP_CACHE[key] = (ia, ib)
@@ -264,9 +266,9 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
     if k == 0:
         o[...] = 0
         return o
-    if int(np.prod(bbatch, dtype=np.int64)) == 1 and abatch == batch:
+    if int(math.prod(bbatch)) == 1 and abatch == batch:
         # A weight on the right: fold A's batch into its rows, one GEMM (or GEMV for one row).
-        rows = int(np.prod(abatch, dtype=np.int64)) * m
+        rows = int(math.prod(abatch)) * m
         if dt in _FLOATS:
             _blas_into(A.reshape(rows, k), B.reshape(k, n), o.reshape(rows, n))
             return o
@@ -365,7 +367,7 @@ def _zero_point_rows(z, batch_shape: tuple, rows: int, per_last: bool, name: str
         return z.astype(np.int32).reshape(1, -1)
     # N-d: [..., M, 1] for A or [..., 1, N] for B.
     zz = z.reshape(z.shape[:-2] + ((z.shape[-1],) if per_last else (z.shape[-2],)))
-    nb = int(np.prod(batch_shape, dtype=np.int64))
+    nb = int(math.prod(batch_shape))
     try:
         zz = np.broadcast_to(zz, batch_shape + (zz.shape[-1],))
     except ValueError:
@@ -416,8 +418,8 @@ def _sum_axes(x: np.ndarray, labels: str, drop: set):
         return x, labels
     xt = np.ascontiguousarray(x.transpose(keep + gone))
     kshape = xt.shape[:len(keep)]
-    p = int(np.prod(kshape, dtype=np.int64))
-    q = int(np.prod(xt.shape[len(keep):], dtype=np.int64))
+    p = int(math.prod(kshape))
+    q = int(math.prod(xt.shape[len(keep):]))
     out = np.empty(p, x.dtype)
     if p and q:
         _rowsum(xt.reshape(p, q), out)
@@ -494,9 +496,9 @@ def _contract(x, xl: str, y, yl: str, needed: set):
             raise ShapeMismatchError(f"Einsum: label {c!r} spans sizes {xs[c]} and {ys[c]}")
     xt = x.transpose([xl.index(c) for c in batch + left + contr])
     yt = y.transpose([yl.index(c) for c in batch + contr + right])
-    L = int(np.prod([xs[c] for c in left], dtype=np.int64))
-    R = int(np.prod([ys[c] for c in right], dtype=np.int64))
-    C = int(np.prod([xs[c] for c in contr], dtype=np.int64))
+    L = int(math.prod([xs[c] for c in left]))
+    R = int(math.prod([ys[c] for c in right]))
+    C = int(math.prod([xs[c] for c in contr]))
     xb = tuple(xs[c] for c in batch)
     yb = tuple(ys[c] for c in batch)
     A = np.ascontiguousarray(xt).reshape(xb + (L, C))

@@ -217,7 +217,7 @@ def _chan(name, what, p, C) -> np.ndarray:
 def _ncs(x) -> tuple:
     if x.ndim < 2:
         raise ShapeMismatchError(f"expected an input of rank >= 2 (N, C, ...), got shape {list(x.shape)}")
-    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+    return x.shape[0], x.shape[1], int(math.prod(x.shape[2:]))
 
 
 def _stat_dtype(ctx, k, stash_type, x_dtype):
@@ -231,8 +231,8 @@ def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None)
     """Row normalization over axes ``axis..`` of ``x``; returns (y, mean, inv) (stats None unless asked)."""
     _check_float(name, x)
     ax = norm_axis(axis, x.ndim)
-    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
-    n = int(np.prod(x.shape[ax:], dtype=np.int64))
+    rows = int(math.prod(x.shape[:ax]))
+    n = int(math.prod(x.shape[ax:]))
     xc, dt = _compute(x)
     norm_shape = x.shape[ax:]
     # Scale and bias in the compute dtype: the affine step runs in it (one specialization per dtype).
@@ -313,8 +313,8 @@ def _lp_factory(ctx, axis=-1, p=2):
         _check_float("LpNormalization", input)
         ax = norm_axis(axis, input.ndim)
         xc, dt = _compute(input)
-        shp3 = (int(np.prod(input.shape[:ax], dtype=np.int64)), input.shape[ax],
-                int(np.prod(input.shape[ax + 1:], dtype=np.int64)))
+        shp3 = (int(math.prod(input.shape[:ax])), input.shape[ax],
+                int(math.prod(input.shape[ax + 1:])))
         y = out_buffer(buf, input.shape, dt) if xc is input else np.empty(input.shape, xc.dtype)
         if input.size:
             _lp3(xc.reshape(shp3), y.reshape(shp3), p, np.empty(shp3[2], F64))

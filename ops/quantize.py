@@ -139,13 +139,13 @@ def _layout(op_name, x_shape, scale, axis, block_size, zp=None):
     """(x3 shape, s3 shape, bs): how x, the scale and the zero point are read by the kernels."""
     r = len(x_shape)
     if scale.size == 1 and scale.ndim <= 1 and not block_size:
-        return (1, int(np.prod(x_shape, dtype=np.int64)), 1), (1, 1, 1), 1
+        return (1, int(math.prod(x_shape)), 1), (1, 1, 1), 1
     if r == 0:
         raise ShapeMismatchError(f"{op_name}: a scalar x needs a scalar scale, got shape {list(scale.shape)}")
     ax = norm_axis(axis, r)
-    o = int(np.prod(x_shape[:ax], dtype=np.int64))
+    o = int(math.prod(x_shape[:ax]))
     a = x_shape[ax]
-    i = int(np.prod(x_shape[ax + 1:], dtype=np.int64))
+    i = int(math.prod(x_shape[ax + 1:]))
     x3 = (o, a, i)
     if block_size and block_size > 0:
         nblk = -(-a // block_size)

@@ -196,17 +196,17 @@ def canon3(shape: tuple, axes: tuple):
     red = set(axes)
     live = [ax for ax in range(len(shape)) if shape[ax] != 1]
     rl = [ax for ax in live if ax in red]
-    n = int(np.prod([shape[a] for a in rl], dtype=np.int64)) if rl else 1
+    n = int(math.prod([shape[a] for a in rl])) if rl else 1
     if not rl:
-        return (int(np.prod(shape, dtype=np.int64)), 1, 1), None
+        return (int(math.prod(shape)), 1, 1), None
     first, lastr = live.index(rl[0]), live.index(rl[-1])
     if lastr - first + 1 == len(rl):
-        outer = int(np.prod([shape[a] for a in live[:first]], dtype=np.int64))
-        inner = int(np.prod([shape[a] for a in live[lastr + 1:]], dtype=np.int64))
+        outer = int(math.prod([shape[a] for a in live[:first]]))
+        inner = int(math.prod([shape[a] for a in live[lastr + 1:]]))
         return (outer, n, inner), None
     kept = [ax for ax in range(len(shape)) if ax not in red]
     perm = tuple(kept) + tuple(sorted(red))
-    outer = int(np.prod([shape[a] for a in kept], dtype=np.int64))
+    outer = int(math.prod([shape[a] for a in kept]))
     return (outer, n, 1), perm
 
 
@@ -328,7 +328,7 @@ def _arg_factory(is_max: bool):
                 return out
             if data.shape[ax] == 0:
                 raise InvalidArgumentError(f"{name}: axis {axis} has extent 0; there is no element to select")
-            outer = int(np.prod(data.shape[:ax], dtype=np.int64))
+            outer = int(math.prod(data.shape[:ax]))
             x3 = np.ascontiguousarray(x).reshape(outer, data.shape[ax], -1)
             _arg3(x3, out.reshape(outer, -1), is_max, bool(select_last_index))
             return out

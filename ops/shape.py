@@ -9,6 +9,8 @@ mutates a returned graph output never mutates the model.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
@@ -89,15 +91,15 @@ def reshape_target(in_shape: tuple, shape, allowzero: int = 0) -> tuple:
             out.append(d)
     if allowzero and infer >= 0 and 0 in dims:
         raise ShapeMismatchError(f"Reshape: shape {dims} has both -1 and 0 with allowzero=1")
-    total = int(np.prod(in_shape, dtype=np.int64))
+    total = int(math.prod(in_shape))
     if infer >= 0:
-        known = int(np.prod(out, dtype=np.int64))
+        known = int(math.prod(out))
         if known == 0 or total % known:
             raise ShapeMismatchError(f"Reshape: cannot reshape input of shape {list(in_shape)} to {dims}")
         out[infer] = total // known
-    elif int(np.prod(out, dtype=np.int64)) != total:
+    elif int(math.prod(out)) != total:
         raise ShapeMismatchError(f"Reshape: cannot reshape input of shape {list(in_shape)} ({total} elements) "
-                                 f"to {dims} ({int(np.prod(out, dtype=np.int64))} elements)")
+                                 f"to {dims} ({int(math.prod(out))} elements)")
     return tuple(out)
 
 
@@ -189,5 +191,5 @@ def Flatten(input, axis=1):
     a = axis + r if axis < 0 else axis
     if a < 0 or a > r:
         raise InvalidAttributeError(f"Flatten: axis {axis} is out of range for rank {r}; expected [-{r}, {r}]")
-    outer = int(np.prod(input.shape[:a], dtype=np.int64))
-    return input.reshape(outer, int(np.prod(input.shape[a:], dtype=np.int64)))
+    outer = int(math.prod(input.shape[:a]))
+    return input.reshape(outer, int(math.prod(input.shape[a:])))

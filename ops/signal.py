@@ -154,8 +154,8 @@ def _dft(x, dft_length, axis, inverse, onesided):
         n = int(np.asarray(dft_length).reshape(-1)[0])
     else:
         n = 2 * (L - 1) if (inverse and onesided) else L
-    outer = int(np.prod(x.shape[:ax], dtype=np.int64))
-    inner = int(np.prod(x.shape[ax + 1:-1], dtype=np.int64))
+    outer = int(math.prod(x.shape[:ax]))
+    inner = int(math.prod(x.shape[ax + 1:-1]))
     out = _run_dft(x.reshape(outer, L, inner, x.shape[-1]), n, inverse, onesided)
     shape = x.shape[:ax] + (out.shape[1],) + x.shape[ax + 1:-1] + (out.shape[3],)
     return out.reshape(shape).astype(x.dtype)

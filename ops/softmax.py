@@ -140,10 +140,10 @@ def _hardmax3(x, out):
 
 def _shape3(shape: tuple, axis: int, coerce_2d: bool) -> tuple:
     ax = norm_axis(axis, len(shape))
-    outer = int(np.prod(shape[:ax], dtype=np.int64))
+    outer = int(math.prod(shape[:ax]))
     if coerce_2d:
-        return outer, int(np.prod(shape[ax:], dtype=np.int64)), 1
-    return outer, shape[ax], int(np.prod(shape[ax + 1:], dtype=np.int64))
+        return outer, int(math.prod(shape[ax:])), 1
+    return outer, shape[ax], int(math.prod(shape[ax + 1:]))
 
 
 def _check(name, x):

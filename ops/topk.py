@@ -9,6 +9,8 @@ K is an attribute in opset 1 and a 1-element int64 input from 10.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -96,8 +98,8 @@ def run_topk(x, k, axis, largest):
     vals = np.empty(oshape, xc.dtype)
     idx = np.empty(oshape, np.int64)
     if vals.size:
-        outer = int(np.prod(x.shape[:ax], dtype=np.int64))
-        inner = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+        outer = int(math.prod(x.shape[:ax]))
+        inner = int(math.prod(x.shape[ax + 1:]))
         _topk3(xc.reshape(outer, n, inner), vals.reshape(outer, k, inner), idx.reshape(outer, k, inner),
                bool(largest))
     return (vals.astype(dt) if vals.dtype != dt else vals), idx

@@ -21,6 +21,8 @@ from __future__ import annotations
 import threading
 from operator import itemgetter
 
+import math
+
 import numpy as np
 
 from ops import registry
@@ -154,7 +156,7 @@ class Plan:
                         and vi.static_shape is not None and 0 <= end[s] < INF and roots[s] == (s,):
                     dt = np.dtype(vi.dtype)
                     shape = vi.static_shape
-                    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                    nbytes = int(math.prod(shape)) * dt.itemsize
                     if nbytes > 0:
                         pool = arena_free.get(nbytes)
                         blk = pool.pop() if pool else None

@@ -84,7 +84,7 @@ def _qualifies(node, impl, value_info, initializers) -> bool:
     out = value_info.get(node.outputs[0])
     if out is None or out.dtype != F32 or out.static_shape is None:
         return False
-    size = int(np.prod(out.static_shape, dtype=np.int64))
+    size = int(math.prod(out.static_shape))
     if size == 0 or size > MAX_ELEMENTS:
         return False
     for i in node.inputs:
@@ -98,7 +98,7 @@ def _qualifies(node, impl, value_info, initializers) -> bool:
             dt, shape = vi.dtype, vi.static_shape
         if dt != F32:
             return False
-        if shape != out.static_shape and int(np.prod(shape, dtype=np.int64)) != 1:
+        if shape != out.static_shape and int(math.prod(shape)) != 1:
             return False
     return True
 
@@ -160,7 +160,7 @@ class Segment:
         def numel(name):
             if name in initializers:
                 return int(initializers[name].size)
-            return int(np.prod(value_info[name].static_shape, dtype=np.int64))
+            return int(math.prod(value_info[name].static_shape))
 
         for x in consts + external:
             alloc(x, numel(x))

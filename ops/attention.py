@@ -138,18 +138,18 @@ def _attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, rig
 
 
 @njit(cache=True, nogil=True)
-def _rope_kernel(x, cos, sin, pos, out, seq_second, interleaved, rot):
-    """x/out 4-d: (B,H,S,D) or, if seq_second, (B,S,H,D); cos/sin (P, rot//2); pos (B,S) rows of cos/sin."""
+def rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot):
+    """x/out 4-d (B,H,S,D), or (B,S,H,D) if seq_second; cos_t/sin_t (B,S,rot//2) per-token tables.
+    ``out`` may be ``x`` (each rotated pair is read before it is written)."""
     A0, A1, A2, D = x.shape
     half = rot // 2
     for a in range(A0):
         for c in range(A1):
             for e in range(A2):
                 si = c if seq_second else e
-                p = pos[a, si]
                 for t in range(half):
-                    co = cos[p, t]
-                    sn = sin[p, t]
+                    co = cos_t[a, si, t]
+                    sn = sin_t[a, si, t]
                     if interleaved:
                         i1 = 2 * t
                         i2 = 2 * t + 1
@@ -375,8 +375,10 @@ def RotaryEmbedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=0
     xc = np.ascontiguousarray(x4, dtype=cd)
     out = np.empty(xc.shape, cd)
     if out.size:
-        _rope_kernel(xc, np.ascontiguousarray(cos2, dtype=cd), np.ascontiguousarray(sin2, dtype=cd), pos, out,
-                     seq_second, bool(interleaved), rot)
+        # Per-token tables (B, S, rot/2): the gather by position happens once, outside the kernel.
+        cos_t = np.ascontiguousarray(np.asarray(cos2, dtype=cd)[pos])
+        sin_t = np.ascontiguousarray(np.asarray(sin2, dtype=cd)[pos])
+        rope_tok_kernel(xc, cos_t, sin_t, out, seq_second, bool(interleaved), rot)
     return out.reshape(X.shape).astype(T, copy=False)
 
 

@@ -35,39 +35,13 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices
+from .attention import rope_tok_kernel
 from .registry import op
 
 _MS = "com.microsoft"
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True)
-def _rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot):
-    """x/out 4-d (B,H,S,D), or (B,S,H,D) if seq_second; cos_t/sin_t (B,S,rot//2) per-token tables.
-    ``out`` may be ``x`` (each rotated pair is read before it is written)."""
-    A0, A1, A2, D = x.shape
-    half = rot // 2
-    for a in range(A0):
-        for c in range(A1):
-            for e in range(A2):
-                si = c if seq_second else e
-                for t in range(half):
-                    co = cos_t[a, si, t]
-                    sn = sin_t[a, si, t]
-                    if interleaved:
-                        i1 = 2 * t
-                        i2 = 2 * t + 1
-                    else:
-                        i1 = t
-                        i2 = t + half
-                    x1 = x[a, c, e, i1]
-                    x2 = x[a, c, e, i2]
-                    out[a, c, e, i1] = co * x1 - sn * x2
-                    out[a, c, e, i2] = sn * x1 + co * x2
-                for t in range(rot, D):
-                    out[a, c, e, t] = x[a, c, e, t]
-
 
 @njit(cache=True, nogil=True)
 def _cache_write_kernel(past_b, new, pres):
@@ -282,7 +256,7 @@ def _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, opname):
     rot = 2 * cos_t.shape[-1]
     if rot > x4.shape[3]:
         raise ShapeMismatchError(f"{opname}: the cos/sin caches rotate {rot} dims but the head size is {x4.shape[3]}")
-    _rope_tok_kernel(x4, np.ascontiguousarray(cos_t), np.ascontiguousarray(sin_t), x4, bool(seq_second),
+    rope_tok_kernel(x4, np.ascontiguousarray(cos_t), np.ascontiguousarray(sin_t), x4, bool(seq_second),
                      bool(interleaved), rot)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 
-__all__ = ["broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
+__all__ = ["window_geometry", "pad3", "broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
            "check_same_dtype", "check_indices"]
 
 F32 = np.dtype(np.float32)
@@ -120,3 +120,61 @@ def check_indices(op: str, idx: np.ndarray, lo: int, hi: int, what: str = "index
     if mn < lo or mx >= hi:
         bad = mn if mn < lo else mx
         raise IndexOutOfRangeError(f"{op}: {what} {int(bad)} is out of bounds; valid range is [{lo}, {hi - 1}]")
+
+
+def pad3(vals, fill) -> np.ndarray:
+    """Spatial values of a 1-to-3-d window op, left-padded to 3 (int64), so kernels see one rank."""
+    vals = list(vals)
+    return np.array([fill] * (3 - len(vals)) + vals, np.int64)
+
+
+def window_geometry(name, xshape, kernel, auto_pad="NOTSET", dilations=None, pads=None, strides=None,
+                    ceil_mode=False):
+    """(kernel, strides, dilations, pads_begin, pads_end, out_spatial) of a conv or pooling window.
+
+    SAME_UPPER / SAME_LOWER pad so the output is ceil(in / stride), the odd pad at the end or the start;
+    with explicit pads the output is floor (or, with ``ceil_mode``, ceil, dropping a last window that would
+    start in the trailing padding).
+    """
+    from runtime.errors import InvalidAttributeError
+    nd = len(xshape) - 2
+    if nd < 1 or nd > 3:
+        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(xshape)}")
+    k = [int(v) for v in kernel]
+    if len(k) != nd:
+        raise InvalidAttributeError(f"{name}: kernel_shape {k} must have {nd} entries for input {list(xshape)}")
+    s = as_int_list(strides) or [1] * nd
+    d = as_int_list(dilations) or [1] * nd
+    if len(s) != nd or len(d) != nd:
+        raise InvalidAttributeError(f"{name}: strides {s} / dilations {d} must have {nd} entries")
+    ins = list(xshape[2:])
+    ek = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-ins[i] // s[i]) for i in range(nd)]
+        tot = [max((out[i] - 1) * s[i] + ek[i] - ins[i], 0) for i in range(nd)]
+        pb = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in tot]
+        pe = [tot[i] - pb[i] for i in range(nd)]
+    else:
+        if auto_pad == "VALID":
+            p = [0] * (2 * nd)
+        elif auto_pad in ("NOTSET", "", None):
+            p = as_int_list(pads) or [0] * (2 * nd)
+        else:
+            raise InvalidAttributeError(f"{name}: auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, "
+                                        f"got {auto_pad!r}")
+        if len(p) != 2 * nd:
+            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
+        pb, pe = p[:nd], p[nd:]
+        out = []
+        for i in range(nd):
+            span = ins[i] + pb[i] + pe[i] - ek[i]
+            if ceil_mode:
+                o = -(-span // s[i]) + 1
+                if (o - 1) * s[i] >= ins[i] + pb[i]:  # the last window must start inside the image or its front pad
+                    o -= 1
+            else:
+                o = span // s[i] + 1
+            out.append(o)
+    if any(o < 0 for o in out):
+        raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
+    return k, s, d, pb, pe, out

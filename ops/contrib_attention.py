@@ -555,7 +555,7 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
         raise InvalidArgumentError(f"{name}: past_sequence_length/cache_indirection (buffer sharing, beam "
                                    f"search) are not supported by this kernel")
     dtype = query.dtype
-    qb = kb = vb = None
+    qb = None
     if bias is not None:
         bias = _f32(bias).reshape(-1)
     cross_bnsh = False

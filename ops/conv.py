@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, lowp
+from ._common import F32, as_int_list, lowp, pad3, window_geometry
 from .registry import op
 
 __all__ = ["conv_nd", "conv_transpose_nd"]
@@ -168,50 +168,6 @@ def _blas_ready(a):
     return a if a.flags.writeable else a.copy()
 
 
-def _to3(vals, fill):
-    vals = list(vals)
-    return np.array([fill] * (3 - len(vals)) + vals, np.int64)
-
-
-def _spatial_attrs(name, xshape, kshape, auto_pad, dilations, pads, strides):
-    """(kernel, strides, dilations, pads_begin, pads_end, out_spatial) as lists of the op's rank."""
-    nd = len(xshape) - 2
-    if nd < 1 or nd > 3:
-        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(xshape)}")
-    k = [int(v) for v in kshape]
-    if len(k) != nd:
-        raise InvalidAttributeError(f"{name}: kernel_shape {k} does not match {nd} spatial axes")
-    s = as_int_list(strides) or [1] * nd
-    d = as_int_list(dilations) or [1] * nd
-    if len(s) != nd or len(d) != nd:
-        raise InvalidAttributeError(f"{name}: strides {s} / dilations {d} must have {nd} entries")
-    ins = list(xshape[2:])
-    ek = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-ins[i] // s[i]) for i in range(nd)]
-        tot = [max((out[i] - 1) * s[i] + ek[i] - ins[i], 0) for i in range(nd)]
-        if auto_pad == "SAME_UPPER":
-            pb = [t // 2 for t in tot]
-        else:
-            pb = [t - t // 2 for t in tot]
-        pe = [tot[i] - pb[i] for i in range(nd)]
-    else:
-        if auto_pad == "VALID":
-            p = [0] * (2 * nd)
-        elif auto_pad in ("NOTSET", "", None):
-            p = as_int_list(pads) or [0] * (2 * nd)
-        else:
-            raise InvalidAttributeError(f"{name}: auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, "
-                                        f"got {auto_pad!r}")
-        if len(p) != 2 * nd:
-            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
-        pb, pe = p[:nd], p[nd:]
-        out = [(ins[i] + pb[i] + pe[i] - ek[i]) // s[i] + 1 for i in range(nd)]
-    if any(o < 0 for o in out):
-        raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
-    return k, s, d, pb, pe, out
-
-
 def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
             name="Conv"):
     """Float convolution; x: (N, C, *S), w: (M, C/group, *K)."""
@@ -226,14 +182,14 @@ def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=No
     ks = kernel_shape if kernel_shape else w.shape[2:]
     if list(ks) != list(w.shape[2:]):
         raise ShapeMismatchError(f"{name}: kernel_shape {list(ks)} does not match W spatial shape {list(w.shape[2:])}")
-    k, s, d, pb, pe, osp = _spatial_attrs(name, x.shape, ks, auto_pad, dilations, pads, strides)
+    k, s, d, pb, pe, osp = window_geometry(name, x.shape, ks, auto_pad, dilations, pads, strides)
     dt = x.dtype
     cdt = F32 if lowp(dt) else dt
     if cdt.kind != "f":
         cdt = np.dtype(np.float64)
     G, Cg, Mg = group, C // group, M // group
-    k3, s3, d3, pb3, o3 = _to3(k, 1), _to3(s, 1), _to3(d, 1), _to3(pb, 0), _to3(osp, 1)
-    i3 = _to3(x.shape[2:], 1)
+    k3, s3, d3, pb3, o3 = pad3(k, 1), pad3(s, 1), pad3(d, 1), pad3(pb, 0), pad3(osp, 1)
+    i3 = pad3(x.shape[2:], 1)
     L = int(np.prod(o3))
     out = np.empty((N, G, Mg, L), cdt)
     if out.size:
@@ -325,7 +281,7 @@ def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kerne
         raise ShapeMismatchError(f"{name}: computed a negative output shape {osp}")
     dt = x.dtype
     cdt = F32 if lowp(dt) else dt
-    o3 = _to3(osp, 1)
+    o3 = pad3(osp, 1)
     out = np.zeros((N, G, Mg, *o3), cdt)
     L = int(np.prod(ins))
     K = int(np.prod(k))
@@ -333,7 +289,7 @@ def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kerne
         xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, L))
         wt = np.ascontiguousarray(np.ascontiguousarray(w, dtype=cdt).reshape((G, Cg, Mg * K)).transpose(0, 2, 1))
         col = np.empty((Mg * K, L), cdt)
-        _convT_run(xc, wt, out, col, _to3(k, 1), _to3(s, 1), _to3(pb, 0), _to3(d, 1), _to3(ins, 1))
+        _convT_run(xc, wt, out, col, pad3(k, 1), pad3(s, 1), pad3(pb, 0), pad3(d, 1), pad3(ins, 1))
     out = out.reshape((N, M, int(np.prod(o3))))
     if b is not None and out.size:
         if b.shape != (M,):
@@ -411,11 +367,11 @@ def Col2Im(input, image_shape, block_shape, *, dilations=None, pads=None, stride
     C = CK // K
     dt = input.dtype
     cdt = F32 if lowp(dt) else dt
-    o3 = _to3(img, 1)
+    o3 = pad3(img, 1)
     out = np.zeros((N, C, *o3), cdt)
     xc = np.ascontiguousarray(input, dtype=cdt)
     for n in range(N):
-        _col2im(xc[n], out[n], _to3(blk, 1), _to3(s, 1), _to3(p[:nd], 0), _to3(d, 1), _to3(nblk, 1))
+        _col2im(xc[n], out[n], pad3(blk, 1), pad3(s, 1), pad3(p[:nd], 0), pad3(d, 1), pad3(nblk, 1))
     out = out.reshape((N, C, *img))
     return out.astype(dt) if cdt != dt else out
 

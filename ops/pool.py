@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, check_indices, lowp
+from ._common import F32, as_int_list, check_indices, lowp, pad3, window_geometry
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True)
@@ -112,70 +112,23 @@ def _unpool(x, idx, out):
 
 # -- wrappers --------------------------------------------------------------------------------------
 
-def _to3(vals, fill):
-    vals = list(vals)
-    return np.array([fill] * (3 - len(vals)) + vals, np.int64)
-
-
-def _pool_geometry(name, xshape, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides):
-    nd = len(xshape) - 2
-    if nd < 1 or nd > 3:
-        raise InvalidArgumentError(f"{name}: expected 1 to 3 spatial axes, got input of shape {list(xshape)}")
-    k = as_int_list(kernel_shape)
-    if len(k) != nd:
-        raise InvalidAttributeError(f"{name}: kernel_shape {k} must have {nd} entries for input {list(xshape)}")
-    s = as_int_list(strides) or [1] * nd
-    d = as_int_list(dilations) or [1] * nd
-    ins = list(xshape[2:])
-    ek = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-ins[i] // s[i]) for i in range(nd)]
-        tot = [max((out[i] - 1) * s[i] + ek[i] - ins[i], 0) for i in range(nd)]
-        pb = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in tot]
-        pe = [tot[i] - pb[i] for i in range(nd)]
-    else:
-        if auto_pad == "VALID":
-            p = [0] * (2 * nd)
-        elif auto_pad in ("NOTSET", "", None):
-            p = as_int_list(pads) or [0] * (2 * nd)
-        else:
-            raise InvalidAttributeError(f"{name}: auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, "
-                                        f"got {auto_pad!r}")
-        if len(p) != 2 * nd:
-            raise InvalidAttributeError(f"{name}: pads {p} must have {2 * nd} entries")
-        pb, pe = p[:nd], p[nd:]
-        out = []
-        for i in range(nd):
-            span = ins[i] + pb[i] + pe[i] - ek[i]
-            if ceil_mode:
-                o = -(-span // s[i]) + 1
-                # the last window must start inside the image or its leading padding
-                if (o - 1) * s[i] >= ins[i] + pb[i]:
-                    o -= 1
-            else:
-                o = span // s[i] + 1
-            out.append(o)
-    if any(o < 0 for o in out):
-        raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
-    return k, s, d, pb, pe, out
-
-
 def _run_pool(name, x, mode, p, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides,
               storage_order=0, want_idx=False):
-    k, s, d, pb, pe, osp = _pool_geometry(name, x.shape, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides)
+    k, s, d, pb, pe, osp = window_geometry(name, x.shape, as_int_list(kernel_shape), auto_pad, dilations, pads, strides,
+                                          bool(ceil_mode))
     dt = x.dtype
     if mode != 0 and dt.kind != "f" and not lowp(dt):
         raise InvalidArgumentError(f"{name} expects a floating-point input, got {dt}")
     cdt = F32 if lowp(dt) else dt
     N, C = x.shape[:2]
-    i3, o3 = _to3(x.shape[2:], 1), _to3(osp, 1)
+    i3, o3 = pad3(x.shape[2:], 1), pad3(osp, 1)
     out = np.empty((N * C, *o3), cdt)
     idx = np.empty((N * C, *o3) if want_idx else (1, 1, 1, 1), np.int64)
     if out.size and x.size:
         xc = np.ascontiguousarray(x, dtype=cdt).reshape((N * C, *i3))
         # taps past the end padding (they only exist because of ceil_mode) never count, even as padding
-        pe3 = _to3(pe, 0)
-        _pool(xc, out, idx, mode, float(p), _to3(k, 1), _to3(s, 1), _to3(pb, 0), pe3, _to3(d, 1),
+        pe3 = pad3(pe, 0)
+        _pool(xc, out, idx, mode, float(p), pad3(k, 1), pad3(s, 1), pad3(pb, 0), pe3, pad3(d, 1),
               int(storage_order), bool(want_idx))
     out = out.reshape((N, C, *osp))
     if cdt != dt:

@@ -46,7 +46,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, check_indices, lowp
+from ._common import F32, check_indices
 from ._fastmath import FAST
 from .registry import op
 

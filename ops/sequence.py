@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.dtypes import np_dtype
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError
 from runtime.subgraph import plan_subgraph
 from ._common import norm_axis

@@ -21,7 +21,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from ._common import lowp
 from .registry import op
 
-__all__ = ["DFT", "STFT", "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"]
+__all__ = ["DFT_17", "DFT_20", "STFT", "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"]
 
 F64 = np.dtype(np.float64)
 

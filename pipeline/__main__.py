@@ -82,7 +82,6 @@ def cmd_parity(args) -> int:
     backends = {n: c.backend for n, c in nat.components.items()}
     backends[nat.decoder_name] = nat.decoder.backend
     print(f"native mix: {backends} on {nat.choice.device}")
-    diverged = None
     for i, ((ta, la), (tb, lb)) in enumerate(zip(ort_steps, nat_steps)):
         diff = float(np.max(np.abs(np.asarray(la, np.float64) - np.asarray(lb, np.float64))))
         print(f"  step {i:3d}: ort {ta:6d} native {tb:6d}  max|dlogit| {diff:.3e}")
@@ -91,7 +90,6 @@ def cmd_parity(args) -> int:
             tie = min(ga, gb) <= max(NEAR_TIE, 10 * diff)
             print(f"first divergence at step {i}: ort {ta} vs native {tb}; top-2 gap ort {ga:.3e} native {gb:.3e}"
                   f"{'  (near-tie)' if tie else '  (NOT a near-tie)'}")
-            diverged = i
             break
     print(f"ort_token_ids: {ort_ids}")
     print(f"native_token_ids: {nat_ids}")

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from .backends import BackendChoice, choice_from_environment, parse_components, parse_decoder, parse_device
+from .backends import BackendChoice, choice_from_environment, parse_components, parse_device
 from .runner import Pipeline
 from .sampling import Sampler
 from .spec import SearchOptions

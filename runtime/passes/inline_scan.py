@@ -31,7 +31,7 @@ import logging
 import numpy as np
 from onnx import GraphProto, numpy_helper
 
-from ..ir import Graph, Node, free_names, node_from_proto, subgraphs
+from ..ir import Graph, Node, free_names, node_from_proto
 from .base import Pass, PassResult
 
 __all__ = ["InlineSingleTripScan"]

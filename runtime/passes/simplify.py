@@ -37,7 +37,6 @@ class FoldConstants(Pass):
     def call(self, graph: Graph) -> PassResult:
         modified = False
         keep = []
-        outputs = {v.name for v in graph.outputs}
         for node in graph.nodes:
             folded = self._fold(graph, node)
             if folded is None:

@@ -6,14 +6,13 @@ fully native pipeline the same tokens as onnxruntime.
 """
 import os
 
-import numpy as np
 import pytest
 
 from pipeline.backends import BackendChoice
 from pipeline.metadata import load_package
 from pipeline.runner import Pipeline
+from tools.parity_matrix import genai_tokens
 
-og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is a test dependency (pip install -e .[test])")
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages")
 PACKAGES = ["llama_fp32", "qwen35_fp32", "llama_int4", "qwen35_int4"]
@@ -22,25 +21,12 @@ PACKAGES = ["llama_fp32", "qwen35_fp32", "llama_int4", "qwen35_int4"]
 PROMPTS = [[1, 45, 77, 12, 300, 9], [7, 5, 11]]
 
 
-def _genai_tokens(path, prompt, n):
-    m = og.Model(path)
-    p = og.GeneratorParams(m)
-    p.set_search_options(max_length=len(prompt) + n, do_sample=False)
-    g = og.Generator(m, p)
-    g.append_tokens(prompt)
-    out = []
-    while not g.is_done():
-        g.generate_next_token()
-        out.append(int(g.get_next_tokens()[0]))
-    return out
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("name", PACKAGES)
 def test_onnxruntime_backend_matches_onnxruntime_genai(name, prompt):
     path = os.path.join(HERE, name)
     n = 20
-    expected = _genai_tokens(path, prompt, n)
+    expected = genai_tokens(path, prompt, n)
     pipe = Pipeline(load_package(path), BackendChoice(set(), False, "cpu"))
     assert pipe.generate(prompt, n) == expected
 

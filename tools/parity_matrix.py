@@ -33,7 +33,8 @@ def _gap(row):
     return float(a[1] - a[0])
 
 
-def _genai(path, prompt, n):
+def genai_tokens(path, prompt, n):
+    """Greedy tokens of onnxruntime-genai's own generator on the package at ``path``."""
     import onnxruntime_genai as og
     m = og.Model(path)
     p = og.GeneratorParams(m)
@@ -52,7 +53,7 @@ def check(path, prompt, n):
     from pipeline.metadata import load_package
     from pipeline.runner import Pipeline
     spec = load_package(path)
-    ref = _genai(path, prompt, n)
+    ref = genai_tokens(path, prompt, n)
     nat = Pipeline(spec, BackendChoice(set(spec.components) - {spec.decoder.name}, True, "cpu"))
     steps = list(nat.tokens(prompt, n, with_logits=True))
     ids = [t for t, _ in steps]

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ops._fastmath import FAST, exp32, exp32_normal, fexp, maxnum, minnum
 from runtime import InferenceSession
 
-ort = pytest.importorskip("onnxruntime")
+import onnxruntime as ort  # noqa: E402
 
 
 @njit(fastmath=FAST, cache=True)

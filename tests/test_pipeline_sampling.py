@@ -13,7 +13,6 @@ import pytest
 from pipeline.sampling import Sampler, greedy_argmax
 from pipeline.spec import SearchOptions
 
-import tokenizers  # noqa: E402
 
 F32 = np.float32
 

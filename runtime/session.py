@@ -278,7 +278,12 @@ class IOBinding:
         self._outputs.clear()
 
     def _run(self):
-        feeds = self._s._feeds(self._inputs)
+        # Bound inputs were checked when they were bound; only completeness is left to check.
+        names = [v.name for v in self._s._graph.inputs]
+        missing = [n for n in names if n not in self._inputs]
+        if missing:
+            raise InvalidFeedError(f"input(s) {missing} are not bound; the model expects {names}")
+        feeds = [self._inputs[n] for n in names]
         results = self._s._select_plan(feeds).run(feeds)
         names = list(self._outputs) or list(self._s._output_index)
         out = []

@@ -186,3 +186,12 @@ def test_kernel_errors_name_the_node():
         s.run(None, {"x": np.zeros((2, 3), np.float32), "y": np.zeros((4, 5), np.float32)})
     assert "cannot be broadcast" in str(e.value) or "cannot be broadcast" in "".join(getattr(e.value, "__notes__", []))
     assert s.plan.device.kind == "cpu"
+
+
+def test_io_binding_refuses_an_unbound_input():
+    m = _model([helper.make_node("Add", ["x", "y"], ["z"])], [_vi("x", [4]), _vi("y", [4])], [_vi("z", [4])])
+    s = InferenceSession(m)
+    b = s.io_binding()
+    b.bind_input("x", np.ones(4, np.float32))
+    with pytest.raises(InvalidFeedError, match="'y'"):
+        s.run_with_iobinding(b)

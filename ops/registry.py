@@ -43,6 +43,7 @@ class OpImpl:
     views: bool = False
     wants_ctx: bool = False
     provider: str = "CPUExecutionProvider"
+    host_inputs: tuple = ()  # input positions a device kernel reads as host numpy arrays (shapes, axes)
 
 
 @dataclass
@@ -78,12 +79,17 @@ def _norm_domain(d: str) -> str:
 
 
 def op(op_type: str, since: int = 1, domain: str = "", *, factory: bool = False, views: bool = False,
-       provider: str = "CPUExecutionProvider"):
-    """Register the decorated wrapper for ``(domain, op_type)`` from version ``since`` on."""
+       provider: str = "CPUExecutionProvider", host_inputs: tuple = ()):
+    """Register the decorated wrapper for ``(domain, op_type)`` from version ``since`` on.
+
+    ``host_inputs`` (device providers only) lists the input positions the wrapper wants as host numpy
+    arrays rather than device arrays: small shape, axis and scalar tensors it reads to size its launch.
+    """
 
     def deco(fn):
         wants_ctx = "ctx" in inspect.signature(fn).parameters and not factory
-        impl = OpImpl(_norm_domain(domain), op_type, since, fn, factory, views, wants_ctx, provider)
+        impl = OpImpl(_norm_domain(domain), op_type, since, fn, factory, views, wants_ctx, provider,
+                      tuple(host_inputs))
         key = (provider, impl.domain, op_type)
         lst = _REG.setdefault(key, [])
         sinces = _SINCE.setdefault(key, [])

@@ -88,8 +88,9 @@ def native_providers(device: str) -> list:
     """The native runtime's providers for ``device``; CUDA must exist, never silently becomes CPU."""
     if device == "cpu":
         return ["CPUExecutionProvider"]
-    from runtime.providers import PROVIDERS
-    if "CUDAExecutionProvider" not in PROVIDERS:
-        raise BackendConfigError(f"device {device!r}: the native CUDA provider is not available in this build")
+    from runtime import cuda as rc
+    if not rc.available():
+        raise BackendConfigError(f"device {device!r}: the native CUDA provider cannot run here: "
+                                 f"{rc.unavailable_reason()}")
     index = int(device.split(":")[1]) if ":" in device else 0
     return [("CUDAExecutionProvider", {"device_id": index})]

@@ -203,7 +203,7 @@ def is_device_array(x) -> bool:
 def to_device(array, out=None, stream=0):
     """Copy a host array to the device (into ``out`` when given); returns the device array."""
     cuda = load()
-    a = np.ascontiguousarray(array)
+    a = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
     if out is None:
         d = cuda.to_device(a, stream=stream)
     else:

@@ -2,12 +2,17 @@
 
 Building a session: load (path, bytes or ModelProto), infer shapes, expand
 function-bodied ops that have no kernel, fold constants, drop identities and
-dead nodes, infer again, then compile a ``Plan`` for the chosen provider.
+dead nodes, infer again, then compile a ``Plan`` for the chosen provider
+(a ``CudaPlan`` for ``CUDAExecutionProvider``, which needs a GPU or Numba's
+CUDA simulator and otherwise raises ``CudaUnavailableError``).
 A node without a kernel makes construction fail with ``UnsupportedOpError``;
-nothing falls back to another runtime or device.
+nothing falls back to another runtime or device (a CUDA session runs a node
+on the CPU only when ``SessionOptions.cuda_cpu_ops`` names it).
 
 Feeds are checked against the graph's declared inputs before anything runs:
-the name, the dtype, the rank and every static dimension.
+the name, the dtype, the rank and every static dimension.  A CUDA session
+also takes device arrays as feeds (checked the same way, never copied), and
+its ``IOBinding`` can keep outputs on the device.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from .executor import Plan
 from .ir import Graph
 from .loader import load_graph
 from .passes import EliminateDeadNodes, EliminateIdentity, ExpandFunctions, FoldConstants, InferShapes
-from .providers import PROVIDERS, normalize_providers
+from .providers import CUDA_PROVIDER, check_available, normalize_providers
+from . import cuda as rc
 
 __all__ = ["InferenceSession", "SessionOptions", "NodeArg", "IOBinding", "build_graph"]
 
@@ -42,11 +48,17 @@ class SessionOptions:
         self.strict_shape_inference = False
         self.preallocate = True
         self.fused_segments = True
+        # Runs of nodes with compiled forms run as one generated function each (runtime/regions.py).  None: the
+        # caller's default (off for a session; the pipeline's native decoder turns it on).
+        self.compiled_regions = None
         # Decode sibling (single-trip Scan inlining); None: read ONNX_NUMBA_DECODE_INLINE_SCAN.
         self.decode_inline_scan = None
         self.intra_op_num_threads = 0
         self.log_severity_level = 2
         self.enable_profiling = False
+        # CUDA provider: op types or node names without a CUDA kernel that may run on the CPU (their data is
+        # copied across and counted, see InferenceSession.cpu_round_trips); empty: such nodes are errors.
+        self.cuda_cpu_ops = set()
 
 
 @dataclass
@@ -72,9 +84,17 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     graph = model if isinstance(model, Graph) else load_graph(model)
     strict = bool(getattr(options, "strict_shape_inference", False))
     InferShapes(strict=strict)(graph)
+    allow = set(getattr(options, "cuda_cpu_ops", None) or ()) if provider == CUDA_PROVIDER else set()
+    if provider == CUDA_PROVIDER:
+        import ops.cuda
+        ops.cuda.load()
 
     def has_kernel(node):
-        return registry.resolve(node.domain, node.op_type, node.opset, provider) is not None
+        if registry.resolve(node.domain, node.op_type, node.opset, provider) is not None:
+            return True
+        # A CUDA node the options allow on the CPU keeps its CPU kernel rather than being expanded.
+        return (node.op_type in allow or node.name in allow) and \
+            registry.resolve(node.domain, node.op_type, node.opset, "CPUExecutionProvider") is not None
 
     if ExpandFunctions(has_kernel)(graph).modified:
         graph.toposort()
@@ -94,12 +114,13 @@ class InferenceSession:
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None, providers=None,
                  provider_options=None, **kwargs):
         self._options = sess_options or SessionOptions()
-        provs = normalize_providers(providers)
+        provs = normalize_providers(providers, provider_options)
         self._provider = provs[0][0]
+        self._provider_options = provs[0][1]
+        self._device = check_available(self._provider, self._provider_options)  # CUDA: never falls back
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         self._graph = build_graph(path_or_bytes, self._options, self._provider)
-        self._plan = Plan(self._graph, self._provider, preallocate=getattr(self._options, "preallocate", True),
-                          session_options=self._options)
+        self._plan = self._make_plan(self._graph)
         self._inputs = [_arg(v) for v in self._graph.inputs]
         self._outputs = [_arg(v) for v in self._graph.outputs]
         flag = getattr(self._options, "decode_inline_scan", None)
@@ -126,12 +147,41 @@ class InferenceSession:
     def get_providers(self):
         return [self._provider]
 
+    def get_provider_options(self):
+        return {self._provider: {k: str(v) for k, v in self._provider_options.items()}}
+
+    def _make_plan(self, graph, main=True):
+        if self._provider == CUDA_PROVIDER:
+            from .cuda_plan import CudaPlan
+            return CudaPlan(graph, self._provider, session_options=self._options, device=self._device)
+        if main:
+            return Plan(graph, self._provider, preallocate=getattr(self._options, "preallocate", True),
+                        session_options=self._options)
+        return Plan(graph, self._provider, session_options=self._options)
+
+    def get_placement(self) -> dict:
+        """{node name: "cuda" | "cpu(shape)" | "cpu(allowed)"} for a CUDA session; every node "cpu" otherwise."""
+        if hasattr(self._plan, "get_placement"):
+            return self._plan.get_placement()
+        return {(n.name or f"#{i}"): "cpu" for i, n in enumerate(self._graph.nodes)}
+
+    def cpu_round_trips(self) -> dict:
+        """Per node of a CUDA session, the host round trips so far: {name: {bytes_down, bytes_up, calls, ...}}."""
+        out = {}
+        for p in [self._plan] + [x for x in self._siblings.values() if x is not None]:
+            for k, v in getattr(p, "round_trips", {}).items():
+                if k in out:
+                    out[k] = {f: (out[k][f] + v[f] if isinstance(v[f], int) else v[f]) for f in v}
+                else:
+                    out[k] = dict(v)
+        return out
+
     def get_session_options(self):
         return self._options
 
     @property
     def device(self):
-        return PROVIDERS[self._provider]
+        return self._device
 
     @property
     def plan(self) -> Plan:
@@ -142,6 +192,8 @@ class InferenceSession:
         vi = self._input_info[name]
         if vi.kind != "tensor":
             return value
+        if not isinstance(value, np.ndarray) and rc.is_device_array(value):
+            return self._check_device_feed(name, vi, value)
         if not isinstance(value, np.ndarray):
             if np.isscalar(value) or isinstance(value, (list, tuple)):
                 value = np.asarray(value, dtype=vi.dtype) if vi.dtype is not None else np.asarray(value)
@@ -164,6 +216,30 @@ class InferenceSession:
                         f"(axis {ax}: expected {want}, got {got})")
         if not value.flags.c_contiguous:
             value = np.ascontiguousarray(value)
+        return value
+
+    def _check_device_feed(self, name, vi, value):
+        """A device array feed: the same dtype/rank/shape checks as a numpy one, and no copy."""
+        if self._provider != CUDA_PROVIDER:
+            raise InvalidFeedError(f"input {name!r}: a device array was fed to a {self._provider} session; "
+                                   f"copy it to the host first (runtime.cuda.to_host)")
+        dt = np.dtype(value.dtype)
+        if vi.dtype is not None and dt != vi.dtype:
+            raise InvalidFeedError(
+                f"input {name!r}: expected dtype {type_string(vi.elem_type)} ({vi.dtype}), got {dt}")
+        shape = tuple(value.shape)
+        if vi.shape is not None:
+            if len(shape) != len(vi.shape):
+                raise InvalidFeedError(
+                    f"input {name!r}: expected rank {len(vi.shape)} with shape {list(vi.shape)}, "
+                    f"got rank {len(shape)} with shape {list(shape)}")
+            for ax, (want, got) in enumerate(zip(vi.shape, shape)):
+                if isinstance(want, int) and want != got:
+                    raise InvalidFeedError(
+                        f"input {name!r}: expected shape {list(vi.shape)}, got {list(shape)} "
+                        f"(axis {ax}: expected {want}, got {got})")
+        if not value.is_c_contiguous():
+            raise InvalidFeedError(f"input {name!r}: device arrays must be C-contiguous")
         return value
 
     def _feeds(self, input_feed: dict) -> list:
@@ -210,7 +286,7 @@ class InferenceSession:
             if key not in self._siblings:
                 fixed = dict(zip(self._batch_syms, key))
                 g = build_sibling(self._graph, self._scan_symbol, fixed)
-                self._siblings[key] = None if g is None else Plan(g, self._provider, session_options=self._options)
+                self._siblings[key] = None if g is None else self._make_plan(g, main=False)
             self._sibling = self._siblings[key]
         sibling = self.decode_sibling
         if route_to_sibling(self._decode_flag, sibling is not None, extent):
@@ -218,6 +294,12 @@ class InferenceSession:
             return sibling
         self.plan_runs["main"] += 1
         return self._plan
+
+    def run_prepared(self, feeds: list) -> list:
+        """Run with ``feeds`` already aligned to ``get_inputs()`` and valid (right dtype, rank and extents,
+        C-contiguous); returns every output.  For callers that build their feeds themselves each step (the
+        pipeline's decoder), so the per-feed checks of ``run`` are not paid on every token."""
+        return self._select_plan(feeds).run(feeds)
 
     def run(self, output_names, input_feed, run_options=None):
         feeds = self._feeds(input_feed)
@@ -242,16 +324,17 @@ class InferenceSession:
 class IOBinding:
     """Buffers bound by name that stay resident between runs.
 
-    Bound inputs are read in place on every run.  A bound output buffer is
-    written in place (its shape and dtype must match what the graph
-    produces); an output bound without a buffer is returned fresh by
-    ``get_outputs``.
+    Bound inputs are read in place on every run (numpy arrays, or device arrays on a CUDA session).  A
+    bound output buffer is written in place (its shape and dtype must match what the graph produces); an
+    output bound without a buffer is returned fresh by ``get_outputs``.  On a CUDA session an output bound
+    with ``device_type="cuda"`` (or to a device array) stays on the device: ``get_outputs`` returns device
+    arrays for it and ``copy_outputs_to_cpu`` downloads it.
     """
 
     def __init__(self, session: InferenceSession):
         self._s = session
         self._inputs: dict = {}
-        self._outputs: dict = {}
+        self._outputs: dict = {}  # name -> (buffer or None, on_device)
         self._results: list = []
 
     def bind_cpu_input(self, name, array):
@@ -263,13 +346,31 @@ class IOBinding:
                                    f"{list(self._s._input_index)}")
         self._inputs[name] = self._s._check_feed(name, array)
 
-    def bind_output(self, name, array=None, *args, **kwargs):
+    def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None, buffer_ptr=None):
+        """onnxruntime's signature; ``device_type`` may also be a numpy or device array to write into."""
         if name not in self._s._output_index:
             raise InvalidFeedError(f"output {name!r} is not an output of this model; expected one of "
                                    f"{list(self._s._output_index)}")
-        if array is not None and not isinstance(array, np.ndarray):
-            raise InvalidFeedError(f"output {name!r}: bind a numpy array or None, got {type(array).__name__}")
-        self._outputs[name] = array
+        if buffer_ptr is not None:
+            raise InvalidFeedError(f"output {name!r}: binding a raw buffer_ptr is not supported; bind a numpy "
+                                   f"array or a device array instead")
+        buf = None
+        if device_type is None or isinstance(device_type, str):
+            kind = (device_type or "cpu").lower()
+            if kind not in ("cpu", "cuda", "gpu"):
+                raise InvalidFeedError(f"output {name!r}: device_type must be 'cpu' or 'cuda', got {device_type!r}")
+            on_device = kind != "cpu"
+        elif isinstance(device_type, np.ndarray):
+            buf, on_device = device_type, False
+        elif rc.is_device_array(device_type):
+            buf, on_device = device_type, True
+        else:
+            raise InvalidFeedError(f"output {name!r}: bind a numpy array, a device array, 'cpu' or 'cuda', got "
+                                   f"{type(device_type).__name__}")
+        if on_device and self._s._provider != CUDA_PROVIDER:
+            raise InvalidFeedError(f"output {name!r}: a {self._s._provider} session cannot keep outputs on a "
+                                   f"device; bind it to 'cpu' or a numpy array")
+        self._outputs[name] = (buf, on_device)
 
     def clear_binding_inputs(self):
         self._inputs.clear()
@@ -284,18 +385,24 @@ class IOBinding:
         if missing:
             raise InvalidFeedError(f"input(s) {missing} are not bound; the model expects {names}")
         feeds = [self._inputs[n] for n in names]
-        results = self._s._select_plan(feeds).run(feeds)
+        plan = self._s._select_plan(feeds)
         names = list(self._outputs) or list(self._s._output_index)
+        index = self._s._output_index
+        on_device = {index[n] for n, (_, dev) in self._outputs.items() if dev}
+        results = plan.run(feeds, device_outputs=on_device) if on_device else plan.run(feeds)
         out = []
         for n in names:
-            r = results[self._s._output_index[n]]
-            buf = self._outputs.get(n)
+            r = results[index[n]]
+            buf = self._outputs.get(n, (None, False))[0]
             if buf is not None:
-                if buf.shape != r.shape or buf.dtype != r.dtype:
+                if tuple(buf.shape) != tuple(r.shape) or np.dtype(buf.dtype) != np.dtype(r.dtype):
                     raise InvalidFeedError(f"output {n!r}: bound buffer is {buf.dtype}{list(buf.shape)}, "
                                            f"the graph produced {r.dtype}{list(r.shape)}")
                 if buf is not r:
-                    np.copyto(buf, r)
+                    if isinstance(buf, np.ndarray):
+                        np.copyto(buf, r)
+                    elif r.size:
+                        buf.copy_to_device(r)  # device to device
                 r = buf
             out.append(r)
         self._results = out
@@ -304,4 +411,4 @@ class IOBinding:
         return list(self._results)
 
     def copy_outputs_to_cpu(self):
-        return [np.array(r, copy=True) for r in self._results]
+        return [np.array(r, copy=True) if isinstance(r, np.ndarray) else rc.to_host(r) for r in self._results]

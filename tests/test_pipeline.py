@@ -73,7 +73,9 @@ def test_backend_choice_from_environment():
     assert parse_device("cuda:1") == "cuda:1"
 
 
-def test_cuda_device_without_a_cuda_provider_is_an_error(package):
+def test_cuda_device_without_a_cuda_provider_is_an_error(package, monkeypatch):
+    from runtime import cuda as rc
+    monkeypatch.setattr(rc, "available", lambda: False)
     spec = load_package(package)
     with pytest.raises(BackendConfigError, match="CUDA"):
         Pipeline(spec, BackendChoice(set(), True, "cuda"))

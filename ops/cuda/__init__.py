@@ -12,13 +12,17 @@ Invariants of every module here:
   validations (Gather), made through ``to_host`` too;
 - wrappers reshape to a canonical rank (flat, 4-d broadcast, (rows, n)) so each kernel compiles once per
   dtype; 16-bit floats are computed in float32 inside the kernels;
-- nothing is registered with ``ops.registry`` yet: the executor does not run CUDA plans.
+- registrations with ``ops.registry`` (provider ``CUDAExecutionProvider``) happen on import, so they exist only
+  after ``load()``; ``registered`` registers the wrappers of the first seven modules and the view ops, and
+  ``runtime.cuda_plan.CudaPlan`` runs them.
 """
 import importlib
 
 __all__ = ["FAMILIES", "load"]
 
-FAMILIES = ("elementwise", "cast", "softmax", "contrib_norm", "matmul", "indexing", "reduce")
+FAMILIES = ("elementwise", "cast", "softmax", "contrib_norm", "matmul", "indexing", "reduce", "registered",
+            "shape", "norm", "contrib_recurrent", "activations",
+            "contrib_quant", "contrib_attention")
 
 
 def load() -> dict:

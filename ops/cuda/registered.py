@@ -1,0 +1,330 @@
+"""Registrations of the CUDA kernel wrappers of ``elementwise``, ``cast``, ``softmax``, ``contrib_norm``,
+``matmul``, ``indexing`` and ``reduce`` with ``ops.registry`` (provider ``CUDAExecutionProvider``), plus the
+view ops Reshape, Squeeze, Unsqueeze, Flatten and Identity.
+
+The kernel modules' wrappers take ``n_outputs=`` where the registry hands a ``ctx``, and spell some
+attribute defaults for their own use (ArgMax's ``axis=-1``); the thin functions here adapt them, with
+each op's ONNX attribute names and defaults copied from its CPU twin, at the same since-versions the CPU
+twin registers.
+
+Invariants:
+- inputs arrive as C-contiguous device arrays except the positions named in ``host_inputs`` (Reshape's
+  shape, Squeeze/Unsqueeze's axes, Gather's indices), which arrive as host numpy arrays;
+- results are fresh device arrays, except the view ops (``views=True``), whose results are reshaped views
+  of their input (``DeviceNDArray.reshape`` on a contiguous array shares its memory);
+- Gather validates its host indices before launch (``IndexOutOfRangeError``); indices that are an
+  initializer are validated and uploaded once, other indices are uploaded per run (a counted transfer);
+- configurations the kernels do not cover (Softmax over an inner axis, integer Div, Cast outside
+  float32<->float16, ArgMax over an inner axis) raise ``InvalidArgumentError`` when the node runs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops._common import as_int_list, broadcast_shape, check_indices, norm_axis
+from ops.registry import op
+from ops.shape import _squeeze, _unsqueeze, reshape_target
+from runtime import cuda as rc
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import cast as kcast
+from . import contrib_norm as knorm
+from . import elementwise as kel
+from . import indexing as kidx
+from . import matmul as kmm
+from . import reduce as kred
+from . import softmax as ksm
+from ._common import check_device, flat, grid1d
+
+__all__ = ["CUDA", "reshape_device"]
+
+CUDA = "CUDAExecutionProvider"
+MS = "com.microsoft"
+
+
+def reshape_device(a, shape):
+    """A view of the contiguous device array ``a`` with ``shape`` (0-d included)."""
+    shape = tuple(int(d) for d in shape)
+    if tuple(a.shape) == shape:
+        return a
+    return a.reshape(shape)
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+
+def _binary_fn(name):
+    def fn(A, B):
+        return kel.binary(name, A, B)
+    fn.__name__ = name
+    return fn
+
+
+for _name in ("Add", "Sub", "Mul", "Div"):
+    for _v in (7, 13, 14):
+        op(_name, _v, provider=CUDA)(_binary_fn(_name))
+
+
+def _unary_fn(name):
+    def fn(X):
+        return kel.unary(name, X)
+    fn.__name__ = name
+    return fn
+
+
+for _name, _vers in (("Neg", (6, 13)), ("Exp", (6, 13)), ("Sigmoid", (6, 13)), ("Tanh", (6, 13)), ("Relu", (6,))):
+    for _v in _vers:
+        op(_name, _v, provider=CUDA)(_unary_fn(_name))
+
+
+@op("Where", 9, provider=CUDA)
+def Where(condition, X, Y):
+    return kel.Where(condition, X, Y)
+
+
+# -- Cast ------------------------------------------------------------------------------------------
+
+@op("Cast", 1, provider=CUDA)
+def Cast_1(input, to=None):
+    if isinstance(to, str):  # opset 1 spelled the type as a string
+        from onnx import TensorProto
+        to = TensorProto.DataType.Value(to.upper())
+    return Cast(input, to)
+
+
+@op("Cast", 6, provider=CUDA)
+def Cast(input, to=None, saturate=1, round_mode="up"):
+    if to is None:
+        raise InvalidAttributeError("Cast: the 'to' attribute is required")
+    return kcast.Cast(input, int(to), saturate)
+
+
+# -- Softmax ---------------------------------------------------------------------------------------
+
+def _softmax(input, axis, coerce_2d):
+    check_device("Softmax", input=input)
+    shape = tuple(input.shape)
+    if input.ndim == 0:
+        return ksm.Softmax(input.reshape((1,))).reshape(())
+    ax = norm_axis(axis, input.ndim)
+    inner = int(math.prod(shape[ax + 1:]))
+    if coerce_2d:  # opset < 13: softmax over the flattened trailing block [axis:]
+        n = int(math.prod(shape[ax:]))
+    elif inner == 1:  # an inner axis followed only by extent-1 axes is the last axis of a (rows, n) view
+        n = shape[ax]
+    else:
+        raise InvalidArgumentError(f"Softmax: the CUDA kernel reduces the last axis only, got axis={axis} "
+                                   f"for shape {list(shape)}")
+    if input.size == 0:
+        return rc.device_empty(shape, input.dtype)
+    rows = input.size // n
+    y = ksm.Softmax(input.reshape((rows, n)))
+    return y.reshape(shape)
+
+
+@op("Softmax", 1, provider=CUDA)
+def Softmax_1(input, axis=1):
+    return _softmax(input, axis, True)
+
+
+@op("Softmax", 13, provider=CUDA)
+def Softmax(input, axis=-1):
+    return _softmax(input, axis, False)
+
+
+# -- RMS norms -------------------------------------------------------------------------------------
+
+def SimplifiedLayerNormalization(X, scale, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
+    return knorm.SimplifiedLayerNormalization(X, scale, axis, epsilon, stash_type, n_outputs=ctx.n_outputs)
+
+
+op("SimplifiedLayerNormalization", 1, provider=CUDA)(SimplifiedLayerNormalization)
+op("SimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)(SimplifiedLayerNormalization)
+
+
+@op("SkipSimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)
+def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, ctx):
+    return knorm.SkipSimplifiedLayerNormalization(input, skip, gamma, bias, epsilon, n_outputs=ctx.n_outputs)
+
+
+# -- MatMul ----------------------------------------------------------------------------------------
+
+def MatMul(A, B):
+    """numpy ``matmul`` semantics: 1-d operands promoted and squeezed, leading (batch) dims broadcast.
+
+    One row in all (M == 1 after folding the batch into rows) with a 2-d ``B`` runs the GEMV; everything
+    else the tiled GEMM, in one launch when the batches fold into strides, else one launch per batch.
+    """
+    check_device("MatMul", A=A, B=B)
+    if A.ndim == 0 or B.ndim == 0:
+        raise ShapeMismatchError(f"MatMul: operands must have rank >= 1, got {list(A.shape)} and {list(B.shape)}")
+    kmm._check_dtypes("MatMul", A, B)
+    a_shape = tuple(A.shape) if A.ndim > 1 else (1,) + tuple(A.shape)
+    b_shape = tuple(B.shape) if B.ndim > 1 else tuple(B.shape) + (1,)
+    M, K = a_shape[-2:]
+    K2, N = b_shape[-2:]
+    if K != K2:
+        raise ShapeMismatchError(f"MatMul: inner dimensions differ: {list(A.shape)} @ {list(B.shape)}")
+    ba, bb = a_shape[:-2], b_shape[:-2]
+    try:
+        bc = broadcast_shape(ba, bb)
+    except Exception:
+        raise ShapeMismatchError(f"MatMul: batch dimensions of {list(A.shape)} and {list(B.shape)} "
+                                 f"do not broadcast") from None
+    out_shape = bc + (M, N)
+    final = out_shape
+    if A.ndim == 1:
+        final = final[:-2] + final[-1:]
+    if B.ndim == 1:
+        final = final[:-1]
+    pa, pb, pc = int(math.prod(ba)), int(math.prod(bb)), int(math.prod(bc))
+    C = rc.device_empty(out_shape, A.dtype)
+    if C.size == 0:
+        return reshape_device(C, final)
+    fa, fb, fc = flat(A), flat(B), flat(C)
+    if pb == 1 and pa == pc:
+        rows = pa * M  # a weight shared by every batch: fold the batch into rows
+        if rows == 1:
+            blocks, threads = grid1d(N)
+            kmm._gemv[blocks, threads](fa, fb, fa, False, fc, K, N)
+        else:
+            _gemm(fa, fb, fc, rows, N, K, 0, 0, 1)
+    elif (pa == 1 or pa == pc) and pb == pc:  # batches line up, or A is shared by every batch of B
+        _gemm(fa, fb, fc, M, N, K, M * K if pa > 1 else 0, K * N if pb > 1 else 0, pc)
+    else:  # general broadcast: one launch per output batch
+        nd = len(bc)
+        ia = np.arange(pa).reshape((1,) * (nd - len(ba)) + ba)
+        ib = np.arange(pb).reshape((1,) * (nd - len(bb)) + bb)
+        ja = np.broadcast_to(ia, bc).reshape(-1)
+        jb = np.broadcast_to(ib, bc).reshape(-1)
+        for z in range(pc):
+            a0, b0 = int(ja[z]) * M * K, int(jb[z]) * K * N
+            _gemm(fa[a0:a0 + M * K], fb[b0:b0 + K * N], fc[z * M * N:(z + 1) * M * N], M, N, K, 0, 0, 1)
+    return reshape_device(C, final)
+
+
+def _gemm(a, b, c, M, N, K, a_stride, b_stride, batch):
+    grid = (-(-N // kmm.TILE), -(-M // kmm.TILE), batch)
+    kmm._gemm_tiled[grid, (kmm.TILE, kmm.TILE)](a, b, c, M, N, K, a_stride, b_stride)
+
+
+for _v in (1, 9, 13):
+    op("MatMul", _v, provider=CUDA)(MatMul)
+
+
+# -- Gather ----------------------------------------------------------------------------------------
+
+def _gather_factory(ctx, axis=0):
+    """Gather with host indices; indices that are an initializer are checked and uploaded once."""
+    node, graph = ctx.node, ctx.graph
+    const = node is not None and graph is not None and len(node.inputs) > 1 and \
+        node.inputs[1] in getattr(graph, "initializers", {})
+    cache = {}
+
+    def run(data, indices):
+        check_device("Gather", data=data)
+        if data.ndim == 0:
+            raise InvalidArgumentError("Gather: data must have rank >= 1, got a scalar")
+        if rc.is_device_array(indices):  # only when a caller bypasses host_inputs
+            indices = rc.to_host(indices)
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"Gather: indices must be int32 or int64, got {idx.dtype}")
+        ax = norm_axis(axis, data.ndim)
+        axis_n = tuple(data.shape)[ax]
+        d_idx = cache.get(axis_n) if const else None
+        if d_idx is None:
+            check_indices("Gather", idx, -axis_n, axis_n)
+            norm = np.where(idx < 0, idx + axis_n, idx).astype(np.int64).reshape(-1)
+            d_idx = rc.to_device(norm) if norm.size else None
+            if const:
+                cache[axis_n] = d_idx
+        shape = tuple(data.shape)[:ax] + tuple(idx.shape) + tuple(data.shape)[ax + 1:]
+        out = rc.device_empty(shape, data.dtype)
+        if out.size:
+            inner = int(math.prod(tuple(data.shape)[ax + 1:]))
+            blocks, threads = grid1d(out.size)
+            kidx._gather3[blocks, threads](flat(data), d_idx, flat(out), axis_n, idx.size, inner)
+        return out
+    return run
+
+
+for _v in (1, 11, 13):
+    op("Gather", _v, factory=True, provider=CUDA, host_inputs=(1,))(_gather_factory)
+
+
+# -- ArgMax ----------------------------------------------------------------------------------------
+
+@op("ArgMax", 1, provider=CUDA)
+def ArgMax(data, axis=0, keepdims=1, select_last_index=0):
+    check_device("ArgMax", data=data)
+    if data.ndim:
+        ax = norm_axis(axis, data.ndim)
+        if ax != data.ndim - 1 and int(math.prod(tuple(data.shape)[ax + 1:])) == 1:
+            # only extent-1 axes follow: reduce the last axis of a view, then restore the kept axes
+            shape = tuple(data.shape)
+            y = kred.ArgMax(data.reshape(shape[:ax + 1]), -1, keepdims, select_last_index)
+            return reshape_device(y, shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:])
+    return kred.ArgMax(data, axis, keepdims, select_last_index)
+
+
+# -- views -----------------------------------------------------------------------------------------
+
+@op("Identity", 1, views=True, provider=CUDA)
+def Identity(x):
+    return x
+
+
+@op("Reshape", 1, views=True, provider=CUDA)
+def Reshape_1(data, shape=None, consumed_inputs=None):
+    return reshape_device(data, reshape_target(tuple(data.shape), shape))
+
+
+@op("Reshape", 5, views=True, provider=CUDA, host_inputs=(1,))
+def Reshape(data, shape, allowzero=0):
+    return reshape_device(data, reshape_target(tuple(data.shape), shape, allowzero))
+
+
+class _Meta:
+    """Shape-only stand-in so the CPU shape helpers compute a target shape without touching data."""
+
+    def __init__(self, a):
+        self.shape = tuple(a.shape)
+        self.ndim = len(self.shape)
+
+    def reshape(self, shape):
+        return tuple(shape)
+
+
+@op("Squeeze", 1, views=True, provider=CUDA)
+def Squeeze_1(data, axes=None):
+    return reshape_device(data, _squeeze(_Meta(data), axes))
+
+
+@op("Squeeze", 13, views=True, provider=CUDA, host_inputs=(1,))
+def Squeeze(data, axes=None):
+    return reshape_device(data, _squeeze(_Meta(data), axes))
+
+
+@op("Unsqueeze", 1, views=True, provider=CUDA)
+def Unsqueeze_1(data, axes=None):
+    if axes is None:
+        raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
+    return reshape_device(data, _unsqueeze(_Meta(data), axes))
+
+
+@op("Unsqueeze", 13, views=True, provider=CUDA, host_inputs=(1,))
+def Unsqueeze(data, axes=None):
+    if axes is None:
+        raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
+    return reshape_device(data, _unsqueeze(_Meta(data), as_int_list(axes)))
+
+
+@op("Flatten", 1, views=True, provider=CUDA)
+def Flatten(input, axis=1):
+    r = input.ndim
+    a = axis + r if axis < 0 else axis
+    if a < 0 or a > r:
+        raise InvalidAttributeError(f"Flatten: axis {axis} is out of range for rank {r}; expected [-{r}, {r}]")
+    shape = tuple(input.shape)
+    return reshape_device(input, (int(math.prod(shape[:a])), int(math.prod(shape[a:]))))

@@ -1,0 +1,351 @@
+"""The CUDA plan: a graph compiled for ``CUDAExecutionProvider``, every value placed on the host or the device.
+
+``CudaPlan`` has the public surface the session uses from ``executor.Plan`` (``input_names``,
+``output_names``, ``run``, ``graph``, ``provider``, ``device``, ``steps``, ``step_nodes``, ``slot_of``).
+Placement is decided once, per node, in topological order:
+
+- ``cuda``: the node has a CUDA registration (``ops.cuda.load()`` is called first so every one exists).
+  Inputs listed in the impl's ``host_inputs`` are handed over as host numpy arrays, the others as device
+  arrays; results are device arrays.
+- ``cpu(shape)``: shape computations stay on the host, as onnxruntime's CUDA provider keeps them on the CPU:
+  ``Shape``/``Size`` (they read only metadata, so a device input is never copied) and ``Constant`` always;
+  ``SHAPE_OPS`` on int32/int64/bool tensors whose inputs are all host-resident (initializers, feeds,
+  results of other host nodes), even when a CUDA kernel exists.  No data crosses for these.
+- ``cpu(allowed)``: a node without a CUDA kernel that ``SessionOptions.cuda_cpu_ops`` names (op type or node
+  name) runs its CPU kernel; device inputs are downloaded and results uploaded when a device kernel reads
+  them, and every such host round trip is counted per node in ``round_trips``.
+- anything else makes construction fail with ``UnsupportedOpError``: nothing silently runs on the CPU.
+
+Invariants:
+- every host<->device copy goes through ``runtime.cuda.to_device``/``to_host`` and is counted;
+- initializers read by a device kernel are uploaded once, at construction (their host array stays for
+  host readers); other host values a device kernel reads are uploaded once per run, however many device
+  kernels read them; a device value a host reader needs is downloaded once per run (a round trip);
+- feeds may be numpy or device arrays; a value slot (and its copy on the other side) is cleared right after
+  the last step that reads it;
+- ``run`` returns numpy arrays except for the outputs named in ``device_outputs``, which stay (or are put)
+  on the device; an output that is an initializer or a feed, or a view of one, is copied first.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ops import registry
+from . import cuda as rc
+from .errors import ModelLoadError, OnnxNumbaError, UnsupportedOpError
+from .executor import KernelError
+from .ir import Graph, free_names, subgraphs
+from .providers import CUDA_PROVIDER, PROVIDERS
+
+__all__ = ["CudaPlan", "SHAPE_OPS", "CUDA", "CPU_SHAPE", "CPU_ALLOWED"]
+
+CUDA, CPU_SHAPE, CPU_ALLOWED = "cuda", "cpu(shape)", "cpu(allowed)"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+# Ops that run on the host when every input is host-resident and every tensor is int32/int64/bool.
+SHAPE_OPS = frozenset({"Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Cast", "Add", "Sub", "Mul", "Div",
+                       "Equal", "Where", "Range", "ReduceSum", "ReduceProd", "ConstantOfShape", "Expand",
+                       "Reshape", "Identity"})
+_METADATA_OPS = frozenset({"Shape", "Size"})
+_SHAPE_DTYPES = frozenset({np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)})
+H, D = "h", "d"  # where a step wants an input: host, device (None: either, metadata only)
+
+
+def _nbytes(a) -> int:
+    return int(a.size) * np.dtype(a.dtype).itemsize
+
+
+def upload(a):
+    """``rc.to_device`` keeping 0-d arrays 0-d (``np.ascontiguousarray`` inside it makes them 1-d)."""
+    d = rc.to_device(a)
+    if a.ndim == 0 and d.ndim != 0:
+        d = d.reshape(())
+    return d
+
+
+def _device_copy(d):
+    c = rc.device_empty(tuple(d.shape), d.dtype)
+    if d.size:
+        c.copy_to_device(d)  # device to device: no host transfer
+    return c
+
+
+class CudaPlan:
+    """A graph compiled for the CUDA provider (see the module docstring)."""
+
+    def __init__(self, graph: Graph, provider: str = CUDA_PROVIDER, *, session_options=None,
+                 device=None, **_ignored):
+        import ops.cuda
+        ops.cuda.load()
+        self.graph = graph
+        self.provider = provider
+        self.device = device or PROVIDERS[provider]
+        self.session_options = session_options
+        allow = set(getattr(session_options, "cuda_cpu_ops", None) or ())
+        slot_of: dict[str, int] = {"": 0}
+        values: list = [None]
+        dtype_of: dict[str, np.dtype | None] = {}
+
+        def new_slot(name, value=None):
+            slot_of[name] = len(values)
+            values.append(value)
+            return slot_of[name]
+
+        def dtype(name):
+            if name in dtype_of:
+                return dtype_of[name]
+            vi = graph.value_info.get(name)
+            return None if vi is None or vi.dtype is None else np.dtype(vi.dtype)
+
+        where: dict[str, str] = {}  # value -> H or D (static residence)
+        for name, arr in graph.initializers.items():
+            new_slot(name, arr)
+            where[name] = H
+            dtype_of[name] = np.dtype(arr.dtype) if isinstance(arr, np.ndarray) else None
+        self.init_slots = set(slot_of.values()) - {0}
+        self.input_names = [v.name for v in graph.inputs]
+        self.input_slots = [new_slot(n) for n in self.input_names]
+        self.outer_names = sorted(getattr(graph, "outer_names", set()) - set(slot_of))
+        self.outer_slots = [new_slot(n) for n in self.outer_names]
+        for n in self.input_names + self.outer_names:
+            where[n] = H
+
+        def is_shape_dtype(name, produced_on_host):
+            dt = dtype(name)
+            if dt is None:
+                return produced_on_host
+            return dt in _SHAPE_DTYPES
+
+        placement: list = []
+        impls: list = []
+        unsupported = []
+        for node in graph.nodes:
+            ins = [x for x in node.inputs if x]
+            cuda_impl = registry.resolve(node.domain, node.op_type, node.opset, provider)
+            std = node.domain in ("", "ai.onnx")
+            kind = impl = None
+            if std and (node.op_type in _METADATA_OPS or node.op_type == "Constant"):
+                kind = CPU_SHAPE
+            elif std and node.op_type in SHAPE_OPS and all(where.get(x) == H for x in ins) \
+                    and all(is_shape_dtype(x, True) for x in ins) \
+                    and all(is_shape_dtype(o, True) for o in node.outputs if o):
+                kind = CPU_SHAPE
+            elif cuda_impl is not None:
+                kind, impl = CUDA, cuda_impl
+            elif node.op_type in allow or (node.name and node.name in allow):
+                kind = CPU_ALLOWED
+            if kind in (CPU_SHAPE, CPU_ALLOWED):
+                impl = registry.resolve(node.domain, node.op_type, node.opset, CPU_PROVIDER)
+                if impl is None:
+                    kind = None
+            if kind is None:
+                unsupported.append((node.name, node.op_type, node.domain, node.opset))
+            for o in node.outputs:
+                if o:
+                    if o in slot_of and slot_of[o] != 0:
+                        raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r})")
+                    new_slot(o)
+                    where[o] = D if kind == CUDA else H
+            placement.append(kind)
+            impls.append(impl)
+        if unsupported:
+            err = UnsupportedOpError(unsupported, provider)
+            err.args = (err.args[0] + "\n(no node falls back to the CPU silently; to run these on the CPU with "
+                        "their inputs copied across, name their op types or node names in "
+                        "SessionOptions.cuda_cpu_ops)",)
+            raise err
+
+        out_names = [v.name for v in graph.outputs]
+        for n in out_names:
+            if n not in slot_of:
+                raise ModelLoadError(f"graph output {n!r} is not produced by any node, input or initializer")
+        self.output_names = out_names
+        self.output_slots = [slot_of[n] for n in out_names]
+        self.slot_of = slot_of
+        self.placement = {(node.name or f"#{i}"): kind for i, (node, kind) in enumerate(zip(graph.nodes, placement))}
+        nsteps = len(graph.nodes)
+        INF = nsteps + 1
+
+        # Liveness (subgraph captures count as reads), as in Plan.
+        last_use = [-1] * len(values)
+        step_reads = []
+        for i, node in enumerate(graph.nodes):
+            reads = {slot_of[x] for x in node.inputs if x}
+            for g in subgraphs(node):
+                reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
+            step_reads.append(reads)
+            for s in reads:
+                last_use[s] = i
+        for s in self.output_slots:
+            last_use[s] = INF
+        # Aliasing: results of view ops may share memory with their inputs.
+        roots = [(s,) for s in range(len(values))]
+        for node, impl in zip(graph.nodes, impls):
+            if impl.views:
+                rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
+                for o in node.outputs:
+                    if o and rs:
+                        roots[slot_of[o]] = rs
+        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
+        self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
+
+        # Steps.
+        discard = len(values)
+        values.append(None)
+        self.producer = [None] * len(values)  # slot -> step index of the node that writes it
+        steps = []
+        self.step_nodes = []
+        device_readers = set()
+        for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
+            ins = list(node.inputs)
+            while ins and not ins[-1]:
+                ins.pop()
+            captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
+            in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
+            if kind == CUDA:
+                wants = tuple(H if k in impl.host_inputs else D for k in range(len(ins))) + (H,) * len(captured)
+                device_readers.update(s for s, w in zip(in_slots, wants) if w == D)
+            elif node.op_type in _METADATA_OPS:
+                wants = (None,) * len(in_slots)
+            else:
+                wants = (H,) * len(in_slots)
+            ctx = registry.OpContext(
+                name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
+                attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
+                input_types=[graph.value_info.get(x) if x else None for x in ins],
+                output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
+                out=[None] * len(node.outputs), provider=provider if kind == CUDA else CPU_PROVIDER,
+                outputs_used=[bool(x) for x in node.outputs], node=node, graph=graph,
+                session_options=session_options, captured=captured)
+            try:
+                fn = registry.bind(impl, ctx)
+            except OnnxNumbaError:
+                raise
+            except Exception as e:
+                raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
+            outs = [slot_of[o] if o else discard for o in node.outputs]
+            for s in outs:
+                self.producer[s] = i
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
+            steps.append((fn, in_slots, wants, out, frees))
+            self.step_nodes.append(node)
+        self.steps = steps
+        self.step_kind = placement
+        self.nslots = len(values)
+        self.template = values
+        # Initializers a device kernel reads: uploaded once, here.
+        self.shadow_template = [None] * len(values)
+        self.init_upload_bytes = 0
+        for s in sorted(device_readers & self.init_slots):
+            v = values[s]
+            if isinstance(v, np.ndarray):
+                self.shadow_template[s] = upload(v)
+                self.init_upload_bytes += _nbytes(v)
+        self.round_trips: dict = {}
+        self._lock = threading.Lock()
+
+    # -- introspection ---------------------------------------------------------------------------
+    def get_placement(self) -> dict:
+        """{node name: "cuda" | "cpu(shape)" | "cpu(allowed)"} (unnamed nodes as ``#index``)."""
+        return dict(self.placement)
+
+    def _trip(self, step_index: int, what: str, nbytes: int) -> None:
+        node = self.step_nodes[step_index]
+        key = node.name or f"#{step_index}"
+        rt = self.round_trips.get(key)
+        if rt is None:
+            rt = self.round_trips[key] = {"op_type": node.op_type, "placement": self.step_kind[step_index],
+                                          "bytes_down": 0, "bytes_up": 0, "downloads": 0, "uploads": 0,
+                                          "calls": 0}
+        if what == "down":
+            rt["bytes_down"] += nbytes
+            rt["downloads"] += 1
+        elif what == "up":
+            rt["bytes_up"] += nbytes
+            rt["uploads"] += 1
+        else:
+            rt["calls"] += 1
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, feeds, outer=(), device_outputs=()) -> list:
+        """Run with ``feeds`` (numpy or device arrays) aligned to ``input_names``.
+
+        Returns values aligned to ``output_names``: numpy arrays, except the output positions in
+        ``device_outputs``, which are device arrays.
+        """
+        with self._lock:
+            vals = self.template[:]
+            other = self.shadow_template[:]  # the copy of a value on the other side, made at most once per run
+            for s, v in zip(self.input_slots, feeds):
+                vals[s] = v
+            for s, v in zip(self.outer_slots, outer):
+                vals[s] = v
+            ndarray = np.ndarray
+            producer, kinds = self.producer, self.step_kind
+            k = -1
+            try:
+                for k, (fn, in_slots, wants, out, frees) in enumerate(self.steps):
+                    args = []
+                    for s, w in zip(in_slots, wants):
+                        v = vals[s]
+                        if v is None or w is None:
+                            pass
+                        elif w == D:
+                            if isinstance(v, ndarray):
+                                d = other[s]
+                                if d is None:
+                                    d = other[s] = upload(v)
+                                    p = producer[s]
+                                    if p is not None and kinds[p] == CPU_ALLOWED:
+                                        self._trip(p, "up", _nbytes(v))
+                                v = d
+                        elif not isinstance(v, ndarray) and rc.is_device_array(v):
+                            h = other[s]
+                            if h is None:
+                                h = other[s] = rc.to_host(v)
+                                self._trip(k, "down", _nbytes(h))
+                            v = h
+                        args.append(v)
+                    if kinds[k] == CPU_ALLOWED:
+                        self._trip(k, "call", 0)
+                    r = fn(*args)
+                    if out.__class__ is int:
+                        vals[out] = r
+                    else:
+                        for o, x in zip(out, r):
+                            vals[o] = x
+                    for f in frees:
+                        vals[f] = None
+                        other[f] = None
+            except Exception as e:
+                if k < 0:
+                    raise
+                node = self.step_nodes[k]
+                where = (f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, "
+                         f"opset {node.opset}, on {self.step_kind[k]})")
+                if isinstance(e, OnnxNumbaError):
+                    try:
+                        err = type(e)(f"{where}: {e}")
+                    except TypeError:
+                        raise e from None
+                    raise err from e
+                raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+            keep = set(device_outputs)
+            res = []
+            for j, s in enumerate(self.output_slots):
+                v = vals[s]
+                on_host = isinstance(v, ndarray)
+                if j in keep:
+                    if on_host:
+                        v = other[s] if other[s] is not None and s not in self.init_slots else upload(v)
+                    elif self.copy_out[j]:
+                        v = _device_copy(v)
+                elif not on_host and rc.is_device_array(v):
+                    v = other[s] if other[s] is not None else rc.to_host(v)
+                elif on_host and self.copy_out[j]:
+                    v = v.copy()
+                res.append(v)
+            return res

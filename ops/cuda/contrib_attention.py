@@ -1,0 +1,555 @@
+"""CUDA contrib attention ops (com.microsoft): GroupQueryAttention, RotaryEmbedding, MRotaryEmbedding.
+
+GroupQueryAttention follows the CPU twin (``ops/contrib_attention.py``): per batch entry ``b`` the cache holds
+``T_b = seqlens_k[b] + 1`` positions after the step; the new tokens sit at ``[P_b, P_b + S)`` with ``P_b = 0``
+for the first prompt (``S == total_sequence_length``) and ``P_b = T_b - S`` otherwise.  Query row ``s``
+(position ``P_b + s``) attends to keys ``[lo, hi)``: ``hi = min(P_b + s + 1, T_b)`` when causal (``T_b``
+otherwise), ``lo = P_b + s + 1 - local_window_size`` when a window is set.  Two kernels:
+
+- ``_kv_write``: one thread per element of ``present_key``/``present_value`` (B, kvH, L, D),
+  ``L = max(total_sequence_length, past_len)``: rows ``[0, P_b)`` copied from ``past_*``, rows
+  ``[P_b, P_b + S)`` the new K (rotated when ``do_rotary``) and V, the rest zero;
+- ``_gqa_attn``: one block per (batch, head, query row); the (rotated) query row is staged in shared memory,
+  the live keys are walked in tiles of ``blockDim`` keys (one key per thread, float32 dot), with an online
+  softmax (running max and sum, rescaled accumulator of ``D`` floats in shared memory, V rows read
+  coalesced along ``D``); softcap, ``attention_bias``, ``head_sink`` and ``smooth_softmax`` as on the CPU.
+  A row with no key in range yields zeros.
+
+``seqlens_k`` stays on the device (the kernels derive ``P_b``/``T_b`` from it); ``total_sequence_length`` is a
+host input (it sizes ``present``).  For the CPU's error parity the wrapper copies ``seqlens_k`` (B int32) and,
+with ``do_rotary``, ``position_ids`` back through ``runtime.cuda.to_host`` (counted) to validate them; set
+``VALIDATE_ON_HOST = False`` to skip that sync (the kernels clamp every index, so bad values cannot touch
+memory outside the buffers, but they are then not diagnosed).  ``sliding_window_cache=1``, quantized KV
+caches, ``qk_output`` > 0 and the k_scale/v_scale/q_norm/k_norm/query_seqlens inputs are rejected.
+
+RotaryEmbedding / MRotaryEmbedding: one thread per output element, the rotated pair read from the input
+(never in place); positions are validated on the host (``to_host`` of ``position_ids``), then read on the
+device.  MRotaryEmbedding picks the T/H/W position stream per rotary half-dim from ``mrope_section``
+(sectioned layout 0 or interleaved layout 1), as the CPU twin does.
+
+Invariants: inputs are C-contiguous device arrays (``total_sequence_length`` a host array) and are never
+written; outputs are new device arrays of the input dtype; float16 is computed in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ops._common import check_indices
+from ops.registry import op
+from ._common import MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, row_threads
+
+__all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "VALIDATE_ON_HOST", "MAX_HEAD_SIZE"]
+
+_MS = "com.microsoft"
+_CUDA = "CUDAExecutionProvider"
+MAX_HEAD_SIZE = 512  # shared-memory query/accumulator length of the attention kernel
+VALIDATE_ON_HOST = True
+
+
+# -- device helpers ------------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def _pair(d, rot, interleaved):
+    """(t, i1, i2, first) for rotary element ``d < rot``: cache column t, pair (i1, i2), d == i1."""
+    half = rot // 2
+    if interleaved:
+        t = d // 2
+        return t, 2 * t, 2 * t + 1, d % 2 == 0
+    if d < half:
+        return d, d, d + half, True
+    return d - half, d - half, d, False
+
+
+@cuda.jit(device=True)
+def _rot_elem(x, base, d, rot, interleaved, cos, sin, crow, cw):
+    """Element ``d`` of the head vector ``x[base:base + D]`` after rotation at cache row ``crow``."""
+    if d >= rot:
+        return np.float32(x[base + d])
+    t, i1, i2, first = _pair(d, rot, interleaved)
+    co = np.float32(cos[crow * cw + t])
+    sn = np.float32(sin[crow * cw + t])
+    x1 = np.float32(x[base + i1])
+    x2 = np.float32(x[base + i2])
+    if first:
+        return co * x1 - sn * x2
+    return sn * x1 + co * x2
+
+
+@cuda.jit(device=True)
+def _past_total(seqlens, b, S, first_prompt, P, L):
+    """(P_b, T_b) of batch entry b, clamped into the buffers."""
+    T = np.int64(seqlens[b]) + 1
+    pb = np.int64(0) if first_prompt else T - S
+    if pb > P:
+        pb = P
+    if pb > L - S:
+        pb = L - S
+    if pb < 0:
+        pb = 0
+    if T > L:
+        T = L
+    return pb, T
+
+
+@cuda.jit(device=True)
+def _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows):
+    if pos_mode == 1:
+        p = np.int64(pos_ids[0]) + s
+    elif pos_mode == 2:
+        p = np.int64(pos_ids[b * S + s])
+    else:
+        p = pb + s
+        if p >= T:
+            p = 1  # right-padded rows get position 1, as onnxruntime does
+    if p >= crows:
+        p = crows - 1
+    if p < 0:
+        p = 0
+    return p
+
+
+# -- GroupQueryAttention kernels ---------------------------------------------------------------------
+
+@cuda.jit
+def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, pres_k, pres_v, seqlens,
+              first_prompt, S, kvH, L, D, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids, pos_mode):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    total = pres_k.size
+    for i in range(start, total, step):
+        d = i % D
+        r = i // D
+        j = r % L
+        r2 = r // L
+        kh = r2 % kvH
+        b = r2 // kvH
+        pb, T = _past_total(seqlens, b, S, first_prompt, P, L)
+        if j < pb:
+            src = ((b * kvH + kh) * P + j) * D + d
+            pres_k[i] = past_k[src]
+            pres_v[i] = past_v[src]
+        elif j < pb + S:
+            s = j - pb
+            row = (b * S + s) * kv_stride
+            vk = np.float32(0.0)
+            if rotary:
+                crow = _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows)
+                vk = _rot_elem(ksrc, row + k_off + kh * D, d, rot, interleaved, cos, sin, crow, cw)
+            else:
+                vk = np.float32(ksrc[row + k_off + kh * D + d])
+            pres_k[i] = vk
+            pres_v[i] = vsrc[row + v_off + kh * D + d]
+        else:
+            pres_k[i] = 0
+            pres_v[i] = 0
+
+
+@cuda.jit
+def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, first_prompt, P, S, H, kvH, L, D, scale, softcap, causal,
+              window, bias, has_bias, bb, bh, bq, bk, sink, sink_mode, rotary, interleaved, rot, cos, sin, cw, crows,
+              pos_ids, pos_mode, out):
+    qs = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
+    acc = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
+    ps = cuda.shared.array(MAX_ROW_THREADS, np.float32)
+    red = cuda.shared.array(MAX_ROW_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    r = cuda.blockIdx.x
+    b = r // (H * S)
+    h = (r // S) % H
+    s = r % S
+    kh = h // (H // kvH)
+    pb, T = _past_total(seqlens, b, S, first_prompt, P, L)
+    p = pb + s
+    hi = T
+    if causal and p + 1 < hi:
+        hi = p + 1
+    lo = np.int64(0)
+    if window > 0 and p + 1 - window > 0:
+        lo = p + 1 - window
+    if hi < lo:
+        hi = lo
+    qbase = (b * S + s) * q_stride + h * D
+    crow = np.int64(0)
+    if rotary:
+        crow = _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows)
+    for d in range(tid, D, nt):
+        if rotary:
+            qs[d] = _rot_elem(qsrc, qbase, d, rot, interleaved, cos, sin, crow, cw)
+        else:
+            qs[d] = np.float32(qsrc[qbase + d])
+        acc[d] = np.float32(0.0)
+    cuda.syncthreads()
+    m = np.float32(-np.inf)
+    lsum = np.float32(0.0)
+    kv0 = (b * kvH + kh) * L
+    bb_i = b if bb > 1 else 0
+    bh_i = h if bh > 1 else 0
+    bq_i = s if bq > 1 else 0
+    brow = ((bb_i * bh + bh_i) * bq + bq_i) * bk
+    for t0 in range(lo, hi, nt):
+        j = t0 + tid
+        x = np.float32(-np.inf)
+        if j < hi:
+            kb = (kv0 + j) * D
+            dot = np.float32(0.0)
+            for d in range(D):
+                dot += qs[d] * np.float32(pres_k[kb + d])
+            x = dot * scale
+            if softcap > 0:
+                x = softcap * math.tanh(x / softcap)
+            if has_bias and j < bk:
+                x += np.float32(bias[brow + j])
+        tmax = block_max(red, tid, nt, x)
+        m_new = m if m > tmax else tmax
+        pv = np.float32(0.0)
+        alpha = np.float32(1.0)
+        if m_new != np.float32(-np.inf):
+            if j < hi:
+                pv = math.exp(x - m_new)
+            alpha = math.exp(m - m_new)
+        ps[tid] = pv
+        tsum = block_sum(red, tid, nt, pv)  # its barriers also publish ps
+        lsum = lsum * alpha + tsum
+        cnt = hi - t0
+        if cnt > nt:
+            cnt = nt
+        for d in range(tid, D, nt):
+            a = acc[d] * alpha
+            for t in range(cnt):
+                a += ps[t] * np.float32(pres_v[(kv0 + t0 + t) * D + d])
+            acc[d] = a
+        cuda.syncthreads()
+        m = m_new
+    f = np.float32(1.0)
+    if sink_mode > 0:
+        sk = np.float32(0.0)
+        if sink_mode == 2:
+            sk = np.float32(sink[h])
+        m2 = m if m > sk else sk
+        f = math.exp(m - m2)
+        lsum = lsum * f + math.exp(sk - m2)
+    inv = np.float32(0.0)
+    if lsum != 0:
+        inv = f / lsum
+    obase = ((b * S + s) * H + h) * D
+    for d in range(tid, D, nt):
+        out[obase + d] = acc[d] * inv
+
+
+def _validate_seqlens(name, seqlens_k, B, S, P, L, total, first_prompt):
+    """Host copy of seqlens_k checked as the CPU twin does; returns the int64 totals."""
+    seqlens = rc.to_host(seqlens_k).reshape(-1).astype(np.int64)
+    totals = seqlens + 1
+    past_b = np.zeros(B, np.int64) if first_prompt else totals - S
+    if (past_b < 0).any() or (past_b > P).any() or (past_b + S > L).any() or (totals > L).any() \
+            or (totals < 1).any():
+        raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} do not fit sequence_length {S}, "
+                                   f"total_sequence_length {total} and a past of {P} positions")
+    return totals, past_b
+
+
+@op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(6,))
+def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+                        total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+                        attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+                        k_norm_weight=None, query_seqlens=None, *, ctx=None, num_heads=0, kv_num_heads=0,
+                        scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0,
+                        smooth_softmax=-1, causal=1, qk_output=0, sliding_window_cache=0, kv_cache_bit_width=0,
+                        k_quant_type="NONE", v_quant_type="NONE", qk_norm_epsilon=1e-6, q_norm_epsilon=None,
+                        k_norm_epsilon=None):
+    """GQA over a fresh ``present`` cache; returns (output, present_key, present_value) (see module docstring)."""
+    name = "GroupQueryAttention"
+    H, kvH = int(num_heads), int(kv_num_heads)
+    if H <= 0 or kvH <= 0 or H % kvH:
+        raise InvalidAttributeError(f"{name}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
+    for what, v in (("k_scale", k_scale), ("v_scale", v_scale), ("q_norm_weight", q_norm_weight),
+                    ("k_norm_weight", k_norm_weight), ("query_seqlens", query_seqlens)):
+        if v is not None:
+            raise InvalidArgumentError(f"{name}: input {what} is not supported by this kernel")
+    if int(kv_cache_bit_width) or k_quant_type not in ("NONE", b"NONE") or v_quant_type not in ("NONE", b"NONE"):
+        raise InvalidAttributeError(f"{name}: quantized KV caches are not supported by this kernel")
+    if int(sliding_window_cache):
+        raise InvalidAttributeError(f"{name}: sliding_window_cache=1 is not supported by the CUDA kernel "
+                                    f"(the CPU provider runs it)")
+    if seqlens_k is None or total_sequence_length is None:
+        raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
+    check_device(name, query=query, key=key, value=value, past_key=past_key, past_value=past_value,
+                 seqlens_k=seqlens_k, cos_cache=cos_cache, sin_cache=sin_cache, position_ids=position_ids,
+                 attention_bias=attention_bias, head_sink=head_sink)
+    if query.ndim != 3:
+        raise ShapeMismatchError(f"{name}: query must be 3-d (batch, seq, hidden), got shape {list(query.shape)}")
+    B, S, hidden = (int(v) for v in query.shape)
+    packed = key is None
+    if packed:
+        if value is not None:
+            raise InvalidArgumentError(f"{name}: value is given without key")
+        if hidden % (H + 2 * kvH):
+            raise ShapeMismatchError(f"{name}: packed QKV width {hidden} is not a multiple of "
+                                     f"num_heads + 2 * kv_num_heads = {H + 2 * kvH}")
+        D = hidden // (H + 2 * kvH)
+        ksrc = vsrc = query
+        kv_stride, k_off, v_off = hidden, H * D, (H + kvH) * D
+    else:
+        if hidden % H:
+            raise ShapeMismatchError(f"{name}: query width {hidden} is not a multiple of num_heads {H}")
+        D = hidden // H
+        if value is None or tuple(key.shape) != (B, S, kvH * D) or tuple(value.shape) != (B, S, kvH * D):
+            raise ShapeMismatchError(f"{name}: key and value must both have shape {[B, S, kvH * D]}, got "
+                                     f"{None if key is None else list(key.shape)} and "
+                                     f"{None if value is None else list(value.shape)}")
+        if key.dtype != query.dtype or value.dtype != query.dtype:
+            raise InvalidArgumentError(f"{name}: key/value must have the query dtype {query.dtype}")
+        ksrc, vsrc = key, value
+        kv_stride, k_off, v_off = kvH * D, 0, 0
+    if D > MAX_HEAD_SIZE:
+        raise ShapeMismatchError(f"{name}: head size {D} exceeds the CUDA kernel's limit {MAX_HEAD_SIZE}")
+    dtype = query.dtype
+    if seqlens_k.size != B:
+        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens_k.size}")
+    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+    has_past = past_key is not None
+    if has_past != (past_value is not None):
+        raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
+    P = 0
+    if has_past:
+        if past_key.ndim != 4 or tuple(past_key.shape[:2]) != (B, kvH) or past_key.shape[3] != D \
+                or tuple(past_value.shape) != tuple(past_key.shape):
+            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape {[B, kvH, 'past', D]}, got "
+                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
+        P = int(past_key.shape[2])
+    L = max(total, P)
+    first_prompt = S == total
+    totals = past_b = None
+    if VALIDATE_ON_HOST:
+        totals, past_b = _validate_seqlens(name, seqlens_k, B, S, P, L, total, first_prompt)
+    elif S > L:
+        raise InvalidArgumentError(f"{name}: sequence_length {S} exceeds total_sequence_length {total}")
+
+    rotary = bool(int(do_rotary))
+    rot, cw, crows, pos_mode = 0, 1, 1, 0
+    cos_f = sin_f = pos_f = flat(query)
+    if rotary:
+        if cos_cache is None or sin_cache is None:
+            raise InvalidArgumentError(f"{name}: do_rotary=1 needs cos_cache and sin_cache")
+        if cos_cache.ndim != 2 or tuple(sin_cache.shape) != tuple(cos_cache.shape):
+            raise ShapeMismatchError(f"{name}: cos_cache and sin_cache must be 2-d and alike, got "
+                                     f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
+        crows, cw = int(cos_cache.shape[0]), int(cos_cache.shape[1])
+        rot = 2 * cw
+        if position_ids is not None:
+            if tuple(position_ids.shape) == (B, S):
+                pos_mode = 2
+            elif position_ids.size == 1:
+                pos_mode = 1
+            else:
+                raise ShapeMismatchError(f"{name}: position_ids must have shape {[B, S]}, got "
+                                         f"{list(position_ids.shape)}")
+            pos_f = flat(position_ids)
+            if VALIDATE_ON_HOST:
+                ph = rc.to_host(position_ids).astype(np.int64).reshape(-1)
+                pos = ph.reshape(B, S) if pos_mode == 2 else np.broadcast_to(ph[:1] + np.arange(S), (B, S))
+                check_indices(name, pos, 0, crows, "position id")
+        elif VALIDATE_ON_HOST:
+            pos = past_b[:, None] + np.arange(S)[None, :]
+            pos = np.where(pos < totals[:, None], pos, 1)
+            check_indices(name, pos, 0, crows, "position id")
+        if rot > D:
+            raise ShapeMismatchError(f"{name}: the cos/sin caches rotate {rot} dims but the head size is {D}")
+        cos_f, sin_f = flat(cos_cache), flat(sin_cache)
+
+    has_bias = attention_bias is not None
+    bshape = (1, 1, 1, 1)
+    if has_bias:
+        bshape = tuple(int(v) for v in attention_bias.shape)
+        need = int(totals.max()) if totals is not None else L
+        if len(bshape) != 4 or bshape[0] not in (1, B) or bshape[1] not in (1, H) \
+                or bshape[2] not in (1, S) or bshape[3] < need:
+            raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {total}], "
+                                     f"got {list(attention_bias.shape)}")
+    if head_sink is not None:
+        if head_sink.size != H:
+            raise ShapeMismatchError(f"{name}: head_sink must have num_heads={H} entries, got {head_sink.size}")
+        sink_mode, sink_f = 2, flat(head_sink)
+    else:
+        sink_mode, sink_f = (1 if int(smooth_softmax) > 0 else 0), flat(query)
+    n_out = ctx.n_outputs if ctx is not None else 3
+    if n_out > 3 and int(qk_output) > 0:
+        raise InvalidAttributeError(f"{name}: qk_output={qk_output} is not supported by the CUDA kernel")
+    sc = float(scale) if scale else 1.0 / math.sqrt(D)
+    window = int(local_window_size) if int(local_window_size) > 0 else -1
+
+    pres_k = rc.device_empty((B, kvH, L, D), dtype)
+    pres_v = rc.device_empty((B, kvH, L, D), dtype)
+    y = rc.device_empty((B, S, H * D), dtype)
+    seq_f = flat(seqlens_k)
+    if pres_k.size:
+        blocks, threads = grid1d(pres_k.size)
+        _kv_write[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off,
+                                   flat(past_key) if has_past else flat(query), flat(past_value) if has_past else
+                                   flat(query), has_past, P, flat(pres_k), flat(pres_v), seq_f, first_prompt, S, kvH,
+                                   L, D, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows, pos_f,
+                                   pos_mode)
+    if y.size:
+        nt = row_threads(max(min(L, MAX_ROW_THREADS), D))
+        _gqa_attn[B * H * S, nt](flat(query), hidden, flat(pres_k), flat(pres_v), seq_f, first_prompt, P, S, H, kvH,
+                                 L, D, np.float32(sc), np.float32(softcap), bool(int(causal)), window,
+                                 flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
+                                 sink_mode, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows,
+                                 pos_f, pos_mode, flat(y))
+    res = [y, pres_k, pres_v]
+    if n_out > 3:  # output_qk declared with qk_output=0: zeros, as on the CPU
+        qk = rc.device_empty((B, H, S, total), dtype)
+        if qk.size:
+            blocks, threads = grid1d(qk.size)
+            _fill0[blocks, threads](flat(qk))
+        res.append(qk)
+    return tuple(res[:n_out]) if n_out > 1 else y
+
+
+@cuda.jit
+def _fill0(a):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, a.size, step):
+        a[i] = 0
+
+
+# -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
+
+@cuda.jit
+def _rope_kernel(x, y, A1, A2, D, seq_second, B, S, rot, interleaved, cos, sin, cw, pos, pos_mode, sec0, sec1, sec2,
+                 layout):
+    """x/y flat (B, A1, A2, D) = (B,H,S,D), or (B,S,H,D) if seq_second.  pos_mode 1: pos[0] + s; 2: pos[b, s];
+    3: multimodal pos[w, b, s] with stream w chosen per half-dim from the sections."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, y.size, step):
+        d = i % D
+        if d >= rot:
+            y[i] = x[i]
+            continue
+        r = i // D
+        e = r % A2
+        r2 = r // A2
+        c = r2 % A1
+        b = r2 // A1
+        s = c if seq_second else e
+        t, i1, i2, first = _pair(d, rot, interleaved)
+        if pos_mode == 1:
+            p = np.int64(pos[0]) + s
+        elif pos_mode == 2:
+            p = np.int64(pos[b * S + s])
+        else:
+            w = 0
+            if layout == 0:
+                if t >= sec0 + sec1:
+                    w = 2
+                elif t >= sec0:
+                    w = 1
+            else:
+                if t % 3 == 1 and t < 3 * sec1:
+                    w = 1
+                elif t % 3 == 2 and t < 3 * sec2:
+                    w = 2
+            p = np.int64(pos[(w * B + b) * S + s])
+        y[i] = _rot_elem(x, i - d, d, rot, interleaved, cos, sin, p, cw)
+
+
+def _rope_layout(name, x, cos_cache, num_heads, rotary_embedding_dim):
+    """(A1, A2, D, seq_second, B, S, rot) for a 3-d (B,S,hidden) or 4-d (B,H,S,D) input, checked like the CPU."""
+    if cos_cache.ndim != 2:
+        raise ShapeMismatchError(f"{name}: cos_cache must be 2-d, got shape {list(cos_cache.shape)}")
+    rot = int(rotary_embedding_dim) or 2 * int(cos_cache.shape[1])
+    if rot != 2 * cos_cache.shape[1]:
+        raise ShapeMismatchError(f"{name}: rotary_embedding_dim {rot} needs cos/sin caches of width {rot // 2}, "
+                                 f"got {cos_cache.shape[1]}")
+    shp = tuple(int(v) for v in x.shape)
+    if x.ndim == 4:
+        B, H, S, D = shp
+        A1, A2, seq_second = H, S, False
+    elif x.ndim == 3:
+        B, S, hidden = shp
+        if int(rotary_embedding_dim) and int(num_heads) <= 0:
+            raise InvalidAttributeError(f"{name}: rotary_embedding_dim needs num_heads for a 3-d input")
+        D = hidden // int(num_heads) if int(num_heads) > 0 else rot
+        if D <= 0 or hidden % D:
+            raise ShapeMismatchError(f"{name}: hidden size {hidden} is not a multiple of the head size {D}")
+        A1, A2, seq_second = S, hidden // D, True
+    else:
+        raise ShapeMismatchError(f"{name}: input must be 3-d (batch, seq, hidden) or 4-d (batch, heads, seq, "
+                                 f"head_size), got shape {list(x.shape)}")
+    if rot > D or rot % 2:
+        raise ShapeMismatchError(f"{name}: rotary dim {rot} does not fit head size {D}")
+    return A1, A2, D, seq_second, B, S, rot
+
+
+def _rope_launch(x, cos_cache, sin_cache, lay, interleaved, pos, pos_mode, sec=(0, 0, 0), layout=0):
+    A1, A2, D, seq_second, B, S, rot = lay
+    y = rc.device_empty(tuple(x.shape), x.dtype)
+    if y.size:
+        blocks, threads = grid1d(y.size)
+        _rope_kernel[blocks, threads](flat(x), flat(y), A1, A2, D, seq_second, B, S, rot, bool(int(interleaved)),
+                                      flat(cos_cache), flat(sin_cache), int(cos_cache.shape[1]), flat(pos), pos_mode,
+                                      sec[0], sec[1], sec[2], layout)
+    return y
+
+
+def _check_caches(name, cos_cache, sin_cache):
+    if tuple(sin_cache.shape) != tuple(cos_cache.shape):
+        raise ShapeMismatchError(f"{name}: cos_cache and sin_cache must be 2-d and alike, got "
+                                 f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
+
+
+@op("RotaryEmbedding", 1, domain=_MS, provider=_CUDA)
+def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
+                    num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    """Rotary embedding of a (B,S,hidden) or (B,H,S,D) tensor; positions validated on the host."""
+    name = "RotaryEmbedding"
+    if int(is_packed_batching):
+        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
+    check_device(name, input=input, position_ids=position_ids, cos_cache=cos_cache, sin_cache=sin_cache)
+    lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
+    B, S = lay[4], lay[5]
+    _check_caches(name, cos_cache, sin_cache)
+    if position_ids.size == 1:
+        pos_mode = 1
+    elif tuple(position_ids.shape) == (B, S):
+        pos_mode = 2
+    else:
+        raise ShapeMismatchError(f"{name}: position_ids must have shape [1] or {[B, S]}, got "
+                                 f"{list(position_ids.shape)}")
+    ph = rc.to_host(position_ids).astype(np.int64).reshape(-1)  # range check on the host (see docstring)
+    pos = np.broadcast_to(ph[0] + np.arange(S, dtype=np.int64), (B, S)) if pos_mode == 1 else ph
+    check_indices(name, pos, 0, int(cos_cache.shape[0]), "position id")
+    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, position_ids, pos_mode)
+
+
+@op("MRotaryEmbedding", 1, domain=_MS, provider=_CUDA)
+def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section=(), mrope_layout=0,
+                     interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0, scale=1.0):
+    """Multimodal rotary embedding: position_ids (3, B, S) streams picked per half-dim from mrope_section."""
+    name = "MRotaryEmbedding"
+    if int(is_packed_batching):
+        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
+    check_device(name, input=input, position_ids=position_ids, cos_cache=cos_cache, sin_cache=sin_cache)
+    lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
+    B, S, rot = lay[4], lay[5], lay[6]
+    _check_caches(name, cos_cache, sin_cache)
+    half = rot // 2
+    sec = [int(v) for v in mrope_section]
+    if len(sec) != 3 or min(sec) < 0 or sum(sec) != half:
+        raise InvalidAttributeError(f"{name}: mrope_section must be 3 non-negative integers summing to {half}, "
+                                    f"got {sec}")
+    if int(mrope_layout) not in (0, 1):
+        raise InvalidAttributeError(f"{name}: mrope_layout must be 0 (sectioned) or 1 (interleaved), "
+                                    f"got {mrope_layout}")
+    if tuple(position_ids.shape) != (3, B, S):
+        raise ShapeMismatchError(f"{name}: position_ids must have shape {[3, B, S]}, got {list(position_ids.shape)}")
+    check_indices(name, rc.to_host(position_ids).astype(np.int64), 0, int(cos_cache.shape[0]), "position id")
+    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, position_ids, 3, sec, int(mrope_layout))

@@ -1,0 +1,274 @@
+"""CUDA block-quantized contrib ops (com.microsoft): MatMulNBits and GatherBlockQuantized.
+
+MatMulNBits: ``Y = A @ dequant(B)^T (+ bias)`` with ``B`` uint8 ``[N, n_blocks, blob]`` holding ``bits``-bit
+codes packed low bits first along K; element ``(n, k)`` is ``(q - zp[n, g(k)]) * scale[n, g(k)]`` with
+``g(k) = k // block_size`` (or ``g_idx[k]``), zero points absent (``2**(bits-1)``), packed uint8 or floats of
+A's type (with a g_idx packed zero points are ignored, as on the CPU and in onnxruntime).  One kernel serves
+decode and prefill: a block owns ``cols`` output columns, ``lanes`` threads per column stream that column's
+packed bytes once (adjacent lanes read adjacent bytes: coalesced), dequantize on the fly and accumulate up to
+``_ROWS`` rows of A at a time in registers; a segmented shared-memory reduction finishes each column.  The
+grid's second axis walks A's rows ``_ROWS`` at a time, so a GEMV (M = 1) reads the weight exactly once and a
+prefill re-reads it once per ``_ROWS`` rows (correctness first; a dequantize-in-tile GEMM is the follow-up).
+Accumulation is float32 on dequantized weights for every ``accuracy_level`` (onnxruntime's level-4 int8
+quantization of A, which the CPU twin reproduces, is not applied: at level 4 results differ from the CPU by
+that quantization error).
+
+GatherBlockQuantized: uint8 data (``8/bits`` codes per byte along the last axis, default zero point
+``2**(bits-1)``), gathered along ``gather_axis`` and dequantized with blocks along ``quantize_axis``; one thread
+per output element.  int4/uint4 element types are not supported on the device (InvalidArgumentError).  The
+indices are validated on the host: a device ``indices`` tensor is copied back through ``runtime.cuda.to_host``
+(counted), then the normalized indices are uploaded as int64.  A device ``g_idx`` is read back the same way
+for its range check.
+
+Invariants (match ``ops/contrib_quant.py``): inputs are C-contiguous device arrays and are never written;
+outputs are new device arrays of A's dtype (MatMulNBits) or the scales' dtype (GatherBlockQuantized);
+float16 is computed in float32; shape/attribute errors are the CPU twin's.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ops._common import check_indices
+from ops.registry import op
+from ._common import MAX_ROW_THREADS, check_device, flat, grid1d
+
+__all__ = ["MatMulNBits", "GatherBlockQuantized"]
+
+_MS = "com.microsoft"
+_CUDA = "CUDAExecutionProvider"
+_ROWS = 8  # rows of A accumulated per pass over the packed weight
+_SH = MAX_ROW_THREADS * _ROWS  # float32 shared scratch of the column reductions
+
+
+# -- MatMulNBits -------------------------------------------------------------------------------------
+
+@cuda.jit
+def _mnb_kernel(a, b, sc, zp, zmode, grp, has_g, bias, has_bias, y, M, K, N, nb, blob, bits, bs, lanes, zrow):
+    """y[m, n] for the block's columns and rows [blockIdx.y * _ROWS, +_ROWS).
+
+    zmode: 0 none (default 2**(bits-1)), 1 packed uint8 (``zrow`` bytes per column), 2 float [N, nb]."""
+    sh = cuda.shared.array(_SH, np.float32)
+    acc = cuda.local.array(_ROWS, np.float32)
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    cols = nt // lanes
+    c = tid // lanes
+    lane = tid - c * lanes
+    n = cuda.blockIdx.x * cols + c
+    m0 = cuda.blockIdx.y * _ROWS
+    mr = min(_ROWS, M - m0)
+    for r in range(_ROWS):
+        acc[r] = np.float32(0.0)
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    zdef = np.float32(1 << (bits - 1))
+    if n < N:
+        nbytes = nb * blob
+        rowb = n * nbytes
+        for i in range(lane, nbytes, lanes):
+            byte = np.int32(b[rowb + i])
+            blk = i // blob
+            k0 = blk * bs + (i - blk * blob) * per
+            for u in range(per):
+                k = k0 + u
+                if k < K:
+                    q = np.float32((byte >> (u * bits)) & mask)
+                    g = blk
+                    if has_g:
+                        g = np.int64(grp[k])  # grp is a float dummy when has_g is False
+                    s = np.float32(sc[n * nb + g])
+                    z = zdef
+                    if zmode == 1:
+                        z = np.float32((np.int32(zp[n * zrow + g // per]) >> ((g % per) * bits)) & mask)
+                    elif zmode == 2:
+                        z = np.float32(zp[n * nb + g])
+                    w = (q - z) * s
+                    for r in range(mr):
+                        acc[r] += w * np.float32(a[(m0 + r) * K + k])
+    for r in range(_ROWS):
+        sh[r * nt + tid] = acc[r]
+    cuda.syncthreads()
+    st = lanes // 2
+    while st > 0:
+        if lane < st:
+            for r in range(_ROWS):
+                sh[r * nt + tid] += sh[r * nt + tid + st]
+        cuda.syncthreads()
+        st //= 2
+    if lane == 0 and n < N:
+        bb = np.float32(bias[n]) if has_bias else np.float32(0.0)
+        for r in range(mr):
+            y[(m0 + r) * N + n] = sh[r * nt + tid] + bb
+
+
+def _mnb_geometry(nbytes):
+    """(threads per block, lanes per column): power-of-two lanes, 32 (a warp) on a GPU."""
+    if rc.simulator():
+        lanes = 1 << max(0, min(2, math.ceil(math.log2(max(nbytes, 1)))))
+        return lanes * 2, lanes
+    return 256, 32
+
+
+def _unpack_check_zp(zp, n, nb, bits, name):
+    if zp.dtype == np.uint8:
+        per_row = (nb * bits + 7) // 8
+        if zp.size != n * per_row:
+            raise ShapeMismatchError(f"{name}: packed zero_points must hold N*ceil(n_blocks*bits/8) = "
+                                     f"{n * per_row} bytes, got shape {list(zp.shape)}")
+        return 1, per_row
+    if zp.size != n * nb:
+        raise ShapeMismatchError(f"{name}: float zero_points must have N*n_blocks = {n * nb} elements, "
+                                 f"got shape {list(zp.shape)}")
+    return 2, 0
+
+
+@op("MatMulNBits", 1, domain=_MS, provider=_CUDA)
+def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size=0,
+                accuracy_level=0):
+    """``A @ dequant(B)^T (+ bias)`` in float32 accumulation; see the module docstring."""
+    name = "MatMulNBits"
+    check_device(name, A=A, B=B, scales=scales, zero_points=zero_points, g_idx=g_idx, bias=bias)
+    K, N, bits, bs = int(K), int(N), int(bits), int(block_size)
+    if bits not in (4, 8):
+        raise InvalidAttributeError(f"{name}: bits must be 4 or 8, got {bits}")
+    if bs < 16 or bs & (bs - 1):
+        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
+    nb = (K + bs - 1) // bs
+    blob = bs * bits // 8
+    ashape = tuple(A.shape)
+    if ashape[-1:] != (K,):
+        raise ShapeMismatchError(f"{name}: A must end in K={K}, got shape {list(ashape)}")
+    if np.dtype(A.dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise InvalidArgumentError(f"{name}: A must be float32 or float16, got {A.dtype}")
+    if np.dtype(B.dtype) != np.uint8 or B.size != N * nb * blob:
+        raise ShapeMismatchError(f"{name}: B must be uint8 [N={N}, n_blocks={nb}, blob={blob}], got "
+                                 f"{B.dtype} {list(B.shape)}")
+    if scales.size != N * nb:
+        raise ShapeMismatchError(f"{name}: scales must have N*n_blocks = {N * nb} elements, got shape "
+                                 f"{list(scales.shape)}")
+    has_g = False
+    grp = flat(scales)
+    if g_idx is not None:
+        gi = rc.to_host(g_idx).reshape(-1).astype(np.int64)  # small range check on the host (see docstring)
+        if gi.size != K:
+            raise ShapeMismatchError(f"{name}: g_idx must have K={K} entries, got shape {list(g_idx.shape)}")
+        check_indices(name, gi, 0, nb, "g_idx entry")
+        if not np.array_equal(gi, np.arange(K) // bs):
+            has_g = True
+            grp = flat(g_idx)
+    zmode, zrow = 0, 0
+    zarr = flat(scales)
+    if zero_points is not None and not (g_idx is not None and np.dtype(zero_points.dtype) == np.uint8):
+        zmode, zrow = _unpack_check_zp(zero_points, N, nb, bits, name)
+        zarr = flat(zero_points)
+    if bias is not None and bias.size != N:
+        raise ShapeMismatchError(f"{name}: bias must have N={N} elements, got shape {list(bias.shape)}")
+    M = int(np.prod(ashape[:-1], dtype=np.int64))
+    y = rc.device_empty(ashape[:-1] + (N,), A.dtype)
+    if M == 0 or N == 0:
+        return y
+    threads, lanes = _mnb_geometry(nb * blob)
+    cols = threads // lanes
+    grid = (-(-N // cols), -(-M // _ROWS))
+    _mnb_kernel[grid, threads](flat(A), flat(B), flat(scales), zarr, zmode, grp, has_g,
+                               flat(bias) if bias is not None else flat(scales), bias is not None, flat(y),
+                               M, K, N, nb, blob, bits, bs, lanes, zrow)
+    return y
+
+
+# -- GatherBlockQuantized ----------------------------------------------------------------------------
+
+@cuda.jit
+def _gbq_kernel(data, idx, sc, zp, has_zp, y, total, post, nidx, gn, qn, inner_q, nbq, bs, bits, dlast, llast,
+                slast, zlast):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    zdef = np.float32(1 << (bits - 1))
+    for o in range(start, total, step):
+        pi = o % post
+        rest = o // post
+        ii = rest % nidx
+        pre = rest // nidx
+        L = (pre * gn + idx[ii]) * post + pi          # flat logical (unpacked) source index
+        row = L // llast
+        cl = L - row * llast
+        q = np.float32((np.int32(data[row * dlast + cl // per]) >> ((cl % per) * bits)) & mask)
+        iq = L % inner_q
+        rq = L // inner_q
+        tq = rq % qn
+        oq = rq // qn
+        si = (oq * nbq + tq // bs) * inner_q + iq
+        z = zdef
+        if has_zp:
+            srow = si // slast
+            scl = si - srow * slast
+            z = np.float32((np.int32(zp[srow * zlast + scl // per]) >> ((scl % per) * bits)) & mask)
+        y[o] = (q - z) * np.float32(sc[si])
+
+
+@op("GatherBlockQuantized", 1, domain=_MS, provider=_CUDA)
+def GatherBlockQuantized(data, indices, scales, zero_points=None, *, gather_axis=0, quantize_axis=1,
+                         block_size=128, bits=4):
+    """Gather rows of a block-quantized uint8 table and dequantize them; indices validated on the host."""
+    name = "GatherBlockQuantized"
+    check_device(name, data=data, scales=scales, zero_points=zero_points)
+    bits, bs = int(bits), int(block_size)
+    if bs < 16 or bs & (bs - 1):
+        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
+    r = data.ndim
+    if r == 0:
+        raise ShapeMismatchError(f"{name}: data must have rank >= 1, got a scalar")
+    ga = gather_axis + r if gather_axis < 0 else int(gather_axis)
+    qa = quantize_axis + r if quantize_axis < 0 else int(quantize_axis)
+    if not (0 <= ga < r and 0 <= qa < r):
+        raise InvalidAttributeError(f"{name}: gather_axis {gather_axis} / quantize_axis {quantize_axis} out of "
+                                    f"range for data of rank {r}")
+    if np.dtype(data.dtype) != np.uint8:
+        raise InvalidArgumentError(f"{name}: the CUDA kernel takes uint8 (packed) data, got {data.dtype}")
+    if bits not in (4, 8):
+        raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {bits}")
+    if bits == 4 and qa != r - 1:
+        raise InvalidAttributeError(f"{name}: packed uint8 data needs quantize_axis = last axis ({r - 1}), "
+                                    f"got {quantize_axis}")
+    per = 8 // bits
+    dshape = tuple(data.shape)
+    lshape = dshape[:-1] + (dshape[-1] * per,)
+    qn = lshape[qa]
+    nbq = (qn + bs - 1) // bs
+    want = lshape[:qa] + (nbq,) + lshape[qa + 1:]
+    if tuple(scales.shape) != want:
+        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(scales.shape)}")
+    sshape = tuple(scales.shape)
+    zlast = (sshape[-1] + per - 1) // per
+    if zero_points is not None:
+        zshape = sshape[:-1] + (zlast,)
+        if tuple(zero_points.shape) != zshape or np.dtype(zero_points.dtype) != np.uint8:
+            raise ShapeMismatchError(f"{name}: zero_points must be uint8 of shape {list(zshape)}, got "
+                                     f"{zero_points.dtype} {list(zero_points.shape)}")
+    idx = np.asarray(rc.to_host(indices) if rc.is_device_array(indices) else indices)
+    if idx.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name}: indices must be int32 or int64, got {idx.dtype}")
+    gn = lshape[ga]
+    check_indices(name, idx, -gn, gn)
+    norm = np.where(idx < 0, idx + gn, idx).astype(np.int64).reshape(-1)
+    oshape = lshape[:ga] + tuple(idx.shape) + lshape[ga + 1:]
+    y = rc.device_empty(oshape, scales.dtype)
+    total = int(np.prod(oshape, dtype=np.int64))
+    if total == 0:
+        return y
+    post = int(np.prod(lshape[ga + 1:], dtype=np.int64))
+    inner_q = int(np.prod(lshape[qa + 1:], dtype=np.int64))
+    d_idx = rc.to_device(norm)
+    blocks, threads = grid1d(total)
+    _gbq_kernel[blocks, threads](flat(data), d_idx, flat(scales),
+                                 flat(zero_points) if zero_points is not None else flat(data),
+                                 zero_points is not None, flat(y), total, post, norm.size, gn, qn, inner_q, nbq, bs,
+                                 bits, dshape[-1], lshape[-1], sshape[-1], zlast)
+    return y

@@ -1,0 +1,122 @@
+"""CUDA activations: com.microsoft Gelu, BiasGelu, FastGelu, QuickGelu; onnx Gelu (opset 20), Softplus,
+Softsign, HardSigmoid, LeakyRelu.
+
+One grid-stride kernel over the flat tensor with an optional bias of length ``n`` (the last axis, indexed as
+``i % n``) added first; the activation is a run-time code uniform across the grid, so ``_act`` compiles once
+per dtype for the whole family.  Values are computed in float32 (float16 and float64 too) and stored in the
+input dtype.
+
+Invariants (match ``ops/contrib_norm.py`` / ``ops/elementwise.py``): float inputs only (``InvalidArgumentError``
+otherwise); a bias must be 1-d with the length of X's last axis (``ShapeMismatchError``); outputs are fresh
+device arrays of X's shape and dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops.registry import op
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import FLOATS, check_device, flat, grid1d
+
+__all__ = ["Gelu", "BiasGelu", "FastGelu", "QuickGelu", "Gelu_20", "Softplus", "Softsign", "HardSigmoid",
+           "LeakyRelu"]
+
+CUDA = "CUDAExecutionProvider"
+MS = "com.microsoft"
+GELU_ERF, GELU_TANH, QUICK, SOFTPLUS, SOFTSIGN, HARDSIGMOID, LEAKYRELU = range(7)
+
+
+@cuda.jit
+def _act(x, bias, has_bias, n, y, mode, p0, p1):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    one = np.float32(1.0)
+    half = np.float32(0.5)
+    for i in range(start, x.size, step):
+        v = np.float32(x[i])
+        if has_bias:
+            v += np.float32(bias[i % n])
+        if mode == GELU_ERF:
+            r = half * v * (one + math.erf(v * np.float32(0.7071067811865476)))
+        elif mode == GELU_TANH:
+            r = half * v * (one + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))
+        elif mode == QUICK:
+            r = v / (one + math.exp(-p0 * v))
+        elif mode == SOFTPLUS:
+            r = v + math.log1p(math.exp(-v)) if v > 0 else math.log1p(math.exp(v))
+        elif mode == SOFTSIGN:
+            r = v / (one + abs(v))
+        elif mode == HARDSIGMOID:
+            r = max(np.float32(0.0), min(one, p0 * v + p1))
+        else:
+            r = v if v >= 0 else p0 * v
+        y[i] = r
+
+
+def _run(name, X, bias, mode, p0=0.0, p1=0.0):
+    check_device(name, X=X, bias=bias)
+    if np.dtype(X.dtype) not in FLOATS:
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {X.dtype}")
+    n = tuple(X.shape)[-1] if X.ndim else 1
+    if bias is not None and (bias.ndim != 1 or X.ndim == 0 or bias.shape[0] != n):
+        raise ShapeMismatchError(f"{name}: bias must be 1-d of length {n} (X's last axis), got shape "
+                                 f"{list(bias.shape)}")
+    y = rc.device_empty(tuple(X.shape), X.dtype)
+    if X.size:
+        blocks, threads = grid1d(X.size)
+        xf = flat(X)
+        _act[blocks, threads](xf, bias if bias is not None else xf, bias is not None, max(n, 1), flat(y), mode,
+                              np.float32(p0), np.float32(p1))
+    return y
+
+
+@op("Gelu", 1, domain=MS, provider=CUDA)
+def Gelu(X):
+    return _run("Gelu", X, None, GELU_ERF)
+
+
+@op("BiasGelu", 1, domain=MS, provider=CUDA)
+def BiasGelu(A, B):
+    return _run("BiasGelu", A, B, GELU_ERF)
+
+
+@op("FastGelu", 1, domain=MS, provider=CUDA)
+def FastGelu(X, bias=None):
+    return _run("FastGelu", X, bias, GELU_TANH)
+
+
+@op("QuickGelu", 1, domain=MS, provider=CUDA)
+def QuickGelu(X, *, alpha=1.702):
+    return _run("QuickGelu", X, None, QUICK, alpha)
+
+
+@op("Gelu", 20, provider=CUDA)
+def Gelu_20(X, approximate="none"):
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    if approximate not in ("none", "tanh"):
+        raise InvalidAttributeError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _run("Gelu", X, None, GELU_TANH if approximate == "tanh" else GELU_ERF)
+
+
+@op("Softplus", 1, provider=CUDA)
+def Softplus(X):
+    return _run("Softplus", X, None, SOFTPLUS)
+
+
+@op("Softsign", 1, provider=CUDA)
+def Softsign(input):
+    return _run("Softsign", input, None, SOFTSIGN)
+
+
+@op("HardSigmoid", 6, provider=CUDA)
+def HardSigmoid(X, alpha=0.2, beta=0.5):
+    return _run("HardSigmoid", X, None, HARDSIGMOID, alpha, beta)
+
+
+@op("LeakyRelu", 6, provider=CUDA)
+def LeakyRelu(X, alpha=0.01):
+    return _run("LeakyRelu", X, None, LEAKYRELU, alpha)

@@ -1,0 +1,407 @@
+"""CUDA stateful sequence ops: LinearAttention (com.microsoft 1 and the default domain's opset 27),
+com.microsoft LinearAttentionGate, CausalConvWithState (com.microsoft 1 and opset 27).
+
+LinearAttention: the state ``S`` (B, Hkv, dk, dv) is float32 in device memory; one thread owns one value column
+``S[b, g, :, m]``, since every step of the recurrence (decay, delta read-out ``S^T k``, rank-1 update
+``k u^T``, query read-out ``q^T S``) touches column ``m`` only, so the whole time scan (decode: one token;
+prefill: T tokens, sequentially) runs inside one launch without synchronization.  The grid is
+(B * Hkv, ceil(dv / threads)), threads adjacent in ``m`` so state and value accesses coalesce.  The contrib
+form's "inverse GQA" (``kv_num_heads > q_num_heads``: state head ``g`` reads query/key head
+``g // (kv/q)`` and produces one output per KV head) is an index mapping, not a copy.
+
+CausalConvWithState: one thread per output element of the depthwise cross-correlation over
+``past_state ++ input`` (dilation and channels-last are index arithmetic), and one per ``present_state``
+element (the last ``(k - 1) * dilation`` positions of the padded input).  LinearAttentionGate is elementwise.
+
+Invariants (match ``ops/contrib_recurrent.py`` / ``ops/recurrent_state.py``):
+- same attribute and shape checks and error classes as the CPU wrappers (only ``state_window = 0`` and
+  ``ndim = 1``, the CUDA-only attributes at their defaults);
+- arithmetic in float32; outputs in the query / input / ``a`` dtype; LinearAttention's ``present_state`` in
+  ``past_state``'s dtype (the query's when absent);
+- all tensors are C-contiguous device arrays; nothing is read back to the host.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops.registry import op
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import FLOATS, check_device, flat, grid1d, row_threads
+
+__all__ = ["LinearAttention", "LinearAttention_27", "LinearAttentionGate", "CausalConvWithState",
+           "CausalConvWithState_27"]
+
+CUDA = "CUDAExecutionProvider"
+MS = "com.microsoft"
+F32 = np.dtype(np.float32)
+_RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
+
+
+def _s(x):
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@cuda.jit
+def _copy_cast(src, dst):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, dst.size, step):
+        dst[i] = src[i]
+
+
+@cuda.jit
+def _fill0(a):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, a.size, step):
+        a[i] = 0
+
+
+@cuda.jit
+def _la_scan(q, k, v, decay, beta, S, out, T, Hq, Hk, Hkv, Hout, dk, dv, nd, nb, group, krep,
+             gating, delta, scale):
+    """q (B,T,Hq,dk), k (B,T,Hk,dk), v (B,T,Hkv,dv), decay (B,T,Hkv,nd), beta (B,T,nb), S (B,Hkv,dk,dv) float32
+    updated in place, out (B,T,Hout,dv); output head h (of group g's ``group`` heads) reads query head h // krep,
+    state head g reads key head g // krep."""
+    bg = cuda.blockIdx.x
+    m = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    if m >= dv:
+        return
+    b = bg // Hkv
+    g = bg % Hkv
+    sb = bg * dk * dv + m
+    kh = g // krep
+    for t in range(T):
+        bt_ = b * T + t
+        kb = (bt_ * Hk + kh) * dk
+        vv = np.float32(v[(bt_ * Hkv + g) * dv + m])
+        if delta:
+            bta = np.float32(beta[bt_ * nb + (g if nb > 1 else 0)])
+            r = np.float32(0.0)
+            if gating:
+                db = (bt_ * Hkv + g) * nd
+                for d in range(dk):
+                    s = S[sb + d * dv] * math.exp(np.float32(decay[db + (d if nd > 1 else 0)]))
+                    S[sb + d * dv] = s
+                    r += s * np.float32(k[kb + d])
+            else:
+                for d in range(dk):
+                    r += S[sb + d * dv] * np.float32(k[kb + d])
+            u = bta * (vv - r)
+        else:
+            if gating:
+                db = (bt_ * Hkv + g) * nd
+                for d in range(dk):
+                    S[sb + d * dv] *= math.exp(np.float32(decay[db + (d if nd > 1 else 0)]))
+            u = vv
+        h0 = g * group
+        qb = (bt_ * Hq + h0 // krep) * dk
+        o = np.float32(0.0)
+        for d in range(dk):
+            s = S[sb + d * dv] + np.float32(k[kb + d]) * u
+            S[sb + d * dv] = s
+            o += np.float32(q[qb + d]) * s
+        out[(bt_ * Hout + h0) * dv + m] = scale * o
+        for h in range(h0 + 1, h0 + group):
+            qb = (bt_ * Hq + h // krep) * dk
+            o = np.float32(0.0)
+            for d in range(dk):
+                o += np.float32(q[qb + d]) * S[sb + d * dv]
+            out[(bt_ * Hout + h) * dv + m] = scale * o
+
+
+@cuda.jit
+def _gate(a, dt_bias, decay_scale, b, has_b, decay, beta, H):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, a.size, step):
+        h = i % H
+        z = np.float32(a[i]) + np.float32(dt_bias[h])
+        sp = z if z > np.float32(20.0) else math.log1p(math.exp(z))
+        decay[i] = np.float32(decay_scale[h]) * sp
+        if has_b:
+            beta[i] = np.float32(1.0) / (np.float32(1.0) + math.exp(-np.float32(b[i])))
+
+
+@cuda.jit(device=True)
+def _at(a, b, c, t, C, n, cl):
+    """Flat index of (batch b, channel c, position t) in a (B, C, n) or channels-last (B, n, C) tensor."""
+    if cl:
+        return (b * n + t) * C + c
+    return (b * C + c) * n + t
+
+
+@cuda.jit(device=True)
+def _padded(x, past, has_past, b, c, p, C, L, P, cl):
+    """Position ``p`` of ``past ++ x`` (zeros for a missing past) along the length axis."""
+    if p < P:
+        if has_past:
+            return np.float32(past[_at(past, b, c, p, C, P, cl)])
+        return np.float32(0.0)
+    return np.float32(x[_at(x, b, c, p - P, C, L, cl)])
+
+
+@cuda.jit
+def _cconv(x, w, bias, has_bias, past, has_past, out, C, L, K, P, dil, silu, cl):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, out.size, step):
+        if cl:
+            c = i % C
+            t = (i // C) % L
+        else:
+            t = i % L
+            c = (i // L) % C
+        b = i // (C * L)
+        acc = np.float32(bias[c]) if has_bias else np.float32(0.0)
+        for j in range(K):
+            acc += np.float32(w[c * K + j]) * _padded(x, past, has_past, b, c, t + j * dil, C, L, P, cl)
+        if silu:
+            acc = acc / (np.float32(1.0) + math.exp(-acc))
+        out[i] = acc
+
+
+@cuda.jit
+def _cconv_state(x, past, has_past, present, C, L, P, cl):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, present.size, step):
+        if cl:
+            c = i % C
+            j = (i // C) % P
+        else:
+            j = i % P
+            c = (i // P) % C
+        b = i // (C * P)
+        present[i] = _padded(x, past, has_past, b, c, L + j, C, L, P, cl)
+
+
+def _launch1d(kern, n, *args):
+    if n:
+        blocks, threads = grid1d(n)
+        kern[blocks, threads](*args)
+
+
+# -- LinearAttention -------------------------------------------------------------------------------
+
+def _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale, update_rule,
+                      krep):
+    """Shared driver.  ``krep`` > 1 is the contrib inverse-GQA case (query/key carry kv/krep heads)."""
+    name = "LinearAttention"
+    check_device(name, query=query, key=key, value=value, past_state=past_state, decay=decay, beta=beta)
+    rule = _s(update_rule)
+    if rule not in _RULES:
+        raise InvalidAttributeError(f"LinearAttention: update_rule must be one of {sorted(_RULES)}, got {rule!r}")
+    gating, delta = _RULES[rule]
+    # The checks run on the "virtual" shapes the CPU wrapper sees (query/key repeated to kv heads if inverse).
+    Hq = q_num_heads * krep
+    if not q_num_heads or not kv_num_heads or Hq <= 0 or kv_num_heads <= 0 or Hq % kv_num_heads:
+        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple of "
+                                    f"kv_num_heads ({kv_num_heads})")
+    if gating != (decay is not None):
+        raise InvalidArgumentError(f"LinearAttention: update_rule {rule!r} {'requires' if gating else 'forbids'} "
+                                   f"the decay input")
+    if delta != (beta is not None):
+        raise InvalidArgumentError(f"LinearAttention: update_rule {rule!r} {'requires' if delta else 'forbids'} "
+                                   f"the beta input")
+    for nm, a in (("query", query), ("key", key), ("value", value)):
+        if a.ndim != 3:
+            raise ShapeMismatchError(f"LinearAttention: {nm} must be 3-d (B, T, H*D), got {list(a.shape)}")
+    B, T, hq = query.shape
+    hq_v, hk_v = hq * krep, key.shape[2] * krep
+    if tuple(key.shape[:2]) != (B, T) or tuple(value.shape[:2]) != (B, T) or hq_v % Hq or hk_v % kv_num_heads \
+            or value.shape[2] % kv_num_heads:
+        raise ShapeMismatchError(f"LinearAttention: query {list(query.shape)}, key {list(key.shape)}, value "
+                                 f"{list(value.shape)} do not split into {q_num_heads}/{kv_num_heads} heads")
+    dk = hq_v // Hq
+    dv = value.shape[2] // kv_num_heads
+    if hk_v // kv_num_heads != dk:
+        raise ShapeMismatchError(f"LinearAttention: key head size {hk_v // kv_num_heads} differs from the "
+                                 f"query head size {dk}")
+    nd = 1
+    if decay is not None:
+        if decay.ndim != 3 or tuple(decay.shape[:2]) != (B, T) or decay.shape[2] not in (kv_num_heads,
+                                                                                         kv_num_heads * dk):
+            raise ShapeMismatchError(f"LinearAttention: decay must be (B, T, {kv_num_heads}) or "
+                                     f"(B, T, {kv_num_heads * dk}), got {list(decay.shape)}")
+        nd = decay.shape[2] // kv_num_heads
+    nb = 1
+    if beta is not None:
+        if beta.ndim != 3 or tuple(beta.shape[:2]) != (B, T) or beta.shape[2] not in (kv_num_heads, 1):
+            raise ShapeMismatchError(f"LinearAttention: beta must be (B, T, {kv_num_heads}) or (B, T, 1), got "
+                                     f"{list(beta.shape)}")
+        nb = beta.shape[2]
+    sshape = (B, kv_num_heads, dk, dv)
+    if past_state is not None:
+        if tuple(past_state.shape) != sshape:
+            raise ShapeMismatchError(f"LinearAttention: past_state must be {list(sshape)}, got "
+                                     f"{list(past_state.shape)}")
+        sdt = np.dtype(past_state.dtype)
+    else:
+        sdt = np.dtype(query.dtype)
+    present = rc.device_empty(sshape, sdt)
+    S = present if sdt == F32 else rc.device_empty(sshape, F32)
+    if past_state is not None:
+        _launch1d(_copy_cast, S.size, flat(past_state), flat(S))
+    else:
+        _launch1d(_fill0, S.size, flat(S))
+    Hout = kv_num_heads if krep > 1 else Hq
+    out = rc.device_empty((B, T, Hout * dv), query.dtype)
+    sc = float(scale) if scale else 1.0 / math.sqrt(dk)
+    if out.size:
+        group = Hout // kv_num_heads
+        threads = row_threads(dv)
+        qf = flat(query)
+        _la_scan[(B * kv_num_heads, -(-dv // threads)), threads](
+            qf, flat(key), flat(value), flat(decay) if decay is not None else qf,
+            flat(beta) if beta is not None else qf, flat(S), flat(out), T, hq // dk, key.shape[2] // dk,
+            kv_num_heads, Hout, dk, dv, nd, nb, group, krep, gating, delta, np.float32(sc))
+    if S is not present:
+        _launch1d(_copy_cast, S.size, flat(S), flat(present))
+    return out, present
+
+
+@op("LinearAttention", 1, domain=MS, provider=CUDA)
+def LinearAttention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
+                    kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta", state_window=0):
+    if state_window:
+        raise InvalidAttributeError(f"LinearAttention (com.microsoft): state_window={state_window} is not supported "
+                                    f"(only 0, the 4-d state)")
+    if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0:
+        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) and kv_num_heads "
+                                    f"({kv_num_heads}) must be positive")
+    if kv_num_heads <= q_num_heads:
+        return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
+                                 update_rule, 1)
+    if kv_num_heads % q_num_heads:
+        raise InvalidAttributeError(f"LinearAttention: kv_num_heads ({kv_num_heads}) must be a multiple of "
+                                    f"q_num_heads ({q_num_heads}) for inverse grouped-query attention")
+    for nm, a in (("query", query), ("key", key), ("value", value)):
+        if a.ndim != 3:
+            raise ShapeMismatchError(f"LinearAttention: {nm} must be 3-d (B, T, H*D), got {list(a.shape)}")
+    if query.shape[2] % q_num_heads or tuple(key.shape) != tuple(query.shape):
+        raise ShapeMismatchError(f"LinearAttention: with kv_num_heads ({kv_num_heads}) > q_num_heads "
+                                 f"({q_num_heads}) key must have query's shape {list(query.shape)} "
+                                 f"(q_num_heads heads), got {list(key.shape)}")
+    return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
+                             update_rule, kv_num_heads // q_num_heads)
+
+
+@op("LinearAttention", 27, provider=CUDA)
+def LinearAttention_27(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
+                       kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta"):
+    return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
+                             update_rule, 1)
+
+
+# -- LinearAttentionGate ---------------------------------------------------------------------------
+
+@op("LinearAttentionGate", 1, domain=MS, provider=CUDA)
+def LinearAttentionGate(a, dt_bias, decay_scale, b=None):
+    check_device("LinearAttentionGate", a=a, dt_bias=dt_bias, decay_scale=decay_scale, b=b)
+    if a.ndim < 1:
+        raise ShapeMismatchError(f"LinearAttentionGate: a must be (B, T, H), got {list(a.shape)}")
+    H = tuple(a.shape)[-1]
+    for nm, v in (("dt_bias", dt_bias), ("decay_scale", decay_scale)):
+        if v.size != H:
+            raise ShapeMismatchError(f"LinearAttentionGate: {nm} must have {H} elements (a's last axis), got "
+                                     f"shape {list(v.shape)}")
+    if b is not None and tuple(b.shape) != tuple(a.shape):
+        raise ShapeMismatchError(f"LinearAttentionGate: b must have a's shape {list(a.shape)}, got {list(b.shape)}")
+    dec = rc.device_empty(tuple(a.shape), a.dtype)
+    bt = rc.device_empty(tuple(a.shape) if b is not None else (1,), a.dtype)
+    af = flat(a)
+    _launch1d(_gate, a.size, af, flat(dt_bias), flat(decay_scale), flat(b) if b is not None else af,
+              b is not None, flat(dec), flat(bt), H)
+    return dec if b is None else (dec, bt)
+
+
+# -- CausalConvWithState ---------------------------------------------------------------------------
+
+def _causal_conv(input, weight, bias, past, B, C, L, K, dil, act, cl, oshape, pshape):
+    P = (K - 1) * dil
+    out = rc.device_empty(oshape, input.dtype)
+    present = rc.device_empty(pshape, input.dtype)
+    xf = flat(input)
+    pf = flat(past) if past is not None else xf
+    _launch1d(_cconv, out.size, xf, flat(weight), flat(bias) if bias is not None else xf, bias is not None,
+              pf, past is not None, flat(out), C, L, K, P, dil, act != "none", cl)
+    _launch1d(_cconv_state, present.size, xf, pf, past is not None, flat(present), C, L, P, cl)
+    return out, present
+
+
+@op("CausalConvWithState", 1, domain=MS, provider=CUDA)
+def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation="none", ndim=1, dilation=1,
+                        channels_last=0, state_window=0, state_update_capacity=0, state_channels_last=-1,
+                        state_length=0, input_channel_offset=0, input_channels=0):
+    check_device("CausalConvWithState", input=input, weight=weight, bias=bias, past_state=past_state)
+    act = _s(activation)
+    if act not in ("none", "silu", "swish"):
+        raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
+    if ndim != 1 or state_window or state_update_capacity or state_channels_last != -1 or state_length \
+            or input_channel_offset or input_channels:
+        raise InvalidAttributeError(
+            f"CausalConvWithState (com.microsoft): only ndim=1, state_window=0 and the default CUDA-only attributes "
+            f"are supported, got ndim={ndim}, state_window={state_window}, state_update_capacity="
+            f"{state_update_capacity}, state_channels_last={state_channels_last}, state_length={state_length}, "
+            f"input_channel_offset={input_channel_offset}, input_channels={input_channels}")
+    if dilation < 1:
+        raise InvalidAttributeError(f"CausalConvWithState: dilation must be >= 1, got {dilation}")
+    shape = tuple(input.shape)
+    if channels_last:
+        if input.ndim < 3:
+            raise ShapeMismatchError(f"CausalConvWithState: channels-last input must be (batch, length, d_1, ...), "
+                                     f"got {list(shape)}")
+        B, L = shape[:2]
+        C = int(np.prod(shape[2:], dtype=np.int64))
+    else:
+        if input.ndim != 3:
+            raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
+                                     f"{list(shape)}")
+        B, C, L = shape
+    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
+        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
+    K = weight.shape[2]
+    P = (K - 1) * int(dilation)
+    if bias is not None and bias.size != C:
+        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
+    if past_state is not None:
+        ps = tuple(past_state.shape)
+        if channels_last:
+            if ps[:2] != (B, P) or int(np.prod(ps[2:], dtype=np.int64)) != C:
+                raise ShapeMismatchError(f"CausalConvWithState: past_state must be (batch={B}, {P}, channels...), "
+                                         f"got {list(ps)}")
+        elif ps != (B, C, P):
+            raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, P]}, got {list(ps)}")
+    if np.dtype(input.dtype) not in FLOATS:
+        raise InvalidArgumentError(f"CausalConvWithState: expects a floating-point input, got {input.dtype}")
+    pshape = (B, P) + shape[2:] if channels_last else (B, C, P)
+    return _causal_conv(input, weight, bias, past_state, B, C, L, K, int(dilation), act, bool(channels_last),
+                        shape, pshape)
+
+
+@op("CausalConvWithState", 27, provider=CUDA)
+def CausalConvWithState_27(input, weight, bias=None, past_state=None, *, activation="none"):
+    check_device("CausalConvWithState", input=input, weight=weight, bias=bias, past_state=past_state)
+    act = _s(activation)
+    if act not in ("none", "silu", "swish"):
+        raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
+    if input.ndim != 3:
+        raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
+                                 f"{list(input.shape)}")
+    B, C, L = input.shape
+    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
+        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
+    K = weight.shape[2]
+    if bias is not None and tuple(bias.shape) != (C,):
+        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
+    if past_state is not None and tuple(past_state.shape) != (B, C, K - 1):
+        raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, K - 1]}, got "
+                                 f"{list(past_state.shape)}")
+    return _causal_conv(input, weight, bias, past_state, B, C, L, K, 1, act, False, (B, C, L), (B, C, K - 1))

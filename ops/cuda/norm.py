@@ -1,0 +1,322 @@
+"""CUDA row norms: LayerNormalization (opset 17 and onnxruntime's default-domain contrib form from opset 1),
+com.microsoft SkipLayerNormalization and GatedRMSNorm, and LpNormalization.
+
+Row norms see the canonical ``(rows, n)`` view, one block per row, float32 accumulation through the shared
+block reductions of ``ops/cuda/_common.py``: a two-pass mean / centred variance (like the CPU), then the
+affine step.  SkipLayerNormalization first forms ``s = input + skip (+ bias)`` in float32 (a skip with fewer
+leading rows broadcasts as ``row % skip_rows``), may store it (rounded to the input dtype) as
+``input_skip_bias_sum``, and normalizes the unrounded float32 values, like the CPU.  GatedRMSNorm sees
+``(rows * groups, C)`` (C = scale length; the last axis may hold several groups) and multiplies by
+``act(gate)`` (silu or sigmoid).  LpNormalization sees ``(outer, n, inner)``, one block per (outer, inner)
+column; a zero norm gives 0.
+
+Invariants (match ``ops/normalization.py`` / ``ops/contrib_norm.py``):
+- ``Y`` has the input dtype; statistics have shape ``x.shape[:axis] + (1,) * (rank - axis)`` and float32
+  dtype (stash_type 1) unless the graph declares another; the skip op's statistics are float32 (float64 for a
+  float64 input);
+- scale / bias / beta that broadcast to the normalized shape are expanded on the device (``shape.broadcast_to``);
+- everything is computed in float32 (float64 inputs too); all tensors are device arrays, nothing is read back.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops._common import norm_axis
+from ops.registry import op
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, row_threads
+from .shape import broadcast_to
+
+__all__ = ["LayerNormalization", "SkipLayerNormalization", "GatedRMSNorm", "LpNormalization"]
+
+CUDA = "CUDAExecutionProvider"
+MS = "com.microsoft"
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def _in(x, skip, bias, has_skip, has_bias, base, sbase, j):
+    v = np.float32(x[base + j])
+    if has_skip:
+        v += np.float32(skip[sbase + j])
+        if has_bias:
+            v += np.float32(bias[j])
+    return v
+
+
+@cuda.jit
+def _ln_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, beta, has_beta, y, ssum, want_sum,
+             mean_out, inv_out, want_stats, n, eps):
+    """One block per row: y = (v - mean) * rsqrt(var + eps) * scale (+ beta), v = x (+ skip (+ bias))."""
+    sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    base = row * n
+    sbase = (row % skip_rows) * n
+    acc = np.float32(0.0)
+    for j in range(tid, n, nt):
+        v = _in(x, skip, bias, has_skip, has_bias, base, sbase, j)
+        if want_sum:
+            ssum[base + j] = v
+        acc += v
+    mean = block_sum(sh, tid, nt, acc) / np.float32(n)
+    acc = np.float32(0.0)
+    for j in range(tid, n, nt):
+        d = _in(x, skip, bias, has_skip, has_bias, base, sbase, j) - mean
+        acc += d * d
+    var = block_sum(sh, tid, nt, acc) / np.float32(n)
+    inv = np.float32(1.0) / math.sqrt(var + eps)
+    if want_stats and tid == 0:
+        mean_out[row] = mean
+        inv_out[row] = inv
+    for j in range(tid, n, nt):
+        d = (_in(x, skip, bias, has_skip, has_bias, base, sbase, j) - mean) * inv * np.float32(scale[j])
+        if has_beta:
+            d += np.float32(beta[j])
+        y[base + j] = d
+
+
+@cuda.jit
+def _gated_rows(x, gate, scale, y, C, eps, sigmoid):
+    """One block per row of C: y = x * rsqrt(mean(x^2) + eps) * scale * act(gate)."""
+    sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    base = row * C
+    acc = np.float32(0.0)
+    for j in range(tid, C, nt):
+        v = np.float32(x[base + j])
+        acc += v * v
+    inv = np.float32(1.0) / math.sqrt(block_sum(sh, tid, nt, acc) / np.float32(C) + eps)
+    for j in range(tid, C, nt):
+        z = np.float32(gate[base + j])
+        s = np.float32(1.0) / (np.float32(1.0) + math.exp(-z))
+        if not sigmoid:
+            s *= z
+        y[base + j] = np.float32(x[base + j]) * inv * np.float32(scale[j]) * s
+
+
+@cuda.jit
+def _lp_cols(x, y, n, inner, p):
+    """One block per (outer, inner) column of the (outer, n, inner) view: y = x / ||x||_p (0 if the norm is 0)."""
+    sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
+    col = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    o = col // inner
+    i = col % inner
+    base = o * n * inner + i
+    acc = np.float32(0.0)
+    for k in range(tid, n, nt):
+        v = np.float32(x[base + k * inner])
+        acc += abs(v) if p == 1 else v * v
+    nrm = block_sum(sh, tid, nt, acc)
+    if p == 2:
+        nrm = math.sqrt(nrm)
+    for k in range(tid, n, nt):
+        idx = base + k * inner
+        y[idx] = np.float32(x[idx]) / nrm if nrm != 0 else np.float32(0.0)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _check_float(name, x):
+    if np.dtype(x.dtype) not in FLOATS:
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {x.dtype}")
+
+
+def _vec(name, what, p, shape):
+    """``p`` (a device array) broadcast to ``shape``, flat; no copy when it already has that many elements
+    in that shape."""
+    shape = tuple(int(s) for s in shape)
+    ps = tuple(p.shape)
+    while len(ps) > len(shape) and ps[0] == 1:
+        ps = ps[1:]
+    if ps == shape:
+        return flat(p)
+    try:
+        return flat(broadcast_to(name, p, shape))
+    except ShapeMismatchError:
+        raise ShapeMismatchError(f"{name}: {what} of shape {list(p.shape)} does not broadcast to "
+                                 f"{list(shape)}") from None
+
+
+def _stat_dtype(ctx, k, stash_type, x_dtype):
+    vi = ctx.output_types[k] if ctx is not None and len(ctx.output_types) > k else None
+    if vi is not None and getattr(vi, "dtype", None) is not None:
+        return np.dtype(vi.dtype)
+    return F32 if stash_type == 1 else np.dtype(x_dtype)
+
+
+def _launch_ln(name, x, rows, n, scale, beta, skip, skip_rows, bias, eps, want_sum, stat_dts):
+    """Run ``_ln_rows``; returns (y, ssum or None, mean (rows,), inv (rows,)) (stats None unless asked)."""
+    y = rc.device_empty(tuple(x.shape), x.dtype)
+    want_stats = stat_dts is not None
+    mean = rc.device_empty((rows if want_stats else 1,), stat_dts[0] if want_stats else F32)
+    inv = rc.device_empty((rows if want_stats else 1,), stat_dts[1] if want_stats else F32)
+    ssum = rc.device_empty(tuple(x.shape), x.dtype) if want_sum else rc.device_empty((1,), x.dtype)
+    if rows and n:
+        dummy = flat(x)
+        _ln_rows[rows, row_threads(n)](
+            flat(x), flat(skip) if skip is not None else dummy, skip_rows, bias if bias is not None else dummy,
+            skip is not None, bias is not None, scale, beta if beta is not None else dummy, beta is not None,
+            flat(y), flat(ssum), bool(want_sum), mean, inv, want_stats, n, np.float32(eps))
+    return y, (ssum if want_sum else None), (mean if want_stats else None), (inv if want_stats else None)
+
+
+def _used(ctx, k) -> bool:
+    used = ctx.outputs_used
+    return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
+
+
+@cuda.jit
+def _fill0(a):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, a.size, step):
+        a[i] = 0
+
+
+def _zeros(shape, dt):
+    """A zero-filled device array (for outputs the graph does not use); no transfer."""
+    z = rc.device_empty(shape, dt)
+    if z.size:
+        blocks, threads = grid1d(z.size)
+        _fill0[blocks, threads](flat(z))
+    return z
+
+
+# -- LayerNormalization ----------------------------------------------------------------------------
+
+def _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type):
+    name = "LayerNormalization"
+    check_device(name, X=X, Scale=Scale, B=B)
+    _check_float(name, X)
+    ax = norm_axis(axis, X.ndim)
+    shape = tuple(X.shape)
+    rows = int(np.prod(shape[:ax], dtype=np.int64))
+    n = int(np.prod(shape[ax:], dtype=np.int64))
+    sc = _vec(name, "scale", Scale, shape[ax:])
+    be = None if B is None else _vec(name, "bias", B, shape[ax:])
+    want_stats = ctx.n_outputs > 1 and (_used(ctx, 1) or _used(ctx, 2))
+    sd = (_stat_dtype(ctx, 1, stash_type, X.dtype), _stat_dtype(ctx, 2, stash_type, X.dtype)) if want_stats else None
+    y, _, mean, inv = _launch_ln(name, X, rows, n, sc, be, None, 1, None, epsilon, False, sd)
+    if ctx.n_outputs == 1:
+        return y
+    ss = shape[:ax] + (1,) * (X.ndim - ax)
+    if not want_stats:
+        mean = _zeros(ss, _stat_dtype(ctx, 1, stash_type, X.dtype))
+        inv = _zeros(ss, _stat_dtype(ctx, 2, stash_type, X.dtype))
+    return (y, mean.reshape(ss), inv.reshape(ss))[:ctx.n_outputs]
+
+
+@op("LayerNormalization", 1, provider=CUDA)
+def LayerNormalization_contrib(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
+    """onnxruntime's default-domain contrib LayerNormalization (same semantics as opset 17)."""
+    return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
+
+
+@op("LayerNormalization", 17, provider=CUDA)
+def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
+    return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
+
+
+# -- SkipLayerNormalization ------------------------------------------------------------------------
+
+@op("SkipLayerNormalization", 1, domain=MS, provider=CUDA)
+def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, epsilon=1e-12, *, ctx):
+    """LayerNorm of ``input + skip (+ bias)`` over the last axis; returns up to (output, mean, inv_std_var, sum)."""
+    name = "SkipLayerNormalization"
+    check_device(name, input=input, skip=skip, gamma=gamma, beta=beta, bias=bias)
+    _check_float(name, input)
+    if input.ndim not in (2, 3):
+        raise ShapeMismatchError(f"{name}: input must be 2-d or 3-d, got shape {list(input.shape)}")
+    shape = tuple(input.shape)
+    n = shape[-1]
+    rows = input.size // n if n else 0
+    sq = tuple(skip.shape)
+    while len(sq) > 1 and sq[0] == 1:
+        sq = sq[1:]
+    if len(sq) > input.ndim or sq != shape[input.ndim - len(sq):] or sq[-1] != n:
+        raise ShapeMismatchError(f"{name}: skip of shape {list(skip.shape)} does not match input {list(shape)}")
+    skip_rows = max(skip.size // n, 1) if n else 1
+    sc = _vec(name, "scale", gamma, (n,))
+    be = None if beta is None else _vec(name, "beta", beta, (n,))
+    bi = None if bias is None else _vec(name, "bias", bias, (n,))
+    n_out = ctx.n_outputs
+    sdt = F64 if np.dtype(input.dtype) == F64 else F32
+    want_stats = _used(ctx, 1) or _used(ctx, 2)
+    want_sum = _used(ctx, 3)
+    y, s, mean, inv = _launch_ln(name, input, rows, n, sc, be, skip, skip_rows, bi, epsilon, want_sum,
+                                 (sdt, sdt) if want_stats else None)
+    if n_out == 1:
+        return y
+    ss = shape[:-1] + (1,)
+    if want_stats:
+        mean, inv = mean.reshape(ss), inv.reshape(ss)
+    else:
+        mean = inv = _zeros(ss, sdt)
+    if s is None and n_out > 3:
+        s = _zeros(shape, input.dtype)
+    return (y, mean, inv, s)[:n_out]
+
+
+# -- GatedRMSNorm ----------------------------------------------------------------------------------
+
+@op("GatedRMSNorm", 1, domain=MS, provider=CUDA)
+def GatedRMSNorm(X, scale, gate, activation="silu", epsilon=1e-5):
+    name = "GatedRMSNorm"
+    act = activation.decode() if isinstance(activation, bytes) else str(activation)
+    if act not in ("silu", "swish", "sigmoid"):
+        raise InvalidAttributeError(f"GatedRMSNorm: activation must be 'silu', 'swish' or 'sigmoid', got {act!r}")
+    check_device(name, X=X, scale=scale, gate=gate)
+    _check_float(name, X)
+    C = int(scale.size)
+    if X.ndim < 1 or C == 0 or tuple(X.shape)[-1] % C:
+        raise ShapeMismatchError(f"GatedRMSNorm: the last axis of X {list(X.shape)} must be a multiple of the "
+                                 f"scale length {C}")
+    if tuple(gate.shape) != tuple(X.shape):
+        raise ShapeMismatchError(f"GatedRMSNorm: gate must have X's shape {list(X.shape)}, got {list(gate.shape)}")
+    rows = X.size // C
+    y = rc.device_empty(tuple(X.shape), X.dtype)
+    if rows:
+        _gated_rows[rows, row_threads(C)](flat(X), flat(gate), flat(scale), flat(y), C, np.float32(epsilon),
+                                          act == "sigmoid")
+    return y
+
+
+# -- LpNormalization -------------------------------------------------------------------------------
+
+def _lp(input, axis, p):
+    if p not in (1, 2):
+        raise InvalidAttributeError(f"LpNormalization: p must be 1 or 2, got {p}")
+    check_device("LpNormalization", input=input)
+    _check_float("LpNormalization", input)
+    ax = norm_axis(axis, input.ndim)
+    shape = tuple(input.shape)
+    outer = int(np.prod(shape[:ax], dtype=np.int64))
+    n = shape[ax]
+    inner = int(np.prod(shape[ax + 1:], dtype=np.int64))
+    y = rc.device_empty(shape, input.dtype)
+    if input.size:
+        _lp_cols[outer * inner, row_threads(n)](flat(input), flat(y), n, inner, int(p))
+    return y
+
+
+@op("LpNormalization", 1, provider=CUDA)
+def LpNormalization_1(input, axis=-1, p=2):
+    return _lp(input, axis, p)
+
+
+@op("LpNormalization", 22, provider=CUDA)
+def LpNormalization(input, axis=-1, p=2):
+    return _lp(input, axis, p)

@@ -1,0 +1,268 @@
+"""CUDA data movement: Transpose, Concat, Split, Slice, Expand.
+
+Every op is one strided copy: ``dst[doff + sum_k i_k * ds_k] = src[soff + sum_k i_k * ss_k]`` over an index
+box of up to six axes (element strides; a source stride is negative for a negative Slice step and zero for an
+Expand broadcast).  The wrapper drops unit axes, merges axes that are contiguous in both operands and pads
+the box on the left to the canonical rank 6, so ``_copy6`` compiles once per dtype.  Concat launches one copy
+per input into its window of the output; Split one per output.
+
+Invariants (match ``ops/movement.py``):
+- Slice's starts/ends/axes/steps, Split's ``split`` input and Expand's ``shape`` are host inputs
+  (``host_inputs``): they size the launch, so they are read on the host, never from the device;
+- clamping and negative steps follow Python's ``slice.indices`` exactly like the CPU wrapper; errors are the
+  CPU's (``InvalidArgumentError``/``InvalidAttributeError``/``ShapeMismatchError``);
+- a copy whose box still needs more than six axes after merging raises ``ShapeMismatchError``;
+- outputs are fresh C-contiguous device arrays (never an input or a view of one).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ops._common import as_int_list, broadcast_shape, norm_axis
+from ops.registry import op
+from runtime import cuda as rc
+from runtime.cuda import cuda
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import check_device, flat, grid1d
+
+__all__ = ["Transpose", "Concat", "Split", "Slice", "Expand", "strided_copy", "broadcast_to"]
+
+CUDA = "CUDAExecutionProvider"
+RANK = 6
+
+
+@cuda.jit
+def _copy6(src, soff, s0, s1, s2, s3, s4, s5, dst, doff, d0, d1, d2, d3, d4, d5, n1, n2, n3, n4, n5, total):
+    """Grid-stride copy over a 6-axis box (extents (., n1..n5), ``total`` elements)."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, total, step):
+        t = i
+        i5 = t % n5
+        t //= n5
+        i4 = t % n4
+        t //= n4
+        i3 = t % n3
+        t //= n3
+        i2 = t % n2
+        t //= n2
+        i1 = t % n1
+        i0 = t // n1
+        so = soff + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3 + i4 * s4 + i5 * s5
+        do = doff + i0 * d0 + i1 * d1 + i2 * d2 + i3 * d3 + i4 * d4 + i5 * d5
+        dst[do] = src[so]
+
+
+def _cstrides(shape) -> list:
+    """Element strides of a C-contiguous array of ``shape``."""
+    st = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        st[k] = st[k + 1] * int(shape[k + 1])
+    return st
+
+
+def _box(op, extents, sstr, dstr) -> list:
+    """(extent, src stride, dst stride) per axis: unit axes dropped, mergeable neighbours merged, padded to 6."""
+    dims = [(int(n), int(s), int(d)) for n, s, d in zip(extents, sstr, dstr) if int(n) != 1]
+    merged = []
+    for n, s, d in dims:
+        if merged:
+            pn, ps, pd = merged[-1]
+            if ps == s * n and pd == d * n:
+                merged[-1] = (pn * n, s, d)
+                continue
+        merged.append((n, s, d))
+    if len(merged) > RANK:
+        raise ShapeMismatchError(f"{op}: the copy needs {len(merged)} axes after merging, the CUDA kernel supports "
+                                 f"at most {RANK}")
+    return [(1, 0, 0)] * (RANK - len(merged)) + merged
+
+
+def strided_copy(op, src, soff, sstr, dst, doff, dstr, extents) -> None:
+    """Copy the box ``extents`` of ``src`` (offset/strides in elements) into ``dst`` (offset/strides)."""
+    total = int(np.prod([int(n) for n in extents], dtype=np.int64)) if len(extents) else 1
+    if total == 0:
+        return
+    b = _box(op, extents, sstr, dstr)
+    blocks, threads = grid1d(total)
+    _copy6[blocks, threads](flat(src), int(soff), *[s for _, s, _ in b], flat(dst), int(doff),
+                            *[d for _, _, d in b], *[n for n, _, _ in b[1:]], total)
+
+
+def broadcast_to(op, x, shape):
+    """A fresh device array: ``x`` broadcast (numpy rules, right-aligned) to ``shape``."""
+    shape = tuple(int(s) for s in shape)
+    xs = tuple(x.shape)
+    if len(xs) > len(shape) or any(a != b and a != 1 for a, b in zip(xs[::-1], shape[::-1])):
+        raise ShapeMismatchError(f"{op}: shape {list(xs)} does not broadcast to {list(shape)}")
+    out = rc.device_empty(shape, x.dtype)
+    lead = len(shape) - len(xs)
+    xst = _cstrides(xs)
+    sst = [0] * lead + [0 if xs[k] == 1 else xst[k] for k in range(len(xs))]
+    strided_copy(op, x, 0, sst, out, 0, _cstrides(shape), shape)
+    return out
+
+
+# -- Transpose -------------------------------------------------------------------------------------
+
+@op("Transpose", 1, provider=CUDA)
+def Transpose(data, perm=None):
+    check_device("Transpose", data=data)
+    r = data.ndim
+    p = list(range(r))[::-1] if perm is None else [norm_axis(a, r, "perm entry") for a in perm]
+    if sorted(p) != list(range(r)):
+        raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
+    shape = tuple(data.shape)
+    oshape = tuple(shape[a] for a in p)
+    out = rc.device_empty(oshape, data.dtype)
+    sst = _cstrides(shape)
+    strided_copy("Transpose", data, 0, [sst[a] for a in p], out, 0, _cstrides(oshape), oshape)
+    return out
+
+
+# -- Concat / Split --------------------------------------------------------------------------------
+
+def _concat(inputs, axis):
+    xs = [x for x in inputs if x is not None]
+    if not xs:
+        raise InvalidArgumentError("Concat needs at least one input")
+    check_device("Concat", **{f"input{k}": x for k, x in enumerate(xs)})
+    r = xs[0].ndim
+    ax = norm_axis(axis, r)
+    dt = xs[0].dtype
+    base = list(xs[0].shape)
+    for x in xs:
+        if x.dtype != dt:
+            raise InvalidArgumentError(f"Concat: inputs must share one dtype, got {[str(a.dtype) for a in xs]}")
+        if x.ndim != r or any(x.shape[i] != base[i] for i in range(r) if i != ax):
+            raise ShapeMismatchError(f"Concat: input shapes {[list(a.shape) for a in xs]} differ outside axis {ax}")
+    shape = list(base)
+    shape[ax] = sum(x.shape[ax] for x in xs)
+    out = rc.device_empty(tuple(shape), dt)
+    dst = _cstrides(shape)
+    off = 0
+    for x in xs:
+        n = x.shape[ax]
+        if n and x.size:
+            strided_copy("Concat", x, 0, _cstrides(x.shape), out, off * dst[ax], dst, tuple(x.shape))
+        off += n
+    return out
+
+
+@op("Concat", 1, provider=CUDA)
+def Concat_1(*inputs, axis=1):
+    return _concat(inputs, axis)
+
+
+@op("Concat", 4, provider=CUDA)
+def Concat(*inputs, axis=None):
+    if axis is None:
+        raise InvalidAttributeError("Concat: the axis attribute is required")
+    return _concat(inputs, axis)
+
+
+def _split(x, axis, split, n_out, num_outputs=None):
+    check_device("Split", input=x)
+    ax = norm_axis(axis, x.ndim)
+    d = x.shape[ax]
+    if split is not None and len(as_int_list(split)):
+        parts = as_int_list(split)
+        if len(parts) != n_out or sum(parts) != d or min(parts) < 0:
+            raise InvalidArgumentError(f"Split: split {parts} must be {n_out} non-negative sizes summing to {d}")
+    elif num_outputs is not None:
+        if num_outputs != n_out:
+            raise InvalidAttributeError(f"Split: num_outputs={num_outputs} but the node has {n_out} outputs")
+        c = -(-d // n_out)
+        parts = [min(c, max(d - i * c, 0)) for i in range(n_out)]
+    else:
+        if d % n_out:
+            raise InvalidArgumentError(f"Split: axis {ax} of size {d} cannot be split into {n_out} equal parts")
+        parts = [d // n_out] * n_out
+    shape = tuple(x.shape)
+    sst = _cstrides(shape)
+    outs = []
+    off = 0
+    for n in parts:
+        oshape = shape[:ax] + (n,) + shape[ax + 1:]
+        o = rc.device_empty(oshape, x.dtype)
+        strided_copy("Split", x, off * sst[ax], sst, o, 0, _cstrides(oshape), oshape)
+        outs.append(o)
+        off += n
+    return outs[0] if n_out == 1 else tuple(outs)
+
+
+@op("Split", 1, provider=CUDA, host_inputs=(1,))
+def Split_1(input, split_in=None, axis=0, split=None, *, ctx):
+    return _split(input, axis, split_in if split_in is not None else split, ctx.n_outputs)
+
+
+@op("Split", 2, provider=CUDA)
+def Split_2(input, axis=0, split=None, *, ctx):
+    return _split(input, axis, split, ctx.n_outputs)
+
+
+@op("Split", 13, provider=CUDA, host_inputs=(1,))
+def Split_13(input, split=None, axis=0, *, ctx):
+    return _split(input, axis, split, ctx.n_outputs)
+
+
+@op("Split", 18, provider=CUDA, host_inputs=(1,))
+def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
+    if split is not None and num_outputs is not None:
+        raise InvalidAttributeError("Split: give either the split input or num_outputs, not both")
+    if split is None and num_outputs is None:
+        raise InvalidAttributeError("Split: one of the split input or the num_outputs attribute is required")
+    return _split(input, axis, split, ctx.n_outputs, num_outputs)
+
+
+# -- Slice -----------------------------------------------------------------------------------------
+
+def _slice(x, starts, ends, axes, steps):
+    check_device("Slice", data=x)
+    r = x.ndim
+    shape = tuple(x.shape)
+    st = as_int_list(starts)
+    en = as_int_list(ends)
+    ax = list(range(len(st))) if axes is None or len(as_int_list(axes)) == 0 else as_int_list(axes)
+    sp = [1] * len(st) if steps is None or len(as_int_list(steps)) == 0 else as_int_list(steps)
+    if not (len(st) == len(en) == len(ax) == len(sp)):
+        raise InvalidArgumentError(f"Slice: starts {st}, ends {en}, axes {ax} and steps {sp} differ in length")
+    begin = [0] * r
+    step = [1] * r
+    oshape = list(shape)
+    seen = set()
+    for s, e, a, p in zip(st, en, ax, sp):
+        a = norm_axis(a, r)
+        if a in seen:
+            raise InvalidArgumentError(f"Slice: axes {ax} repeat axis {a}")
+        seen.add(a)
+        if p == 0:
+            raise InvalidArgumentError("Slice: steps must be non-zero")
+        b, c, p = slice(s, e, p).indices(shape[a])
+        begin[a], step[a], oshape[a] = b, p, len(range(b, c, p))
+    out = rc.device_empty(tuple(oshape), x.dtype)
+    xst = _cstrides(shape)
+    if out.size:
+        soff = sum(begin[k] * xst[k] for k in range(r))
+        strided_copy("Slice", x, soff, [xst[k] * step[k] for k in range(r)], out, 0, _cstrides(oshape), oshape)
+    return out
+
+
+@op("Slice", 1, provider=CUDA)
+def Slice_1(data, axes=None, ends=None, starts=None):
+    return _slice(data, starts, ends, axes, None)
+
+
+@op("Slice", 10, provider=CUDA, host_inputs=(1, 2, 3, 4))
+def Slice(data, starts, ends, axes=None, steps=None):
+    return _slice(data, starts, ends, axes, steps)
+
+
+# -- Expand ----------------------------------------------------------------------------------------
+
+@op("Expand", 8, provider=CUDA, host_inputs=(1,))
+def Expand(input, shape):
+    check_device("Expand", input=input)
+    target = as_int_list(shape)
+    out_shape = broadcast_shape(tuple(input.shape), tuple(target))
+    return broadcast_to("Expand", input, out_shape)

@@ -1,0 +1,353 @@
+"""CUDA kernels of ops/cuda/{shape,norm,contrib_recurrent,activations}.py against the CPU provider's registered
+kernels, both resolved and bound through ``ops.registry`` on the same inputs (device inputs uploaded with
+``runtime.cuda.to_device``, except each CUDA registration's ``host_inputs``).
+
+Without a GPU the kernels run on Numba's CUDA simulator, where every CUDA thread is a Python thread, so shapes
+are tiny, but chosen so that rows are longer than a block, grids have several blocks, and edge cases
+(negative axes and steps, clamping, uneven splits, groups, decode with a past state, multi-token prefill) are
+covered.
+
+When numba-cuda is missing (or finds no GPU and the simulator is off) the module is skipped, unless
+``ONNX_NUMBA_REQUIRE_CUDA=1``, in which case collecting it fails.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from runtime import cuda as rc  # importing runtime.cuda never imports numba.cuda
+
+if rc.SIM_ENV not in os.environ and not rc.gpu_present():
+    os.environ[rc.SIM_ENV] = "1"
+
+_REASON = rc.unavailable_reason()
+if _REASON:
+    rc.require_cuda()  # with ONNX_NUMBA_REQUIRE_CUDA=1 this raises: a failure, never a skip
+    pytest.skip(f"CUDA kernels not tested: {_REASON}", allow_module_level=True)
+
+import ops  # noqa: E402,F401  (registers the CPU kernels)
+import ops.cuda.activations  # noqa: E402,F401
+import ops.cuda.contrib_recurrent  # noqa: E402,F401
+import ops.cuda.norm  # noqa: E402,F401
+import ops.cuda.shape  # noqa: E402,F401
+from ops import registry  # noqa: E402
+from ops.registry import OpContext  # noqa: E402
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError  # noqa: E402
+
+RNG = np.random.default_rng(0)
+MS = "com.microsoft"
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+TOL = {np.dtype(np.float32): (1e-4, 1e-5), np.dtype(np.float16): (3e-3, 3e-3), np.dtype(np.float64): (1e-5, 1e-6)}
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _ctx(op_type, domain, opset, attrs, n_in, n_out, provider):
+    return OpContext(name="n", op_type=op_type, domain=domain, opset=opset, attrs=dict(attrs), n_inputs=n_in,
+                     n_outputs=n_out, outputs_used=[True] * n_out, provider=provider)
+
+
+def _run(provider, op_type, inputs, n_out, domain, opset, attrs):
+    impl = registry.resolve(domain, op_type, opset, provider)
+    assert impl is not None and impl.provider == provider, (provider, domain, op_type, opset)
+    fn = registry.bind(impl, _ctx(op_type, domain, opset, attrs, len(inputs), n_out, provider))
+    if provider == CPU:
+        res = fn(*inputs)
+    else:
+        res = fn(*[a if a is None or k in impl.host_inputs else rc.to_device(a) for k, a in enumerate(inputs)])
+    res = res if isinstance(res, tuple) else (res,)
+    return [r if isinstance(r, np.ndarray) else rc.to_host(r) for r in res]
+
+
+def check(op_type, inputs, n_out=1, domain="", opset=21, tol=None, **attrs):
+    """Run the node on both providers and compare every output (shape, dtype, values)."""
+    want = _run(CPU, op_type, inputs, n_out, domain, opset, attrs)
+    got = _run(CUDA, op_type, inputs, n_out, domain, opset, attrs)
+    assert len(got) == len(want) == n_out
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (op_type, k, g.shape, g.dtype, w.shape, w.dtype)
+        if w.dtype.kind == "f":
+            r, a = tol or TOL[w.dtype]
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=r, atol=a,
+                                       err_msg=f"{op_type} output {k}")
+        else:
+            np.testing.assert_array_equal(g, w)
+    return got
+
+
+def raises_like_cpu(exc, op_type, inputs, n_out=1, domain="", opset=21, **attrs):
+    for prov in (CPU, CUDA):
+        with pytest.raises(exc):
+            _run(prov, op_type, inputs, n_out, domain, opset, attrs)
+
+
+def test_mode():
+    assert rc.available()
+    if not rc.gpu_present():
+        assert rc.simulator(), "numba.cuda was imported before NUMBA_ENABLE_CUDASIM was set"
+
+
+# -- shape family ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
+def test_transpose(dtype):
+    x = (_rand(2, 3, 4) > 0) if dtype == np.bool_ else (_rand(2, 3, 4) * 10).astype(dtype)
+    check("Transpose", [x], perm=[2, 0, 1])
+    check("Transpose", [x])  # reversed
+    check("Transpose", [x], perm=[-1, 1, 0])  # negative perm entries
+
+
+def test_transpose_high_rank_and_errors():
+    check("Transpose", [_rand(2, 1, 3, 1, 2, 1, 2)], perm=[6, 5, 4, 3, 2, 1, 0])  # rank 7, merges to <= 6
+    check("Transpose", [_rand(2, 3, 2, 2, 3)], perm=[4, 2, 0, 3, 1])
+    check("Transpose", [_rand(0, 3)], perm=[1, 0])
+    raises_like_cpu(InvalidAttributeError, "Transpose", [_rand(2, 3)], perm=[0, 0])
+
+
+def test_concat():
+    a, b, c = _rand(2, 3, 4), _rand(2, 1, 4), _rand(2, 5, 4)
+    check("Concat", [a, b, c], axis=1)
+    check("Concat", [a, b, c], axis=-2)
+    check("Concat", [_rand(1, 3, 4), a, _rand(0, 3, 4)], axis=0)
+    check("Concat", [a.astype(np.float16), _rand(2, 3, 1).astype(np.float16)], axis=-1)
+    check("Concat", [np.arange(3, dtype=np.int64), np.arange(4, dtype=np.int64)], axis=0)
+    check("Concat", [a, b], opset=1)  # axis defaults to 1 before opset 4
+    raises_like_cpu(InvalidArgumentError, "Concat", [a, a.astype(np.float16)], axis=0)
+    raises_like_cpu(ShapeMismatchError, "Concat", [a, _rand(2, 3, 5)], axis=1)
+
+
+SLICE_CASES = [
+    ([1], [3], [0], [1]),
+    ([-1], [-100], [1], [-1]),  # negative step, end clamped below 0
+    ([10, 0], [-10, 100], [2, -2], [-2, 3]),  # start clamped above the extent, negative axis
+    ([-2, 1], [1000, -1], [-3, 1], [1, 1]),
+    ([3], [1], [0], [1]),  # empty
+    ([0, 4], [4, 0], [1, 2], [2, -2]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SLICE_CASES)))
+def test_slice(case):
+    x = _rand(4, 5, 6)
+    st, en, ax, sp = (np.array(v, np.int64) for v in SLICE_CASES[case])
+    check("Slice", [x, st, en, ax, sp], opset=13)
+    if (sp == 1).all():
+        check("Slice", [x], opset=1, starts=st.tolist(), ends=en.tolist(), axes=ax.tolist())
+        if (ax == np.arange(len(ax))).all():
+            check("Slice", [x, st, en], opset=13)
+
+
+def test_slice_misc():
+    x = (_rand(3, 4) * 5).astype(np.int32)
+    check("Slice", [x, np.array([-1, -1]), np.array([-4, -5]), None, np.array([-1, -1])], opset=13)
+    check("Slice", [x, np.array([1], np.int32), np.array([3], np.int32), np.array([-1], np.int32)], opset=13)
+    raises_like_cpu(InvalidArgumentError, "Slice", [x, np.array([0]), np.array([1]), np.array([0]), np.array([0])],
+                    opset=13)
+    raises_like_cpu(InvalidArgumentError, "Slice", [x, np.array([0, 0]), np.array([1, 1]), np.array([0, -2])],
+                    opset=13)
+
+
+def test_split():
+    x = _rand(2, 7, 3)
+    check("Split", [x, np.array([1, 4, 2], np.int64)], n_out=3, opset=13, axis=1)
+    check("Split", [x, np.array([2, 0, 1], np.int64)], n_out=3, opset=13, axis=-1)
+    check("Split", [x], n_out=2, opset=13, axis=0)
+    check("Split", [x], n_out=3, opset=18, axis=-2, num_outputs=3)  # uneven: 3, 3, 1
+    check("Split", [x], n_out=3, opset=2, axis=1, split=[3, 3, 1])
+    check("Split", [x, np.array([5, 2], np.int64)], n_out=2, opset=1, axis=1)
+    check("Split", [x.astype(np.float16)], n_out=1, opset=13, axis=2)
+    raises_like_cpu(InvalidArgumentError, "Split", [x, np.array([1, 1], np.int64)], n_out=2, opset=13, axis=1)
+    raises_like_cpu(InvalidArgumentError, "Split", [x], n_out=2, opset=13, axis=1)
+    raises_like_cpu(InvalidAttributeError, "Split", [x], n_out=2, opset=18, axis=1)
+
+
+def test_expand():
+    check("Expand", [_rand(3, 1), np.array([2, 1, 4], np.int64)], opset=13)
+    check("Expand", [_rand(2, 3), np.array([3], np.int64)], opset=13)
+    check("Expand", [_rand(1, 3, 1).astype(np.float16), np.array([2, 1, 1, 5], np.int64)], opset=13)
+    check("Expand", [np.array(2, np.int64), np.array([2, 2], np.int64)], opset=13)
+    raises_like_cpu(ShapeMismatchError, "Expand", [_rand(2, 3), np.array([4, 3], np.int64)], opset=13)
+
+
+# -- norms -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_layer_norm(dtype):
+    x = (_rand(2, 3, 40) * 3 + 1).astype(dtype)
+    sc, b = _rand(40).astype(dtype), _rand(40).astype(dtype)
+    check("LayerNormalization", [x, sc, b], n_out=3, opset=17)
+    check("LayerNormalization", [x, sc], n_out=1, opset=17, epsilon=1e-3)
+    x4 = (_rand(2, 3, 4, 5) + 2).astype(dtype)
+    check("LayerNormalization", [x4, _rand(4, 5).astype(dtype), _rand(5).astype(dtype)], n_out=3, opset=17,
+          axis=-2)  # bias broadcast on the device
+    check("LayerNormalization", [x4, _rand(3, 4, 5).astype(dtype)], n_out=2, opset=17, axis=1)
+    check("LayerNormalization", [x, sc, b], n_out=3, opset=1)  # default-domain contrib form
+
+
+def test_layer_norm_errors():
+    raises_like_cpu(ShapeMismatchError, "LayerNormalization", [_rand(2, 8), _rand(3)], opset=17)
+    raises_like_cpu(InvalidArgumentError, "LayerNormalization", [np.ones((2, 8), np.int32), np.ones(8, np.int32)],
+                    opset=17)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_skip_layer_norm(dtype):
+    x, skip = _rand(2, 3, 24).astype(dtype), _rand(2, 3, 24).astype(dtype)
+    g, be, bi = (_rand(24).astype(dtype) for _ in range(3))
+    check("SkipLayerNormalization", [x, skip, g, be, bi], n_out=4, domain=MS, epsilon=1e-5)
+    check("SkipLayerNormalization", [x, skip[0], g], n_out=4, domain=MS)  # skip broadcast over batch
+    check("SkipLayerNormalization", [x[0], skip[0], g, None, bi], n_out=1, domain=MS)
+    check("SkipLayerNormalization", [x, skip, g, be], n_out=3, domain=MS)
+
+
+def test_skip_layer_norm_errors():
+    raises_like_cpu(ShapeMismatchError, "SkipLayerNormalization", [_rand(2, 8), _rand(2, 7), _rand(8)], domain=MS)
+    raises_like_cpu(ShapeMismatchError, "SkipLayerNormalization", [_rand(8), _rand(8), _rand(8)], domain=MS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gated_rms_norm(dtype):
+    x, gate = _rand(2, 3, 16).astype(dtype), _rand(2, 3, 16).astype(dtype)
+    check("GatedRMSNorm", [x, _rand(8).astype(dtype), gate], domain=MS)  # two groups per row
+    check("GatedRMSNorm", [x, _rand(16).astype(dtype), gate], domain=MS, activation="sigmoid", epsilon=1e-3)
+    raises_like_cpu(ShapeMismatchError, "GatedRMSNorm", [x, _rand(5).astype(dtype), gate], domain=MS)
+    raises_like_cpu(InvalidAttributeError, "GatedRMSNorm", [x, _rand(8).astype(dtype), gate], domain=MS,
+                    activation="relu")
+
+
+def test_lp_norm():
+    x = _rand(3, 4, 5)
+    x[1, :, 2] = 0  # zero norm -> 0
+    for p in (1, 2):
+        for axis in (-1, 1, 0):
+            check("LpNormalization", [x], opset=22, p=p, axis=axis)
+    check("LpNormalization", [x.astype(np.float16)], opset=1)
+    raises_like_cpu(InvalidAttributeError, "LpNormalization", [x], opset=22, p=3)
+
+
+# -- activations -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_activations(dtype):
+    x = (_rand(3, 37) * 3).astype(dtype)
+    b = _rand(37).astype(dtype)
+    check("Gelu", [x], domain=MS)
+    check("BiasGelu", [x, b], domain=MS)
+    check("FastGelu", [x], domain=MS)
+    check("FastGelu", [x, b], domain=MS)
+    check("QuickGelu", [x], domain=MS)
+    check("QuickGelu", [x], domain=MS, alpha=1.5)
+    check("Gelu", [x], opset=20)
+    check("Gelu", [x], opset=20, approximate="tanh")
+    xs = np.concatenate([x.reshape(-1), np.array([30, -30, 0], dtype)])
+    check("Softplus", [xs])
+    check("Softsign", [xs])
+    check("HardSigmoid", [xs])
+    check("HardSigmoid", [xs], alpha=0.5, beta=0.1)
+    check("LeakyRelu", [xs])
+    check("LeakyRelu", [xs], alpha=0.3)
+
+
+def test_activation_errors():
+    raises_like_cpu(ShapeMismatchError, "BiasGelu", [_rand(3, 4), _rand(3)], domain=MS)
+    raises_like_cpu(InvalidArgumentError, "Gelu", [np.ones((3, 4), np.int32)], domain=MS)
+    raises_like_cpu(InvalidAttributeError, "Gelu", [_rand(3, 4)], opset=20, approximate="erf")
+
+
+# -- recurrent -------------------------------------------------------------------------------------
+
+def _la_inputs(B, T, hq, hkv, dk, dv, rule, past=True, dtype=np.float32, decay_per_dim=False, beta_one=False):
+    gating, delta = {"linear": (0, 0), "gated": (1, 0), "delta": (0, 1), "gated_delta": (1, 1)}[rule]
+    q = _rand(B, T, hq * dk, dtype=dtype)
+    k = (_rand(B, T, (hq if hkv > hq else hkv) * dk) * 0.3).astype(dtype)
+    v = _rand(B, T, hkv * dv, dtype=dtype)
+    st = _rand(B, hkv, dk, dv, dtype=dtype) if past else None
+    dc = (-np.abs(_rand(B, T, hkv * (dk if decay_per_dim else 1)))).astype(dtype) if gating else None
+    bt = (1 / (1 + np.exp(-_rand(B, T, 1 if beta_one else hkv)))).astype(dtype) if delta else None
+    return [q, k, v, st, dc, bt]
+
+
+@pytest.mark.parametrize("rule", ["gated_delta", "linear", "gated", "delta"])
+def test_linear_attention_decode_and_prefill(rule):
+    for T, past in ((1, True), (5, False), (4, True)):
+        ins = _la_inputs(2, T, 4, 2, 4, 6, rule, past=past, decay_per_dim=(T == 4), beta_one=(T == 4))
+        check("LinearAttention", ins, n_out=2, domain=MS, q_num_heads=4, kv_num_heads=2, update_rule=rule)
+    ins = _la_inputs(1, 3, 2, 2, 4, 5, rule)
+    check("LinearAttention", ins, n_out=2, opset=27, q_num_heads=2, kv_num_heads=2, update_rule=rule, scale=0.7)
+
+
+def test_linear_attention_inverse_gqa_and_fp16():
+    ins = _la_inputs(1, 3, 1, 2, 4, 4, "gated_delta")  # kv_num_heads > q_num_heads (contrib only)
+    check("LinearAttention", ins, n_out=2, domain=MS, q_num_heads=1, kv_num_heads=2)
+    ins = _la_inputs(1, 1, 2, 2, 4, 4, "gated_delta", dtype=np.float16)
+    check("LinearAttention", ins, n_out=2, domain=MS, q_num_heads=2, kv_num_heads=2, tol=(1e-2, 1e-2))
+    ins = _la_inputs(1, 2, 2, 2, 4, 4, "gated_delta", past=False, dtype=np.float16)
+    check("LinearAttention", ins, n_out=2, domain=MS, q_num_heads=2, kv_num_heads=2, tol=(1e-2, 1e-2))
+
+
+def test_linear_attention_prefill_equals_chained_decode():
+    ins = _la_inputs(1, 4, 2, 1, 4, 4, "gated_delta")
+    attrs = dict(q_num_heads=2, kv_num_heads=1)
+    full, state = _run(CUDA, "LinearAttention", ins, 2, MS, 1, attrs)
+    st = ins[3]
+    for t in range(4):
+        step = [a[:, t:t + 1] if a is not None and a.ndim == 3 else a for a in ins]
+        step[3] = st
+        o, st = _run(CUDA, "LinearAttention", step, 2, MS, 1, attrs)
+        np.testing.assert_allclose(o[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(st, state, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_attention_errors():
+    ins = _la_inputs(1, 1, 2, 2, 4, 4, "gated_delta")
+    raises_like_cpu(InvalidAttributeError, "LinearAttention", ins, 2, MS, q_num_heads=2, kv_num_heads=2,
+                    state_window=4)
+    raises_like_cpu(InvalidArgumentError, "LinearAttention", ins, 2, MS, q_num_heads=2, kv_num_heads=2,
+                    update_rule="linear")
+    bad = list(ins)
+    bad[3] = _rand(1, 2, 4, 5)
+    raises_like_cpu(ShapeMismatchError, "LinearAttention", bad, 2, MS, q_num_heads=2, kv_num_heads=2)
+    raises_like_cpu(InvalidAttributeError, "LinearAttention", ins, 2, MS, q_num_heads=3, kv_num_heads=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_linear_attention_gate(dtype):
+    a, b = _rand(2, 3, 5, dtype=dtype), _rand(2, 3, 5, dtype=dtype)
+    a[0, 0, 0] = 30  # softplus threshold
+    dtb, ds = _rand(5, dtype=dtype), (-np.abs(_rand(5))).astype(dtype)
+    check("LinearAttentionGate", [a, dtb, ds, b], n_out=2, domain=MS)
+    check("LinearAttentionGate", [a, dtb, ds], n_out=1, domain=MS)
+    raises_like_cpu(ShapeMismatchError, "LinearAttentionGate", [a, _rand(4), ds], domain=MS)
+
+
+def test_causal_conv_with_state():
+    B, C, K = 2, 5, 4
+    w, bias = _rand(C, 1, K), _rand(C)
+    for L, past, dil in ((1, True, 1), (6, False, 1), (3, True, 2), (1, True, 3)):
+        x = _rand(B, C, L)
+        ps = _rand(B, C, (K - 1) * dil) if past else None
+        check("CausalConvWithState", [x, w, bias, ps], n_out=2, domain=MS, dilation=dil, activation="silu")
+        check("CausalConvWithState", [x, w, None, ps], n_out=2, domain=MS, dilation=dil)
+    # channels-last with extra channel dims, decode and prefill
+    for L, past in ((1, True), (5, False)):
+        x = _rand(B, L, 1, C)
+        ps = _rand(B, (K - 1) * 2, 1, C) if past else None
+        check("CausalConvWithState", [x, w, bias, ps], n_out=2, domain=MS, channels_last=1, dilation=2)
+    check("CausalConvWithState", [_rand(1, C, 3, dtype=np.float16), w.astype(np.float16), None,
+                                  _rand(1, C, K - 1, dtype=np.float16)], n_out=2, domain=MS)
+    # default domain (opset 27), and kernel size 1 (empty state)
+    check("CausalConvWithState", [_rand(B, C, 1), w, bias, _rand(B, C, K - 1)], n_out=2, opset=27,
+          activation="swish")
+    check("CausalConvWithState", [_rand(B, C, 4), w, None, None], n_out=2, opset=27)
+    check("CausalConvWithState", [_rand(B, C, 3), _rand(C, 1, 1), bias, None], n_out=2, opset=27)
+
+
+def test_causal_conv_errors():
+    x, w = _rand(1, 3, 2), _rand(3, 1, 3)
+    raises_like_cpu(ShapeMismatchError, "CausalConvWithState", [x, w, None, _rand(1, 3, 3)], 2, MS)
+    raises_like_cpu(ShapeMismatchError, "CausalConvWithState", [x, _rand(4, 1, 3)], 2, MS)
+    raises_like_cpu(InvalidAttributeError, "CausalConvWithState", [x, w], 2, MS, state_window=2)
+    raises_like_cpu(InvalidAttributeError, "CausalConvWithState", [x, w], 2, MS, activation="relu")
+    raises_like_cpu(ShapeMismatchError, "CausalConvWithState", [x, w, None, _rand(1, 3, 4)], 2, opset=27)

@@ -45,8 +45,13 @@ class Pipeline:
         if spec.context_length:
             ml = min(ml, int(spec.context_length))
         self.max_length = ml
-        self.decoder = (NativeDecoder(dec, spec, ml, batch, providers, session_options) if self.choice.native_decoder
-                        else OrtDecoder(dec, spec, ml, batch))
+        if not self.choice.native_decoder:
+            self.decoder = OrtDecoder(dec, spec, ml, batch)
+        elif self.choice.device.startswith("cuda"):
+            from .device_decoder import CudaDecoder  # caches and state resident on the device
+            self.decoder = CudaDecoder(dec, spec, ml, batch, providers, session_options)
+        else:
+            self.decoder = NativeDecoder(dec, spec, ml, batch, providers, session_options)
         self.batch = batch
         self._by_target = {(e.dst, e.dst_port): e for e in spec.dataflow}
         self.values = {}

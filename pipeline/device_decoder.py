@@ -1,0 +1,387 @@
+"""The native decoder on the CUDA provider, with its caches and state resident on the device.
+
+``CudaDecoder`` is the ``NativeDecoder`` that ``Pipeline`` picks when the
+native device is ``cuda`` or ``cuda:N`` (``ONNX_NUMBA_NATIVE_DEVICE``).  Its
+session is a ``runtime.InferenceSession`` on ``CUDAExecutionProvider``; a
+decoder node without a CUDA kernel makes construction fail with the
+session's ``UnsupportedOpError`` (nothing falls back to the CPU).
+
+What stays on the device for the whole generation:
+
+- KV caches: one static buffer per cache input, sized to ``max_length``
+  along its sequence axis; after each run only the new positions of the
+  ``present`` output are copied into it, device to device (``_copy_rows``).
+  The live prefix is bound as the next run's ``past`` input: a view of the
+  buffer when that view is contiguous (batch x heads == 1), else a
+  device-to-device compaction into a scratch buffer (the CPU decoder makes
+  the same contiguous copy on the host);
+- sliding-window caches and recurrent / conv state pairs: each run's output
+  device array is bound as the next run's input; their initial zeros are
+  filled on the device;
+- the attention mask (a device buffer of ones, bound as a contiguous
+  ``(batch, total)`` view) and rank-1/2 position ids (a device arange,
+  sliced for batch 1, filled by a kernel into a scratch buffer otherwise);
+- absent optional inputs (device zeros, made once).
+
+Per step the host hands over only the token ids (or one token's
+embeddings), any ``extra`` inputs the caller passes and, for rank-3 (mrope)
+positions, the position ids built on the host (3 x batch x seq integers,
+uploaded by the session and noted in ``transfers.largest_in``); only the
+last position's logits (batch x vocab) or, with ``want="argmax"``, the
+argmax computed on the device (batch int64) come back.  Every copy goes
+through ``runtime.cuda.to_device``/``to_host``; ``transfers`` (a
+``DeviceTransfers``) records the bytes each call moved as counted by a
+``runtime.cuda.TransferCounter``.
+
+A run that would take a cache past ``max_length`` raises before anything
+runs or is written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime import cuda as rc
+
+from .components import DecoderComponent, NativeDecoder, Transfers, _np_type
+from .spec import MetadataError
+
+__all__ = ["CudaDecoder", "DeviceTransfers"]
+
+
+@dataclass
+class DeviceTransfers(Transfers):
+    """``Transfers`` plus the host<->device bytes each ``prefill``/``step`` call moved (TransferCounter)."""
+    h2d: int = 0
+    d2h: int = 0
+    steps: list = field(default_factory=list)  # per call: {"h2d", "d2h", "h2d_calls", "d2h_calls", "seq_len"}
+
+    def note_step(self, counter, seq_len):
+        self.h2d += counter.h2d
+        self.d2h += counter.d2h
+        self.steps.append({"h2d": counter.h2d, "d2h": counter.d2h, "h2d_calls": counter.h2d_calls,
+                           "d2h_calls": counter.d2h_calls, "seq_len": int(seq_len)})
+
+
+# -- device kernels ---------------------------------------------------------------------------------
+
+# Importing this module imports numba.cuda (through runtime.cuda), which fixes the choice between a GPU and the
+# simulator; the pipeline imports it only once the native device is cuda (after runtime.cuda.available()).
+from runtime.cuda import cuda  # noqa: E402
+
+
+@cuda.jit
+def _copy_rows_kernel(src, s0, dst, d0, n):
+    # dst[o, d0 + s, i] = src[o, s0 + s, i] for s < n; both arrays are (outer, seq, inner).
+    outer, inner = src.shape[0], src.shape[2]
+    total = outer * n * inner
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, total, stride):
+        i = k % inner
+        r = k // inner
+        s = r % n
+        o = r // n
+        dst[o, d0 + s, i] = src[o, s0 + s, i]
+
+
+@cuda.jit
+def _fill_kernel(a, v):
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, a.shape[0], stride):
+        a[k] = v
+
+
+@cuda.jit
+def _positions_kernel(a, first, seq):
+    # a is a flat (batch * seq) buffer: row-major (batch, seq) positions first, first + 1, ...
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, a.shape[0], stride):
+        a[k] = first + k % seq
+
+
+def _grid(n):
+    from ops.cuda._common import grid1d
+    return grid1d(n)
+
+
+def _flat(a):
+    return a.reshape(a.size) if a.ndim != 1 else a
+
+
+def device_full(shape, dtype, value):
+    """A device array of ``shape`` filled with ``value`` on the device (no host transfer)."""
+    a = rc.device_empty(shape, dtype)
+    if a.size:
+        b, t = _grid(a.size)
+        _fill_kernel[b, t](_flat(a), np.dtype(dtype).type(value))
+    return a
+
+
+def copy_rows(src, s0, dst, d0, n, axis):
+    """dst[..., d0:d0+n, ...] = src[..., s0:s0+n, ...] along ``axis``, device to device (both C-contiguous)."""
+    if n <= 0:
+        return
+    ss, ds = tuple(src.shape), tuple(dst.shape)
+    outer = int(np.prod(ss[:axis], dtype=np.int64))
+    inner = int(np.prod(ss[axis + 1:], dtype=np.int64))
+    if outer * inner == 0:
+        return
+    b, t = _grid(outer * n * inner)
+    _copy_rows_kernel[b, t](src.reshape(outer, ss[axis], inner), int(s0),
+                                  dst.reshape(outer, ds[axis], inner), int(d0), int(n))
+
+
+class _DeviceKV:
+    """One KV cache in a static device buffer sized to ``max_length`` along its sequence axis."""
+
+    def __init__(self, shape, axis, dtype, max_length):
+        full = list(shape)
+        full[axis] = int(max_length)
+        self.buf = rc.device_empty(tuple(full), dtype)  # only the live prefix is ever read
+        self.axis = axis
+        self.length = 0
+        self._scratch = None
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[self.axis])
+
+    def check(self, present, name):
+        """Raise (writing nothing) unless ``present`` fits this buffer."""
+        shape, full = tuple(present.shape), tuple(self.buf.shape)
+        ax = self.axis
+        if len(shape) != len(full) or shape[:ax] != full[:ax] or shape[ax + 1:] != full[ax + 1:]:
+            raise MetadataError(f"KV cache {name!r}: the decoder produced shape {list(shape)}, which does not fit "
+                                f"its buffer {list(full)} (sequence axis {ax})")
+        if shape[ax] > self.capacity:
+            raise MetadataError(f"KV cache {name!r} would grow to {shape[ax]} positions, past its maximum of "
+                                f"{self.capacity} (search.max_length)")
+        if np.dtype(present.dtype) != np.dtype(self.buf.dtype):
+            raise MetadataError(f"KV cache {name!r}: the decoder produced {present.dtype}, the buffer holds "
+                                f"{self.buf.dtype}")
+
+    def live(self):
+        """The first ``length`` positions as a C-contiguous device array (a view when possible)."""
+        idx = [slice(None)] * self.buf.ndim
+        idx[self.axis] = slice(0, self.length)
+        view = self.buf[tuple(idx)]
+        if view.is_c_contiguous():
+            return view
+        if self._scratch is None:
+            self._scratch = rc.device_empty((self.buf.size,), self.buf.dtype)
+        shape = list(self.buf.shape)
+        shape[self.axis] = self.length
+        dst = self._scratch[:int(np.prod(shape, dtype=np.int64))].reshape(tuple(shape))
+        copy_rows(self.buf, 0, dst, 0, self.length, self.axis)
+        return dst
+
+    def write(self, present, new_from: int):
+        total = int(present.shape[self.axis])
+        copy_rows(present, new_from, self.buf, new_from, total - new_from, self.axis)
+        self.length = total
+
+
+# -- the decoder ------------------------------------------------------------------------------------
+
+class CudaDecoder(NativeDecoder):
+    """Native decoder on ``CUDAExecutionProvider``; caches and state stay on the device (module docstring)."""
+
+    backend = "native"
+
+    def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
+        from runtime import InferenceSession
+        from runtime.providers import CUDA_PROVIDER, normalize_providers
+        provs = normalize_providers(providers or [CUDA_PROVIDER])
+        if provs[0][0] != CUDA_PROVIDER:
+            raise ValueError(f"CudaDecoder runs on {CUDA_PROVIDER}, got providers {providers!r}")
+        # The session raises UnsupportedOpError for a node without a CUDA kernel: never caught here.
+        sess = InferenceSession(spec.filename, options, providers=providers or [CUDA_PROVIDER])
+        self._dev = {}  # persistent device buffers: ("ones", dtype) / ("arange", dtype) / ("pos", dtype) / ...
+        DecoderComponent.__init__(self, spec, pipeline, sess, max_length, batch)
+        self.device = str(sess.device)
+        self.transfers = DeviceTransfers()
+
+    # -- device buffers ----------------------------------------------------------------------------
+    def _buffer(self, key, make):
+        b = self._dev.get(key)
+        if b is None:
+            b = self._dev[key] = make()
+        return b
+
+    def _mask(self, dtype, total):
+        ones = self._buffer(("ones", dtype), lambda: device_full((self.batch * self.max_length,), dtype, 1))
+        return ones[:self.batch * total].reshape((self.batch, total))
+
+    def _positions(self, dtype, start, seq_len):
+        if self.batch == 1:
+            ar = self._buffer(("arange", dtype), lambda: self._arange(dtype))
+            return ar[start:start + seq_len].reshape((1, seq_len))
+        buf = self._buffer(("pos", dtype), lambda: rc.device_empty((self.batch * self.max_length,), dtype))
+        out = buf[:self.batch * seq_len]
+        if out.size:
+            b, t = _grid(out.size)
+            _positions_kernel[b, t](out, np.dtype(dtype).type(start), np.int64(seq_len))
+        return out.reshape((self.batch, seq_len))
+
+    def _arange(self, dtype):
+        a = rc.device_empty((self.max_length,), dtype)
+        b, t = _grid(self.max_length)
+        _positions_kernel[b, t](a, np.dtype(dtype).type(0), np.int64(max(self.max_length, 1)))
+        return a
+
+    def _device_read(self, name) -> bool:
+        """Whether the session's plan reads input ``name`` on the device.
+
+        The CUDA plan runs integer shape subgraphs (and Gather's indices) on the host: an attention mask or
+        position ids read only there is best bound as the host array the base class builds (nothing crosses);
+        a device copy would be downloaded every run.  Inputs read by a device kernel, or by nothing, are
+        bound as device views.
+        """
+        key = ("reads", name)
+        if key not in self._dev:
+            from runtime.cuda_plan import D, H
+            plan = self.session.plan
+            slot = getattr(plan, "slot_of", {}).get(name)
+            wants = {w for step in getattr(plan, "steps", ()) for s, w in zip(step[1], step[2]) if s == slot}
+            self._dev[key] = D in wants or H not in wants
+        return self._dev[key]
+
+    # -- state ---------------------------------------------------------------------------------------
+    def _init_state(self):
+        for p in self.io.state_pairs:
+            if p.input not in self.state:
+                self.state[p.input] = device_full(self._concrete(p.input), _np_type(self.inputs[p.input].type), 0)
+
+    def _past(self, name):
+        if name in self._window:
+            if name not in self.window_kv:
+                self.window_kv[name] = device_full(self._concrete(name, self._window[name]),
+                                                   _np_type(self.inputs[name].type), 0)
+            return self.window_kv[name]
+        if self.kv is None:
+            return rc.device_empty(tuple(self._concrete(name, 0)), _np_type(self.inputs[name].type))
+        return self.kv[name].live()
+
+    def _extras(self, seq_len, extra):
+        # The base builds every input on the host; replace what can be resident with device views.
+        feeds = super()._extras(seq_len, extra)
+        given = set(extra or {})
+        io = self.io
+        total = self._length + seq_len
+        m = io.attention_mask_input
+        if m and m in feeds and m not in given and self._device_read(m):
+            feeds[m] = self._mask(_np_type(self.inputs[m].type), total)
+        pos = self.pipeline.positions
+        pname = io.position_ids_input or (pos.input if pos is not None else None)
+        if pname and pname in feeds and pname not in given:
+            if (pos.rank if pos is not None else 1) == 3:
+                if self._device_read(pname):
+                    self.transfers.note_in(pname, feeds[pname])  # mrope positions: built on the host, uploaded
+            elif self._device_read(pname):
+                feeds[pname] = self._positions(_np_type(self.inputs[pname].type), self._length, seq_len)
+        for port, absent in (io.optional_inputs or {}).items():
+            if port in feeds and port not in given:
+                feeds[port] = self._buffer(("absent", port), lambda a=absent: device_full(a.shape, a.dtype, 0))
+        return feeds
+
+    # -- running -------------------------------------------------------------------------------------
+    def _forward(self, tokens, embeds, extra, want):
+        if want not in ("logits", "argmax"):
+            raise ValueError(f"want must be 'logits' or 'argmax', got {want!r}")
+        io = self.io
+        with rc.TransferCounter() as tc:
+            feeds = {}
+            if io.sequence_source == "inputs_embeds":
+                if embeds is None:
+                    raise ValueError(f"decoder {self.spec.name!r} reads inputs_embeds; pass embeds=")
+                if rc.is_device_array(embeds):
+                    raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
+                x = np.ascontiguousarray(embeds)
+                name = io.inputs_embeds_input
+            else:
+                if tokens is None:
+                    raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
+                x = np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
+                                         .reshape(self.batch, -1))
+                name = io.token_input
+            seq_len = x.shape[1]
+            if self._length + seq_len > self.max_length:
+                raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
+                                    f"{self.max_length}")
+            # Bound as a host array: the session uploads it once for the device kernels that read it.
+            feeds[name] = x
+            self.transfers.note_in(name, x)
+            feeds.update(self._extras(seq_len, extra))
+            for k, v in (extra or {}).items():
+                if not rc.is_device_array(v):
+                    self.transfers.note_in(k, v)
+            self._init_state()
+            logits = self._run(feeds, seq_len)
+            self.transfers.calls += 1
+            last = self._last(logits)
+            if want == "argmax":
+                from ops.cuda.reduce import ArgMax
+                out = rc.to_host(ArgMax(last, -1, 0))
+            else:
+                out = rc.to_host(last)
+            self.transfers.note_out(out)
+        self.transfers.note_step(tc, seq_len)
+        return out
+
+    def _last(self, logits):
+        """The last position's logits as a (batch, vocab) device array."""
+        if logits.ndim == 2:
+            return logits
+        if logits.ndim != 3:
+            raise MetadataError(f"decoder {self.spec.name!r}: logits of rank {logits.ndim}; expected "
+                                f"(batch, seq, vocab) or (batch, vocab)")
+        b, s, v = (int(d) for d in logits.shape)
+        if s == 1:
+            return logits.reshape((b, v))
+        out = rc.device_empty((b, 1, v), logits.dtype)
+        copy_rows(logits, s - 1, out, 0, 1, 1)
+        return out.reshape((b, v))
+
+    def _run(self, feeds, seq_len):
+        b = self.session.io_binding()
+        for name, arr in feeds.items():
+            b.bind_input(name, arr)
+        for i in self.io.kv_inputs:
+            b.bind_input(i, self._past(i))
+        for name, arr in self.state.items():
+            b.bind_input(name, arr)
+        for o in self.output_names:
+            b.bind_output(o, "cuda")  # every output stays on the device; nothing is downloaded here
+        self.session.run_with_iobinding(b)
+        res = dict(zip(self.output_names, b.get_outputs()))
+        self._store(res, seq_len)
+        self.last_results = res  # device arrays, for inspection (nothing is downloaded)
+        return res[self.io.logits_output]
+
+    def _store(self, results: dict, seq_len):
+        io = self.io
+        pairs = [(i, o) for i, o in zip(io.kv_inputs, io.kv_outputs) if i not in self._window]
+        kv = self.kv
+        if kv is None:
+            kv = {i: _DeviceKV(results[o].shape, self._seq_axis(i), results[o].dtype, self.max_length)
+                  for i, o in pairs}
+        for i, o in pairs:  # validate everything before writing anything
+            kv[i].check(results[o], i)
+        self.kv = kv
+        for i, o in pairs:
+            kv[i].write(results[o], self._length)
+        for i, o in zip(io.kv_inputs, io.kv_outputs):
+            if i in self._window:
+                self.window_kv[i] = results[o]
+        for p in io.state_pairs:
+            self.state[p.input] = results[p.output]
+        self._length += seq_len
+
+    # -- inspection ----------------------------------------------------------------------------------
+    def state_to_host(self) -> dict:
+        """The state pairs' current values, downloaded (counted) — for tests and debugging, not the loop."""
+        return {k: rc.to_host(v) for k, v in self.state.items()}

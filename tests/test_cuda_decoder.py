@@ -1,0 +1,284 @@
+"""The native decoder on the CUDA provider (pipeline/device_decoder.py): greedy parity with the CPU decoder,
+host<->device transfers per step (only the token / embedding up, only the logits / argmax down), the
+no-silent-fallback rule for decoders with nodes lacking a CUDA kernel, and the max_length guard.
+
+Without a GPU the kernels run on Numba's CUDA simulator, where every CUDA thread is a Python thread, so
+shapes are tiny.
+
+Numba picks the simulator or the real driver when ``numba.cuda`` is first imported, and ``runtime.cuda``
+defers that import to first use, so setting ``NUMBA_ENABLE_CUDASIM`` here works under xdist too: no other
+module imports ``numba.cuda`` (``import ops`` imports only ``ops/cuda/__init__.py``, which loads no kernel).
+
+When numba-cuda is missing (or finds no GPU and the simulator is off) the module is skipped, unless
+``ONNX_NUMBA_REQUIRE_CUDA=1``, in which case collecting it fails.
+"""
+import os
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime import cuda as rc  # importing runtime.cuda never imports numba.cuda
+
+if rc.SIM_ENV not in os.environ and not rc.gpu_present():
+    os.environ[rc.SIM_ENV] = "1"
+
+_REASON = rc.unavailable_reason()
+if _REASON:
+    rc.require_cuda()  # with ONNX_NUMBA_REQUIRE_CUDA=1 this raises: a failure, never a skip
+    pytest.skip(f"CUDA decoder not tested: {_REASON}", allow_module_level=True)
+
+from fixtures import composite_vlm as V  # noqa: E402
+from pipeline.backends import BackendChoice, choice_from_environment  # noqa: E402
+from pipeline.components import NativeDecoder  # noqa: E402
+from pipeline.device_decoder import CudaDecoder  # noqa: E402
+from pipeline.metadata import load_package  # noqa: E402
+from pipeline.runner import Pipeline  # noqa: E402
+from runtime.errors import UnsupportedOpError  # noqa: E402
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+CUDA = BackendChoice(set(), True, "cuda")
+CPU = BackendChoice(set(), True, "cpu")
+
+
+@pytest.fixture(scope="module")
+def vlm_package(tmp_path_factory):
+    return V.build_package(str(tmp_path_factory.mktemp("vlm")))
+
+
+# -- a tiny token-id decoder that reads everything the decoder builds ------------------------------------
+# Hidden 4, vocab 8, 2 KV heads (so the live cache prefix is not a contiguous view and is compacted on the
+# device), one state pair; the attention mask and position ids are read by device kernels (Transpose) and
+# echoed as outputs, so a test can check their values.  (The CUDA Cast converts float32<->float16 only, so the
+# integer inputs cannot feed arithmetic here.)
+VOCAB, HID, HEADS = 8, 4, 2
+
+
+def _toy_model():
+    rng = np.random.default_rng(3)
+    inits = {"embed": rng.standard_normal((VOCAB, HID)).astype(np.float32),
+             "w_out": rng.standard_normal((HID, VOCAB)).astype(np.float32),
+             "half": np.array(0.5, np.float32),
+             "ax1": np.array([1], np.int64),
+             "last_s": np.array([-1], np.int64), "last_e": np.array([1 << 30], np.int64),
+             "h0_s": np.array([0], np.int64), "h0_e": np.array([1], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["embed", "input_ids"], ["x"], axis=0),                # (B, S, 4); ids are a host input
+        n("Unsqueeze", ["x", "ax1"], ["x_h"]),                              # (B, 1, S, 4)
+        n("Concat", ["x_h", "x_h"], ["new_kv"], axis=1),                    # (B, 2, S, 4)
+        n("Concat", ["past_key_values.0.key", "new_kv"], ["present.0.key"], axis=2),
+        n("Concat", ["past_key_values.0.value", "new_kv"], ["present.0.value"], axis=2),
+        n("Transpose", ["present.0.key"], ["k_t"], perm=[0, 1, 3, 2]),      # (B, 2, 4, T)
+        n("MatMul", ["new_kv", "k_t"], ["scores"]),                         # (B, 2, S, T)
+        n("Softmax", ["scores"], ["probs"], axis=-1),
+        n("MatMul", ["probs", "present.0.value"], ["att"]),                 # (B, 2, S, 4)
+        n("Slice", ["att", "h0_s", "h0_e", "ax1"], ["att0"]),               # (B, 1, S, 4)
+        n("Squeeze", ["att0", "ax1"], ["att_s"]),                           # (B, S, 4)
+        n("Unsqueeze", ["state_in", "ax1"], ["st_u"]),                      # (B, 1, 4)
+        n("Add", ["att_s", "st_u"], ["h1"]),
+        n("Add", ["h1", "x"], ["h"]),
+        n("MatMul", ["h", "w_out"], ["logits"]),                            # (B, S, 8)
+        n("Slice", ["x", "last_s", "last_e", "ax1"], ["x_last"]),           # (B, 1, 4)
+        n("Squeeze", ["x_last", "ax1"], ["x_l"]),
+        n("Mul", ["state_in", "half"], ["st_half"]),
+        n("Add", ["st_half", "x_l"], ["state_out"]),
+        # Transpose, unlike Concat/Slice/Expand on integers, is not run on the host by the CUDA plan.
+        n("Transpose", ["attention_mask"], ["mask_echo"], perm=[1, 0]),
+        n("Transpose", ["position_ids"], ["pos_echo"], perm=[1, 0]),
+    ]
+    kv = ["batch", HEADS, "past_seq", HID]
+    g = helper.make_graph(
+        nodes, "toy_decoder",
+        [helper.make_tensor_value_info("input_ids", I64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", I64, ["batch", "total_seq"]),
+         helper.make_tensor_value_info("position_ids", I64, ["batch", "seq"]),
+         helper.make_tensor_value_info("past_key_values.0.key", F, kv),
+         helper.make_tensor_value_info("past_key_values.0.value", F, kv),
+         helper.make_tensor_value_info("state_in", F, ["batch", HID])],
+        [helper.make_tensor_value_info("logits", F, ["batch", "seq", VOCAB]),
+         helper.make_tensor_value_info("present.0.key", F, ["batch", HEADS, "total_seq", HID]),
+         helper.make_tensor_value_info("present.0.value", F, ["batch", HEADS, "total_seq", HID]),
+         helper.make_tensor_value_info("state_out", F, ["batch", HID]),
+         helper.make_tensor_value_info("mask_echo", I64, None),
+         helper.make_tensor_value_info("pos_echo", I64, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.fixture(scope="module")
+def toy_package(tmp_path_factory):
+    import onnx
+    import yaml
+    folder = str(tmp_path_factory.mktemp("toy"))
+    onnx.save_model(_toy_model(), os.path.join(folder, "decoder.onnx"))
+    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": {
+        "token_input": "input_ids", "logits_output": "logits", "attention_mask_input": "attention_mask",
+        "position_ids_input": "position_ids",
+        "kv_inputs": ["past_key_values.0.key", "past_key_values.0.value"],
+        "kv_outputs": ["present.0.key", "present.0.value"],
+        "state_pairs": [{"input": "state_in", "output": "state_out", "init": "zeros", "update": "replace"}]}}},
+        "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
+            "kind": "autoregressive", "decoder": "decoder", "max_tokens": 4}, "run_on": "every_step"}]}}}
+    with open(os.path.join(folder, "inference_metadata.yaml"), "w") as f:
+        yaml.safe_dump(meta, f)
+    return folder
+
+
+def _decoders(package, batch=1, max_length=16):
+    spec = load_package(package)
+    return (CudaDecoder(spec.decoder, spec, max_length, batch, ["CUDAExecutionProvider"]),
+            NativeDecoder(spec.decoder, spec, max_length, batch, ["CPUExecutionProvider"]))
+
+
+# -- 1. the composite fixture decodes [0, 5, 6, 7] on CUDA and on the CPU --------------------------------
+
+@pytest.mark.parametrize("choice,argmax", [(CUDA, True), (CUDA, False), (CPU, True)],
+                         ids=["cuda-argmax", "cuda-logits", "cpu"])
+def test_composite_fixture_decodes_the_closed_form(vlm_package, choice, argmax):
+    pipe = Pipeline(load_package(vlm_package), choice)
+    ids = pipe.generate(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS}, want_argmax=argmax)
+    assert ids == V.EXPECTED == [0, 5, 6, 7]
+    assert pipe.decoder.backend == "native"
+    assert isinstance(pipe.decoder, CudaDecoder) == (choice.device == "cuda")
+    if choice.device == "cuda":
+        buf = pipe.decoder.kv["past_key_values.0.key"].buf
+        assert rc.is_device_array(buf) and buf.shape[2] == pipe.max_length  # static, on the device
+        assert pipe.decoder.kv_length == len(V.PROMPT_IDS) + 3
+
+
+def test_environment_selects_the_cuda_decoder(vlm_package):
+    spec = load_package(vlm_package)
+    env = {"ONNX_NUMBA_NATIVE_DECODER": "decoder", "ONNX_NUMBA_NATIVE_DEVICE": "cuda:0"}
+    choice = choice_from_environment(["vision_encoder", "embedding"], "decoder", env)
+    pipe = Pipeline(spec, choice)
+    assert isinstance(pipe.decoder, CudaDecoder) and pipe.decoder.device == "cuda:0"
+    assert pipe.generate(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS}) == V.EXPECTED
+
+
+def _check_echoes(dec, batch, start, seq):
+    """The mask and position ids the decoder bound on the device (echoed by the toy model; test-only download)."""
+    mask = rc.to_host(dec.last_results["mask_echo"])
+    pos = rc.to_host(dec.last_results["pos_echo"])
+    np.testing.assert_array_equal(mask, np.ones((start + seq, batch), np.int64))
+    np.testing.assert_array_equal(pos, np.tile(np.arange(start, start + seq, dtype=np.int64), (batch, 1)).T)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_token_decoder_logits_match_the_cpu_decoder(toy_package, batch):
+    """KV compaction (2 heads), the state pair, device mask and positions (batch 2: the position kernel)."""
+    cuda_dec, cpu_dec = _decoders(toy_package, batch)
+    prompt = np.array([[3, 1, 4], [2, 7, 1]][:batch], np.int64)
+    got, want = cuda_dec.prefill(tokens=prompt), cpu_dec.prefill(tokens=prompt)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _check_echoes(cuda_dec, batch, 0, 3)
+    for k in range(3):
+        tok = np.argmax(want, axis=-1).astype(np.int64).reshape(batch, 1)
+        got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)
+        assert got.shape == (batch, VOCAB)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert cuda_dec.kv_length == cpu_dec.kv_length == 4 + k
+        _check_echoes(cuda_dec, batch, 3 + k, 1)
+    np.testing.assert_allclose(cuda_dec.state_to_host()["state_in"], cpu_dec.state["state_in"], rtol=1e-5)
+    # the argmax computed on the device is the first maximum, like the CPU decoder's
+    tok = np.argmax(want, axis=-1).astype(np.int64).reshape(batch, 1)
+    a, b = cuda_dec.step(tokens=tok, want="argmax"), cpu_dec.step(tokens=tok, want="argmax")
+    assert a.dtype == np.int64 and a.shape == (batch,)
+    np.testing.assert_array_equal(a, b)
+
+
+# -- 2. transfers: per step only the token (or embedding) up and the logits / argmax down ---------------
+
+def test_composite_transfers_per_step_are_the_embedding_and_the_argmax(vlm_package):
+    pipe = Pipeline(load_package(vlm_package), CUDA)
+    with rc.TransferCounter() as tc:
+        ids = pipe.generate(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS})
+    assert ids == V.EXPECTED
+    t = pipe.decoder.transfers
+    emb = V.HIDDEN * 4
+    # prefill: the prompt's embeddings up; then one token's embedding per step; one int64 argmax down each
+    assert [s["h2d"] for s in t.steps] == [len(V.PROMPT_IDS) * emb] + [emb] * 3
+    assert [s["d2h"] for s in t.steps] == [8] * 4
+    assert all(s["h2d_calls"] == 1 and s["d2h_calls"] == 1 for s in t.steps)
+    # nothing else crossed during the whole generation (the other components run on onnxruntime)
+    assert (tc.h2d, tc.d2h) == (t.h2d, t.d2h) == (t.bytes_in, t.bytes_out)
+    cache = pipe.decoder.kv["past_key_values.0.key"].buf
+    cache_bytes = cache.size * 4
+    assert max(s["h2d"] + s["d2h"] for s in t.steps[1:]) * 8 < cache_bytes
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_token_decoder_moves_only_the_ids_and_the_outputs(toy_package, batch):
+    cuda_dec, _ = _decoders(toy_package, batch, max_length=16)
+    cuda_dec.prefill(tokens=np.ones((batch, 3), np.int64))
+    for k in range(2):  # a logits step, then an argmax step
+        want = "argmax" if k % 2 else "logits"
+        with rc.TransferCounter() as tc:
+            cuda_dec.step(tokens=np.full((batch, 1), k, np.int64), want=want)
+        # up: the token ids only -- the mask (ones) and the position ids stay on the device
+        assert tc.h2d == batch * 8 and tc.h2d_calls == 1, tc
+        # down: the last position's logits, or the argmax
+        assert tc.d2h == (batch * 8 if want == "argmax" else batch * VOCAB * 4) and tc.d2h_calls == 1, tc
+        assert cuda_dec.transfers.steps[-1]["h2d"] == tc.h2d and cuda_dec.transfers.steps[-1]["d2h"] == tc.d2h
+    # a KV cache (or even the live part of one) is far bigger than what crossed
+    live = batch * HEADS * cuda_dec.kv_length * HID * 4
+    assert tc.h2d + tc.d2h < live // 4
+    assert cuda_dec.transfers.largest_in == {"input_ids": batch * 3 * 8}
+    assert all(rc.is_device_array(v) for v in cuda_dec.state.values())
+
+
+# -- 3. state pairs: the hybrid fixture needs kernels CUDA lacks: creation fails naming them -------------
+
+def test_hybrid_decoder_without_cuda_kernels_fails_at_creation(tmp_path):
+    from fixtures import hybrid_decoder as hd
+    spec = load_package(hd.build_package(str(tmp_path / "hybrid")))
+    try:
+        pipe = Pipeline(spec, CUDA, max_length=8)
+    except UnsupportedOpError as e:
+        msg = str(e)
+        assert e.nodes and e.provider == "CUDAExecutionProvider"
+        for name, op_type, _, _ in e.nodes:
+            assert repr(name) in msg and repr(op_type) in msg
+        return
+    # Every kernel exists: then it must agree with the CPU decoder and keep its state on the device.
+    cpu = Pipeline(spec, CPU, max_length=8)
+    assert pipe.generate([1, 2, 3], 3) == cpu.generate([1, 2, 3], 3)
+    assert all(rc.is_device_array(v) for v in pipe.decoder.state.values())
+
+
+# -- 4. past max_length: a clear error, nothing corrupted -----------------------------------------------
+
+def test_cache_past_max_length_is_refused_and_corrupts_nothing(toy_package):
+    cuda_dec, cpu_dec = _decoders(toy_package, 1, max_length=4)
+    with pytest.raises(ValueError, match="max_length"):
+        cuda_dec.prefill(tokens=np.ones((1, 5), np.int64))
+    assert cuda_dec.kv is None and cuda_dec.kv_length == 0 and cuda_dec.transfers.calls == 0
+    prompt = np.array([[3, 1, 4]], np.int64)
+    cuda_dec.prefill(tokens=prompt)
+    cpu_dec.prefill(tokens=prompt)
+    np.testing.assert_allclose(cuda_dec.step(tokens=[[2]]), cpu_dec.step(tokens=[[2]]), rtol=1e-5, atol=1e-5)
+    before = {k: rc.to_host(b.buf) for k, b in cuda_dec.kv.items()}
+    state = cuda_dec.state_to_host()
+    with pytest.raises(ValueError, match="past max_length 4"):
+        cuda_dec.step(tokens=[[5]])
+    assert cuda_dec.kv_length == 4
+    for k, b in cuda_dec.kv.items():
+        np.testing.assert_array_equal(rc.to_host(b.buf), before[k])
+        assert b.length == 4
+    np.testing.assert_array_equal(cuda_dec.state_to_host()["state_in"], state["state_in"])
+
+
+def test_rewind_reuses_the_static_buffer(vlm_package):
+    spec = load_package(vlm_package)
+    dec = CudaDecoder(spec.decoder, spec, 8, 1, ["CUDAExecutionProvider"])
+    x = np.eye(4, dtype=np.float32)[None, :3]
+    first = dec.prefill(embeds=x)
+    buf = dec.kv["past_key_values.0.key"].buf
+    dec.step(embeds=x[:, :1])
+    dec.rewind(3)
+    assert dec.kv_length == 3 and dec.kv["past_key_values.0.key"].buf is buf
+    np.testing.assert_allclose(rc.to_host(buf)[0, 0, :3], x[0])
+    dec.reset()
+    np.testing.assert_allclose(dec.prefill(embeds=x), first)

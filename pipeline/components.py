@@ -11,7 +11,8 @@ The decoder owns its loop-carried values.  KV caches live in static buffers
 sized to ``max_length`` and written in place (only the new positions of each
 step are written, so a step's cost follows the live length); recurrent and
 conv state pairs are replaced by each step's outputs.  The native decoder
-hands those buffers to its session through an IO binding, so across its
+feeds a step's present caches (fresh arrays holding exactly the live rows)
+back as the next step's past, so nothing is copied between steps; across its
 ``prefill`` / ``step`` boundary only the step's ids or embeddings (and the
 small mask / position inputs it builds itself) go in, and only logits or
 the argmax come out; ``transfers`` counts exactly those bytes.
@@ -334,26 +335,90 @@ class OrtDecoder(DecoderComponent):
 
 
 class NativeDecoder(DecoderComponent):
-    """Native decoder: caches and state stay in the session's bound buffers between steps."""
+    """Native decoder: each step is one call into its session (compiled regions, feeds built here and not
+    re-checked); a step's present caches and state are the next step's inputs as they are."""
 
     backend = "native"
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
-        from runtime import InferenceSession
+        import copy
+        import os
+        from runtime import InferenceSession, SessionOptions
+        # A decode step is dozens of small nodes: run them as compiled regions (one call per step) unless the
+        # caller's options say otherwise or ONNX_NUMBA_COMPILED_REGIONS=0.
+        options = copy.copy(options) if options is not None else SessionOptions()
+        if os.environ.get("ONNX_NUMBA_COMPILED_REGIONS", "1") == "0":
+            options.compiled_regions = False
+        elif getattr(options, "compiled_regions", None) is None:
+            options.compiled_regions = True
         sess = InferenceSession(spec.filename, options, providers=providers)
+        self._order = None
+        self._carry = False
+        self._live = {}
         super().__init__(spec, pipeline, sess, max_length, batch)
 
+    def _past(self, name):
+        # A step's present (a fresh, contiguous array holding every live row) is the next step's past as it
+        # is: feeding it copies nothing.
+        live = self._live.get(name)
+        if live is not None:
+            return live
+        return super()._past(name)
+
     def _run(self, feeds, seq_len):
-        b = self.session.io_binding()
-        for name, arr in feeds.items():
-            b.bind_input(name, arr)
-        for i in self.io.kv_inputs:
-            b.bind_input(i, self._past(i))
-        for name, arr in self.state.items():
-            b.bind_input(name, arr)
-        for o in self.output_names:
-            b.bind_output(o)
-        self.session.run_with_iobinding(b)
-        res = dict(zip(self.output_names, b.get_outputs()))
+        order = self._order
+        if order is None:
+            order = self._order = [i.name for i in self.session.get_inputs()]
+            self._carry = self._gqa_present_is_past()
+        kv, state = set(self.io.kv_inputs), self.state
+        vals = []
+        for n in order:
+            if n in feeds:
+                v = feeds[n]
+            elif n in kv:
+                v = self._past(n)
+            elif n in state:
+                v = state[n]
+            else:
+                raise MetadataError(f"decoder {self.spec.name!r}: nothing provides input {n!r}")
+            vals.append(v if v.flags.c_contiguous else np.ascontiguousarray(v))
+        res = dict(zip(self.output_names, self.session.run_prepared(vals)))
         self._store(res, seq_len)
         return res[self.io.logits_output]
+
+    def _gqa_present_is_past(self) -> bool:
+        """Every KV input feeds only GroupQueryAttention, whose present holds exactly the live rows."""
+        cons = {}
+        for node in self.session._graph.nodes:
+            for k, x in enumerate(node.inputs):
+                cons.setdefault(x, []).append((node.op_type, k))
+        return all(cons.get(i) and all(op == "GroupQueryAttention" and k in (3, 4) for op, k in cons[i])
+                   for i in self.io.kv_inputs if i not in self._window)
+
+    def reset(self):
+        super().reset()
+        self._live = {}
+
+    def rewind(self, length: int):
+        super().rewind(length)
+        for i, v in list(self._live.items()):
+            ax = self._seq_axis(i)
+            idx = [slice(None)] * v.ndim
+            idx[ax] = slice(0, length)
+            self._live[i] = np.ascontiguousarray(v[tuple(idx)])
+
+    def _store(self, results, seq_len):
+        if not self._carry:
+            return super()._store(results, seq_len)
+        hi = self._length + seq_len
+        if hi > self.max_length:
+            raise MetadataError(f"KV cache would grow to {hi} positions, past its maximum of {self.max_length} "
+                                f"(search.max_length)")
+        for i, o in zip(self.io.kv_inputs, self.io.kv_outputs):
+            if i in self._window:
+                self.window_kv[i] = results[o]
+            else:
+                self._live[i] = results[o]
+        for p in self.io.state_pairs:
+            self.state[p.input] = results[p.output]
+        self._length = hi

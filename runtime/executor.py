@@ -127,9 +127,17 @@ class Plan:
             for r in roots[s]:
                 end[r] = max(end[r], last_use[s])
         # Runs of small elementwise nodes execute as one compiled segment.
+        # Runs of nodes with compiled forms become one generated function each, when asked for.
+        regions = []
+        if getattr(session_options, "compiled_regions", False) and provider == "CPUExecutionProvider":
+            from .regions import find_regions
+            read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
+            regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later)
+        in_region = {i for a, b, _ in regions for i in range(a, b)}
         segments = []
         if getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
-            segments = find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
+            segments = [(a, b) for a, b in find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
+                        if not in_region.intersection(range(a, b))]
         in_segment = set()
         for a, b in segments:
             in_segment.update(range(a, b))
@@ -147,7 +155,8 @@ class Plan:
             for blk in release_at.pop(i, ()):
                 arena_free.setdefault(blk.nbytes, []).append(blk)
             bufs = []
-            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views and i not in in_segment
+            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views and i not in in_segment \
+                and i not in in_region
             for o in node.outputs:
                 buf = None
                 vi = graph.value_info.get(o) if o else None
@@ -175,9 +184,27 @@ class Plan:
         self.step_nodes = []
         self.segments = []
         seg_start = {a: b for a, b in segments}
+        region_at = {a: (b, em) for a, b, em in regions}
+        self.regions = []
         i_skip = -1
         for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
             if i < i_skip:
+                continue
+            if i in region_at:
+                from .regions import Region
+                end_i, emitted = region_at[i]
+                names = [o for k in range(i, end_i) for o in graph.nodes[k].outputs if o]
+                read_after = {n for n in names if last_use[slot_of[n]] >= end_i}
+                reg = Region(graph.nodes[i:end_i], emitted, read_after, slot_of)
+                outs = reg.out_slots
+                out = outs[0] if len(outs) == 1 else outs
+                fn = reg.run if len(outs) != 1 else (lambda *xs, _r=reg.run: _r(*xs)[0])
+                frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
+                                      if i <= last_use[s] < end_i and s not in self.init_slots}))
+                steps.append((fn, _getter(reg.in_slots), out, frees))
+                self.step_nodes.append(node)
+                self.regions.append(reg)
+                i_skip = end_i
                 continue
             if i in seg_start:
                 end_i = seg_start[i]

@@ -1,0 +1,761 @@
+"""Compiled forms of ops: the code a node contributes to a generated region function.
+
+``runtime.regions`` fuses a run of nodes into one ``@njit`` function; each
+node's block of that function comes from its form here.  A form reads the
+node's static facts (input dtypes and ranks, attributes, initializer values
+used as parameters) and emits lines with placeholders ``{i0}``.. for the
+input variables, ``{o0}``.. for the outputs and ``{p}`` for a per-node prefix
+of temporaries.  It calls the same typed kernels as the op's wrapper (the
+norm rows, the GQA kernels, the generated elementwise loops) or numpy
+expressions Numba compiles to the same IEEE arithmetic.
+
+A form raises ``Decline`` for anything it does not express (a dtype, an
+attribute value, an unknown rank); the node then runs through its wrapper.
+Forms must keep the invariants stated in ``runtime/regions.py``: contiguous
+values, no writes into inputs, views only where the wrapper returns views,
+and errors that name the node.
+
+Serial twins: the parallel kernels wake every worker thread on each call,
+which costs more than a decode-sized problem; forms pick the serial twin of a
+kernel (the same source compiled without ``parallel``, cached under its own
+name) below a work threshold.
+"""
+from __future__ import annotations
+
+import math
+import types as _pytypes
+
+import numpy as np
+from numba import njit
+
+from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
+from . import contrib_attention as _ca
+from . import contrib_norm as _cn
+
+__all__ = ["Decline", "emit", "FORMS", "serial_twin"]
+
+MS = "com.microsoft"
+F32 = np.dtype(np.float32)
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+PARALLEL_WORK = 1 << 16  # multiply-adds below which a serial kernel beats waking the thread pool
+
+
+class Decline(Exception):
+    """The form cannot express this node; it runs through its wrapper instead."""
+
+
+def serial_twin(dispatcher, suffix="_serial"):
+    """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
+    f = dispatcher.py_func
+    g = _pytypes.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__, f.__closure__)
+    g.__qualname__ = f.__qualname__ + suffix
+    g.__module__ = f.__module__
+    opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
+    return njit(cache=True, **opts)(g)
+
+
+# -- kernels the forms call ------------------------------------------------------------------------
+
+gqa_decode_serial = serial_twin(_ca._gqa_decode_kernel)
+gqa_prefill_serial = serial_twin(_ca._gqa_prefill_kernel)
+gqa_decode_par = _ca._gqa_decode_kernel
+gqa_prefill_par = _ca._gqa_prefill_kernel
+norm_rows = _cn._rows
+norm_rows_par = _cn._rows_par
+gelu_rows = _cn._gelu
+
+
+@njit(**_OPTS)
+def indices_ok(idx, n):
+    """Every index in [-n, n)."""
+    for i in range(idx.size):
+        v = idx.flat[i]
+        if v < -n or v >= n:
+            return False
+    return True
+
+
+@njit(**_OPTS)
+def gather3(d3, idx):
+    """d3 (outer, n, inner), idx flat (validated) -> (outer, len(idx), inner)."""
+    outer, n, inner = d3.shape
+    m = idx.shape[0]
+    out = np.empty((outer, m, inner), d3.dtype)
+    for o in range(outer):
+        for j in range(m):
+            k = idx[j]
+            if k < 0:
+                k += n
+            for t in range(inner):
+                out[o, j, t] = d3[o, k, t]
+    return out
+
+
+@njit(**_OPTS)
+def sum_mid(x3):
+    """x3 (outer, n, inner) -> (outer, inner) sums in the input dtype."""
+    outer, n, inner = x3.shape
+    out = np.zeros((outer, inner), x3.dtype)
+    for o in range(outer):
+        for j in range(n):
+            for t in range(inner):
+                out[o, t] += x3[o, j, t]
+    return out
+
+
+@njit(fastmath={"reassoc", "contract"}, **_OPTS)
+def _mm_rows(a2, w, out):
+    """out (M, N) = a2 (M, K) @ w (K, N), one row at a time streaming w's rows (vectorises over N)."""
+    M, K = a2.shape
+    N = w.shape[1]
+    for m in range(M):
+        acc = np.zeros(N, np.float32)
+        for k in range(K):
+            x = a2[m, k]
+            for n in range(N):
+                acc[n] += x * w[k, n]
+        for n in range(N):
+            out[m, n] = acc[n]
+
+
+@njit(**_OPTS)
+def matmul2(a2, w):
+    """(M, K) @ (K, N) in float32: a serial loop for decode-sized products, BLAS above."""
+    M, K = a2.shape
+    if M * K * w.shape[1] < PARALLEL_WORK * 4:
+        out = np.empty((M, w.shape[1]), np.float32)
+        _mm_rows(a2, w, out)
+        return out
+    return np.dot(a2, w)
+
+
+_D4 = np.zeros((1, 1, 1, 1), np.float32)
+_D1 = np.zeros(1, np.float32)
+
+
+@njit(**_OPTS)
+def split_packed(x, H, kvH):
+    B, S, W = x.shape
+    D = W // (H + 2 * kvH)
+    q = np.ascontiguousarray(x[:, :, :H * D])
+    k = np.ascontiguousarray(x[:, :, H * D:(H + kvH) * D])
+    v = np.ascontiguousarray(x[:, :, (H + kvH) * D:])
+    return q, k, v
+
+
+@njit(**_OPTS)
+def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
+            interleaved, sink_mode, causal):
+    """GroupQueryAttention, float32, shared past/present layout: the wrapper's non-windowed path."""
+    B, S, hq = q3.shape
+    D = hq // H
+    if hq != H * D or k3.shape[2] != kvH * D or v3.shape[2] != kvH * D or k3.shape[0] != B or k3.shape[1] != S:
+        raise ShapeMismatchError("GroupQueryAttention: query, key and value widths do not match num_heads, "
+                                 "kv_num_heads and the head size")
+    P = pk.shape[2]
+    if pk.shape[0] != B or pk.shape[1] != kvH or (P and pk.shape[3] != D) or pv.shape[2] != P:
+        raise ShapeMismatchError("GroupQueryAttention: past_key/past_value must have shape (batch, kv_num_heads, "
+                                 "past, head_size)")
+    if seqlens.shape[0] != B:
+        raise ShapeMismatchError("GroupQueryAttention: seqlens_k must have batch_size entries")
+    L = max(total, P)
+    totals = np.empty(B, np.int64)
+    past_b = np.empty(B, np.int64)
+    first = S == total
+    for b in range(B):
+        totals[b] = seqlens[b] + 1
+        past_b[b] = 0 if first else totals[b] - S
+        if past_b[b] < 0 or past_b[b] > P or past_b[b] + S > L or totals[b] > L or totals[b] < 1:
+            raise InvalidArgumentError("GroupQueryAttention: seqlens_k do not fit sequence_length, "
+                                       "total_sequence_length and the past")
+    if rotary:
+        q4 = q3.copy().reshape((B, S, H, D))
+        k4 = k3.copy().reshape((B, S, kvH, D))
+        half = cosc.shape[1]
+        rot = 2 * half
+        if rot > D or sinc.shape[0] != cosc.shape[0] or sinc.shape[1] != half:
+            raise ShapeMismatchError("GroupQueryAttention: the cos/sin caches do not fit the head size")
+        cos_t = np.empty((B, S, half), np.float32)
+        sin_t = np.empty((B, S, half), np.float32)
+        for b in range(B):
+            for s in range(S):
+                if has_pos:
+                    p = pos[0, 0] + s if pos.size == 1 else pos[b, s]
+                else:
+                    p = past_b[b] + s
+                    if p >= totals[b]:
+                        p = 1
+                if p < 0 or p >= cosc.shape[0]:
+                    raise IndexOutOfRangeError("GroupQueryAttention: a position id is outside the cos/sin caches")
+                for t in range(half):
+                    cos_t[b, s, t] = cosc[p, t]
+                    sin_t[b, s, t] = sinc[p, t]
+        _ca.rope_tok_kernel(q4, cos_t, sin_t, q4, True, interleaved, rot)
+        _ca.rope_tok_kernel(k4, cos_t, sin_t, k4, True, interleaved, rot)
+    else:
+        q4 = q3.reshape((B, S, H, D))
+        k4 = k3.reshape((B, S, kvH, D))
+    v4 = v3.reshape((B, S, kvH, D))
+    pres_k = np.zeros((B, kvH, L, D), np.float32)
+    pres_v = np.zeros((B, kvH, L, D), np.float32)
+    for b in range(B):
+        n = past_b[b]
+        for h in range(kvH):
+            for j in range(n):
+                for d in range(D):
+                    pres_k[b, h, j, d] = pk[b, h, j, d]
+                    pres_v[b, h, j, d] = pv[b, h, j, d]
+    _ca._cache_write_kernel(past_b, k4, pres_k)
+    _ca._cache_write_kernel(past_b, v4, pres_v)
+    params = np.empty(2, np.float32)
+    params[0] = sc if sc != 0 else 1.0 / math.sqrt(D)
+    params[1] = softcap
+    kbase = np.zeros(B, np.int64)
+    out = np.empty((B, S, H, D), np.float32)
+    work = B * H * S * max(total, 1) * D
+    bias = np.zeros((1, 1, 1, 1), np.float32)
+    sink = np.zeros(1, np.float32)
+    if S == 1:
+        if work < 1 << 16:
+            gqa_decode_serial(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False, sink,
+                              sink_mode, out)
+        else:
+            gqa_decode_par(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False, sink,
+                           sink_mode, out)
+    else:
+        if work < 1 << 16:
+            gqa_prefill_serial(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False,
+                               sink, sink_mode, bias, 0, out)
+        else:
+            gqa_prefill_par(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False,
+                            sink, sink_mode, bias, 0, out)
+    return out.reshape((B, S, H * D)), pres_k, pres_v
+
+
+# -- the emitter -----------------------------------------------------------------------------------
+
+class Emitted:
+    """One node's block: lines with placeholders, and the imports they need."""
+
+    def __init__(self, node, types):
+        self.node = node
+        self.t = types
+        self.lines = []
+        self.imports = {}
+        self.declared = {}
+
+    # static facts
+    @property
+    def attrs(self):
+        return self.node.attrs
+
+    def has(self, k):
+        return k < len(self.node.inputs) and bool(self.node.inputs[k])
+
+    def dtype(self, k):
+        d = self.t.dtype(self.node.inputs[k])
+        if d is None:
+            raise Decline("unknown dtype")
+        return d
+
+    def rank(self, k):
+        r = self.t.rank(self.node.inputs[k])
+        if r is None:
+            raise Decline("unknown rank")
+        return r
+
+    def out_rank(self, k):
+        r = self.t.rank(self.node.outputs[k])
+        if r is None:
+            raise Decline("unknown output rank")
+        return r
+
+    def out_dtype(self, k):
+        d = self.t.dtype(self.node.outputs[k])
+        if d is None:
+            raise Decline("unknown output dtype")
+        return d
+
+    def const(self, k):
+        return self.t.const(self.node.inputs[k]) if self.has(k) else None
+
+    def used(self, k):
+        return k < len(self.node.outputs) and bool(self.node.outputs[k])
+
+    # code
+    def use(self, obj_module: str, attr: str) -> str:
+        alias = f"{attr.strip('_')}__{obj_module.replace('.', '_')}"
+        self.imports[alias] = (obj_module, attr)
+        return alias
+
+    def line(self, *lines):
+        self.lines.extend(lines)
+
+    def declare(self, k, dtype=None, rank=None):
+        """State output ``k``'s dtype and rank (kept only if the form succeeds), for later forms to read."""
+        if self.used(k):
+            self.declared[self.node.outputs[k]] = (None if dtype is None else np.dtype(dtype), rank)
+
+    def render(self, names):
+        m = {"p": "t_" + _safe(self.node.outputs[0] if self.node.outputs and self.node.outputs[0]
+                                 else self.node.name)}
+        for k, x in enumerate(self.node.inputs):
+            m[f"i{k}"] = names[x] if x else "None"
+        for k, x in enumerate(self.node.outputs):
+            m[f"o{k}"] = names[x] if x else f"{m['p']}_unused{k}"
+        return [ln.format(**m) for ln in self.lines]
+
+
+def _safe(s):
+    return "".join(c if c.isalnum() else "_" for c in s)[:40]
+
+
+FORMS: dict = {}
+
+
+def form(*op_types, domain=""):
+    def deco(fn):
+        for t in op_types:
+            FORMS[(domain, t)] = fn
+        return fn
+    return deco
+
+
+def emit(node, types, used_after=None):
+    """The node's Emitted block, or None when its form declines (or it has none)."""
+    fn = FORMS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    if fn is None:
+        return None
+    e = Emitted(node, types)
+    try:
+        fn(e)
+    except Decline:
+        return None
+    for name, (dt, r) in e.declared.items():
+        known_dt, known_r = types.dtype(name), types.rank(name)
+        types.declared[name] = (known_dt if known_dt is not None else dt, known_r if known_r is not None else r)
+    return e
+
+
+def _np_type(dt) -> str:
+    dt = np.dtype(dt)
+    names = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
+             "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_", "int16": "np.int16",
+             "uint16": "np.uint16", "uint32": "np.uint32", "uint64": "np.uint64"}
+    if dt.name not in names:
+        raise Decline(f"dtype {dt}")
+    return names[dt.name]
+
+
+def _lit(v, dt) -> str:
+    """A typed scalar literal that reproduces ``v`` exactly."""
+    dt = np.dtype(dt)
+    if dt.kind == "f":
+        return f"{_np_type(dt)}({float(v)!r})"
+    if dt.kind == "b":
+        return "True" if bool(v) else "False"
+    return f"{_np_type(dt)}({int(v)})"
+
+
+def _shape_tuple(var, rank, dims=None):
+    dims = range(rank) if dims is None else dims
+    parts = [f"{var}.shape[{d}]" for d in dims]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _prod(parts):
+    return " * ".join(parts) if parts else "1"
+
+
+def _quote(node):
+    return f"node {node.name!r} ({node.op_type})".replace('"', "'")
+
+
+def _float_only(e, *ks):
+    for k in ks:
+        if e.has(k) and e.dtype(k) != F32:
+            raise Decline("float32 only")
+
+
+# -- shape and index ops ---------------------------------------------------------------------------
+
+@form("Shape")
+def _shape(e):
+    r = e.rank(0)
+    start = int(e.attrs.get("start", 0))
+    end = e.attrs.get("end")
+    dims = list(range(r))[slice(start, None if end is None else int(end))]
+    e.line(f"{{o0}} = np.empty({len(dims)}, np.int64)")
+    e.declare(0, np.int64, 1)
+    for k, d in enumerate(dims):
+        e.line(f"{{o0}}[{k}] = {{i0}}.shape[{d}]")
+
+
+@form("Cast")
+def _cast(e):
+    src, dst = e.dtype(0), np.dtype(e.out_dtype(0))
+    _np_type(src)
+    if dst.kind == "b" or src.kind == "b":
+        raise Decline("bool casts")
+    e.line(f"{{o0}} = {{i0}}.astype({_np_type(dst)})")
+    e.declare(0, dst, e.rank(0))
+
+
+@form("Gather")
+def _gather(e):
+    rd, ri = e.rank(0), e.rank(1)
+    if rd == 0 or e.dtype(1).kind not in "iu":
+        raise Decline("gather")
+    _np_type(e.dtype(0))
+    axis = int(e.attrs.get("axis", 0))
+    axis = axis + rd if axis < 0 else axis
+    ok = e.use(__name__, "indices_ok")
+    g3 = e.use(__name__, "gather3")
+    e.use("runtime.errors", "IndexOutOfRangeError")
+    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(axis)])
+    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)])
+    e.line(f"if not {ok}({{i1}}, {{i0}}.shape[{axis}]):",
+           f"    raise IndexOutOfRangeError__runtime_errors(\"{_quote(e.node)}: an index is out of range for axis "
+           f"{axis}\")",
+           f"{{p}}_g = {g3}({{i0}}.reshape(({outer}, {{i0}}.shape[{axis}], {inner})), "
+           f"{{i1}}.reshape(({{i1}}.size,)).astype(np.int64))")
+    shape = [f"{{i0}}.shape[{d}]" for d in range(axis)] + [f"{{i1}}.shape[{d}]" for d in range(ri)] + \
+        [f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)]
+    e.line(f"{{o0}} = {{p}}_g.reshape(({', '.join(shape)}{',' if len(shape) == 1 else ''}))")
+    e.declare(0, e.dtype(0), len(shape))
+
+
+@form("Reshape")
+def _reshape(e):
+    rout = e.out_rank(0)
+    allowzero = int(e.attrs.get("allowzero", 0))
+    c = e.const(1)
+    if c is None or c.ndim != 1 or len(c) != rout:
+        raise Decline("runtime shape")
+    rin = e.rank(0)
+    dims = []
+    infer = None
+    for k, d in enumerate(int(v) for v in c):
+        if d == 0 and not allowzero:
+            if k >= rin:
+                raise Decline("zero past the input rank")
+            dims.append(f"{{i0}}.shape[{k}]")
+        elif d == -1:
+            if infer is not None:
+                raise Decline("two -1")
+            infer = k
+            dims.append(None)
+        elif d < 0:
+            raise Decline("negative dim")
+        else:
+            dims.append(str(d))
+    if infer is not None:
+        known = _prod([x for x in dims if x is not None])
+        e.line(f"{{p}}_k = {known}",
+               f"{{p}}_n = {{i0}}.size // {{p}}_k if {{p}}_k else 0")
+        dims[infer] = "{p}_n"
+    e.line(f"{{o0}} = {{i0}}.reshape(({', '.join(dims)}{',' if len(dims) == 1 else ''}))")
+    e.declare(0, e.dtype(0), len(dims))
+
+
+@form("Transpose")
+def _transpose(e):
+    r = e.rank(0)
+    perm = e.attrs.get("perm")
+    perm = list(range(r))[::-1] if perm is None else [int(x) for x in perm]
+    if sorted(perm) != list(range(r)):
+        raise Decline("perm")
+    e.line(f"{{o0}} = np.ascontiguousarray(np.transpose({{i0}}, ({', '.join(map(str, perm))},)))")
+    e.declare(0, e.dtype(0), r)
+
+
+@form("Split")
+def _split(e):
+    r = e.rank(0)
+    axis = int(e.attrs.get("axis", 0))
+    axis = axis + r if axis < 0 else axis
+    n = len(e.node.outputs)
+    sizes = None
+    if e.has(1):
+        c = e.const(1)
+        if c is None:
+            raise Decline("runtime split")
+        sizes = [int(v) for v in c]
+    elif e.attrs.get("split") is not None:
+        sizes = [int(v) for v in e.attrs["split"]]
+    if sizes is not None:
+        if len(sizes) != n:
+            raise Decline("split count")
+        e.line(f"if {{i0}}.shape[{axis}] != {sum(sizes)}:",
+               f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: split sizes {sizes} do not add up to "
+               f"the input's axis {axis}\")")
+        e.use("runtime.errors", "ShapeMismatchError")
+        offs = [sum(sizes[:k]) for k in range(n + 1)]
+        bounds = [(str(offs[k]), str(offs[k + 1])) for k in range(n)]
+    else:
+        if e.attrs.get("num_outputs") is not None and int(e.attrs["num_outputs"]) != n:
+            raise Decline("num_outputs")
+        e.line(f"{{p}}_c = -(-{{i0}}.shape[{axis}] // {n})")
+        bounds = [(f"min({k} * {{p}}_c, {{i0}}.shape[{axis}])", f"min({k + 1} * {{p}}_c, {{i0}}.shape[{axis}])")
+                  for k in range(n)]
+        if e.attrs.get("num_outputs") is None:
+            e.use("runtime.errors", "ShapeMismatchError")
+            e.line(f"if {{i0}}.shape[{axis}] % {n}:",
+                   f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the axis does not split "
+                   f"evenly\")")
+    for k, (a, b) in enumerate(bounds):
+        idx = ", ".join([":"] * axis + [f"{a}:{b}"])
+        e.line(f"{{o{k}}} = np.ascontiguousarray({{i0}}[{idx}])")
+        e.declare(k, e.dtype(0), r)
+
+
+@form("ReduceSum")
+def _reduce_sum(e):
+    r = e.rank(0)
+    keep = int(e.attrs.get("keepdims", 1))
+    if e.node.opset >= 13:
+        if not e.has(1):
+            raise Decline("all axes")
+        c = e.const(1)
+        if c is None:
+            raise Decline("runtime axes")
+        axes = [int(v) for v in np.asarray(c).reshape(-1)]
+    else:
+        axes = e.attrs.get("axes")
+        if axes is None:
+            raise Decline("all axes")
+        axes = [int(v) for v in axes]
+    axes = sorted(a + r if a < 0 else a for a in axes)
+    if len(axes) != 1:
+        raise Decline("one axis")
+    ax = axes[0]
+    dt = e.dtype(0)
+    if dt.kind not in "iuf":
+        raise Decline("dtype")
+    sm = e.use(__name__, "sum_mid")
+    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(ax)])
+    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
+    e.line(f"{{p}}_s = {sm}({{i0}}.reshape(({outer}, {{i0}}.shape[{ax}], {inner})))")
+    shape = [f"{{i0}}.shape[{d}]" if d != ax else "1" for d in range(r) if keep or d != ax]
+    e.line(f"{{o0}} = {{p}}_s.reshape(({', '.join(shape)}{',' if len(shape) == 1 else ''}))")
+    e.declare(0, dt, len(shape))
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+
+_BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+
+
+def _operand(e, k, other_dt):
+    c = e.const(k)
+    if c is not None and np.asarray(c).size == 1 and np.asarray(c).dtype == other_dt:
+        return _lit(np.asarray(c).reshape(-1)[0], other_dt)
+    if e.rank(k) == 0:
+        return f"{{i{k}}}[()]"
+    return f"{{i{k}}}"
+
+
+@form(*_BIN)
+def _binary(e):
+    a, b = e.dtype(0), e.dtype(1)
+    if a != b or a.kind not in "iuf" or (a.kind != "f" and e.node.op_type == "Div"):
+        raise Decline("dtype")
+    _np_type(a)
+    x, y = _operand(e, 0, a), _operand(e, 1, a)
+    if e.rank(0) == 0 and e.rank(1) == 0:
+        e.line(f"{{o0}} = np.empty((), {_np_type(a)})", f"{{o0}}[()] = {x} {_BIN[e.node.op_type]} {y}")
+        return
+    if not x.startswith("{i") or x.endswith("[()]"):
+        if not y.startswith("{i") or y.endswith("[()]"):
+            raise Decline("two scalars")
+    e.line(f"{{o0}} = {x} {_BIN[e.node.op_type]} {y}")
+    e.declare(0, a, max(e.rank(0), e.rank(1)))
+
+
+_UNARY = {"Sigmoid": "u_sigmoid", "Tanh": "u_tanh", "Relu": "u_relu", "Exp": "u_exp", "Neg": "u_neg",
+          "Sqrt": "u_sqrt", "Erf": "u_erf", "Abs": "u_abs", "Reciprocal": "u_reciprocal"}
+
+
+def _unary_call(e, kernel, p0=0.0, p1=0.0):
+    _float_only(e, 0)
+    k = e.use("ops._elementwise_kernels", kernel)
+    e.line("{o0} = np.empty_like({i0})",
+           f"{k}({{i0}}.reshape(({{i0}}.size,)), {{o0}}.reshape(({{o0}}.size,)), {float(p0)!r}, {float(p1)!r})")
+    e.declare(0, F32, e.rank(0))
+
+
+@form(*_UNARY)
+def _unary(e):
+    _unary_call(e, _UNARY[e.node.op_type])
+
+
+@form("Gelu")
+def _gelu_onnx(e):
+    approx = e.attrs.get("approximate", "none")
+    _unary_call(e, "u_gelu_tanh" if approx == "tanh" else "u_gelu")
+
+
+def _contrib_gelu(mode_name, has_bias_input):
+    def fn(e):
+        _float_only(e, 0, 1)
+        g = e.use(__name__, "gelu_rows")
+        mode = getattr(_cn, mode_name)
+        alpha = float(e.attrs.get("alpha", 1.702)) if e.node.op_type == "QuickGelu" else 1.0
+        bias = "{i1}" if has_bias_input and e.has(1) else "np.empty(0, np.float32)"
+        e.line("{p}_n = {i0}.shape[{i0}.ndim - 1]",
+               "{o0} = np.empty_like({i0})",
+               f"{g}({{i0}}.reshape(({{i0}}.size // {{p}}_n, {{p}}_n)), {bias}.reshape(({bias}.size,)), "
+               f"{{o0}}.reshape(({{o0}}.size // {{p}}_n, {{p}}_n)), {mode}, {alpha!r})")
+        e.declare(0, F32, e.rank(0))
+    return fn
+
+
+form("Gelu", domain=MS)(_contrib_gelu("GELU_ERF", False))
+form("FastGelu", domain=MS)(_contrib_gelu("GELU_TANH", True))
+form("BiasGelu", domain=MS)(_contrib_gelu("GELU_ERF", True))
+form("QuickGelu", domain=MS)(_contrib_gelu("GELU_QUICK", False))
+
+
+# -- matmul and norms ------------------------------------------------------------------------------
+
+@form("MatMul")
+def _matmul(e):
+    _float_only(e, 0, 1)
+    ra, rb = e.rank(0), e.rank(1)
+    if rb != 2 or ra < 1:
+        raise Decline("batched weights")
+    mm = e.use(__name__, "matmul2")
+    e.use("runtime.errors", "ShapeMismatchError")
+    if ra == 1:
+        e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {{i1}}).reshape(({{i1}}.shape[1],))")
+        e.declare(0, F32, 1)
+        return
+    e.declare(0, F32, ra)
+    lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
+    e.line(f"if {{i0}}.shape[{ra - 1}] != {{i1}}.shape[0]:",
+           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the inner dimensions do not match\")",
+           f"{{p}}_m = {_prod(lead)}",
+           f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}).reshape(("
+           f"{', '.join(lead)}, {{i1}}.shape[1]))")
+
+
+def _norm_lines(e, x_idx, skip_idx, scale_idx, bias_idx, eps, want_sum):
+    rows_s = e.use(__name__, "norm_rows")
+    rows_p = e.use(__name__, "norm_rows_par")
+    e.use("runtime.errors", "ShapeMismatchError")
+    r = e.rank(x_idx)
+    ix = f"{{i{x_idx}}}"
+    e.line(f"{{p}}_n = {ix}.shape[{r - 1}]",
+           f"{{p}}_r = {ix}.size // {{p}}_n if {{p}}_n else 0",
+           f"{{p}}_x = {ix}.reshape(({{p}}_r, {{p}}_n))",
+           f"if {{i{scale_idx}}}.size != {{p}}_n:",
+           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: scale does not match the normalized "
+           f"extent\")")
+    if skip_idx is not None:
+        sk = f"{{i{skip_idx}}}"
+        e.line(f"if {sk}.shape[{sk}.ndim - 1] != {{p}}_n or {sk}.size == 0 or {{p}}_r % ({sk}.size // {{p}}_n):",
+               f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: skip does not match input\")",
+               f"{{p}}_k = {sk}.reshape(({sk}.size // {{p}}_n, {{p}}_n))",
+               "{p}_ss = np.empty(({p}_r, {p}_n), np.float32)")
+    else:
+        e.line("{p}_k = np.empty((0, {p}_n), np.float32)", "{p}_ss = {p}_k")
+    bias = f"{{i{bias_idx}}}.reshape(({{i{bias_idx}}}.size,))" if bias_idx is not None else "np.empty(0, np.float32)"
+    e.line(f"{{o0}} = np.empty({ix}.shape, np.float32)",
+           "{p}_e = np.empty(0, np.float64)",
+           f"if {ix}.size >= {_cn._PARALLEL_MIN} and {{p}}_r > 1:",
+           f"    {rows_p}({{p}}_x, {{p}}_k, {bias}, {{p}}_ss, {{i{scale_idx}}}.reshape(({{p}}_n,)), "
+           f"np.empty(0, np.float32), {{o0}}.reshape(({{p}}_r, {{p}}_n)), {{p}}_e, {{p}}_e, {float(eps)!r}, True)",
+           "else:",
+           f"    {rows_s}({{p}}_x, {{p}}_k, {bias}, {{p}}_ss, {{i{scale_idx}}}.reshape(({{p}}_n,)), "
+           f"np.empty(0, np.float32), {{o0}}.reshape(({{p}}_r, {{p}}_n)), {{p}}_e, {{p}}_e, {float(eps)!r}, True)")
+    e.declare(0, F32, r)
+
+
+@form("SimplifiedLayerNormalization")
+@form("SimplifiedLayerNormalization", domain=MS)
+def _simplified_ln(e):
+    _float_only(e, 0, 1)
+    r = e.rank(0)
+    axis = int(e.attrs.get("axis", -1))
+    if (axis + r if axis < 0 else axis) != r - 1 or any(e.used(k) for k in range(1, len(e.node.outputs))):
+        raise Decline("axis or statistics")
+    _norm_lines(e, 0, None, 1, None, e.attrs.get("epsilon", 1e-5), False)
+
+
+@form("SkipSimplifiedLayerNormalization", domain=MS)
+def _skip_simplified_ln(e):
+    _float_only(e, 0, 1, 2, 3)
+    if e.rank(0) not in (2, 3) or e.used(1) or e.used(2):
+        raise Decline("statistics")
+    _norm_lines(e, 0, 1, 2, 3 if e.has(3) else None, e.attrs.get("epsilon", 1e-12), e.used(3))
+    if e.used(3):
+        e.line("{o3} = {p}_ss.reshape({i0}.shape)")
+        e.declare(3, F32, e.rank(0))
+
+
+# -- attention -------------------------------------------------------------------------------------
+
+@form("GroupQueryAttention", domain=MS)
+def _gqa(e):
+    a = e.attrs
+    _float_only(e, 0, 1, 2, 3, 4, 7, 8)
+    if len(e.node.outputs) > 3 or any(e.has(k) for k in (10, 11, 12, 13, 14, 15, 16)):
+        raise Decline("extra inputs or outputs")
+    if int(a.get("sliding_window_cache", 0)) or int(a.get("kv_cache_bit_width", 0)) \
+            or a.get("k_quant_type", "NONE") != "NONE" or a.get("v_quant_type", "NONE") != "NONE":
+        raise Decline("windowed or quantized cache")
+    if not (e.has(5) and e.has(6)) or e.rank(0) != 3 or e.has(1) != e.has(2) or e.has(3) != e.has(4):
+        raise Decline("inputs")
+    H, kvH = int(a.get("num_heads", 0)), int(a.get("kv_num_heads", 0))
+    if H <= 0 or kvH <= 0 or H % kvH:
+        raise Decline("heads")
+    rotary = int(a.get("do_rotary", 0))
+    if rotary and not (e.has(7) and e.has(8)):
+        raise Decline("rotary caches")
+    sink_mode = 1 if int(a.get("smooth_softmax", -1)) > 0 else 0
+    window = int(a.get("local_window_size", -1))
+    window = window if window > 0 else -1
+    g = e.use(__name__, "gqa_f32")
+    if e.has(1):
+        e.line("{p}_q, {p}_k, {p}_v = {i0}, {i1}, {i2}")
+    else:
+        sp = e.use(__name__, "split_packed")
+        e.line(f"{{p}}_q, {{p}}_k, {{p}}_v = {sp}({{i0}}, {H}, {kvH})")
+    if e.has(3):
+        if e.rank(3) != 4:
+            raise Decline("past rank")
+        e.line("{p}_pk, {p}_pv = {i3}, {i4}")
+    else:
+        e.line(f"{{p}}_pk = np.zeros(({{i0}}.shape[0], {kvH}, 0, 1), np.float32)", "{p}_pv = {p}_pk")
+    tr = e.rank(6)
+    total = "{i6}[()]" if tr == 0 else "{i6}[0]"
+    if e.dtype(5).kind not in "iu" or e.dtype(6).kind not in "iu":
+        raise Decline("int inputs")
+    e.line(f"{{p}}_sl = {{i5}}.reshape(({{i5}}.size,)).astype(np.int64)",
+           f"{{p}}_t = np.int64({total})")
+    if rotary:
+        if e.rank(7) != 2 or e.rank(8) != 2:
+            raise Decline("cache rank")
+        e.line("{p}_cos, {p}_sin = {i7}, {i8}")
+    else:
+        e.line("{p}_cos = np.zeros((1, 1), np.float32)", "{p}_sin = {p}_cos")
+    if e.has(9):
+        if e.rank(9) not in (1, 2) or e.dtype(9).kind not in "iu":
+            raise Decline("position ids")
+        e.line("{p}_pos = {i9}.reshape(({i9}.shape[0], {i9}.size // {i9}.shape[0])).astype(np.int64)"
+               if e.rank(9) == 2 else "{p}_pos = {i9}.reshape((1, {i9}.size)).astype(np.int64)")
+        has_pos = "True"
+    else:
+        e.line("{p}_pos = np.zeros((1, 1), np.int64)")
+        has_pos = "False"
+    e.line(f"{{o0}}, {{p}}_pk2, {{p}}_pv2 = {g}({{p}}_q, {{p}}_k, {{p}}_v, {{p}}_pk, {{p}}_pv, {{p}}_sl, {{p}}_t, "
+           f"{{p}}_cos, {{p}}_sin, {{p}}_pos, {has_pos}, {H}, {kvH}, {float(a.get('scale', 0.0))!r}, "
+           f"{float(a.get('softcap', 0.0))!r}, {window}, {bool(rotary)}, {bool(int(a.get('rotary_interleaved', 0)))}, "
+           f"{sink_mode}, {bool(int(a.get('causal', 1)))})")
+    e.declare(0, F32, 3)
+    e.declare(1, F32, 4)
+    e.declare(2, F32, 4)
+    if len(e.node.outputs) > 1:
+        e.line("{o1} = {p}_pk2")
+    if len(e.node.outputs) > 2:
+        e.line("{o2} = {p}_pv2")

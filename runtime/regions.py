@@ -1,0 +1,179 @@
+"""Compiled regions: runs of nodes generated into one Numba function, so a step is one call.
+
+A small decoder step is a few dozen nodes whose arithmetic takes microseconds;
+calling one Python wrapper per node costs more than the arithmetic.  When a
+session asks for it (``SessionOptions.compiled_regions``; the pipeline's
+native decoder does), the planner finds maximal runs of consecutive steps
+whose nodes all have a *compiled form* (``ops.compiled_forms``) and replaces
+each run with one step that calls a generated ``@njit`` function.  The
+function's body is the forms' code, one block per node, in plan order; it
+calls the same typed kernels the wrappers call, so results match the
+per-node plan.
+
+A form is specialised on what the plan knows statically: each input's dtype
+and rank, the attributes, and the values of initializers it reads as
+parameters (shapes, axes, split sizes).  Extents stay dynamic, so one
+compiled function serves prefill and decode.  A form that cannot express a
+node (an attribute it does not cover, an unknown rank) declines, and the node
+runs through its wrapper between two regions; nothing changes numerically.
+
+Invariants:
+- every array inside a region is C-contiguous (feeds are made contiguous by
+  the session, forms copy where a slice or a transpose would not be);
+- a form never writes into an input; an output may be a view of an input only
+  where the node's wrapper is registered with ``views=True`` (the planner's
+  alias analysis relies on that);
+- the generated source is a pure function of the region (node structure,
+  types, attributes, parameter values), written once under the cache folder
+  and imported from there, so Numba's on-disk cache makes a second start
+  compile nothing;
+- errors a form detects (an index out of range, a cache that does not fit)
+  raise the project's error classes with the node named in the message.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+
+import numpy as np
+
+__all__ = ["find_regions", "Region", "cache_dir", "MIN_NODES"]
+
+MIN_NODES = 2
+_lock = threading.Lock()
+
+
+def cache_dir() -> str:
+    """Where generated region modules live (``ONNX_NUMBA_REGION_DIR``, else beside Numba's cache)."""
+    d = os.environ.get("ONNX_NUMBA_REGION_DIR")
+    if not d:
+        base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "onnx-numba")
+        d = os.path.join(base, "regions")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+class _Types:
+    """Static facts the forms read: dtype and rank per value, initializer arrays."""
+
+    def __init__(self, value_info, initializers):
+        self.value_info = value_info
+        self.initializers = initializers
+        self.declared = {}  # name -> (dtype, rank) a form stated for an output shape inference left unknown
+
+    def dtype(self, name):
+        if name in self.declared and self.declared[name][0] is not None:
+            return self.declared[name][0]
+        if name in self.initializers:
+            return np.asarray(self.initializers[name]).dtype
+        vi = self.value_info.get(name)
+        return None if vi is None or vi.dtype is None or vi.dtype == object else np.dtype(vi.dtype)
+
+    def rank(self, name):
+        if name in self.declared and self.declared[name][1] is not None:
+            return self.declared[name][1]
+        if name in self.initializers:
+            return np.asarray(self.initializers[name]).ndim
+        vi = self.value_info.get(name)
+        return None if vi is None or vi.shape is None else len(vi.shape)
+
+    def const(self, name):
+        return self.initializers.get(name)
+
+
+def _emit_all(nodes, types, used_after):
+    """Try every node's form; returns per node an Emitted or None (declined)."""
+    from ops import compiled_forms as cf
+    res = []
+    for node in nodes:
+        res.append(cf.emit(node, types, used_after))
+    return res
+
+
+def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min_nodes: int = MIN_NODES):
+    """Maximal [start, end) runs of nodes that all have a compiled form, with their emitted code."""
+    types = _Types(value_info, initializers)
+    emitted = _emit_all(nodes, types, outputs_read_after)
+    runs, start = [], None
+    for i, (n, impl, e) in enumerate(zip(nodes, impls, emitted)):
+        ok = e is not None and impl is not None and impl.provider == "CPUExecutionProvider"
+        if ok:
+            if start is None:
+                start = i
+        else:
+            if start is not None and i - start >= min_nodes:
+                runs.append((start, i))
+            start = None
+    if start is not None and len(nodes) - start >= min_nodes:
+        runs.append((start, len(nodes)))
+    return [(a, b, emitted[a:b]) for a, b in runs]
+
+
+def _ident(name: str, k: int) -> str:
+    safe = "".join(c if c.isalnum() else "_" for c in name)[:40]
+    return f"v{k}_{safe}"
+
+
+class Region:
+    """One compiled run of nodes; ``run(*external_inputs)`` returns the values read after it."""
+
+    def __init__(self, nodes, emitted, read_after: set, slot_of: dict, label: str = "region"):
+        produced = [o for n in nodes for o in n.outputs if o]
+        produced_set = set(produced)
+        external = []
+        for n in nodes:
+            for x in n.inputs:
+                if x and x not in produced_set and x not in external:
+                    external.append(x)
+        self.external = external
+        self.escaping = [o for o in produced if o in read_after]
+        names = {}
+        for k, x in enumerate(external + produced):
+            names[x] = _ident(x, k)
+        imports = {}
+        body = []
+        for n, e in zip(nodes, emitted):
+            body.append(f"    # {n.op_type} {n.name}")
+            for line in e.render(names):
+                body.append("    " + line)
+            imports.update(e.imports)
+        args = ", ".join(names[x] for x in external)
+        rets = ", ".join(names[x] for x in self.escaping)
+        head = [f'"""Generated by runtime.regions for {len(nodes)} nodes; do not edit."""',
+                "import math", "import numpy as np", "from numba import njit"]
+        for alias, (mod, attr) in sorted(imports.items()):
+            head.append(f"from {mod} import {attr} as {alias}")
+        src = "\n".join(head) + "\n\n\n@njit(cache=True, nogil=True, error_model='numpy')\n" \
+            f"def region({args}):\n" + "\n".join(body) + f"\n    return ({rets}{',' if len(self.escaping) == 1 else ''})\n"
+        self.source = src
+        digest = hashlib.sha1(src.encode()).hexdigest()[:20]
+        self.module_name = f"onnx_numba_region_{digest}"
+        self.fn = _load(self.module_name, src)
+        self.in_slots = tuple(slot_of[x] for x in external)
+        self.out_slots = tuple(slot_of[x] for x in self.escaping)
+        self.nodes = nodes
+        self.label = label
+
+    def run(self, *xs):
+        return self.fn(*xs)
+
+
+def _load(module_name, src):
+    with _lock:
+        mod = sys.modules.get(module_name)
+        if mod is None:
+            path = os.path.join(cache_dir(), module_name + ".py")
+            if not os.path.exists(path) or open(path).read() != src:
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(src)
+                os.replace(tmp, path)
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            sys.modules[module_name] = mod
+        return mod.region

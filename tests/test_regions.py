@@ -1,0 +1,188 @@
+"""Compiled regions (runtime/regions.py, ops/compiled_forms.py): a run of nodes generated into one function
+gives the per-node plan's results, declines what it cannot express, and names the node in its errors."""
+import numpy as np
+
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime import InferenceSession, SessionOptions
+from runtime.errors import IndexOutOfRangeError
+
+RNG = np.random.default_rng(0)
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64
+MS = "com.microsoft"
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    m.ir_version = 9
+    return m.SerializeToString()
+
+
+def _sessions(model):
+    on = SessionOptions()
+    on.compiled_regions = True
+    return InferenceSession(model, on), InferenceSession(model)
+
+
+def _covered(sess):
+    return sum(len(r.nodes) for r in sess.plan.regions)
+
+
+def _check(model, feeds, n_nodes, exact=True):
+    fused, plain = _sessions(model)
+    assert _covered(fused) == n_nodes, [(n.op_type) for n in fused.plan.graph.nodes]
+    for a, b in zip(fused.run(None, feeds), plain.run(None, feeds)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if exact:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    return fused
+
+
+def _vi(name, et, shape):
+    return helper.make_tensor_value_info(name, et, shape)
+
+
+def test_mask_subgraph_and_embedding():
+    """The attention-mask arithmetic and the embedding gather every builder decoder starts with."""
+    emb = RNG.standard_normal((50, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
+        helper.make_node("Sub", ["s", "one"], ["s1"]),
+        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["mask"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
+        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["emb", "ids"], ["x"], axis=0),
+        helper.make_node("Sigmoid", ["x"], ["sx"]),
+        helper.make_node("Mul", ["x", "sx"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(emb, "emb")]
+    model = _model(nodes, [_vi("mask", I64, ["b", "t"]), _vi("ids", I64, ["b", "s"])],
+                   [_vi("seqlens", TensorProto.INT32, None), _vi("tot", TensorProto.INT32, None), _vi("y", F, None)],
+                   inits)
+    feeds = {"mask": np.ones((2, 7), np.int64), "ids": RNG.integers(-50, 50, (2, 3)).astype(np.int64)}
+    fused = _check(model, feeds, len(nodes))
+    out = fused.run(None, feeds)
+    assert out[0].tolist() == [6, 6] and int(out[1]) == 7
+
+
+def test_gather_index_out_of_range_names_the_node():
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["x"], axis=0, name="embed"),
+             helper.make_node("Relu", ["x"], ["y"])]
+    model = _model(nodes, [_vi("ids", I64, ["s"])], [_vi("y", F, None)],
+                   [numpy_helper.from_array(np.ones((5, 3), np.float32), "emb")])
+    fused, _ = _sessions(model)
+    assert _covered(fused) == 2
+    with pytest.raises(IndexOutOfRangeError, match="embed"):
+        fused.run(None, {"ids": np.array([1, 5], np.int64)})
+
+
+def test_shapes_reshape_transpose_split_matmul():
+    w = RNG.standard_normal((12, 6)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Reshape", ["h", "shape"], ["h4"]),
+        helper.make_node("Transpose", ["h4"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Split", ["t", "sizes"], ["a", "b"], axis=-1),
+        helper.make_node("Split", ["h"], ["c", "d"], axis=2),
+        helper.make_node("Tanh", ["a"], ["ta"]),
+        helper.make_node("Div", ["b", "c4"], ["bd"]),
+        helper.make_node("Add", ["c", "d"], ["cd"]),
+    ]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0, 0, 2, -1], np.int64), "shape"),
+             numpy_helper.from_array(np.array([1, 2], np.int64), "sizes"),
+             numpy_helper.from_array(np.array(4.0, np.float32), "c4")]
+    model = _model(nodes, [_vi("x", F, ["b", "s", 12])],
+                   [_vi("ta", F, None), _vi("bd", F, None), _vi("cd", F, None)], inits)
+    _check(model, {"x": RNG.standard_normal((2, 5, 12)).astype(np.float32)}, len(nodes), exact=False)
+
+
+def test_norms_and_gelu():
+    n = 16
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], epsilon=1e-6, axis=-1),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["y", "r", "g"], ["z", "", "", "sum"], domain=MS,
+                         epsilon=1e-6),
+        helper.make_node("Gelu", ["z"], ["gz"], domain=MS),
+        helper.make_node("Gelu", ["sum"], ["gs"], approximate="tanh"),
+    ]
+    inits = [numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "g")]
+    model = _model(nodes, [_vi("x", F, ["b", "s", n]), _vi("r", F, ["b", "s", n])],
+                   [_vi("gz", F, None), _vi("gs", F, None), _vi("sum", F, None)], inits, opset=20)
+    feeds = {"x": RNG.standard_normal((2, 3, n)).astype(np.float32),
+             "r": RNG.standard_normal((2, 3, n)).astype(np.float32)}
+    _check(model, feeds, len(nodes))
+
+
+@pytest.mark.parametrize("S,past,rotary,softcap,window,heads", [
+    (5, 0, 1, 0.0, -1, (4, 2)), (1, 9, 1, 0.0, -1, (4, 2)), (3, 4, 0, 30.0, -1, (4, 4)),
+    (1, 12, 1, 0.0, 4, (8, 1)), (4, 0, 0, 0.0, 3, (2, 2))])
+def test_group_query_attention(S, past, rotary, softcap, window, heads):
+    H, kvH = heads
+    D = 8
+    nodes = [
+        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
+        helper.make_node("Sub", ["s", "one"], ["s1"]),
+        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["mask"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
+        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
+        helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot", "cos", "sin"],
+                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, do_rotary=rotary,
+                         softcap=softcap, local_window_size=window),
+    ]
+    cos = RNG.standard_normal((64, D // 2)).astype(np.float32)
+    sin = RNG.standard_normal((64, D // 2)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")]
+    model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
+                           _vi("pk", F, ["b", kvH, "p", D]), _vi("pv", F, ["b", kvH, "p", D])],
+                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)], inits)
+    feeds = {"qkv": RNG.standard_normal((1, S, (H + 2 * kvH) * D)).astype(np.float32),
+             "mask": np.ones((1, S + past), np.int64),
+             "pk": RNG.standard_normal((1, kvH, past, D)).astype(np.float32),
+             "pv": RNG.standard_normal((1, kvH, past, D)).astype(np.float32)}
+    _check(model, feeds, len(nodes), exact=False)
+
+
+def test_a_node_without_a_form_splits_the_region():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("TopK", ["b", "k"], ["v", "i"], axis=-1),
+             helper.make_node("Exp", ["v"], ["c"]), helper.make_node("Abs", ["c"], ["d"])]
+    model = _model(nodes, [_vi("x", F, [3, 6])], [_vi("d", F, None), _vi("i", I64, None)],
+                   [numpy_helper.from_array(np.array([2], np.int64), "k")])
+    fused = _check(model, {"x": RNG.standard_normal((3, 6)).astype(np.float32)}, 4)
+    assert len(fused.plan.regions) == 2
+
+
+def test_regions_are_off_by_default_and_source_is_reused():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
+    model = _model(nodes, [_vi("x", F, [4])], [_vi("b", F, None)])
+    assert not InferenceSession(model).plan.regions
+    a, _ = _sessions(model)
+    b, _ = _sessions(model)
+    assert a.plan.regions[0].module_name == b.plan.regions[0].module_name
+    assert a.plan.regions[0].fn is b.plan.regions[0].fn
+
+
+def test_native_decoder_runs_one_region_per_step():
+    """The pipeline's native decoder compiles the whole llama decoder step into one region."""
+    import os
+    from pipeline.backends import BackendChoice
+    from pipeline.metadata import load_package
+    from pipeline.runner import Pipeline
+    pkg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages",
+                       "llama_fp32")
+    spec = load_package(pkg)
+    pipe = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    plan = pipe.decoder.session.plan
+    assert len(plan.regions) == 1 and len(plan.steps) == 1
+    assert _covered(pipe.decoder.session) == len(plan.graph.nodes)
+

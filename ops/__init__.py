@@ -6,7 +6,9 @@ an op family and is imported here, so adding a family is adding a file.
 import importlib
 import pkgutil
 
-from . import registry  # noqa: F401
+from . import _cache_epoch, registry  # noqa: F401
+
+_cache_epoch.refresh()  # before any kernel loads a cache entry compiled against other kernel sources
 
 _FAMILIES = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
                    and m.name not in ("registry",))

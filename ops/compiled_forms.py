@@ -5,9 +5,11 @@ node's block of that function comes from its form here.  A form reads the
 node's static facts (input dtypes and ranks, attributes, initializer values
 used as parameters) and emits lines with placeholders ``{i0}``.. for the
 input variables, ``{o0}``.. for the outputs and ``{p}`` for a per-node prefix
-of temporaries.  It calls the same typed kernels as the op's wrapper (the
-norm rows, the GQA kernels, the generated elementwise loops) or numpy
-expressions Numba compiles to the same IEEE arithmetic.
+of temporaries; the variable ``nthreads`` holds Numba's thread count.  It
+calls the same typed kernels as the op's wrapper (the norm rows, the GQA
+kernels, the generated elementwise loops) or numpy expressions Numba
+compiles to the same IEEE arithmetic; MatMul's several-row products use a
+tiled kernel, equal to the wrapper's BLAS up to summation order.
 
 A form raises ``Decline`` for anything it does not express (a dtype, an
 attribute value, an unknown rank); the node then runs through its wrapper.
@@ -26,11 +28,12 @@ import math
 import types as _pytypes
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
 from . import contrib_attention as _ca
 from . import contrib_norm as _cn
+from . import matmul as _mm
 
 __all__ = ["Decline", "emit", "FORMS", "serial_twin"]
 
@@ -103,30 +106,55 @@ def sum_mid(x3):
     return out
 
 
-@njit(fastmath={"reassoc", "contract"}, **_OPTS)
-def _mm_rows(a2, w, out):
-    """out (M, N) = a2 (M, K) @ w (K, N), one row at a time streaming w's rows (vectorises over N)."""
+@njit(parallel=True, fastmath={"reassoc", "contract"}, **_OPTS)
+def mm_tiles(a2, w, out):
+    """out (M, N) = a2 (M, K) @ w (K, N) for several rows: tasks of 8 rows x 256 columns, each streaming its
+    column strip of ``w`` once for all 8 rows (accumulators stay in L1)."""
     M, K = a2.shape
     N = w.shape[1]
-    for m in range(M):
-        acc = np.zeros(N, np.float32)
+    rb = (M + 7) // 8
+    cb = (N + 255) // 256
+    for task in prange(rb * cb):
+        r0 = (task // cb) * 8
+        c0 = (task % cb) * 256
+        r1 = min(r0 + 8, M)
+        c1 = min(c0 + 256, N)
+        acc = np.zeros((8, 256), np.float32)
         for k in range(K):
-            x = a2[m, k]
-            for n in range(N):
-                acc[n] += x * w[k, n]
-        for n in range(N):
-            out[m, n] = acc[n]
+            for r in range(r1 - r0):
+                x = a2[r0 + r, k]
+                for c in range(c1 - c0):
+                    acc[r, c] += x * w[k, c0 + c]
+        for r in range(r1 - r0):
+            for c in range(c1 - c0):
+                out[r0 + r, c0 + c] = acc[r, c]
+
+
+mm_tiles_serial = serial_twin(mm_tiles)
+gemv_rows = _mm._gemv_rows
+gemv_par = _mm._gemv_par
 
 
 @njit(**_OPTS)
-def matmul2(a2, w):
-    """(M, K) @ (K, N) in float32: a serial loop for decode-sized products, BLAS above."""
+def matmul2(a2, w, nthreads):
+    """(M, K) @ (K, N) in float32.  One row: the MatMul wrapper's GEMV (serial below 2 MiB of weight per
+    thread, the same partition above), so decode results equal the per-node plan's; several rows: the tiled
+    kernel.  (Numba's ``np.dot`` is not used: it crashes on read-only, memory-mapped weights.)"""
     M, K = a2.shape
-    if M * K * w.shape[1] < PARALLEL_WORK * 4:
-        out = np.empty((M, w.shape[1]), np.float32)
-        _mm_rows(a2, w, out)
-        return out
-    return np.dot(a2, w)
+    N = w.shape[1]
+    out = np.empty((M, N), np.float32)
+    if M == 1:
+        nt = max(1, min(nthreads, (K * N * 4) // (1 << 21), K // 4))
+        if nt == 1:
+            gemv_rows(a2[0], w, out[0], 0, K)
+        else:
+            part = np.empty((nt, N), np.float32)
+            gemv_par(a2[0], w, out[0], part)
+    elif M * K * N < PARALLEL_WORK * 4:
+        mm_tiles_serial(a2, w, out)
+    else:
+        mm_tiles(a2, w, out)
+    return out
 
 
 _D4 = np.zeros((1, 1, 1, 1), np.float32)
@@ -627,7 +655,7 @@ def _matmul(e):
     mm = e.use(__name__, "matmul2")
     e.use("runtime.errors", "ShapeMismatchError")
     if ra == 1:
-        e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {{i1}}).reshape(({{i1}}.shape[1],))")
+        e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {{i1}}, nthreads).reshape(({{i1}}.shape[1],))")
         e.declare(0, F32, 1)
         return
     e.declare(0, F32, ra)
@@ -635,7 +663,7 @@ def _matmul(e):
     e.line(f"if {{i0}}.shape[{ra - 1}] != {{i1}}.shape[0]:",
            f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the inner dimensions do not match\")",
            f"{{p}}_m = {_prod(lead)}",
-           f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}).reshape(("
+           f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}, nthreads).reshape(("
            f"{', '.join(lead)}, {{i1}}.shape[1]))")
 
 

@@ -1,0 +1,645 @@
+"""Compiled forms of the contrib ops GenAI decoders use beyond attention and the norms.
+
+Forms (see ``ops/compiled_forms.py`` for the emitter and ``runtime/regions.py`` for the invariants) for
+RotaryEmbedding and MRotaryEmbedding, MatMulNBits, GatherBlockQuantized (com.microsoft), LpNormalization,
+GatedRMSNorm, CausalConvWithState, LinearAttentionGate and LinearAttention (com.microsoft).  Each form's
+kernel here is the op wrapper's Python logic translated into an ``@njit`` function that allocates its
+outputs and calls the same typed kernels the wrapper calls, so a region computes bit for bit what the
+per-node plan computes.
+
+Forms cover the float32 configurations the model builder emits and decline the rest (other dtypes, g_idx,
+attribute values the wrapper rejects, unknown ranks); a declined node runs through its wrapper.  Bad inputs
+(an index out of range, a shape that does not fit) are detected in the kernels, which return an error code;
+the generated code turns the code into the wrapper's error class with the node named.
+
+MatMulNBits follows the wrapper's path choice exactly: the one-pass rows kernels for at most ``_ROWS_MAX``
+rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
+the wrapper would run it on one thread (packed weight below ``2 * _BYTES_PER_THREAD``), the parallel
+kernel above.  Each output element is computed by the same loop either way, so both give the same bits.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import compiled_forms as _cf
+from . import contrib_attention as _ca
+from . import contrib_norm as _cn
+from . import contrib_quant as _cq
+from . import contrib_recurrent as _cr
+from . import normalization as _nm
+from . import recurrent_state as _rs
+from .compiled_forms import Decline, F32, MS, _float_only, _prod, _quote, form, serial_twin
+
+__all__ = ["rope3", "rope4", "mnb_f32", "gbq_f32", "gated_rms_f32", "la_gate_f32", "ccws_f32", "linattn_f32"]
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+def _raise_on(e, var, table):
+    """Emit ``if var == code: raise Class("node ...: message")`` for each (code, class name, message)."""
+    who = _quote(e.node).replace("{", "{{").replace("}", "}}").replace("\\", "/")
+    for j, (code, cls, msg) in enumerate(table):
+        alias = e.use("runtime.errors", cls)
+        e.line(f"{'if' if j == 0 else 'elif'} {var} == {code}:",
+               f"    raise {alias}(\"{who}: {msg}\")")
+
+
+def _s(x):
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+# -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
+
+@njit(**_OPTS)
+def _rope_apply(x4, seq_second, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout):
+    """Rotate the fresh float32 copy x4 in place, as the wrappers do; returns an error code (0: fine)."""
+    half = rot // 2
+    if mrope:
+        if s0 + s1 + s2 != half:
+            return 7
+        if p0 != 3 or pb != B or ps != S:
+            return 4
+        P = 3
+        pos3 = pos.reshape((3, B, S))
+    else:
+        P = 1
+        if pos.size == 1:
+            pos3 = np.empty((1, B, S), np.int64)
+            for b in range(B):
+                for s in range(S):
+                    pos3[0, b, s] = pos[0] + s
+        elif pb == B and ps == S:
+            pos3 = pos.reshape((1, B, S))
+        else:
+            return 4
+        if sinc.shape[0] != cosc.shape[0] or sinc.shape[1] != cosc.shape[1]:
+            return 5
+    n = cosc.shape[0]
+    for j in range(pos3.size):
+        v = pos3.flat[j]
+        if v < 0 or v >= n:
+            return 6
+    if mrope and (sinc.shape[0] < n or sinc.shape[1] < half):
+        return 5
+    which = np.zeros(half, np.int64)
+    if mrope:
+        for t in range(half):
+            if layout == 0:
+                if s0 <= t < s0 + s1:
+                    which[t] = 1
+                elif t >= s0 + s1:
+                    which[t] = 2
+            else:
+                if t % 3 == 1 and t < 3 * s1:
+                    which[t] = 1
+                elif t % 3 == 2 and t < 3 * s2:
+                    which[t] = 2
+    cos_t = np.empty((B, S, half), np.float32)
+    sin_t = np.empty((B, S, half), np.float32)
+    for b in range(B):
+        for s in range(S):
+            for t in range(half):
+                p = pos3[which[t] if P == 3 else 0, b, s]
+                cos_t[b, s, t] = cosc[p, t]
+                sin_t[b, s, t] = sinc[p, t]
+    _ca.rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
+    return 0
+
+
+@njit(**_OPTS)
+def rope3(x, pos, pb, ps, p0, cosc, sinc, H, rot_attr, interleaved, mrope, s0, s1, s2, layout):
+    """(B, S, hidden) input: (rotated float32 copy, error code)."""
+    B, S, hid = x.shape
+    hc = cosc.shape[1]
+    rot = rot_attr if rot_attr else 2 * hc
+    if rot != 2 * hc:
+        return np.empty((0, 0, 0), np.float32), 1
+    D = hid // H if H > 0 else rot
+    if D <= 0 or hid % D:
+        return np.empty((0, 0, 0), np.float32), 2
+    if rot > D or rot % 2:
+        return np.empty((0, 0, 0), np.float32), 3
+    x4 = x.copy().reshape((B, S, hid // D, D))
+    err = _rope_apply(x4, True, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout)
+    return x4.reshape((B, S, hid)), err
+
+
+@njit(**_OPTS)
+def rope4(x, pos, pb, ps, p0, cosc, sinc, rot_attr, interleaved, mrope, s0, s1, s2, layout):
+    """(B, H, S, D) input: (rotated float32 copy, error code)."""
+    B, H, S, D = x.shape
+    hc = cosc.shape[1]
+    rot = rot_attr if rot_attr else 2 * hc
+    if rot != 2 * hc:
+        return np.empty((0, 0, 0, 0), np.float32), 1
+    if rot > D or rot % 2:
+        return np.empty((0, 0, 0, 0), np.float32), 3
+    x4 = x.copy()
+    err = _rope_apply(x4, False, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout)
+    return x4, err
+
+
+_ROPE_ERRS = [(1, "ShapeMismatchError", "rotary_embedding_dim needs cos/sin caches of half its width"),
+              (2, "ShapeMismatchError", "the hidden size is not a multiple of the head size"),
+              (3, "ShapeMismatchError", "the rotary dim does not fit the head size"),
+              (4, "ShapeMismatchError", "position_ids do not match the input's batch and sequence"),
+              (5, "ShapeMismatchError", "cos_cache and sin_cache must have the same shape"),
+              (6, "IndexOutOfRangeError", "a position id is out of bounds of the cos/sin caches"),
+              (7, "InvalidAttributeError", "mrope_section must sum to half the rotary dim")]
+
+
+def _rope_form(e, mrope):
+    a = e.attrs
+    _float_only(e, 0, 2, 3)
+    if int(a.get("is_packed_batching", 0)):
+        raise Decline("packed batching")
+    r = e.rank(0)
+    if r not in (3, 4) or e.rank(2) != 2 or e.rank(3) != 2 or e.dtype(1).kind not in "iu":
+        raise Decline("ranks")
+    H, rd = int(a.get("num_heads", 0)), int(a.get("rotary_embedding_dim", 0))
+    if r == 3 and rd and H <= 0:
+        raise Decline("rotary_embedding_dim without num_heads")
+    s0 = s1 = s2 = layout = 0
+    rp = e.rank(1)
+    if mrope:
+        sec = [int(v) for v in a.get("mrope_section", ())]
+        layout = int(a.get("mrope_layout", 0))
+        if len(sec) != 3 or min(sec) < 0 or layout not in (0, 1) or rp != 3:
+            raise Decline("mrope attributes")
+        s0, s1, s2 = sec
+        e.line("{p}_p0, {p}_pb, {p}_ps = {i1}.shape[0], {i1}.shape[1], {i1}.shape[2]")
+    elif rp == 2:
+        e.line("{p}_p0, {p}_pb, {p}_ps = 1, {i1}.shape[0], {i1}.shape[1]")
+    else:
+        e.line("{p}_p0, {p}_pb, {p}_ps = 1, -1, -1")
+    common = (f"{{p}}_pos, {{p}}_pb, {{p}}_ps, {{p}}_p0, {{i2}}, {{i3}}")
+    tail = f"{rd}, {bool(int(a.get('interleaved', 0)))}, {bool(mrope)}, {s0}, {s1}, {s2}, {layout}"
+    e.line("{p}_pos = {i1}.reshape(({i1}.size,)).astype(np.int64)")
+    if r == 3:
+        k = e.use(__name__, "rope3")
+        e.line(f"{{o0}}, {{p}}_err = {k}({{i0}}, {common}, {H}, {tail})")
+    else:
+        k = e.use(__name__, "rope4")
+        e.line(f"{{o0}}, {{p}}_err = {k}({{i0}}, {common}, {tail})")
+    _raise_on(e, "{p}_err", _ROPE_ERRS)
+
+
+@form("RotaryEmbedding", domain=MS)
+def _rotary(e):
+    _rope_form(e, False)
+
+
+@form("MRotaryEmbedding", domain=MS)
+def _mrotary(e):
+    _rope_form(e, True)
+
+
+# -- MatMulNBits -----------------------------------------------------------------------------------
+
+rows_q4_serial = serial_twin(_cq._rows_q4)
+rows_q8_serial = serial_twin(_cq._rows_q8)
+dequant_tile_serial = serial_twin(_cq._dequant_tile)
+rows_q4_par = _cq._rows_q4
+rows_q8_par = _cq._rows_q8
+dequant_tile_par = _cq._dequant_tile
+_ROWS_MAX = _cq._ROWS_MAX
+_SERIAL_BYTES = 2 * _cq._BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
+_TILE_ELEMS = _cq._TILE_ELEMS
+
+
+@njit(**_OPTS)
+def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
+    """MatMulNBits over A (M, K) float32: (out (M, N), error code).  zp_mode 0 none, 1 packed uint8, 2 float."""
+    nb = (K + bs - 1) // bs
+    blob = bs * bits // 8
+    M = a2.shape[0]
+    if a2.shape[1] != K:
+        return np.empty((0, 0), np.float32), 1
+    if b.size != N * nb * blob:
+        return np.empty((0, 0), np.float32), 2
+    if scales.size != N * nb:
+        return np.empty((0, 0), np.float32), 3
+    sc = scales.reshape((N, nb))
+    has_zp = zp_mode != 0
+    if zp_mode == 1:
+        per_row = (nb * bits + 7) // 8
+        if zp.size != N * per_row:
+            return np.empty((0, 0), np.float32), 4
+        per = 8 // bits
+        mask = (1 << bits) - 1
+        z8 = zp.reshape((N, per_row))
+        zf = np.empty((N, nb), np.float32)
+        for n in range(N):
+            for c in range(nb):
+                zf[n, c] = np.float32((np.int32(z8[n, c // per]) >> ((c % per) * bits)) & mask)
+    elif zp_mode == 2:
+        if zp.size != N * nb:
+            return np.empty((0, 0), np.float32), 4
+        zf = zp.reshape((N, nb)).astype(np.float32)
+    else:
+        zf = np.zeros((1, 1), np.float32)
+    zdef = np.float32(1 << (bits - 1))
+    b3 = b.reshape((N, nb, blob))
+    out = np.empty((M, N), np.float32)
+    if M == 0:
+        pass
+    elif M <= _ROWS_MAX:
+        asum = np.empty((M, nb), np.float32)
+        ascale = np.empty((M, nb), np.float32)
+        serial = b3.size < _SERIAL_BYTES
+        if bits == 4:
+            ae = np.empty((M, nb, bs // 2), np.float32)
+            ao = np.empty((M, nb, bs // 2), np.float32)
+            _cq._prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+            if serial:
+                rows_q4_serial(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
+            else:
+                rows_q4_par(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
+        else:
+            ap = np.empty((M, nb, bs), np.float32)
+            _cq._prep_a8(a2, nb, bs, quant, ap, asum, ascale)
+            if serial:
+                rows_q8_serial(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
+            else:
+                rows_q8_par(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
+    else:
+        af = a2
+        if quant:
+            af = np.empty((M, K), np.float32)
+            _cq._fake_quant_a(a2, bs, af)
+        g = np.arange(K) // bs
+        tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
+        for n0 in range(0, N, tile):
+            rows = min(tile, N - n0)
+            wt = np.empty((rows, K), np.float32)
+            if rows * K < _cf.PARALLEL_WORK:
+                dequant_tile_serial(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
+            else:
+                dequant_tile_par(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
+            out[:, n0:n0 + rows] = np.dot(af, wt.T)
+    if has_bias:
+        if bias.size != N:
+            return np.empty((0, 0), np.float32), 5
+        out += bias.reshape((1, N))
+    return out, 0
+
+
+@form("MatMulNBits", domain=MS)
+def _matmul_nbits(e):
+    a = e.attrs
+    _float_only(e, 0, 2, 5)
+    K, N = int(a.get("K", 0)), int(a.get("N", 0))
+    bits, bs = int(a.get("bits", 4)), int(a.get("block_size", 0))
+    if bits not in (4, 8) or bs < 16 or bs & (bs - 1) or K <= 0 or N <= 0:
+        raise Decline("attributes")
+    if e.dtype(1) != np.uint8 or e.has(4):
+        raise Decline("B dtype or g_idx")
+    ra = e.rank(0)
+    if ra < 1:
+        raise Decline("rank")
+    zp_mode = 0
+    if e.has(3):
+        zdt = e.dtype(3)
+        zp_mode = 1 if zdt == np.uint8 else 2 if zdt == F32 else -1
+        if zp_mode < 0:
+            raise Decline("zero point dtype")
+    quant = int(a.get("accuracy_level", 0)) == 4 and zp_mode != 2
+    k = e.use(__name__, "mnb_f32")
+    lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
+    zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
+    if zp_mode == 1:
+        zp = "{i3}.reshape(({i3}.size,))"
+    bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
+    e.line(f"{{p}}_m = {_prod(lead)}",
+           f"{{p}}_y, {{p}}_err = {k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
+           f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, {K}, {N}, {bits}, {bs}, {quant})")
+    _raise_on(e, "{p}_err", [
+        (1, "ShapeMismatchError", f"A must end in K={K}"),
+        (2, "ShapeMismatchError", f"B must be uint8 [N={N}, n_blocks, blob]"),
+        (3, "ShapeMismatchError", "scales must have N*n_blocks elements"),
+        (4, "ShapeMismatchError", "zero_points do not match N and n_blocks"),
+        (5, "ShapeMismatchError", f"bias must have N={N} elements")])
+    e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(lead + [str(N)])},))")
+
+
+# -- GatherBlockQuantized --------------------------------------------------------------------------
+
+@njit(**_OPTS)
+def gbq_f32(data, idx, scales, zp, has_zp, bits, bs):
+    """uint8 data (G, W) packing 8/bits codes per byte along the quantized last axis, gathered along axis 0:
+    (out (len(idx), W * 8/bits), error code)."""
+    G, W = data.shape
+    per = 8 // bits
+    L = W * per
+    nbq = (L + bs - 1) // bs
+    if scales.shape[0] != G or scales.shape[1] != nbq:
+        return np.empty((0, 0), np.float32), 1
+    for j in range(idx.size):
+        v = idx[j]
+        if v < -G or v >= G:
+            return np.empty((0, 0), np.float32), 2
+    if has_zp and (zp.shape[0] != G or zp.shape[1] != (nbq + per - 1) // per):
+        return np.empty((0, 0), np.float32), 3
+    mask = (1 << bits) - 1
+    zdef = np.float32(1 << (bits - 1))
+    m = idx.size
+    out = np.empty((m, L), np.float32)
+    for j in range(m):
+        g = idx[j]
+        if g < 0:
+            g += G
+        for t in range(L):
+            q = (np.int32(data[g, t // per]) >> ((t % per) * bits)) & mask
+            blk = t // bs
+            z = zdef
+            if has_zp:
+                z = np.float32((np.int32(zp[g, blk // per]) >> ((blk % per) * bits)) & mask)
+            out[j, t] = (np.float32(q) - z) * scales[g, blk]
+    return out, 0
+
+
+@form("GatherBlockQuantized", domain=MS)
+def _gbq(e):
+    a = e.attrs
+    bits, bs = int(a.get("bits", 4)), int(a.get("block_size", 128))
+    if bits not in (4, 8) or bs < 16 or bs & (bs - 1):
+        raise Decline("attributes")
+    if e.dtype(0) != np.uint8 or e.rank(0) != 2 or e.dtype(1).kind not in "iu" or e.dtype(2) != F32 \
+            or e.rank(2) != 2:
+        raise Decline("types")
+    ga, qa = int(a.get("gather_axis", 0)), int(a.get("quantize_axis", 1))
+    if ga not in (0, -2) or qa not in (1, -1):
+        raise Decline("axes")
+    if e.has(3) and (e.dtype(3) != np.uint8 or e.rank(3) != 2):
+        raise Decline("zero points")
+    k = e.use(__name__, "gbq_f32")
+    ri = e.rank(1)
+    zp = "{i3}" if e.has(3) else "np.zeros((1, 1), np.uint8)"
+    e.line(f"{{p}}_y, {{p}}_err = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)).astype(np.int64), {{i2}}, {zp}, "
+           f"{e.has(3)}, {bits}, {bs})")
+    _raise_on(e, "{p}_err", [
+        (1, "ShapeMismatchError", "scales do not match data and block_size"),
+        (2, "IndexOutOfRangeError", "an index is out of range for the gather axis"),
+        (3, "ShapeMismatchError", "zero_points do not match the scales")])
+    shape = [f"{{i1}}.shape[{d}]" for d in range(ri)] + ["{p}_y.shape[1]"]
+    e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(shape)},))")
+
+
+# -- LpNormalization / GatedRMSNorm -----------------------------------------------------------------
+
+@form("LpNormalization")
+def _lp(e):
+    _float_only(e, 0)
+    r = e.rank(0)
+    p = int(e.attrs.get("p", 2))
+    axis = int(e.attrs.get("axis", -1))
+    if p not in (1, 2) or r < 1 or not -r <= axis < r:
+        raise Decline("attributes")
+    ax = axis + r if axis < 0 else axis
+    k = e.use("ops.normalization", "_lp3")
+    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(ax)])
+    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
+    e.line(f"{{p}}_s = ({outer}, {{i0}}.shape[{ax}], {inner})",
+           "{o0} = np.empty({i0}.shape, np.float32)",
+           "if {i0}.size:",
+           f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {p}, np.empty({{p}}_s[2], np.float64))")
+
+
+@njit(**_OPTS)
+def gated_rms_f32(x, scale, gate, eps, mode):
+    """GatedRMSNorm over X flattened to (rows, C): (y flat, error code)."""
+    C = scale.size
+    n = x.shape[x.ndim - 1]
+    if C == 0 or n % C:
+        return np.empty(0, np.float32), 1
+    if gate.shape != x.shape:
+        return np.empty(0, np.float32), 2
+    rows = x.size // C
+    y = np.empty((rows, C), np.float32)
+    if x.size:
+        xs = x.reshape((rows, C))
+        gs = gate.reshape((rows, C))
+        if x.size >= _cn._PARALLEL_MIN:
+            _cn._gated_rows_par(xs, gs, scale.reshape((C,)), y, eps, mode)
+        else:
+            _cn._gated_rows(xs, gs, scale.reshape((C,)), y, eps, mode)
+    return y.reshape((x.size,)), 0
+
+
+@form("GatedRMSNorm", domain=MS)
+def _gated_rms(e):
+    _float_only(e, 0, 1, 2)
+    act = _s(e.attrs.get("activation", "silu"))
+    if act not in ("silu", "swish", "sigmoid") or e.rank(0) < 1 or e.rank(2) != e.rank(0):
+        raise Decline("attributes")
+    k = e.use(__name__, "gated_rms_f32")
+    e.line(f"{{p}}_y, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {float(e.attrs.get('epsilon', 1e-5))!r}, "
+           f"{1 if act == 'sigmoid' else 0})")
+    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "the last axis of X must be a multiple of the scale length"),
+                             (2, "ShapeMismatchError", "gate must have the shape of X")])
+    e.line("{o0} = {p}_y.reshape({i0}.shape)")
+
+
+# -- LinearAttentionGate / CausalConvWithState / LinearAttention -------------------------------------
+
+@njit(**_OPTS)
+def la_gate_f32(a, dt_bias, decay_scale, b, has_b):
+    """(decay flat, beta flat, error code) over a/b flattened to (R, H)."""
+    H = a.shape[a.ndim - 1]
+    if dt_bias.size != H:
+        return np.empty(0, np.float32), np.empty(0, np.float32), 1
+    if decay_scale.size != H:
+        return np.empty(0, np.float32), np.empty(0, np.float32), 2
+    if has_b and b.shape != a.shape:
+        return np.empty(0, np.float32), np.empty(0, np.float32), 3
+    R = a.size // H if H else 0
+    a2 = a.reshape((R, H))
+    b2 = b.reshape((R, H)) if has_b else a2
+    dec = np.empty((R, H), np.float32)
+    bt = np.empty((R if has_b else 0, H), np.float32)
+    if a.size:
+        _cr._gate_kernel(a2, dt_bias.reshape((H,)), decay_scale.reshape((H,)), b2, dec, bt, has_b)
+    return dec.reshape((R * H,)), bt.reshape((bt.size,)), 0
+
+
+@form("LinearAttentionGate", domain=MS)
+def _la_gate(e):
+    _float_only(e, 0, 1, 2, 3)
+    r = e.rank(0)
+    if r < 1 or (e.has(3) and e.rank(3) != r):
+        raise Decline("ranks")
+    k = e.use(__name__, "la_gate_f32")
+    b = "{i3}" if e.has(3) else "{i0}"
+    e.line(f"{{p}}_d, {{p}}_b, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)})")
+    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "dt_bias must have one element per head (a's last axis)"),
+                             (2, "ShapeMismatchError", "decay_scale must have one element per head (a's last axis)"),
+                             (3, "ShapeMismatchError", "b must have a's shape")])
+    e.line("{o0} = {p}_d.reshape({i0}.shape)")
+    if e.has(3) and e.used(1):
+        e.line("{o1} = {p}_b.reshape({i0}.shape)")
+
+
+@njit(**_OPTS)
+def ccws_f32(x, weight, bias, has_bias, past, has_past, dil, silu):
+    """x (B, C, L), past (B, C, P): (out (B, C, L), present (B, C, P), error code)."""
+    B, C, L = x.shape
+    e3 = np.empty((0, 0, 0), np.float32)
+    if weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
+        return e3, e3, 1
+    K = weight.shape[2]
+    P = (K - 1) * dil
+    if has_bias and bias.size != C:
+        return e3, e3, 2
+    if has_past and (past.shape[0] != B or past.shape[1] != C or past.shape[2] != P):
+        return e3, e3, 3
+    w = weight.reshape((C, K))
+    bs = bias.reshape((C,)) if has_bias else np.zeros(C, np.float32)
+    pf = past if has_past else np.zeros((B, C, P), np.float32)
+    out = np.empty((B, C, L), np.float32)
+    if out.size:
+        _cr._dilated_conv_kernel(x, w, bs, pf, out, dil, silu)
+    present = np.empty((B, C, P), np.float32)
+    for b in range(B):
+        for c in range(C):
+            for t in range(P):
+                j = t + L
+                present[b, c, t] = pf[b, c, j] if j < P else x[b, c, j - P]
+    return out, present, 0
+
+
+@form("CausalConvWithState", domain=MS)
+def _ccws(e):
+    a = e.attrs
+    _float_only(e, 0, 1, 2, 3)
+    act = _s(a.get("activation", "none"))
+    dil = int(a.get("dilation", 1))
+    cl = int(a.get("channels_last", 0))
+    if act not in ("none", "silu", "swish") or int(a.get("ndim", 1)) != 1 or int(a.get("state_window", 0)) \
+            or int(a.get("state_update_capacity", 0)) or int(a.get("state_channels_last", -1)) != -1 \
+            or int(a.get("state_length", 0)) or int(a.get("input_channel_offset", 0)) \
+            or int(a.get("input_channels", 0)) or dil < 1:
+        raise Decline("attributes")
+    if e.rank(0) != 3 or e.rank(1) != 3 or (e.has(3) and e.rank(3) != 3):
+        raise Decline("ranks")
+    k = e.use(__name__, "ccws_f32")
+    x = "np.ascontiguousarray(np.transpose({i0}, (0, 2, 1)))" if cl else "{i0}"
+    if e.has(3):
+        past = "np.ascontiguousarray(np.transpose({i3}, (0, 2, 1)))" if cl else "{i3}"
+    else:
+        past = "np.zeros((1, 1, 1), np.float32)"
+    bias = "{i2}" if e.has(2) else "np.zeros(1, np.float32)"
+    e.line(f"{{p}}_y, {{p}}_st, {{p}}_err = {k}({x}, {{i1}}, {bias}, {e.has(2)}, {past}, {e.has(3)}, {dil}, "
+           f"{act != 'none'})")
+    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "weight must be (channels, 1, k)"),
+                             (2, "ShapeMismatchError", "bias must have one element per channel"),
+                             (3, "ShapeMismatchError", "past_state does not match batch, channels and (k - 1) * "
+                                                       "dilation")])
+    if cl:
+        e.line("{o0} = np.ascontiguousarray(np.transpose({p}_y, (0, 2, 1)))")
+        if e.used(1):
+            e.line("{o1} = np.ascontiguousarray(np.transpose({p}_st, (0, 2, 1)))")
+    else:
+        e.line("{o0} = {p}_y")
+        if e.used(1):
+            e.line("{o1} = {p}_st")
+
+
+@njit(**_OPTS)
+def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta):
+    """com.microsoft LinearAttention, float32: (out (B, T, Hout*dv), state, error code)."""
+    B, T, hq = query.shape
+    e3 = np.empty((0, 0, 0), np.float32)
+    e4 = np.empty((0, 0, 0, 0), np.float32)
+    if Hkv > Hq:
+        rep = Hkv // Hq
+        if hq % Hq or key.shape[0] != B or key.shape[1] != T or key.shape[2] != hq:
+            return e3, e4, 1
+        dk = hq // Hq
+        q = np.empty((B, T, Hkv, dk), np.float32)
+        k = np.empty((B, T, Hkv, dk), np.float32)
+        for b in range(B):
+            for t in range(T):
+                for g in range(Hkv):
+                    for d in range(dk):
+                        q[b, t, g, d] = query[b, t, (g // rep) * dk + d]
+                        k[b, t, g, d] = key[b, t, (g // rep) * dk + d]
+        Hout = Hkv
+        sc = scale if scale else 1.0 / math.sqrt(dk)
+    else:
+        if key.shape[0] != B or key.shape[1] != T or value.shape[0] != B or value.shape[1] != T or hq % Hq \
+                or key.shape[2] % Hkv or value.shape[2] % Hkv:
+            return e3, e4, 1
+        dk = hq // Hq
+        if key.shape[2] // Hkv != dk:
+            return e3, e4, 2
+        q = query.reshape((B, T, Hq, dk))
+        k = key.reshape((B, T, Hkv, dk))
+        Hout = Hq
+        sc = scale if scale else 1.0 / math.sqrt(dk)
+    # the default-domain checks, on the (possibly head-repeated) query and key
+    if value.shape[0] != B or value.shape[1] != T or value.shape[2] % Hkv:
+        return e3, e4, 1
+    dv = value.shape[2] // Hkv
+    v = value.reshape((B, T, Hkv, dv))
+    if has_decay:
+        if decay.shape[0] != B or decay.shape[1] != T or (decay.shape[2] != Hkv and decay.shape[2] != Hkv * dk):
+            return e3, e4, 3
+        dc = decay.reshape((B, T, Hkv, decay.shape[2] // Hkv))
+    else:
+        dc = np.zeros((1, 1, 1, 1), np.float32)
+    if has_beta:
+        if beta.shape[0] != B or beta.shape[1] != T or (beta.shape[2] != Hkv and beta.shape[2] != 1):
+            return e3, e4, 4
+        bt = beta
+    else:
+        bt = np.ones((1, 1, 1), np.float32)
+    if has_past:
+        if past.shape[0] != B or past.shape[1] != Hkv or past.shape[2] != dk or past.shape[3] != dv:
+            return e3, e4, 5
+        state = past.copy()
+    else:
+        state = np.zeros((B, Hkv, dk, dv), np.float32)
+    out = np.empty((B, T, Hout, dv), np.float32)
+    if out.size or state.size:
+        _rs._linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta, np.float32(sc))
+    return out.reshape((B, T, Hout * dv)), state, 0
+
+
+@form("LinearAttention", domain=MS)
+def _linattn(e):
+    a = e.attrs
+    _float_only(e, 0, 1, 2, 3, 4, 5)
+    if int(a.get("state_window", 0)):
+        raise Decline("state_window")
+    Hq, Hkv = a.get("q_num_heads"), a.get("kv_num_heads")
+    if not Hq or not Hkv or int(Hq) <= 0 or int(Hkv) <= 0:
+        raise Decline("heads")
+    Hq, Hkv = int(Hq), int(Hkv)
+    if (Hkv > Hq and Hkv % Hq) or (Hkv <= Hq and Hq % Hkv):
+        raise Decline("heads")
+    rule = _s(a.get("update_rule", "gated_delta"))
+    if rule not in _rs._RULES:
+        raise Decline("rule")
+    gating, delta = _rs._RULES[rule]
+    if gating != e.has(4) or delta != e.has(5):
+        raise Decline("decay/beta presence")
+    if any(e.rank(i) != 3 for i in (0, 1, 2)) or (e.has(3) and e.rank(3) != 4) or (e.has(4) and e.rank(4) != 3) \
+            or (e.has(5) and e.rank(5) != 3):
+        raise Decline("ranks")
+    k = e.use(__name__, "linattn_f32")
+    past = "{i3}" if e.has(3) else "np.zeros((1, 1, 1, 1), np.float32)"
+    dec = "{i4}" if e.has(4) else "np.zeros((1, 1, 1), np.float32)"
+    bet = "{i5}" if e.has(5) else "np.zeros((1, 1, 1), np.float32)"
+    e.line(f"{{o0}}, {{p}}_st, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {past}, {e.has(3)}, {dec}, {e.has(4)}, {bet}, "
+           f"{e.has(5)}, {Hq}, {Hkv}, {float(a.get('scale', 0.0))!r}, {gating}, {delta})")
+    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "query, key and value do not split into the heads"),
+                             (2, "ShapeMismatchError", "the key head size differs from the query head size"),
+                             (3, "ShapeMismatchError", "decay must be (B, T, kv_num_heads) or (B, T, kv_num_heads * "
+                                                       "head_size)"),
+                             (4, "ShapeMismatchError", "beta must be (B, T, kv_num_heads) or (B, T, 1)"),
+                             (5, "ShapeMismatchError", "past_state must be (B, kv_num_heads, dk, dv)")])
+    if e.used(1):
+        e.line("{o1} = {p}_st")

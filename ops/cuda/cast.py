@@ -1,7 +1,9 @@
-"""CUDA Cast between float32 and float16.
+"""CUDA Cast between the numeric dtypes (float16/32/64, int8/16/32/64, uint8/16/32/64, bool).
 
-Invariants: input and output are C-contiguous device arrays of the same shape; the conversion rounds to
-nearest even (the hardware conversion, as numpy's ``astype``); other dtype pairs raise.
+Invariants: input and output are C-contiguous device arrays of the same shape; float conversions round to
+nearest even (the hardware conversion, as numpy's ``astype``); float to integer truncates toward zero (as
+numpy's C cast; out-of-range values are undefined there too); to bool is ``x != 0``; string, 8-bit float and
+4-bit types raise.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from ._common import F16, F32, check_device, flat, grid1d
 
 __all__ = ["Cast"]
 
-_PAIRS = {(F32, F16), (F16, F32), (F32, F32), (F16, F16)}
+_NUMERIC = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                                   np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
+_BOOL = np.dtype(np.bool_)
 
 
 @cuda.jit
@@ -23,6 +27,14 @@ def _convert(x, out):
     step = cuda.gridsize(1)
     for i in range(start, x.size, step):
         out[i] = x[i]
+
+
+@cuda.jit
+def _to_bool(x, out):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, x.size, step):
+        out[i] = x[i] != 0
 
 
 def Cast(input, to, saturate=1, *, out=None):
@@ -34,10 +46,10 @@ def Cast(input, to, saturate=1, *, out=None):
     else:
         dst = np.dtype(to)
     src = np.dtype(input.dtype)
-    if (src, dst) not in _PAIRS:
-        raise InvalidArgumentError(f"Cast: the CUDA kernel converts float32<->float16 only, got {src} -> {dst}")
+    if src not in _NUMERIC or dst not in _NUMERIC:
+        raise InvalidArgumentError(f"Cast: the CUDA kernel converts between numeric dtypes, got {src} -> {dst}")
     y = rc.device_empty(tuple(input.shape), dst) if out is None else out
     if input.size:
         blocks, threads = grid1d(input.size)
-        _convert[blocks, threads](flat(input), flat(y))
+        (_to_bool if dst == _BOOL and src != _BOOL else _convert)[blocks, threads](flat(input), flat(y))
     return y

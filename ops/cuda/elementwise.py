@@ -1,4 +1,5 @@
-"""CUDA elementwise kernels: Add, Sub, Mul, Div, Neg, Exp, Sigmoid, Tanh, Relu, Where.
+"""CUDA elementwise kernels: Add, Sub, Mul, Div, Pow, the float unary ops (Neg, Exp, Sigmoid, Tanh, Relu, Sqrt,
+Erf, Abs, Log, Reciprocal, Sin, Cos, Floor, Ceil), Where.
 
 Binary ops and Where broadcast through the CPU family's 4-d canonical form (``ops._common.to4``): operands
 are read flat with per-axis element strides, a broadcast axis having stride 0, so one kernel per dtype covers
@@ -7,7 +8,7 @@ instead of one per op.
 
 Invariants:
 - inputs and outputs are C-contiguous device arrays; outputs are freshly allocated (or the ``out`` given);
-- binary operands share one dtype; Div is for floats only (integer Div truncation is not implemented);
+- binary operands share one dtype; Div and Pow are for floats only (integer Div truncation is not implemented);
 - unary ops take floats and compute in float32 (float64 inputs too);
 - broadcasts that need more than 4 canonical axes raise ``ShapeMismatchError``.
 """
@@ -23,12 +24,16 @@ from runtime.cuda import cuda
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ._common import FLOATS, check_device, flat, grid1d
 
-__all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary"]
+__all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary",
+           "UNARY_OPS", "BINARY_OPS"]
 
-ADD, SUB, MUL, DIV = 0, 1, 2, 3
-NEG, EXP, SIGMOID, TANH, RELU = 0, 1, 2, 3, 4
-_BINARY = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV}
-_UNARY = {"Neg": NEG, "Exp": EXP, "Sigmoid": SIGMOID, "Tanh": TANH, "Relu": RELU}
+ADD, SUB, MUL, DIV, POW = 0, 1, 2, 3, 4
+NEG, EXP, SIGMOID, TANH, RELU, SQRT, ERF, ABS, LOG, RECIP, SIN, COS, FLOOR, CEIL = range(14)
+_BINARY = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV, "Pow": POW}
+_UNARY = {"Neg": NEG, "Exp": EXP, "Sigmoid": SIGMOID, "Tanh": TANH, "Relu": RELU, "Sqrt": SQRT, "Erf": ERF,
+          "Abs": ABS, "Log": LOG, "Reciprocal": RECIP, "Sin": SIN, "Cos": COS, "Floor": FLOOR, "Ceil": CEIL}
+UNARY_OPS = tuple(_UNARY)
+BINARY_OPS = tuple(_BINARY)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -41,6 +46,8 @@ def _bin(op, x, y):
         return x - y
     if op == MUL:
         return x * y
+    if op == POW:
+        return x ** y
     return x / y
 
 
@@ -92,6 +99,28 @@ def _un(op, v):
         return e / (one + e)
     if op == TANH:
         return math.tanh(v)
+    if op == SQRT:
+        return math.sqrt(v) if v >= 0 else np.float32(math.nan)
+    if op == ERF:
+        return math.erf(v)
+    if op == ABS:
+        return abs(v)
+    if op == LOG:
+        if v > 0:
+            return math.log(v)
+        if v == 0:
+            return np.float32(-math.inf)
+        return np.float32(math.nan)
+    if op == RECIP:
+        return np.float32(1.0) / v
+    if op == SIN:
+        return math.sin(v)
+    if op == COS:
+        return math.cos(v)
+    if op == FLOOR:
+        return math.floor(v)
+    if op == CEIL:
+        return math.ceil(v)
     if v > 0 or v != v:  # NaN passes through, like max(x, 0) on the CPU
         return v
     return np.float32(0.0)
@@ -143,8 +172,8 @@ def binary(op: str, A, B, *, out=None):
     check_device(op, A=A, B=B)
     if A.dtype != B.dtype:
         raise InvalidArgumentError(f"{op}: inputs must share one dtype, got {A.dtype} and {B.dtype}")
-    if code == DIV and np.dtype(A.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"{op}: the CUDA kernel divides floats only, got {A.dtype}")
+    if code in (DIV, POW) and np.dtype(A.dtype) not in FLOATS:
+        raise InvalidArgumentError(f"{op}: the CUDA kernel takes float operands only, got {A.dtype}")
     out_shape, out4, (sa, sb) = _plan(op, (A, B))
     y = _out(op, out, out_shape, A.dtype)
     n = int(np.prod(out_shape, dtype=np.int64))
@@ -155,7 +184,7 @@ def binary(op: str, A, B, *, out=None):
 
 
 def unary(op: str, X, *, out=None):
-    """``op`` in Neg/Exp/Sigmoid/Tanh/Relu over a float device array (computed in float32)."""
+    """``op`` (one of ``UNARY_OPS``) over a float device array (computed in float32)."""
     check_device(op, X=X)
     if np.dtype(X.dtype) not in FLOATS:
         raise InvalidArgumentError(f"{op}: the CUDA kernel takes float tensors, got {X.dtype}")

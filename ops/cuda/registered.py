@@ -63,6 +63,8 @@ def _binary_fn(name):
 for _name in ("Add", "Sub", "Mul", "Div"):
     for _v in (7, 13, 14):
         op(_name, _v, provider=CUDA)(_binary_fn(_name))
+for _v in (7, 12, 13, 15):
+    op("Pow", _v, provider=CUDA)(_binary_fn("Pow"))
 
 
 def _unary_fn(name):
@@ -72,7 +74,9 @@ def _unary_fn(name):
     return fn
 
 
-for _name, _vers in (("Neg", (6, 13)), ("Exp", (6, 13)), ("Sigmoid", (6, 13)), ("Tanh", (6, 13)), ("Relu", (6,))):
+for _name, _vers in (("Neg", (6, 13)), ("Exp", (6, 13)), ("Sigmoid", (6, 13)), ("Tanh", (6, 13)), ("Relu", (6,)),
+                     ("Sqrt", (6, 13)), ("Erf", (9, 13)), ("Abs", (6, 13)), ("Log", (6, 13)),
+                     ("Reciprocal", (6, 13)), ("Sin", (7,)), ("Cos", (7,)), ("Floor", (6, 13)), ("Ceil", (6, 13))):
     for _v in _vers:
         op(_name, _v, provider=CUDA)(_unary_fn(_name))
 

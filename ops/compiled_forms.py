@@ -271,6 +271,7 @@ class Emitted:
         self.lines = []
         self.imports = {}
         self.declared = {}
+        self.constants = []  # arrays prepared at plan time (repacked weights), passed to the region as arguments
 
     # static facts
     @property
@@ -319,6 +320,11 @@ class Emitted:
     def line(self, *lines):
         self.lines.extend(lines)
 
+    def constant(self, array) -> str:
+        """A plan-time array (derived from initializers) the block reads; returns its placeholder."""
+        self.constants.append(np.ascontiguousarray(array))
+        return f"{{c{len(self.constants) - 1}}}"
+
     def declare(self, k, dtype=None, rank=None):
         """State output ``k``'s dtype and rank (kept only if the form succeeds), for later forms to read."""
         if self.used(k):
@@ -331,7 +337,13 @@ class Emitted:
             m[f"i{k}"] = names[x] if x else "None"
         for k, x in enumerate(self.node.outputs):
             m[f"o{k}"] = names[x] if x else f"{m['p']}_unused{k}"
+        for k in range(len(self.constants)):
+            m[f"c{k}"] = f"{m['p']}_const{k}"
         return [ln.format(**m) for ln in self.lines]
+
+    def constant_names(self):
+        p = "t_" + _safe(self.node.outputs[0] if self.node.outputs and self.node.outputs[0] else self.node.name)
+        return [f"{p}_const{k}" for k in range(len(self.constants))]
 
 
 def _safe(s):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import compiled_forms as _cf
 from . import contrib_attention as _ca
@@ -287,6 +287,130 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     return out, 0
 
 
+# Decode GEMV over weights repacked at plan time to (n_blocks, blob, N): still the packed 4/8-bit codes, read
+# once, but consecutive bytes belong to consecutive output columns, so the dequantizing loop runs over N
+# (long, vectorised) instead of over one block's 16 bytes.  A's preparation and the per-block arithmetic are
+# the wrapper's (``_prep_a4``/``_prep_a8``): in accuracy_level 4 every block dot is an exact integer, so the
+# results equal the wrapper's.
+
+_FAST = {"reassoc", "contract", "arcp", "nsz"}
+_COLS = 256  # output columns per task
+
+
+@njit(fastmath=_FAST, **_OPTS)
+def _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
+    nb, half, _ = bt.shape
+    w = n1 - n0
+    tot = np.zeros(w, np.float32)
+    d = np.empty(w, np.float32)
+    for blk in range(nb):
+        for c in range(w):
+            d[c] = 0.0
+        for j in range(half):
+            ev = ae[0, blk, j]
+            ov = ao[0, blk, j]
+            for c in range(w):
+                f = np.float32(bt[blk, j, n0 + c])
+                d[c] += f * ev + np.floor(f * np.float32(0.0625)) * ov
+        s = ascale[0, blk]
+        sm = asum[0, blk]
+        for c in range(w):
+            z = zft[blk, n0 + c] if has_zp else zdef
+            tot[c] += (s * sct[blk, n0 + c]) * (d[c] - z * sm)
+    for c in range(w):
+        out[n0 + c] = tot[c]
+
+
+@njit(fastmath=_FAST, **_OPTS)
+def _q8t_cols(bt, ap, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
+    nb, bs, _ = bt.shape
+    w = n1 - n0
+    tot = np.zeros(w, np.float32)
+    d = np.empty(w, np.float32)
+    for blk in range(nb):
+        for c in range(w):
+            d[c] = 0.0
+        for j in range(bs):
+            av = ap[0, blk, j]
+            for c in range(w):
+                d[c] += np.float32(bt[blk, j, n0 + c]) * av
+        s = ascale[0, blk]
+        sm = asum[0, blk]
+        for c in range(w):
+            z = zft[blk, n0 + c] if has_zp else zdef
+            tot[c] += (s * sct[blk, n0 + c]) * (d[c] - z * sm)
+    for c in range(w):
+        out[n0 + c] = tot[c]
+
+
+@njit(parallel=True, **_OPTS)
+def _qt_par(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out):
+    N = bt.shape[2]
+    for t in prange((N + _COLS - 1) // _COLS):
+        n0 = t * _COLS
+        n1 = min(n0 + _COLS, N)
+        if bits == 4:
+            _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1)
+        else:
+            _q8t_cols(bt, ae, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1)
+
+
+@njit(**_OPTS)
+def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
+    """One row of A (1, K) against repacked weights: (out (1, N), error code)."""
+    if a2.shape[1] != K:
+        return np.empty((0, 0), np.float32), 1
+    nb = bt.shape[0]
+    N = bt.shape[2]
+    asum = np.empty((1, nb), np.float32)
+    ascale = np.empty((1, nb), np.float32)
+    zdef = np.float32(1 << (bits - 1))
+    out = np.empty((1, N), np.float32)
+    if bits == 4:
+        ae = np.empty((1, nb, bs // 2), np.float32)
+        ao = np.empty((1, nb, bs // 2), np.float32)
+        _cq._prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+    else:
+        ae = np.empty((1, nb, bs), np.float32)
+        ao = ae
+        _cq._prep_a8(a2, nb, bs, quant, ae, asum, ascale)
+    if bt.size < _SERIAL_BYTES:
+        if bits == 4:
+            _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
+        else:
+            _q8t_cols(bt, ae, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
+    else:
+        _qt_par(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0])
+    if has_bias:
+        if bias.size != N:
+            return np.empty((0, 0), np.float32), 5
+        for n in range(N):
+            out[0, n] += bias[n]
+    return out, 0
+
+
+def _repack(b, scales, zp, zp_mode, N, K, bits, bs):
+    """Plan-time (n_blocks, blob, N) codes, (n_blocks, N) scales and float zero points; None if malformed."""
+    nb = (K + bs - 1) // bs
+    blob = bs * bits // 8
+    b = np.asarray(b)
+    if b.dtype != np.uint8 or b.size != N * nb * blob or np.asarray(scales).size != N * nb:
+        return None
+    bt = np.ascontiguousarray(b.reshape(N, nb, blob).transpose(1, 2, 0))
+    sct = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(N, nb).T)
+    if zp_mode == 1:
+        per, mask = 8 // bits, (1 << bits) - 1
+        per_row = (nb * bits + 7) // 8
+        z8 = np.asarray(zp).reshape(N, per_row).astype(np.int32)
+        c = np.arange(nb)
+        zf = ((z8[:, c // per] >> ((c % per) * bits)) & mask).astype(np.float32)
+    elif zp_mode == 2:
+        zf = np.asarray(zp, np.float32).reshape(N, nb)
+    else:
+        zf = np.zeros((N, 1), np.float32)
+    return bt, sct, np.ascontiguousarray(zf.T)
+
+
 @form("MatMulNBits", domain=MS)
 def _matmul_nbits(e):
     a = e.attrs
@@ -313,9 +437,22 @@ def _matmul_nbits(e):
     if zp_mode == 1:
         zp = "{i3}.reshape(({i3}.size,))"
     bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
-    e.line(f"{{p}}_m = {_prod(lead)}",
-           f"{{p}}_y, {{p}}_err = {k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
-           f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, {K}, {N}, {bits}, {bs}, {quant})")
+    e.line(f"{{p}}_m = {_prod(lead)}")
+    packed = None
+    if e.const(1) is not None and e.const(2) is not None and (zp_mode == 0 or e.const(3) is not None):
+        packed = _repack(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bits, bs)
+    call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
+            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, {K}, {N}, {bits}, {bs}, {quant})")
+    if packed is not None:
+        bt, sct, zft = (e.constant(x) for x in packed)
+        g = e.use(__name__, "gemv_nbits_t")
+        e.line(f"if {{p}}_m == 1:",
+               f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape((1, {{i0}}.size)), {bt}, {sct}, {zft}, {zp_mode != 0}, "
+               f"{bits}, {bs}, {K}, {quant}, {bias}, {e.has(5)})",
+               "else:",
+               f"    {{p}}_y, {{p}}_err = {call}")
+    else:
+        e.line(f"{{p}}_y, {{p}}_err = {call}")
     _raise_on(e, "{p}_err", [
         (1, "ShapeMismatchError", f"A must end in K={K}"),
         (2, "ShapeMismatchError", f"B must be uint8 [N={N}, n_blocks, blob]"),

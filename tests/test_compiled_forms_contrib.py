@@ -45,15 +45,20 @@ def _fused(model):
     return InferenceSession(model, on)
 
 
-def _check(model, feeds, op_type, ort=None):
-    """Run with and without regions; the op must sit in a region and both must agree exactly."""
+def _check(model, feeds, op_type, ort=None, exact=True):
+    """Run with and without regions; the op must sit in a region and both must agree (exactly, unless the
+    kernels sum floats in another order: a float accumulation compiled serially or in parallel, or over
+    repacked weights)."""
     fused, plain = _fused(model), InferenceSession(model)
     in_region = [n.op_type for r in fused.plan.regions for n in r.nodes]
     assert op_type in in_region, (op_type, in_region)
     got, want = fused.run(None, feeds), plain.run(None, feeds)
     for a, b in zip(got, want):
         assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
+        if exact:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max(initial=1.0)))
     if ort is not None:
         import onnxruntime
         ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -159,7 +164,8 @@ def test_matmul_nbits(bits, zp, level, bias, M):
                               accuracy_level=level), _then_add("y")]
     model = _model(nodes, [_vi("a", F, [1, "s", K])], [_out("y", 3), _vi("z", F, None)], inits)
     a = RNG.standard_normal((1, M, K)).astype(np.float32)
-    _check(model, {"a": a}, "MatMulNBits", ort=2e-3)
+    # accuracy_level 4 (int8 A, integer block dots) is exact in any order; float accumulation is not.
+    _check(model, {"a": a}, "MatMulNBits", ort=2e-3, exact=level == 4 and zp != "float")
 
 
 def test_matmul_nbits_big_weight_runs_the_parallel_kernel():

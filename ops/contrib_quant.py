@@ -190,20 +190,29 @@ def _rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
 def _dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
     """w[r, k] = (q[n0 + r, k] - z) * s for the tile's rows, block of k given by ``grp[k]``."""
     rows, k_ = w.shape
+    nb = b.shape[1]
     blob = b.shape[2]
     per = 8 // bits
-    mask = (1 << bits) - 1
     bs = blob * per
     for r in prange(rows):
         n = n0 + r
+        # Codes first, walking bytes (no division per element), then the per-element group's scale.
+        for blk in range(nb):
+            k0 = blk * bs
+            for j in range(blob):
+                byte = np.int32(b[n, blk, j])
+                k = k0 + j * per
+                if bits == 4:
+                    if k < k_:
+                        w[r, k] = np.float32(byte & 15)
+                    if k + 1 < k_:
+                        w[r, k + 1] = np.float32(byte >> 4)
+                elif k < k_:
+                    w[r, k] = np.float32(byte)
         for k in range(k_):
-            blk = k // bs
-            t = k - blk * bs
-            byte = np.int32(b[n, blk, t // per])
-            q = (byte >> ((t % per) * bits)) & mask
             g = grp[k]
             z = zf[n, g] if has_zp else zdef
-            w[r, k] = (np.float32(q) - z) * sc[n, g]
+            w[r, k] = (w[r, k] - z) * sc[n, g]
 
 
 # -- MatMulNBits wrapper ---------------------------------------------------------------------------

@@ -172,9 +172,19 @@ def split_packed(x, H, kvH):
 
 
 @njit(**_OPTS)
+def _resident(T, C, W):
+    """Rows a windowed cache of capacity C and window W holds after T positions (the wrapper's L(T))."""
+    if T <= C:
+        return T
+    G = C - W + 1
+    return T - G * ((T - C + G - 1) // G)
+
+
+@njit(**_OPTS)
 def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
-            interleaved, sink_mode, causal):
-    """GroupQueryAttention, float32, shared past/present layout: the wrapper's non-windowed path."""
+            interleaved, sink_mode, causal, windowed=False):
+    """GroupQueryAttention, float32: the wrapper's shared past/present path, or (``windowed``) its
+    sliding-window cache of fixed capacity holding the last L(T) positions."""
     B, S, hq = q3.shape
     D = hq // H
     if hq != H * D or k3.shape[2] != kvH * D or v3.shape[2] != kvH * D or k3.shape[0] != B or k3.shape[1] != S:
@@ -189,13 +199,31 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
     L = max(total, P)
     totals = np.empty(B, np.int64)
     past_b = np.empty(B, np.int64)
+    abs_past = np.empty(B, np.int64)   # absolute position of the first new row
+    n_new = np.empty(B, np.int64)      # valid new rows
+    kbase = np.zeros(B, np.int64)      # absolute position of staged row 0
     first = S == total
+    if windowed:
+        if window <= 0 or P < window:
+            raise InvalidArgumentError("GroupQueryAttention: sliding_window_cache=1 needs local_window_size > 0 "
+                                       "and past buffers of capacity at least local_window_size")
+        L = P
     for b in range(B):
         totals[b] = seqlens[b] + 1
-        past_b[b] = 0 if first else totals[b] - S
-        if past_b[b] < 0 or past_b[b] > P or past_b[b] + S > L or totals[b] > L or totals[b] < 1:
-            raise InvalidArgumentError("GroupQueryAttention: seqlens_k do not fit sequence_length, "
-                                       "total_sequence_length and the past")
+        if windowed:
+            if totals[b] < 1 or totals[b] > max(total, 1):
+                raise InvalidArgumentError("GroupQueryAttention: seqlens_k exceed total_sequence_length")
+            n_new[b] = min(S, totals[b])
+            abs_past[b] = totals[b] - n_new[b]
+            past_b[b] = _resident(abs_past[b], P, window)
+            kbase[b] = abs_past[b] - past_b[b]
+        else:
+            past_b[b] = 0 if first else totals[b] - S
+            abs_past[b] = past_b[b]
+            n_new[b] = S
+            if past_b[b] < 0 or past_b[b] > P or past_b[b] + S > L or totals[b] > L or totals[b] < 1:
+                raise InvalidArgumentError("GroupQueryAttention: seqlens_k do not fit sequence_length, "
+                                           "total_sequence_length and the past")
     if rotary:
         q4 = q3.copy().reshape((B, S, H, D))
         k4 = k3.copy().reshape((B, S, kvH, D))
@@ -210,7 +238,7 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
                 if has_pos:
                     p = pos[0, 0] + s if pos.size == 1 else pos[b, s]
                 else:
-                    p = past_b[b] + s
+                    p = abs_past[b] + s
                     if p >= totals[b]:
                         p = 1
                 if p < 0 or p >= cosc.shape[0]:
@@ -224,8 +252,15 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
         q4 = q3.reshape((B, S, H, D))
         k4 = k3.reshape((B, S, kvH, D))
     v4 = v3.reshape((B, S, kvH, D))
-    pres_k = np.zeros((B, kvH, L, D), np.float32)
-    pres_v = np.zeros((B, kvH, L, D), np.float32)
+    if windowed:
+        live = 0
+        for b in range(B):
+            live = max(live, past_b[b] + S)
+        pres_k = np.empty((B, kvH, live, D), np.float32)  # staged: resident past, then the new rows
+        pres_v = np.empty((B, kvH, live, D), np.float32)
+    else:
+        pres_k = np.zeros((B, kvH, L, D), np.float32)
+        pres_v = np.zeros((B, kvH, L, D), np.float32)
     for b in range(B):
         n = past_b[b]
         for h in range(kvH):
@@ -238,25 +273,39 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
     params = np.empty(2, np.float32)
     params[0] = sc if sc != 0 else 1.0 / math.sqrt(D)
     params[1] = softcap
-    kbase = np.zeros(B, np.int64)
+    att_total = np.empty(B, np.int64)
+    for b in range(B):
+        att_total[b] = past_b[b] + n_new[b] if windowed else totals[b]
     out = np.empty((B, S, H, D), np.float32)
     work = B * H * S * max(total, 1) * D
     bias = np.zeros((1, 1, 1, 1), np.float32)
     sink = np.zeros(1, np.float32)
     if S == 1:
         if work < 1 << 16:
-            gqa_decode_serial(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False, sink,
-                              sink_mode, out)
+            gqa_decode_serial(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
+                              sink, sink_mode, out)
         else:
-            gqa_decode_par(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False, sink,
-                           sink_mode, out)
+            gqa_decode_par(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
+                           sink, sink_mode, out)
     else:
         if work < 1 << 16:
-            gqa_prefill_serial(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False,
+            gqa_prefill_serial(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
                                sink, sink_mode, bias, 0, out)
         else:
-            gqa_prefill_par(q4, pres_k, pres_v, past_b, totals, kbase, params, causal, window, bias, False,
+            gqa_prefill_par(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
                             sink, sink_mode, bias, 0, out)
+    if windowed:  # keep the last L(T) rows of the staged cache at rows [0, L(T)) of a capacity-P buffer
+        wk, wv = pres_k, pres_v
+        pres_k = np.zeros((B, kvH, P, D), np.float32)
+        pres_v = np.zeros((B, kvH, P, D), np.float32)
+        for b in range(B):
+            end = past_b[b] + n_new[b]
+            n = _resident(totals[b], P, window)
+            for h in range(kvH):
+                for j in range(n):
+                    for d in range(D):
+                        pres_k[b, h, j, d] = wk[b, h, end - n + j, d]
+                        pres_v[b, h, j, d] = wv[b, h, end - n + j, d]
     return out.reshape((B, S, H * D)), pres_k, pres_v
 
 
@@ -741,9 +790,10 @@ def _gqa(e):
     _float_only(e, 0, 1, 2, 3, 4, 7, 8)
     if len(e.node.outputs) > 3 or any(e.has(k) for k in (10, 11, 12, 13, 14, 15, 16)):
         raise Decline("extra inputs or outputs")
-    if int(a.get("sliding_window_cache", 0)) or int(a.get("kv_cache_bit_width", 0)) \
-            or a.get("k_quant_type", "NONE") != "NONE" or a.get("v_quant_type", "NONE") != "NONE":
-        raise Decline("windowed or quantized cache")
+    windowed = bool(int(a.get("sliding_window_cache", 0)))
+    if int(a.get("kv_cache_bit_width", 0)) or a.get("k_quant_type", "NONE") != "NONE" \
+            or a.get("v_quant_type", "NONE") != "NONE" or (windowed and not e.has(3)):
+        raise Decline("quantized cache, or a windowed cache without a past")
     if not (e.has(5) and e.has(6)) or e.rank(0) != 3 or e.has(1) != e.has(2) or e.has(3) != e.has(4):
         raise Decline("inputs")
     H, kvH = int(a.get("num_heads", 0)), int(a.get("kv_num_heads", 0))
@@ -791,7 +841,7 @@ def _gqa(e):
     e.line(f"{{o0}}, {{p}}_pk2, {{p}}_pv2 = {g}({{p}}_q, {{p}}_k, {{p}}_v, {{p}}_pk, {{p}}_pv, {{p}}_sl, {{p}}_t, "
            f"{{p}}_cos, {{p}}_sin, {{p}}_pos, {has_pos}, {H}, {kvH}, {float(a.get('scale', 0.0))!r}, "
            f"{float(a.get('softcap', 0.0))!r}, {window}, {bool(rotary)}, {bool(int(a.get('rotary_interleaved', 0)))}, "
-           f"{sink_mode}, {bool(int(a.get('causal', 1)))})")
+           f"{sink_mode}, {bool(int(a.get('causal', 1)))}, {windowed})")
     e.declare(0, F32, 3)
     e.declare(1, F32, 4)
     e.declare(2, F32, 4)

@@ -186,3 +186,32 @@ def test_native_decoder_runs_one_region_per_step():
     assert len(plan.regions) == 1 and len(plan.steps) == 1
     assert _covered(pipe.decoder.session) == len(plan.graph.nodes)
 
+
+
+@pytest.mark.parametrize("S,total", [(3, 3), (1, 11), (2, 14)])
+def test_group_query_attention_sliding_window_cache(S, total):
+    """gemma3's windowed layers: a fixed-capacity cache holding the last L(T) positions."""
+    H, kvH, D, C, W = 4, 2, 8, 8, 4
+    nodes = [
+        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
+        helper.make_node("Sub", ["s", "one"], ["s1"]),
+        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["mask"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
+        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
+        helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot", "cos", "sin"],
+                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, do_rotary=1,
+                         local_window_size=W, sliding_window_cache=1),
+    ]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "cos"),
+             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "sin")]
+    model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
+                           _vi("pk", F, ["b", kvH, C, D]), _vi("pv", F, ["b", kvH, C, D])],
+                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)], inits)
+    feeds = {"qkv": RNG.standard_normal((1, S, (H + 2 * kvH) * D)).astype(np.float32),
+             "mask": np.ones((1, total), np.int64),
+             "pk": RNG.standard_normal((1, kvH, C, D)).astype(np.float32),
+             "pv": RNG.standard_normal((1, kvH, C, D)).astype(np.float32)}
+    _check(model, feeds, len(nodes), exact=False)

@@ -35,7 +35,7 @@ import numpy as np
 from ops import registry
 from . import cuda as rc
 from .errors import ModelLoadError, OnnxNumbaError, UnsupportedOpError
-from .executor import KernelError
+from .executor import KernelError, liveness
 from .ir import Graph, free_names, subgraphs
 from .providers import CUDA_PROVIDER, PROVIDERS
 
@@ -165,29 +165,9 @@ class CudaPlan:
         self.output_slots = [slot_of[n] for n in out_names]
         self.slot_of = slot_of
         self.placement = {(node.name or f"#{i}"): kind for i, (node, kind) in enumerate(zip(graph.nodes, placement))}
-        nsteps = len(graph.nodes)
-        INF = nsteps + 1
 
-        # Liveness (subgraph captures count as reads), as in Plan.
-        last_use = [-1] * len(values)
-        step_reads = []
-        for i, node in enumerate(graph.nodes):
-            reads = {slot_of[x] for x in node.inputs if x}
-            for g in subgraphs(node):
-                reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
-            step_reads.append(reads)
-            for s in reads:
-                last_use[s] = i
-        for s in self.output_slots:
-            last_use[s] = INF
-        # Aliasing: results of view ops may share memory with their inputs.
-        roots = [(s,) for s in range(len(values))]
-        for node, impl in zip(graph.nodes, impls):
-            if impl.views:
-                rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
-                for o in node.outputs:
-                    if o and rs:
-                        roots[slot_of[o]] = rs
+        # Liveness and aliasing, as in Plan.
+        step_reads, last_use, roots = liveness(graph, impls, slot_of, len(values), self.output_slots)
         protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
         self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
 

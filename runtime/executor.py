@@ -31,7 +31,7 @@ from .ir import Graph, free_names, subgraphs
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
-__all__ = ["Plan", "KernelError"]
+__all__ = ["Plan", "KernelError", "liveness"]
 
 
 class KernelError(OnnxNumbaError, RuntimeError):
@@ -44,6 +44,33 @@ def _getter(slots):
     if len(slots) == 0:
         return itemgetter(slice(0, 0))
     return itemgetter(*slots)
+
+
+def liveness(graph, impls, slot_of, nslots, output_slots):
+    """(slots each step reads, the last step reading each slot, alias roots of each slot).
+
+    Subgraph captures count as reads; graph outputs live past the last step (``len(nodes) + 1``).  A view
+    op's outputs may share memory with any of its inputs, so each value carries the set of root values
+    whose memory it may reference."""
+    last_use = [-1] * nslots
+    step_reads = []
+    for i, node in enumerate(graph.nodes):
+        reads = {slot_of[x] for x in node.inputs if x}
+        for g in subgraphs(node):
+            reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
+        step_reads.append(reads)
+        for s in reads:
+            last_use[s] = i
+    for s in output_slots:
+        last_use[s] = len(graph.nodes) + 1
+    roots = [(s,) for s in range(nslots)]
+    for node, impl in zip(graph.nodes, impls):
+        if impl.views:
+            rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
+            for o in node.outputs:
+                if o and rs:
+                    roots[slot_of[o]] = rs
+    return step_reads, last_use, roots
 
 
 class Plan:
@@ -101,27 +128,7 @@ class Plan:
         nsteps = len(graph.nodes)
         INF = nsteps + 1
 
-        # Liveness: the last step reading each slot (subgraph captures count as reads).
-        last_use = [-1] * len(values)
-        step_reads = []
-        for i, node in enumerate(graph.nodes):
-            reads = {slot_of[x] for x in node.inputs if x}
-            for g in subgraphs(node):
-                reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
-            step_reads.append(reads)
-            for s in reads:
-                last_use[s] = i
-        for s in self.output_slots:
-            last_use[s] = INF
-        # Aliasing: a view op's outputs may share memory with any of its inputs, so each value
-        # carries the set of root values whose memory it may reference.
-        roots = [(s,) for s in range(len(values))]
-        for node, impl in zip(graph.nodes, bound):
-            if impl.views:
-                rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
-                for o in node.outputs:
-                    if o and rs:
-                        roots[slot_of[o]] = rs
+        step_reads, last_use, roots = liveness(graph, bound, slot_of, len(values), self.output_slots)
         end = [-1] * len(values)
         for s in range(len(values)):
             for r in roots[s]:

@@ -20,13 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime import cuda as rc  # importing runtime.cuda never imports numba.cuda
 
-if rc.SIM_ENV not in os.environ and not rc.gpu_present():
-    os.environ[rc.SIM_ENV] = "1"
+from cuda_target import use_cuda_or_skip  # noqa: E402
 
-_REASON = rc.unavailable_reason()
-if _REASON:
-    rc.require_cuda()  # with ONNX_NUMBA_REQUIRE_CUDA=1 this raises: a failure, never a skip
-    pytest.skip(f"CUDA decoder not tested: {_REASON}", allow_module_level=True)
+use_cuda_or_skip("CUDA decoder")
 
 from fixtures import composite_vlm as V  # noqa: E402
 from pipeline.backends import BackendChoice, choice_from_environment  # noqa: E402

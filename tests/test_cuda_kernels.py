@@ -11,7 +11,6 @@ module imports ``numba.cuda`` (``import ops`` imports only ``ops/cuda/__init__.p
 When numba-cuda is missing (or finds no GPU and the simulator is off) the module is skipped, unless
 ``ONNX_NUMBA_REQUIRE_CUDA=1``, in which case collecting it fails.
 """
-import os
 
 import numpy as np
 import pytest
@@ -19,13 +18,9 @@ from onnx import TensorProto, helper
 
 from runtime import cuda as rc  # importing runtime.cuda never imports numba.cuda
 
-if rc.SIM_ENV not in os.environ and not rc.gpu_present():
-    os.environ[rc.SIM_ENV] = "1"
+from cuda_target import use_cuda_or_skip  # noqa: E402
 
-_REASON = rc.unavailable_reason()
-if _REASON:
-    rc.require_cuda()  # with ONNX_NUMBA_REQUIRE_CUDA=1 this raises: a failure, never a skip
-    pytest.skip(f"CUDA kernels not tested: {_REASON}", allow_module_level=True)
+use_cuda_or_skip("CUDA kernels")
 
 from ops.cuda import cast as kcast  # noqa: E402
 from ops.cuda import contrib_norm as knorm  # noqa: E402

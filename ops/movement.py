@@ -324,10 +324,9 @@ def Concat(*inputs, axis=None, ctx=None):
     return _concat(inputs, axis, _buf(ctx))
 
 
-def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
-    x = _contig(x)
-    ax = norm_axis(axis, x.ndim)
-    d = x.shape[ax]
+def split_sizes(d, ax, split, n_out, num_outputs=None) -> list:
+    """Split's part sizes along an axis of extent ``d``: the ``split`` input/attribute, ``num_outputs``
+    (ceil-sized parts, the last one shorter) or equal parts; shared with the CUDA kernel."""
     if split is not None and len(as_int_list(split)):
         parts = as_int_list(split)
         if len(parts) != n_out or sum(parts) != d or min(parts) < 0:
@@ -341,6 +340,13 @@ def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
         if d % n_out:
             raise InvalidArgumentError(f"Split: axis {ax} of size {d} cannot be split into {n_out} equal parts")
         parts = [d // n_out] * n_out
+    return parts
+
+
+def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
+    x = _contig(x)
+    ax = norm_axis(axis, x.ndim)
+    parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
     outs = []
     off = 0
     idx = [slice(None)] * x.ndim

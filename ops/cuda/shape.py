@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
+from ops.movement import split_sizes
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda
@@ -164,20 +165,7 @@ def Concat(*inputs, axis=None):
 def _split(x, axis, split, n_out, num_outputs=None):
     check_device("Split", input=x)
     ax = norm_axis(axis, x.ndim)
-    d = x.shape[ax]
-    if split is not None and len(as_int_list(split)):
-        parts = as_int_list(split)
-        if len(parts) != n_out or sum(parts) != d or min(parts) < 0:
-            raise InvalidArgumentError(f"Split: split {parts} must be {n_out} non-negative sizes summing to {d}")
-    elif num_outputs is not None:
-        if num_outputs != n_out:
-            raise InvalidAttributeError(f"Split: num_outputs={num_outputs} but the node has {n_out} outputs")
-        c = -(-d // n_out)
-        parts = [min(c, max(d - i * c, 0)) for i in range(n_out)]
-    else:
-        if d % n_out:
-            raise InvalidArgumentError(f"Split: axis {ax} of size {d} cannot be split into {n_out} equal parts")
-        parts = [d // n_out] * n_out
+    parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
     shape = tuple(x.shape)
     sst = _cstrides(shape)
     outs = []

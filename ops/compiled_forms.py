@@ -33,7 +33,9 @@ from numba import njit, prange
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
 from . import contrib_attention as _ca
 from . import contrib_norm as _cn
+from . import indexing as _ix
 from . import matmul as _mm
+from . import reduce as _rd
 
 __all__ = ["Decline", "emit", "FORMS", "serial_twin"]
 
@@ -80,30 +82,18 @@ def indices_ok(idx, n):
 
 @njit(**_OPTS)
 def gather3(d3, idx):
-    """d3 (outer, n, inner), idx flat (validated) -> (outer, len(idx), inner)."""
-    outer, n, inner = d3.shape
-    m = idx.shape[0]
-    out = np.empty((outer, m, inner), d3.dtype)
-    for o in range(outer):
-        for j in range(m):
-            k = idx[j]
-            if k < 0:
-                k += n
-            for t in range(inner):
-                out[o, j, t] = d3[o, k, t]
+    """d3 (outer, n, inner), idx flat (validated, may be negative) -> (outer, len(idx), inner), through the
+    Gather wrapper's kernel."""
+    n = d3.shape[1]
+    k = np.empty(idx.shape[0], np.int64)
+    for j in range(idx.shape[0]):
+        k[j] = idx[j] + n if idx[j] < 0 else idx[j]
+    out = np.empty((d3.shape[0], idx.shape[0], d3.shape[2]), d3.dtype)
+    _ix._k_gather(d3, k, out)
     return out
 
 
-@njit(**_OPTS)
-def sum_mid(x3):
-    """x3 (outer, n, inner) -> (outer, inner) sums in the input dtype."""
-    outer, n, inner = x3.shape
-    out = np.zeros((outer, inner), x3.dtype)
-    for o in range(outer):
-        for j in range(n):
-            for t in range(inner):
-                out[o, t] += x3[o, j, t]
-    return out
+reduce3 = _rd._reduce3
 
 
 @njit(parallel=True, fastmath={"reassoc", "contract"}, **_OPTS)
@@ -157,10 +147,6 @@ def matmul2(a2, w, nthreads):
     return out
 
 
-_D4 = np.zeros((1, 1, 1, 1), np.float32)
-_D1 = np.zeros(1, np.float32)
-
-
 @njit(**_OPTS)
 def split_packed(x, H, kvH):
     B, S, W = x.shape
@@ -169,15 +155,6 @@ def split_packed(x, H, kvH):
     k = np.ascontiguousarray(x[:, :, H * D:(H + kvH) * D])
     v = np.ascontiguousarray(x[:, :, (H + kvH) * D:])
     return q, k, v
-
-
-@njit(**_OPTS)
-def _resident(T, C, W):
-    """Rows a windowed cache of capacity C and window W holds after T positions (the wrapper's L(T))."""
-    if T <= C:
-        return T
-    G = C - W + 1
-    return T - G * ((T - C + G - 1) // G)
 
 
 @njit(**_OPTS)
@@ -215,7 +192,7 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
                 raise InvalidArgumentError("GroupQueryAttention: seqlens_k exceed total_sequence_length")
             n_new[b] = min(S, totals[b])
             abs_past[b] = totals[b] - n_new[b]
-            past_b[b] = _resident(abs_past[b], P, window)
+            past_b[b] = _ca.resident_rows(abs_past[b], P, window)
             kbase[b] = abs_past[b] - past_b[b]
         else:
             past_b[b] = 0 if first else totals[b] - S
@@ -300,7 +277,7 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
         pres_v = np.zeros((B, kvH, P, D), np.float32)
         for b in range(B):
             end = past_b[b] + n_new[b]
-            n = _resident(totals[b], P, window)
+            n = _ca.resident_rows(totals[b], P, window)
             for h in range(kvH):
                 for j in range(n):
                     for d in range(D):
@@ -621,10 +598,17 @@ def _reduce_sum(e):
     dt = e.dtype(0)
     if dt.kind not in "iuf":
         raise Decline("dtype")
-    sm = e.use(__name__, "sum_mid")
+    # The wrapper's kernel and accumulator: float64 for floats, 64-bit integers otherwise.
+    red = e.use(__name__, "reduce3")
+    acc = "np.float64" if dt.kind == "f" else "np.int64" if dt.kind == "i" else "np.uint64"
     outer = _prod([f"{{i0}}.shape[{d}]" for d in range(ax)])
     inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
-    e.line(f"{{p}}_s = {sm}({{i0}}.reshape(({outer}, {{i0}}.shape[{ax}], {inner})))")
+    e.line(f"{{p}}_x3 = {{i0}}.reshape(({outer}, {{i0}}.shape[{ax}], {inner}))",
+           f"{{p}}_s = np.empty(({{p}}_x3.shape[0], {{p}}_x3.shape[2]), {_np_type(dt)})",
+           f"if {{p}}_x3.shape[1] == 0:",
+           f"    {{p}}_s[:] = 0",
+           "else:",
+           f"    {red}({{p}}_x3, {{p}}_s, np.zeros((2, {{p}}_x3.shape[2]), {acc}), {_rd.SUM})")
     shape = [f"{{i0}}.shape[{d}]" if d != ax else "1" for d in range(r) if keep or d != ax]
     e.line(f"{{o0}} = {{p}}_s.reshape(({', '.join(shape)}{',' if len(shape) == 1 else ''}))")
     e.declare(0, dt, len(shape))

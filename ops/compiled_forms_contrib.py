@@ -24,6 +24,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from runtime.errors import ShapeMismatchError
+
 from . import compiled_forms as _cf
 from . import contrib_attention as _ca
 from . import contrib_norm as _cn
@@ -398,14 +400,11 @@ def _repack(b, scales, zp, zp_mode, N, K, bits, bs):
         return None
     bt = np.ascontiguousarray(b.reshape(N, nb, blob).transpose(1, 2, 0))
     sct = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(N, nb).T)
-    if zp_mode == 1:
-        per, mask = 8 // bits, (1 << bits) - 1
-        per_row = (nb * bits + 7) // 8
-        z8 = np.asarray(zp).reshape(N, per_row).astype(np.int32)
-        c = np.arange(nb)
-        zf = ((z8[:, c // per] >> ((c % per) * bits)) & mask).astype(np.float32)
-    elif zp_mode == 2:
-        zf = np.asarray(zp, np.float32).reshape(N, nb)
+    if zp_mode:
+        try:
+            zf = _cq._unpack_zero_points(np.asarray(zp), N, nb, bits, "MatMulNBits")
+        except ShapeMismatchError:
+            return None  # the run-time path reports it
     else:
         zf = np.zeros((N, 1), np.float32)
     return bt, sct, np.ascontiguousarray(zf.T)

@@ -260,12 +260,18 @@ def _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, opname):
                      bool(interleaved), rot)
 
 
-def _resident(T, C, W):
+@njit(cache=True, nogil=True)
+def resident_rows(T, C, W):
     """Rows a windowed cache of capacity C and window W holds after T positions (onnxruntime's L(T))."""
-    T = np.asarray(T, np.int64)
+    if T <= C:
+        return T
     G = C - W + 1
-    over = np.maximum(T - C, 0)
-    return np.where(T <= C, T, T - G * ((over + G - 1) // G))
+    return T - G * ((T - C + G - 1) // G)
+
+
+def _resident(T, C, W):
+    """``resident_rows`` per batch entry of ``T``."""
+    return np.array([resident_rows(int(t), int(C), int(W)) for t in np.asarray(T).reshape(-1)], np.int64)
 
 
 # -- GroupQueryAttention -----------------------------------------------------------------------------

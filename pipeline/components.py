@@ -370,7 +370,8 @@ class NativeDecoder(DecoderComponent):
         if order is None:
             order = self._order = [i.name for i in self.session.get_inputs()]
             self._carry = self._gqa_present_is_past()
-        kv, state = set(self.io.kv_inputs), self.state
+            self._kv_names = frozenset(self.io.kv_inputs)
+        kv, state = self._kv_names, self.state
         vals = []
         for n in order:
             if n in feeds:

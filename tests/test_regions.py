@@ -111,10 +111,13 @@ def test_norms_and_gelu():
                          epsilon=1e-6),
         helper.make_node("Gelu", ["z"], ["gz"], domain=MS),
         helper.make_node("Gelu", ["sum"], ["gs"], approximate="tanh"),
+        helper.make_node("ReduceSum", ["gs", "ax"], ["rs"], keepdims=1),  # float64 accumulation, as the wrapper
     ]
-    inits = [numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "g")]
+    inits = [numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "g"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax")]
     model = _model(nodes, [_vi("x", F, ["b", "s", n]), _vi("r", F, ["b", "s", n])],
-                   [_vi("gz", F, None), _vi("gs", F, None), _vi("sum", F, None)], inits, opset=20)
+                   [_vi("gz", F, None), _vi("gs", F, None), _vi("sum", F, None), _vi("rs", F, None)], inits,
+                   opset=20)
     feeds = {"x": RNG.standard_normal((2, 3, n)).astype(np.float32),
              "r": RNG.standard_normal((2, 3, n)).astype(np.float32)}
     _check(model, feeds, len(nodes))

@@ -107,7 +107,9 @@ class _ExternalData:
             tp.data_location = TensorProto.DEFAULT
             tp.raw_data = raw.tobytes()
             return numpy_helper.to_array(tp)
-        arr = raw.view(dtype)
+        # A plain (read-only) ndarray over the map, not an np.memmap: Numba types a subclass instance on its
+        # slow path, which costs a microsecond per weight on every call into compiled code.
+        arr = raw.view(dtype=dtype, type=np.ndarray)
         if not arr.flags.aligned:
             arr = arr.copy()
         return arr.reshape(dims)

@@ -167,6 +167,7 @@ class DecoderComponent:
         self.window_kv = {}     # sliding-window KV input name -> its whole cache
         self._length = 0
         self._positions_max = None
+        self._ones = None       # a (batch, max_length) row of ones whose prefixes are the attention masks
 
     @property
     def kv_length(self) -> int:
@@ -222,12 +223,19 @@ class DecoderComponent:
         return self.kv[name].live()
 
     def _extras(self, seq_len, extra):
-        feeds = dict(extra or {})
+        feeds = dict(extra) if extra else {}
         io = self.io
-        total = self._length + seq_len
+        b = self.batch
+        length = self._length
+        total = length + seq_len
         if io.attention_mask_input and io.attention_mask_input in self.inputs and io.attention_mask_input not in feeds:
-            t = _np_type(self.inputs[io.attention_mask_input].type)
-            feeds[io.attention_mask_input] = np.ones((self.batch, total), t)
+            ones = self._ones
+            if ones is None or ones.shape[1] < total:
+                t = _np_type(self.inputs[io.attention_mask_input].type)
+                ones = self._ones = np.ones((b, max(total, self.max_length)), t)
+            # A prefix of one row of ones is contiguous; with several rows it is copied.
+            m = ones[:, :total]
+            feeds[io.attention_mask_input] = m if b == 1 else np.ascontiguousarray(m)
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in self.inputs and pname not in feeds:
@@ -237,16 +245,19 @@ class DecoderComponent:
                 if pos.continuation == "carry_max" and self._positions_max is not None:
                     start = self._positions_max + 1
                 else:
-                    start = np.full(3, self._length, np.int64)
-                base = np.arange(seq_len, dtype=np.int64)
-                ids = np.stack([np.broadcast_to(s + base, (self.batch, seq_len)) for s in start]).astype(t)
-                self._positions_max = ids.reshape(3, -1).max(axis=1)
+                    start = np.full(3, length, np.int64)
+                ids = np.empty((3, b, seq_len), t)
+                ids[...] = (start[:, None] + np.arange(seq_len, dtype=np.int64)[None, :])[:, None, :]
+                self._positions_max = start + (seq_len - 1)
             else:
-                ids = np.broadcast_to(np.arange(self._length, total, dtype=np.int64), (self.batch, seq_len)).astype(t)
-            feeds[pname] = np.ascontiguousarray(ids)
-        for port, absent in (io.optional_inputs or {}).items():
-            if port in self.inputs and port not in feeds:
-                feeds[port] = np.zeros(absent.shape, absent.dtype)
+                ids = np.empty((b, seq_len), t)
+                ids[...] = np.arange(length, total, dtype=np.int64)
+            feeds[pname] = ids
+        opt = io.optional_inputs
+        if opt:
+            for port, absent in opt.items():
+                if port in self.inputs and port not in feeds:
+                    feeds[port] = np.zeros(absent.shape, absent.dtype)
         return feeds
 
     # -- running -----------------------------------------------------------------------------------

@@ -170,7 +170,19 @@ class Region:
         self.label = label
 
     def run(self, *xs):
-        return self.fn(get_num_threads(), *xs, *self.constants)
+        return self.fn(_nthreads(), *xs, *self.constants)
+
+
+def _nthreads() -> int:
+    # numba.get_num_threads() checks the threading layer on every call; once it has answered, its ctypes
+    # getter (which reads the calling thread's current setting) is all it does.
+    global _nthreads
+    n = get_num_threads()
+    from numba.np.ufunc import parallel
+    getter = getattr(parallel, "_get_num_threads", None)
+    if getter is not None and getter() == n:
+        _nthreads = getter
+    return n
 
 
 def _load(module_name, src):

@@ -15,6 +15,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import _cache_epoch, registry  # noqa: F401
 
+# Start Numba's threading layer now.  A cached function that calls a ``parallel=True`` kernel, when loaded from
+# the cache, jumps into the parallel launcher without starting it (Numba's loader starts it only for a cached
+# function that is itself parallel) and segfaults; every region and many wrappers' kernels are such callers.
+try:
+    from numba.np.ufunc.parallel import _launch_threads
+    _launch_threads()
+except Exception:  # pragma: no cover - a missing threading layer fails at the first parallel kernel instead
+    pass
+
 _cache_epoch.refresh()  # before any kernel loads a cache entry compiled against other kernel sources
 
 _FAMILIES = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")

@@ -1,0 +1,71 @@
+"""Numba's on-disk caches across processes: what a second start loads must run.
+
+Each case runs fresh interpreters against one private cache folder, in the order that once crashed: a
+``parallel=True`` kernel cached by one process, a cached caller of it compiled by a second (linking the cached
+kernel), and the caller loaded from the cache by a third.  Without the package starting Numba's threading
+layer at import, the third process segfaults.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_CALLER = textwrap.dedent('''
+    import numpy as np
+    from numba import njit
+    from ops.compiled_forms_contrib import _qt_par
+
+    @njit(cache=True)
+    def caller(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out):
+        # The same argument types as the direct call, so the kernel is linked from the cache, not recompiled.
+        _qt_par(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out)
+        return out
+''')
+
+_RUN = textwrap.dedent('''
+    import sys
+    import numpy as np
+    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    import ops
+    from ops import contrib_quant as cq
+    K, N, bs = 64, 300, 32
+    nb = K // bs
+    rng = np.random.default_rng(0)
+    bt = rng.integers(0, 256, (nb, bs // 2, N)).astype(np.uint8)
+    sct = rng.random((nb, N)).astype(np.float32)
+    zft = np.zeros((1, N), np.float32)
+    a = rng.random((1, K)).astype(np.float32)
+    asum = np.empty((1, nb), np.float32); ascale = np.empty((1, nb), np.float32)
+    ae = np.empty((1, nb, bs // 2), np.float32); ao = np.empty((1, nb, bs // 2), np.float32)
+    cq._prep_a4(a, nb, bs, True, ae, ao, asum, ascale)
+    ref = np.empty(N, np.float32)
+    from ops.compiled_forms_contrib import _q4t_cols
+    _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), ref, 0, N)
+    out = np.empty(N, np.float32)
+    if sys.argv[1] == "kernel":
+        from ops.compiled_forms_contrib import _qt_par
+        _qt_par(4, bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), out)
+    else:
+        from caller_mod import caller
+        caller(4, bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), out)
+    assert np.array_equal(out, ref), "parallel kernel result differs"
+    print("ok")
+''')
+
+
+def test_cached_caller_of_a_parallel_kernel_loads_and_runs(tmp_path):
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "caller_mod.py").write_text(_CALLER)
+    script = tmp_path / "run.py"
+    script.write_text(_RUN)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), NUMBA_NUM_THREADS="2")
+    for step in ("kernel", "caller", "caller"):
+        r = subprocess.run([sys.executable, str(script), step, ROOT, str(mod)], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
+            f"{step} run failed (rc {r.returncode}): {r.stdout[-500:]} {r.stderr[-2000:]}")

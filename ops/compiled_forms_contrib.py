@@ -299,6 +299,24 @@ _FAST = {"reassoc", "contract", "arcp", "nsz"}
 _COLS = 256  # output columns per task
 
 
+# The column window [n0, n1) is taken as slices, so the inner loops index from 0 with a range counter: an index
+# ``n0 + c`` with a run-time n0 keeps Numba's negative-index wraparound in the loop, which stops it from
+# vectorising (measured 6x slower).
+
+@njit(fastmath=_FAST, **_OPTS)
+def _q_block_sum(tot, d, s, sm, sc_row, zf_row, has_zp, zdef):
+    """tot[c] += s * scale[c] * (d[c] - zero[c] * sm) over one block's columns; the zero-point choice is made
+    once, outside the loop (a per-element select on a run-time flag keeps the loop from vectorising)."""
+    w = tot.shape[0]
+    if has_zp:
+        for c in range(w):
+            tot[c] += (s * sc_row[c]) * (d[c] - zf_row[c] * sm)
+    else:
+        zs = zdef * sm
+        for c in range(w):
+            tot[c] += (s * sc_row[c]) * (d[c] - zs)
+
+
 @njit(fastmath=_FAST, **_OPTS)
 def _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
     nb, half, _ = bt.shape
@@ -311,16 +329,15 @@ def _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
         for j in range(half):
             ev = ae[0, blk, j]
             ov = ao[0, blk, j]
+            row = bt[blk, j, n0:n1]
             for c in range(w):
-                f = np.float32(bt[blk, j, n0 + c])
+                f = np.float32(row[c])
                 d[c] += f * ev + np.floor(f * np.float32(0.0625)) * ov
-        s = ascale[0, blk]
-        sm = asum[0, blk]
-        for c in range(w):
-            z = zft[blk, n0 + c] if has_zp else zdef
-            tot[c] += (s * sct[blk, n0 + c]) * (d[c] - z * sm)
+        _q_block_sum(tot, d, ascale[0, blk], asum[0, blk], sct[blk, n0:n1], zft[blk, n0:n1] if has_zp else
+                     zft[0, 0:0], has_zp, zdef)
+    o = out[n0:n1]
     for c in range(w):
-        out[n0 + c] = tot[c]
+        o[c] = tot[c]
 
 
 @njit(fastmath=_FAST, **_OPTS)
@@ -334,15 +351,14 @@ def _q8t_cols(bt, ap, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
             d[c] = 0.0
         for j in range(bs):
             av = ap[0, blk, j]
+            row = bt[blk, j, n0:n1]
             for c in range(w):
-                d[c] += np.float32(bt[blk, j, n0 + c]) * av
-        s = ascale[0, blk]
-        sm = asum[0, blk]
-        for c in range(w):
-            z = zft[blk, n0 + c] if has_zp else zdef
-            tot[c] += (s * sct[blk, n0 + c]) * (d[c] - z * sm)
+                d[c] += np.float32(row[c]) * av
+        _q_block_sum(tot, d, ascale[0, blk], asum[0, blk], sct[blk, n0:n1], zft[blk, n0:n1] if has_zp else
+                     zft[0, 0:0], has_zp, zdef)
+    o = out[n0:n1]
     for c in range(w):
-        out[n0 + c] = tot[c]
+        o[c] = tot[c]
 
 
 @njit(parallel=True, **_OPTS)
@@ -382,7 +398,8 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
         else:
             _q8t_cols(bt, ae, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
     else:
-        _qt_par(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0])
+        # Run-time (not literal) flags: one specialisation of the parallel kernel whoever calls it (see _qt_par).
+        _qt_par(np.int64(bits), bt, ae, ao, asum, ascale, sct, zft, has_zp != 0, np.float32(zdef), out[0])
     if has_bias:
         if bias.size != N:
             return np.empty((0, 0), np.float32), 5

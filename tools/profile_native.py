@@ -4,7 +4,8 @@
         [--decode-skip 8] [--warmups 2] [--runs 3] [--tokens 64]
         [--prompt TEXT | --prompt-ids IDS | --prompt-tokens N] [--pixel-values FILE.npy] [--json FILE]
 
-Each run decodes ``--tokens`` greedy tokens.  Prefill is the time to the first
+Each run decodes ``--tokens`` greedy tokens; with several backends the runs alternate between them (run 0 of
+each, then run 1 of each, ...), so the machine's drift affects every backend alike.  Prefill is the time to the first
 token (prompt-only components included); decode ms/token is the median step
 time after skipping the first ``--decode-skip`` steps (with ``--steady``; all
 steps otherwise).  Warm-up runs are not counted.  Per-run lines come first,
@@ -110,27 +111,31 @@ def main(argv=None) -> int:
         except ImportError:
             print("onnxruntime-genai is not installed: its column is skipped")
     results = {}
-    ref_ids = None
-    first_ids = {}
+    # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
+    # drift in the machine's speed lands on all of them alike and the medians compare like with like.
+    pipes, create = {}, {}
     for be in backends:
-        ref_ids = None
+        if be == "ort-genai":
+            continue
         choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
         t0 = time.perf_counter()
-        pipe = Pipeline(spec, choice) if be != "ort-genai" else None
-        create = time.perf_counter() - t0
-        runs = []
-        total = args.warmups + args.runs
-        it = range(total)
-        if tqdm is not None and args.tokens * total >= 256:
-            it = tqdm(it, desc=be, leave=False)
-        for r in it:
+        pipes[be] = Pipeline(spec, choice)
+        create[be] = time.perf_counter() - t0
+    runs = {be: [] for be in backends}
+    first_ids = {}
+    total = args.warmups + args.runs
+    it = range(total)
+    if tqdm is not None and args.tokens * total * len(backends) >= 256:
+        it = tqdm(it, desc="runs", leave=False)
+    for r in it:
+        for be in backends:
+            time.sleep(0.05)  # let the previous run's worker threads (onnxruntime's spin) go idle first
             if be == "ort-genai":
                 times, ids = _genai_run(args.model, prompt, args.tokens)
             else:
-                times, ids = _one_run(pipe, prompt, args.tokens, external)
-            if ref_ids is None:
-                ref_ids = ids
-            elif ids != ref_ids:
+                times, ids = _one_run(pipes[be], prompt, args.tokens, external)
+            ref_ids = first_ids.setdefault(be, ids)
+            if ids != ref_ids:
                 print(f"tokens differ ({be}, run {r}): {ids} vs {ref_ids}")
                 return 1
             if r >= args.warmups:
@@ -138,13 +143,13 @@ def main(argv=None) -> int:
                 steps = times[1:][skip:] or times[1:]
                 pre = times[0] * 1e3
                 dec_ms = statistics.median(steps) * 1e3 if steps else float("nan")
-                runs.append((pre, dec_ms))
+                runs[be].append((pre, dec_ms))
                 print(f"run {r - args.warmups}: backend={be} prefill={pre:.2f} ms decode={dec_ms:.3f} ms/token")
-        first_ids[be] = ref_ids
-        pre = statistics.median(p for p, _ in runs)
-        dms = statistics.median(d for _, d in runs)
+    for be in backends:
+        pre = statistics.median(p for p, _ in runs[be])
+        dms = statistics.median(d for _, d in runs[be])
         results[be] = {"prefill_ms": pre, "decode_ms_per_token": dms, "tok_per_s": 1e3 / dms,
-                       "session_create_ms": create * 1e3}
+                       "session_create_ms": create.get(be, 0.0) * 1e3}
     for be, r in results.items():
         print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
               f"ms/token throughput={r['tok_per_s']:.1f} tok/s")

@@ -382,21 +382,28 @@ class NativeDecoder(DecoderComponent):
             order = self._order = [i.name for i in self.session.get_inputs()]
             self._carry = self._gqa_present_is_past()
             self._kv_names = frozenset(self.io.kv_inputs)
+            out_at = {n: k for k, n in enumerate(self.output_names)}
+            self._logits_at = out_at[self.io.logits_output]
+            self._kv_at = [(i, out_at[o]) for i, o in zip(self.io.kv_inputs, self.io.kv_outputs)]
+            self._state_at = [(p.input, out_at[p.output]) for p in self.io.state_pairs]
         kv, state = self._kv_names, self.state
         vals = []
         for n in order:
-            if n in feeds:
-                v = feeds[n]
-            elif n in kv:
-                v = self._past(n)
-            elif n in state:
-                v = state[n]
-            else:
-                raise MetadataError(f"decoder {self.spec.name!r}: nothing provides input {n!r}")
+            v = feeds.get(n)
+            if v is None:
+                if n in kv:
+                    v = self._past(n)
+                elif n in state:
+                    v = state[n]
+                else:
+                    raise MetadataError(f"decoder {self.spec.name!r}: nothing provides input {n!r}")
             vals.append(v if v.flags.c_contiguous else np.ascontiguousarray(v))
-        res = dict(zip(self.output_names, self.session.run_prepared(vals)))
-        self._store(res, seq_len)
-        return res[self.io.logits_output]
+        outs = self.session.run_prepared(vals)
+        if self._carry:
+            self._store_carried(outs, seq_len)
+        else:
+            self._store(dict(zip(self.output_names, outs)), seq_len)
+        return outs[self._logits_at]
 
     def _gqa_present_is_past(self) -> bool:
         """Every KV input feeds only GroupQueryAttention, whose present holds exactly the live rows."""
@@ -419,18 +426,18 @@ class NativeDecoder(DecoderComponent):
             idx[ax] = slice(0, length)
             self._live[i] = np.ascontiguousarray(v[tuple(idx)])
 
-    def _store(self, results, seq_len):
-        if not self._carry:
-            return super()._store(results, seq_len)
+    def _store_carried(self, outs, seq_len):
+        """Keep a step's presents as the next step's pasts (``outs`` in output order)."""
         hi = self._length + seq_len
         if hi > self.max_length:
             raise MetadataError(f"KV cache would grow to {hi} positions, past its maximum of {self.max_length} "
                                 f"(search.max_length)")
-        for i, o in zip(self.io.kv_inputs, self.io.kv_outputs):
-            if i in self._window:
-                self.window_kv[i] = results[o]
+        window = self._window
+        for i, k in self._kv_at:
+            if i in window:
+                self.window_kv[i] = outs[k]
             else:
-                self._live[i] = results[o]
-        for p in self.io.state_pairs:
-            self.state[p.input] = results[p.output]
+                self._live[i] = outs[k]
+        for i, k in self._state_at:
+            self.state[i] = outs[k]
         self._length = hi

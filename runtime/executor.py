@@ -258,9 +258,38 @@ class Plan:
         self.template = values
         self.nslots = len(values)
         self._lock = threading.Lock()
+        self._direct = self._direct_region()
+
+    def _direct_region(self):
+        """For a plan that is one compiled region reading only feeds and initializers (a decoder step), the
+        region's argument list with the initializers in place, where each feed goes, and where each output comes
+        from: ``run`` then calls the generated function with no slot bookkeeping."""
+        if len(self.regions) != 1 or len(self.steps) != 1 or self.outer_slots:
+            return None
+        reg = self.regions[0]
+        feed_at = {s: k for k, s in enumerate(self.input_slots)}
+        args, dyn = [None], []
+        for pos, s in enumerate(reg.in_slots, start=1):
+            if s in feed_at:
+                dyn.append((pos, feed_at[s]))
+                args.append(None)
+            elif s in self.init_slots:
+                args.append(self.template[s])
+            else:
+                return None
+        args += list(reg.constants)
+        out_at = {s: k for k, s in enumerate(reg.out_slots)}
+        pick = []
+        for s in self.output_slots:
+            if s not in out_at:
+                return None
+            pick.append(out_at[s])
+        return reg, args, tuple(dyn), tuple(pick)
 
     def run(self, feeds, outer=()) -> list:
         """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
+        if self._direct is not None:
+            return self._run_direct(feeds)
         with self._lock:
             vals = self.template[:]
             for s, v in zip(self.input_slots, feeds):
@@ -281,19 +310,39 @@ class Plan:
                     for f in frees:
                         vals[f] = None
             except Exception as e:
-                node = self.step_nodes[self.steps.index(step)] if step is not None else None
-                if node is None:
+                if step is None:
                     raise
-                where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset})"
-                if isinstance(e, OnnxNumbaError):
-                    try:
-                        err = type(e)(f"{where}: {e}")
-                    except TypeError:
-                        raise e from None
-                    raise err from e
-                raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+                self._raise_at(self.step_nodes[self.steps.index(step)], e)
             res = [vals[s] for s in self.output_slots]
             for k, c in enumerate(self.copy_out):
                 if c and isinstance(res[k], ndarray):
                     res[k] = res[k].copy()
             return res
+
+    @staticmethod
+    def _raise_at(node, e):
+        """Re-raise ``e`` (from the step that runs ``node``) with the node named."""
+        where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset})"
+        if isinstance(e, OnnxNumbaError):
+            try:
+                err = type(e)(f"{where}: {e}")
+            except TypeError:
+                raise e from None
+            raise err from e
+        raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+
+    def _run_direct(self, feeds) -> list:
+        reg, template, dyn, pick = self._direct
+        args = template[:]
+        args[0] = reg.nthreads()
+        for pos, k in dyn:
+            args[pos] = feeds[k]
+        try:
+            r = reg.fn(*args)
+        except Exception as e:
+            self._raise_at(self.step_nodes[0], e)
+        res = [r[k] for k in pick]
+        for k, c in enumerate(self.copy_out):
+            if c and isinstance(res[k], np.ndarray):
+                res[k] = res[k].copy()
+        return res

@@ -172,6 +172,10 @@ class Region:
     def run(self, *xs):
         return self.fn(_nthreads(), *xs, *self.constants)
 
+    @staticmethod
+    def nthreads() -> int:
+        return _nthreads()
+
 
 def _nthreads() -> int:
     # numba.get_num_threads() checks the threading layer on every call; once it has answered, its ctypes

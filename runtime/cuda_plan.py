@@ -35,7 +35,7 @@ import numpy as np
 from ops import registry
 from . import cuda as rc
 from .errors import ModelLoadError, OnnxNumbaError, UnsupportedOpError
-from .executor import KernelError, liveness
+from .executor import KernelError, liveness, raise_at
 from .ir import Graph, free_names, subgraphs
 from .providers import CUDA_PROVIDER, PROVIDERS
 
@@ -303,16 +303,7 @@ class CudaPlan:
             except Exception as e:
                 if k < 0:
                     raise
-                node = self.step_nodes[k]
-                where = (f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, "
-                         f"opset {node.opset}, on {self.step_kind[k]})")
-                if isinstance(e, OnnxNumbaError):
-                    try:
-                        err = type(e)(f"{where}: {e}")
-                    except TypeError:
-                        raise e from None
-                    raise err from e
-                raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+                raise_at(self.step_nodes[k], e, f", on {self.step_kind[k]}")
             keep = set(device_outputs)
             res = []
             for j, s in enumerate(self.output_slots):

@@ -31,7 +31,7 @@ from .ir import Graph, free_names, subgraphs
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
-__all__ = ["Plan", "KernelError", "liveness"]
+__all__ = ["Plan", "KernelError", "liveness", "raise_at"]
 
 
 class KernelError(OnnxNumbaError, RuntimeError):
@@ -71,6 +71,18 @@ def liveness(graph, impls, slot_of, nslots, output_slots):
                 if o and rs:
                     roots[slot_of[o]] = rs
     return step_reads, last_use, roots
+
+
+def raise_at(node, e, on: str = ""):
+    """Re-raise ``e``, raised by the step that runs ``node``, with the node named (and where it ran)."""
+    where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset}{on})"
+    if isinstance(e, OnnxNumbaError):
+        try:
+            err = type(e)(f"{where}: {e}")
+        except TypeError:
+            raise e from None
+        raise err from e
+    raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
 
 
 class Plan:
@@ -312,24 +324,12 @@ class Plan:
             except Exception as e:
                 if step is None:
                     raise
-                self._raise_at(self.step_nodes[self.steps.index(step)], e)
+                raise_at(self.step_nodes[self.steps.index(step)], e)
             res = [vals[s] for s in self.output_slots]
             for k, c in enumerate(self.copy_out):
                 if c and isinstance(res[k], ndarray):
                     res[k] = res[k].copy()
             return res
-
-    @staticmethod
-    def _raise_at(node, e):
-        """Re-raise ``e`` (from the step that runs ``node``) with the node named."""
-        where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset})"
-        if isinstance(e, OnnxNumbaError):
-            try:
-                err = type(e)(f"{where}: {e}")
-            except TypeError:
-                raise e from None
-            raise err from e
-        raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
 
     def _run_direct(self, feeds) -> list:
         reg, template, dyn, pick = self._direct
@@ -340,7 +340,7 @@ class Plan:
         try:
             r = reg.fn(*args)
         except Exception as e:
-            self._raise_at(self.step_nodes[0], e)
+            raise_at(self.step_nodes[0], e)
         res = [r[k] for k in pick]
         for k, c in enumerate(self.copy_out):
             if c and isinstance(res[k], np.ndarray):

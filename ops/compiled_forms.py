@@ -123,6 +123,7 @@ def mm_tiles(a2, w, out):
 mm_tiles_serial = serial_twin(mm_tiles)
 gemv_rows = _mm._gemv_rows
 gemv_par = _mm._gemv_par
+gemv_threads = _mm.gemv_threads
 
 
 @njit(**_OPTS)
@@ -134,7 +135,7 @@ def matmul2(a2, w, nthreads):
     N = w.shape[1]
     out = np.empty((M, N), np.float32)
     if M == 1:
-        nt = max(1, min(nthreads, (K * N * 4) // (1 << 21), K // 4))
+        nt = gemv_threads(K, N, 4, nthreads)
         if nt == 1:
             gemv_rows(a2[0], w, out[0], 0, K)
         else:
@@ -236,8 +237,8 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
         pres_k = np.empty((B, kvH, live, D), np.float32)  # staged: resident past, then the new rows
         pres_v = np.empty((B, kvH, live, D), np.float32)
     else:
-        pres_k = np.zeros((B, kvH, L, D), np.float32)
-        pres_v = np.zeros((B, kvH, L, D), np.float32)
+        pres_k = np.empty((B, kvH, L, D), np.float32)
+        pres_v = np.empty((B, kvH, L, D), np.float32)
     for b in range(B):
         n = past_b[b]
         for h in range(kvH):
@@ -245,6 +246,11 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
                 for d in range(D):
                     pres_k[b, h, j, d] = pk[b, h, j, d]
                     pres_v[b, h, j, d] = pv[b, h, j, d]
+            # rows [n, n + S) get the new keys below; only the rows past them are zeroed (none in a decode step)
+            for j in range(n + S, pres_k.shape[2]):
+                for d in range(D):
+                    pres_k[b, h, j, d] = 0.0
+                    pres_v[b, h, j, d] = 0.0
     _ca._cache_write_kernel(past_b, k4, pres_k)
     _ca._cache_write_kernel(past_b, v4, pres_v)
     params = np.empty(2, np.float32)
@@ -518,7 +524,7 @@ def _reshape(e):
     if infer is not None:
         known = _prod([x for x in dims if x is not None])
         e.line(f"{{p}}_k = {known}",
-               f"{{p}}_n = {{i0}}.size // {{p}}_k if {{p}}_k else 0")
+               "{p}_n = {i0}.size // {p}_k if {p}_k else 0")
         dims[infer] = "{p}_n"
     e.line(f"{{o0}} = {{i0}}.reshape(({', '.join(dims)}{',' if len(dims) == 1 else ''}))")
     e.declare(0, e.dtype(0), len(dims))
@@ -605,8 +611,8 @@ def _reduce_sum(e):
     inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
     e.line(f"{{p}}_x3 = {{i0}}.reshape(({outer}, {{i0}}.shape[{ax}], {inner}))",
            f"{{p}}_s = np.empty(({{p}}_x3.shape[0], {{p}}_x3.shape[2]), {_np_type(dt)})",
-           f"if {{p}}_x3.shape[1] == 0:",
-           f"    {{p}}_s[:] = 0",
+           "if {p}_x3.shape[1] == 0:",
+           "    {p}_s[:] = 0",
            "else:",
            f"    {red}({{p}}_x3, {{p}}_s, np.zeros((2, {{p}}_x3.shape[2]), {acc}), {_rd.SUM})")
     shape = [f"{{i0}}.shape[{d}]" if d != ax else "1" for d in range(r) if keep or d != ax]
@@ -805,7 +811,7 @@ def _gqa(e):
     total = "{i6}[()]" if tr == 0 else "{i6}[0]"
     if e.dtype(5).kind not in "iu" or e.dtype(6).kind not in "iu":
         raise Decline("int inputs")
-    e.line(f"{{p}}_sl = {{i5}}.reshape(({{i5}}.size,)).astype(np.int64)",
+    e.line("{p}_sl = {i5}.reshape(({i5}.size,)).astype(np.int64)",
            f"{{p}}_t = np.int64({total})")
     if rotary:
         if e.rank(7) != 2 or e.rank(8) != 2:

@@ -31,7 +31,6 @@ from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import contrib_quant as _cq
 from . import contrib_recurrent as _cr
-from . import normalization as _nm
 from . import recurrent_state as _rs
 from .compiled_forms import Decline, F32, MS, _float_only, _prod, _quote, form, serial_twin
 
@@ -177,7 +176,7 @@ def _rope_form(e, mrope):
         e.line("{p}_p0, {p}_pb, {p}_ps = 1, {i1}.shape[0], {i1}.shape[1]")
     else:
         e.line("{p}_p0, {p}_pb, {p}_ps = 1, -1, -1")
-    common = (f"{{p}}_pos, {{p}}_pb, {{p}}_ps, {{p}}_p0, {{i2}}, {{i3}}")
+    common = ("{p}_pos, {p}_pb, {p}_ps, {p}_p0, {i2}, {i3}")
     tail = f"{rd}, {bool(int(a.get('interleaved', 0)))}, {bool(mrope)}, {s0}, {s1}, {s2}, {layout}"
     e.line("{p}_pos = {i1}.reshape(({i1}.size,)).astype(np.int64)")
     if r == 3:
@@ -230,13 +229,8 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
         per_row = (nb * bits + 7) // 8
         if zp.size != N * per_row:
             return np.empty((0, 0), np.float32), 4
-        per = 8 // bits
-        mask = (1 << bits) - 1
-        z8 = zp.reshape((N, per_row))
         zf = np.empty((N, nb), np.float32)
-        for n in range(N):
-            for c in range(nb):
-                zf[n, c] = np.float32((np.int32(z8[n, c // per]) >> ((c % per) * bits)) & mask)
+        _cq.unpack_codes(zp.reshape((N, per_row)), bits, nb, zf)
     elif zp_mode == 2:
         if zp.size != N * nb:
             return np.empty((0, 0), np.float32), 4
@@ -318,42 +312,27 @@ def _q_block_sum(tot, d, s, sm, sc_row, zf_row, has_zp, zdef):
 
 
 @njit(fastmath=_FAST, **_OPTS)
-def _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
-    nb, half, _ = bt.shape
+def _qt_cols(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
+    """out[n0:n1] for repacked 4-bit (``ae``/``ao`` from ``_prep_a4``) or 8-bit (``ae`` from ``_prep_a8``)
+    codes: per block, the code-by-activation dot of each column, then the block's scale and zero point."""
+    nb, rows, _ = bt.shape
     w = n1 - n0
     tot = np.zeros(w, np.float32)
     d = np.empty(w, np.float32)
     for blk in range(nb):
         for c in range(w):
             d[c] = 0.0
-        for j in range(half):
+        for j in range(rows):
             ev = ae[0, blk, j]
-            ov = ao[0, blk, j]
             row = bt[blk, j, n0:n1]
-            for c in range(w):
-                f = np.float32(row[c])
-                d[c] += f * ev + np.floor(f * np.float32(0.0625)) * ov
-        _q_block_sum(tot, d, ascale[0, blk], asum[0, blk], sct[blk, n0:n1], zft[blk, n0:n1] if has_zp else
-                     zft[0, 0:0], has_zp, zdef)
-    o = out[n0:n1]
-    for c in range(w):
-        o[c] = tot[c]
-
-
-@njit(fastmath=_FAST, **_OPTS)
-def _q8t_cols(bt, ap, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
-    nb, bs, _ = bt.shape
-    w = n1 - n0
-    tot = np.zeros(w, np.float32)
-    d = np.empty(w, np.float32)
-    for blk in range(nb):
-        for c in range(w):
-            d[c] = 0.0
-        for j in range(bs):
-            av = ap[0, blk, j]
-            row = bt[blk, j, n0:n1]
-            for c in range(w):
-                d[c] += np.float32(row[c]) * av
+            if bits == 4:  # byte * even + (byte >> 4) * (odd - 16 even) = lo * even + hi * odd
+                ov = ao[0, blk, j]
+                for c in range(w):
+                    f = np.float32(row[c])
+                    d[c] += f * ev + np.floor(f * np.float32(0.0625)) * ov
+            else:
+                for c in range(w):
+                    d[c] += np.float32(row[c]) * ev
         _q_block_sum(tot, d, ascale[0, blk], asum[0, blk], sct[blk, n0:n1], zft[blk, n0:n1] if has_zp else
                      zft[0, 0:0], has_zp, zdef)
     o = out[n0:n1]
@@ -366,11 +345,7 @@ def _qt_par(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out):
     N = bt.shape[2]
     for t in prange((N + _COLS - 1) // _COLS):
         n0 = t * _COLS
-        n1 = min(n0 + _COLS, N)
-        if bits == 4:
-            _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1)
-        else:
-            _q8t_cols(bt, ae, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1)
+        _qt_cols(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, min(n0 + _COLS, N))
 
 
 @njit(**_OPTS)
@@ -393,12 +368,9 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
         ao = ae
         _cq._prep_a8(a2, nb, bs, quant, ae, asum, ascale)
     if bt.size < _SERIAL_BYTES:
-        if bits == 4:
-            _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
-        else:
-            _q8t_cols(bt, ae, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
+        _qt_cols(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
     else:
-        # Run-time (not literal) flags: one specialisation of the parallel kernel whoever calls it (see _qt_par).
+        # Run-time (not literal) flags: one specialisation of the parallel kernel, whoever calls it.
         _qt_par(np.int64(bits), bt, ae, ao, asum, ascale, sct, zft, has_zp != 0, np.float32(zdef), out[0])
     if has_bias:
         if bias.size != N:
@@ -450,8 +422,6 @@ def _matmul_nbits(e):
     k = e.use(__name__, "mnb_f32")
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
     zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
-    if zp_mode == 1:
-        zp = "{i3}.reshape(({i3}.size,))"
     bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
     e.line(f"{{p}}_m = {_prod(lead)}")
     packed = None
@@ -462,7 +432,7 @@ def _matmul_nbits(e):
     if packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")
-        e.line(f"if {{p}}_m == 1:",
+        e.line("if {p}_m == 1:",
                f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape((1, {{i0}}.size)), {bt}, {sct}, {zft}, {zp_mode != 0}, "
                f"{bits}, {bs}, {K}, {quant}, {bias}, {e.has(5)})",
                "else:",
@@ -496,21 +466,22 @@ def gbq_f32(data, idx, scales, zp, has_zp, bits, bs):
             return np.empty((0, 0), np.float32), 2
     if has_zp and (zp.shape[0] != G or zp.shape[1] != (nbq + per - 1) // per):
         return np.empty((0, 0), np.float32), 3
-    mask = (1 << bits) - 1
     zdef = np.float32(1 << (bits - 1))
     m = idx.size
-    out = np.empty((m, L), np.float32)
+    q = np.empty((m, L), np.float32)
+    sc = np.empty((m, nbq), np.float32)
+    zf = np.empty((m, nbq), np.float32)
     for j in range(m):
         g = idx[j]
         if g < 0:
             g += G
-        for t in range(L):
-            q = (np.int32(data[g, t // per]) >> ((t % per) * bits)) & mask
-            blk = t // bs
-            z = zdef
-            if has_zp:
-                z = np.float32((np.int32(zp[g, blk // per]) >> ((blk % per) * bits)) & mask)
-            out[j, t] = (np.float32(q) - z) * scales[g, blk]
+        _cq.unpack_codes(data[g:g + 1], bits, L, q[j:j + 1])
+        if has_zp:
+            _cq.unpack_codes(zp[g:g + 1], bits, nbq, zf[j:j + 1])
+        sc[j] = scales[g]
+    out = np.empty((m, L), np.float32)
+    _cq._gbq_dequant(q.reshape((m, L, 1)), sc.reshape((m, nbq, 1)), zf.reshape((m, nbq, 1)), has_zp, zdef, bs,
+                     out.reshape((m, L, 1)))
     return out, 0
 
 

@@ -217,6 +217,18 @@ def _dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
 
 # -- MatMulNBits wrapper ---------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True)
+def unpack_codes(packed, bits, n, out):
+    """out[r, t] = code t of row r of ``packed`` (uint8, ``8/bits`` codes per byte, low bits first), for t < n
+    and within the row's codes (never reads past a row)."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    n = min(n, packed.shape[1] * per)
+    for r in range(packed.shape[0]):
+        for t in range(n):
+            out[r, t] = (np.int32(packed[r, t // per]) >> ((t % per) * bits)) & mask
+
+
 def _unpack_zero_points(zp, n, nb, bits, name):
     """Zero points as float32 [N, nb]: packed uint8 codes or floats."""
     if zp.dtype == np.uint8:
@@ -224,11 +236,9 @@ def _unpack_zero_points(zp, n, nb, bits, name):
         if zp.size != n * per_row:
             raise ShapeMismatchError(f"{name}: packed zero_points must hold N*ceil(n_blocks*bits/8) = "
                                      f"{n * per_row} bytes, got shape {list(zp.shape)}")
-        z = zp.reshape(n, per_row).astype(np.int32)
-        per = 8 // bits
-        cols = np.arange(nb)
-        vals = (z[:, cols // per] >> ((cols % per) * bits)) & ((1 << bits) - 1)
-        return np.ascontiguousarray(vals, dtype=F32)
+        z = np.empty((n, nb), F32)
+        unpack_codes(np.ascontiguousarray(zp).reshape(n, per_row), bits, nb, z)
+        return z
     if zp.size != n * nb:
         raise ShapeMismatchError(f"{name}: float zero_points must have N*n_blocks = {n * nb} elements, "
                                  f"got shape {list(zp.shape)}")
@@ -359,12 +369,11 @@ def _gbq_dequant(q3, sc3, zf3, has_zp, zdef, bs, out3):
 
 def _unpack_last(x, bits, length):
     """uint8 codes packed ``8/bits`` per byte along the last axis -> int32 codes, last axis cut to ``length``."""
-    x = x.astype(np.int32)
-    if bits == 8:
-        return x[..., :length]
-    per = 8 // bits
-    parts = [(x >> (bits * i)) & ((1 << bits) - 1) for i in range(per)]
-    return np.stack(parts, axis=-1).reshape(x.shape[:-1] + (x.shape[-1] * per,))[..., :length]
+    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    length = min(length, x2.shape[1] * (8 // bits))
+    out = np.empty((x2.shape[0], length), np.int32)
+    unpack_codes(x2, bits, length, out)
+    return out.reshape(x.shape[:-1] + (length,))
 
 
 @op("GatherBlockQuantized", 1, domain="com.microsoft")

@@ -191,10 +191,16 @@ _ZERO_MAP = np.zeros(1, np.int64)
 _GEMV_BYTES_PER_THREAD = 1 << 21
 
 
+@njit(cache=True, nogil=True)
+def gemv_threads(K, N, itemsize, nt_max):
+    """Threads for a (K, N) GEMV: waking threads costs more than a small weight takes to stream, so one thread per
+    2 MiB of weight (and at least 4 weight rows each), at most ``nt_max``."""
+    return max(1, min(nt_max, (K * N * itemsize) // _GEMV_BYTES_PER_THREAD, K // 4))
+
+
 def _gemv_run(a, b, out):
-    # Waking threads costs more than a small weight takes to stream: use one thread per 2 MiB of weight.
     nt_max = numba.get_num_threads()
-    nt = max(1, min(nt_max, b.nbytes // _GEMV_BYTES_PER_THREAD, b.shape[0] // 4))
+    nt = gemv_threads(b.shape[0], b.shape[1], b.itemsize, nt_max)
     if nt == 1:
         _gemv_rows(a, b, out, 0, b.shape[0])
         return

@@ -43,8 +43,8 @@ _RUN = textwrap.dedent('''
     ae = np.empty((1, nb, bs // 2), np.float32); ao = np.empty((1, nb, bs // 2), np.float32)
     cq._prep_a4(a, nb, bs, True, ae, ao, asum, ascale)
     ref = np.empty(N, np.float32)
-    from ops.compiled_forms_contrib import _q4t_cols
-    _q4t_cols(bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), ref, 0, N)
+    from ops.compiled_forms_contrib import _qt_cols
+    _qt_cols(4, bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), ref, 0, N)
     out = np.empty(N, np.float32)
     if sys.argv[1] == "kernel":
         from ops.compiled_forms_contrib import _qt_par

@@ -427,11 +427,8 @@ class NativeDecoder(DecoderComponent):
             self._live[i] = np.ascontiguousarray(v[tuple(idx)])
 
     def _store_carried(self, outs, seq_len):
-        """Keep a step's presents as the next step's pasts (``outs`` in output order)."""
-        hi = self._length + seq_len
-        if hi > self.max_length:
-            raise MetadataError(f"KV cache would grow to {hi} positions, past its maximum of {self.max_length} "
-                                f"(search.max_length)")
+        """Keep a step's presents as the next step's pasts (``outs`` in output order); ``_forward`` has checked
+        the new length against ``max_length`` before the step ran."""
         window = self._window
         for i, k in self._kv_at:
             if i in window:
@@ -440,4 +437,4 @@ class NativeDecoder(DecoderComponent):
                 self._live[i] = outs[k]
         for i, k in self._state_at:
             self.state[i] = outs[k]
-        self._length = hi
+        self._length += seq_len

@@ -123,12 +123,9 @@ def test_norms_and_gelu():
     _check(model, feeds, len(nodes))
 
 
-@pytest.mark.parametrize("S,past,rotary,softcap,window,heads", [
-    (5, 0, 1, 0.0, -1, (4, 2)), (1, 9, 1, 0.0, -1, (4, 2)), (3, 4, 0, 30.0, -1, (4, 4)),
-    (1, 12, 1, 0.0, 4, (8, 1)), (4, 0, 0, 0.0, 3, (2, 2))])
-def test_group_query_attention(S, past, rotary, softcap, window, heads):
-    H, kvH = heads
-    D = 8
+def _gqa_model(H, kvH, D, past_dim, **attrs):
+    """The builder's attention block: seqlens_k and total length from the mask, then GroupQueryAttention on packed
+    QKV with past buffers of ``past_dim`` rows (a symbol, or a fixed capacity)."""
     nodes = [
         helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
         helper.make_node("Sub", ["s", "one"], ["s1"]),
@@ -137,22 +134,33 @@ def test_group_query_attention(S, past, rotary, softcap, window, heads):
         helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
         helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
         helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot", "cos", "sin"],
-                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, do_rotary=rotary,
-                         softcap=softcap, local_window_size=window),
+                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, **attrs),
     ]
-    cos = RNG.standard_normal((64, D // 2)).astype(np.float32)
-    sin = RNG.standard_normal((64, D // 2)).astype(np.float32)
     inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
              numpy_helper.from_array(np.array(1, np.int64), "one"),
-             numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")]
+             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "cos"),
+             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "sin")]
     model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
-                           _vi("pk", F, ["b", kvH, "p", D]), _vi("pv", F, ["b", kvH, "p", D])],
+                           _vi("pk", F, ["b", kvH, past_dim, D]), _vi("pv", F, ["b", kvH, past_dim, D])],
                    [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)], inits)
-    feeds = {"qkv": RNG.standard_normal((1, S, (H + 2 * kvH) * D)).astype(np.float32),
-             "mask": np.ones((1, S + past), np.int64),
-             "pk": RNG.standard_normal((1, kvH, past, D)).astype(np.float32),
-             "pv": RNG.standard_normal((1, kvH, past, D)).astype(np.float32)}
-    _check(model, feeds, len(nodes), exact=False)
+    return model, len(nodes)
+
+
+def _gqa_feeds(H, kvH, D, S, total, rows):
+    return {"qkv": RNG.standard_normal((1, S, (H + 2 * kvH) * D)).astype(np.float32),
+            "mask": np.ones((1, total), np.int64),
+            "pk": RNG.standard_normal((1, kvH, rows, D)).astype(np.float32),
+            "pv": RNG.standard_normal((1, kvH, rows, D)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("S,past,rotary,softcap,window,heads", [
+    (5, 0, 1, 0.0, -1, (4, 2)), (1, 9, 1, 0.0, -1, (4, 2)), (3, 4, 0, 30.0, -1, (4, 4)),
+    (1, 12, 1, 0.0, 4, (8, 1)), (4, 0, 0, 0.0, 3, (2, 2))])
+def test_group_query_attention(S, past, rotary, softcap, window, heads):
+    H, kvH = heads
+    D = 8
+    model, n = _gqa_model(H, kvH, D, "p", do_rotary=rotary, softcap=softcap, local_window_size=window)
+    _check(model, _gqa_feeds(H, kvH, D, S, S + past, past), n, exact=False)
 
 
 def test_a_node_without_a_form_splits_the_region():
@@ -195,26 +203,5 @@ def test_native_decoder_runs_one_region_per_step():
 def test_group_query_attention_sliding_window_cache(S, total):
     """gemma3's windowed layers: a fixed-capacity cache holding the last L(T) positions."""
     H, kvH, D, C, W = 4, 2, 8, 8, 4
-    nodes = [
-        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
-        helper.make_node("Sub", ["s", "one"], ["s1"]),
-        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
-        helper.make_node("Shape", ["mask"], ["shp"]),
-        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
-        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
-        helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot", "cos", "sin"],
-                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, do_rotary=1,
-                         local_window_size=W, sliding_window_cache=1),
-    ]
-    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
-             numpy_helper.from_array(np.array(1, np.int64), "one"),
-             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "cos"),
-             numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "sin")]
-    model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
-                           _vi("pk", F, ["b", kvH, C, D]), _vi("pv", F, ["b", kvH, C, D])],
-                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)], inits)
-    feeds = {"qkv": RNG.standard_normal((1, S, (H + 2 * kvH) * D)).astype(np.float32),
-             "mask": np.ones((1, total), np.int64),
-             "pk": RNG.standard_normal((1, kvH, C, D)).astype(np.float32),
-             "pv": RNG.standard_normal((1, kvH, C, D)).astype(np.float32)}
-    _check(model, feeds, len(nodes), exact=False)
+    model, n = _gqa_model(H, kvH, D, C, do_rotary=1, local_window_size=W, sliding_window_cache=1)
+    _check(model, _gqa_feeds(H, kvH, D, S, total, C), n, exact=False)

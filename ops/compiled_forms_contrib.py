@@ -12,7 +12,8 @@ attribute values the wrapper rejects, unknown ranks); a declined node runs throu
 (an index out of range, a shape that does not fit) are detected in the kernels, which return an error code;
 the generated code turns the code into the wrapper's error class with the node named.
 
-MatMulNBits follows the wrapper's path choice exactly: the one-pass rows kernels for at most ``_ROWS_MAX``
+MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels (4 bits at level 4, over
+``_cq.int4_layout`` constants prepared at plan time) or the one-pass rows kernels for at most ``_ROWS_MAX``
 rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
 the wrapper would run it on one thread (packed weight below ``2 * _BYTES_PER_THREAD``), the parallel
 kernel above.  Each output element is computed by the same loop either way, so both give the same bits.
@@ -242,6 +243,9 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     out = np.empty((M, N), np.float32)
     if M == 0:
         pass
+    elif M <= _ROWS_MAX and bits == 4 and quant and bs % 32 == 0:  # _cq.int4_path
+        qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
+        _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= _ROWS_MAX:
         asum = np.empty((M, nb), np.float32)
         ascale = np.empty((M, nb), np.float32)
@@ -380,6 +384,39 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
     return out, 0
 
 
+@njit(**_OPTS)
+def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias):
+    """At most ``_ROWS_MAX`` rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code)."""
+    if a2.shape[1] != K:
+        return np.empty((0, 0), np.float32), 1
+    out = np.empty((a2.shape[0], N), np.float32)
+    _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, qi.size >= _SERIAL_BYTES)
+    if has_bias:
+        if bias.size != N:
+            return np.empty((0, 0), np.float32), 5
+        for m in range(out.shape[0]):
+            for n in range(N):
+                out[m, n] += bias[n]
+    return out, 0
+
+
+def _repack_int4(b, scales, zp, zp_mode, N, K, bs):
+    """Plan-time ``_cq.int4_layout`` arrays; None if malformed (the run-time path reports it)."""
+    nb = (K + bs - 1) // bs
+    b = np.asarray(b)
+    if b.dtype != np.uint8 or b.size != N * nb * (bs // 2) or np.asarray(scales).size != N * nb:
+        return None
+    sc = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(N, nb))
+    if zp_mode:
+        try:
+            zf = _cq._unpack_zero_points(np.asarray(zp), N, nb, 4, "MatMulNBits")
+        except ShapeMismatchError:
+            return None
+    else:
+        zf = np.zeros((1, 1), np.float32)
+    return _cq.int4_layout(np.ascontiguousarray(b.reshape(N, nb, bs // 2)), sc, zf, zp_mode != 0)
+
+
 def _repack(b, scales, zp, zp_mode, N, K, bits, bs):
     """Plan-time (n_blocks, blob, N) codes, (n_blocks, N) scales and float zero points; None if malformed."""
     nb = (K + bs - 1) // bs
@@ -424,12 +461,23 @@ def _matmul_nbits(e):
     zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
     bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
     e.line(f"{{p}}_m = {_prod(lead)}")
-    packed = None
+    packed = int4 = None
     if e.const(1) is not None and e.const(2) is not None and (zp_mode == 0 or e.const(3) is not None):
-        packed = _repack(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bits, bs)
+        if _cq.int4_path(bits, bs, quant, None):
+            int4 = _repack_int4(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bs)
+        else:
+            packed = _repack(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bits, bs)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
             f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, {K}, {N}, {bits}, {bs}, {quant})")
-    if packed is not None:
+    if int4 is not None:
+        qi, sct, zft = (e.constant(x) for x in int4)
+        g = e.use(__name__, "gemv_q4i8_t")
+        e.line(f"if {{p}}_m <= {_ROWS_MAX}:",
+               f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
+               f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, {K}, {N}, {bias}, {e.has(5)})",
+               "else:",
+               f"    {{p}}_y, {{p}}_err = {call}")
+    elif packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")
         e.line("if {p}_m == 1:",

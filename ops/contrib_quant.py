@@ -20,6 +20,10 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   A stays float: float accumulation of dequantized weights.  Small weights run on one thread
   (waking threads costs more than streaming them); big ones in small dynamically scheduled chunks
   of rows, so a thread delayed on a busy core does not hold up the pass.
+- int8 rows (M <= ``_ROWS_MAX``, 4 bits, level 4 without float zero points, block size a multiple of
+  32): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
+  repacked once per node into 8-column groups (``int4_layout``), each block dot an exact integer sum of
+  code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32.
 - tiles (M > ``_ROWS_MAX``, prefill, or a non-trivial g_idx): a tile of weight rows is dequantized
   once into float32 and multiplied with all rows of A by BLAS.  At level 4, A is replaced by its
   per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's level-4 product up
@@ -46,6 +50,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import _simd
 from ._common import F32, check_indices
 from ._fastmath import FAST
 from .registry import op
@@ -186,6 +191,107 @@ def _rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
             out[m, n] = tot
 
 
+# -- the int8-activation path (4-bit codes at accuracy_level 4, blocks of 32k): see ``_simd`` -------
+
+_GROUPS_PER_TASK = 32  # 8-column groups per parallel task (256 columns)
+
+
+def int4_path(bits, bs, quant, grp) -> bool:
+    """Whether a MatMulNBits configuration runs on the int8-activation kernels (``_simd``)."""
+    return bits == 4 and quant and bs % 32 == 0 and grp is None
+
+
+@njit(cache=True, nogil=True)
+def int4_layout(b3, sc, zf, has_zp):
+    """B [N, nb, bs//2] codes, scales and float zero points [N, nb] -> the ``_simd`` layout: codes
+    [G, nb, bs//32, 4, 32] (8-column groups, zero columns past N), scales and zero points [nb, 8G]."""
+    N, nb, blob = b3.shape
+    nc = blob // 16
+    G = (N + 7) // 8
+    qi = np.zeros((G, nb, nc, 4, 32), np.uint8)
+    sct = np.zeros((nb, 8 * G), np.float32)
+    zft = np.zeros((nb, 8 * G) if has_zp else (1, 8), np.float32)
+    for n in range(N):
+        g, r = n // 8, n % 8
+        p, half = r % 4, r // 4
+        for blk in range(nb):
+            sct[blk, n] = sc[n, blk]
+            if has_zp:
+                zft[blk, n] = zf[n, blk]
+            for c in range(nc):
+                for t in range(16):
+                    qi[g, blk, c, p, 16 * half + t] = b3[n, blk, 16 * c + t]
+    return qi, sct, zft
+
+
+@njit(cache=True, nogil=True)
+def _prep_a_i8(a, bs, alo, ahi, ascale, asum):
+    """One row of A [K] quantized to int8 per block as onnxruntime's level 4 does (scale max|a|/127, round
+    half to even; zeros past K) and split for ``_simd``: alo/ahi [nb, bs//32, 32] hold each 16-byte chunk's
+    even/odd activations twice; ascale and asum (the integer block sums) [nb]."""
+    nb, nc, _ = alo.shape
+    k_ = a.shape[0]
+    for blk in range(nb):
+        k0 = blk * bs
+        amax = np.float32(0.0)
+        for k in range(k0, min(k0 + bs, k_)):
+            v = abs(np.float32(a[k]))
+            if v > amax:
+                amax = v
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        tot = 0
+        for j in range(bs // 2):
+            k = k0 + 2 * j
+            x0 = np.int8(np.rint(np.float32(a[k]) * inv)) if k < k_ else np.int8(0)
+            x1 = np.int8(np.rint(np.float32(a[k + 1]) * inv)) if k + 1 < k_ else np.int8(0)
+            c, t = j // 16, j % 16
+            alo[blk, c, t] = x0
+            alo[blk, c, t + 16] = x0
+            ahi[blk, c, t] = x1
+            ahi[blk, c, t + 16] = x1
+            tot += np.int64(x0) + np.int64(x1)
+        ascale[blk] = amax / np.float32(127.0)
+        asum[blk] = np.float32(tot)
+
+
+@njit(cache=True, nogil=True)
+def _q4i8_groups(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
+    if has_zp:
+        _simd.dot_q4_zp(qi, alo, ahi, ascale, asum, zft, sct, y, g0, g1)
+    else:
+        _simd.dot_q4(qi, alo, ahi, ascale, asum, zdef, sct, y, g0, g1)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _q4i8_par(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _q4i8_groups(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
+
+
+@njit(cache=True, nogil=True)
+def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
+    """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels, row by row (``int4_layout``
+    arrays; ``parallel`` splits each row's columns over the thread pool)."""
+    G, nb, nc = qi.shape[0], qi.shape[1], qi.shape[2]
+    N = out.shape[1]
+    alo = np.empty((nb, nc, 32), np.int8)
+    ahi = np.empty((nb, nc, 32), np.int8)
+    ascale = np.empty(nb, np.float32)
+    asum = np.empty(nb, np.float32)
+    y = np.empty(8 * G, np.float32)
+    z = np.float32(zdef)
+    for m in range(a2.shape[0]):
+        _prep_a_i8(a2[m], bs, alo, ahi, ascale, asum)
+        if parallel:
+            _q4i8_par(qi, alo, ahi, ascale, asum, z, zft, has_zp, sct, y)
+        else:
+            _q4i8_groups(qi, alo, ahi, ascale, asum, z, zft, has_zp, sct, y, 0, G)
+        for n in range(N):
+            out[m, n] = y[n]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
     """w[r, k] = (q[n0 + r, k] - z) * s for the tile's rows, block of k given by ``grp[k]``."""
@@ -294,6 +400,20 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
         pass
     elif K == 0:
         out[...] = 0
+    elif m <= _ROWS_MAX and int4_path(bits, bs, quant, grp):
+        lay = cache.get("int4")
+        if lay is None or lay[0] is not b or lay[1] is not sc:
+            lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
+        _, _, qi, sct, zft = lay
+        nt_max = numba.get_num_threads()
+        nt = max(1, min(nt_max, b3.nbytes // _BYTES_PER_THREAD))
+        if nt != nt_max:
+            numba.set_num_threads(nt)
+        try:
+            gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
+        finally:
+            if nt != nt_max:
+                numba.set_num_threads(nt_max)
     elif m <= _ROWS_MAX and grp is None:
         a2 = np.ascontiguousarray(a2, dtype=F32)
         asum = np.empty((m, nb), F32)

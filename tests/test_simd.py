@@ -1,0 +1,88 @@
+"""The int8-activation MatMulNBits kernels (ops/_simd.py, ops/contrib_quant.gemv_q4i8): the host's form (AVX2
+instructions where the host has them) and the portable IR give the same bits, and both equal the float rows
+kernel's level-4 result to float rounding (the integer block dots are exact; only the order of float
+operations differs)."""
+import numpy as np
+import pytest
+from numba import njit
+
+from ops import _simd
+from ops import contrib_quant as Q
+
+RNG = np.random.default_rng(11)
+
+
+@njit(cache=True)
+def _portable_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
+    G, nb, nc = qi.shape[0], qi.shape[1], qi.shape[2]
+    alo = np.empty((nb, nc, 32), np.int8)
+    ahi = np.empty((nb, nc, 32), np.int8)
+    ascale = np.empty(nb, np.float32)
+    asum = np.empty(nb, np.float32)
+    y = np.empty(8 * G, np.float32)
+    for m in range(a2.shape[0]):
+        Q._prep_a_i8(a2[m], bs, alo, ahi, ascale, asum)
+        if has_zp:
+            _simd.dot_q4_zp_portable(qi, alo, ahi, ascale, asum, zft, sct, y, 0, G)
+        else:
+            _simd.dot_q4_portable(qi, alo, ahi, ascale, asum, np.float32(zdef), sct, y, 0, G)
+        for n in range(out.shape[1]):
+            out[m, n] = y[n]
+
+
+def _case(K, N, bs, zp, M=3):
+    nb = (K + bs - 1) // bs
+    b3 = RNG.integers(0, 256, (N, nb, bs // 2)).astype(np.uint8)
+    sc = (RNG.random((N, nb)) * 0.02).astype(np.float32)
+    zf = RNG.integers(0, 16, (N, nb)).astype(np.float32) if zp else np.zeros((1, 1), np.float32)
+    a = RNG.standard_normal((M, K)).astype(np.float32)
+    a[0, :5] = 0.0  # a block with zeros; an all-zero block below
+    if K >= 2 * bs and M > 1:
+        a[1, bs:2 * bs] = 0.0
+    return a, b3, sc, zf
+
+
+@pytest.mark.parametrize("K,N,bs,zp", [(256, 2048, 32, False), (96, 40, 32, True), (250, 37, 64, False),
+                                       (512, 300, 128, True), (512, 64, 256, False), (33, 9, 32, False)])
+def test_int8_kernels_agree(K, N, bs, zp):
+    a, b3, sc, zf = _case(K, N, bs, zp)
+    M, nb = a.shape[0], b3.shape[1]
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
+    host = np.empty((M, N), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, zp, 8.0, bs, host, False)
+    par = np.empty((M, N), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, zp, 8.0, bs, par, True)
+    port = np.empty((M, N), np.float32)
+    _portable_rows(a, qi, sct, zft, zp, 8.0, bs, port)
+    np.testing.assert_array_equal(host, port)
+    np.testing.assert_array_equal(host, par)
+    # The float rows kernel on the same int8 activations.
+    ae = np.empty((M, nb, bs // 2), np.float32)
+    ao = np.empty_like(ae)
+    asum = np.empty((M, nb), np.float32)
+    asc = np.empty_like(asum)
+    Q._prep_a4(a, nb, bs, True, ae, ao, asum, asc)
+    ref = np.empty((M, N), np.float32)
+    Q._rows_q4(b3, ae, ao, asum, asc, sc, zf, zp, np.float32(8.0), ref)
+    np.testing.assert_allclose(host, ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
+    # And the dequantized product (the activations' int8 rounding bounds the difference).
+    w = (np.stack([(b3 & 15), (b3 >> 4)], -1).reshape(N, nb, bs).astype(np.float32)
+         - (zf[:, :, None] if zp else 8.0)) * sc[:, :, None]
+    exact = a @ w.reshape(N, nb * bs)[:, :a.shape[1]].T
+    np.testing.assert_allclose(host, exact, rtol=0, atol=0.02 * float(np.abs(exact).max()))
+
+
+def test_layout_rejects_non_contiguous_arrays():
+    a, b3, sc, zf = _case(64, 16, 32, False, M=1)
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
+
+    @njit
+    def call(qi):
+        nb = qi.shape[1]
+        y = np.empty(8 * qi.shape[0], np.float32)
+        lo = np.zeros((nb, 1, 32), np.int8)
+        _simd.dot_q4(qi, lo, lo, np.ones(nb, np.float32), np.ones(nb, np.float32), np.float32(8), sct, y, 0, 1)
+        return y
+
+    with pytest.raises(Exception, match="dot_q4"):
+        call(qi[:, :, :, ::-1])

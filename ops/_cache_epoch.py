@@ -3,9 +3,10 @@
 Numba invalidates a cached function when *its own* file changes, not when a
 kernel it calls (in another module) changes; a stale caller then links the
 old callee's machine code, which can crash.  So the package keeps one
-fingerprint of all its kernel sources (``ops/`` and ``ops/cuda/``): when the
-fingerprint differs from the one recorded beside the caches, every cache
-entry of the package is dropped before anything is loaded from it.
+fingerprint of all its kernel sources (``ops/`` and ``ops/cuda/``, and the
+runtime modules whose compiled code calls them): when the fingerprint
+differs from the one recorded beside the caches, every cache entry of those
+folders is dropped before anything is loaded from it.
 Generated region modules (``runtime/regions.py``) embed the same fingerprint
 in their source, so they never reuse code compiled against other kernels.
 
@@ -21,15 +22,19 @@ import os
 __all__ = ["fingerprint", "refresh"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_RUNTIME = os.path.join(os.path.dirname(_HERE), "runtime")
+# Compiled code outside ops/ that calls the package's kernels (the fused segments call ``_fastmath``).
+_CALLERS = [os.path.join(_RUNTIME, "segments.py")]
 _FP = None
 
 
 def fingerprint() -> str:
-    """A hash of every source file of ``ops/`` and ``ops/cuda/``."""
+    """A hash of every source file of ``ops/`` and ``ops/cuda/``, and of the kernels' callers elsewhere."""
     global _FP
     if _FP is None:
         h = hashlib.sha1()
-        for path in sorted(glob.glob(os.path.join(_HERE, "*.py")) + glob.glob(os.path.join(_HERE, "cuda", "*.py"))):
+        for path in sorted(glob.glob(os.path.join(_HERE, "*.py")) + glob.glob(os.path.join(_HERE, "cuda", "*.py"))
+                           + [p for p in _CALLERS if os.path.exists(p)]):
             h.update(os.path.basename(path).encode())
             with open(path, "rb") as f:
                 h.update(f.read())
@@ -38,11 +43,11 @@ def fingerprint() -> str:
 
 
 def _cache_dirs() -> list:
-    dirs = [os.path.join(_HERE, "__pycache__"), os.path.join(_HERE, "cuda", "__pycache__")]
+    dirs = [os.path.join(d, "__pycache__") for d in (_HERE, os.path.join(_HERE, "cuda"), _RUNTIME)]
     base = os.environ.get("NUMBA_CACHE_DIR")
     if base:
         # Numba mirrors a module's folder under NUMBA_CACHE_DIR.
-        for d in (_HERE, os.path.join(_HERE, "cuda")):
+        for d in (_HERE, os.path.join(_HERE, "cuda"), _RUNTIME):
             dirs.append(os.path.join(base, os.path.splitdrive(d)[1].lstrip(os.sep)))
     return dirs
 

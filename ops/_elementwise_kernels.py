@@ -10,6 +10,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ._fastmath import fexp, fgelu_tanh, fsigmoid
+
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
 
@@ -103,7 +105,7 @@ def u_neg(xs, out, p0, p1):
 def u_exp(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = math.exp(x)
+        out[i] = fexp(x)
 
 
 @njit(**_OPTS)
@@ -138,7 +140,7 @@ def u_tanh(xs, out, p0, p1):
 def u_sigmoid(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+        out[i] = fsigmoid(x)
 
 
 @njit(**_OPTS)
@@ -376,7 +378,7 @@ def u_gelu(xs, out, p0, p1):
 def u_gelu_tanh(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+        out[i] = fgelu_tanh(x)
 
 
 @njit(**_OPTS)

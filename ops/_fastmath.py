@@ -37,7 +37,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "maxnum", "minnum", "FAST"]
+__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "fsigmoid", "fgelu_tanh", "maxnum", "minnum", "FAST"]
 
 # Fastmath flags for reductions: reassociation (vectorized sums) and FMA contraction, never
 # nnan/ninf (NaN and inf inputs must keep their IEEE results).  Numba wants a set; do not mutate.
@@ -195,4 +195,46 @@ def _fexp_normal_impl(x):
         return lambda x: exp32_normal(x)
     if isinstance(x, types.Float):
         return lambda x: math.exp(x)
+    return None
+
+
+def fsigmoid(x):
+    """``1 / (1 + e**-x)`` without overflow: float32 through ``exp32`` in float32 arithmetic (a loop of it
+    vectorizes), other floats through ``math.exp`` (pure Python fallback)."""
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+@overload(fsigmoid, jit_options={"cache": True})
+def _fsigmoid_impl(x):
+    if x == types.float32:
+        def f32(x):
+            e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
+            s = _ONE / (_ONE + e)
+            return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
+        return f32
+    if isinstance(x, types.Float):
+        return lambda x: 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+    return None
+
+
+_GT0 = np.float32(2.0 * 0.7978845608028654)
+_GT1 = np.float32(2.0 * 0.7978845608028654 * 0.044715)
+
+
+def fgelu_tanh(x):
+    """GELU's tanh approximation ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3)))`` (pure Python fallback)."""
+    return 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@overload(fgelu_tanh, jit_options={"cache": True})
+def _fgelu_tanh_impl(x):
+    if x == types.float32:
+        def f32(x):
+            # (1 + tanh(z)) / 2 == sigmoid(2 z): one vectorizable exp, no cancellation near tanh = -1.
+            e = exp32(-abs(x * (_GT0 + _GT1 * x * x)))
+            s = _ONE / (_ONE + e)
+            return x * (s if x >= 0 else e * s)   # 2 z has the sign of x
+        return f32
+    if isinstance(x, types.Float):
+        return lambda x: 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
     return None

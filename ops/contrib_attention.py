@@ -35,6 +35,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices
+from ._fastmath import fexp
 from .attention import rope_tok_kernel
 from .registry import op
 
@@ -133,7 +134,7 @@ def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, windo
                 sc[j] = 0.0
         else:
             for j in range(n):
-                e = math.exp(sc[j] - m)
+                e = fexp(sc[j] - m)
                 sc[j] = e
                 tot += e
         inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
@@ -214,7 +215,7 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
                     sc[g, j] = 0.0
             else:
                 for j in range(n):
-                    e = math.exp(sc[g, j] - m)
+                    e = fexp(sc[g, j] - m)
                     sc[g, j] = e
                     tot += e
             inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot

@@ -30,6 +30,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ops._fastmath import fexp, fsigmoid
+
 __all__ = ["OPCODES", "MAX_ELEMENTS", "find_segments", "Segment"]
 
 OPCODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 4, "Neg": 5, "Exp": 6, "Tanh": 7, "Sigmoid": 8,
@@ -65,11 +67,11 @@ def _run_segment(arena, code):
             elif op == 5:
                 v = -x
             elif op == 6:
-                v = math.exp(x)
+                v = fexp(x)
             elif op == 7:
                 v = math.tanh(x)
             elif op == 8:
-                v = 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+                v = fsigmoid(x)
             else:
                 v = abs(x)
             arena[o + i] = v

@@ -14,12 +14,12 @@ import os
 UNARY = {
     "abs": "abs(x)",
     "neg": "-x",
-    "exp": "math.exp(x)",
+    "exp": "fexp(x)",
     "log": "math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)",
     "sqrt": "math.sqrt(x) if x >= 0 else math.nan",
     "reciprocal": "1 / x if x != 0 else (math.inf if x >= 0 else -math.inf)",
     "tanh": "math.tanh(x)",
-    "sigmoid": "1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))",
+    "sigmoid": "fsigmoid(x)",
     "erf": "math.erf(x)",
     "sin": "math.sin(x)",
     "cos": "math.cos(x)",
@@ -53,7 +53,7 @@ UNARY = {
     "thresholdedrelu": "x if x > p0 else x * 0",
     "shrink": "x - p0 if x > p1 else (x + p0 if x < -p1 else x * 0)",
     "gelu": "0.5 * x * (1 + math.erf(x * 0.7071067811865476))",
-    "gelu_tanh": "0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))",
+    "gelu_tanh": "fgelu_tanh(x)",
     "swish": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",
     "bitwise_not": "~x",
     "quick_gelu": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",
@@ -100,6 +100,8 @@ import math
 
 import numpy as np
 from numba import njit
+
+from ._fastmath import fexp, fgelu_tanh, fsigmoid
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 

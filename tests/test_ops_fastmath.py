@@ -239,3 +239,30 @@ def test_readonly_weights(tmp_path):
     c = rng.standard_normal(512).astype(np.float32)
     ours, theirs = _both("Gemm", {"x": x}, {"w": w, "c": c}, alpha=0.5, beta=2.0, transB=1)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_sigmoid_and_tanh_gelu_float32_kernels():
+    """The elementwise Sigmoid and tanh-GELU kernels on float32 (through exp32) against float64 references,
+    over a dense grid with the tails and the special values; float64 inputs keep libm's formulas."""
+    from ops import _elementwise_kernels as K
+    x = np.concatenate([np.linspace(-110, 110, 400001), [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30]])
+    x32 = x.astype(np.float32)
+    xd = x32.astype(np.float64)
+    out = np.empty_like(x32)
+    K.u_sigmoid(x32, out, 0.0, 0.0)
+    with np.errstate(over="ignore"):
+        ref = 1 / (1 + np.exp(-xd))
+    fin = np.isfinite(xd)
+    rel = np.abs(out[fin] - ref[fin]) / np.maximum(ref[fin], np.finfo(np.float32).tiny)
+    assert rel.max() < 4e-7, rel.max()
+    assert out[-5] == 1.0 and out[-4] == 0.0 and np.isnan(out[-3])
+    K.u_gelu_tanh(x32, out, 0.0, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = 0.5 * xd * (1 + np.tanh(0.7978845608028654 * (xd + 0.044715 * xd ** 3)))
+    assert np.abs(out[fin] - ref[fin]).max() <= 4e-7 * np.abs(xd[fin]).max()
+    close = fin & (np.abs(xd) < 8)
+    np.testing.assert_allclose(out[close], ref[close], rtol=2e-6, atol=1e-12)
+    assert np.isnan(out[-3]) and out[-5] == np.inf
+    out64 = np.empty_like(xd)
+    K.u_sigmoid(xd, out64, 0.0, 0.0)
+    np.testing.assert_allclose(out64[fin], 1 / (1 + np.exp(-np.clip(xd[fin], -700, 700))), rtol=1e-15)

@@ -228,16 +228,25 @@ def int4_layout(b3, sc, zf, has_zp):
 def _prep_a_i8(a, bs, alo, ahi, ascale, asum):
     """One row of A [K] quantized to int8 per block as onnxruntime's level 4 does (scale max|a|/127, round
     half to even; zeros past K) and split for ``_simd``: alo/ahi [nb, bs//32, 32] hold each 16-byte chunk's
-    even/odd activations twice; ascale and asum (the integer block sums) [nb]."""
+    even/odd activations twice; ascale and asum (the integer block sums) [nb].  A block holding a NaN or an
+    infinity gets codes 0 and scale NaN, so every output of the row is NaN (as on the float path)."""
     nb, nc, _ = alo.shape
     k_ = a.shape[0]
     for blk in range(nb):
         k0 = blk * bs
         amax = np.float32(0.0)
+        chk = np.float32(0.0)
         for k in range(k0, min(k0 + bs, k_)):
             v = abs(np.float32(a[k]))
+            chk += v * np.float32(0.0)  # NaN once a NaN or an inf is seen
             if v > amax:
                 amax = v
+        if chk != chk:
+            alo[blk] = 0
+            ahi[blk] = 0
+            ascale[blk] = np.nan
+            asum[blk] = 0.0
+            continue
         inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
         tot = 0
         for j in range(bs // 2):

@@ -86,3 +86,19 @@ def test_layout_rejects_non_contiguous_arrays():
 
     with pytest.raises(Exception, match="dot_q4"):
         call(qi[:, :, :, ::-1])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_activations_give_nan_rows(bad):
+    """A NaN or an infinity in A makes its row of the product NaN (float arithmetic would), never finite
+    garbage from converting a NaN to int8; the other rows are untouched."""
+    a, b3, sc, zf = _case(96, 24, 32, False)
+    a[1, 40] = bad
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
+    out = np.empty((a.shape[0], 24), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, False, 8.0, 32, out, False)
+    assert np.isnan(out[1]).all()
+    clean = np.empty((1, 24), np.float32)
+    Q.gemv_q4i8(np.ascontiguousarray(a[[0]]), qi, sct, zft, False, 8.0, 32, clean, False)
+    np.testing.assert_array_equal(out[0], clean[0])
+    assert np.isfinite(out[[0, 2]]).all()

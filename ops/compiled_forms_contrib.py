@@ -12,9 +12,9 @@ attribute values the wrapper rejects, unknown ranks); a declined node runs throu
 (an index out of range, a shape that does not fit) are detected in the kernels, which return an error code;
 the generated code turns the code into the wrapper's error class with the node named.
 
-MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels (4 bits at level 4, over
-``_cq.int4_layout`` constants prepared at plan time) or the one-pass rows kernels for at most ``_ROWS_MAX``
-rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
+MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels for at most ``_INT_ROWS_MAX``
+rows (4 bits at level 4, over ``_cq.int4_layout`` constants prepared at plan time) or the one-pass rows kernels
+for at most ``_ROWS_MAX`` rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
 the wrapper would run it on one thread (packed weight below ``2 * _BYTES_PER_THREAD``), the parallel
 kernel above.  Each output element is computed by the same loop either way, so both give the same bits.
 """
@@ -208,6 +208,7 @@ rows_q4_par = _cq._rows_q4
 rows_q8_par = _cq._rows_q8
 dequant_tile_par = _cq._dequant_tile
 _ROWS_MAX = _cq._ROWS_MAX
+_INT_ROWS_MAX = _cq._INT_ROWS_MAX
 _SERIAL_BYTES = 2 * _cq._BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
 _TILE_ELEMS = _cq._TILE_ELEMS
 
@@ -243,7 +244,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     out = np.empty((M, N), np.float32)
     if M == 0:
         pass
-    elif M <= _ROWS_MAX and bits == 4 and quant and bs % 32 == 0:  # _cq.int4_path
+    elif M <= _INT_ROWS_MAX and bits == 4 and quant and bs % 32 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= _ROWS_MAX:
@@ -386,7 +387,7 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 
 @njit(**_OPTS)
 def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias):
-    """At most ``_ROWS_MAX`` rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code)."""
+    """At most ``_INT_ROWS_MAX`` rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code)."""
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
     out = np.empty((a2.shape[0], N), np.float32)
@@ -472,7 +473,7 @@ def _matmul_nbits(e):
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
         g = e.use(__name__, "gemv_q4i8_t")
-        e.line(f"if {{p}}_m <= {_ROWS_MAX}:",
+        e.line(f"if {{p}}_m <= {_INT_ROWS_MAX}:",
                f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
                f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, {K}, {N}, {bias}, {e.has(5)})",
                "else:",

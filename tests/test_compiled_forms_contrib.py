@@ -151,7 +151,7 @@ def _nbits(K, N, bits, bs, zp):
 
 @pytest.mark.parametrize("bits,zp,level,bias", [(4, None, 4, False), (4, "packed", 4, True), (4, None, 0, False),
                                                 (8, None, 4, False), (8, "packed", 0, True), (4, "float", 4, False)])
-@pytest.mark.parametrize("M", [1, 3, 12])
+@pytest.mark.parametrize("M", [1, 3, 12, 80])  # 80: past the int8 kernels' rows, tiles at level 4
 def test_matmul_nbits(bits, zp, level, bias, M):
     K, N, bs = 96, 40, 32
     ins, inits = _nbits(K, N, bits, bs, zp)
@@ -326,7 +326,7 @@ def test_package_decode_matches_without_regions(name):
     """Regions on and off give the same greedy path and logits equal up to summation order (a prefill
     MatMul of several rows runs the tiled kernel in a region and BLAS through the wrapper)."""
     path = os.path.join(HERE, name)
-    prompt = [1, 45, 77, 12, 300, 9, 17, 23, 5, 11, 40]   # > 8 tokens: MatMulNBits' tile path in prefill
+    prompt = [1, 45, 77, 12, 300, 9, 17, 23, 5, 11, 40]   # > 8 tokens: MatMulNBits' multi-row paths in prefill
     on, got = _decode(path, True, prompt, 8)
     off, want = _decode(path, False, prompt, 8)
     assert not off.session.plan.regions

@@ -70,7 +70,8 @@ def _mnb(M, K, N, bits, bs, zp=None, level=0, bias=False, gidx=False, dt=np.floa
     (1, 200, 40, 8, 64, None, 4, False, False),
     (2, 200, 40, 8, 64, "u8", 4, True, False),
     (20, 300, 70, 4, 32, "u8", 0, False, False),    # prefill: dequantized tiles + BLAS
-    (20, 300, 70, 4, 32, "u8", 4, True, False),
+    (20, 300, 70, 4, 32, "u8", 4, True, False),     # level 4: the int8 kernels, row by row
+    (80, 300, 70, 4, 32, "u8", 4, False, False),    # more rows than they take: tiles
     (33, 300, 70, 8, 128, "u8", 4, False, False),
     (1, 4096, 256, 4, 128, None, 4, False, False),
     (1, 4096, 256, 4, 128, None, 0, False, False),

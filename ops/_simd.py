@@ -2,10 +2,11 @@
 
 ``dot_q4`` and ``dot_q4_zp`` are Numba intrinsics: they emit LLVM IR directly.  On a host with AVX2 the IR is
 ``vpmaddubsw``/``vpmaddwd``/``vphaddd`` (32 codes-by-activations products summed in two instructions, where
-a Numba loop converts every code to float first and runs about 3x slower).  Elsewhere they emit portable
-vector IR (widen, multiply, add) that any LLVM target compiles.  Both forms compute the same exact integer
-block dots and then the same float operations in the same order, so their results are identical bit for bit;
-``PORTABLE`` variants exist so that tests check that on any host.
+a Numba loop converts every code to float first: measured 1.45-1.7x slower on one thread).  Elsewhere they
+emit portable vector IR (widen, multiply, add) that any LLVM target compiles.  Both forms compute the same
+exact integer block dots and then the same float operations in the same order, so their results are
+identical bit for bit; ``dot_q4_portable`` / ``dot_q4_zp_portable`` always emit the portable IR, so tests
+check that on any host.
 
 Layout (see ``contrib_quant.int4_layout``): output columns in groups of 8; for group ``g``, block ``blk`` and
 16-byte chunk ``c`` of a column's block, ``qi[g, blk, c, p]`` holds 32 bytes: column ``8g + p``'s chunk, then

@@ -181,12 +181,12 @@ class Region:
         return _nthreads()
 
 
-_ALIGN = 64  # bytes: each packed constant starts on a cache line
+_ALIGN = 64  # bytes: packed constants start at offsets that are multiples of this
 
 
 def _pack(constants, names):
     """(argument names, flat arrays, unpacking lines): the constants grouped by dtype into one C-contiguous array
-    each, every constant at an offset aligned to ``_ALIGN`` bytes, and a line per constant that takes it back
+    each, every constant at a byte offset that is a multiple of ``_ALIGN``, and a line per constant that takes it back
     as a slice reshaped to its shape."""
     by_dt = {}
     for name, c in zip(names, constants):

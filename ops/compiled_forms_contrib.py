@@ -244,7 +244,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     out = np.empty((M, N), np.float32)
     if M == 0:
         pass
-    elif M <= _INT_ROWS_MAX and bits == 4 and quant and bs % 32 == 0:  # _cq.int4_path
+    elif M <= _INT_ROWS_MAX and bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= _ROWS_MAX:

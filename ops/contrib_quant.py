@@ -21,7 +21,7 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   (waking threads costs more than streaming them); big ones in small dynamically scheduled chunks
   of rows, so a thread delayed on a busy core does not hold up the pass.
 - int8 rows (M <= ``_INT_ROWS_MAX``, 4 bits, level 4 without float zero points, block size a multiple of
-  32): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
+  16): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
   repacked once per node into 8-column groups (``int4_layout``), each block dot an exact integer sum of
   code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32.
 - tiles (more rows, prefill, or a non-trivial g_idx): a tile of weight rows is dequantized
@@ -193,112 +193,161 @@ def _rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
             out[m, n] = tot
 
 
-# -- the int8-activation path (4-bit codes at accuracy_level 4, blocks of 32k): see ``_simd`` -------
+# -- the int8-activation path (4-bit codes at accuracy_level 4, blocks of 16k): see ``_simd`` -------
 
 _GROUPS_PER_TASK = 32  # 8-column groups per parallel task (256 columns)
 
 
 def int4_path(bits, bs, quant, grp) -> bool:
     """Whether a MatMulNBits configuration runs on the int8-activation kernels (``_simd``)."""
-    return bits == 4 and quant and bs % 32 == 0 and grp is None
+    return bits == 4 and quant and bs % 16 == 0 and grp is None
 
 
 @njit(cache=True, nogil=True)
 def int4_layout(b3, sc, zf, has_zp):
     """B [N, nb, bs//2] codes, scales and float zero points [N, nb] -> the ``_simd`` layout: codes
-    [G, nb, bs//32, 4, 32] (8-column groups, zero columns past N), scales and zero points [nb, 8G]."""
+    [G, nb, bs//8, 32] (8-column groups, column ``8g + i`` in bytes ``4i..4i+3`` of each vector, zero columns
+    past N), scales and zero points [nb, 8G]."""
     N, nb, blob = b3.shape
-    nc = blob // 16
+    nj = blob // 4
     G = (N + 7) // 8
-    qi = np.zeros((G, nb, nc, 4, 32), np.uint8)
+    qi = np.zeros((G, nb, nj, 32), np.uint8)
     sct = np.zeros((nb, 8 * G), np.float32)
     zft = np.zeros((nb, 8 * G) if has_zp else (1, 8), np.float32)
     for n in range(N):
-        g, r = n // 8, n % 8
-        p, half = r % 4, r // 4
+        g, i = n // 8, n % 8
         for blk in range(nb):
             sct[blk, n] = sc[n, blk]
             if has_zp:
                 zft[blk, n] = zf[n, blk]
-            for c in range(nc):
-                for t in range(16):
-                    qi[g, blk, c, p, 16 * half + t] = b3[n, blk, 16 * c + t]
+            for j in range(nj):
+                for t in range(4):
+                    # codes k = 8j + t and 8j + 4 + t of the block: bytes 4j + t/2 and 4j + 2 + t/2 of B
+                    k0, k1 = 8 * j + t, 8 * j + 4 + t
+                    c0 = (b3[n, blk, k0 // 2] >> (4 * (k0 % 2))) & 15
+                    c1 = (b3[n, blk, k1 // 2] >> (4 * (k1 % 2))) & 15
+                    qi[g, blk, j, 4 * i + t] = c0 | (c1 << 4)
     return qi, sct, zft
 
 
 @njit(cache=True, nogil=True)
-def _prep_a_i8(a, bs, alo, ahi, ascale, asum):
+def _absmax_probe(x):
+    """(max |x|, probe) over a block of A; the probe is NaN when the block holds a NaN or an infinity.  Eight
+    independent accumulators keep the loop free of a serial max chain."""
+    n = x.shape[0]
+    full = n - n % 8
+    z = np.float32(0.0)
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = z
+    p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = z
+    for c in range(0, full, 8):
+        v0, v1, v2, v3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+        v4, v5, v6, v7 = x[c + 4], x[c + 5], x[c + 6], x[c + 7]
+        p0 += v0 * z
+        p1 += v1 * z
+        p2 += v2 * z
+        p3 += v3 * z
+        p4 += v4 * z
+        p5 += v5 * z
+        p6 += v6 * z
+        p7 += v7 * z
+        a0 = abs(v0)
+        m0 = a0 if a0 > m0 else m0
+        a1 = abs(v1)
+        m1 = a1 if a1 > m1 else m1
+        a2 = abs(v2)
+        m2 = a2 if a2 > m2 else m2
+        a3 = abs(v3)
+        m3 = a3 if a3 > m3 else m3
+        a4 = abs(v4)
+        m4 = a4 if a4 > m4 else m4
+        a5 = abs(v5)
+        m5 = a5 if a5 > m5 else m5
+        a6 = abs(v6)
+        m6 = a6 if a6 > m6 else m6
+        a7 = abs(v7)
+        m7 = a7 if a7 > m7 else m7
+    for k in range(full, n):
+        p0 += x[k] * z
+        a0 = abs(x[k])
+        m0 = a0 if a0 > m0 else m0
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    return m, ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
+
+
+@njit(cache=True, nogil=True)
+def _quantize_block(x, q, inv):
+    """q[k] = round-half-even(x[k] * inv) as int8 (|x * inv| <= 127); returns their sum.  Adding and
+    subtracting 1.5 * 2**23 rounds a float32 below 2**22 in magnitude half to even exactly, as ``rint`` does,
+    in a loop that vectorizes."""
+    rnd = np.float32(12582912.0)
+    tot = np.int32(0)
+    for k in range(x.shape[0]):
+        v = np.int32((np.float32(x[k]) * inv + rnd) - rnd)
+        q[k] = np.int8(v)
+        tot += v
+    return tot
+
+
+@njit(cache=True, nogil=True)
+def _prep_a_i8(a, bs, aq, ascale, asum):
     """One row of A [K] quantized to int8 per block as onnxruntime's level 4 does (scale max|a|/127, round
-    half to even; zeros past K) and split for ``_simd``: alo/ahi [nb, bs//32, 32] hold each 16-byte chunk's
-    even/odd activations twice; ascale and asum (the integer block sums) [nb].  A block holding a NaN or an
-    infinity gets codes 0 and scale NaN, so every output of the row is NaN (as on the float path)."""
-    nb, nc, _ = alo.shape
+    half to even; zeros past K) into ``aq`` [nb * bs], with ``ascale`` and ``asum`` (the integer block sums)
+    [nb].  A block holding a NaN or an infinity gets codes 0 and scale NaN, so every output of the row is NaN
+    (as on the float path)."""
+    nb = ascale.shape[0]
     k_ = a.shape[0]
     for blk in range(nb):
         k0 = blk * bs
-        amax = np.float32(0.0)
-        chk = np.float32(0.0)
-        for k in range(k0, min(k0 + bs, k_)):
-            v = abs(np.float32(a[k]))
-            chk += v * np.float32(0.0)  # NaN once a NaN or an inf is seen
-            if v > amax:
-                amax = v
-        if chk != chk:
-            alo[blk] = 0
-            ahi[blk] = 0
+        x = a[k0:min(k0 + bs, k_)]
+        q = aq[k0:k0 + bs]
+        amax, probe = _absmax_probe(x)
+        if probe != probe:
+            q[:] = 0
             ascale[blk] = np.nan
             asum[blk] = 0.0
             continue
         inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-        tot = 0
-        for j in range(bs // 2):
-            k = k0 + 2 * j
-            x0 = np.int8(np.rint(np.float32(a[k]) * inv)) if k < k_ else np.int8(0)
-            x1 = np.int8(np.rint(np.float32(a[k + 1]) * inv)) if k + 1 < k_ else np.int8(0)
-            c, t = j // 16, j % 16
-            alo[blk, c, t] = x0
-            alo[blk, c, t + 16] = x0
-            ahi[blk, c, t] = x1
-            ahi[blk, c, t + 16] = x1
-            tot += np.int64(x0) + np.int64(x1)
+        tot = _quantize_block(x, q, inv)
+        q[x.shape[0]:] = 0
         ascale[blk] = amax / np.float32(127.0)
         asum[blk] = np.float32(tot)
 
 
 @njit(cache=True, nogil=True)
-def _q4i8_groups(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
+def _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
     if has_zp:
-        _simd.dot_q4_zp(qi, alo, ahi, ascale, asum, zft, sct, y, g0, g1)
+        _simd.dot_q4_zp(qi, aq, ascale, asum, zft, sct, y, g0, g1)
     else:
-        _simd.dot_q4(qi, alo, ahi, ascale, asum, zdef, sct, y, g0, g1)
+        _simd.dot_q4(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _q4i8_par(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y):
+def _q4i8_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
     G = qi.shape[0]
     for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
         g0 = t * _GROUPS_PER_TASK
-        _q4i8_groups(qi, alo, ahi, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
+        _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
 
 
 @njit(cache=True, nogil=True)
 def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
     """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels, row by row (``int4_layout``
     arrays; ``parallel`` splits each row's columns over the thread pool)."""
-    G, nb, nc = qi.shape[0], qi.shape[1], qi.shape[2]
+    G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
-    alo = np.empty((nb, nc, 32), np.int8)
-    ahi = np.empty((nb, nc, 32), np.int8)
+    if qi.shape[2] * 8 != bs:
+        raise ValueError("gemv_q4i8: the codes' layout does not match block_size")
+    aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
     y = np.empty(8 * G, np.float32)
     z = np.float32(zdef)
     for m in range(a2.shape[0]):
-        _prep_a_i8(a2[m], bs, alo, ahi, ascale, asum)
+        _prep_a_i8(a2[m], bs, aq, ascale, asum)
         if parallel:
-            _q4i8_par(qi, alo, ahi, ascale, asum, z, zft, has_zp, sct, y)
+            _q4i8_par(qi, aq, ascale, asum, z, zft, has_zp, sct, y)
         else:
-            _q4i8_groups(qi, alo, ahi, ascale, asum, z, zft, has_zp, sct, y, 0, G)
+            _q4i8_groups(qi, aq, ascale, asum, z, zft, has_zp, sct, y, 0, G)
         for n in range(N):
             out[m, n] = y[n]
 

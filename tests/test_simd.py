@@ -14,18 +14,17 @@ RNG = np.random.default_rng(11)
 
 @njit(cache=True)
 def _portable_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
-    G, nb, nc = qi.shape[0], qi.shape[1], qi.shape[2]
-    alo = np.empty((nb, nc, 32), np.int8)
-    ahi = np.empty((nb, nc, 32), np.int8)
+    G, nb = qi.shape[0], qi.shape[1]
+    aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
     y = np.empty(8 * G, np.float32)
     for m in range(a2.shape[0]):
-        Q._prep_a_i8(a2[m], bs, alo, ahi, ascale, asum)
+        Q._prep_a_i8(a2[m], bs, aq, ascale, asum)
         if has_zp:
-            _simd.dot_q4_zp_portable(qi, alo, ahi, ascale, asum, zft, sct, y, 0, G)
+            _simd.dot_q4_zp_portable(qi, aq, ascale, asum, zft, sct, y, 0, G)
         else:
-            _simd.dot_q4_portable(qi, alo, ahi, ascale, asum, np.float32(zdef), sct, y, 0, G)
+            _simd.dot_q4_portable(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
         for n in range(out.shape[1]):
             out[m, n] = y[n]
 
@@ -43,7 +42,8 @@ def _case(K, N, bs, zp, M=3):
 
 
 @pytest.mark.parametrize("K,N,bs,zp", [(256, 2048, 32, False), (96, 40, 32, True), (250, 37, 64, False),
-                                       (512, 300, 128, True), (512, 64, 256, False), (33, 9, 32, False)])
+                                       (512, 300, 128, True), (512, 64, 256, False), (33, 9, 32, False),
+                                       (72, 19, 16, False), (40, 8, 16, True)])
 def test_int8_kernels_agree(K, N, bs, zp):
     a, b3, sc, zf = _case(K, N, bs, zp)
     M, nb = a.shape[0], b3.shape[1]
@@ -80,8 +80,8 @@ def test_layout_rejects_non_contiguous_arrays():
     def call(qi):
         nb = qi.shape[1]
         y = np.empty(8 * qi.shape[0], np.float32)
-        lo = np.zeros((nb, 1, 32), np.int8)
-        _simd.dot_q4(qi, lo, lo, np.ones(nb, np.float32), np.ones(nb, np.float32), np.float32(8), sct, y, 0, 1)
+        aq = np.zeros(nb * 8 * qi.shape[2], np.int8)
+        _simd.dot_q4(qi, aq, np.ones(nb, np.float32), np.ones(nb, np.float32), np.float32(8), sct, y, 0, 1)
         return y
 
     with pytest.raises(Exception, match="dot_q4"):
@@ -102,3 +102,28 @@ def test_non_finite_activations_give_nan_rows(bad):
     Q.gemv_q4i8(np.ascontiguousarray(a[[0]]), qi, sct, zft, False, 8.0, 32, clean, False)
     np.testing.assert_array_equal(out[0], clean[0])
     assert np.isfinite(out[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("K,bs", [(256, 32), (100, 32), (40, 16), (300, 128)])
+def test_activation_quantization_matches_numpy(K, bs):
+    """A is quantized per block exactly as numpy's round-half-even of a * (127 / max|a|), ties included; zeros
+    fill the last block past K; the block sums are the codes' sums."""
+    a = (RNG.standard_normal(K) * RNG.choice([1e-3, 1.0, 1e3], K)).astype(np.float32)
+    nb = (K + bs - 1) // bs
+    for blk in range(nb):  # exact ties: values at half-integers of the block's step
+        x = a[blk * bs:(blk + 1) * bs]
+        step = np.abs(x).max() / np.float32(127.0)
+        x[:4] = np.array([0.5, 1.5, -2.5, 126.5], np.float32) * step
+    aq = np.empty(nb * bs, np.int8)
+    ascale = np.empty(nb, np.float32)
+    asum = np.empty(nb, np.float32)
+    Q._prep_a_i8(a, bs, aq, ascale, asum)
+    pad = np.zeros(nb * bs, np.float32)
+    pad[:K] = a
+    for blk in range(nb):
+        x = pad[blk * bs:(blk + 1) * bs]
+        amax = np.abs(x).max()
+        ref = np.rint(x * (np.float32(127.0) / amax)).astype(np.int8)
+        np.testing.assert_array_equal(aq[blk * bs:(blk + 1) * bs], ref)
+        assert ascale[blk] == amax / np.float32(127.0)
+        assert asum[blk] == ref.astype(np.int64).sum()

@@ -5,7 +5,10 @@
 - ``DecoderComponent`` (stateful): ``prefill`` and ``step`` take token ids or
   embeddings plus extra inputs and return the next-token logits (or, with
   ``want="argmax"``, the greedy token ids); ``kv_length`` is the live cache
-  length; ``rewind(n)`` drops everything after the first ``n`` positions.
+  length; ``rewind(n)`` drops everything after the first ``n`` positions;
+  ``greedy_step(token)`` is one batch-1 greedy step (the pipeline's greedy
+  loop), which the native decoder runs as a direct call of its compiled
+  region on an argument list kept between steps.
 
 The decoder owns its loop-carried values.  KV caches live in static buffers
 sized to ``max_length`` and written in place (only the new positions of each
@@ -302,6 +305,11 @@ class DecoderComponent:
         self.transfers.note_out(out)
         return out
 
+    def greedy_step(self, token: int) -> int:
+        """One greedy step for batch 1: feed ``token`` and return the argmax id (``step(..., want="argmax")``)."""
+        x = np.full((1, 1), token, _np_type(self.inputs[self.io.token_input].type))
+        return int(self.step(tokens=x, want="argmax")[0])
+
     def _store(self, results: dict, seq_len):
         io = self.io
         if self.kv is None:
@@ -366,6 +374,7 @@ class NativeDecoder(DecoderComponent):
         self._order = None
         self._carry = False
         self._live = {}
+        self._fast = None
         super().__init__(spec, pipeline, sess, max_length, batch)
 
     def _past(self, name):
@@ -404,6 +413,115 @@ class NativeDecoder(DecoderComponent):
         else:
             self._store(dict(zip(self.output_names, outs)), seq_len)
         return outs[self._logits_at]
+
+    def greedy_step(self, token: int) -> int:
+        """``step(tokens=[[token]], want="argmax")`` with the same results.  When the step is one compiled region
+        (``InferenceSession.direct_step``), the region is called directly on an argument list kept between steps:
+        only the token, the mask prefix, the positions and the carried caches and state are set each time."""
+        fast = self._fast
+        if fast is None and self._order is not None:
+            fast = self._fast = self._fast_step() or False
+        if not fast:
+            return super().greedy_step(token)
+        return fast(token)
+
+    def _fast_step(self):
+        io = self.io
+        parts = self.session.direct_step() if hasattr(self.session, "direct_step") else None
+        if parts is None or self.batch != 1 or io.sequence_source == "inputs_embeds" or not self._carry:
+            return None
+        fn, args, dyn, pick, on_error, nthreads = parts
+        at = {k: pos for pos, k in dyn}
+        ids = np.zeros((1, 1), _np_type(self.inputs[io.token_input].type))
+        pos = self.pipeline.positions
+        pname = io.position_ids_input or (pos.input if pos is not None else None)
+        rank = pos.rank if pos is not None else 1
+        carry_max = pos is not None and pos.continuation == "carry_max"
+        posarr = None
+        mask_at = None
+        carried = []  # (argument position, input name, where it lives)
+        opt = io.optional_inputs or {}
+        for k, n in enumerate(self._order):
+            if k not in at:
+                continue
+            p = at[k]
+            if n == io.token_input:
+                args[p] = ids
+            elif n == io.attention_mask_input:
+                mask_at = p
+            elif n == pname:
+                t = _np_type(self.inputs[n].type)
+                posarr = np.zeros((3, 1, 1) if rank == 3 else (1, 1), t)
+                args[p] = posarr
+            elif n in self._kv_names:
+                carried.append((p, n, self._window if n in self._window else None))
+            elif n in self.state:
+                carried.append((p, n, "state"))
+            elif n in opt:
+                args[p] = np.zeros(opt[n].shape, opt[n].dtype)
+            else:
+                return None
+        logits_at = pick[self._logits_at]
+        kv_at = [(i, pick[k]) for i, k in self._kv_at]
+        state_at = [(i, pick[k]) for i, k in self._state_at]
+        window, tr = self._window, self.transfers
+        name = io.token_input
+        nbytes = ids.nbytes
+
+        def step(token):
+            length = self._length
+            total = length + 1
+            if total > self.max_length:
+                raise MetadataError(f"the KV cache would hold {total} positions, past max_length {self.max_length}")
+            ids[0, 0] = token
+            args[0] = nthreads()
+            if mask_at is not None:
+                ones = self._ones
+                if ones is None or ones.shape[1] < total:
+                    t = _np_type(self.inputs[io.attention_mask_input].type)
+                    ones = self._ones = np.ones((1, max(total, self.max_length)), t)
+                args[mask_at] = ones[:, :total]
+            if posarr is not None:
+                if rank == 3:
+                    if carry_max and self._positions_max is not None:
+                        start = self._positions_max + 1
+                    else:
+                        start = np.full(3, length, np.int64)
+                    posarr[:, 0, 0] = start
+                    self._positions_max = start
+                else:
+                    posarr[0, 0] = length
+            live, state = self._live, self.state
+            for p, n, where in carried:
+                if where == "state":
+                    args[p] = state[n]
+                elif where is None:
+                    v = live.get(n)
+                    args[p] = v if v is not None else self._past(n)
+                else:
+                    args[p] = self.window_kv[n] if n in self.window_kv else self._past(n)
+            try:
+                r = fn(*args)
+            except Exception as e:
+                on_error(e)
+            for i, k in kv_at:
+                if i in window:
+                    self.window_kv[i] = r[k]
+                else:
+                    live[i] = r[k]
+            for i, k in state_at:
+                state[i] = r[k]
+            self._length = total
+            logits = r[logits_at]
+            nxt = int((logits[0, -1] if logits.ndim == 3 else logits[0]).argmax())
+            tr.bytes_in += nbytes
+            if tr.largest_in.get(name, 0) < nbytes:
+                tr.largest_in[name] = nbytes
+            tr.calls += 1
+            tr.bytes_out += 8
+            return nxt
+
+        return step
 
     def _gqa_present_is_past(self) -> bool:
         """Every KV input feeds only GroupQueryAttention, whose present holds exactly the live rows."""

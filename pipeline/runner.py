@@ -123,6 +123,10 @@ class Pipeline:
         greedy = not search.do_sample and search.repetition_penalty == 1.0 and want_argmax and not with_logits
         cur = prompt
         eos = set(self.spec.eos_token_ids or [])
+        if greedy and self.batch == 1 and not any(self._stages("every_step")) and \
+                self.spec.components[self.decoder_name].io.sequence_source != "inputs_embeds":
+            yield from self._greedy_tokens(prompt, limit, history[0], eos, external)
+            return
         for i in range(limit):
             for st in self._stages("every_step"):
                 self._run_component(st.model, cur, external)
@@ -143,6 +147,27 @@ class Pipeline:
             cur = nxt.reshape(self.batch, 1)
         for st in self._stages("final_only"):
             self._run_component(st.model, cur, external)
+
+    def _greedy_tokens(self, prompt, limit, history, eos, external):
+        """The greedy batch-1 loop over token ids (``tokens``' loop, step for step): after the prefill each step
+        is ``decoder.greedy_step``."""
+        cur = prompt
+        if limit > 0:
+            tok = int(self.decoder.prefill(tokens=prompt, want="argmax")[0])
+            history.append(tok)
+            yield tok
+            step = self.decoder.greedy_step
+            n = 1
+            while tok not in eos:
+                cur = tok
+                if n == limit:
+                    break
+                tok = step(tok)
+                n += 1
+                history.append(tok)
+                yield tok
+        for st in self._stages("final_only"):
+            self._run_component(st.model, np.asarray(cur, np.int64).reshape(1, -1), external)
 
     def generate(self, prompt_ids, max_new_tokens=None, **kw) -> list:
         return list(self.tokens(prompt_ids, max_new_tokens, **kw))

@@ -27,7 +27,7 @@ from .dtypes import onnx_type, type_string
 from .errors import InvalidFeedError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
     symbol_positions
-from .executor import Plan
+from .executor import Plan, raise_at
 from .ir import Graph
 from .loader import load_graph
 from .passes import EliminateDeadNodes, EliminateIdentity, ExpandFunctions, FoldConstants, InferShapes
@@ -300,6 +300,28 @@ class InferenceSession:
         C-contiguous); returns every output.  For callers that build their feeds themselves each step (the
         pipeline's decoder), so the per-feed checks of ``run`` are not paid on every token."""
         return self._select_plan(feeds).run(feeds)
+
+    def direct_step(self):
+        """For callers that run this session step after step with feeds they keep valid themselves (the
+        pipeline's greedy decoder): ``(fn, args, dyn, pick, on_error, nthreads)`` where ``fn(*args)`` runs the
+        whole plan, a single compiled region.  ``args`` (a fresh list) holds the initializers and constants in
+        place; the caller sets ``args[0]`` to ``nthreads()`` and ``args[pos]`` to feed ``k`` for each ``(pos, k)`` in
+        ``dyn``; output ``j`` is ``fn(*args)[pick[j]]``; ``on_error(e)`` re-raises an exception of ``fn`` with
+        the node named.  None when the session picks its plan per feed, the plan is not one region, or an
+        output aliases a feed or an initializer (``run`` would copy it)."""
+        if self._decode_flag:
+            return None
+        plan = self._plan
+        d = plan._direct
+        if d is None or any(plan.copy_out):
+            return None
+        reg, template, dyn, pick = d
+        node = plan.step_nodes[0]
+
+        def on_error(e):
+            raise_at(node, e)
+
+        return reg.fn, list(template), dyn, pick, on_error, reg.nthreads
 
     def run(self, output_names, input_feed, run_options=None):
         feeds = self._feeds(input_feed)

@@ -41,3 +41,37 @@ def test_native_backend_matches_onnxruntime(name, prompt):
     assert native.decoder.backend == "native"
     ref = Pipeline(spec, BackendChoice(set(), False, "cpu")).generate(prompt, n)
     assert native.generate(prompt, n) == ref
+
+
+@pytest.mark.parametrize("name", ["qwen35_int4", "llama_fp32"])
+def test_greedy_fast_step_is_the_plain_step(name):
+    """The greedy loop's direct region call (``NativeDecoder.greedy_step``) gives the tokens, cache length,
+    carried state and transfer counts of the plain ``step(..., want="argmax")``, and it is really taken."""
+    import numpy as np
+    spec = load_package(os.path.join(HERE, name))
+    prompt = PROMPTS[0]
+    fast = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    ids = fast.generate(prompt, 12)
+    assert callable(fast.decoder._fast)
+    plain = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    plain.decoder._fast = False  # greedy_step falls back to step()
+    assert plain.generate(prompt, 12) == ids
+    a, b = fast.decoder, plain.decoder
+    assert a.kv_length == b.kv_length == len(prompt) + 11
+    assert (a.transfers.bytes_in, a.transfers.bytes_out, a.transfers.calls, a.transfers.largest_in) == \
+        (b.transfers.bytes_in, b.transfers.bytes_out, b.transfers.calls, b.transfers.largest_in)
+    assert a._live.keys() == b._live.keys() and a.state.keys() == b.state.keys()
+    for k in a._live:
+        np.testing.assert_array_equal(a._live[k], b._live[k])
+    for k in a.state:
+        np.testing.assert_array_equal(a.state[k], b.state[k])
+    # The step-by-step interface agrees with the loop, and the cache bound holds on the fast path too.
+    d = Pipeline(spec, BackendChoice(set(), True, "cpu"), max_length=len(prompt) + 2).decoder
+    tok = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
+    assert tok == ids[0]
+    tok = d.greedy_step(tok)
+    tok = d.greedy_step(tok)
+    assert callable(d._fast) and tok == ids[2]
+    with pytest.raises(ValueError, match="max_length"):
+        d.greedy_step(tok)
+    assert d.kv_length == len(prompt) + 2

@@ -25,6 +25,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32
+from ._fastmath import fsigmoid
 from .recurrent_state import LinearAttention as _linear_attention_default
 from .registry import op
 
@@ -67,7 +68,7 @@ def _dilated_conv_kernel(x, w, bias, past, out, dil, silu):
                     xv = past[b, c, p] if p < P else x[b, c, p - P]
                     acc += w[c, i] * xv
                 if silu:
-                    acc = acc / (np.float32(1.0) + math.exp(-acc))
+                    acc = acc * fsigmoid(acc)
                 out[b, c, t] = acc
 
 

@@ -24,6 +24,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32
+from ._fastmath import fsigmoid
 from .registry import op
 
 _RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
@@ -38,7 +39,9 @@ def _s(x):
 @njit(cache=True, nogil=True)
 def _linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, scale):
     """q (B,T,Hq,dk), k (B,T,Hkv,dk), v (B,T,Hkv,dv), decay (B,T,Hkv,1|dk), beta (B,T,1|Hkv),
-    state (B,Hkv,dk,dv) updated in place, out (B,T,Hq,dv)."""
+    state (B,Hkv,dk,dv) updated in place, out (B,T,Hq,dv).  Per token and head: two passes over the state's
+    rows (decay and the delta rule's S^T k, then the rank-1 update and the queries' S^T q), each inner loop
+    running along a contiguous row of dv."""
     B, T, Hq, dk = q.shape
     Hkv = k.shape[2]
     dv = v.shape[3]
@@ -46,35 +49,47 @@ def _linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, sc
     nd = decay.shape[3]
     nb = beta.shape[2]
     u = np.empty(dv, np.float32)
+    r = np.empty(dv, np.float32)
+    o = np.empty((group, dv), np.float32)
     for b in range(B):
         for g in range(Hkv):
             S = state[b, g]
             for t in range(T):
-                if gating:
+                for m in range(dv):
+                    r[m] = 0.0
+                if gating or delta:
                     for d in range(dk):
-                        f = math.exp(decay[b, t, g, d if nd > 1 else 0])
-                        for m in range(dv):
-                            S[d, m] *= f
+                        row = S[d]
+                        if gating:
+                            f = math.exp(decay[b, t, g, d if nd > 1 else 0])
+                            for m in range(dv):
+                                row[m] *= f
+                        if delta:
+                            kd = k[b, t, g, d]
+                            for m in range(dv):
+                                r[m] += row[m] * kd
                 if delta:
                     bt = beta[b, t, g if nb > 1 else 0]
                     for m in range(dv):
-                        r = np.float32(0.0)
-                        for d in range(dk):
-                            r += S[d, m] * k[b, t, g, d]
-                        u[m] = bt * (v[b, t, g, m] - r)
+                        u[m] = bt * (v[b, t, g, m] - r[m])
                 else:
                     for m in range(dv):
                         u[m] = v[b, t, g, m]
+                for j in range(group):
+                    for m in range(dv):
+                        o[j, m] = 0.0
                 for d in range(dk):
+                    row = S[d]
                     kd = k[b, t, g, d]
                     for m in range(dv):
-                        S[d, m] += kd * u[m]
-                for h in range(g * group, (g + 1) * group):
+                        row[m] += kd * u[m]
+                    for j in range(group):
+                        qd = q[b, t, g * group + j, d]
+                        for m in range(dv):
+                            o[j, m] += qd * row[m]
+                for j in range(group):
                     for m in range(dv):
-                        o = np.float32(0.0)
-                        for d in range(dk):
-                            o += q[b, t, h, d] * S[d, m]
-                        out[b, t, h, m] = scale * o
+                        out[b, t, g * group + j, m] = scale * o[j, m]
 
 
 @njit(cache=True, nogil=True)
@@ -92,7 +107,7 @@ def _causal_conv_kernel(x, w, bias, past, out, silu):
                     xv = past[b, c, p] if p < P else x[b, c, p - P]
                     acc += w[c, i] * xv
                 if silu:
-                    acc = acc / (1.0 + math.exp(-acc))
+                    acc = acc * fsigmoid(acc)
                 out[b, c, t] = acc
 
 

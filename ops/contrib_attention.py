@@ -184,14 +184,38 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
         for g in range(group):
             for d in range(D):
                 qg[g, d] = q[b, 0, kh * group + g, d]
-        for j in range(lo, hi):
-            krow = pk[b, kh, j]
+        kmat = pk[b, kh]  # (L, D) views taken once per task: no array view per key row
+        vmat = pv[b, kh]
+        # Raw scores, four keys per pass over the query row (one load of q per four products).
+        j = lo
+        while j + 4 <= hi:
             for g in range(group):
-                h = kh * group + g
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for d in range(D):
+                    qd = qg[g, d]
+                    a0 += qd * kmat[j, d]
+                    a1 += qd * kmat[j + 1, d]
+                    a2 += qd * kmat[j + 2, d]
+                    a3 += qd * kmat[j + 3, d]
+                sc[g, j - lo] = a0
+                sc[g, j + 1 - lo] = a1
+                sc[g, j + 2 - lo] = a2
+                sc[g, j + 3 - lo] = a3
+            j += 4
+        while j < hi:
+            for g in range(group):
                 acc = np.float32(0.0)
                 for d in range(D):
-                    acc += qg[g, d] * krow[d]
-                x = acc * scale
+                    acc += qg[g, d] * kmat[j, d]
+                sc[g, j - lo] = acc
+            j += 1
+        for j in range(lo, hi):
+            for g in range(group):
+                h = kh * group + g
+                x = sc[g, j - lo] * scale
                 if softcap > 0:
                     x = softcap * math.tanh(x / softcap)
                 if has_bias:
@@ -222,12 +246,22 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
             for j in range(n):
                 sc[g, j] *= inv
         accv = np.zeros((group, Dv), np.float32)
-        for j in range(lo, hi):
-            vrow = pv[b, kh, j]
+        j = lo
+        while j + 4 <= hi:  # four value rows per pass over the accumulators
+            for g in range(group):
+                w0 = sc[g, j - lo]
+                w1 = sc[g, j + 1 - lo]
+                w2 = sc[g, j + 2 - lo]
+                w3 = sc[g, j + 3 - lo]
+                for d in range(Dv):
+                    accv[g, d] += (w0 * vmat[j, d] + w1 * vmat[j + 1, d]) + (w2 * vmat[j + 2, d] + w3 * vmat[j + 3, d])
+            j += 4
+        while j < hi:
             for g in range(group):
                 w = sc[g, j - lo]
                 for d in range(Dv):
-                    accv[g, d] += w * vrow[d]
+                    accv[g, d] += w * vmat[j, d]
+            j += 1
         for g in range(group):
             for d in range(Dv):
                 out[b, 0, kh * group + g, d] = accv[g, d]

@@ -163,10 +163,10 @@ def split_packed(x, H, kvH):
 
 
 @njit(**_OPTS)
-def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
-            interleaved, sink_mode, causal, windowed=False):
-    """GroupQueryAttention, float32: the wrapper's shared past/present path, or (``windowed``) its
-    sliding-window cache of fixed capacity holding the last L(T) positions."""
+def _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, rotary, interleaved, window,
+              windowed):
+    """GroupQueryAttention's checks and per-batch positions, and the rotated q/k: (q4, k4, v4, past_b, totals,
+    n_new, kbase, L)."""
     B, S, hq = q3.shape
     D = hq // H
     if hq != H * D or k3.shape[2] != kvH * D or v3.shape[2] != kvH * D or k3.shape[0] != B or k3.shape[1] != S:
@@ -234,6 +234,46 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
         q4 = q3.reshape((B, S, H, D))
         k4 = k3.reshape((B, S, kvH, D))
     v4 = v3.reshape((B, S, kvH, D))
+    return q4, k4, v4, past_b, totals, n_new, kbase, L
+
+
+@njit(**_OPTS)
+def _gqa_attend(q4, kc, vc, past_b, att_total, kbase, sc, softcap, total, window, sink_mode, causal):
+    """Attention of q4 (B, S, H, D) over the caches kc/vc (B, kvH, L, D): out (B, S, H, D)."""
+    B, S, H, D = q4.shape
+    params = np.empty(2, np.float32)
+    params[0] = sc if sc != 0 else 1.0 / math.sqrt(D)
+    params[1] = softcap
+    out = np.empty((B, S, H, D), np.float32)
+    work = B * H * S * max(total, 1) * D
+    bias = np.zeros((1, 1, 1, 1), np.float32)
+    sink = np.zeros(1, np.float32)
+    if S == 1:
+        if work < GQA_DECODE_PARALLEL_WORK:
+            gqa_decode_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
+                              sink, sink_mode, out)
+        else:
+            gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
+                           sink, sink_mode, out)
+    else:
+        if work < 1 << 16:
+            gqa_prefill_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
+                               sink, sink_mode, bias, 0, out)
+        else:
+            gqa_prefill_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
+                            sink, sink_mode, bias, 0, out)
+    return out
+
+
+@njit(**_OPTS)
+def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
+            interleaved, sink_mode, causal, windowed=False):
+    """GroupQueryAttention, float32: the wrapper's shared past/present path, or (``windowed``) its
+    sliding-window cache of fixed capacity holding the last L(T) positions."""
+    q4, k4, v4, past_b, totals, n_new, kbase, L = _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos,
+                                                             has_pos, H, kvH, rotary, interleaved, window, windowed)
+    B, S, _, D = q4.shape
+    P = pk.shape[2]
     if windowed:
         live = 0
         for b in range(B):
@@ -257,30 +297,10 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
                     pres_v[b, h, j, d] = 0.0
     _ca._cache_write_kernel(past_b, k4, pres_k)
     _ca._cache_write_kernel(past_b, v4, pres_v)
-    params = np.empty(2, np.float32)
-    params[0] = sc if sc != 0 else 1.0 / math.sqrt(D)
-    params[1] = softcap
     att_total = np.empty(B, np.int64)
     for b in range(B):
         att_total[b] = past_b[b] + n_new[b] if windowed else totals[b]
-    out = np.empty((B, S, H, D), np.float32)
-    work = B * H * S * max(total, 1) * D
-    bias = np.zeros((1, 1, 1, 1), np.float32)
-    sink = np.zeros(1, np.float32)
-    if S == 1:
-        if work < GQA_DECODE_PARALLEL_WORK:
-            gqa_decode_serial(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
-                              sink, sink_mode, out)
-        else:
-            gqa_decode_par(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
-                           sink, sink_mode, out)
-    else:
-        if work < 1 << 16:
-            gqa_prefill_serial(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
-                               sink, sink_mode, bias, 0, out)
-        else:
-            gqa_prefill_par(q4, pres_k, pres_v, past_b, att_total, kbase, params, causal, window, bias, False,
-                            sink, sink_mode, bias, 0, out)
+    out = _gqa_attend(q4, pres_k, pres_v, past_b, att_total, kbase, sc, softcap, total, window, sink_mode, causal)
     if windowed:  # keep the last L(T) rows of the staged cache at rows [0, L(T)) of a capacity-P buffer
         wk, wv = pres_k, pres_v
         pres_k = np.zeros((B, kvH, P, D), np.float32)
@@ -294,6 +314,24 @@ def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH
                         pres_k[b, h, j, d] = wk[b, h, end - n + j, d]
                         pres_v[b, h, j, d] = wv[b, h, end - n + j, d]
     return out.reshape((B, S, H * D)), pres_k, pres_v
+
+
+@njit(**_OPTS)
+def gqa_f32_shared(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
+                   interleaved, sink_mode, causal):
+    """``gqa_f32`` over donated past buffers (past and present sharing one buffer): when the past has room for
+    ``total`` positions the new rows are written into it and it is returned as present, its rows past the live
+    ones left as they are (nothing is copied); otherwise ``gqa_f32``."""
+    if pk.shape[2] < total or pv.shape[2] < total:
+        return gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window,
+                       rotary, interleaved, sink_mode, causal, False)
+    q4, k4, v4, past_b, totals, n_new, kbase, L = _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos,
+                                                             has_pos, H, kvH, rotary, interleaved, window, False)
+    _ca._cache_write_kernel(past_b, k4, pk)
+    _ca._cache_write_kernel(past_b, v4, pv)
+    out = _gqa_attend(q4, pk, pv, past_b, totals, kbase, sc, softcap, total, window, sink_mode, causal)
+    B, S = q3.shape[0], q3.shape[1]
+    return out.reshape((B, S, H * q4.shape[3])), pk, pv
 
 
 # -- the emitter -----------------------------------------------------------------------------------
@@ -343,6 +381,10 @@ class Emitted:
 
     def const(self, k):
         return self.t.const(self.node.inputs[k]) if self.has(k) else None
+
+    def donated(self, k):
+        """Input ``k`` is a graph input read by this node only, which the caller lets it overwrite."""
+        return self.has(k) and self.node.inputs[k] in getattr(self.t, "donated", ())
 
     def used(self, k):
         return k < len(self.node.outputs) and bool(self.node.outputs[k])
@@ -805,10 +847,12 @@ def _gqa(e):
     else:
         sp = e.use(__name__, "split_packed")
         e.line(f"{{p}}_q, {{p}}_k, {{p}}_v = {sp}({{i0}}, {H}, {kvH})")
+    inplace = False
     if e.has(3):
         if e.rank(3) != 4:
             raise Decline("past rank")
         e.line("{p}_pk, {p}_pv = {i3}, {i4}")
+        inplace = not windowed and e.donated(3) and e.donated(4) and e.node.inputs[3] != e.node.inputs[4]
     else:
         e.line(f"{{p}}_pk = np.zeros(({{i0}}.shape[0], {kvH}, 0, 1), np.float32)", "{p}_pv = {p}_pk")
     tr = e.rank(6)
@@ -832,10 +876,13 @@ def _gqa(e):
     else:
         e.line("{p}_pos = np.zeros((1, 1), np.int64)")
         has_pos = "False"
+    tail = "" if inplace else f", {windowed}"
+    if inplace:
+        g = e.use(__name__, "gqa_f32_shared")
     e.line(f"{{o0}}, {{p}}_pk2, {{p}}_pv2 = {g}({{p}}_q, {{p}}_k, {{p}}_v, {{p}}_pk, {{p}}_pv, {{p}}_sl, {{p}}_t, "
            f"{{p}}_cos, {{p}}_sin, {{p}}_pos, {has_pos}, {H}, {kvH}, {float(a.get('scale', 0.0))!r}, "
            f"{float(a.get('softcap', 0.0))!r}, {window}, {bool(rotary)}, {bool(int(a.get('rotary_interleaved', 0)))}, "
-           f"{sink_mode}, {bool(int(a.get('causal', 1)))}, {windowed})")
+           f"{sink_mode}, {bool(int(a.get('causal', 1)))}{tail})")
     e.declare(0, F32, 3)
     e.declare(1, F32, 4)
     e.declare(2, F32, 4)

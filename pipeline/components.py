@@ -13,9 +13,13 @@
 The decoder owns its loop-carried values.  KV caches live in static buffers
 sized to ``max_length`` and written in place (only the new positions of each
 step are written, so a step's cost follows the live length); recurrent and
-conv state pairs are replaced by each step's outputs.  The native decoder
-feeds a step's present caches (fresh arrays holding exactly the live rows)
-back as the next step's past, so nothing is copied between steps; across its
+conv state pairs are replaced by each step's outputs.  The native decoder's
+attention caches are max-length buffers that past and present share: its
+session (``SessionOptions.kv_share_buffer``) lets GroupQueryAttention write
+the new rows into them in place, so nothing is copied between steps (with
+``ONNX_NUMBA_KV_SHARE_BUFFER=0``, or where the step does not write in place,
+each step's present holds exactly the live rows and is fed back as the next
+step's past); across its
 ``prefill`` / ``step`` boundary only the step's ids or embeddings (and the
 small mask / position inputs it builds itself) go in, and only logits or
 the argmax come out; ``transfers`` counts exactly those bytes.
@@ -331,6 +335,11 @@ class DecoderComponent:
         raise NotImplementedError
 
 
+def _same_buffer(a, b) -> bool:
+    """``b`` is ``a`` or a view of the same memory with the same shape."""
+    return a is b or (a.shape == b.shape and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 def _is_head_dim(d) -> bool:
     return isinstance(d, str) and d in ("kv_cache_dim", "head_size", "head_dim")
 
@@ -370,19 +379,35 @@ class NativeDecoder(DecoderComponent):
             options.compiled_regions = False
         elif getattr(options, "compiled_regions", None) is None:
             options.compiled_regions = True
+        # Attention caches share one max-length buffer between past and present (written in place) unless the
+        # caller's options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
+        if os.environ.get("ONNX_NUMBA_KV_SHARE_BUFFER", "1") == "0":
+            options.kv_share_buffer = False
+        elif getattr(options, "kv_share_buffer", None) is None:
+            options.kv_share_buffer = True
         sess = InferenceSession(spec.filename, options, providers=providers)
         self._order = None
         self._carry = False
         self._live = {}
         self._fast = None
+        self._want_shared = bool(options.kv_share_buffer)
+        self._shared = None  # whether the step writes its caches in place (found at the first step)
+        self._bufs = {}      # max-length cache buffers, kept across resets
         super().__init__(spec, pipeline, sess, max_length, batch)
 
     def _past(self, name):
-        # A step's present (a fresh, contiguous array holding every live row) is the next step's past as it
-        # is: feeding it copies nothing.
+        # A step's present (a fresh, contiguous array holding every live row, or with shared buffers the
+        # max-length buffer it was written into) is the next step's past as it is: feeding it copies nothing.
         live = self._live.get(name)
         if live is not None:
             return live
+        if self._carry and self._want_shared and self._shared is not False and name not in self._window:
+            buf = self._bufs.get(name)
+            if buf is None:
+                buf = self._bufs[name] = np.zeros(self._concrete(name, self.max_length),
+                                                  _np_type(self.inputs[name].type))
+            self._live[name] = buf
+            return buf
         return super()._past(name)
 
     def _run(self, feeds, seq_len):
@@ -538,6 +563,8 @@ class NativeDecoder(DecoderComponent):
 
     def rewind(self, length: int):
         super().rewind(length)
+        if self._shared:
+            return  # rows past ``length`` are never read, and the next steps overwrite them
         for i, v in list(self._live.items()):
             ax = self._seq_axis(i)
             idx = [slice(None)] * v.ndim
@@ -548,6 +575,25 @@ class NativeDecoder(DecoderComponent):
         """Keep a step's presents as the next step's pasts (``outs`` in output order); ``_forward`` has checked
         the new length against ``max_length`` before the step ran."""
         window = self._window
+        if self._shared is None and self._kv_at:
+            self._shared = self._want_shared and all(
+                i in window or (self._live.get(i) is not None and _same_buffer(self._live[i], outs[k]))
+                for i, k in self._kv_at)
+            if not self._shared:  # the step copied the caches: keep exactly the live rows from now on
+                total = self._length + seq_len
+                for i, k in self._kv_at:
+                    if i not in window:
+                        ax = self._seq_axis(i)
+                        idx = [slice(None)] * outs[k].ndim
+                        idx[ax] = slice(0, total)
+                        self._live[i] = np.ascontiguousarray(outs[k][tuple(idx)])
+                for i, k in self._state_at:
+                    self.state[i] = outs[k]
+                for i, k in self._kv_at:
+                    if i in window:
+                        self.window_kv[i] = outs[k]
+                self._length += seq_len
+                return
         for i, k in self._kv_at:
             if i in window:
                 self.window_kv[i] = outs[k]

@@ -62,9 +62,10 @@ def cache_dir() -> str:
 class _Types:
     """Static facts the forms read: dtype and rank per value, initializer arrays."""
 
-    def __init__(self, value_info, initializers):
+    def __init__(self, value_info, initializers, donated=frozenset()):
         self.value_info = value_info
         self.initializers = initializers
+        self.donated = frozenset(donated)  # graph inputs read by one node only, which may write into them
         self.declared = {}  # name -> (dtype, rank) a form stated for an output shape inference left unknown
 
     def dtype(self, name):
@@ -96,9 +97,11 @@ def _emit_all(nodes, types, used_after):
     return res
 
 
-def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min_nodes: int = MIN_NODES):
-    """Maximal [start, end) runs of nodes that all have a compiled form, with their emitted code."""
-    types = _Types(value_info, initializers)
+def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min_nodes: int = MIN_NODES,
+                 donated=frozenset()):
+    """Maximal [start, end) runs of nodes that all have a compiled form, with their emitted code.  ``donated``:
+    graph inputs, each read by one node, that the caller lets that node overwrite."""
+    types = _Types(value_info, initializers, donated)
     emitted = _emit_all(nodes, types, outputs_read_after)
     runs, start = [], None
     for i, (n, impl, e) in enumerate(zip(nodes, impls, emitted)):

@@ -51,6 +51,12 @@ class SessionOptions:
         # Runs of nodes with compiled forms run as one generated function each (runtime/regions.py).  None: the
         # caller's default (off for a session; the pipeline's native decoder turns it on).
         self.compiled_regions = None
+        # GroupQueryAttention nodes whose past_key/past_value are graph inputs read by nothing else write the new
+        # rows into those buffers and return them as present when they have room for the total sequence (past and
+        # present share one max-length buffer, onnxruntime-genai's past_present_share_buffer): the caller donates
+        # the buffers.  Compiled regions only; a past with no room is copied as usual.  None: the caller's default
+        # (off for a session; the pipeline's native decoder turns it on).
+        self.kv_share_buffer = None
         # Decode sibling (single-trip Scan inlining); None: read ONNX_NUMBA_DECODE_INLINE_SCAN.
         self.decode_inline_scan = None
         self.intra_op_num_threads = 0

@@ -75,3 +75,32 @@ def test_greedy_fast_step_is_the_plain_step(name):
     with pytest.raises(ValueError, match="max_length"):
         d.greedy_step(tok)
     assert d.kv_length == len(prompt) + 2
+
+
+@pytest.mark.parametrize("name", ["llama_int4", "qwen35_fp32"])
+def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
+    """The native decoder's attention caches are max-length buffers written in place (past and present share
+    them): the same tokens as with copied caches (ONNX_NUMBA_KV_SHARE_BUFFER=0), and a rewind keeps working."""
+    import numpy as np
+    spec = load_package(os.path.join(HERE, name))
+    prompt = PROMPTS[0]
+    shared = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    ids = shared.generate(prompt, 12)
+    d = shared.decoder
+    assert d._shared is True and d._live
+    for k, v in d._live.items():
+        if k in d._bufs:
+            assert v is d._bufs[k] and v.shape[d._seq_axis(k)] == shared.max_length
+    monkeypatch.setenv("ONNX_NUMBA_KV_SHARE_BUFFER", "0")
+    copied = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    assert copied.generate(prompt, 12) == ids
+    assert copied.decoder._shared is False
+    assert all(v.shape[copied.decoder._seq_axis(k)] == len(prompt) + 11 for k, v in copied.decoder._live.items()
+               if k in spec.decoder.io.kv_inputs)
+    if not d.io.state_pairs:  # a recurrent state cannot rewind
+        d.reset()
+        t0 = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
+        t1 = d.greedy_step(t0)
+        t2 = d.greedy_step(t1)
+        d.rewind(len(prompt) + 1)
+        assert d.greedy_step(t1) == t2 == ids[2]

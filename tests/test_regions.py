@@ -205,3 +205,63 @@ def test_group_query_attention_sliding_window_cache(S, total):
     H, kvH, D, C, W = 4, 2, 8, 8, 4
     model, n = _gqa_model(H, kvH, D, C, do_rotary=1, local_window_size=W, sliding_window_cache=1)
     _check(model, _gqa_feeds(H, kvH, D, S, total, C), n, exact=False)
+
+
+@pytest.mark.parametrize("S,live,rotary", [(1, 9, 1), (3, 4, 0), (5, 0, 1)])
+def test_shared_kv_buffers_are_written_in_place(S, live, rotary):
+    """``kv_share_buffer``: past buffers with room for the total sequence are donated, so GroupQueryAttention writes
+    the new rows into them and returns them as present; attention and the live rows equal the copying path's, fed
+    only the live rows."""
+    H, kvH, D, cap = 4, 2, 8, 16
+    model, n = _gqa_model(H, kvH, D, "p", do_rotary=rotary)
+    opts = SessionOptions()
+    opts.compiled_regions = True
+    opts.kv_share_buffer = True
+    shared = InferenceSession(model, opts)
+    assert _covered(shared) == n
+    plain = InferenceSession(model)
+    feeds = _gqa_feeds(H, kvH, D, S, S + live, cap)
+    pk, pv = feeds["pk"].copy(), feeds["pv"].copy()
+    ref = plain.run(None, dict(feeds, pk=pk[:, :, :live].copy(), pv=pv[:, :, :live].copy()))
+    o, k, v = shared.run(None, feeds)
+    assert k.__array_interface__["data"][0] == feeds["pk"].__array_interface__["data"][0] and k.shape == pk.shape
+    assert v.__array_interface__["data"][0] == feeds["pv"].__array_interface__["data"][0]
+    np.testing.assert_array_equal(o, ref[0])
+    np.testing.assert_array_equal(k[:, :, :S + live], ref[1])
+    np.testing.assert_array_equal(v[:, :, :S + live], ref[2])
+    np.testing.assert_array_equal(k[:, :, S + live:], pk[:, :, S + live:])  # rows past the live ones: untouched
+    # No room for the total: the past is copied as usual, the caller's buffer is left alone.
+    small = _gqa_feeds(H, kvH, D, S, S + live, live)
+    before = small["pk"].copy()
+    o2, k2, _ = shared.run(None, small)
+    np.testing.assert_array_equal(small["pk"], before)
+    np.testing.assert_array_equal(o2, plain.run(None, small)[0])
+
+
+def test_a_past_read_by_another_node_is_not_donated():
+    """Only graph inputs read by a single node may be overwritten: here the past also feeds a Shape."""
+    H, kvH, D = 4, 2, 8
+    nodes = [
+        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
+        helper.make_node("Sub", ["s", "one"], ["s1"]),
+        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["mask"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
+        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
+        helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot"],
+                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH),
+        helper.make_node("Shape", ["pk"], ["pk_shape"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
+             numpy_helper.from_array(np.array(1, np.int64), "one")]
+    model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
+                           _vi("pk", F, ["b", kvH, "p", D]), _vi("pv", F, ["b", kvH, "p", D])],
+                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None), _vi("pk_shape", I64, None)], inits)
+    opts = SessionOptions()
+    opts.compiled_regions = True
+    opts.kv_share_buffer = True
+    feeds = _gqa_feeds(H, kvH, D, 1, 6, 16)
+    before = feeds["pk"].copy()
+    _, k, _, _ = InferenceSession(model, opts).run(None, feeds)
+    np.testing.assert_array_equal(feeds["pk"], before)
+    assert k.__array_interface__["data"][0] != feeds["pk"].__array_interface__["data"][0]

@@ -367,6 +367,8 @@ class NativeDecoder(DecoderComponent):
     re-checked); a step's present caches and state are the next step's inputs as they are."""
 
     backend = "native"
+    _want_shared = False  # subclasses that do not run this __init__ (the CUDA decoder) keep copied caches
+    _shared = None
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         import copy

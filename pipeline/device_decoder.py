@@ -191,6 +191,7 @@ class CudaDecoder(NativeDecoder):
     """Native decoder on ``CUDAExecutionProvider``; caches and state stay on the device (module docstring)."""
 
     backend = "native"
+    _fast = False  # greedy_step runs the plain device step (no direct region call on the device plan)
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         from runtime import InferenceSession

@@ -123,9 +123,9 @@ def test_norms_and_gelu():
     _check(model, feeds, len(nodes))
 
 
-def _gqa_model(H, kvH, D, past_dim, **attrs):
+def _gqa_model(H, kvH, D, past_dim, extra=(), extra_outputs=(), **attrs):
     """The builder's attention block: seqlens_k and total length from the mask, then GroupQueryAttention on packed
-    QKV with past buffers of ``past_dim`` rows (a symbol, or a fixed capacity)."""
+    QKV with past buffers of ``past_dim`` rows (a symbol, or a fixed capacity); ``extra`` nodes are appended."""
     nodes = [
         helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
         helper.make_node("Sub", ["s", "one"], ["s1"]),
@@ -135,14 +135,14 @@ def _gqa_model(H, kvH, D, past_dim, **attrs):
         helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
         helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot", "cos", "sin"],
                          ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH, **attrs),
-    ]
+    ] + list(extra)
     inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
              numpy_helper.from_array(np.array(1, np.int64), "one"),
              numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "cos"),
              numpy_helper.from_array(RNG.standard_normal((64, D // 2)).astype(np.float32), "sin")]
     model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
                            _vi("pk", F, ["b", kvH, past_dim, D]), _vi("pv", F, ["b", kvH, past_dim, D])],
-                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)], inits)
+                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None)] + list(extra_outputs), inits)
     return model, len(nodes)
 
 
@@ -241,22 +241,8 @@ def test_shared_kv_buffers_are_written_in_place(S, live, rotary):
 def test_a_past_read_by_another_node_is_not_donated():
     """Only graph inputs read by a single node may be overwritten: here the past also feeds a Shape."""
     H, kvH, D = 4, 2, 8
-    nodes = [
-        helper.make_node("ReduceSum", ["mask", "one_ax"], ["s"], keepdims=0),
-        helper.make_node("Sub", ["s", "one"], ["s1"]),
-        helper.make_node("Cast", ["s1"], ["seqlens"], to=TensorProto.INT32),
-        helper.make_node("Shape", ["mask"], ["shp"]),
-        helper.make_node("Gather", ["shp", "one"], ["tot64"], axis=0),
-        helper.make_node("Cast", ["tot64"], ["tot"], to=TensorProto.INT32),
-        helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens", "tot"],
-                         ["o", "k", "v"], domain=MS, num_heads=H, kv_num_heads=kvH),
-        helper.make_node("Shape", ["pk"], ["pk_shape"]),
-    ]
-    inits = [numpy_helper.from_array(np.array([1], np.int64), "one_ax"),
-             numpy_helper.from_array(np.array(1, np.int64), "one")]
-    model = _model(nodes, [_vi("qkv", F, ["b", "s", (H + 2 * kvH) * D]), _vi("mask", I64, ["b", "t"]),
-                           _vi("pk", F, ["b", kvH, "p", D]), _vi("pv", F, ["b", kvH, "p", D])],
-                   [_vi("o", F, None), _vi("k", F, None), _vi("v", F, None), _vi("pk_shape", I64, None)], inits)
+    model, _ = _gqa_model(H, kvH, D, "p", extra=[helper.make_node("Shape", ["pk"], ["pk_shape"])],
+                          extra_outputs=[_vi("pk_shape", I64, None)])
     opts = SessionOptions()
     opts.compiled_regions = True
     opts.kv_share_buffer = True

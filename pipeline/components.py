@@ -236,26 +236,16 @@ class DecoderComponent:
         length = self._length
         total = length + seq_len
         if io.attention_mask_input and io.attention_mask_input in self.inputs and io.attention_mask_input not in feeds:
-            ones = self._ones
-            if ones is None or ones.shape[1] < total:
-                t = _np_type(self.inputs[io.attention_mask_input].type)
-                ones = self._ones = np.ones((b, max(total, self.max_length)), t)
-            # A prefix of one row of ones is contiguous; with several rows it is copied.
-            m = ones[:, :total]
-            feeds[io.attention_mask_input] = m if b == 1 else np.ascontiguousarray(m)
+            feeds[io.attention_mask_input] = self._mask_prefix(total)
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in self.inputs and pname not in feeds:
             rank = pos.rank if pos is not None else 1
             t = _np_type(self.inputs[pname].type)
             if rank == 3:
-                if pos.continuation == "carry_max" and self._positions_max is not None:
-                    start = self._positions_max + 1
-                else:
-                    start = np.full(3, length, np.int64)
+                start = self._rank3_start(length, seq_len)
                 ids = np.empty((3, b, seq_len), t)
                 ids[...] = (start[:, None] + np.arange(seq_len, dtype=np.int64)[None, :])[:, None, :]
-                self._positions_max = start + (seq_len - 1)
             else:
                 ids = np.empty((b, seq_len), t)
                 ids[...] = np.arange(length, total, dtype=np.int64)
@@ -266,6 +256,26 @@ class DecoderComponent:
                 if port in self.inputs and port not in feeds:
                     feeds[port] = np.zeros(absent.shape, absent.dtype)
         return feeds
+
+    def _mask_prefix(self, total):
+        """The attention mask for ``total`` positions: a prefix of a kept (batch, max_length) block of ones (one
+        row's prefix is contiguous; with several rows it is copied)."""
+        ones = self._ones
+        if ones is None or ones.shape[1] < total:
+            t = _np_type(self.inputs[self.io.attention_mask_input].type)
+            ones = self._ones = np.ones((self.batch, max(total, self.max_length)), t)
+        m = ones[:, :total]
+        return m if self.batch == 1 else np.ascontiguousarray(m)
+
+    def _rank3_start(self, length, seq_len):
+        """The first of ``seq_len`` new mrope positions per stream (from each stream's previous maximum + 1 with
+        ``carry_max``, else from the cache length); records the new maxima."""
+        if self.pipeline.positions.continuation == "carry_max" and self._positions_max is not None:
+            start = self._positions_max + 1
+        else:
+            start = np.full(3, length, np.int64)
+        self._positions_max = start + (seq_len - 1)
+        return start
 
     # -- running -----------------------------------------------------------------------------------
     def prefill(self, tokens=None, embeds=None, extra=None, want="logits"):
@@ -463,7 +473,6 @@ class NativeDecoder(DecoderComponent):
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         rank = pos.rank if pos is not None else 1
-        carry_max = pos is not None and pos.continuation == "carry_max"
         posarr = None
         mask_at = None
         carried = []  # (argument position, input name, where it lives)
@@ -481,7 +490,7 @@ class NativeDecoder(DecoderComponent):
                 posarr = np.zeros((3, 1, 1) if rank == 3 else (1, 1), t)
                 args[p] = posarr
             elif n in self._kv_names:
-                carried.append((p, n, self._window if n in self._window else None))
+                carried.append((p, n, "window" if n in self._window else "kv"))
             elif n in self.state:
                 carried.append((p, n, "state"))
             elif n in opt:
@@ -503,26 +512,17 @@ class NativeDecoder(DecoderComponent):
             ids[0, 0] = token
             args[0] = nthreads()
             if mask_at is not None:
-                ones = self._ones
-                if ones is None or ones.shape[1] < total:
-                    t = _np_type(self.inputs[io.attention_mask_input].type)
-                    ones = self._ones = np.ones((1, max(total, self.max_length)), t)
-                args[mask_at] = ones[:, :total]
+                args[mask_at] = self._mask_prefix(total)
             if posarr is not None:
                 if rank == 3:
-                    if carry_max and self._positions_max is not None:
-                        start = self._positions_max + 1
-                    else:
-                        start = np.full(3, length, np.int64)
-                    posarr[:, 0, 0] = start
-                    self._positions_max = start
+                    posarr[:, 0, 0] = self._rank3_start(length, 1)
                 else:
                     posarr[0, 0] = length
             live, state = self._live, self.state
-            for p, n, where in carried:
-                if where == "state":
+            for p, n, kind in carried:
+                if kind == "state":
                     args[p] = state[n]
-                elif where is None:
+                elif kind == "kv":
                     v = live.get(n)
                     args[p] = v if v is not None else self._past(n)
                 else:
@@ -577,30 +577,22 @@ class NativeDecoder(DecoderComponent):
         """Keep a step's presents as the next step's pasts (``outs`` in output order); ``_forward`` has checked
         the new length against ``max_length`` before the step ran."""
         window = self._window
+        trim = None
         if self._shared is None and self._kv_at:
             self._shared = self._want_shared and all(
                 i in window or (self._live.get(i) is not None and _same_buffer(self._live[i], outs[k]))
                 for i, k in self._kv_at)
             if not self._shared:  # the step copied the caches: keep exactly the live rows from now on
-                total = self._length + seq_len
-                for i, k in self._kv_at:
-                    if i not in window:
-                        ax = self._seq_axis(i)
-                        idx = [slice(None)] * outs[k].ndim
-                        idx[ax] = slice(0, total)
-                        self._live[i] = np.ascontiguousarray(outs[k][tuple(idx)])
-                for i, k in self._state_at:
-                    self.state[i] = outs[k]
-                for i, k in self._kv_at:
-                    if i in window:
-                        self.window_kv[i] = outs[k]
-                self._length += seq_len
-                return
+                trim = self._length + seq_len
         for i, k in self._kv_at:
             if i in window:
                 self.window_kv[i] = outs[k]
-            else:
+            elif trim is None:
                 self._live[i] = outs[k]
+            else:
+                idx = [slice(None)] * outs[k].ndim
+                idx[self._seq_axis(i)] = slice(0, trim)
+                self._live[i] = np.ascontiguousarray(outs[k][tuple(idx)])
         for i, k in self._state_at:
             self.state[i] = outs[k]
         self._length += seq_len

@@ -7,7 +7,10 @@ buffer when the planner gave one whose shape and dtype match.
 """
 from __future__ import annotations
 
+import types as _pytypes
+
 import numpy as np
+from numba import njit
 
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 
@@ -178,3 +181,13 @@ def window_geometry(name, xshape, kernel, auto_pad="NOTSET", dilations=None, pad
     if any(o < 0 for o in out):
         raise ShapeMismatchError(f"{name}: input spatial shape {ins} is smaller than the dilated kernel {ek}")
     return k, s, d, pb, pe, out
+
+
+def serial_twin(dispatcher, suffix="_serial"):
+    """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
+    f = dispatcher.py_func
+    g = _pytypes.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__, f.__closure__)
+    g.__qualname__ = f.__qualname__ + suffix
+    g.__module__ = f.__module__
+    opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
+    return njit(cache=True, **opts)(g)

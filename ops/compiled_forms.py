@@ -25,12 +25,12 @@ name) below a work threshold.
 from __future__ import annotations
 
 import math
-import types as _pytypes
 
 import numpy as np
 from numba import njit, prange
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
+from ._common import serial_twin
 from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import indexing as _ix
@@ -43,29 +43,16 @@ MS = "com.microsoft"
 F32 = np.dtype(np.float32)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 PARALLEL_WORK = 1 << 16  # multiply-adds below which a serial kernel beats waking the thread pool
-# A decode step's attention (B*H*T*D multiply-adds per product) runs serially below this: waking the pool between
-# steps costs 80-100 us on a 2-core host, and the serial kernel measured as fast or faster up to about four million
-# (T=1024 at 32 heads of 128).
-GQA_DECODE_PARALLEL_WORK = 1 << 22
+GQA_DECODE_PARALLEL_WORK = _ca.GQA_DECODE_PARALLEL_WORK
 
 
 class Decline(Exception):
     """The form cannot express this node; it runs through its wrapper instead."""
 
 
-def serial_twin(dispatcher, suffix="_serial"):
-    """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
-    f = dispatcher.py_func
-    g = _pytypes.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__, f.__closure__)
-    g.__qualname__ = f.__qualname__ + suffix
-    g.__module__ = f.__module__
-    opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
-    return njit(cache=True, **opts)(g)
-
-
 # -- kernels the forms call ------------------------------------------------------------------------
 
-gqa_decode_serial = serial_twin(_ca._gqa_decode_kernel)
+gqa_decode_serial = _ca._gqa_decode_serial
 gqa_prefill_serial = serial_twin(_ca._gqa_prefill_kernel)
 gqa_decode_par = _ca._gqa_decode_kernel
 gqa_prefill_par = _ca._gqa_prefill_kernel

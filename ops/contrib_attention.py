@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, check_indices
+from ._common import F32, check_indices, serial_twin
 from ._fastmath import fexp
 from .attention import rope_tok_kernel
 from .registry import op
@@ -267,6 +267,13 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
                 out[b, 0, kh * group + g, d] = accv[g, d]
 
 
+# A decode step's attention (B*H*T*D multiply-adds per product) runs serially below this: waking the pool between
+# steps costs 80-100 us on a 2-core host, and the serial kernel measured as fast or faster up to about four million
+# (T=1024 at 32 heads of 128).  The node wrapper and the compiled form both choose by it.
+GQA_DECODE_PARALLEL_WORK = 1 << 22
+_gqa_decode_serial = serial_twin(_gqa_decode_kernel)
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
@@ -458,7 +465,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     qk_mode = int(qk_output)
     want_qk = qk_mode > 0 and ctx is not None and ctx.n_outputs > 3
     if S == 1 and not want_qk:
-        _gqa_decode_kernel(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
+        kern = _gqa_decode_kernel if B * H * max(total, 1) * D >= GQA_DECODE_PARALLEL_WORK else _gqa_decode_serial
+        kern(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
                            sink_mode, out)
         qk = None
     else:

@@ -8,8 +8,11 @@ input variables, ``{o0}``.. for the outputs and ``{p}`` for a per-node prefix
 of temporaries; the variable ``nthreads`` holds Numba's thread count.  It
 calls the same typed kernels as the op's wrapper (the norm rows, the GQA
 kernels, the generated elementwise loops) or numpy expressions Numba
-compiles to the same IEEE arithmetic; MatMul's several-row products use a
-tiled kernel, equal to the wrapper's BLAS up to summation order.
+compiles to the same IEEE arithmetic.  MatMul against a float32 initializer
+packs it into column panels at plan time (``ops._panels``): one row takes the
+wrapper's panel GEMV, several rows four-row register tiles, equal to the
+wrapper's BLAS up to summation order; against a computed weight, one row
+takes the wrapper's row GEMV and several rows a tiled kernel.
 
 A form raises ``Decline`` for anything it does not express (a dtype, an
 attribute value, an unknown rank); the node then runs through its wrapper.
@@ -35,6 +38,7 @@ from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import indexing as _ix
 from . import matmul as _mm
+from ._panels import gemm_panels, gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
 
 __all__ = ["Decline", "emit", "FORMS", "serial_twin"]
@@ -115,6 +119,7 @@ mm_tiles_serial = serial_twin(mm_tiles)
 gemv_rows = _mm._gemv_rows
 gemv_par = _mm._gemv_par
 gemv_threads = _mm.gemv_threads
+PANEL_PARALLEL_WORK = 1 << 26  # multiply-adds from which a several-row panel product splits its panels over threads
 
 
 @njit(**_OPTS)
@@ -136,6 +141,23 @@ def matmul2(a2, w, nthreads):
         mm_tiles_serial(a2, w, out)
     else:
         mm_tiles(a2, w, out)
+    return out
+
+
+@njit(**_OPTS)
+def matmul_panels(a2, wp, N, nthreads):
+    """(M, K) @ a constant weight packed by ``_panels.pack_panels``, in float32: the MatMul wrapper's one-row
+    kernel and thread split for M = 1 (so decode results equal the per-node plan's), four-row register tiles
+    for several rows."""
+    a2 = np.ascontiguousarray(a2)
+    M, K = a2.shape
+    out = np.empty((M, N), np.float32)
+    if M == 1:
+        gemv_panels(a2, wp, out, panel_threads(wp.shape[0], K, nthreads))
+    elif M * K * N < PANEL_PARALLEL_WORK:
+        gemm_panels(a2, wp, out)
+    else:
+        gemm_panels_par(a2, wp, out)
     return out
 
 
@@ -736,19 +758,26 @@ def _matmul(e):
     ra, rb = e.rank(0), e.rank(1)
     if rb != 2 or ra < 1:
         raise Decline("batched weights")
-    mm = e.use(__name__, "matmul2")
+    w = e.const(1)
+    if w is not None and (w.ndim != 2 or w.dtype != F32 or not w.size):
+        w = None
     e.use("runtime.errors", "ShapeMismatchError")
-    if ra == 1:
-        e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {{i1}}, nthreads).reshape(({{i1}}.shape[1],))")
-        e.declare(0, F32, 1)
-        return
+    if w is not None:  # a constant weight: packed into column panels once, here
+        mm = e.use(__name__, "matmul_panels")
+        weight, inner, ncols = f"{e.constant(pack_panels(w))}, {w.shape[1]}", str(w.shape[0]), str(w.shape[1])
+    else:
+        mm = e.use(__name__, "matmul2")
+        weight, inner, ncols = "{i1}", "{i1}.shape[0]", "{i1}.shape[1]"
+    e.line(f"if {{i0}}.shape[{ra - 1}] != {inner}:",
+           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the inner dimensions do not match\")")
     e.declare(0, F32, ra)
+    if ra == 1:
+        e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {weight}, nthreads).reshape(({ncols},))")
+        return
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
-    e.line(f"if {{i0}}.shape[{ra - 1}] != {{i1}}.shape[0]:",
-           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the inner dimensions do not match\")",
-           f"{{p}}_m = {_prod(lead)}",
-           f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}, nthreads).reshape(("
-           f"{', '.join(lead)}, {{i1}}.shape[1]))")
+    e.line(f"{{p}}_m = {_prod(lead)}",
+           f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {weight}, nthreads).reshape(("
+           f"{', '.join(lead)}, {ncols}))")
 
 
 def _norm_lines(e, x_idx, skip_idx, scale_idx, bias_idx, eps, want_sum):

@@ -7,9 +7,12 @@ weight) folds the left operand's batch into M, so ``(B, S, K) @ (K, N)`` is
 one GEMM.  Float32/float64 GEMMs call numpy's matmul (BLAS) from the wrapper
 (measured faster than Numba's ``np.dot``, which also crashes on read-only
 inputs, and than a hand-blocked kernel on every shape tried); a single
-row (M=1 after folding) takes a GEMV kernel that streams the weight once:
-each thread owns a contiguous range of weight rows and accumulates axpys into
-a private output row (vectorized by reassociation), the rows summed at the end.  Integer products use a
+row (M=1 after folding) against a float32 initializer takes the panel GEMV of
+``ops._panels`` over a copy of the weight packed at bind time (the compiled
+form calls the same kernel), and against any other weight a GEMV kernel that
+streams the weight once: each thread owns a contiguous range of weight rows
+and accumulates axpys into a private output row (vectorized by
+reassociation), the rows summed at the end.  Integer products use a
 plain typed kernel that wraps around like numpy.  16-bit floats are
 computed in float32 and rounded back.
 
@@ -28,6 +31,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, broadcast_shape, lowp, out_buffer
 from ._fastmath import FAST
+from ._panels import gemv_panels, pack_panels, panel_threads
 from .registry import op
 
 __all__ = ["matmul_nd", "einsum"]
@@ -290,12 +294,36 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
 
 # -- MatMul ----------------------------------------------------------------------------------------
 
+def _constant_weight(ctx):
+    """The node's B when it is a 2-d float32 initializer (packed into column panels at bind time), else None."""
+    graph, node = getattr(ctx, "graph", None), getattr(ctx, "node", None)
+    if graph is None or node is None or len(node.inputs) < 2:
+        return None
+    w = graph.initializers.get(node.inputs[1])
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == F32 and w.size:
+        return w
+    return None
+
+
 def _matmul_factory(ctx):
     buf = ctx.out[0] if ctx.out else None
+    w = _constant_weight(ctx)
+    if w is None:
+        def run(a, b):
+            return matmul_nd(a, b, buf)
+        return run
+    K, N = w.shape
+    wp = pack_panels(w)
 
-    def run(a, b):
+    def run_packed(a, b):
+        # One row against the packed weight: the panel GEMV (the compiled form calls the same kernel).
+        if b is w and a.dtype == F32 and a.ndim >= 1 and a.size == K and a.shape[-1] == K:
+            o = out_buffer(buf, a.shape[:-1] + (N,), F32)
+            nt = panel_threads(wp.shape[0], K, numba.get_num_threads())
+            gemv_panels(np.ascontiguousarray(a).reshape(1, K), wp, o.reshape(1, N), nt)
+            return o
         return matmul_nd(a, b, buf)
-    return run
+    return run_packed
 
 
 for _v in (1, 9, 13):

@@ -66,7 +66,10 @@ def test_registered():
         for n in names:
             impl = registry.resolve(MS, n, 1, CUDA)
             assert impl is not None and impl.fn is getattr(mod, n)
-    assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).host_inputs == (6,)
+    # The lengths and positions are read (and validated) on the host, where a decoder computes them.
+    assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).host_inputs == (5, 6, 9)
+    assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).host_inputs == (1,)
+    assert registry.resolve(MS, "MRotaryEmbedding", 1, CUDA).host_inputs == (1,)
 
 
 # -- MatMulNBits -------------------------------------------------------------------------------------
@@ -172,6 +175,7 @@ def test_gqa_decode(H, kvH, packed):
     # one new token over a shared max-length past buffer: entries at different lengths
     P, total = 20, 20
     _gqa(2, 1, P, H, kvH, 8, [11, 17], total, packed=packed)
+    _gqa(1, 1, P, H, kvH, 8, [13], total, packed=packed)  # batch 1: its length is passed by value
 
 
 def test_gqa_prefill_with_past_softcap_window():
@@ -294,3 +298,16 @@ def test_gather_block_quantized_errors():
         f(data, rc.to_device(np.array([0], np.int64)), rc.to_device(np.ones((4, 2), np.float32)), block_size=16)
     with pytest.raises(InvalidAttributeError):
         f(data, rc.to_device(np.array([0], np.int64)), sc, block_size=16, quantize_axis=0)
+
+
+def test_small_uploads_are_shared_by_content():
+    """``upload_small`` uploads each distinct small host array once (the layers of a step share their
+    ``seqlens_k``); other contents get their own copy."""
+    from ops.cuda._common import upload_small
+    a = np.arange(7, dtype=np.int32) * 7919 + 31337
+    with rc.TransferCounter() as tc:
+        d1, d2 = upload_small(a), upload_small(a.copy())
+        d3 = upload_small(a + 1)
+    assert d1 is d2 and d3 is not d1 and tc.h2d_calls == 2
+    np.testing.assert_array_equal(rc.to_host(d3), a + 1)
+    np.testing.assert_array_equal(rc.to_host(d1), a)

@@ -278,3 +278,31 @@ def test_rewind_reuses_the_static_buffer(vlm_package):
     np.testing.assert_allclose(rc.to_host(buf)[0, 0, :3], x[0])
     dec.reset()
     np.testing.assert_allclose(dec.prefill(embeds=x), first)
+
+
+# -- 6. builder packages: GroupQueryAttention, rotary and the hybrid's state on the device -----------------
+# A one-token prompt keeps every product a GEMV (the simulator's tiled GEMM is slow), and the fp32 packages keep
+# the simulator's run short; the int4 kernels are checked against the CPU in test_cuda_contrib.
+
+PACKAGES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages")
+
+
+@pytest.mark.parametrize("name,positions_up", [("llama_fp32", 0), ("qwen35_fp32", 3 * 8)])
+def test_builder_package_decodes_on_the_device_moving_only_the_token(name, positions_up):
+    """The CPU decoder's greedy tokens; per step only the token id (and, for the hybrid's rank-3 mrope
+    positions, the 3 position ids the host builds) goes up and only the argmax comes down: the sequence lengths
+    GroupQueryAttention validates are computed on the host from the mask and never cross."""
+    spec = load_package(os.path.join(PACKAGES, name))
+    pipe = Pipeline(spec, CUDA, max_length=8)
+    assert isinstance(pipe.decoder, CudaDecoder)
+    want = Pipeline(spec, CPU, max_length=8).generate([7], 3)
+    with rc.TransferCounter() as tc:
+        assert pipe.generate([7], 3) == want
+    steps = pipe.decoder.transfers.steps
+    assert len(steps) == 3
+    for s in steps:
+        assert (s["d2h"], s["d2h_calls"]) == (8, 1), s
+        assert s["h2d"] == 8 + positions_up and s["h2d_calls"] == 1 + (positions_up > 0), s
+    assert (tc.h2d, tc.d2h) == (sum(s["h2d"] for s in steps), sum(s["d2h"] for s in steps))
+    assert not pipe.decoder.session.plan.round_trips
+    assert all(rc.is_device_array(v) for v in pipe.decoder.state.values())

@@ -7,9 +7,11 @@ modules are therefore imported on demand (``load()`` or a plain ``import ops.cud
 
 Invariants of every module here:
 - ``numba.cuda`` is reached only through ``runtime.cuda`` (``from runtime.cuda import cuda``);
-- wrappers take and return device arrays (C-contiguous), never numpy arrays, so every host<->device copy
-  goes through ``runtime.cuda.to_device``/``to_host`` and is counted; the only host reads are small index
-  validations (Gather), made through ``to_host`` too;
+- wrappers take and return device arrays (C-contiguous), except the inputs a registration names in
+  ``host_inputs`` (shapes, axes, indices, sequence lengths, positions: small integer tensors the wrapper
+  validates on the host, where a decoder's shape subgraph computes them), so every host<->device copy goes
+  through ``runtime.cuda.to_device``/``to_host`` and is counted; small integer tensors a kernel reads go up
+  through ``_common.upload_small``, once per distinct content;
 - wrappers reshape to a canonical rank (flat, 4-d broadcast, (rows, n)) so each kernel compiles once per
   dtype; 16-bit floats are computed in float32 inside the kernels;
 - registrations with ``ops.registry`` (provider ``CUDAExecutionProvider``) happen on import, so they exist only

@@ -7,13 +7,16 @@ kernels get a power-of-two block no larger than ``MAX_ROW_THREADS`` (the size of
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
 
-__all__ = ["grid1d", "row_threads", "check_device", "MAX_ROW_THREADS", "F32", "F16", "FLOATS"]
+__all__ = ["grid1d", "row_threads", "check_device", "upload_small", "host_array", "MAX_ROW_THREADS", "F32", "F16",
+           "FLOATS"]
 
 MAX_ROW_THREADS = 256  # shared scratch length of the row-reduction kernels
 F32 = np.dtype(np.float32)
@@ -49,6 +52,45 @@ def check_device(op: str, **arrays) -> None:
                                        f"got {type(a).__name__}")
         if not a.is_c_contiguous():
             raise InvalidArgumentError(f"{op}: {name} must be C-contiguous")
+
+
+_UPLOADS: OrderedDict = OrderedDict()  # (device, dtype, shape, bytes) -> device copy, least recently used first
+_UPLOADS_MAX = 16
+_UPLOAD_SMALL_BYTES = 4096
+_uploads_lock = threading.Lock()
+
+
+def upload_small(a):
+    """A device copy of a small host array (sequence lengths, positions, indices), shared by every call with the
+    same contents on the same device: the layers of one decode step read one upload of their common
+    ``seqlens_k``.  Copies are read-only by contract (kernels never write their inputs); arrays over 4 KiB are
+    uploaded afresh."""
+    a = np.ascontiguousarray(a)
+    if a.nbytes > _UPLOAD_SMALL_BYTES:
+        return rc.to_device(a)
+    key = (getattr(rc.cuda.get_current_device(), "id", 0), a.dtype.str, a.shape, a.tobytes())
+    with _uploads_lock:
+        d = _UPLOADS.get(key)
+        if d is not None:
+            _UPLOADS.move_to_end(key)
+            return d
+    d = rc.to_device(a)
+    with _uploads_lock:
+        _UPLOADS[key] = d
+        while len(_UPLOADS) > _UPLOADS_MAX:
+            _UPLOADS.popitem(last=False)
+    return d
+
+
+def host_array(op: str, name: str, a, integer: bool = True) -> np.ndarray:
+    """An input the wrapper reads on the host (``host_inputs``): a numpy array, or a device array downloaded
+    (counted) when a caller passes one; ``integer``: it must hold integers."""
+    if a is None:
+        raise InvalidArgumentError(f"{op}: {name} is required")
+    h = rc.to_host(a) if rc.is_device_array(a) else np.asarray(a)
+    if integer and h.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{op}: {name} must hold integers, got {h.dtype}")
+    return h
 
 
 def flat(a):

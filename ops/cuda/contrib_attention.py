@@ -15,20 +15,21 @@ otherwise), ``lo = P_b + s + 1 - local_window_size`` when a window is set.  Two 
   coalesced along ``D``); softcap, ``attention_bias``, ``head_sink`` and ``smooth_softmax`` as on the CPU.
   A row with no key in range yields zeros.
 
-``seqlens_k`` stays on the device (the kernels derive ``P_b``/``T_b`` from it); ``total_sequence_length`` is a
-host input (it sizes ``present``).  For the CPU's error parity the wrapper copies ``seqlens_k`` (B int32) and,
-with ``do_rotary``, ``position_ids`` back through ``runtime.cuda.to_host`` (counted) to validate them; set
-``VALIDATE_ON_HOST = False`` to skip that sync (the kernels clamp every index, so bad values cannot touch
-memory outside the buffers, but they are then not diagnosed).  ``sliding_window_cache=1``, quantized KV
+``seqlens_k``, ``total_sequence_length`` and ``position_ids`` are host inputs: the plan hands them over as the
+host arrays a decoder's shape subgraph computes from its attention mask (a device-resident one is downloaded
+once per run, counted), the wrapper validates them as the CPU twin does, with no transfer and no
+synchronization.  The kernels take batch 1's one length by value and otherwise read ``seqlens_k`` (and
+``position_ids``) through ``upload_small``, one upload per distinct content, which all the layers of a step
+share.  The kernels also clamp every index they derive.  ``sliding_window_cache=1``, quantized KV
 caches, ``qk_output`` > 0 and the k_scale/v_scale/q_norm/k_norm/query_seqlens inputs are rejected.
 
 RotaryEmbedding / MRotaryEmbedding: one thread per output element, the rotated pair read from the input
-(never in place); positions are validated on the host (``to_host`` of ``position_ids``), then read on the
-device.  MRotaryEmbedding picks the T/H/W position stream per rotary half-dim from ``mrope_section``
+(never in place); ``position_ids`` is a host input, validated on the host, then read on the device through
+``upload_small``.  MRotaryEmbedding picks the T/H/W position stream per rotary half-dim from ``mrope_section``
 (sectioned layout 0 or interleaved layout 1), as the CPU twin does.
 
-Invariants: inputs are C-contiguous device arrays (``total_sequence_length`` a host array) and are never
-written; outputs are new device arrays of the input dtype; float16 is computed in float32.
+Invariants: inputs are C-contiguous device arrays (the host inputs above numpy arrays) and are never written;
+outputs are new device arrays of the input dtype; float16 is computed in float32.
 """
 from __future__ import annotations
 
@@ -41,14 +42,14 @@ from runtime.cuda import cuda
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
 from ops.registry import op
-from ._common import MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, row_threads
+from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, host_array, row_threads,
+                      upload_small)
 
-__all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "VALIDATE_ON_HOST", "MAX_HEAD_SIZE"]
+__all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
 
 _MS = "com.microsoft"
 _CUDA = "CUDAExecutionProvider"
 MAX_HEAD_SIZE = 512  # shared-memory query/accumulator length of the attention kernel
-VALIDATE_ON_HOST = True
 
 
 # -- device helpers ------------------------------------------------------------------------------------
@@ -81,9 +82,10 @@ def _rot_elem(x, base, d, rot, interleaved, cos, sin, crow, cw):
 
 
 @cuda.jit(device=True)
-def _past_total(seqlens, b, S, first_prompt, P, L):
-    """(P_b, T_b) of batch entry b, clamped into the buffers."""
-    T = np.int64(seqlens[b]) + 1
+def _past_total(seqlens, seq_inline, b, S, first_prompt, P, L):
+    """(P_b, T_b) of batch entry b, clamped into the buffers; ``seq_inline`` >= 0 is batch 1's seqlens_k, passed
+    by value (``seqlens`` is then not read)."""
+    T = (np.int64(seq_inline) if seq_inline >= 0 else np.int64(seqlens[b])) + 1
     pb = np.int64(0) if first_prompt else T - S
     if pb > P:
         pb = P
@@ -117,7 +119,7 @@ def _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows):
 
 @cuda.jit
 def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, pres_k, pres_v, seqlens,
-              first_prompt, S, kvH, L, D, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids, pos_mode):
+              seq_inline, first_prompt, S, kvH, L, D, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids, pos_mode):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     total = pres_k.size
@@ -128,7 +130,7 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
         r2 = r // L
         kh = r2 % kvH
         b = r2 // kvH
-        pb, T = _past_total(seqlens, b, S, first_prompt, P, L)
+        pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
         if j < pb:
             src = ((b * kvH + kh) * P + j) * D + d
             pres_k[i] = past_k[src]
@@ -150,9 +152,9 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
 
 
 @cuda.jit
-def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, first_prompt, P, S, H, kvH, L, D, scale, softcap, causal,
-              window, bias, has_bias, bb, bh, bq, bk, sink, sink_mode, rotary, interleaved, rot, cos, sin, cw, crows,
-              pos_ids, pos_mode, out):
+def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt, P, S, H, kvH, L, D, scale, softcap,
+              causal, window, bias, has_bias, bb, bh, bq, bk, sink, sink_mode, rotary, interleaved, rot, cos, sin, cw,
+              crows, pos_ids, pos_mode, out):
     qs = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
     acc = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
     ps = cuda.shared.array(MAX_ROW_THREADS, np.float32)
@@ -164,7 +166,7 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, first_prompt, P, S, H, kv
     h = (r // S) % H
     s = r % S
     kh = h // (H // kvH)
-    pb, T = _past_total(seqlens, b, S, first_prompt, P, L)
+    pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
     p = pb + s
     hi = T
     if causal and p + 1 < hi:
@@ -242,9 +244,8 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, first_prompt, P, S, H, kv
         out[obase + d] = acc[d] * inv
 
 
-def _validate_seqlens(name, seqlens_k, B, S, P, L, total, first_prompt):
-    """Host copy of seqlens_k checked as the CPU twin does; returns the int64 totals."""
-    seqlens = rc.to_host(seqlens_k).reshape(-1).astype(np.int64)
+def _validate_seqlens(name, seqlens, B, S, P, L, total, first_prompt):
+    """seqlens_k (host, int64) checked as the CPU twin does; returns the totals and the past lengths."""
     totals = seqlens + 1
     past_b = np.zeros(B, np.int64) if first_prompt else totals - S
     if (past_b < 0).any() or (past_b > P).any() or (past_b + S > L).any() or (totals > L).any() \
@@ -254,7 +255,7 @@ def _validate_seqlens(name, seqlens_k, B, S, P, L, total, first_prompt):
     return totals, past_b
 
 
-@op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(6,))
+@op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(5, 6, 9))
 def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
                         total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
                         attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
@@ -280,8 +281,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     if seqlens_k is None or total_sequence_length is None:
         raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
     check_device(name, query=query, key=key, value=value, past_key=past_key, past_value=past_value,
-                 seqlens_k=seqlens_k, cos_cache=cos_cache, sin_cache=sin_cache, position_ids=position_ids,
-                 attention_bias=attention_bias, head_sink=head_sink)
+                 cos_cache=cos_cache, sin_cache=sin_cache, attention_bias=attention_bias, head_sink=head_sink)
+    seqlens_h = host_array(name, "seqlens_k", seqlens_k)
     if query.ndim != 3:
         raise ShapeMismatchError(f"{name}: query must be 3-d (batch, seq, hidden), got shape {list(query.shape)}")
     B, S, hidden = (int(v) for v in query.shape)
@@ -310,8 +311,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     if D > MAX_HEAD_SIZE:
         raise ShapeMismatchError(f"{name}: head size {D} exceeds the CUDA kernel's limit {MAX_HEAD_SIZE}")
     dtype = query.dtype
-    if seqlens_k.size != B:
-        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens_k.size}")
+    if seqlens_h.size != B:
+        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens_h.size}")
     total = int(np.asarray(total_sequence_length).reshape(-1)[0])
     has_past = past_key is not None
     if has_past != (past_value is not None):
@@ -325,11 +326,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         P = int(past_key.shape[2])
     L = max(total, P)
     first_prompt = S == total
-    totals = past_b = None
-    if VALIDATE_ON_HOST:
-        totals, past_b = _validate_seqlens(name, seqlens_k, B, S, P, L, total, first_prompt)
-    elif S > L:
-        raise InvalidArgumentError(f"{name}: sequence_length {S} exceeds total_sequence_length {total}")
+    totals, past_b = _validate_seqlens(name, seqlens_h.reshape(-1).astype(np.int64), B, S, P, L, total,
+                                       first_prompt)
 
     rotary = bool(int(do_rotary))
     rot, cw, crows, pos_mode = 0, 1, 1, 0
@@ -350,12 +348,12 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
             else:
                 raise ShapeMismatchError(f"{name}: position_ids must have shape {[B, S]}, got "
                                          f"{list(position_ids.shape)}")
-            pos_f = flat(position_ids)
-            if VALIDATE_ON_HOST:
-                ph = rc.to_host(position_ids).astype(np.int64).reshape(-1)
-                pos = ph.reshape(B, S) if pos_mode == 2 else np.broadcast_to(ph[:1] + np.arange(S), (B, S))
-                check_indices(name, pos, 0, crows, "position id")
-        elif VALIDATE_ON_HOST:
+            ph = host_array(name, "position_ids", position_ids)
+            pos = ph.astype(np.int64).reshape(B, S) if pos_mode == 2 else \
+                np.broadcast_to(ph.astype(np.int64).reshape(-1)[:1] + np.arange(S), (B, S))
+            check_indices(name, pos, 0, crows, "position id")
+            pos_f = flat(upload_small(ph))
+        else:
             pos = past_b[:, None] + np.arange(S)[None, :]
             pos = np.where(pos < totals[:, None], pos, 1)
             check_indices(name, pos, 0, crows, "position id")
@@ -367,7 +365,7 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     bshape = (1, 1, 1, 1)
     if has_bias:
         bshape = tuple(int(v) for v in attention_bias.shape)
-        need = int(totals.max()) if totals is not None else L
+        need = int(totals.max())
         if len(bshape) != 4 or bshape[0] not in (1, B) or bshape[1] not in (1, H) \
                 or bshape[2] not in (1, S) or bshape[3] < need:
             raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {total}], "
@@ -387,18 +385,20 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     pres_k = rc.device_empty((B, kvH, L, D), dtype)
     pres_v = rc.device_empty((B, kvH, L, D), dtype)
     y = rc.device_empty((B, S, H * D), dtype)
-    seq_f = flat(seqlens_k)
+    # Batch 1 passes its one length by value: nothing is uploaded for it.
+    seq_inline = int(seqlens_h.reshape(-1)[0]) if B == 1 else -1
+    seq_f = flat(query) if B == 1 else flat(upload_small(seqlens_h))
     if pres_k.size:
         blocks, threads = grid1d(pres_k.size)
         _kv_write[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off,
                                    flat(past_key) if has_past else flat(query), flat(past_value) if has_past else
-                                   flat(query), has_past, P, flat(pres_k), flat(pres_v), seq_f, first_prompt, S, kvH,
-                                   L, D, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows, pos_f,
-                                   pos_mode)
+                                   flat(query), has_past, P, flat(pres_k), flat(pres_v), seq_f, seq_inline,
+                                   first_prompt, S, kvH, L, D, rotary, bool(int(rotary_interleaved)), rot, cos_f,
+                                   sin_f, cw, crows, pos_f, pos_mode)
     if y.size:
         nt = row_threads(max(min(L, MAX_ROW_THREADS), D))
-        _gqa_attn[B * H * S, nt](flat(query), hidden, flat(pres_k), flat(pres_v), seq_f, first_prompt, P, S, H, kvH,
-                                 L, D, np.float32(sc), np.float32(softcap), bool(int(causal)), window,
+        _gqa_attn[B * H * S, nt](flat(query), hidden, flat(pres_k), flat(pres_v), seq_f, seq_inline, first_prompt,
+                                 P, S, H, kvH, L, D, np.float32(sc), np.float32(softcap), bool(int(causal)), window,
                                  flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
                                  sink_mode, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows,
                                  pos_f, pos_mode, flat(y))
@@ -506,14 +506,15 @@ def _check_caches(name, cos_cache, sin_cache):
                                  f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
 
 
-@op("RotaryEmbedding", 1, domain=_MS, provider=_CUDA)
+@op("RotaryEmbedding", 1, domain=_MS, provider=_CUDA, host_inputs=(1,))
 def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
                     num_heads=0, rotary_embedding_dim=0, scale=1.0):
     """Rotary embedding of a (B,S,hidden) or (B,H,S,D) tensor; positions validated on the host."""
     name = "RotaryEmbedding"
     if int(is_packed_batching):
         raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    check_device(name, input=input, position_ids=position_ids, cos_cache=cos_cache, sin_cache=sin_cache)
+    check_device(name, input=input, cos_cache=cos_cache, sin_cache=sin_cache)
+    position_ids = host_array(name, "position_ids", position_ids)
     lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
     B, S = lay[4], lay[5]
     _check_caches(name, cos_cache, sin_cache)
@@ -524,20 +525,21 @@ def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0,
     else:
         raise ShapeMismatchError(f"{name}: position_ids must have shape [1] or {[B, S]}, got "
                                  f"{list(position_ids.shape)}")
-    ph = rc.to_host(position_ids).astype(np.int64).reshape(-1)  # range check on the host (see docstring)
+    ph = position_ids.astype(np.int64).reshape(-1)
     pos = np.broadcast_to(ph[0] + np.arange(S, dtype=np.int64), (B, S)) if pos_mode == 1 else ph
     check_indices(name, pos, 0, int(cos_cache.shape[0]), "position id")
-    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, position_ids, pos_mode)
+    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, upload_small(position_ids), pos_mode)
 
 
-@op("MRotaryEmbedding", 1, domain=_MS, provider=_CUDA)
+@op("MRotaryEmbedding", 1, domain=_MS, provider=_CUDA, host_inputs=(1,))
 def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section=(), mrope_layout=0,
                      interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0, scale=1.0):
     """Multimodal rotary embedding: position_ids (3, B, S) streams picked per half-dim from mrope_section."""
     name = "MRotaryEmbedding"
     if int(is_packed_batching):
         raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    check_device(name, input=input, position_ids=position_ids, cos_cache=cos_cache, sin_cache=sin_cache)
+    check_device(name, input=input, cos_cache=cos_cache, sin_cache=sin_cache)
+    position_ids = host_array(name, "position_ids", position_ids)
     lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
     B, S, rot = lay[4], lay[5], lay[6]
     _check_caches(name, cos_cache, sin_cache)
@@ -551,5 +553,6 @@ def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section
                                     f"got {mrope_layout}")
     if tuple(position_ids.shape) != (3, B, S):
         raise ShapeMismatchError(f"{name}: position_ids must have shape {[3, B, S]}, got {list(position_ids.shape)}")
-    check_indices(name, rc.to_host(position_ids).astype(np.int64), 0, int(cos_cache.shape[0]), "position id")
-    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, position_ids, 3, sec, int(mrope_layout))
+    check_indices(name, position_ids.astype(np.int64), 0, int(cos_cache.shape[0]), "position id")
+    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, upload_small(position_ids), 3, sec,
+                        int(mrope_layout))

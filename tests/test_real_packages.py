@@ -104,3 +104,15 @@ def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
         t2 = d.greedy_step(t1)
         d.rewind(len(prompt) + 1)
         assert d.greedy_step(t1) == t2 == ids[2]
+
+
+def test_level4_sensitivity_tool(capsys):
+    """``tools.level4_sensitivity`` on the int4 llama: native equals onnxruntime on the real input of the first
+    level-4 MatMulNBits, and the tool reports onnxruntime's own change for a one-ulp input change."""
+    import re
+    from tools import level4_sensitivity
+    level4_sensitivity.main(["--model", os.path.join(HERE, "llama_int4")])
+    out = capsys.readouterr().out
+    vals = {k: float(v) for k, v in re.findall(r"^(.*?):\s+max\|diff\| (\S+)$", out, re.M)}
+    assert set(vals) == {"ort(x) vs native(x)", "ort(x) vs ort(x + 1 ulp)", "exact change (float64)"}, out
+    assert vals["ort(x) vs native(x)"] < 1e-5

@@ -8,8 +8,8 @@ one GEMM.  Float32/float64 GEMMs call numpy's matmul (BLAS) from the wrapper
 (measured faster than Numba's ``np.dot``, which also crashes on read-only
 inputs, and than a hand-blocked kernel on every shape tried); a single
 row (M=1 after folding) against a float32 initializer takes the panel GEMV of
-``ops._panels`` over a copy of the weight packed at bind time (the compiled
-form calls the same kernel), and against any other weight a GEMV kernel that
+``ops._panels`` over a copy of the weight packed at the node's first one-row
+call (the compiled form calls the same kernel), and against any other weight a GEMV kernel that
 streams the weight once: each thread owns a contiguous range of weight rows
 and accumulates axpys into a private output row (vectorized by
 reassociation), the rows summed at the end.  Integer products use a
@@ -295,7 +295,7 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
 # -- MatMul ----------------------------------------------------------------------------------------
 
 def _constant_weight(ctx):
-    """The node's B when it is a 2-d float32 initializer (packed into column panels at bind time), else None."""
+    """The node's B when it is a 2-d float32 initializer (packed into column panels for one-row calls), else None."""
     graph, node = getattr(ctx, "graph", None), getattr(ctx, "node", None)
     if graph is None or node is None or len(node.inputs) < 2:
         return None
@@ -313,11 +313,14 @@ def _matmul_factory(ctx):
             return matmul_nd(a, b, buf)
         return run
     K, N = w.shape
-    wp = pack_panels(w)
+    packed = []  # the panels, made at the first one-row call: a node only ever run on several rows keeps one copy
 
     def run_packed(a, b):
         # One row against the packed weight: the panel GEMV (the compiled form calls the same kernel).
         if b is w and a.dtype == F32 and a.ndim >= 1 and a.size == K and a.shape[-1] == K:
+            if not packed:
+                packed.append(pack_panels(w))
+            wp = packed[0]
             o = out_buffer(buf, a.shape[:-1] + (N,), F32)
             nt = panel_threads(wp.shape[0], K, numba.get_num_threads())
             gemv_panels(np.ascontiguousarray(a).reshape(1, K), wp, o.reshape(1, N), nt)

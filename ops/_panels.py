@@ -36,16 +36,19 @@ _V8F = ir.VectorType(_F32, 8)
 _CONTRACT = ("contract",)
 
 
-def pack_panels(w: np.ndarray) -> np.ndarray:
-    """(K, N) float32 -> (ceil(N/16), K, 16), zeros past N."""
+@njit(cache=True, nogil=True)
+def pack_panels(w):
+    """(K, N) float32 -> (ceil(N/16), K, 16), zeros past N.  Compiled, so a product against a computed weight can
+    pack it at run time too (K*N copies, against K*N*M multiply-adds)."""
     K, N = w.shape
-    P = -(-N // PANEL)
+    P = (N + PANEL - 1) // PANEL
     wp = np.zeros((P, K, PANEL), np.float32)
-    full = N // PANEL
-    if full:
-        wp[:full] = np.asarray(w[:, :full * PANEL], np.float32).reshape(K, full, PANEL).transpose(1, 0, 2)
-    if full < P:
-        wp[full, :, :N - full * PANEL] = w[:, full * PANEL:]
+    for p in range(P):
+        c0 = p * PANEL
+        n = min(PANEL, N - c0)
+        for k in range(K):
+            for c in range(n):
+                wp[p, k, c] = w[k, c0 + c]
     return wp
 
 

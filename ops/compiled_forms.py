@@ -12,7 +12,7 @@ compiles to the same IEEE arithmetic.  MatMul against a float32 initializer
 packs it into column panels at plan time (``ops._panels``): one row takes the
 wrapper's panel GEMV, several rows four-row register tiles, equal to the
 wrapper's BLAS up to summation order; against a computed weight, one row
-takes the wrapper's row GEMV and several rows a tiled kernel.
+takes the wrapper's row GEMV and several rows pack it at run time.
 
 A form raises ``Decline`` for anything it does not express (a dtype, an
 attribute value, an unknown rank); the node then runs through its wrapper.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
 from ._common import serial_twin
@@ -91,57 +91,10 @@ def gather3(d3, idx):
 reduce3 = _rd._reduce3
 
 
-@njit(parallel=True, fastmath={"reassoc", "contract"}, **_OPTS)
-def mm_tiles(a2, w, out):
-    """out (M, N) = a2 (M, K) @ w (K, N) for several rows: tasks of 8 rows x 256 columns, each streaming its
-    column strip of ``w`` once for all 8 rows (accumulators stay in L1)."""
-    M, K = a2.shape
-    N = w.shape[1]
-    rb = (M + 7) // 8
-    cb = (N + 255) // 256
-    for task in prange(rb * cb):
-        r0 = (task // cb) * 8
-        c0 = (task % cb) * 256
-        r1 = min(r0 + 8, M)
-        c1 = min(c0 + 256, N)
-        acc = np.zeros((8, 256), np.float32)
-        for k in range(K):
-            for r in range(r1 - r0):
-                x = a2[r0 + r, k]
-                for c in range(c1 - c0):
-                    acc[r, c] += x * w[k, c0 + c]
-        for r in range(r1 - r0):
-            for c in range(c1 - c0):
-                out[r0 + r, c0 + c] = acc[r, c]
-
-
-mm_tiles_serial = serial_twin(mm_tiles)
 gemv_rows = _mm._gemv_rows
 gemv_par = _mm._gemv_par
 gemv_threads = _mm.gemv_threads
 PANEL_PARALLEL_WORK = 1 << 26  # multiply-adds from which a several-row panel product splits its panels over threads
-
-
-@njit(**_OPTS)
-def matmul2(a2, w, nthreads):
-    """(M, K) @ (K, N) in float32.  One row: the MatMul wrapper's GEMV (serial below 2 MiB of weight per
-    thread, the same partition above), so decode results equal the per-node plan's; several rows: the tiled
-    kernel.  (Numba's ``np.dot`` is not used: it crashes on read-only, memory-mapped weights.)"""
-    M, K = a2.shape
-    N = w.shape[1]
-    out = np.empty((M, N), np.float32)
-    if M == 1:
-        nt = gemv_threads(K, N, 4, nthreads)
-        if nt == 1:
-            gemv_rows(a2[0], w, out[0], 0, K)
-        else:
-            part = np.empty((nt, N), np.float32)
-            gemv_par(a2[0], w, out[0], part)
-    elif M * K * N < PARALLEL_WORK * 4:
-        mm_tiles_serial(a2, w, out)
-    else:
-        mm_tiles(a2, w, out)
-    return out
 
 
 @njit(**_OPTS)
@@ -159,6 +112,26 @@ def matmul_panels(a2, wp, N, nthreads):
     else:
         gemm_panels_par(a2, wp, out)
     return out
+
+
+@njit(**_OPTS)
+def matmul2(a2, w, nthreads):
+    """(M, K) @ a computed (K, N) weight in float32.  One row: the MatMul wrapper's row GEMV (serial below 2 MiB
+    of weight per thread, the same partition above), so decode results equal the per-node plan's; several rows:
+    the weight packed into panels here and ``matmul_panels``.  (Numba's ``np.dot`` is not used: it crashes on
+    read-only, memory-mapped weights.)"""
+    M, K = a2.shape
+    N = w.shape[1]
+    if M == 1:
+        out = np.empty((M, N), np.float32)
+        nt = gemv_threads(K, N, 4, nthreads)
+        if nt == 1:
+            gemv_rows(a2[0], w, out[0], 0, K)
+        else:
+            part = np.empty((nt, N), np.float32)
+            gemv_par(a2[0], w, out[0], part)
+        return out
+    return matmul_panels(a2, pack_panels(w), N, nthreads)
 
 
 @njit(**_OPTS)
@@ -265,7 +238,7 @@ def _gqa_attend(q4, kc, vc, past_b, att_total, kbase, sc, softcap, total, window
             gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
                            sink, sink_mode, out)
     else:
-        if work < 1 << 16:
+        if work < PARALLEL_WORK:
             gqa_prefill_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
                                sink, sink_mode, bias, 0, out)
         else:

@@ -324,7 +324,7 @@ def _decode(path, regions, prompt, steps):
 @pytest.mark.parametrize("name", ["qwen35_fp32", "qwen35_int4", "llama_int4"])
 def test_package_decode_matches_without_regions(name):
     """Regions on and off give the same greedy path and logits equal up to summation order (a prefill
-    MatMul of several rows runs the tiled kernel in a region and BLAS through the wrapper)."""
+    MatMul of several rows runs the panel tiles in a region and BLAS through the wrapper)."""
     path = os.path.join(HERE, name)
     prompt = [1, 45, 77, 12, 300, 9, 17, 23, 5, 11, 40]   # > 8 tokens: MatMulNBits' multi-row paths in prefill
     on, got = _decode(path, True, prompt, 8)

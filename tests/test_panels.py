@@ -103,3 +103,26 @@ def test_one_row_matmul_same_bits_per_node_and_compiled(K, N):
     a, b = fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0]
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a, np.tanh(_ref(x.reshape(10, K), w)).reshape(2, 5, N), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 10])
+def test_matmul_on_a_computed_weight_in_a_region(rows):
+    """A weight computed in the graph (here a transposed input): one row takes the row GEMV, several rows pack
+    it into panels at run time; both equal numpy's product."""
+    K, N = 24, 37
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["wt"], ["w"], perm=[1, 0]), helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K]),
+              helper.make_tensor_value_info("wt", TensorProto.FLOAT, [N, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    on = SessionOptions()
+    on.compiled_regions = True
+    sess = InferenceSession(m.SerializeToString(), on)
+    assert sum(len(r.nodes) for r in sess.plan.regions) == 2
+    x = RNG.standard_normal((1, rows, K)).astype(np.float32)
+    wt = RNG.standard_normal((N, K)).astype(np.float32)
+    y = sess.run(None, {"x": x, "wt": wt})[0]
+    assert y.shape == (1, rows, N)
+    np.testing.assert_allclose(y, (x.astype(np.float64) @ wt.T.astype(np.float64)), rtol=2e-5, atol=2e-5)

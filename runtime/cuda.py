@@ -18,6 +18,11 @@ Invariants:
   copies made any other way (``DeviceNDArray.copy_to_host``, launching a
   kernel on a host array) are invisible to it, so kernel wrappers accept and
   return device arrays only;
+- every kernel is declared with this module's ``jit`` (never ``cuda.jit``
+  directly): it compiles with ``cache=True``, so a second start loads the
+  kernels from Numba's cache instead of compiling them again, and it counts
+  every launch (``TransferCounter.launches``, per kernel in ``.kernels``),
+  so fusions are checked by the launches a step makes;
 - with ``ONNX_NUMBA_REQUIRE_CUDA=1`` a missing CUDA target is an error,
   never a skip (``require_cuda``).
 """
@@ -31,8 +36,8 @@ import numpy as np
 
 from .errors import OnnxNumbaError
 
-__all__ = ["cuda", "available", "simulator", "gpu_present", "load", "to_device", "to_host", "device_empty",
-           "is_device_array", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
+__all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host", "device_empty",
+           "is_device_array", "device_pointer", "same_buffer", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
            "SIM_ENV"]
 
 REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
@@ -151,14 +156,17 @@ def require_cuda() -> None:
 # -- transfers ---------------------------------------------------------------------------------------
 
 class TransferCounter:
-    """Counts bytes copied host->device (``h2d``) and device->host (``d2h``) through this module.
+    """Counts bytes copied host->device (``h2d``) and device->host (``d2h``) through this module, and kernel
+    launches.
 
-    Use as a context manager; counters nest and each sees every transfer made while it is active, from any
-    thread.  ``h2d_calls``/``d2h_calls`` count the copies themselves.
+    Use as a context manager; counters nest and each sees every transfer and launch made while it is active,
+    from any thread.  ``h2d_calls``/``d2h_calls`` count the copies themselves; ``launches`` counts the kernels
+    launched through ``jit`` kernels, and ``kernels`` maps each kernel's name to its launches.
     """
 
     def __init__(self):
-        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = 0
+        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = self.launches = 0
+        self.kernels: dict = {}
 
     def __enter__(self):
         with _lock:
@@ -171,11 +179,12 @@ class TransferCounter:
         return False
 
     def reset(self):
-        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = 0
+        self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = self.launches = 0
+        self.kernels = {}
 
     def __repr__(self):
         return (f"TransferCounter(h2d={self.h2d} B in {self.h2d_calls} copies, "
-                f"d2h={self.d2h} B in {self.d2h_calls} copies)")
+                f"d2h={self.d2h} B in {self.d2h_calls} copies, {self.launches} launches)")
 
 
 TOTAL = TransferCounter()
@@ -193,11 +202,82 @@ def _count(kind: str, nbytes: int) -> None:
                 c.d2h_calls += 1
 
 
+def _count_launch(name: str) -> None:
+    with _lock:
+        for c in _active:
+            c.launches += 1
+            c.kernels[name] = c.kernels.get(name, 0) + 1
+
+
+# -- kernels -----------------------------------------------------------------------------------------
+
+class Kernel:
+    """A compiled CUDA kernel whose launches are counted: ``kernel[grid, block](*args)`` as with Numba's own.
+
+    ``dispatcher`` is Numba's kernel object (compile-time attributes such as ``specialize`` live there).
+    """
+    __slots__ = ("dispatcher", "name")
+
+    def __init__(self, dispatcher, name: str):
+        self.dispatcher = dispatcher
+        self.name = name
+
+    def __getitem__(self, config):
+        return _Launch(self, config)
+
+    def __repr__(self):
+        return f"<CUDA kernel {self.name}>"
+
+
+class _Launch:
+    __slots__ = ("kernel", "config")
+
+    def __init__(self, kernel, config):
+        self.kernel = kernel
+        self.config = config
+
+    def __call__(self, *args):
+        k = self.kernel
+        _count_launch(k.name)
+        return k.dispatcher[self.config](*args)
+
+
+def jit(fn=None, **options):
+    """``cuda.jit`` for every kernel and device function of the project: ``cache=True`` unless told otherwise,
+    and kernels (not ``device=True`` functions, which only kernels call) come back as a counted ``Kernel``.
+
+    Use bare (``@jit``) or with Numba's options (``@jit(device=True)``); the CUDA target is loaded here.
+    """
+    options.setdefault("cache", True)
+
+    def wrap(f):
+        d = load().jit(**options)(f)
+        if options.get("device"):
+            return d
+        mod = (getattr(f, "__module__", "") or "").rsplit(".", 1)[-1]
+        return Kernel(d, f"{mod}.{f.__name__}" if mod else f.__name__)
+
+    return wrap if fn is None else wrap(fn)
+
+
 def is_device_array(x) -> bool:
     if x is None or isinstance(x, np.ndarray):
         return False
     # Real device arrays expose the CUDA array interface; the simulator's FakeCUDAArray does not.
     return hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
+
+
+def device_pointer(a) -> int:
+    """The address of a device array's first element (the simulator's host address under it)."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return int(a._ary.ctypes.data)  # the simulator's FakeCUDAArray
+
+
+def same_buffer(a, b) -> bool:
+    """``b`` is ``a`` or a device array over the same memory with the same shape."""
+    return a is b or (tuple(a.shape) == tuple(b.shape) and device_pointer(a) == device_pointer(b))
 
 
 def to_device(array, out=None, stream=0):

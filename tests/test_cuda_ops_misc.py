@@ -346,3 +346,22 @@ def test_causal_conv_errors():
     raises_like_cpu(InvalidAttributeError, "CausalConvWithState", [x, w], 2, MS, state_window=2)
     raises_like_cpu(InvalidAttributeError, "CausalConvWithState", [x, w], 2, MS, activation="relu")
     raises_like_cpu(ShapeMismatchError, "CausalConvWithState", [x, w, None, _rand(1, 3, 4)], 2, opset=27)
+
+
+def test_contiguous_results_are_views_and_launch_nothing():
+    """A Split along an axis with only unit axes before it, a Slice of whole trailing axes under unit outer ones
+    and a Transpose that moves only unit axes return views of their input: no kernel runs, values as on the
+    CPU.  A strided result still copies."""
+    x = _rand(1, 7, 3)
+    with rc.TransferCounter() as tc:
+        for op_type, inputs, n_out, attrs in (
+                ("Split", [x, np.array([2, 4, 1], np.int64)], 3, {"axis": 1}),
+                ("Slice", [x, np.array([2]), np.array([6]), np.array([1])], 1, {}),
+                ("Slice", [_rand(3, 4, 5), np.array([1, 2]), np.array([2, 4]), np.array([0, 1])], 1, {}),
+                ("Transpose", [_rand(1, 4, 1, 3)], 1, {"perm": [2, 0, 1, 3]})):
+            before = tc.launches
+            check(op_type, inputs, n_out=n_out, opset=13, **attrs)
+            assert tc.launches == before, (op_type, tc.kernels)
+        check("Slice", [x, np.array([1]), np.array([2]), np.array([2])], opset=13)  # strided: a copy
+        check("Slice", [_rand(1, 3, 4), np.array([-1]), np.array([-100]), np.array([2]), np.array([-1])], opset=13)
+    assert tc.kernels == {"shape._copy6": 2}, tc.kernels

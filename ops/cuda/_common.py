@@ -102,10 +102,10 @@ def flat(a):
 # Every thread of the block must call these with the same ``nt`` (a power of two <= MAX_ROW_THREADS);
 # ``sh`` is the block's float32 shared scratch.  The result is returned to every thread.
 
-from runtime.cuda import cuda  # noqa: E402  (kept below the host helpers, which need no CUDA)
+from runtime.cuda import cuda, jit  # noqa: E402  (kept below the host helpers, which need no CUDA)
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def block_sum(sh, tid, nt, v):
     sh[tid] = v
     cuda.syncthreads()
@@ -120,7 +120,7 @@ def block_sum(sh, tid, nt, v):
     return r
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def block_max(sh, tid, nt, v):
     sh[tid] = v
     cuda.syncthreads()

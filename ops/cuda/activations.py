@@ -18,7 +18,7 @@ import numpy as np
 
 from ops.registry import op
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import FLOATS, check_device, flat, grid1d
 
@@ -30,7 +30,7 @@ MS = "com.microsoft"
 GELU_ERF, GELU_TANH, QUICK, SOFTPLUS, SOFTSIGN, HARDSIGMOID, LEAKYRELU = range(7)
 
 
-@cuda.jit
+@jit
 def _act(x, bias, has_bias, n, y, mode, p0, p1):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

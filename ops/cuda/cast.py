@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ._common import F16, F32, check_device, flat, grid1d
 
@@ -21,7 +21,7 @@ _NUMERIC = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, n
 _BOOL = np.dtype(np.bool_)
 
 
-@cuda.jit
+@jit
 def _convert(x, out):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -29,7 +29,7 @@ def _convert(x, out):
         out[i] = x[i]
 
 
-@cuda.jit
+@jit
 def _to_bool(x, out):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

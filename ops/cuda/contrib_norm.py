@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ops._common import norm_axis
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, row_threads
@@ -26,7 +26,7 @@ from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, gri
 __all__ = ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"]
 
 
-@cuda.jit
+@jit
 def _rms_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, y, ssum, want_sum, inv_out, n, eps):
     sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
     row = cuda.blockIdx.x
@@ -92,8 +92,12 @@ def SimplifiedLayerNormalization(X, scale, axis=-1, epsilon=1e-5, stash_type=1, 
     return y, inv.reshape(tuple(X.shape)[:ax] + (1,) * (X.ndim - ax))
 
 
-def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, n_outputs=1):
-    """RMSNorm of ``input + skip (+ bias)`` over the last axis; returns up to (output, mean, inv_std_var, sum)."""
+def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, n_outputs=1,
+                                     outputs_used=None):
+    """RMSNorm of ``input + skip (+ bias)`` over the last axis; returns up to (output, mean, inv_std_var, sum).
+
+    ``outputs_used`` (one bool per output, as the node declares them): an output the graph leaves unnamed is
+    returned as None and costs nothing; the zero ``mean`` is otherwise one more launch."""
     op = "SkipSimplifiedLayerNormalization"
     check_device(op, input=input, skip=skip, gamma=gamma, bias=bias)
     if input.ndim not in (2, 3):
@@ -117,14 +121,17 @@ def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-1
     if n_outputs == 1:
         return y
     ss = tuple(input.shape)[:-1] + (1,)
-    mean = rc.device_empty(ss, np.float32)
-    if mean.size:
+    if outputs_used is not None and not outputs_used[1]:
+        mean = None
+    else:
+        mean = rc.device_empty(ss, np.float32)
+    if mean is not None and mean.size:
         blocks, threads = grid1d(mean.size)
         _fill0[blocks, threads](flat(mean))
     return (y, mean, inv.reshape(ss), ssum)[:n_outputs]
 
 
-@cuda.jit
+@jit
 def _fill0(a):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

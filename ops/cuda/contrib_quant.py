@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
 from ops.registry import op
@@ -47,7 +47,7 @@ _SH = MAX_ROW_THREADS * _ROWS  # float32 shared scratch of the column reductions
 
 # -- MatMulNBits -------------------------------------------------------------------------------------
 
-@cuda.jit
+@jit
 def _mnb_kernel(a, b, sc, zp, zmode, grp, has_g, bias, has_bias, y, M, K, N, nb, blob, bits, bs, lanes, zrow):
     """y[m, n] for the block's columns and rows [blockIdx.y * _ROWS, +_ROWS).
 
@@ -183,7 +183,7 @@ def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, 
 
 # -- GatherBlockQuantized ----------------------------------------------------------------------------
 
-@cuda.jit
+@jit
 def _gbq_kernel(data, idx, sc, zp, has_zp, y, total, post, nidx, gn, qn, inner_q, nbq, bs, bits, dlast, llast,
                 slast, zlast):
     start = cuda.grid(1)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ops.registry import op
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import FLOATS, check_device, flat, grid1d, row_threads
 
@@ -47,7 +47,7 @@ def _s(x):
 
 # -- kernels ---------------------------------------------------------------------------------------
 
-@cuda.jit
+@jit
 def _copy_cast(src, dst):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -55,7 +55,7 @@ def _copy_cast(src, dst):
         dst[i] = src[i]
 
 
-@cuda.jit
+@jit
 def _fill0(a):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -63,7 +63,7 @@ def _fill0(a):
         a[i] = 0
 
 
-@cuda.jit
+@jit
 def _la_scan(q, k, v, decay, beta, S, out, T, Hq, Hk, Hkv, Hout, dk, dv, nd, nb, group, krep,
              gating, delta, scale):
     """q (B,T,Hq,dk), k (B,T,Hk,dk), v (B,T,Hkv,dv), decay (B,T,Hkv,nd), beta (B,T,nb), S (B,Hkv,dk,dv) float32
@@ -116,7 +116,7 @@ def _la_scan(q, k, v, decay, beta, S, out, T, Hq, Hk, Hkv, Hout, dk, dv, nd, nb,
             out[(bt_ * Hout + h) * dv + m] = scale * o
 
 
-@cuda.jit
+@jit
 def _gate(a, dt_bias, decay_scale, b, has_b, decay, beta, H):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -129,7 +129,7 @@ def _gate(a, dt_bias, decay_scale, b, has_b, decay, beta, H):
             beta[i] = np.float32(1.0) / (np.float32(1.0) + math.exp(-np.float32(b[i])))
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _at(a, b, c, t, C, n, cl):
     """Flat index of (batch b, channel c, position t) in a (B, C, n) or channels-last (B, n, C) tensor."""
     if cl:
@@ -137,7 +137,7 @@ def _at(a, b, c, t, C, n, cl):
     return (b * C + c) * n + t
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _padded(x, past, has_past, b, c, p, C, L, P, cl):
     """Position ``p`` of ``past ++ x`` (zeros for a missing past) along the length axis."""
     if p < P:
@@ -147,7 +147,7 @@ def _padded(x, past, has_past, b, c, p, C, L, P, cl):
     return np.float32(x[_at(x, b, c, p - P, C, L, cl)])
 
 
-@cuda.jit
+@jit
 def _cconv(x, w, bias, has_bias, past, has_past, out, C, L, K, P, dil, silu, cl):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -167,7 +167,7 @@ def _cconv(x, w, bias, has_bias, past, has_past, out, C, L, K, P, dil, silu, cl)
         out[i] = acc
 
 
-@cuda.jit
+@jit
 def _cconv_state(x, past, has_past, present, C, L, P, cl):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

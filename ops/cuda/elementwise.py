@@ -20,7 +20,7 @@ import numpy as np
 
 from ops._common import broadcast_shape, to4
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ._common import FLOATS, check_device, flat, grid1d
 
@@ -38,7 +38,7 @@ BINARY_OPS = tuple(_BINARY)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _bin(op, x, y):
     if op == ADD:
         return x + y
@@ -51,7 +51,7 @@ def _bin(op, x, y):
     return x / y
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _off(i, n1, n2, n3, s0, s1, s2, s3):
     """Element offset of flat output index ``i`` (4-d extents (., n1, n2, n3)) in an operand with strides s."""
     i3 = i % n3
@@ -63,7 +63,7 @@ def _off(i, n1, n2, n3, s0, s1, s2, s3):
     return i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3
 
 
-@cuda.jit
+@jit
 def _binary4(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -73,7 +73,7 @@ def _binary4(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
         out[i] = _bin(op, x, y)
 
 
-@cuda.jit
+@jit
 def _where4(c, x, y, out, n1, n2, n3, c0, c1, c2, c3, x0, x1, x2, x3, y0, y1, y2, y3):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -84,7 +84,7 @@ def _where4(c, x, y, out, n1, n2, n3, c0, c1, c2, c3, x0, x1, x2, x3, y0, y1, y2
             out[i] = y[_off(i, n1, n2, n3, y0, y1, y2, y3)]
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _un(op, v):
     if op == NEG:
         return -v
@@ -126,7 +126,7 @@ def _un(op, v):
     return np.float32(0.0)
 
 
-@cuda.jit
+@jit
 def _unary_f32(op, x, out):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

@@ -16,14 +16,14 @@ import numpy as np
 
 from ops._common import check_indices, norm_axis
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ._common import check_device, flat, grid1d
 
 __all__ = ["Gather"]
 
 
-@cuda.jit
+@jit
 def _gather3(data, idx, out, axis_n, n_idx, inner):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

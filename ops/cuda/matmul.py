@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ._common import F16, F32, check_device, flat, grid1d
 
@@ -23,7 +23,7 @@ TILE = 16
 _MATMUL_DTYPES = (F32, F16)
 
 
-@cuda.jit
+@jit
 def _gemv(x, w, bias, has_bias, y, K, N):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -36,7 +36,7 @@ def _gemv(x, w, bias, has_bias, y, K, N):
         y[n] = acc
 
 
-@cuda.jit
+@jit
 def _gemm_tiled(a, b, c, M, N, K, a_batch, b_batch):
     sa = cuda.shared.array((TILE, TILE), np.float32)
     sb = cuda.shared.array((TILE, TILE), np.float32)

@@ -26,7 +26,7 @@ import numpy as np
 from ops._common import norm_axis
 from ops.registry import op
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, row_threads
 from .shape import broadcast_to
@@ -41,7 +41,7 @@ F64 = np.dtype(np.float64)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _in(x, skip, bias, has_skip, has_bias, base, sbase, j):
     v = np.float32(x[base + j])
     if has_skip:
@@ -51,7 +51,7 @@ def _in(x, skip, bias, has_skip, has_bias, base, sbase, j):
     return v
 
 
-@cuda.jit
+@jit
 def _ln_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, beta, has_beta, y, ssum, want_sum,
              mean_out, inv_out, want_stats, n, eps):
     """One block per row: y = (v - mean) * rsqrt(var + eps) * scale (+ beta), v = x (+ skip (+ bias))."""
@@ -84,7 +84,7 @@ def _ln_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, beta, has_beta
         y[base + j] = d
 
 
-@cuda.jit
+@jit
 def _gated_rows(x, gate, scale, y, C, eps, sigmoid):
     """One block per row of C: y = x * rsqrt(mean(x^2) + eps) * scale * act(gate)."""
     sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
@@ -105,7 +105,7 @@ def _gated_rows(x, gate, scale, y, C, eps, sigmoid):
         y[base + j] = np.float32(x[base + j]) * inv * np.float32(scale[j]) * s
 
 
-@cuda.jit
+@jit
 def _lp_cols(x, y, n, inner, p):
     """One block per (outer, inner) column of the (outer, n, inner) view: y = x / ||x||_p (0 if the norm is 0)."""
     sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
@@ -178,7 +178,7 @@ def _used(ctx, k) -> bool:
     return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
 
 
-@cuda.jit
+@jit
 def _fill0(a):
     start = cuda.grid(1)
     step = cuda.gridsize(1)

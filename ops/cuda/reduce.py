@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ops._common import norm_axis
 from ._common import FLOATS, MAX_ROW_THREADS, check_device, flat, row_threads
@@ -23,7 +23,7 @@ from ._common import FLOATS, MAX_ROW_THREADS, check_device, flat, row_threads
 __all__ = ["ArgMax"]
 
 
-@cuda.jit
+@jit
 def _argmax_rows(x, out, n):
     sv = cuda.shared.array(MAX_ROW_THREADS, np.float32)
     si = cuda.shared.array(MAX_ROW_THREADS, np.int64)

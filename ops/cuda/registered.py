@@ -148,7 +148,8 @@ op("SimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)(SimplifiedLayerN
 
 @op("SkipSimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)
 def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, ctx):
-    return knorm.SkipSimplifiedLayerNormalization(input, skip, gamma, bias, epsilon, n_outputs=ctx.n_outputs)
+    return knorm.SkipSimplifiedLayerNormalization(input, skip, gamma, bias, epsilon, n_outputs=ctx.n_outputs,
+                                                  outputs_used=ctx.outputs_used)
 
 
 # -- MatMul ----------------------------------------------------------------------------------------

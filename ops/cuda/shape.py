@@ -12,7 +12,10 @@ Invariants (match ``ops/movement.py``):
 - clamping and negative steps follow Python's ``slice.indices`` exactly like the CPU wrapper; errors are the
   CPU's (``InvalidArgumentError``/``InvalidAttributeError``/``ShapeMismatchError``);
 - a copy whose box still needs more than six axes after merging raises ``ShapeMismatchError``;
-- outputs are fresh C-contiguous device arrays (never an input or a view of one).
+- outputs are C-contiguous device arrays.  A result that is one contiguous run of the input in order (a
+  Split along an axis with only unit axes before it, a Slice of whole trailing axes under unit outer ones,
+  a Transpose that moves only unit axes) is a view of it and launches nothing; these ops register with
+  ``views=True`` so the plan treats them as aliases.  Every other result is a fresh array.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from ops._common import as_int_list, broadcast_shape, norm_axis
 from ops.movement import split_sizes
 from ops.registry import op
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import check_device, flat, grid1d
 
@@ -32,7 +35,7 @@ CUDA = "CUDAExecutionProvider"
 RANK = 6
 
 
-@cuda.jit
+@jit
 def _copy6(src, soff, s0, s1, s2, s3, s4, s5, dst, doff, d0, d1, d2, d3, d4, d5, n1, n2, n3, n4, n5, total):
     """Grid-stride copy over a 6-axis box (extents (., n1..n5), ``total`` elements)."""
     start = cuda.grid(1)
@@ -106,7 +109,7 @@ def broadcast_to(op, x, shape):
 
 # -- Transpose -------------------------------------------------------------------------------------
 
-@op("Transpose", 1, provider=CUDA)
+@op("Transpose", 1, views=True, provider=CUDA)
 def Transpose(data, perm=None):
     check_device("Transpose", data=data)
     r = data.ndim
@@ -115,6 +118,9 @@ def Transpose(data, perm=None):
         raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
     shape = tuple(data.shape)
     oshape = tuple(shape[a] for a in p)
+    moved = [a for a in p if shape[a] != 1]
+    if moved == sorted(moved):  # only unit axes move: the same elements in the same order
+        return data.reshape(oshape)
     out = rc.device_empty(oshape, data.dtype)
     sst = _cstrides(shape)
     strided_copy("Transpose", data, 0, [sst[a] for a in p], out, 0, _cstrides(oshape), oshape)
@@ -162,39 +168,49 @@ def Concat(*inputs, axis=None):
     return _concat(inputs, axis)
 
 
+def _window(x, off, oshape):
+    """The contiguous run of ``x`` from element ``off`` viewed as ``oshape`` (no copy)."""
+    n = int(np.prod(oshape, dtype=np.int64))
+    return flat(x)[off:off + n].reshape(tuple(oshape))
+
+
 def _split(x, axis, split, n_out, num_outputs=None):
     check_device("Split", input=x)
     ax = norm_axis(axis, x.ndim)
     parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
     shape = tuple(x.shape)
     sst = _cstrides(shape)
+    as_views = all(d == 1 for d in shape[:ax])  # every part is one contiguous run of x
     outs = []
     off = 0
     for n in parts:
         oshape = shape[:ax] + (n,) + shape[ax + 1:]
-        o = rc.device_empty(oshape, x.dtype)
-        strided_copy("Split", x, off * sst[ax], sst, o, 0, _cstrides(oshape), oshape)
+        if as_views:
+            o = _window(x, off * sst[ax], oshape)
+        else:
+            o = rc.device_empty(oshape, x.dtype)
+            strided_copy("Split", x, off * sst[ax], sst, o, 0, _cstrides(oshape), oshape)
         outs.append(o)
         off += n
     return outs[0] if n_out == 1 else tuple(outs)
 
 
-@op("Split", 1, provider=CUDA, host_inputs=(1,))
+@op("Split", 1, views=True, provider=CUDA, host_inputs=(1,))
 def Split_1(input, split_in=None, axis=0, split=None, *, ctx):
     return _split(input, axis, split_in if split_in is not None else split, ctx.n_outputs)
 
 
-@op("Split", 2, provider=CUDA)
+@op("Split", 2, views=True, provider=CUDA)
 def Split_2(input, axis=0, split=None, *, ctx):
     return _split(input, axis, split, ctx.n_outputs)
 
 
-@op("Split", 13, provider=CUDA, host_inputs=(1,))
+@op("Split", 13, views=True, provider=CUDA, host_inputs=(1,))
 def Split_13(input, split=None, axis=0, *, ctx):
     return _split(input, axis, split, ctx.n_outputs)
 
 
-@op("Split", 18, provider=CUDA, host_inputs=(1,))
+@op("Split", 18, views=True, provider=CUDA, host_inputs=(1,))
 def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
     if split is not None and num_outputs is not None:
         raise InvalidAttributeError("Split: give either the split input or num_outputs, not both")
@@ -228,20 +244,24 @@ def _slice(x, starts, ends, axes, steps):
             raise InvalidArgumentError("Slice: steps must be non-zero")
         b, c, p = slice(s, e, p).indices(shape[a])
         begin[a], step[a], oshape[a] = b, p, len(range(b, c, p))
-    out = rc.device_empty(tuple(oshape), x.dtype)
     xst = _cstrides(shape)
+    soff = sum(begin[k] * xst[k] for k in range(r))
+    # A box whose outer axes have extent 1, then one axis of step 1, then whole axes, is one contiguous run.
+    lead = next((k for k in range(r) if oshape[k] != 1), r)
+    if lead == r or (step[lead] == 1 and all(oshape[k] == shape[k] and step[k] == 1 for k in range(lead + 1, r))):
+        return _window(x, soff, oshape)
+    out = rc.device_empty(tuple(oshape), x.dtype)
     if out.size:
-        soff = sum(begin[k] * xst[k] for k in range(r))
         strided_copy("Slice", x, soff, [xst[k] * step[k] for k in range(r)], out, 0, _cstrides(oshape), oshape)
     return out
 
 
-@op("Slice", 1, provider=CUDA)
+@op("Slice", 1, views=True, provider=CUDA)
 def Slice_1(data, axes=None, ends=None, starts=None):
     return _slice(data, starts, ends, axes, None)
 
 
-@op("Slice", 10, provider=CUDA, host_inputs=(1, 2, 3, 4))
+@op("Slice", 10, views=True, provider=CUDA, host_inputs=(1, 2, 3, 4))
 def Slice(data, starts, ends, axes=None, steps=None):
     return _slice(data, starts, ends, axes, steps)
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ops._common import norm_axis
 from ._common import FLOATS, MAX_ROW_THREADS, block_max, block_sum, check_device, flat, row_threads
@@ -21,7 +21,7 @@ from ._common import FLOATS, MAX_ROW_THREADS, block_max, block_sum, check_device
 __all__ = ["Softmax"]
 
 
-@cuda.jit
+@jit
 def _softmax_rows(x, y, n):
     sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
     row = cuda.blockIdx.x

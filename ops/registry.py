@@ -66,6 +66,9 @@ class OpContext:
     graph: Any = None  # the IR graph the node belongs to (subgraph ops need it)
     session_options: Any = None
     captured: list = field(default_factory=list)  # outer-scope names a node's subgraphs read, passed after inputs
+    # Input positions whose buffers the caller gives up (graph inputs read by this node alone, with
+    # SessionOptions.kv_share_buffer): the kernel may write into them and return them as outputs.
+    donated: frozenset = frozenset()
 
 
 _REG: dict[tuple, list] = {}

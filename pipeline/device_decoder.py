@@ -9,12 +9,16 @@ session's ``UnsupportedOpError`` (nothing falls back to the CPU).
 What stays on the device for the whole generation:
 
 - KV caches: one static buffer per cache input, sized to ``max_length``
-  along its sequence axis; after each run only the new positions of the
-  ``present`` output are copied into it, device to device (``_copy_rows``).
-  The live prefix is bound as the next run's ``past`` input: a view of the
-  buffer when that view is contiguous (batch x heads == 1), else a
-  device-to-device compaction into a scratch buffer (the CPU decoder makes
-  the same contiguous copy on the host);
+  along its sequence axis.  When every cache feeds only
+  GroupQueryAttention (and ``SessionOptions.kv_share_buffer`` is not False,
+  nor ``ONNX_NUMBA_KV_SHARE_BUFFER=0``), the whole buffer is bound as
+  ``past`` and donated: the kernel appends the new rows in place and returns
+  the buffer as ``present``, so a step copies no cache row (onnxruntime-genai's
+  past_present_share_buffer).  Otherwise only the new positions of the
+  ``present`` output are copied into it, device to device (``_copy_rows``),
+  and the live prefix is bound as the next run's ``past`` input: a view of
+  the buffer when that view is contiguous (batch x heads == 1), else a
+  device-to-device compaction into a scratch buffer;
 - sliding-window caches and recurrent / conv state pairs: each run's output
   device array is bound as the next run's input; their initial zeros are
   filled on the device;
@@ -52,26 +56,31 @@ __all__ = ["CudaDecoder", "DeviceTransfers"]
 
 @dataclass
 class DeviceTransfers(Transfers):
-    """``Transfers`` plus the host<->device bytes each ``prefill``/``step`` call moved (TransferCounter)."""
+    """``Transfers`` plus the host<->device bytes each ``prefill``/``step`` call moved and the kernels it
+    launched (TransferCounter)."""
     h2d: int = 0
     d2h: int = 0
-    steps: list = field(default_factory=list)  # per call: {"h2d", "d2h", "h2d_calls", "d2h_calls", "seq_len"}
+    launches: int = 0
+    # per call: {"h2d", "d2h", "h2d_calls", "d2h_calls", "launches", "kernels", "seq_len"}
+    steps: list = field(default_factory=list)
 
     def note_step(self, counter, seq_len):
         self.h2d += counter.h2d
         self.d2h += counter.d2h
+        self.launches += counter.launches
         self.steps.append({"h2d": counter.h2d, "d2h": counter.d2h, "h2d_calls": counter.h2d_calls,
-                           "d2h_calls": counter.d2h_calls, "seq_len": int(seq_len)})
+                           "d2h_calls": counter.d2h_calls, "launches": counter.launches,
+                           "kernels": dict(counter.kernels), "seq_len": int(seq_len)})
 
 
 # -- device kernels ---------------------------------------------------------------------------------
 
 # Importing this module imports numba.cuda (through runtime.cuda), which fixes the choice between a GPU and the
 # simulator; the pipeline imports it only once the native device is cuda (after runtime.cuda.available()).
-from runtime.cuda import cuda  # noqa: E402
+from runtime.cuda import cuda, jit  # noqa: E402
 
 
-@cuda.jit
+@jit
 def _copy_rows_kernel(src, s0, dst, d0, n):
     # dst[o, d0 + s, i] = src[o, s0 + s, i] for s < n; both arrays are (outer, seq, inner).
     outer, inner = src.shape[0], src.shape[2]
@@ -86,7 +95,7 @@ def _copy_rows_kernel(src, s0, dst, d0, n):
         dst[o, d0 + s, i] = src[o, s0 + s, i]
 
 
-@cuda.jit
+@jit
 def _fill_kernel(a, v):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -94,7 +103,7 @@ def _fill_kernel(a, v):
         a[k] = v
 
 
-@cuda.jit
+@jit
 def _positions_kernel(a, first, seq):
     # a is a flat (batch * seq) buffer: row-major (batch, seq) positions first, first + 1, ...
     start = cuda.grid(1)
@@ -194,11 +203,23 @@ class CudaDecoder(NativeDecoder):
     _fast = False  # greedy_step runs the plain device step (no direct region call on the device plan)
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
-        from runtime import InferenceSession
+        import copy
+        import os
+        from runtime import InferenceSession, SessionOptions
         from runtime.providers import CUDA_PROVIDER, normalize_providers
         provs = normalize_providers(providers or [CUDA_PROVIDER])
         if provs[0][0] != CUDA_PROVIDER:
             raise ValueError(f"CudaDecoder runs on {CUDA_PROVIDER}, got providers {providers!r}")
+        # Attention caches are max-length buffers that past and present share (GroupQueryAttention appends in
+        # place) unless the caller's options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
+        options = copy.copy(options) if options is not None else SessionOptions()
+        if os.environ.get("ONNX_NUMBA_KV_SHARE_BUFFER", "1") == "0":
+            options.kv_share_buffer = False
+        elif getattr(options, "kv_share_buffer", None) is None:
+            options.kv_share_buffer = True
+        self._want_shared = bool(options.kv_share_buffer)
+        self._kv_shared = None  # decided at the first run: wanted, and every cache feeds GroupQueryAttention only
+        self._kvbufs = {}       # shared max-length cache buffers, kept across resets
         # The session raises UnsupportedOpError for a node without a CUDA kernel: never caught here.
         sess = InferenceSession(spec.filename, options, providers=providers or [CUDA_PROVIDER])
         self._dev = {}  # persistent device buffers: ("ones", dtype) / ("arange", dtype) / ("pos", dtype) / ...
@@ -263,9 +284,20 @@ class CudaDecoder(NativeDecoder):
                 self.window_kv[name] = device_full(self._concrete(name, self._window[name]),
                                                    _np_type(self.inputs[name].type), 0)
             return self.window_kv[name]
+        if self._shares_kv():
+            buf = self._kvbufs.get(name)
+            if buf is None:
+                buf = self._kvbufs[name] = _DeviceKV(self._concrete(name, self.max_length), self._seq_axis(name),
+                                                     _np_type(self.inputs[name].type), self.max_length)
+            return buf.buf
         if self.kv is None:
             return rc.device_empty(tuple(self._concrete(name, 0)), _np_type(self.inputs[name].type))
         return self.kv[name].live()
+
+    def _shares_kv(self) -> bool:
+        if self._kv_shared is None:
+            self._kv_shared = self._want_shared and bool(self.io.kv_inputs) and self._gqa_present_is_past()
+        return self._kv_shared
 
     def _extras(self, seq_len, extra):
         # The base builds every input on the host; replace what can be resident with device views.
@@ -367,7 +399,18 @@ class CudaDecoder(NativeDecoder):
         io = self.io
         pairs = [(i, o) for i, o in zip(io.kv_inputs, io.kv_outputs) if i not in self._window]
         kv = self.kv
-        if kv is None:
+        if pairs and self._shares_kv():
+            for i, o in pairs:  # validate everything before writing anything
+                self._kvbufs[i].check(results[o], i)
+            for i, o in pairs:
+                b = self._kvbufs[i]
+                if not rc.same_buffer(b.buf, results[o]):  # not appended in place: copy the new rows over
+                    copy_rows(results[o], self._length, b.buf, self._length, seq_len, b.axis)
+                b.length = self._length + seq_len
+            self.kv = {i: self._kvbufs[i] for i, _ in pairs}
+            pairs = []
+            kv = self.kv
+        elif kv is None:
             kv = {i: _DeviceKV(results[o].shape, self._seq_axis(i), results[o].dtype, self.max_length)
                   for i, o in pairs}
         for i, o in pairs:  # validate everything before writing anything

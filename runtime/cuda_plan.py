@@ -21,6 +21,9 @@ Invariants:
 - initializers read by a device kernel are uploaded once, at construction (their host array stays for
   host readers); other host values a device kernel reads are uploaded once per run, however many device
   kernels read them; a device value a host reader needs is downloaded once per run (a round trip);
+- with ``SessionOptions.kv_share_buffer``, a graph input that exactly one node reads (and that is not an
+  output) is donated to that node's CUDA kernel (``OpContext.donated``): GroupQueryAttention writes the new
+  rows into such a past cache and returns it as present, so the caller's device buffer changes in place;
 - feeds may be numpy or device arrays; a value slot (and its copy on the other side) is cleared right after
   the last step that reads it;
 - ``run`` returns numpy arrays except for the outputs named in ``device_outputs``, which stay (or are put)
@@ -178,6 +181,16 @@ class CudaPlan:
         steps = []
         self.step_nodes = []
         device_readers = set()
+        # With kv_share_buffer the caller donates the graph inputs that one node alone reads (and that are not
+        # outputs): that node's kernel may write into them (GroupQueryAttention appends to a max-length cache).
+        donated_names = set()
+        if getattr(session_options, "kv_share_buffer", False):
+            readers: dict = {}
+            for node in graph.nodes:
+                for x in node.inputs:
+                    if x:
+                        readers[x] = readers.get(x, 0) + 1
+            donated_names = {n for n in self.input_names if readers.get(n) == 1 and n not in out_names}
         for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
             ins = list(node.inputs)
             while ins and not ins[-1]:
@@ -198,7 +211,9 @@ class CudaPlan:
                 output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
                 out=[None] * len(node.outputs), provider=provider if kind == CUDA else CPU_PROVIDER,
                 outputs_used=[bool(x) for x in node.outputs], node=node, graph=graph,
-                session_options=session_options, captured=captured)
+                session_options=session_options, captured=captured,
+                donated=frozenset(k for k, x in enumerate(ins) if x in donated_names) if kind == CUDA
+                else frozenset())
             try:
                 fn = registry.bind(impl, ctx)
             except OnnxNumbaError:

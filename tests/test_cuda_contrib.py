@@ -205,6 +205,45 @@ def test_gqa_window_of_one_and_qk_zeros():
     assert not np.any(got[3])
 
 
+@pytest.mark.parametrize("S,seqlens,rotary", [(1, [11, 6], False), (3, [13, 9], True), (1, [5], True)])
+def test_gqa_donated_past_is_appended_in_place(S, seqlens, rotary):
+    """With past_key/past_value donated (a decoder's kv_share_buffer) and room for the total, the past buffers
+    are the present: only the new rows are written (one _kv_append launch), the output and the live rows are
+    the CPU's, and every other row keeps its old contents."""
+    B, P, H, kvH, D = len(seqlens), 16, 4, 2, 8
+    ins = [_rand(B, S, (H + 2 * kvH) * D), None, None, _rand(B, kvH, P, D), _rand(B, kvH, P, D),
+           np.asarray(seqlens, np.int32), np.asarray([P], np.int32)]
+    ins += list(_caches(P + 3, D, np.float32)) if rotary else []
+    attrs = dict(num_heads=H, kv_num_heads=kvH, do_rotary=int(rotary))
+    want = registry.bind(registry.resolve(MS, "GroupQueryAttention", 1),
+                         _ctx("GroupQueryAttention", attrs, len(ins), 3, "CPUExecutionProvider"))(*ins)
+    dev = registry.resolve(MS, "GroupQueryAttention", 1, CUDA)
+    ctx = _ctx("GroupQueryAttention", attrs, len(ins), 3, CUDA)
+    ctx.donated = frozenset({3, 4})
+    dins = [None if a is None else (a if i in dev.host_inputs else rc.to_device(a)) for i, a in enumerate(ins)]
+    with rc.TransferCounter() as tc:
+        y, pk, pv = registry.bind(dev, ctx)(*dins)
+    assert tc.kernels == {"contrib_attention._kv_append": 1, "contrib_attention._gqa_attn": 1}, tc.kernels
+    assert rc.same_buffer(pk, dins[3]) and rc.same_buffer(pv, dins[4])
+    _close(rc.to_host(y), want[0])
+    for got, cpu, old in ((rc.to_host(pk), want[1], ins[3]), (rc.to_host(pv), want[2], ins[4])):
+        for b, n in enumerate(seqlens):
+            T = n + 1
+            _close(got[b, :, :T], cpu[b, :, :T])
+            np.testing.assert_array_equal(got[b, :, T:], old[b, :, T:])  # never copied, never cleared
+            np.testing.assert_array_equal(got[b, :, :T - S], old[b, :, :T - S])
+    # A past with no room for the total is not appended to: the present is a fresh copy, as without donation.
+    small = [ins[0], None, None, ins[3][:, :, :4].copy(), ins[4][:, :, :4].copy(), np.full(B, 4 + S - 1, np.int32),
+             np.asarray([4 + S], np.int32)] + ins[7:]
+    dsmall = [None if a is None else (a if i in dev.host_inputs else rc.to_device(a)) for i, a in enumerate(small)]
+    y2, pk2, _ = registry.bind(dev, ctx)(*dsmall)
+    assert not rc.same_buffer(pk2, dsmall[3]) and tuple(pk2.shape) == (B, kvH, 4 + S, D)
+    want2 = registry.bind(registry.resolve(MS, "GroupQueryAttention", 1),
+                          _ctx("GroupQueryAttention", attrs, len(small), 3, "CPUExecutionProvider"))(*small)
+    _close(rc.to_host(y2), want2[0])
+    _close(rc.to_host(pk2), want2[1])
+
+
 def test_gqa_errors():
     f = registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn
     q = rc.to_device(_rand(1, 1, 8))

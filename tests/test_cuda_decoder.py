@@ -306,3 +306,32 @@ def test_builder_package_decodes_on_the_device_moving_only_the_token(name, posit
     assert (tc.h2d, tc.d2h) == (sum(s["h2d"] for s in steps), sum(s["d2h"] for s in steps))
     assert not pipe.decoder.session.plan.round_trips
     assert all(rc.is_device_array(v) for v in pipe.decoder.state.values())
+    # The caches are appended in place (shared max-length buffers): no step copies a cache row.
+    for s in steps:
+        assert s["launches"] == sum(s["kernels"].values())
+        assert not {"device_decoder._copy_rows_kernel", "contrib_attention._kv_write"} & set(s["kernels"]), s
+
+
+def test_shared_cache_buffers_are_appended_in_place_and_decode_as_copied_ones():
+    """kv_share_buffer (the default) binds each whole max-length cache as past and GroupQueryAttention returns it
+    as present: the tokens are those of copied caches (kv_share_buffer=False), which copy the live rows out and
+    the new rows back every step, and the present is the very buffer the decoder holds."""
+    from runtime import SessionOptions
+    spec = load_package(os.path.join(PACKAGES, "llama_fp32"))
+    shared = Pipeline(spec, CUDA, max_length=8)
+    opts = SessionOptions()
+    opts.kv_share_buffer = False
+    copied = Pipeline(spec, CUDA, max_length=8, session_options=opts)
+    assert shared.generate([7], 3) == copied.generate([7], 3)
+    dec = shared.decoder
+    for i, o in zip(dec.io.kv_inputs, dec.io.kv_outputs):  # the prompt and the first two tokens fed back
+        assert rc.same_buffer(dec.kv[i].buf, dec.last_results[o]) and dec.kv[i].length == 3
+    k_shared = [s["kernels"] for s in dec.transfers.steps]
+    k_copied = [s["kernels"] for s in copied.decoder.transfers.steps]
+    n_caches = len(dec.io.kv_inputs)
+    for a, b in zip(k_shared[1:], k_copied[1:]):  # decode steps (the prefill has no live rows to copy out)
+        assert "device_decoder._copy_rows_kernel" not in a and "contrib_attention._kv_write" not in a
+        assert a["contrib_attention._kv_append"] == n_caches // 2
+        assert b["device_decoder._copy_rows_kernel"] == 2 * n_caches and "contrib_attention._kv_append" not in b
+    live = rc.to_host(dec.kv[dec.io.kv_inputs[0]].buf)[:, :, :3]
+    np.testing.assert_array_equal(live, rc.to_host(copied.decoder.kv[dec.io.kv_inputs[0]].live()))

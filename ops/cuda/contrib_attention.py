@@ -8,7 +8,10 @@ otherwise), ``lo = P_b + s + 1 - local_window_size`` when a window is set.  Two 
 
 - ``_kv_write``: one thread per element of ``present_key``/``present_value`` (B, kvH, L, D),
   ``L = max(total_sequence_length, past_len)``: rows ``[0, P_b)`` copied from ``past_*``, rows
-  ``[P_b, P_b + S)`` the new K (rotated when ``do_rotary``) and V, the rest zero;
+  ``[P_b, P_b + S)`` the new K (rotated when ``do_rotary``) and V, the rest zero.  When the plan donates
+  ``past_key``/``past_value`` (``OpContext.donated``, a decoder's ``kv_share_buffer``) and they have room for
+  ``total_sequence_length``, they are the present: ``_kv_append`` writes only the new rows into them, one
+  thread per new element, and the other rows are neither copied nor cleared (none past ``T_b`` is read);
 - ``_gqa_attn``: one block per (batch, head, query row); the (rotated) query row is staged in shared memory,
   the live keys are walked in tiles of ``blockDim`` keys (one key per thread, float32 dot), with an online
   softmax (running max and sum, rescaled accumulator of ``D`` floats in shared memory, V rows read
@@ -28,7 +31,8 @@ RotaryEmbedding / MRotaryEmbedding: one thread per output element, the rotated p
 ``upload_small``.  MRotaryEmbedding picks the T/H/W position stream per rotary half-dim from ``mrope_section``
 (sectioned layout 0 or interleaved layout 1), as the CPU twin does.
 
-Invariants: inputs are C-contiguous device arrays (the host inputs above numpy arrays) and are never written;
+Invariants: inputs are C-contiguous device arrays (the host inputs above numpy arrays) and are never written,
+except a donated past cache, which is returned as the present;
 outputs are new device arrays of the input dtype; float16 is computed in float32.
 """
 from __future__ import annotations
@@ -38,7 +42,7 @@ import math
 import numpy as np
 
 from runtime import cuda as rc
-from runtime.cuda import cuda
+from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
 from ops.registry import op
@@ -54,7 +58,7 @@ MAX_HEAD_SIZE = 512  # shared-memory query/accumulator length of the attention k
 
 # -- device helpers ------------------------------------------------------------------------------------
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _pair(d, rot, interleaved):
     """(t, i1, i2, first) for rotary element ``d < rot``: cache column t, pair (i1, i2), d == i1."""
     half = rot // 2
@@ -66,7 +70,7 @@ def _pair(d, rot, interleaved):
     return d - half, d - half, d, False
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _rot_elem(x, base, d, rot, interleaved, cos, sin, crow, cw):
     """Element ``d`` of the head vector ``x[base:base + D]`` after rotation at cache row ``crow``."""
     if d >= rot:
@@ -81,7 +85,7 @@ def _rot_elem(x, base, d, rot, interleaved, cos, sin, crow, cw):
     return sn * x1 + co * x2
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _past_total(seqlens, seq_inline, b, S, first_prompt, P, L):
     """(P_b, T_b) of batch entry b, clamped into the buffers; ``seq_inline`` >= 0 is batch 1's seqlens_k, passed
     by value (``seqlens`` is then not read)."""
@@ -98,7 +102,7 @@ def _past_total(seqlens, seq_inline, b, S, first_prompt, P, L):
     return pb, T
 
 
-@cuda.jit(device=True)
+@jit(device=True)
 def _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows):
     if pos_mode == 1:
         p = np.int64(pos_ids[0]) + s
@@ -115,9 +119,20 @@ def _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows):
     return p
 
 
+@jit(device=True)
+def _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb, T, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids,
+           pos_mode):
+    """Element ``d`` of new key row ``s`` of kv head ``kh`` (rotated when ``rotary``), in float32."""
+    base = (b * S + s) * kv_stride + k_off + kh * D
+    if rotary:
+        crow = _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows)
+        return _rot_elem(ksrc, base, d, rot, interleaved, cos, sin, crow, cw)
+    return np.float32(ksrc[base + d])
+
+
 # -- GroupQueryAttention kernels ---------------------------------------------------------------------
 
-@cuda.jit
+@jit
 def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, pres_k, pres_v, seqlens,
               seq_inline, first_prompt, S, kvH, L, D, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids, pos_mode):
     start = cuda.grid(1)
@@ -137,21 +152,36 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
             pres_v[i] = past_v[src]
         elif j < pb + S:
             s = j - pb
-            row = (b * S + s) * kv_stride
-            vk = np.float32(0.0)
-            if rotary:
-                crow = _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows)
-                vk = _rot_elem(ksrc, row + k_off + kh * D, d, rot, interleaved, cos, sin, crow, cw)
-            else:
-                vk = np.float32(ksrc[row + k_off + kh * D + d])
-            pres_k[i] = vk
-            pres_v[i] = vsrc[row + v_off + kh * D + d]
+            pres_k[i] = _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb, T, rotary, interleaved, rot, cos, sin,
+                               cw, crows, pos_ids, pos_mode)
+            pres_v[i] = vsrc[(b * S + s) * kv_stride + v_off + kh * D + d]
         else:
             pres_k[i] = 0
             pres_v[i] = 0
 
 
-@cuda.jit
+@jit
+def _kv_append(ksrc, vsrc, kv_stride, k_off, v_off, n, pres_k, pres_v, seqlens, seq_inline, first_prompt, P, S, kvH,
+               L, D, rotary, interleaved, rot, cos, sin, cw, crows, pos_ids, pos_mode):
+    """Shared buffers: only the new rows ``[P_b, P_b + S)`` of ``present`` (the donated past) are written; one
+    thread per element of the (B, kvH, S, D) new keys."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, n, step):
+        d = i % D
+        r = i // D
+        s = r % S
+        r2 = r // S
+        kh = r2 % kvH
+        b = r2 // kvH
+        pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
+        o = ((b * kvH + kh) * L + pb + s) * D + d
+        pres_k[o] = _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb, T, rotary, interleaved, rot, cos, sin,
+                           cw, crows, pos_ids, pos_mode)
+        pres_v[o] = vsrc[(b * S + s) * kv_stride + v_off + kh * D + d]
+
+
+@jit
 def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt, P, S, H, kvH, L, D, scale, softcap,
               causal, window, bias, has_bias, bb, bh, bq, bk, sink, sink_mode, rotary, interleaved, rot, cos, sin, cw,
               crows, pos_ids, pos_mode, out):
@@ -382,13 +412,24 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     sc = float(scale) if scale else 1.0 / math.sqrt(D)
     window = int(local_window_size) if int(local_window_size) > 0 else -1
 
-    pres_k = rc.device_empty((B, kvH, L, D), dtype)
-    pres_v = rc.device_empty((B, kvH, L, D), dtype)
+    # A donated past with room for the total (kv_share_buffer) is the present: only the new rows are written.
+    share = has_past and ctx is not None and {3, 4} <= ctx.donated and P >= total
+    if share:
+        pres_k, pres_v = past_key, past_value
+    else:
+        pres_k = rc.device_empty((B, kvH, L, D), dtype)
+        pres_v = rc.device_empty((B, kvH, L, D), dtype)
     y = rc.device_empty((B, S, H * D), dtype)
     # Batch 1 passes its one length by value: nothing is uploaded for it.
     seq_inline = int(seqlens_h.reshape(-1)[0]) if B == 1 else -1
     seq_f = flat(query) if B == 1 else flat(upload_small(seqlens_h))
-    if pres_k.size:
+    n_new = B * kvH * S * D
+    if share and n_new:
+        blocks, threads = grid1d(n_new)
+        _kv_append[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off, n_new, flat(pres_k),
+                                    flat(pres_v), seq_f, seq_inline, first_prompt, P, S, kvH, L, D, rotary,
+                                    bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows, pos_f, pos_mode)
+    elif not share and pres_k.size:
         blocks, threads = grid1d(pres_k.size)
         _kv_write[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off,
                                    flat(past_key) if has_past else flat(query), flat(past_value) if has_past else
@@ -412,7 +453,7 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     return tuple(res[:n_out]) if n_out > 1 else y
 
 
-@cuda.jit
+@jit
 def _fill0(a):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -422,7 +463,7 @@ def _fill0(a):
 
 # -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
 
-@cuda.jit
+@jit
 def _rope_kernel(x, y, A1, A2, D, seq_second, B, S, rot, interleaved, cos, sin, cw, pos, pos_mode, sec0, sec1, sec2,
                  layout):
     """x/y flat (B, A1, A2, D) = (B,H,S,D), or (B,S,H,D) if seq_second.  pos_mode 1: pos[0] + s; 2: pos[b, s];

@@ -74,3 +74,76 @@ def test_strict_shape_inference_rejects_contradictions_permissive_does_not():
     opts.strict_shape_inference = True
     with pytest.raises(ShapeInferenceError):
         InferenceSession(m, opts)
+
+
+# -- CUDA fusions (runtime/passes/cuda_fusions.py): graph rewrites only, no kernel runs here ---------------
+
+def _mlp_nodes(act, order=0):
+    """g = x @ Wg, u = x @ Wu, y = act(g) * u in the forms exports use."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wg"], ["g"]), n("MatMul", ["x", "wu"], ["u"])]
+    if act == "silu":
+        nodes += [n("Sigmoid", ["g"], ["s"]),
+                  n("Mul", ["g", "s"] if order == 0 else ["s", "g"], ["a"])]
+    elif act == "onnx_gelu":
+        nodes += [n("Gelu", ["g"], ["a"], approximate="tanh")]
+    elif act == "onnx_gelu_erf":
+        nodes += [n("Gelu", ["g"], ["a"])]
+    elif act == "ms_gelu":
+        nodes += [n("Gelu", ["g"], ["a"], domain="com.microsoft")]
+    elif act == "fast_gelu":
+        nodes += [n("FastGelu", ["g"], ["a"], domain="com.microsoft")]
+    nodes += [n("Mul", ["a", "u"] if order == 0 else ["u", "a"], ["y"])]
+    return nodes
+
+
+def _mlp_graph(act, order=0, weights_const=True, extra_outputs=(), u_shape=None):
+    from runtime.ir import graph_from_proto as gfp
+    w = np.ones((4, 6), np.float32)
+    inits = [numpy_helper.from_array(w, "wg"), numpy_helper.from_array(w, "wu")] if weights_const else []
+    inputs = [_vi("x", ["batch", 1, 4])] + ([] if weights_const else [_vi("wg", [4, 6]), _vi("wu", [4, 6])])
+    nodes = _mlp_nodes(act, order)
+    if u_shape is not None:  # u broadcast against the gate: not fusable
+        nodes[1] = helper.make_node("MatMul", ["x1", "wu1"], ["u"])
+        inputs.append(_vi("x1", u_shape[:-1] + [4]))
+        inits.append(numpy_helper.from_array(np.ones((4, u_shape[-1]), np.float32), "wu1"))
+    outs = [_vi("y", None)] + [_vi(o, None) for o in extra_outputs]
+    g = gfp(helper.make_graph(nodes, "g", inputs, outs, inits), {"": 21, "com.microsoft": 1})
+    InferShapes()(g)
+    return g
+
+
+@pytest.mark.parametrize("act,want", [("silu", "silu"), ("onnx_gelu", "gelu_tanh"), ("onnx_gelu_erf", "gelu"),
+                                      ("ms_gelu", "gelu"), ("fast_gelu", "gelu_tanh")])
+@pytest.mark.parametrize("order", [0, 1])
+def test_gated_activation_and_matmul_fuse(act, want, order):
+    from runtime.passes.cuda_fusions import FUSED_DOMAIN, FuseGatedActivation, FuseGatedMatMul
+    g = _mlp_graph(act, order)
+    assert FuseGatedActivation()(g).modified
+    assert [(n.op_type, n.domain) for n in g.nodes] == [("MatMul", ""), ("MatMul", ""),
+                                                        ("GatedActivation", FUSED_DOMAIN)]
+    fused = g.nodes[-1]
+    assert fused.inputs == ["g", "u"] and fused.outputs == ["y"] and fused.attrs == {"activation": want}
+    assert not FuseGatedActivation()(g).modified
+    assert FuseGatedMatMul()(g).modified
+    assert [(n.op_type, n.inputs, n.outputs, n.attrs) for n in g.nodes] == \
+        [("GatedMatMul", ["x", "wg", "wu"], ["y"], {"activation": want})]
+    assert not FuseGatedMatMul()(g).modified
+
+
+def test_gated_fusions_leave_what_they_cannot_prove():
+    from runtime.passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul
+    # The Sigmoid's result is a graph output: nothing is hidden, nothing fused.
+    g = _mlp_graph("silu", extra_outputs=("s",))
+    assert not FuseGatedActivation()(g).modified and len(g.nodes) == 5
+    # A product read elsewhere (a graph output): the activation fuses, the MatMuls stay.
+    for act, out in (("silu", "g"), ("fast_gelu", "u")):
+        g = _mlp_graph(act, extra_outputs=(out,))
+        assert FuseGatedActivation()(g).modified and not FuseGatedMatMul()(g).modified
+        assert [n.op_type for n in g.nodes] == ["MatMul", "MatMul", "GatedActivation"]
+    # Weights that are graph inputs: the activation fuses, the products are not constant.
+    g = _mlp_graph("silu", weights_const=False)
+    assert FuseGatedActivation()(g).modified and not FuseGatedMatMul()(g).modified
+    # u broadcast against the gate (another shape): not fused.
+    g = _mlp_graph("silu", u_shape=[1, 1, 6])
+    assert not FuseGatedActivation()(g).modified

@@ -1,0 +1,156 @@
+"""Fusions for the CUDA provider, where a small decode step is bound by kernel launches, not by arithmetic.
+
+``FuseGatedActivation`` rewrites the feed-forward gate ``act(g) * u`` into one ``onnx_numba.GatedActivation``:
+
+- SiLU: ``s = Sigmoid(g); a = Mul(g, s); y = Mul(a, u)`` (either operand order of each Mul);
+- GELU: ``a = Gelu(g)`` (onnx, ``approximate`` none or tanh), ``com.microsoft.Gelu`` (erf) or
+  ``com.microsoft.FastGelu`` without bias (tanh); then ``y = Mul(a, u)``.
+
+``FuseGatedMatMul`` then rewrites ``GatedActivation(MatMul(x, Wg), MatMul(x, Wu))`` with constant 2-d weights of
+one shape into ``onnx_numba.GatedMatMul(x, Wg, Wu)``, whose decode step is one GEMV launch.
+
+Invariants:
+- a pattern is fused only when every value it hides (``s``, ``a``, the products) is read by the pattern
+  alone and is not a graph output, and when ``g`` and ``u`` are known to have one shape and one float dtype
+  (float32 or float16), so the fused node computes exactly what the nodes it replaces did, up to rounding:
+  the intermediates stay in float32 instead of being stored in the operands' dtype;
+- the fused node takes the name of the node whose output it produces and produces the same value name;
+- the kernels live in ``ops/cuda/fused.py``; the passes run only when building a graph for
+  ``CUDAExecutionProvider`` (``runtime.session.build_graph``), so a CPU plan never sees these ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node, free_names, subgraphs
+from .base import Pass, PassResult
+
+__all__ = ["FuseGatedActivation", "FuseGatedMatMul", "FUSED_DOMAIN"]
+
+FUSED_DOMAIN = "onnx_numba"
+_STD = ("", "ai.onnx")
+_MS = "com.microsoft"
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _readers(graph: Graph) -> dict:
+    """value name -> number of node inputs that read it (subgraph captures and graph outputs count too)."""
+    n: dict = {}
+    for node in graph.nodes:
+        for x in node.inputs:
+            if x:
+                n[x] = n.get(x, 0) + 1
+        for g in subgraphs(node):
+            for x in free_names(g):
+                n[x] = n.get(x, 0) + 1
+    for v in graph.outputs:
+        n[v.name] = n.get(v.name, 0) + 1
+    return n
+
+
+def _same_float(graph: Graph, a: str, b: str) -> bool:
+    """``a`` and ``b`` are known to have one shape (dims equal as ints or as the same symbol) and one float dtype."""
+    va, vb = graph.value_info.get(a), graph.value_info.get(b)
+    if va is None or vb is None or va.shape is None or vb.shape is None or va.dtype is None:
+        return False
+    if np.dtype(va.dtype) not in _FLOATS or vb.dtype is None or np.dtype(vb.dtype) != np.dtype(va.dtype):
+        return False
+    return len(va.shape) == len(vb.shape) and all(
+        x is not None and x == y for x, y in zip(va.shape, vb.shape))
+
+
+def _gelu_kind(node: Node) -> str | None:
+    if node.op_type == "Gelu" and node.domain in _STD:
+        approx = node.attrs.get("approximate", "none")
+        approx = approx.decode() if isinstance(approx, bytes) else approx
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approx)
+    if node.domain == _MS and node.op_type == "Gelu":
+        return "gelu"
+    if node.domain == _MS and node.op_type == "FastGelu" and len([x for x in node.inputs if x]) == 1:
+        return "gelu_tanh"
+    return None
+
+
+class FuseGatedActivation(Pass):
+    name = "fuse_gated_activation"
+
+    def call(self, graph: Graph) -> PassResult:
+        producer = {o: node for node in graph.nodes for o in node.outputs if o}
+        readers = _readers(graph)
+        drop: set = set()   # ids of the nodes a fusion hides
+        replace: dict = {}  # id(final Mul) -> the fused node
+        for mul in graph.nodes:
+            if mul.op_type != "Mul" or mul.domain not in _STD or len(mul.inputs) != 2 or id(mul) in drop:
+                continue
+            for k in (0, 1):
+                m = _match_activation(producer.get(mul.inputs[k]), producer, readers, drop)
+                if m is None:
+                    continue
+                g, act, hidden = m
+                u = mul.inputs[1 - k]
+                if not _same_float(graph, g, u):  # act(g) has g's shape, so the Mul broadcasts nothing
+                    continue
+                drop.update(id(h) for h in hidden)
+                replace[id(mul)] = Node("GatedActivation", [g, u], [mul.outputs[0]], {"activation": act},
+                                        mul.name, FUSED_DOMAIN, 1)
+                break
+        if not replace:
+            return PassResult(False)
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+        return PassResult(True, [n.outputs[0] for n in replace.values()])
+
+
+def _match_activation(a_node, producer, readers, drop):
+    """(g, activation, nodes it hides) when ``a_node`` computes ``act(g)`` and one node alone reads its result."""
+    if a_node is None or id(a_node) in drop or readers.get(a_node.outputs[0], 0) != 1:
+        return None
+    kind = _gelu_kind(a_node)
+    if kind is not None:
+        return a_node.inputs[0], kind, [a_node]
+    if a_node.op_type != "Mul" or a_node.domain not in _STD or len(a_node.inputs) != 2:
+        return None
+    for j in (0, 1):  # SiLU: a = Mul(g, Sigmoid(g)), the Sigmoid read by that Mul alone
+        g, s = a_node.inputs[j], a_node.inputs[1 - j]
+        sig = producer.get(s)
+        if sig is None or id(sig) in drop or sig.op_type != "Sigmoid" or sig.domain not in _STD:
+            continue
+        if sig.inputs[0] == g and readers.get(s, 0) == 1:
+            return g, "silu", [a_node, sig]
+    return None
+
+
+class FuseGatedMatMul(Pass):
+    """``GatedActivation(MatMul(x, Wg), MatMul(x, Wu))`` with constant (K, N) weights -> ``GatedMatMul``."""
+    name = "fuse_gated_matmul"
+
+    def call(self, graph: Graph) -> PassResult:
+        producer = {o: node for node in graph.nodes for o in node.outputs if o}
+        readers = _readers(graph)
+        inits = graph.initializers
+        drop: set = set()
+        replace: dict = {}
+        for node in graph.nodes:
+            if node.op_type != "GatedActivation" or node.domain != FUSED_DOMAIN:
+                continue
+            mg, mu = producer.get(node.inputs[0]), producer.get(node.inputs[1])
+            if mg is None or mu is None or mg is mu:
+                continue
+            if any(m.op_type != "MatMul" or m.domain not in _STD or len(m.inputs) != 2 or id(m) in drop
+                   or readers.get(m.outputs[0], 0) != 1 for m in (mg, mu)):
+                continue
+            x, wg, wu = mg.inputs[0], mg.inputs[1], mu.inputs[1]
+            if mu.inputs[0] != x:
+                continue
+            a, b = inits.get(wg), inits.get(wu)
+            xi = graph.value_info.get(x)
+            if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.ndim != 2 or a.shape != b.shape \
+                    or a.dtype != b.dtype or a.dtype not in _FLOATS or xi is None or xi.dtype is None \
+                    or np.dtype(xi.dtype) != a.dtype:
+                continue
+            drop.update((id(mg), id(mu)))
+            replace[id(node)] = Node("GatedMatMul", [x, wg, wu], list(node.outputs), dict(node.attrs), node.name,
+                                     FUSED_DOMAIN, 1)
+        if not replace:
+            return PassResult(False)
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+        return PassResult(True, [n.outputs[0] for n in replace.values()])

@@ -1,0 +1,113 @@
+"""The CUDA plan's fusions (runtime/passes/cuda_fusions.py, kernels in ops/cuda/fused.py): GatedActivation and
+GatedMatMul against float64 references, the launches they save, and a CUDA session running a fused
+feed-forward gate against the CPU session of the same model.
+
+Without a GPU the kernels run on Numba's CUDA simulator, so shapes are tiny.  When numba-cuda is missing (or
+finds no GPU and the simulator is off) the module is skipped, unless ``ONNX_NUMBA_REQUIRE_CUDA=1``, in which
+case collecting it fails.
+"""
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime import cuda as rc  # importing runtime.cuda never imports numba.cuda
+
+from cuda_target import use_cuda_or_skip  # noqa: E402
+
+use_cuda_or_skip("CUDA fusions")
+
+import ops.cuda.fused as kf  # noqa: E402
+from runtime import InferenceSession, SessionOptions  # noqa: E402
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError  # noqa: E402
+
+RNG = np.random.default_rng(0)
+_erf = np.vectorize(math.erf)
+REF = {"silu": lambda v: v / (1.0 + np.exp(-v)),
+       "gelu": lambda v: 0.5 * v * (1.0 + _erf(v / math.sqrt(2.0))),
+       "gelu_tanh": lambda v: 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))}
+TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def _rand(*shape, dt=np.float32):
+    return (RNG.standard_normal(shape) * 2).astype(dt)
+
+
+@pytest.mark.parametrize("act", sorted(REF))
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_gated_activation(act, dt):
+    g, u = _rand(2, 3, 5, dt=dt), _rand(2, 3, 5, dt=dt)
+    g[0, 0, :3] = [-90.0, 0.0, 60.0]  # exp must not overflow either way
+    with rc.TransferCounter() as tc:
+        y = kf.GatedActivation(rc.to_device(g), rc.to_device(u), act)
+    assert tc.kernels == {"fused._gated": 1}
+    want = REF[act](g.astype(np.float64)) * u.astype(np.float64)
+    got = rc.to_host(y)
+    assert got.dtype == dt and got.shape == g.shape
+    np.testing.assert_allclose(got.astype(np.float64), want, **TOL[dt])
+
+
+@pytest.mark.parametrize("act", sorted(REF))
+@pytest.mark.parametrize("rows,launches", [(1, {"fused._gemv_gated": 1}),
+                                           (3, {"matmul._gemm_tiled": 2, "fused._gated": 1})])
+def test_gated_matmul(act, rows, launches):
+    K, N = 20, 13  # N is not a multiple of the simulator's block, K crosses a GEMM tile
+    x, wg, wu = _rand(1, rows, K) / 4, _rand(K, N) / 4, _rand(K, N) / 4
+    with rc.TransferCounter() as tc:
+        y = kf.GatedMatMul(rc.to_device(x), rc.to_device(wg), rc.to_device(wu), act)
+    assert tc.kernels == launches
+    x64 = x.astype(np.float64)
+    want = REF[act](x64 @ wg.astype(np.float64)) * (x64 @ wu.astype(np.float64))
+    np.testing.assert_allclose(rc.to_host(y), want, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_errors():
+    g, u = rc.to_device(_rand(2, 3)), rc.to_device(_rand(2, 3))
+    with pytest.raises(InvalidAttributeError, match="activation"):
+        kf.GatedActivation(g, u, "relu")
+    with pytest.raises(ShapeMismatchError, match="one shape"):
+        kf.GatedActivation(g, rc.to_device(_rand(1, 3)), "silu")
+    with pytest.raises(InvalidArgumentError, match="float32 or float16"):
+        kf.GatedActivation(g, rc.to_device(_rand(2, 3, dt=np.float16)), "silu")
+    w = rc.to_device(_rand(3, 4))
+    with pytest.raises(ShapeMismatchError, match="two"):
+        kf.GatedMatMul(rc.to_device(_rand(1, 5)), w, w, "silu")
+    with pytest.raises(ShapeMismatchError, match="two"):
+        kf.GatedMatMul(rc.to_device(_rand(1, 3)), w, rc.to_device(_rand(3, 5)), "silu")
+
+
+def _mlp_model(K=12, N=10):
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wg"], ["g"]), n("MatMul", ["x", "wu"], ["u"]), n("Sigmoid", ["g"], ["s"]),
+             n("Mul", ["g", "s"], ["a"]), n("Mul", ["a", "u"], ["h"]), n("MatMul", ["h", "wd"], ["y"])]
+    inits = [numpy_helper.from_array(_rand(K, N) / 3, "wg"), numpy_helper.from_array(_rand(K, N) / 3, "wu"),
+             numpy_helper.from_array(_rand(N, K) / 3, "wd")]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
+
+
+def test_session_runs_the_fused_gate_in_one_launch():
+    """The CUDA session fuses the SiLU gate and its two products into GatedMatMul: a decode row takes two
+    launches (the gate's GEMV and the down projection) instead of six, and gives the CPU session's result;
+    graph_optimization_level 1 keeps the exported nodes."""
+    model = _mlp_model()
+    cuda = InferenceSession(model, providers=["CUDAExecutionProvider"])
+    assert [n.op_type for n in cuda._graph.nodes] == ["GatedMatMul", "MatMul"]
+    basic = SessionOptions()
+    basic.graph_optimization_level = 1
+    plain = InferenceSession(model, basic, providers=["CUDAExecutionProvider"])
+    assert [n.op_type for n in plain._graph.nodes] == ["MatMul", "MatMul", "Sigmoid", "Mul", "Mul", "MatMul"]
+    cpu = InferenceSession(model)
+    for rows in (1, 3):
+        x = _rand(1, rows, 12) / 3
+        want = cpu.run(None, {"x": x})[0]
+        with rc.TransferCounter() as tc:
+            got = cuda.run(None, {"x": x})[0]
+        with rc.TransferCounter() as tp:
+            unfused = plain.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(unfused, want, rtol=1e-4, atol=1e-5)
+        if rows == 1:
+            assert tc.launches == 2 and tp.launches == 6, (tc.kernels, tp.kernels)

@@ -65,8 +65,8 @@ class ComponentSession:
 class OrtComponent(ComponentSession):
     backend = "ort"
 
-    def __init__(self, spec: ComponentSpec):
-        super().__init__(spec, _ort_session(spec.filename))
+    def __init__(self, spec: ComponentSpec, providers=None):
+        super().__init__(spec, _ort_session(spec.filename, providers))
 
 
 class NativeComponent(ComponentSession):
@@ -359,8 +359,8 @@ class OrtDecoder(DecoderComponent):
 
     backend = "ort"
 
-    def __init__(self, spec, pipeline, max_length, batch=1):
-        super().__init__(spec, pipeline, _ort_session(spec.filename), max_length, batch)
+    def __init__(self, spec, pipeline, max_length, batch=1, providers=None):
+        super().__init__(spec, pipeline, _ort_session(spec.filename, providers), max_length, batch)
 
     def _run(self, feeds, seq_len):
         for i in self.io.kv_inputs:

@@ -426,6 +426,21 @@ class CudaDecoder(NativeDecoder):
         self._length += seq_len
 
     # -- inspection ----------------------------------------------------------------------------------
+    def bytes_per_step(self) -> dict:
+        """The memory a decode step must read at the current length: ``weights`` (every device-resident
+        initializer read in full, ``CudaPlan.weight_bytes_per_run``) and ``kv`` (the live rows of every
+        attention cache, keys and values); their sum over a step's time is the bandwidth it achieves."""
+        kv = 0
+        for i in self.io.kv_inputs:
+            if i in self._window:
+                w = self.window_kv.get(i)
+                kv += 0 if w is None else int(w.size) * np.dtype(w.dtype).itemsize
+                continue
+            b = (self.kv or {}).get(i)
+            if b is not None:
+                kv += int(b.buf.size) * np.dtype(b.buf.dtype).itemsize * b.length // max(b.capacity, 1)
+        return {"weights": int(self.session.plan.weight_bytes_per_run()), "kv": int(kv)}
+
     def state_to_host(self) -> dict:
         """The state pairs' current values, downloaded (counted) — for tests and debugging, not the loop."""
         return {k: rc.to_host(v) for k, v in self.state.items()}

@@ -28,7 +28,9 @@ __all__ = ["Pipeline"]
 
 class Pipeline:
     def __init__(self, spec: PipelineSpec, choice: BackendChoice | None = None, max_length: int | None = None,
-                 batch: int = 1, session_options=None):
+                 batch: int = 1, session_options=None, ort_providers=None):
+        """``ort_providers``: onnxruntime's providers for the components that run on onnxruntime (default
+        its CPU provider)."""
         self.spec = spec
         dec = spec.decoder
         self.decoder_name = dec.name
@@ -40,13 +42,13 @@ class Pipeline:
         for name in self.stateless:
             cs = spec.components[name]
             self.components[name] = (NativeComponent(cs, providers, session_options)
-                                     if name in self.choice.native_components else OrtComponent(cs))
+                                     if name in self.choice.native_components else OrtComponent(cs, ort_providers))
         ml = int(max_length or spec.search.max_length or spec.context_length or 2048)
         if spec.context_length:
             ml = min(ml, int(spec.context_length))
         self.max_length = ml
         if not self.choice.native_decoder:
-            self.decoder = OrtDecoder(dec, spec, ml, batch)
+            self.decoder = OrtDecoder(dec, spec, ml, batch, ort_providers)
         elif self.choice.device.startswith("cuda"):
             from .device_decoder import CudaDecoder  # caches and state resident on the device
             self.decoder = CudaDecoder(dec, spec, ml, batch, providers, session_options)

@@ -37,7 +37,7 @@ import numpy as np
 from .errors import OnnxNumbaError
 
 __all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host", "device_empty",
-           "is_device_array", "device_pointer", "same_buffer", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
+           "is_device_array", "measure_bandwidth", "device_pointer", "same_buffer", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
            "SIM_ENV"]
 
 REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
@@ -305,6 +305,30 @@ def to_host(device_array, out=None, stream=0) -> np.ndarray:
     h = device_array.copy_to_host(out, stream=stream) if out is not None else device_array.copy_to_host(stream=stream)
     _count("d2h", int(h.nbytes))
     return h
+
+
+def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5):
+    """The device's memory bandwidth in GB/s, measured as a device-to-device copy of ``nbytes`` (bytes read plus
+    bytes written per second, the median of ``repeats`` copies timed with CUDA events); None on the simulator,
+    whose "device" is host memory."""
+    if simulator():
+        return None
+    import statistics
+    cuda = load()
+    n = max(int(nbytes) // 4, 1)
+    a = cuda.device_array(n, np.float32)
+    b = cuda.device_array(n, np.float32)
+    b.copy_to_device(a)  # warm-up
+    cuda.synchronize()
+    ms = []
+    for _ in range(max(int(repeats), 1)):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        b.copy_to_device(a)
+        end.record()
+        end.synchronize()
+        ms.append(cuda.event_elapsed_time(start, end))
+    return 2.0 * n * 4 / (statistics.median(ms) * 1e-3) / 1e9
 
 
 def device_empty(shape, dtype):

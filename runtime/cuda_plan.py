@@ -54,6 +54,8 @@ SHAPE_OPS = frozenset({"Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Cas
 _METADATA_OPS = frozenset({"Shape", "Size"})
 _SHAPE_DTYPES = frozenset({np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)})
 H, D = "h", "d"  # where a step wants an input: host, device (None: either, metadata only)
+# Inputs whose kernels read only the rows the indices pick (weight_bytes_per_run leaves them out).
+_ROW_READS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
 
 
 def _nbytes(a) -> int:
@@ -243,6 +245,20 @@ class CudaPlan:
         self._lock = threading.Lock()
 
     # -- introspection ---------------------------------------------------------------------------
+    def weight_bytes_per_run(self) -> int:
+        """Bytes of the device-resident initializers that device kernels read in full on every run, each counted
+        once (a weight shared by two nodes, as a tied embedding, is read twice but counted once): the floor of
+        the memory traffic of a decode step.  A table read only as Gather's or GatherBlockQuantized's data,
+        whose kernels read just the indexed rows, is left out."""
+        full = set()
+        for (_, in_slots, wants, _, _), node, kind in zip(self.steps, self.step_nodes, self.step_kind):
+            if kind != CUDA:
+                continue
+            rows = _ROW_READS.get(node.op_type, ())
+            full.update(s for k, (s, w) in enumerate(zip(in_slots, wants))
+                        if w == D and s in self.init_slots and k not in rows)
+        return sum(_nbytes(self.template[s]) for s in full if isinstance(self.template[s], np.ndarray))
+
     def get_placement(self) -> dict:
         """{node name: "cuda" | "cpu(shape)" | "cpu(allowed)"} (unnamed nodes as ``#index``)."""
         return dict(self.placement)

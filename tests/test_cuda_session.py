@@ -302,3 +302,23 @@ def test_one_node_matches_cpu(case):
     opts.graph_optimization_level = 0
     s = _both(model, feeds, opts)
     assert s.get_placement() == {"node": "cuda"}
+
+
+def test_weight_bytes_per_run_counts_each_weight_read_in_full_once():
+    """The floor of a run's memory traffic: initializers a device kernel reads in full, each once however many
+    nodes read it; an embedding table read only through Gather (just the indexed rows) is left out, and counted
+    when a MatMul also reads it (a tied output projection)."""
+    table = RNG.standard_normal((10, 4)).astype(np.float32)
+    w = RNG.standard_normal((4, 3)).astype(np.float32)
+    n = helper.make_node
+    nodes = [n("Gather", ["table", "ids"], ["e"]), n("MatMul", ["e", "w"], ["y"]), n("MatMul", ["e", "w"], ["z"]),
+             n("Add", ["y", "z"], ["out"])]
+    ins = [helper.make_tensor_value_info("ids", I64, [1, 2])]
+    outs = [helper.make_tensor_value_info("out", F, None)]
+    s = InferenceSession(_model(nodes, ins, outs, [("table", table), ("w", w)]), providers=CUDA)
+    assert s._plan.weight_bytes_per_run() == w.nbytes
+    tied = nodes + [n("MatMul", ["x", "table"], ["t"])]
+    s = InferenceSession(_model(tied, ins + [helper.make_tensor_value_info("x", F, [1, 10])],
+                                outs + [helper.make_tensor_value_info("t", F, None)],
+                                [("table", table), ("w", w)]), providers=CUDA)
+    assert s._plan.weight_bytes_per_run() == w.nbytes + table.nbytes

@@ -14,6 +14,12 @@ throughput=Z tok/s`` per backend, ``generated_token_ids: [...]`` and, with
 ``both``, the native/onnxruntime ratios.  The command fails if a backend's
 tokens differ between its runs; tokens that differ between backends are
 reported (int4 numerics can flip a near-tie) but do not fail it.
+
+With ``--ep cuda`` the native decoder runs on the device, onnxruntime on its CUDA provider when it has one (else
+on its CPU provider, said so), and onnxruntime-genai on its CUDA provider (the column is skipped, said so, when
+the installed build has none).  Then ``device:`` lines give the native decode step's kernel launches and
+host<->device bytes, and the bandwidth it achieves: the weights it reads in full plus the live KV rows over the
+median step time, against the device's measured copy bandwidth.
 """
 from __future__ import annotations
 
@@ -38,12 +44,27 @@ def _one_run(pipe, prompt, tokens, external):
     return times, ids
 
 
-def _genai_run(model_path, prompt, tokens):
+def _genai_model(model_path, ep):
+    """onnxruntime-genai's model for the package, on its CUDA provider when ``ep`` is cuda."""
+    import onnxruntime_genai as og
+    key = (model_path, ep)
+    m = _genai_run.models.get(key)
+    if m is None:
+        if ep.startswith("cuda"):
+            cfg = og.Config(model_path)
+            cfg.clear_providers()
+            cfg.append_provider("cuda")
+            m = og.Model(cfg)
+        else:
+            m = og.Model(model_path)
+        _genai_run.models[key] = m
+    return m
+
+
+def _genai_run(model_path, prompt, tokens, ep="cpu"):
     """One greedy run on onnxruntime-genai's own generator: (per-token times, ids)."""
     import onnxruntime_genai as og
-    m = _genai_run.models.get(model_path)
-    if m is None:
-        m = _genai_run.models[model_path] = og.Model(model_path)
+    m = _genai_model(model_path, ep)
     p = og.GeneratorParams(m)
     p.set_search_options(max_length=len(prompt) + tokens, do_sample=False)
     g = og.Generator(m, p)
@@ -60,6 +81,32 @@ def _genai_run(model_path, prompt, tokens):
 
 
 _genai_run.models = {}
+
+
+def _device_report(dec, args, res) -> dict:
+    """Per decode step on the device: launches, host<->device bytes, and the bandwidth the step achieves (the
+    weights read in full plus the live KV rows, over its median time) against the device's measured copy
+    bandwidth."""
+    from runtime import cuda as rc
+    steps = [s for s in dec.transfers.steps if s["seq_len"] == 1][-max(args.tokens - 1, 1):]
+    rep = {"launches_per_step": statistics.median(s["launches"] for s in steps) if steps else 0,
+           "h2d_bytes_per_step": statistics.median(s["h2d"] for s in steps) if steps else 0,
+           "d2h_bytes_per_step": statistics.median(s["d2h"] for s in steps) if steps else 0}
+    by = dec.bytes_per_step()
+    rep.update(weight_bytes=by["weights"], kv_bytes_last_step=by["kv"])
+    sec = res["decode_ms_per_token"] * 1e-3
+    rep["achieved_gb_s"] = (by["weights"] + by["kv"]) / sec / 1e9 if sec > 0 else float("nan")
+    rep["device_copy_gb_s"] = rc.measure_bandwidth()
+    if steps:
+        rep["kernels_last_step"] = dict(steps[-1]["kernels"])
+    print(f"device: launches/step={rep['launches_per_step']:g} h2d={rep['h2d_bytes_per_step']:g} B/step "
+          f"d2h={rep['d2h_bytes_per_step']:g} B/step")
+    bw = rep["device_copy_gb_s"]
+    print(f"device: a step reads {by['weights'] / 1e6:.2f} MB of weights and {by['kv'] / 1e6:.2f} MB of KV cache (at "
+          f"the last step): {rep['achieved_gb_s']:.1f} GB/s achieved"
+          + (f" against {bw:.0f} GB/s measured for a device copy ({rep['achieved_gb_s'] / bw:.1%})" if bw else
+             " (no device bandwidth on the CUDA simulator)"))
+    return rep
 
 
 def main(argv=None) -> int:
@@ -104,12 +151,26 @@ def main(argv=None) -> int:
     dec = spec.decoder.name
     stateless = [c for c in spec.components if c != dec]
     backends = ["native", "ort"] if args.backend == "both" else [args.backend]
-    if args.backend == "both" and spec.source == "genai_config" and args.ep == "cpu":
+    on_cuda = device.startswith("cuda")
+    ort_providers = None  # onnxruntime's CPU provider
+    if on_cuda and "ort" in backends:
+        import onnxruntime as ort
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            ort_providers = ["CUDAExecutionProvider"]
+        else:
+            print("onnxruntime has no CUDAExecutionProvider here (install the gpu extra): the ort column runs on "
+                  "its CPU provider")
+    if args.backend == "both" and spec.source == "genai_config":
         try:
             import onnxruntime_genai  # noqa: F401
+            if on_cuda:
+                _genai_model(args.model, device)  # a build without CUDA fails here, not in the middle of the runs
             backends.append("ort-genai")
         except ImportError:
             print("onnxruntime-genai is not installed: its column is skipped")
+        except Exception as e:  # a CPU-only onnxruntime-genai asked for its CUDA provider
+            print(f"onnxruntime-genai cannot run this package on {device} ({type(e).__name__}: {e}): its column "
+                  f"is skipped")
     results = {}
     # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
     # drift in the machine's speed lands on all of them alike and the medians compare like with like.
@@ -119,7 +180,7 @@ def main(argv=None) -> int:
             continue
         choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
         t0 = time.perf_counter()
-        pipes[be] = Pipeline(spec, choice)
+        pipes[be] = Pipeline(spec, choice, ort_providers=ort_providers)
         create[be] = time.perf_counter() - t0
     runs = {be: [] for be in backends}
     first_ids = {}
@@ -131,7 +192,7 @@ def main(argv=None) -> int:
         for be in backends:
             time.sleep(0.05)  # let the previous run's worker threads (onnxruntime's spin) go idle first
             if be == "ort-genai":
-                times, ids = _genai_run(args.model, prompt, args.tokens)
+                times, ids = _genai_run(args.model, prompt, args.tokens, device)
             else:
                 times, ids = _one_run(pipes[be], prompt, args.tokens, external)
             ref_ids = first_ids.setdefault(be, ids)
@@ -166,6 +227,8 @@ def main(argv=None) -> int:
         if n and o:
             print(f"ratio native/{other}: prefill {n['prefill_ms'] / o['prefill_ms']:.2f}x "
                   f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
+    if on_cuda and "native" in pipes:
+        results["native"]["device"] = _device_report(pipes["native"].decoder, args, results["native"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "prompt_ids": prompt, "generated_token_ids": first_ids,

@@ -247,3 +247,36 @@ def test_transfer_counter_sees_only_explicit_copies():
             H(dcache)
         H(dcache)
     assert (inner.d2h, outer.d2h) == (cache.nbytes, 2 * cache.nbytes)
+
+
+def test_every_launch_is_counted_by_kernel():
+    """Kernels declared through runtime.cuda.jit count each launch, per kernel name, in every active counter;
+    device functions stay Numba's own (kernels call them, nothing launches them)."""
+    from ops.cuda import _common
+    x, w, g = D(_rand(1, 16)), D(_rand(16, 24)), D(_rand(16))
+    with rc.TransferCounter() as outer:
+        with rc.TransferCounter() as inner:
+            h = knorm.SimplifiedLayerNormalization(x, g)
+        logits = kmm.MatMul(h, w)
+        kred.ArgMax(logits, keepdims=0)
+    assert inner.launches == 1 and inner.kernels == {"contrib_norm._rms_rows": 1}
+    assert outer.launches == 3 and outer.kernels == {"contrib_norm._rms_rows": 1, "matmul._gemv": 1,
+                                                     "reduce._argmax_rows": 1}, outer.kernels
+    assert isinstance(kmm._gemv, rc.Kernel) and repr(kmm._gemv) == "<CUDA kernel matmul._gemv>"
+    assert not isinstance(_common.block_sum, rc.Kernel)
+    outer.reset()
+    assert (outer.launches, outer.kernels) == (0, {})
+
+
+def test_skip_norm_leaves_an_unnamed_mean_out():
+    """SkipSimplifiedLayerNormalization's mean (always zeros) costs a launch only when the graph names it."""
+    x, skip, g = D(_rand(2, 16)), D(_rand(2, 16)), D(_rand(16))
+    with rc.TransferCounter() as tc:
+        y, mean, inv, s = knorm.SkipSimplifiedLayerNormalization(x, skip, g, n_outputs=4,
+                                                                 outputs_used=[True, False, False, True])
+    assert mean is None and tc.launches == 1
+    with rc.TransferCounter() as tc:
+        y2, mean2, _, s2 = knorm.SkipSimplifiedLayerNormalization(x, skip, g, n_outputs=4)
+    assert tc.launches == 2 and not H(mean2).any() and H(mean2).shape == (2, 1)
+    np.testing.assert_array_equal(H(y), H(y2))
+    np.testing.assert_array_equal(H(s), H(s2))

@@ -244,6 +244,45 @@ def test_gqa_donated_past_is_appended_in_place(S, seqlens, rotary):
     _close(rc.to_host(pk2), want2[1])
 
 
+@pytest.mark.parametrize("C,W,steps", [(6, 4, [10, 1, 1, 1, 3, 1]), (7, 3, [2, 5, 1, 1])])
+def test_gqa_sliding_window_cache_steps(C, W, steps):
+    """A decode loop over a window-sized cache (sliding_window_cache=1): each step's output and resident rows are
+    the CPU twin's, the present of each provider feeding its next step; prompts longer than the capacity and
+    chunks that evict several rows at once included."""
+    B, H, kvH, D = 1, 4, 2, 8
+    cos, sin = _caches(32, D, np.float32)
+    attrs = dict(num_heads=H, kv_num_heads=kvH, local_window_size=W, sliding_window_cache=1, do_rotary=1)
+    cpu = registry.bind(registry.resolve(MS, "GroupQueryAttention", 1),
+                        _ctx("GroupQueryAttention", attrs, 9, 3, "CPUExecutionProvider"))
+    dev = registry.bind(registry.resolve(MS, "GroupQueryAttention", 1, CUDA),
+                        _ctx("GroupQueryAttention", attrs, 9, 3, CUDA))
+    pk = pv = np.zeros((B, kvH, C, D), np.float32)
+    dk, dv = rc.to_device(pk), rc.to_device(pv)
+    dcos, dsin = rc.to_device(cos), rc.to_device(sin)
+    T = 0
+    for S in steps:
+        T += S
+        q, k, v = _rand(B, S, H * D), _rand(B, S, kvH * D), _rand(B, S, kvH * D)
+        sl, tot = np.array([T - 1], np.int32), np.array([T], np.int32)
+        wy, pk, pv = cpu(q, k, v, pk, pv, sl, tot, cos, sin)
+        with rc.TransferCounter() as tc:
+            y, dk, dv = dev(rc.to_device(q), rc.to_device(k), rc.to_device(v), dk, dv, sl, tot, dcos, dsin)
+        assert tc.kernels == {"contrib_attention._kv_write": 1, "contrib_attention._gqa_attn": 1,
+                              "contrib_attention._window_keep": 1}, tc.kernels
+        assert tuple(dk.shape) == (B, kvH, C, D)
+        _close(rc.to_host(y), wy)
+        _close(rc.to_host(dk), pk)  # resident rows and the zeros after them
+        _close(rc.to_host(dv), pv)
+
+
+def test_gqa_sliding_window_cache_batch_bias():
+    """Entries at different lengths (one past its capacity) with an attention bias indexed at absolute
+    positions."""
+    B, C, W = 2, 6, 4
+    _gqa(B, 1, C, 4, 2, 8, [8, 3], 9, bias=True, rotary=True, sliding_window_cache=1, local_window_size=W)
+    _gqa(B, 3, C, 2, 1, 8, [11, 2], 12, sliding_window_cache=1, local_window_size=W)
+
+
 def test_gqa_errors():
     f = registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn
     q = rc.to_device(_rand(1, 1, 8))
@@ -254,7 +293,7 @@ def test_gqa_errors():
         f(q, k, k, None, None, sl, tot, num_heads=2, kv_num_heads=1)
     with pytest.raises(InvalidAttributeError):
         f(q, k, k, None, None, sl, tot, num_heads=3, kv_num_heads=2)
-    with pytest.raises(InvalidAttributeError):
+    with pytest.raises(InvalidArgumentError, match="capacity"):  # a windowed cache needs a past buffer
         f(q, k, k, None, None, sl, tot, num_heads=2, kv_num_heads=1, sliding_window_cache=1, local_window_size=2)
     c = rc.to_device(np.ones((2, 2), np.float32))
     q = rc.to_device(_rand(1, 3, 8))

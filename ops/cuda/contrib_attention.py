@@ -23,7 +23,14 @@ host arrays a decoder's shape subgraph computes from its attention mask (a devic
 once per run, counted), the wrapper validates them as the CPU twin does, with no transfer and no
 synchronization.  The kernels take batch 1's one length by value and otherwise read ``seqlens_k`` (and
 ``position_ids``) through ``upload_small``, one upload per distinct content, which all the layers of a step
-share.  The kernels also clamp every index they derive.  ``sliding_window_cache=1``, quantized KV
+share.  The kernels also clamp every index they derive.
+
+With ``sliding_window_cache=1`` the past/present buffers have a fixed capacity ``C`` and hold the last
+``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, the CPU twin's ``_resident``).  The host
+computes per entry the resident past rows, the staged total and ``kbase`` (the absolute position of staged row
+0) and uploads them as one small array; ``_kv_write`` stages the resident past and the new rows, ``_gqa_attn``
+attends in staged rows (bias and rotary positions at absolute positions), and ``_window_keep`` writes the last
+``L(T)`` staged rows into a fresh present.  Quantized KV
 caches, ``qk_output`` > 0 and the k_scale/v_scale/q_norm/k_norm/query_seqlens inputs are rejected.
 
 RotaryEmbedding / MRotaryEmbedding: one thread per output element, the rotated pair read from the input
@@ -45,6 +52,7 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
+from ops.contrib_attention import _resident
 from ops.registry import op
 from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, host_array, row_threads,
                       upload_small)
@@ -102,6 +110,20 @@ def _past_total(seqlens, seq_inline, b, S, first_prompt, P, L):
     return pb, T
 
 
+WINDOWED = -2  # seq_inline for a staged windowed cache: ``seqlens`` then holds the host's rows (see _rows)
+
+
+@jit(device=True)
+def _rows(seqlens, seq_inline, b, nb, S, first_prompt, P, L):
+    """(P_b, T_b, kbase_b): the rows of entry b's new tokens start at P_b, its keys end at T_b, and row j holds
+    absolute position j + kbase_b.  A staged windowed cache (``seq_inline == WINDOWED``) reads them from
+    ``seqlens`` = [past_b (nb), total_b (nb), kbase (nb), ...], computed and validated on the host."""
+    if seq_inline == WINDOWED:
+        return np.int64(seqlens[b]), np.int64(seqlens[nb + b]), np.int64(seqlens[2 * nb + b])
+    pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
+    return pb, T, np.int64(0)
+
+
 @jit(device=True)
 def _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows):
     if pos_mode == 1:
@@ -138,6 +160,7 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     total = pres_k.size
+    nb = total // (kvH * L * D)
     for i in range(start, total, step):
         d = i % D
         r = i // D
@@ -145,15 +168,15 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
         r2 = r // L
         kh = r2 % kvH
         b = r2 // kvH
-        pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
+        pb, T, k0 = _rows(seqlens, seq_inline, b, nb, S, first_prompt, P, L)
         if j < pb:
             src = ((b * kvH + kh) * P + j) * D + d
             pres_k[i] = past_k[src]
             pres_v[i] = past_v[src]
         elif j < pb + S:
             s = j - pb
-            pres_k[i] = _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb, T, rotary, interleaved, rot, cos, sin,
-                               cw, crows, pos_ids, pos_mode)
+            pres_k[i] = _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb + k0, T + k0, rotary, interleaved, rot,
+                               cos, sin, cw, crows, pos_ids, pos_mode)
             pres_v[i] = vsrc[(b * S + s) * kv_stride + v_off + kh * D + d]
         else:
             pres_k[i] = 0
@@ -196,7 +219,7 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
     h = (r // S) % H
     s = r % S
     kh = h // (H // kvH)
-    pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
+    pb, T, k0 = _rows(seqlens, seq_inline, b, cuda.gridDim.x // (H * S), S, first_prompt, P, L)
     p = pb + s
     hi = T
     if causal and p + 1 < hi:
@@ -209,7 +232,7 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
     qbase = (b * S + s) * q_stride + h * D
     crow = np.int64(0)
     if rotary:
-        crow = _gqa_pos(b, s, S, pb, T, pos_ids, pos_mode, crows)
+        crow = _gqa_pos(b, s, S, pb + k0, T + k0, pos_ids, pos_mode, crows)
     for d in range(tid, D, nt):
         if rotary:
             qs[d] = _rot_elem(qsrc, qbase, d, rot, interleaved, cos, sin, crow, cw)
@@ -235,8 +258,8 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
             x = dot * scale
             if softcap > 0:
                 x = softcap * math.tanh(x / softcap)
-            if has_bias and j < bk:
-                x += np.float32(bias[brow + j])
+            if has_bias and j + k0 < bk:
+                x += np.float32(bias[brow + j + k0])
         tmax = block_max(red, tid, nt, x)
         m_new = m if m > tmax else tmax
         pv = np.float32(0.0)
@@ -274,6 +297,30 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
         out[obase + d] = acc[d] * inv
 
 
+@jit
+def _window_keep(stage_k, stage_v, pres_k, pres_v, rows, kvH, live, C, D):
+    """present rows [0, keep_b) = staged rows [total_b - keep_b, total_b), the rest zero (``rows`` as in _rows,
+    with keep_b after kbase)."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    nb = pres_k.size // (kvH * C * D)
+    for i in range(start, pres_k.size, step):
+        d = i % D
+        r = i // D
+        j = r % C
+        r2 = r // C
+        kh = r2 % kvH
+        b = r2 // kvH
+        n = np.int64(rows[3 * nb + b])
+        if j < n:
+            src = ((b * kvH + kh) * live + np.int64(rows[nb + b]) - n + j) * D + d
+            pres_k[i] = stage_k[src]
+            pres_v[i] = stage_v[src]
+        else:
+            pres_k[i] = 0
+            pres_v[i] = 0
+
+
 def _validate_seqlens(name, seqlens, B, S, P, L, total, first_prompt):
     """seqlens_k (host, int64) checked as the CPU twin does; returns the totals and the past lengths."""
     totals = seqlens + 1
@@ -305,9 +352,6 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
             raise InvalidArgumentError(f"{name}: input {what} is not supported by this kernel")
     if int(kv_cache_bit_width) or k_quant_type not in ("NONE", b"NONE") or v_quant_type not in ("NONE", b"NONE"):
         raise InvalidAttributeError(f"{name}: quantized KV caches are not supported by this kernel")
-    if int(sliding_window_cache):
-        raise InvalidAttributeError(f"{name}: sliding_window_cache=1 is not supported by the CUDA kernel "
-                                    f"(the CPU provider runs it)")
     if seqlens_k is None or total_sequence_length is None:
         raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
     check_device(name, query=query, key=key, value=value, past_key=past_key, past_value=past_value,
@@ -354,10 +398,31 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
             raise ShapeMismatchError(f"{name}: past_key/past_value must have shape {[B, kvH, 'past', D]}, got "
                                      f"{list(past_key.shape)} and {list(past_value.shape)}")
         P = int(past_key.shape[2])
-    L = max(total, P)
+    windowed = bool(int(sliding_window_cache))
     first_prompt = S == total
-    totals, past_b = _validate_seqlens(name, seqlens_h.reshape(-1).astype(np.int64), B, S, P, L, total,
-                                       first_prompt)
+    if windowed:
+        # A cache of capacity P holding the last L(T) positions: the resident past and the new rows are staged
+        # (row j = absolute position j + kbase), attended in staged rows, and the last L(T) rows kept.
+        W = int(local_window_size)
+        if W <= 0 or not has_past or P < W:
+            raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
+                                       f"buffers of capacity at least local_window_size ({W}), got "
+                                       f"{P if has_past else 'no past'}")
+        totals = seqlens_h.reshape(-1).astype(np.int64) + 1
+        if (totals < 1).any() or (totals > max(total, 1)).any():
+            raise InvalidArgumentError(f"{name}: seqlens_k {(totals - 1).tolist()} exceed total_sequence_length "
+                                       f"{total}")
+        n_new = np.minimum(S, totals)
+        abs_past = totals - n_new
+        past_b = _resident(abs_past, P, W)
+        kbase = abs_past - past_b
+        L = int((past_b + S).max()) if B else 0  # staged rows
+        rows = np.concatenate([past_b, past_b + n_new, kbase, _resident(totals, P, W)]).astype(np.int64)
+    else:
+        L = max(total, P)
+        totals, past_b = _validate_seqlens(name, seqlens_h.reshape(-1).astype(np.int64), B, S, P, L, total,
+                                           first_prompt)
+        abs_past = past_b
 
     rotary = bool(int(do_rotary))
     rot, cw, crows, pos_mode = 0, 1, 1, 0
@@ -384,7 +449,7 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
             check_indices(name, pos, 0, crows, "position id")
             pos_f = flat(upload_small(ph))
         else:
-            pos = past_b[:, None] + np.arange(S)[None, :]
+            pos = abs_past[:, None] + np.arange(S)[None, :]
             pos = np.where(pos < totals[:, None], pos, 1)
             check_indices(name, pos, 0, crows, "position id")
         if rot > D:
@@ -413,16 +478,19 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     window = int(local_window_size) if int(local_window_size) > 0 else -1
 
     # A donated past with room for the total (kv_share_buffer) is the present: only the new rows are written.
-    share = has_past and ctx is not None and {3, 4} <= ctx.donated and P >= total
+    share = has_past and not windowed and ctx is not None and {3, 4} <= ctx.donated and P >= total
     if share:
         pres_k, pres_v = past_key, past_value
-    else:
+    else:  # for a windowed cache: the staging buffers
         pres_k = rc.device_empty((B, kvH, L, D), dtype)
         pres_v = rc.device_empty((B, kvH, L, D), dtype)
     y = rc.device_empty((B, S, H * D), dtype)
-    # Batch 1 passes its one length by value: nothing is uploaded for it.
-    seq_inline = int(seqlens_h.reshape(-1)[0]) if B == 1 else -1
-    seq_f = flat(query) if B == 1 else flat(upload_small(seqlens_h))
+    if windowed:  # the kernels read the rows the host computed
+        seq_inline, seq_f = WINDOWED, flat(upload_small(rows))
+    elif B == 1:  # batch 1 passes its one length by value: nothing is uploaded for it
+        seq_inline, seq_f = int(seqlens_h.reshape(-1)[0]), flat(query)
+    else:
+        seq_inline, seq_f = -1, flat(upload_small(seqlens_h))
     n_new = B * kvH * S * D
     if share and n_new:
         blocks, threads = grid1d(n_new)
@@ -443,6 +511,14 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
                                  flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
                                  sink_mode, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows,
                                  pos_f, pos_mode, flat(y))
+    if windowed:
+        stage_k, stage_v = pres_k, pres_v
+        pres_k = rc.device_empty((B, kvH, P, D), dtype)
+        pres_v = rc.device_empty((B, kvH, P, D), dtype)
+        if pres_k.size:
+            blocks, threads = grid1d(pres_k.size)
+            _window_keep[blocks, threads](flat(stage_k), flat(stage_v), flat(pres_k), flat(pres_v), seq_f, kvH, L,
+                                          P, D)
     res = [y, pres_k, pres_v]
     if n_out > 3:  # output_qk declared with qk_output=0: zeros, as on the CPU
         qk = rc.device_empty((B, H, S, total), dtype)

@@ -113,9 +113,10 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
             InferShapes(strict=False)(graph)
     if provider == CUDA_PROVIDER and int(getattr(options, "graph_optimization_level", 99)) >= 2:
         # Launch-bound decode steps: the feed-forward gate runs as one kernel (runtime/passes/cuda_fusions.py).
-        from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul
+        from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul, FuseGatedMatMulNBits
         if FuseGatedActivation()(graph).modified:
             FuseGatedMatMul()(graph)
+            FuseGatedMatMulNBits()(graph)
     return graph
 
 

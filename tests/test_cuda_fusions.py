@@ -111,3 +111,59 @@ def test_session_runs_the_fused_gate_in_one_launch():
         np.testing.assert_allclose(unfused, want, rtol=1e-4, atol=1e-5)
         if rows == 1:
             assert tc.launches == 2 and tp.launches == 6, (tc.kernels, tp.kernels)
+
+
+def _mnb_model(K, N, bs, zp):
+    """y = silu(x @ dequant(Bg)^T) * (x @ dequant(Bu)^T), both MatMulNBits (int4, block ``bs``)."""
+    nb = (K + bs - 1) // bs
+    inits, nodes = [], []
+    for w in ("g", "u"):
+        inits += [numpy_helper.from_array(RNG.integers(0, 256, (N, nb, bs // 2), dtype=np.uint8), f"B{w}"),
+                  numpy_helper.from_array((RNG.random((N, nb)) * 0.05 + 0.01).astype(np.float32), f"S{w}")]
+        ins = ["x", f"B{w}", f"S{w}"]
+        if zp == "u8":
+            inits.append(numpy_helper.from_array(RNG.integers(0, 256, N * ((nb * 4 + 7) // 8), dtype=np.uint8),
+                                                 f"Z{w}"))
+            ins.append(f"Z{w}")
+        elif zp == "f":
+            inits.append(numpy_helper.from_array((RNG.random(N * nb) * 15).astype(np.float32), f"Z{w}"))
+            ins.append(f"Z{w}")
+        nodes.append(helper.make_node("MatMulNBits", ins, [w], domain="com.microsoft", K=K, N=N, bits=4,
+                                      block_size=bs))
+    nodes += [helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["s", "g"], ["a"]),
+              helper.make_node("Mul", ["u", "a"], ["y"])]
+    g = helper.make_graph(nodes, "mnb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("zp", [None, "u8", "f"])
+def test_session_runs_an_int4_gate_as_one_product(zp):
+    """Two MatMulNBits feeding the gate become one MatMulNBits over the concatenated weights (each column reads
+    only its own rows, so it is computed as before) and a one-input GatedActivation: two launches instead of
+    four for a decode row, the CPU session's result, and the separate weights are gone."""
+    K, N = 40, 6
+    model = _mnb_model(K, N, 16, zp)
+    cuda = InferenceSession(model, providers=["CUDAExecutionProvider"])
+    nodes = cuda._graph.nodes
+    assert [(n.op_type, len(n.inputs)) for n in nodes] == [("MatMulNBits", 3 if zp is None else 4),
+                                                           ("GatedActivation", 1)]
+    assert nodes[0].attrs["N"] == 2 * N
+    assert not {"Bg", "Bu", "Sg", "Su", "Zg", "Zu"} & set(cuda._graph.initializers)
+    cpu = InferenceSession(model)
+    for rows in (1, 3):
+        x = RNG.standard_normal((1, rows, K)).astype(np.float32)
+        with rc.TransferCounter() as tc:
+            got = cuda.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        assert tc.kernels == {"contrib_quant._mnb_kernel": 1, "fused._gated_halves": 1}, tc.kernels
+
+
+def test_gated_halves_errors():
+    with pytest.raises(ShapeMismatchError, match="even last axis"):
+        kf.GatedActivation(rc.to_device(_rand(2, 5)), None, "silu")
+    gu = _rand(2, 3, 8)
+    got = rc.to_host(kf.GatedActivation(rc.to_device(gu), None, "gelu"))
+    want = REF["gelu"](gu[..., :4].astype(np.float64)) * gu[..., 4:]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -4,7 +4,9 @@ On a GPU a small decode step is bound by launches (about 7 us each plus 3.5 us p
 numba-cuda), so the feed-forward gate ``act(x @ Wg) * (x @ Wu)``, five launches as exported, runs as one:
 
 - ``GatedActivation(g, u, activation)``: ``act(g) * u`` elementwise, one launch where the export has two or
-  three (``Sigmoid``, ``Mul``, ``Mul`` for SiLU; ``Gelu``/``FastGelu``, ``Mul`` for GELU);
+  three (``Sigmoid``, ``Mul``, ``Mul`` for SiLU; ``Gelu``/``FastGelu``, ``Mul`` for GELU).  With one input
+  ``gu`` of last axis ``2N`` it is ``act(gu[..., :N]) * gu[..., N:]``: the form the pass gives a gate and a
+  value computed by one MatMulNBits over their concatenated weights (two launches where the export has four);
 - ``GatedMatMul(x, Wg, Wu, activation)``: the same of two products sharing ``x`` with constant ``(K, N)``
   weights.  One row (decode) is one GEMV launch that walks both weights, one thread per output column with
   the columns of a warp adjacent (coalesced), and applies the gate in registers; several rows (prefill) run
@@ -61,6 +63,17 @@ def _gated(g, u, y, act):
 
 
 @jit
+def _gated_halves(gu, y, N, act):
+    """y[r, n] = act(gu[r, n]) * gu[r, N + n]: the gate and the value as the two halves of one product's row."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, y.size, step):
+        r = i // N
+        n = i - r * N
+        y[i] = _gate(np.float32(gu[r * 2 * N + n]), act) * np.float32(gu[r * 2 * N + N + n])
+
+
+@jit
 def _gemv_gated(x, wg, wu, y, K, N, act):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -98,9 +111,21 @@ def gated(g, u, act: int):
 
 
 @op("GatedActivation", 1, domain=DOMAIN, provider=CUDA)
-def GatedActivation(g, u, activation="silu"):
+def GatedActivation(g, u=None, activation="silu"):
     name = "GatedActivation"
     act = _activation(name, activation)
+    if u is None:  # one product holding the gate and the value as the halves of its last axis
+        check_device(name, gate_and_value=g)
+        _float_dtype(name, g)
+        n2 = tuple(g.shape)[-1] if g.ndim else 1
+        if g.ndim == 0 or n2 % 2:
+            raise ShapeMismatchError(f"{name}: a single input must have an even last axis (gate, value), got "
+                                     f"shape {list(g.shape)}")
+        y = rc.device_empty(tuple(g.shape)[:-1] + (n2 // 2,), g.dtype)
+        if y.size:
+            blocks, threads = grid1d(y.size)
+            _gated_halves[blocks, threads](flat(g), flat(y), n2 // 2, act)
+        return y
     check_device(name, g=g, u=u)
     _float_dtype(name, g, u)
     if tuple(g.shape) != tuple(u.shape):

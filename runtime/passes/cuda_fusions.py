@@ -9,10 +9,16 @@
 ``FuseGatedMatMul`` then rewrites ``GatedActivation(MatMul(x, Wg), MatMul(x, Wu))`` with constant 2-d weights of
 one shape into ``onnx_numba.GatedMatMul(x, Wg, Wu)``, whose decode step is one GEMV launch.
 
+``FuseGatedMatMulNBits`` rewrites ``GatedActivation(MatMulNBits(x, Bg, ...), MatMulNBits(x, Bu, ...))`` with
+constant weights, scales and zero points of one layout (same K, N, bits, block size, no g_idx or bias) into one
+``MatMulNBits`` of ``2N`` columns over the weights concatenated along N (each output column reads only its own
+row of B, scales and zero points, so every column is computed exactly as before) and a one-input
+``GatedActivation`` over the two halves.  The separate weights are dropped when nothing else reads them.
+
 Invariants:
 - a pattern is fused only when every value it hides (``s``, ``a``, the products) is read by the pattern
   alone and is not a graph output, and when ``g`` and ``u`` are known to have one shape and one float dtype
-  (float32 or float16), so the fused node computes exactly what the nodes it replaces did, up to rounding:
+  (float32 or float16): from shape inference, or as two MatMulNBits of one input and one N, so the fused node computes exactly what the nodes it replaces did, up to rounding:
   the intermediates stay in float32 instead of being stored in the operands' dtype;
 - the fused node takes the name of the node whose output it produces and produces the same value name;
 - the kernels live in ``ops/cuda/fused.py``; the passes run only when building a graph for
@@ -25,7 +31,7 @@ import numpy as np
 from ..ir import Graph, Node, free_names, subgraphs
 from .base import Pass, PassResult
 
-__all__ = ["FuseGatedActivation", "FuseGatedMatMul", "FUSED_DOMAIN"]
+__all__ = ["FuseGatedActivation", "FuseGatedMatMul", "FuseGatedMatMulNBits", "FUSED_DOMAIN"]
 
 FUSED_DOMAIN = "onnx_numba"
 _STD = ("", "ai.onnx")
@@ -59,6 +65,18 @@ def _same_float(graph: Graph, a: str, b: str) -> bool:
         x is not None and x == y for x, y in zip(va.shape, vb.shape))
 
 
+def _twin_products(graph: Graph, a: Node | None, b: Node | None) -> bool:
+    """``a`` and ``b`` are two MatMulNBits (contrib ops, whose outputs shape inference leaves unknown) of one
+    float input and one N: their results have one shape and the input's dtype."""
+    if a is None or b is None or a is b:
+        return False
+    if any(n.op_type != "MatMulNBits" or n.domain != _MS or not n.inputs for n in (a, b)):
+        return False
+    x = graph.value_info.get(a.inputs[0])
+    return a.inputs[0] == b.inputs[0] and "N" in a.attrs and a.attrs.get("N") == b.attrs.get("N") \
+        and x is not None and x.dtype is not None and np.dtype(x.dtype) in _FLOATS
+
+
 def _gelu_kind(node: Node) -> str | None:
     if node.op_type == "Gelu" and node.domain in _STD:
         approx = node.attrs.get("approximate", "none")
@@ -88,7 +106,8 @@ class FuseGatedActivation(Pass):
                     continue
                 g, act, hidden = m
                 u = mul.inputs[1 - k]
-                if not _same_float(graph, g, u):  # act(g) has g's shape, so the Mul broadcasts nothing
+                # act(g) has g's shape, so the Mul broadcasts nothing
+                if not (_same_float(graph, g, u) or _twin_products(graph, producer.get(g), producer.get(u))):
                     continue
                 drop.update(id(h) for h in hidden)
                 replace[id(mul)] = Node("GatedActivation", [g, u], [mul.outputs[0]], {"activation": act},
@@ -154,3 +173,81 @@ class FuseGatedMatMul(Pass):
             return PassResult(False)
         graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
         return PassResult(True, [n.outputs[0] for n in replace.values()])
+
+
+def _per_column(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` (B, scales or zero points of a MatMulNBits with ``n`` columns) as rows of one column each."""
+    return a.reshape(n, -1)
+
+
+class FuseGatedMatMulNBits(Pass):
+    """``GatedActivation(MatMulNBits(x, Bg..), MatMulNBits(x, Bu..))`` -> one MatMulNBits of 2N columns over the
+    concatenated weights and a one-input ``GatedActivation`` (module docstring)."""
+    name = "fuse_gated_matmulnbits"
+    _ATTRS = ("K", "N", "bits", "block_size", "accuracy_level")
+
+    def call(self, graph: Graph) -> PassResult:
+        producer = {o: node for node in graph.nodes for o in node.outputs if o}
+        readers = _readers(graph)
+        inits = graph.initializers
+        drop: set = set()
+        replace: dict = {}
+        fused = []
+        for node in graph.nodes:
+            if node.op_type != "GatedActivation" or node.domain != FUSED_DOMAIN or len(node.inputs) != 2:
+                continue
+            mg, mu = producer.get(node.inputs[0]), producer.get(node.inputs[1])
+            if mg is None or mu is None or mg is mu or id(mg) in drop or id(mu) in drop:
+                continue
+            if any(m.op_type != "MatMulNBits" or m.domain != _MS or readers.get(m.outputs[0], 0) != 1
+                   or any(x for x in m.inputs[4:]) for m in (mg, mu)):
+                continue  # only the plain form: no g_idx, no bias
+            if mg.inputs[0] != mu.inputs[0] or len(mg.inputs[1:4]) != len(mu.inputs[1:4]) \
+                    or any(mg.attrs.get(a) != mu.attrs.get(a) for a in self._ATTRS) or "N" not in mg.attrs:
+                continue
+            n = int(mg.attrs["N"])
+            parts = []
+            for k in (1, 2, 3):
+                a_name = mg.inputs[k] if k < len(mg.inputs) else ""
+                b_name = mu.inputs[k] if k < len(mu.inputs) else ""
+                if not a_name and not b_name:
+                    continue
+                a, b = inits.get(a_name), inits.get(b_name)
+                if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != b.shape \
+                        or a.dtype != b.dtype or a.size % n:
+                    parts = None
+                    break
+                parts.append((k, a_name, b_name, a, b))
+            if not parts or parts[0][0] != 1 or parts[1][0] != 2:
+                continue
+            ins = [mg.inputs[0], "", "", ""]
+            for k, a_name, b_name, a, b in parts:
+                cat = np.concatenate([_per_column(a, n), _per_column(b, n)])
+                cat = cat.reshape((2 * n,) + a.shape[1:]) if a.ndim > 1 and a.shape[0] == n else cat.reshape(-1)
+                new = f"{a_name}+{b_name}"
+                inits[new] = cat
+                ins[k] = new
+            while not ins[-1]:
+                ins.pop()
+            gu = f"{node.outputs[0]}/gate_and_value"
+            attrs = dict(mg.attrs)
+            attrs["N"] = 2 * n
+            mnb = Node("MatMulNBits", ins, [gu], attrs, f"{node.name}/gate_and_value", _MS, mg.opset)
+            act = Node("GatedActivation", [gu], list(node.outputs), dict(node.attrs), node.name, FUSED_DOMAIN, 1)
+            drop.update((id(mg), id(mu)))
+            replace[id(node)] = (mnb, act)
+            for _, a_name, b_name, _, _ in parts:
+                for w in (a_name, b_name):
+                    readers[w] = readers.get(w, 0) - 1
+            fused.append(node.outputs[0])
+        if not replace:
+            return PassResult(False)
+        nodes = []
+        for nd in graph.nodes:
+            if id(nd) in drop:
+                continue
+            nodes.extend(replace.get(id(nd), (nd,)))
+        graph.nodes = nodes
+        for name in [w for w, c in readers.items() if c <= 0 and w in inits]:
+            del inits[name]
+        return PassResult(True, fused)

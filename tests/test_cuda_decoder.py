@@ -331,7 +331,8 @@ def test_shared_cache_buffers_are_appended_in_place_and_decode_as_copied_ones():
     n_caches = len(dec.io.kv_inputs)
     for a, b in zip(k_shared[1:], k_copied[1:]):  # decode steps (the prefill has no live rows to copy out)
         assert "device_decoder._copy_rows_kernel" not in a and "contrib_attention._kv_write" not in a
-        assert a["contrib_attention._kv_append"] == n_caches // 2
+        # one new row of the packed QKV: the attention kernel appends it (no separate launch)
+        assert "contrib_attention._kv_append" not in a and a["contrib_attention._gqa_attn"] == n_caches // 2
         assert b["device_decoder._copy_rows_kernel"] == 2 * n_caches and "contrib_attention._kv_append" not in b
     live = rc.to_host(dec.kv[dec.io.kv_inputs[0]].buf)[:, :, :3]
     np.testing.assert_array_equal(live, rc.to_host(copied.decoder.kv[dec.io.kv_inputs[0]].live()))
@@ -339,9 +340,9 @@ def test_shared_cache_buffers_are_appended_in_place_and_decode_as_copied_ones():
 
 def test_profile_native_reports_the_device_step(tmp_path, capsys):
     """``profile_native --ep cuda``: the native decoder on the device, and per decode step its launches (the
-    llama fixture's 2 layers: per layer two norms, the QKV GEMV, the cache append, attention, the output GEMV,
-    the fused gate GEMV and the down GEMV; then the embedding gather, the final norm, the logits GEMV and the
-    argmax: 20), the token up and the argmax down, the weights a step reads, and the bandwidth figure (none on
+    llama fixture's 2 layers: per layer two norms, the QKV GEMV, attention (which appends the new cache row),
+    the output GEMV, the fused gate GEMV and the down GEMV; then the embedding gather, the final norm, the logits
+    GEMV and the argmax: 18), the token up and the argmax down, the weights a step reads, and the bandwidth figure (none on
     the simulator)."""
     import json
     from tools import profile_native
@@ -350,9 +351,9 @@ def test_profile_native_reports_the_device_step(tmp_path, capsys):
                                 "native", "--prompt-ids", "7", "--tokens", "3", "--runs", "1", "--warmups", "0",
                                 "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "device: launches/step=20 h2d=8 B/step d2h=8 B/step" in text, text
+    assert "device: launches/step=18 h2d=8 B/step d2h=8 B/step" in text, text
     dev = json.loads(out.read_text())["results"]["native"]["device"]
-    assert dev["launches_per_step"] == 20 and sum(dev["kernels_last_step"].values()) == 20
+    assert dev["launches_per_step"] == 18 and sum(dev["kernels_last_step"].values()) == 18
     assert dev["kernels_last_step"]["fused._gemv_gated"] == 2
     assert dev["weight_bytes"] > 0 and dev["kv_bytes_last_step"] > 0
     if rc.simulator():

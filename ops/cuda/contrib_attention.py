@@ -11,7 +11,9 @@ otherwise), ``lo = P_b + s + 1 - local_window_size`` when a window is set.  Two 
   ``[P_b, P_b + S)`` the new K (rotated when ``do_rotary``) and V, the rest zero.  When the plan donates
   ``past_key``/``past_value`` (``OpContext.donated``, a decoder's ``kv_share_buffer``) and they have room for
   ``total_sequence_length``, they are the present: ``_kv_append`` writes only the new rows into them, one
-  thread per new element, and the other rows are neither copied nor cleared (none past ``T_b`` is read);
+  thread per new element, and the other rows are neither copied nor cleared (none past ``T_b`` is read).  A
+  decode step (one new row) of a packed QKV does not launch ``_kv_append``: ``_gqa_attn`` stages the new key
+  and value row in shared memory, reads it from there, and the first query head of each group writes it;
 - ``_gqa_attn``: one block per (batch, head, query row); the (rotated) query row is staged in shared memory,
   the live keys are walked in tiles of ``blockDim`` keys (one key per thread, float32 dot), with an online
   softmax (running max and sum, rescaled accumulator of ``D`` floats in shared memory, V rows read
@@ -207,9 +209,11 @@ def _kv_append(ksrc, vsrc, kv_stride, k_off, v_off, n, pres_k, pres_v, seqlens, 
 @jit
 def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt, P, S, H, kvH, L, D, scale, softcap,
               causal, window, bias, has_bias, bb, bh, bq, bk, sink, sink_mode, rotary, interleaved, rot, cos, sin, cw,
-              crows, pos_ids, pos_mode, out):
+              crows, pos_ids, pos_mode, append, k_off, v_off, out):
     qs = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
     acc = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
+    ksn = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
+    vsn = cuda.shared.array(MAX_HEAD_SIZE, np.float32)
     ps = cuda.shared.array(MAX_ROW_THREADS, np.float32)
     red = cuda.shared.array(MAX_ROW_THREADS, np.float32)
     tid = cuda.threadIdx.x
@@ -233,16 +237,27 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
     crow = np.int64(0)
     if rotary:
         crow = _gqa_pos(b, s, S, pb + k0, T + k0, pos_ids, pos_mode, crows)
+    kv0 = (b * kvH + kh) * L
+    # append (one new row, packed QKV, shared cache): the new key and value row pb are staged here from the
+    # packed input and read from shared memory; the first query head of each kv head's group writes them into
+    # the cache, which no block reads at that row in this launch.
+    writer = append and h % (H // kvH) == 0
     for d in range(tid, D, nt):
         if rotary:
             qs[d] = _rot_elem(qsrc, qbase, d, rot, interleaved, cos, sin, crow, cw)
         else:
             qs[d] = np.float32(qsrc[qbase + d])
         acc[d] = np.float32(0.0)
+        if append:
+            ksn[d] = _new_k(qsrc, q_stride, k_off, b, 0, kh, d, S, D, pb + k0, T + k0, rotary, interleaved, rot,
+                            cos, sin, cw, crows, pos_ids, pos_mode)
+            vsn[d] = np.float32(qsrc[b * q_stride + v_off + kh * D + d])
+            if writer:
+                pres_k[(kv0 + pb) * D + d] = ksn[d]
+                pres_v[(kv0 + pb) * D + d] = qsrc[b * q_stride + v_off + kh * D + d]
     cuda.syncthreads()
     m = np.float32(-np.inf)
     lsum = np.float32(0.0)
-    kv0 = (b * kvH + kh) * L
     bb_i = b if bb > 1 else 0
     bh_i = h if bh > 1 else 0
     bq_i = s if bq > 1 else 0
@@ -253,8 +268,12 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
         if j < hi:
             kb = (kv0 + j) * D
             dot = np.float32(0.0)
-            for d in range(D):
-                dot += qs[d] * np.float32(pres_k[kb + d])
+            if append and j == pb:
+                for d in range(D):
+                    dot += qs[d] * ksn[d]
+            else:
+                for d in range(D):
+                    dot += qs[d] * np.float32(pres_k[kb + d])
             x = dot * scale
             if softcap > 0:
                 x = softcap * math.tanh(x / softcap)
@@ -277,7 +296,10 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
         for d in range(tid, D, nt):
             a = acc[d] * alpha
             for t in range(cnt):
-                a += ps[t] * np.float32(pres_v[(kv0 + t0 + t) * D + d])
+                if append and t0 + t == pb:
+                    a += ps[t] * vsn[d]
+                else:
+                    a += ps[t] * np.float32(pres_v[(kv0 + t0 + t) * D + d])
             acc[d] = a
         cuda.syncthreads()
         m = m_new
@@ -492,7 +514,9 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     else:
         seq_inline, seq_f = -1, flat(upload_small(seqlens_h))
     n_new = B * kvH * S * D
-    if share and n_new:
+    # One new row of a packed QKV into a shared cache: the attention kernel appends it itself (one launch).
+    fuse_append = share and packed and S == 1
+    if share and n_new and not fuse_append:
         blocks, threads = grid1d(n_new)
         _kv_append[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off, n_new, flat(pres_k),
                                     flat(pres_v), seq_f, seq_inline, first_prompt, P, S, kvH, L, D, rotary,
@@ -510,7 +534,7 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
                                  P, S, H, kvH, L, D, np.float32(sc), np.float32(softcap), bool(int(causal)), window,
                                  flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
                                  sink_mode, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows,
-                                 pos_f, pos_mode, flat(y))
+                                 pos_f, pos_mode, fuse_append, k_off, v_off, flat(y))
     if windowed:
         stage_k, stage_v = pres_k, pres_v
         pres_k = rc.device_empty((B, kvH, P, D), dtype)

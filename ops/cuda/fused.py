@@ -8,8 +8,8 @@ numba-cuda), so the feed-forward gate ``act(x @ Wg) * (x @ Wu)``, five launches 
   ``gu`` of last axis ``2N`` it is ``act(gu[..., :N]) * gu[..., N:]``: the form the pass gives a gate and a
   value computed by one MatMulNBits over their concatenated weights (two launches where the export has four);
 - ``GatedMatMul(x, Wg, Wu, activation)``: the same of two products sharing ``x`` with constant ``(K, N)``
-  weights.  One row (decode) is one GEMV launch that walks both weights, one thread per output column with
-  the columns of a warp adjacent (coalesced), and applies the gate in registers; several rows (prefill) run
+  weights.  One row (decode) is one GEMV launch that walks both weights with the matmul GEMV's geometry
+  (32 adjacent columns per warp, 8 warps splitting K) and applies the gate to the two sums; several rows (prefill) run
   the two tiled GEMMs and ``GatedActivation``: three launches where the export has five.
 
 ``activation``: ``silu`` (``v * sigmoid(v)``), ``gelu`` (erf) or ``gelu_tanh``.  Values are computed in float32
@@ -75,16 +75,17 @@ def _gated_halves(gu, y, N, act):
 
 @jit
 def _gemv_gated(x, wg, wu, y, K, N, act):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for n in range(start, N, step):
-        ag = np.float32(0.0)
-        au = np.float32(0.0)
-        for k in range(K):
-            xv = np.float32(x[k])
-            ag += xv * np.float32(wg[k * N + n])
-            au += xv * np.float32(wu[k * N + n])
-        y[n] = _gate(ag, act) * au
+    sh = cuda.shared.array((2 * kmm.GEMV_SLICES, kmm.GEMV_COLS), np.float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    cols = cuda.blockDim.x
+    slices = cuda.blockDim.y
+    for n0 in range(cuda.blockIdx.x * cols, N, cuda.gridDim.x * cols):  # uniform across the block
+        n = n0 + tx
+        ag = kmm.gemv_column_sums(x, wg, n, N, K, tx, ty, slices, sh, 0)
+        au = kmm.gemv_column_sums(x, wu, n, N, K, tx, ty, slices, sh, 1)
+        if ty == 0 and n < N:
+            y[n] = _gate(ag, act) * au
 
 
 def _activation(name, activation) -> int:
@@ -151,6 +152,6 @@ def GatedMatMul(x, wg, wu, activation="silu"):
         return gated(kmm.gemm(a, wg), kmm.gemm(a, wu), act).reshape(lead + (N,))
     y = rc.device_empty(lead + (N,), x.dtype)
     if N:
-        blocks, threads = grid1d(N)
+        blocks, threads = kmm.gemv_geometry(N)
         _gemv_gated[blocks, threads](flat(x), flat(wg), flat(wu), flat(y), K, N, act)
     return y

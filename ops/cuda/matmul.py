@@ -1,7 +1,9 @@
 """CUDA matrix products: a GEMV for decode (M = 1) and a tiled shared-memory GEMM.
 
-GEMV: ``y[n] = sum_k x[k] * W[k, n] (+ bias[n])`` with ``W`` (K, N) row-major, one thread per output column,
-so a warp reads 32 adjacent columns of a row of ``W`` at once (coalesced).  GEMM: ``C = A @ B`` for 2-d or
+GEMV: ``y[n] = sum_k x[k] * W[k, n] (+ bias[n])`` with ``W`` (K, N) row-major: a block of 32 x 8 threads owns
+32 adjacent columns, each warp reads 32 adjacent columns of a row of ``W`` at once (coalesced) and the 8 warps
+split K, adding their partial sums through shared memory in a fixed order (deterministic), so even a
+decode-sized N (a few thousand columns) puts thousands of warps in flight.  GEMM: ``C = A @ B`` for 2-d or
 batched 3-d operands in ``TILE x TILE`` blocks staged through shared memory; a 2-d ``B`` is shared by every
 batch (a weight).  Accumulation is float32; float16 operands are widened on load and rounded on store.
 
@@ -15,25 +17,67 @@ import numpy as np
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
-from ._common import F16, F32, check_device, flat, grid1d
+from ._common import F16, F32, check_device, flat
 
-__all__ = ["gemv", "gemm", "MatMul", "TILE"]
+__all__ = ["gemv", "gemm", "MatMul", "TILE", "launch_gemv", "gemv_geometry", "gemv_column_sums"]
 
 TILE = 16
 _MATMUL_DTYPES = (F32, F16)
 
 
+GEMV_COLS, GEMV_SLICES = 32, 8  # a block's columns (threadIdx.x) and K slices (threadIdx.y) on a GPU
+
+
+def gemv_geometry(N: int) -> tuple:
+    """(blocks, (columns, slices)) for the GEMV kernels: a warp covers 32 adjacent columns of a weight row
+    (coalesced) and 8 warps split K, so a decode-sized N still fills the device; under the simulator, where
+    every thread is a Python thread, a few threads and at most two blocks."""
+    N = max(int(N), 1)
+    if rc.simulator():
+        cols = min(N, 4)
+        return min(-(-N // cols), 2), (cols, 2)
+    return min(-(-N // GEMV_COLS), 1 << 16), (GEMV_COLS, GEMV_SLICES)
+
+
+@jit(device=True)
+def gemv_column_sums(x, w, n, N, K, tid_x, tid_y, slices, sh, part):
+    """Column ``n``'s dot product with ``x``, for every thread of a (columns, slices) block: thread (tid_x, tid_y)
+    sums k = tid_y, tid_y + slices, ... and the block adds the slices in order (deterministic).  ``part``
+    selects the row of ``sh`` (a float32 shared (2 * GEMV_SLICES, GEMV_COLS) scratch) so two sums can be in
+    flight; every thread of the block must call it with the same arguments but its own ``n``."""
+    acc = np.float32(0.0)
+    if n < N:
+        for k in range(tid_y, K, slices):
+            acc += np.float32(x[k]) * np.float32(w[k * N + n])
+    sh[part * GEMV_SLICES + tid_y, tid_x] = acc
+    cuda.syncthreads()
+    tot = np.float32(0.0)
+    for j in range(slices):
+        tot += sh[part * GEMV_SLICES + j, tid_x]
+    cuda.syncthreads()  # the scratch is free again
+    return tot
+
+
 @jit
 def _gemv(x, w, bias, has_bias, y, K, N):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for n in range(start, N, step):
-        acc = np.float32(0.0)
-        for k in range(K):
-            acc += np.float32(x[k]) * np.float32(w[k * N + n])
-        if has_bias:
-            acc += np.float32(bias[n])
-        y[n] = acc
+    sh = cuda.shared.array((2 * GEMV_SLICES, GEMV_COLS), np.float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    cols = cuda.blockDim.x
+    slices = cuda.blockDim.y
+    for n0 in range(cuda.blockIdx.x * cols, N, cuda.gridDim.x * cols):  # uniform across the block
+        n = n0 + tx
+        acc = gemv_column_sums(x, w, n, N, K, tx, ty, slices, sh, 0)
+        if ty == 0 and n < N:
+            if has_bias:
+                acc += np.float32(bias[n])
+            y[n] = acc
+
+
+def launch_gemv(x, w, bias, y, K, N):
+    """``y = x @ w (+ bias)`` for flat device arrays (x of K, w of K*N row-major, y of N)."""
+    blocks, threads = gemv_geometry(N)
+    _gemv[blocks, threads](x, w, bias if bias is not None else x, bias is not None, y, K, N)
 
 
 @jit
@@ -80,9 +124,7 @@ def gemv(x, W, bias=None):
                                  f"{'' if bias is None else f', bias {list(bias.shape)}'} do not agree")
     y = rc.device_empty(tuple(x.shape)[:-1] + (N,), x.dtype)
     if N:
-        blocks, threads = grid1d(N)
-        _gemv[blocks, threads](flat(x), flat(W), flat(bias) if bias is not None else flat(x), bias is not None,
-                               flat(y), K, N)
+        launch_gemv(flat(x), flat(W), flat(bias) if bias is not None else None, flat(y), K, N)
     return y
 
 

@@ -190,8 +190,7 @@ def MatMul(A, B):
     if pb == 1 and pa == pc:
         rows = pa * M  # a weight shared by every batch: fold the batch into rows
         if rows == 1:
-            blocks, threads = grid1d(N)
-            kmm._gemv[blocks, threads](fa, fb, fa, False, fc, K, N)
+            kmm.launch_gemv(fa, fb, None, fc, K, N)
         else:
             _gemm(fa, fb, fc, rows, N, K, 0, 0, 1)
     elif (pa == 1 or pa == pc) and pb == pc:  # batches line up, or A is shared by every batch of B

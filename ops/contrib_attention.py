@@ -316,6 +316,25 @@ def _resident(T, C, W):
     return np.array([resident_rows(int(t), int(C), int(W)) for t in np.asarray(T).reshape(-1)], np.int64)
 
 
+def window_rows(name, seqlens, S, P, W, total):
+    """A windowed cache's rows for one step (``sliding_window_cache=1``), validated as onnxruntime does:
+    (n_new, abs_past, past_b, kbase) per entry: the valid new rows, the absolute positions cached before the
+    step, the rows of the past buffer (capacity ``P``, None when absent) that hold them, and the absolute
+    position of staged row 0 (the resident past, then the new rows)."""
+    if W <= 0 or P is None or P < W:
+        raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
+                                   f"buffers of capacity at least local_window_size ({W}), got "
+                                   f"{'no past' if P is None else P}")
+    totals = np.asarray(seqlens, np.int64).reshape(-1) + 1
+    if (totals < 1).any() or (totals > max(int(total), 1)).any():
+        raise InvalidArgumentError(f"{name}: seqlens_k {(totals - 1).tolist()} exceed total_sequence_length "
+                                   f"{total}")
+    n_new = np.minimum(S, totals)
+    abs_past = totals - n_new
+    past_b = _resident(abs_past, P, W)
+    return n_new, abs_past, past_b, abs_past - past_b
+
+
 # -- GroupQueryAttention -----------------------------------------------------------------------------
 
 @op("GroupQueryAttention", 1, domain=_MS)
@@ -381,17 +400,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     windowed = bool(int(sliding_window_cache))
     if windowed:
         W = int(local_window_size)
-        if W <= 0 or not has_past or P < W:
-            raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
-                                       f"buffers of capacity at least local_window_size ({W}), got "
-                                       f"{P if has_past else 'no past'}")
-        if (totals < 1).any() or (totals > max(total, 1)).any():
-            raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} exceed total_sequence_length {total}")
         L = P
-        n_new = np.minimum(S, totals)               # valid new rows per entry
-        abs_past = totals - n_new                   # absolute positions cached before this step
-        past_b = _resident(abs_past, P, W)          # rows of past_key that hold them
-        kbase = abs_past - past_b                   # absolute position of staged row 0
+        n_new, abs_past, past_b, kbase = window_rows(name, seqlens, S, P if has_past else None, W, total)
     else:
         L = max(total, P)
         first_prompt = S == total

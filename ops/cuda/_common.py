@@ -16,7 +16,7 @@ from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
 
 __all__ = ["grid1d", "row_threads", "check_device", "upload_small", "host_array", "MAX_ROW_THREADS", "F32", "F16",
-           "FLOATS"]
+           "FLOATS", "unravel4"]
 
 MAX_ROW_THREADS = 256  # shared scratch length of the row-reduction kernels
 F32 = np.dtype(np.float32)
@@ -103,6 +103,16 @@ def flat(a):
 # ``sh`` is the block's float32 shared scratch.  The result is returned to every thread.
 
 from runtime.cuda import cuda, jit  # noqa: E402  (kept below the host helpers, which need no CUDA)
+
+
+@jit(device=True)
+def unravel4(i, n1, n2, n3):
+    """(i0, i1, i2, i3): flat index ``i`` over the C-order extents (., n1, n2, n3)."""
+    i3 = i % n3
+    t = i // n3
+    i2 = t % n2
+    t = t // n2
+    return t // n1, t % n1, i2, i3
 
 
 @jit(device=True)

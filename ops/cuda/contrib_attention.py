@@ -54,10 +54,10 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
-from ops.contrib_attention import _resident
+from ops.contrib_attention import _resident, window_rows
 from ops.registry import op
 from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, host_array, row_threads,
-                      upload_small)
+                      unravel4, upload_small)
 
 __all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
 
@@ -164,12 +164,7 @@ def _kv_write(ksrc, vsrc, kv_stride, k_off, v_off, past_k, past_v, has_past, P, 
     total = pres_k.size
     nb = total // (kvH * L * D)
     for i in range(start, total, step):
-        d = i % D
-        r = i // D
-        j = r % L
-        r2 = r // L
-        kh = r2 % kvH
-        b = r2 // kvH
+        b, kh, j, d = unravel4(i, kvH, L, D)
         pb, T, k0 = _rows(seqlens, seq_inline, b, nb, S, first_prompt, P, L)
         if j < pb:
             src = ((b * kvH + kh) * P + j) * D + d
@@ -193,12 +188,7 @@ def _kv_append(ksrc, vsrc, kv_stride, k_off, v_off, n, pres_k, pres_v, seqlens, 
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     for i in range(start, n, step):
-        d = i % D
-        r = i // D
-        s = r % S
-        r2 = r // S
-        kh = r2 % kvH
-        b = r2 // kvH
+        b, kh, s, d = unravel4(i, kvH, S, D)
         pb, T = _past_total(seqlens, seq_inline, b, S, first_prompt, P, L)
         o = ((b * kvH + kh) * L + pb + s) * D + d
         pres_k[o] = _new_k(ksrc, kv_stride, k_off, b, s, kh, d, S, D, pb, T, rotary, interleaved, rot, cos, sin,
@@ -327,12 +317,7 @@ def _window_keep(stage_k, stage_v, pres_k, pres_v, rows, kvH, live, C, D):
     step = cuda.gridsize(1)
     nb = pres_k.size // (kvH * C * D)
     for i in range(start, pres_k.size, step):
-        d = i % D
-        r = i // D
-        j = r % C
-        r2 = r // C
-        kh = r2 % kvH
-        b = r2 // kvH
+        b, kh, j, d = unravel4(i, kvH, C, D)
         n = np.int64(rows[3 * nb + b])
         if j < n:
             src = ((b * kvH + kh) * live + np.int64(rows[nb + b]) - n + j) * D + d
@@ -426,18 +411,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         # A cache of capacity P holding the last L(T) positions: the resident past and the new rows are staged
         # (row j = absolute position j + kbase), attended in staged rows, and the last L(T) rows kept.
         W = int(local_window_size)
-        if W <= 0 or not has_past or P < W:
-            raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
-                                       f"buffers of capacity at least local_window_size ({W}), got "
-                                       f"{P if has_past else 'no past'}")
-        totals = seqlens_h.reshape(-1).astype(np.int64) + 1
-        if (totals < 1).any() or (totals > max(total, 1)).any():
-            raise InvalidArgumentError(f"{name}: seqlens_k {(totals - 1).tolist()} exceed total_sequence_length "
-                                       f"{total}")
-        n_new = np.minimum(S, totals)
-        abs_past = totals - n_new
-        past_b = _resident(abs_past, P, W)
-        kbase = abs_past - past_b
+        n_new, abs_past, past_b, kbase = window_rows(name, seqlens_h, S, P if has_past else None, W, total)
+        totals = abs_past + n_new
         L = int((past_b + S).max()) if B else 0  # staged rows
         rows = np.concatenate([past_b, past_b + n_new, kbase, _resident(totals, P, W)]).astype(np.int64)
     else:

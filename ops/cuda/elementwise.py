@@ -22,7 +22,7 @@ from ops._common import broadcast_shape, to4
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
-from ._common import FLOATS, check_device, flat, grid1d
+from ._common import FLOATS, check_device, flat, grid1d, unravel4
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary",
            "UNARY_OPS", "BINARY_OPS"]
@@ -54,12 +54,7 @@ def _bin(op, x, y):
 @jit(device=True)
 def _off(i, n1, n2, n3, s0, s1, s2, s3):
     """Element offset of flat output index ``i`` (4-d extents (., n1, n2, n3)) in an operand with strides s."""
-    i3 = i % n3
-    t = i // n3
-    i2 = t % n2
-    t = t // n2
-    i1 = t % n1
-    i0 = t // n1
+    i0, i1, i2, i3 = unravel4(i, n1, n2, n3)
     return i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3
 
 

@@ -138,41 +138,55 @@ def _match_activation(a_node, producer, readers, drop):
     return None
 
 
-class FuseGatedMatMul(Pass):
-    """``GatedActivation(MatMul(x, Wg), MatMul(x, Wu))`` with constant (K, N) weights -> ``GatedMatMul``."""
-    name = "fuse_gated_matmul"
+class _GateProducts(Pass):
+    """Rewrites ``GatedActivation(P(x, ...), P(x, ...))`` whose two products (``op_type``/``domain``) are read by
+    it alone; ``rewrite`` returns the nodes that replace it (the products are dropped), or None."""
+    op_type = domain = ""
 
     def call(self, graph: Graph) -> PassResult:
         producer = {o: node for node in graph.nodes for o in node.outputs if o}
-        readers = _readers(graph)
-        inits = graph.initializers
+        self.readers = _readers(graph)
         drop: set = set()
         replace: dict = {}
         for node in graph.nodes:
-            if node.op_type != "GatedActivation" or node.domain != FUSED_DOMAIN:
+            if node.op_type != "GatedActivation" or node.domain != FUSED_DOMAIN or len(node.inputs) != 2:
                 continue
             mg, mu = producer.get(node.inputs[0]), producer.get(node.inputs[1])
-            if mg is None or mu is None or mg is mu:
+            if mg is None or mu is None or mg is mu or any(
+                    m.op_type != self.op_type or m.domain not in self.domain or id(m) in drop or not m.inputs
+                    or self.readers.get(m.outputs[0], 0) != 1 for m in (mg, mu)) or mg.inputs[0] != mu.inputs[0]:
                 continue
-            if any(m.op_type != "MatMul" or m.domain not in _STD or len(m.inputs) != 2 or id(m) in drop
-                   or readers.get(m.outputs[0], 0) != 1 for m in (mg, mu)):
-                continue
-            x, wg, wu = mg.inputs[0], mg.inputs[1], mu.inputs[1]
-            if mu.inputs[0] != x:
-                continue
-            a, b = inits.get(wg), inits.get(wu)
-            xi = graph.value_info.get(x)
-            if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.ndim != 2 or a.shape != b.shape \
-                    or a.dtype != b.dtype or a.dtype not in _FLOATS or xi is None or xi.dtype is None \
-                    or np.dtype(xi.dtype) != a.dtype:
-                continue
-            drop.update((id(mg), id(mu)))
-            replace[id(node)] = Node("GatedMatMul", [x, wg, wu], list(node.outputs), dict(node.attrs), node.name,
-                                     FUSED_DOMAIN, 1)
+            new = self.rewrite(graph, node, mg, mu)
+            if new is not None:
+                drop.update((id(mg), id(mu)))
+                replace[id(node)] = new
         if not replace:
             return PassResult(False)
-        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-        return PassResult(True, [n.outputs[0] for n in replace.values()])
+        nodes = []
+        for nd in graph.nodes:
+            if id(nd) not in drop:
+                nodes.extend(replace.get(id(nd), (nd,)))
+        graph.nodes = nodes
+        return PassResult(True, [new[-1].outputs[0] for new in replace.values()])
+
+    def rewrite(self, graph, node, mg, mu):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class FuseGatedMatMul(_GateProducts):
+    """``GatedActivation(MatMul(x, Wg), MatMul(x, Wu))`` with constant (K, N) weights -> ``GatedMatMul``."""
+    name = "fuse_gated_matmul"
+    op_type, domain = "MatMul", _STD
+
+    def rewrite(self, graph, node, mg, mu):
+        x, wg, wu = mg.inputs[0], mg.inputs[1], mu.inputs[1]
+        a, b = graph.initializers.get(wg), graph.initializers.get(wu)
+        xi = graph.value_info.get(x)
+        if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.ndim != 2 or a.shape != b.shape \
+                or a.dtype != b.dtype or a.dtype not in _FLOATS or xi is None or xi.dtype is None \
+                or np.dtype(xi.dtype) != a.dtype:
+            return None
+        return [Node("GatedMatMul", [x, wg, wu], list(node.outputs), dict(node.attrs), node.name, FUSED_DOMAIN, 1)]
 
 
 def _per_column(a: np.ndarray, n: int) -> np.ndarray:
@@ -180,74 +194,45 @@ def _per_column(a: np.ndarray, n: int) -> np.ndarray:
     return a.reshape(n, -1)
 
 
-class FuseGatedMatMulNBits(Pass):
+class FuseGatedMatMulNBits(_GateProducts):
     """``GatedActivation(MatMulNBits(x, Bg..), MatMulNBits(x, Bu..))`` -> one MatMulNBits of 2N columns over the
     concatenated weights and a one-input ``GatedActivation`` (module docstring)."""
     name = "fuse_gated_matmulnbits"
+    op_type, domain = "MatMulNBits", (_MS,)
     _ATTRS = ("K", "N", "bits", "block_size", "accuracy_level")
 
-    def call(self, graph: Graph) -> PassResult:
-        producer = {o: node for node in graph.nodes for o in node.outputs if o}
-        readers = _readers(graph)
+    def rewrite(self, graph, node, mg, mu):
         inits = graph.initializers
-        drop: set = set()
-        replace: dict = {}
-        fused = []
-        for node in graph.nodes:
-            if node.op_type != "GatedActivation" or node.domain != FUSED_DOMAIN or len(node.inputs) != 2:
+        if any(x for m in (mg, mu) for x in m.inputs[4:]) or len(mg.inputs[1:4]) != len(mu.inputs[1:4]) \
+                or any(mg.attrs.get(a) != mu.attrs.get(a) for a in self._ATTRS) or "N" not in mg.attrs:
+            return None  # only the plain form (no g_idx, no bias) of one layout
+        n = int(mg.attrs["N"])
+        parts = []
+        for k in range(1, len(mg.inputs[:4])):
+            a_name, b_name = mg.inputs[k], mu.inputs[k]
+            if not a_name and not b_name:
                 continue
-            mg, mu = producer.get(node.inputs[0]), producer.get(node.inputs[1])
-            if mg is None or mu is None or mg is mu or id(mg) in drop or id(mu) in drop:
-                continue
-            if any(m.op_type != "MatMulNBits" or m.domain != _MS or readers.get(m.outputs[0], 0) != 1
-                   or any(x for x in m.inputs[4:]) for m in (mg, mu)):
-                continue  # only the plain form: no g_idx, no bias
-            if mg.inputs[0] != mu.inputs[0] or len(mg.inputs[1:4]) != len(mu.inputs[1:4]) \
-                    or any(mg.attrs.get(a) != mu.attrs.get(a) for a in self._ATTRS) or "N" not in mg.attrs:
-                continue
-            n = int(mg.attrs["N"])
-            parts = []
-            for k in (1, 2, 3):
-                a_name = mg.inputs[k] if k < len(mg.inputs) else ""
-                b_name = mu.inputs[k] if k < len(mu.inputs) else ""
-                if not a_name and not b_name:
-                    continue
-                a, b = inits.get(a_name), inits.get(b_name)
-                if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != b.shape \
-                        or a.dtype != b.dtype or a.size % n:
-                    parts = None
-                    break
-                parts.append((k, a_name, b_name, a, b))
-            if not parts or parts[0][0] != 1 or parts[1][0] != 2:
-                continue
-            ins = [mg.inputs[0], "", "", ""]
-            for k, a_name, b_name, a, b in parts:
-                cat = np.concatenate([_per_column(a, n), _per_column(b, n)])
-                cat = cat.reshape((2 * n,) + a.shape[1:]) if a.ndim > 1 and a.shape[0] == n else cat.reshape(-1)
-                new = f"{a_name}+{b_name}"
-                inits[new] = cat
-                ins[k] = new
-            while not ins[-1]:
-                ins.pop()
-            gu = f"{node.outputs[0]}/gate_and_value"
-            attrs = dict(mg.attrs)
-            attrs["N"] = 2 * n
-            mnb = Node("MatMulNBits", ins, [gu], attrs, f"{node.name}/gate_and_value", _MS, mg.opset)
-            act = Node("GatedActivation", [gu], list(node.outputs), dict(node.attrs), node.name, FUSED_DOMAIN, 1)
-            drop.update((id(mg), id(mu)))
-            replace[id(node)] = (mnb, act)
-            for _, a_name, b_name, _, _ in parts:
-                for w in (a_name, b_name):
-                    readers[w] = readers.get(w, 0) - 1
-            fused.append(node.outputs[0])
-        if not replace:
-            return PassResult(False)
-        nodes = []
-        for nd in graph.nodes:
-            if id(nd) in drop:
-                continue
-            nodes.extend(replace.get(id(nd), (nd,)))
-        graph.nodes = nodes
-        for name in [w for w, c in readers.items() if c <= 0 and w in inits]:
-            del inits[name]
-        return PassResult(True, fused)
+            a, b = inits.get(a_name), inits.get(b_name)
+            if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != b.shape \
+                    or a.dtype != b.dtype or a.size % n:
+                return None
+            parts.append((k, a_name, b_name, a, b))
+        if [k for k, *_ in parts][:2] != [1, 2]:
+            return None
+        ins = [mg.inputs[0], "", "", ""]
+        for k, a_name, b_name, a, b in parts:
+            cat = np.concatenate([_per_column(a, n), _per_column(b, n)])
+            inits[f"{a_name}+{b_name}"] = cat.reshape((2 * n,) + a.shape[1:]) if a.ndim > 1 and a.shape[0] == n \
+                else cat.reshape(-1)
+            ins[k] = f"{a_name}+{b_name}"
+            for w in (a_name, b_name):  # the separate weights go when nothing else reads them
+                self.readers[w] -= 1
+                if self.readers[w] <= 0 and w in inits:
+                    del inits[w]
+        while not ins[-1]:
+            ins.pop()
+        gu = f"{node.outputs[0]}/gate_and_value"
+        attrs = dict(mg.attrs)
+        attrs["N"] = 2 * n
+        return [Node("MatMulNBits", ins, [gu], attrs, f"{node.name}/gate_and_value", _MS, mg.opset),
+                Node("GatedActivation", [gu], list(node.outputs), dict(node.attrs), node.name, FUSED_DOMAIN, 1)]

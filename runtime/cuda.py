@@ -36,9 +36,9 @@ import numpy as np
 
 from .errors import OnnxNumbaError
 
-__all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host", "device_empty",
-           "is_device_array", "measure_bandwidth", "device_pointer", "same_buffer", "TransferCounter", "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV",
-           "SIM_ENV"]
+__all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host",
+           "device_empty", "is_device_array", "measure_bandwidth", "device_pointer", "same_buffer", "TransferCounter",
+           "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV", "SIM_ENV"]
 
 REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
 SIM_ENV = "NUMBA_ENABLE_CUDASIM"

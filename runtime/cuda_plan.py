@@ -189,7 +189,7 @@ class CudaPlan:
         if getattr(session_options, "kv_share_buffer", False):
             readers: dict = {}
             for node in graph.nodes:
-                for x in node.inputs:
+                for x in list(node.inputs) + [y for g in subgraphs(node) for y in free_names(g)]:
                     if x:
                         readers[x] = readers.get(x, 0) + 1
             donated_names = {n for n in self.input_names if readers.get(n) == 1 and n not in out_names}

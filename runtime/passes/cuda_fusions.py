@@ -18,8 +18,9 @@ row of B, scales and zero points, so every column is computed exactly as before)
 Invariants:
 - a pattern is fused only when every value it hides (``s``, ``a``, the products) is read by the pattern
   alone and is not a graph output, and when ``g`` and ``u`` are known to have one shape and one float dtype
-  (float32 or float16): from shape inference, or as two MatMulNBits of one input and one N, so the fused node computes exactly what the nodes it replaces did, up to rounding:
-  the intermediates stay in float32 instead of being stored in the operands' dtype;
+  (float32 or float16: from shape inference, or as two MatMulNBits of one input and one N), so the fused
+  node computes what the nodes it replaces did, up to rounding: the intermediates stay in float32 instead of
+  being stored in the operands' dtype;
 - the fused node takes the name of the node whose output it produces and produces the same value name;
 - the kernels live in ``ops/cuda/fused.py``; the passes run only when building a graph for
   ``CUDAExecutionProvider`` (``runtime.session.build_graph``), so a CPU plan never sees these ops.

@@ -214,6 +214,8 @@ def _count_launch(name: str) -> None:
 class Kernel:
     """A compiled CUDA kernel whose launches are counted: ``kernel[grid, block](*args)`` as with Numba's own.
 
+    The launch is counted when it is configured (``kernel[grid, block]`` hands back Numba's own launcher, so
+    the call adds nothing to Numba's launch path); every configuration in this project is called at once.
     ``dispatcher`` is Numba's kernel object (compile-time attributes such as ``specialize`` live there).
     """
     __slots__ = ("dispatcher", "name")
@@ -223,23 +225,11 @@ class Kernel:
         self.name = name
 
     def __getitem__(self, config):
-        return _Launch(self, config)
+        _count_launch(self.name)
+        return self.dispatcher[config]
 
     def __repr__(self):
         return f"<CUDA kernel {self.name}>"
-
-
-class _Launch:
-    __slots__ = ("kernel", "config")
-
-    def __init__(self, kernel, config):
-        self.kernel = kernel
-        self.config = config
-
-    def __call__(self, *args):
-        k = self.kernel
-        _count_launch(k.name)
-        return k.dispatcher[self.config](*args)
 
 
 def jit(fn=None, **options):

@@ -414,7 +414,12 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         n_new, abs_past, past_b, kbase = window_rows(name, seqlens_h, S, P if has_past else None, W, total)
         totals = abs_past + n_new
         L = int((past_b + S).max()) if B else 0  # staged rows
-        rows = np.concatenate([past_b, past_b + n_new, kbase, _resident(totals, P, W)]).astype(np.int64)
+        keep = _resident(totals, P, W)
+        # The kernels index the past, the staging rows and the present with these: check them before any launch.
+        if (past_b > P).any() or (keep > past_b + n_new).any() or (keep > P).any():
+            raise InvalidArgumentError(f"{name}: windowed cache rows out of range (resident {past_b.tolist()}, "
+                                       f"kept {keep.tolist()}, capacity {P})")
+        rows = np.concatenate([past_b, past_b + n_new, kbase, keep]).astype(np.int64)
     else:
         L = max(total, P)
         totals, past_b = _validate_seqlens(name, seqlens_h.reshape(-1).astype(np.int64), B, S, P, L, total,

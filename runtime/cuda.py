@@ -24,13 +24,19 @@ Invariants:
   every launch (``TransferCounter.launches``, per kernel in ``.kernels``),
   so fusions are checked by the launches a step makes;
 - with ``ONNX_NUMBA_REQUIRE_CUDA=1`` a missing CUDA target is an error,
-  never a skip (``require_cuda``).
+  never a skip (``require_cuda``);
+- launches and copies go to Numba's default stream unless a
+  ``launch_stream`` block names another (a Numba stream, a ``cuda.core``
+  stream, or a ``cuda.core`` GraphBuilder that captures a CUDA graph); inside
+  a capturing block every host<->device copy raises ``CaptureError``, since
+  a graph replays device work only.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -38,7 +44,8 @@ from .errors import OnnxNumbaError
 
 __all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host",
            "device_empty", "is_device_array", "measure_bandwidth", "device_pointer", "same_buffer", "TransferCounter",
-           "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV", "SIM_ENV"]
+           "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV", "SIM_ENV", "launch_stream",
+           "current_stream", "copy_device", "CaptureError"]
 
 REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
 SIM_ENV = "NUMBA_ENABLE_CUDASIM"
@@ -46,6 +53,10 @@ SIM_ENV = "NUMBA_ENABLE_CUDASIM"
 
 class CudaUnavailableError(OnnxNumbaError, RuntimeError):
     """CUDA was required (or used) but neither a GPU nor the CUDA simulator is usable."""
+
+
+class CaptureError(OnnxNumbaError, RuntimeError):
+    """Work that a CUDA graph cannot hold (a host<->device copy) was asked for while a graph was being captured."""
 
 
 _lock = threading.Lock()
@@ -153,6 +164,50 @@ def require_cuda() -> None:
         raise CudaUnavailableError(f"{REQUIRE_ENV}=1 but CUDA is unavailable: {reason}")
 
 
+# -- streams -----------------------------------------------------------------------------------------
+
+_scope = threading.local()  # .v: (stream, capturing) of the innermost launch_stream block, or None
+
+
+@contextmanager
+def launch_stream(stream, capturing: bool = False):
+    """While the block runs, every kernel launch and every copy this thread makes through this module goes to
+    ``stream``: a Numba stream, a ``cuda.core`` Stream, or a ``cuda.core`` GraphBuilder (numba-cuda launches
+    into a GraphBuilder's capture).  ``capturing=True`` says ``stream`` is capturing a graph: a host<->device
+    copy then raises ``CaptureError`` naming what was copied, because a graph replays device work only (the
+    host side of a copy is not part of it).  Blocks nest; the innermost wins.
+    """
+    prev = getattr(_scope, "v", None)
+    _scope.v = (stream, bool(capturing))
+    try:
+        yield stream
+    finally:
+        _scope.v = prev
+
+
+def current_stream():
+    """The stream of the innermost ``launch_stream`` block in this thread, or 0 (Numba's default stream)."""
+    v = getattr(_scope, "v", None)
+    return 0 if v is None else v[0]
+
+
+def _copy_handle(stream):
+    # Numba's copies take a stream, not a GraphBuilder: a builder's copies go to the stream it captures.
+    return stream.stream if hasattr(stream, "end_building") else stream
+
+
+def _copy_stream(what: str, array, stream):
+    if stream is not None:
+        return stream
+    v = getattr(_scope, "v", None)
+    if v is None:
+        return 0
+    if v[1]:
+        raise CaptureError(f"{what} of {list(np.shape(array))} {np.dtype(array.dtype)} while a CUDA graph is "
+                           f"being captured: a graph holds device work only")
+    return _copy_handle(v[0])
+
+
 # -- transfers ---------------------------------------------------------------------------------------
 
 class TransferCounter:
@@ -226,6 +281,12 @@ class Kernel:
 
     def __getitem__(self, config):
         _count_launch(self.name)
+        v = getattr(_scope, "v", None)
+        if v is not None:  # inside launch_stream: the block's stream unless the launch names one
+            if len(config) == 2:
+                config = (config[0], config[1], v[0])
+            elif not config[2]:
+                config = (config[0], config[1], v[0]) + tuple(config[3:])
         return self.dispatcher[config]
 
     def __repr__(self):
@@ -270,10 +331,13 @@ def same_buffer(a, b) -> bool:
     return a is b or (tuple(a.shape) == tuple(b.shape) and device_pointer(a) == device_pointer(b))
 
 
-def to_device(array, out=None, stream=0):
-    """Copy a host array to the device (into ``out`` when given); returns the device array."""
+def to_device(array, out=None, stream=None):
+    """Copy a host array to the device (into ``out`` when given); returns the device array.
+
+    ``stream``: the ``launch_stream`` block's stream (or the default stream) unless given."""
     cuda = load()
     a = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d arrays 1-d
+    stream = _copy_stream("a host-to-device copy", a, stream)
     if out is None:
         d = cuda.to_device(a, stream=stream)
     else:
@@ -287,14 +351,36 @@ def to_device(array, out=None, stream=0):
     return d
 
 
-def to_host(device_array, out=None, stream=0) -> np.ndarray:
-    """Copy a device array back to a (new, or ``out``) host numpy array."""
+def to_host(device_array, out=None, stream=None) -> np.ndarray:
+    """Copy a device array back to a (new, or ``out``) host numpy array; returns once the copy has landed.
+
+    ``stream``: the ``launch_stream`` block's stream (or the default stream) unless given."""
     if isinstance(device_array, np.ndarray):
         raise TypeError("to_host: expected a device array, got a numpy array")
     load()
+    stream = _copy_stream("a device-to-host copy", device_array, stream)
     h = device_array.copy_to_host(out, stream=stream) if out is not None else device_array.copy_to_host(stream=stream)
+    if stream:
+        _sync(stream)  # the copy is asynchronous on a stream; the host reads it next
     _count("d2h", int(h.nbytes))
     return h
+
+
+def _sync(stream) -> None:
+    sync = getattr(stream, "synchronize", None) or getattr(stream, "sync", None)
+    if sync is not None:
+        sync()
+
+
+def copy_device(dst, src) -> None:
+    """``dst[...] = src``, device to device (same shape and dtype), on the ``launch_stream`` block's stream;
+    nothing crosses to the host, so it may be captured."""
+    if tuple(dst.shape) != tuple(src.shape) or np.dtype(dst.dtype) != np.dtype(src.dtype):
+        from .errors import ShapeMismatchError
+        raise ShapeMismatchError(f"copy_device: destination is {list(dst.shape)} {dst.dtype}, "
+                                 f"source is {list(src.shape)} {src.dtype}")
+    if src.size:
+        dst.copy_to_device(src, stream=_copy_handle(current_stream()))
 
 
 def measure_bandwidth(nbytes: int = 1 << 30, repeats: int = 5):

@@ -72,8 +72,7 @@ def upload(a):
 
 def _device_copy(d):
     c = rc.device_empty(tuple(d.shape), d.dtype)
-    if d.size:
-        c.copy_to_device(d)  # device to device: no host transfer
+    rc.copy_device(c, d)  # device to device: no host transfer
     return c
 
 

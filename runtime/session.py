@@ -435,8 +435,8 @@ class IOBinding:
                 if buf is not r:
                     if isinstance(buf, np.ndarray):
                         np.copyto(buf, r)
-                    elif r.size:
-                        buf.copy_to_device(r)  # device to device
+                    else:
+                        rc.copy_device(buf, r)  # device to device
                 r = buf
             out.append(r)
         self._results = out

@@ -268,6 +268,51 @@ def test_every_launch_is_counted_by_kernel():
     assert (outer.launches, outer.kernels) == (0, {})
 
 
+def test_launch_stream_routes_launches_and_copies_and_refuses_copies_while_capturing():
+    """Inside ``launch_stream`` every launch without its own stream goes to the block's stream (innermost wins,
+    restored after); a capturing block refuses host<->device copies but lets device copies and launches
+    through; work outside any block keeps the default stream."""
+    configs = []
+
+    class Spy:
+        def __getitem__(self, config):
+            configs.append(config)
+            return lambda *a: None
+
+    k = rc.Kernel(Spy(), "spy")
+    s1, s2 = rc.cuda.stream(), rc.cuda.stream()
+    k[2, 32]()
+    with rc.launch_stream(s1):
+        k[2, 32]()
+        k[2, 32, s2, 0]()  # a launch naming its stream keeps it
+        with rc.launch_stream(s2):
+            k[2, 32]()
+            assert rc.current_stream() is s2
+        k[2, 32, 0, 64]()  # the default stream named explicitly: the block's, shared memory kept
+        assert rc.current_stream() is s1
+    k[2, 32]()
+    assert configs == [(2, 32), (2, 32, s1), (2, 32, s2, 0), (2, 32, s2), (2, 32, s1, 64), (2, 32)]
+    assert rc.current_stream() == 0
+
+    x = _rand(2, 8)
+    d = D(x)
+    with rc.launch_stream(s1):  # not capturing: copies run (and the download is complete when it returns)
+        np.testing.assert_array_equal(H(D(x)), x)
+    with rc.launch_stream(s1, capturing=True), rc.TransferCounter() as tc:
+        with pytest.raises(rc.CaptureError, match=r"host-to-device copy of \[2, 8\] float32 while a CUDA graph"):
+            D(x)
+        with pytest.raises(rc.CaptureError, match=r"device-to-host copy of \[2, 8\] float32"):
+            H(d)
+        c = rc.device_empty((2, 8), np.float32)
+        rc.copy_device(c, d)  # device to device: allowed
+        y = kel.Add(d, d)
+    assert (tc.h2d_calls, tc.d2h_calls, tc.launches) == (0, 0, 1)
+    np.testing.assert_array_equal(H(c), x)
+    np.testing.assert_array_equal(H(y), x + x)
+    with pytest.raises(ShapeMismatchError, match=r"destination is \[2, 8\] float32, source is \[8\] float32"):
+        rc.copy_device(c, D(x[0]))
+
+
 def test_skip_norm_leaves_an_unnamed_mean_out():
     """SkipSimplifiedLayerNormalization's mean (always zeros) costs a launch only when the graph names it."""
     x, skip, g = D(_rand(2, 16)), D(_rand(2, 16)), D(_rand(16))

@@ -186,6 +186,35 @@ def test_io_binding_with_device_arrays_moves_nothing_after_the_first_run():
     np.testing.assert_allclose(host, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_capturing_block_runs_device_work_and_names_the_node_that_needs_the_host():
+    """Under ``launch_stream(..., capturing=True)`` a run whose inputs and outputs are bound on the device
+    launches its kernels on the block's stream and copies nothing, so it could be captured into a CUDA graph;
+    a node placed on the CPU needs its input downloaded, and the CaptureError names that node."""
+    m = _mlp()
+    s = InferenceSession(m, providers=CUDA)
+    x = RNG.standard_normal((2, 12)).astype(np.float32)
+    want = InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    b = s.io_binding()
+    b.bind_input("x", rc.to_device(x))
+    b.bind_output("y", "cuda")
+    with rc.launch_stream(rc.cuda.stream(), capturing=True), rc.TransferCounter() as tc:
+        s.run_with_iobinding(b)
+    assert (tc.h2d_calls, tc.d2h_calls) == (0, 0) and tc.launches > 0
+    np.testing.assert_allclose(rc.to_host(b.get_outputs()[0]), want, rtol=1e-5, atol=1e-6)
+
+    opts = SessionOptions()
+    opts.cuda_cpu_ops = {"TopK"}
+    t = InferenceSession(_topk_model(), opts, providers=CUDA)
+    b = t.io_binding()
+    b.bind_input("x", rc.to_device(RNG.standard_normal((2, 8)).astype(np.float32)))
+    b.bind_output("y", "cuda")
+    b.bind_output("i", "cuda")
+    t.run_with_iobinding(b)  # outside a capture: the round trips run
+    with rc.launch_stream(rc.cuda.stream(), capturing=True):
+        with pytest.raises(rc.CaptureError, match=r"topk_node.*TopK.*device-to-host copy of \[2, 8\] float32"):
+            t.run_with_iobinding(b)
+
+
 def test_device_feeds_are_checked():
     from runtime.errors import InvalidFeedError
     s = InferenceSession(_mlp(), providers=CUDA)

@@ -325,34 +325,8 @@ class CudaDecoder(NativeDecoder):
     def _forward(self, tokens, embeds, extra, want):
         if want not in ("logits", "argmax"):
             raise ValueError(f"want must be 'logits' or 'argmax', got {want!r}")
-        io = self.io
         with rc.TransferCounter() as tc:
-            feeds = {}
-            if io.sequence_source == "inputs_embeds":
-                if embeds is None:
-                    raise ValueError(f"decoder {self.spec.name!r} reads inputs_embeds; pass embeds=")
-                if rc.is_device_array(embeds):
-                    raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
-                x = np.ascontiguousarray(embeds)
-                name = io.inputs_embeds_input
-            else:
-                if tokens is None:
-                    raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
-                x = np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
-                                         .reshape(self.batch, -1))
-                name = io.token_input
-            seq_len = x.shape[1]
-            if self._length + seq_len > self.max_length:
-                raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
-                                    f"{self.max_length}")
-            # Bound as a host array: the session uploads it once for the device kernels that read it.
-            feeds[name] = x
-            self.transfers.note_in(name, x)
-            feeds.update(self._extras(seq_len, extra))
-            for k, v in (extra or {}).items():
-                if not rc.is_device_array(v):
-                    self.transfers.note_in(k, v)
-            self._init_state()
+            feeds, seq_len = self._feeds(tokens, embeds, extra)
             logits = self._run(feeds, seq_len)
             self.transfers.calls += 1
             last = self._last(logits)
@@ -364,6 +338,62 @@ class CudaDecoder(NativeDecoder):
             self.transfers.note_out(out)
         self.transfers.note_step(tc, seq_len)
         return out
+
+    def _feeds(self, tokens, embeds, extra):
+        """The next run's feeds (host token ids or embeddings, device views of the rest) and its length;
+        raises before anything is written when the caches would pass ``max_length``."""
+        io = self.io
+        feeds = {}
+        if io.sequence_source == "inputs_embeds":
+            if embeds is None:
+                raise ValueError(f"decoder {self.spec.name!r} reads inputs_embeds; pass embeds=")
+            if rc.is_device_array(embeds):
+                raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
+            x = np.ascontiguousarray(embeds)
+            name = io.inputs_embeds_input
+        else:
+            if tokens is None:
+                raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
+            x = np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
+                                     .reshape(self.batch, -1))
+            name = io.token_input
+        seq_len = x.shape[1]
+        if self._length + seq_len > self.max_length:
+            raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
+                                f"{self.max_length}")
+        # Bound as a host array: the session uploads it once for the device kernels that read it.
+        feeds[name] = x
+        self.transfers.note_in(name, x)
+        feeds.update(self._extras(seq_len, extra))
+        for k, v in (extra or {}).items():
+            if not rc.is_device_array(v):
+                self.transfers.note_in(k, v)
+        self._init_state()
+        return feeds, seq_len
+
+    def bind_step(self, tokens=None, embeds=None, extra=None):
+        """The ``IOBinding`` of the next run at the current length, bound but not run; nothing advances.
+
+        For tools that time or capture one step in isolation (``tools/cuda_graph_probe.py``): running the
+        binding computes the step exactly as ``step`` would, but the decoder's length, caches and state do not
+        move, so the binding can be run again.  Shared caches are written in place at the step's positions,
+        so a second run rewrites the same rows with the same values.  Outputs stay on the device
+        (``binding.get_outputs()``, in ``output_names`` order).
+        """
+        feeds, _ = self._feeds(tokens, embeds, extra)
+        return self._binding(feeds)
+
+    def _binding(self, feeds):
+        b = self.session.io_binding()
+        for name, arr in feeds.items():
+            b.bind_input(name, arr)
+        for i in self.io.kv_inputs:
+            b.bind_input(i, self._past(i))
+        for name, arr in self.state.items():
+            b.bind_input(name, arr)
+        for o in self.output_names:
+            b.bind_output(o, "cuda")  # every output stays on the device; nothing is downloaded here
+        return b
 
     def _last(self, logits):
         """The last position's logits as a (batch, vocab) device array."""
@@ -380,15 +410,7 @@ class CudaDecoder(NativeDecoder):
         return out.reshape((b, v))
 
     def _run(self, feeds, seq_len):
-        b = self.session.io_binding()
-        for name, arr in feeds.items():
-            b.bind_input(name, arr)
-        for i in self.io.kv_inputs:
-            b.bind_input(i, self._past(i))
-        for name, arr in self.state.items():
-            b.bind_input(name, arr)
-        for o in self.output_names:
-            b.bind_output(o, "cuda")  # every output stays on the device; nothing is downloaded here
+        b = self._binding(feeds)
         self.session.run_with_iobinding(b)
         res = dict(zip(self.output_names, b.get_outputs()))
         self._store(res, seq_len)

@@ -360,3 +360,42 @@ def test_profile_native_reports_the_device_step(tmp_path, capsys):
         assert dev["device_copy_gb_s"] is None
     else:
         assert dev["device_copy_gb_s"] > 0
+
+
+def test_bind_step_binds_the_next_step_without_advancing(toy_package):
+    """``CudaDecoder.bind_step`` binds exactly what ``step`` would run: running the binding (twice) gives the
+    step's logits and moves neither the length nor the state, so the same step then decodes as before."""
+    a, _ = _decoders(toy_package, 1, max_length=8)
+    b, _ = _decoders(toy_package, 1, max_length=8)
+    for d in (a, b):
+        d.prefill(tokens=[[1, 2]])
+    want = a.step(tokens=[[3]])
+    binding = b.bind_step(tokens=[[3]])
+    li = b.output_names.index(b.io.logits_output)
+    state = {k: v.copy() for k, v in b.state_to_host().items()}
+    for _ in range(2):
+        b.session.run_with_iobinding(binding)
+        np.testing.assert_array_equal(rc.to_host(binding.get_outputs()[li])[:, -1], want)
+    assert b.kv_length == 2
+    for k, v in b.state_to_host().items():
+        np.testing.assert_array_equal(v, state[k])
+    np.testing.assert_array_equal(b.step(tokens=[[3]]), want)
+    assert b.kv_length == 3
+
+
+def test_graph_probe_runs_a_bound_step_under_capture_and_names_what_needs_the_host(toy_package):
+    """tools/cuda_graph_probe: the bound decode step run again under a capturing block is stopped by the token
+    id's upload inside the embedding Gather, and the probe names that node and copy (a CUDA graph holds device
+    work only).  The launch chain runs eagerly on the simulator and, on a GPU, is replayed from a graph with the
+    eager bits."""
+    from tools import cuda_graph_probe as probe
+    r = probe.step_probe(toy_package, prompt=[1, 2], reps=1)
+    assert r["length"] == 4 and r["launches"] > 0 and (r["h2d_copies_eager"], r["d2h_copies_eager"]) == (1, 0), r
+    assert r["captured"] == "capture failed"
+    assert "Gather" in r["host_copies_in_step"] and "host-to-device copy of [1] int64" in r["host_copies_in_step"], r
+    c = probe.chain_probe(8, 3, 1)
+    assert c["launches"] == 3 and c["eager_us"] > 0
+    if rc.simulator():
+        assert c["captured"] == "not on the CUDA simulator"
+    else:
+        assert c["captured"] == "ok" and c["replay_matches_eager"], c

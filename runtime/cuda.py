@@ -22,7 +22,9 @@ Invariants:
   directly): it compiles with ``cache=True``, so a second start loads the
   kernels from Numba's cache instead of compiling them again, and it counts
   every launch (``TransferCounter.launches``, per kernel in ``.kernels``),
-  so fusions are checked by the launches a step makes;
+  so fusions are checked by the launches a step makes; a ``LaunchLog``
+  also records each launch's configuration and arguments (buffer addresses
+  and scalar values), so two runs can be compared launch by launch;
 - with ``ONNX_NUMBA_REQUIRE_CUDA=1`` a missing CUDA target is an error,
   never a skip (``require_cuda``);
 - launches and copies go to Numba's default stream unless a
@@ -45,7 +47,7 @@ from .errors import OnnxNumbaError
 __all__ = ["cuda", "jit", "Kernel", "available", "simulator", "gpu_present", "load", "to_device", "to_host",
            "device_empty", "is_device_array", "measure_bandwidth", "device_pointer", "same_buffer", "TransferCounter",
            "TOTAL", "CudaUnavailableError", "require_cuda", "REQUIRE_ENV", "SIM_ENV", "launch_stream",
-           "current_stream", "copy_device", "CaptureError"]
+           "current_stream", "copy_device", "CaptureError", "LaunchLog"]
 
 REQUIRE_ENV = "ONNX_NUMBA_REQUIRE_CUDA"
 SIM_ENV = "NUMBA_ENABLE_CUDASIM"
@@ -264,13 +266,82 @@ def _count_launch(name: str) -> None:
             c.kernels[name] = c.kernels.get(name, 0) + 1
 
 
+class LaunchLog:
+    """Records every launch made while it is active (any thread): ``launches`` is a list of
+    ``(kernel name, grid, block, args)`` where each argument is ``("buffer", address, shape, dtype)`` for a device
+    array or ``("value", v)`` for a scalar.
+
+    Two runs whose logs are equal launch the same kernels on the same buffers with the same scalars, which is
+    what replaying a captured CUDA graph does; ``differences`` says, launch by launch, what differs.  Recording
+    costs a wrapper per launch, so it is for tools and tests, not for the decode loop.
+    """
+
+    def __init__(self):
+        self.launches: list = []
+
+    def __enter__(self):
+        with _lock:
+            _logs.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            _logs.remove(self)
+        return False
+
+    @staticmethod
+    def differences(a: list, b: list) -> list:
+        """``[(i, name, what)]`` for each launch ``i`` of two logs that differs: ``what`` is ``"kernel"`` (another
+        kernel or configuration), ``"buffers"`` (some argument is another buffer), ``"values"`` (some scalar
+        differs) or ``"buffers+values"``; a longer log's extra launches are ``"missing"`` in the other."""
+        out = []
+        for i in range(max(len(a), len(b))):
+            if i >= len(a) or i >= len(b):
+                out.append((i, (a[i] if i < len(a) else b[i])[0], "missing"))
+                continue
+            (na, ga, ba, xa), (nb, gb, bb, xb) = a[i], b[i]
+            if (na, ga, ba, len(xa)) != (nb, gb, bb, len(xb)):
+                out.append((i, na, "kernel"))
+                continue
+            bufs = any(p != q for p, q in zip(xa, xb) if p[0] == "buffer" or q[0] == "buffer")
+            vals = any(p != q for p, q in zip(xa, xb) if p[0] == "value" and q[0] == "value")
+            if bufs or vals:
+                out.append((i, na, "buffers+values" if bufs and vals else "buffers" if bufs else "values"))
+        return out
+
+
+_logs: list = []
+
+
+def _arg_signature(a):
+    if is_device_array(a):
+        return ("buffer", device_pointer(a), tuple(int(d) for d in a.shape), str(np.dtype(a.dtype)))
+    if isinstance(a, np.ndarray):
+        return ("value", a.tobytes())
+    if isinstance(a, (bool, int, float, np.generic)):
+        return ("value", a.item() if isinstance(a, np.generic) else a)
+    return ("value", repr(a))
+
+
+def _logged(name, config, launcher):
+    def launch(*args):
+        entry = (name, tuple(np.atleast_1d(config[0]).tolist()), tuple(np.atleast_1d(config[1]).tolist()),
+                 tuple(_arg_signature(a) for a in args))
+        with _lock:
+            for log in _logs:
+                log.launches.append(entry)
+        return launcher(*args)
+    return launch
+
+
 # -- kernels -----------------------------------------------------------------------------------------
 
 class Kernel:
     """A compiled CUDA kernel whose launches are counted: ``kernel[grid, block](*args)`` as with Numba's own.
 
     The launch is counted when it is configured (``kernel[grid, block]`` hands back Numba's own launcher, so
-    the call adds nothing to Numba's launch path); every configuration in this project is called at once.
+    the call adds nothing to Numba's launch path; only while a ``LaunchLog`` is open is it wrapped, to record
+    the arguments); every configuration in this project is called at once.
     ``dispatcher`` is Numba's kernel object (compile-time attributes such as ``specialize`` live there).
     """
     __slots__ = ("dispatcher", "name")
@@ -287,6 +358,8 @@ class Kernel:
                 config = (config[0], config[1], v[0])
             elif not config[2]:
                 config = (config[0], config[1], v[0]) + tuple(config[3:])
+        if _logs:
+            return _logged(self.name, config, self.dispatcher[config])
         return self.dispatcher[config]
 
     def __repr__(self):

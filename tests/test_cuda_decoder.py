@@ -384,13 +384,20 @@ def test_bind_step_binds_the_next_step_without_advancing(toy_package):
 
 
 def test_graph_probe_runs_a_bound_step_under_capture_and_names_what_needs_the_host(toy_package):
-    """tools/cuda_graph_probe: the bound decode step run again under a capturing block is stopped by the token
+    """tools/cuda_graph_probe: two consecutive decode steps are compared launch by launch, and the bound decode
+    step run again under a capturing block is stopped by the token
     id's upload inside the embedding Gather, and the probe names that node and copy (a CUDA graph holds device
     work only).  The launch chain runs eagerly on the simulator and, on a GPU, is replayed from a graph with the
     eager bits."""
     from tools import cuda_graph_probe as probe
     r = probe.step_probe(toy_package, prompt=[1, 2], reps=1)
-    assert r["length"] == 4 and r["launches"] > 0 and (r["h2d_copies_eager"], r["d2h_copies_eager"]) == (1, 0), r
+    assert r["length"] == 5 and r["launches"] > 0 and (r["h2d_copies_eager"], r["d2h_copies_eager"]) == (1, 0), r
+    # Two consecutive steps launch the same kernels; the toy's Concat caches grow, so its steps read per-run
+    # buffers and lengths: every launch is accounted for as repeated or differing, and some differ.
+    c = r["consecutive_steps"]
+    assert c["launches"] > 0 and "kernel" not in c["differ"] and "missing" not in c["differ"]
+    assert c["repeated"] + sum(sum(v.values()) for v in c["differ"].values()) == c["launches"]
+    assert c["differ"].get("buffers") or c["differ"].get("buffers+values"), c
     assert r["captured"] == "capture failed"
     assert "Gather" in r["host_copies_in_step"] and "host-to-device copy of [1] int64" in r["host_copies_in_step"], r
     c = probe.chain_probe(8, 3, 1)

@@ -313,6 +313,41 @@ def test_launch_stream_routes_launches_and_copies_and_refuses_copies_while_captu
         rc.copy_device(c, D(x[0]))
 
 
+def test_launch_log_records_buffers_and_scalars_and_compares_runs():
+    """A LaunchLog records each launch's kernel, configuration, buffer addresses and scalars; two runs on the same
+    buffers with the same scalars compare equal (a graph replay would launch exactly them), and each kind of
+    difference is named.  Without a log the launch is Numba's own, unwrapped."""
+    x, w, y = D(_rand(16)), D(_rand(16 * 8)), rc.device_empty((8,), np.float32)
+    y2 = rc.device_empty((8,), np.float32)
+
+    def run(out, K=16):
+        kmm.launch_gemv(x, w, None, out, K, 8)
+
+    logs = []
+    for out, K, extra in ((y, 16, False), (y, 16, False), (y2, 16, False), (y, 15, False), (y2, 15, False),
+                          (y, 16, True)):
+        with rc.LaunchLog() as log:
+            run(out, K)
+            if extra:
+                kred.ArgMax(y, keepdims=0)
+        logs.append(log.launches)
+    name, grid, block, args = logs[0][0]
+    assert name == "matmul._gemv" and len(grid) >= 1 and len(block) == 2
+    assert args[0] == ("buffer", rc.device_pointer(x), (16,), "float32") and args[-1] == ("value", 8)
+    diff = rc.LaunchLog.differences
+    assert diff(logs[0], logs[1]) == []
+    np.testing.assert_allclose(H(y), H(x) @ H(w).reshape(16, 8), rtol=1e-5, atol=1e-6)  # the launch ran
+    assert diff(logs[0], logs[2]) == [(0, "matmul._gemv", "buffers")]
+    assert diff(logs[0], logs[3]) == [(0, "matmul._gemv", "values")]
+    assert diff(logs[0], logs[4]) == [(0, "matmul._gemv", "buffers+values")]
+    assert diff(logs[0], logs[5]) == [(1, "reduce._argmax_rows", "missing")]
+    assert diff([("a", (1,), (2,), ())], [("b", (1,), (2,), ())]) == [(0, "a", "kernel")]
+    import types
+    with rc.LaunchLog():
+        assert isinstance(kmm._gemv[1, 1], types.FunctionType)  # the recording wrapper
+    assert not rc._logs and not isinstance(kmm._gemv[1, 1], types.FunctionType)  # Numba's own launcher
+
+
 def test_skip_norm_leaves_an_unnamed_mean_out():
     """SkipSimplifiedLayerNormalization's mean (always zeros) costs a launch only when the graph names it."""
     x, skip, g = D(_rand(2, 16)), D(_rand(2, 16)), D(_rand(16))

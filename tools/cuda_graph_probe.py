@@ -11,7 +11,10 @@ Two measurements in one run:
   ``cuda.core`` GraphBuilder) and replayed; both must end with the same bits.  The difference per launch is
   what capture saves per launch of a decode step.
 - step (``--model``): a GenAI package's decoder on the device (``CudaDecoder``) prefills a prompt and decodes
-  one token; then the next step is bound (``CudaDecoder.bind_step``) and run eagerly, then under a capturing
+  two tokens, each under a ``runtime.cuda.LaunchLog``: the report counts the launches that repeat exactly
+  from one step to the next (same kernel, buffers and scalars, as a replayed graph would launch them) and
+  names those that take another buffer (allocated per run) or another scalar (the step's length).  Then the
+  next step is bound (``CudaDecoder.bind_step``) and run eagerly, then under a capturing
   ``runtime.cuda.launch_stream`` block, where any host<->device copy raises ``CaptureError``.  If the step
   holds none, on a GPU its graph is replayed, its logits must equal the eager run's bit for bit, and the
   replay is timed against the eager run; otherwise the report names the first node that needs the host.
@@ -153,7 +156,16 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
         prompt = [int(x) for x in (np.arange(8) * 7 + 3) % 97 + 1]  # profile_native's default prompt, 8 tokens
     dec.reset()
     tok = int(np.asarray(dec.prefill(tokens=[prompt], want="argmax")).reshape(-1)[0])
-    tok = int(np.asarray(dec.step(tokens=[[tok]], want="argmax")).reshape(-1)[0])
+    logs = []
+    for _ in range(2):  # two consecutive decode steps, launch by launch: would one graph replay both?
+        with rc.LaunchLog() as log:
+            tok = int(np.asarray(dec.step(tokens=[[tok]], want="argmax")).reshape(-1)[0])
+        logs.append(log.launches)
+    diffs = rc.LaunchLog.differences(*logs)
+    kinds: dict = {}
+    for _, name, what in diffs:
+        kinds.setdefault(what, {})
+        kinds[what][name] = kinds[what].get(name, 0) + 1
     b = dec.bind_step(tokens=[[tok]])
     li = dec.output_names.index(dec.io.logits_output)
 
@@ -165,6 +177,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
         eager()
     want = rc.to_host(b.get_outputs()[li])
     rep = {"model": model, "length": int(dec.kv_length) + 1, "launches": tc.launches,
+           "consecutive_steps": {"launches": len(logs[1]), "repeated": len(logs[1]) - len(diffs), "differ": kinds},
            "h2d_copies_eager": tc.h2d_calls, "d2h_copies_eager": tc.d2h_calls,
            "eager_us": _median_us(eager, reps)}
     dev = _graph_tools()
@@ -232,6 +245,11 @@ def main(argv=None) -> int:
         out["step"] = r
         print(f"step: {args.model} at length {r['length']}: {r['launches']} launches, "
               f"{r['h2d_copies_eager']} h2d and {r['d2h_copies_eager']} d2h copies, eager={r['eager_us']:.1f} us")
+        c = r["consecutive_steps"]
+        print(f"step: of {c['launches']} launches, {c['repeated']} repeat exactly in the next step (kernel, "
+              f"buffers, scalars); the others differ in: "
+              + ("; ".join(f"{what}: " + ", ".join(f"{n} x{k}" for n, k in sorted(names.items()))
+                           for what, names in sorted(c["differ"].items())) or "nothing"))
         print(f"step: host copies inside the step: {r['host_copies_in_step']}")
         if r["captured"] == "ok":
             print(f"step: captured={r['captured_us']:.1f} us (saves {r['saved_us_per_step']:.1f} us/step) "

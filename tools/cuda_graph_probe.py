@@ -50,7 +50,8 @@ def _median_us(fn, reps: int) -> float:
 
 
 def _graph_tools():
-    """(Device, cuda.core available) — the GraphBuilder's home; None on the simulator or without cuda.core."""
+    """The current ``cuda.core`` Device (where GraphBuilders come from); None on the simulator or without
+    cuda.core."""
     from runtime import cuda as rc
     if rc.simulator():
         return None
@@ -102,6 +103,7 @@ def chain_probe(hidden: int, launches: int, reps: int) -> dict:
 
     def reset():
         rc.to_device(x0, out=bufs[0])
+        cuda.synchronize()  # the replay runs on another stream: the copy must have landed
 
     def eager():
         chain()
@@ -198,6 +200,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
             rep["captured"] = "capture failed"
             return rep
         rep["host_copies_in_step"] = "none: the step can be captured"
+        cuda.synchronize()
         graph.upload(stream)
         graph.launch(stream)
         stream.sync()

@@ -299,7 +299,7 @@ class CudaDecoder(NativeDecoder):
             self._kv_shared = self._want_shared and bool(self.io.kv_inputs) and self._gqa_present_is_past()
         return self._kv_shared
 
-    def _extras(self, seq_len, extra):
+    def _extras(self, seq_len, extra, note=True):
         # The base builds every input on the host; replace what can be resident with device views.
         feeds = super()._extras(seq_len, extra)
         given = set(extra or {})
@@ -312,7 +312,7 @@ class CudaDecoder(NativeDecoder):
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in feeds and pname not in given:
             if (pos.rank if pos is not None else 1) == 3:
-                if self._device_read(pname):
+                if note and self._device_read(pname):
                     self.transfers.note_in(pname, feeds[pname])  # mrope positions: built on the host, uploaded
             elif self._device_read(pname):
                 feeds[pname] = self._positions(_np_type(self.inputs[pname].type), self._length, seq_len)
@@ -339,9 +339,10 @@ class CudaDecoder(NativeDecoder):
         self.transfers.note_step(tc, seq_len)
         return out
 
-    def _feeds(self, tokens, embeds, extra):
+    def _feeds(self, tokens, embeds, extra, note=True):
         """The next run's feeds (host token ids or embeddings, device views of the rest) and its length;
-        raises before anything is written when the caches would pass ``max_length``."""
+        raises before anything is written when the caches would pass ``max_length``.  ``note``: record the
+        host inputs in ``transfers`` (a run follows)."""
         io = self.io
         feeds = {}
         if io.sequence_source == "inputs_embeds":
@@ -363,11 +364,12 @@ class CudaDecoder(NativeDecoder):
                                 f"{self.max_length}")
         # Bound as a host array: the session uploads it once for the device kernels that read it.
         feeds[name] = x
-        self.transfers.note_in(name, x)
-        feeds.update(self._extras(seq_len, extra))
-        for k, v in (extra or {}).items():
-            if not rc.is_device_array(v):
-                self.transfers.note_in(k, v)
+        feeds.update(self._extras(seq_len, extra, note))
+        if note:
+            self.transfers.note_in(name, x)
+            for k, v in (extra or {}).items():
+                if not rc.is_device_array(v):
+                    self.transfers.note_in(k, v)
         self._init_state()
         return feeds, seq_len
 
@@ -376,11 +378,11 @@ class CudaDecoder(NativeDecoder):
 
         For tools that time or capture one step in isolation (``tools/cuda_graph_probe.py``): running the
         binding computes the step exactly as ``step`` would, but the decoder's length, caches and state do not
-        move, so the binding can be run again.  Shared caches are written in place at the step's positions,
+        move (nor do ``transfers``), so the binding can be run again.  Shared caches are written in place at the step's positions,
         so a second run rewrites the same rows with the same values.  Outputs stay on the device
         (``binding.get_outputs()``, in ``output_names`` order).
         """
-        feeds, _ = self._feeds(tokens, embeds, extra)
+        feeds, _ = self._feeds(tokens, embeds, extra, note=False)
         return self._binding(feeds)
 
     def _binding(self, feeds):

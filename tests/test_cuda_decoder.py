@@ -373,6 +373,7 @@ def test_bind_step_binds_the_next_step_without_advancing(toy_package):
     binding = b.bind_step(tokens=[[3]])
     li = b.output_names.index(b.io.logits_output)
     state = {k: v.copy() for k, v in b.state_to_host().items()}
+    assert (b.transfers.bytes_in, b.transfers.calls) == (a.transfers.bytes_in - 8, 1)  # binding moved nothing
     for _ in range(2):
         b.session.run_with_iobinding(binding)
         np.testing.assert_array_equal(rc.to_host(binding.get_outputs()[li])[:, -1], want)

@@ -212,7 +212,23 @@ def _copy_stream(what: str, array, stream):
 
 # -- transfers ---------------------------------------------------------------------------------------
 
-class TransferCounter:
+class _Listening:
+    """A context manager that is in its class's ``_registry`` (a module list) while its block runs, from any
+    thread."""
+    _registry: list
+
+    def __enter__(self):
+        with _lock:
+            self._registry.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            self._registry.remove(self)
+        return False
+
+
+class TransferCounter(_Listening):
     """Counts bytes copied host->device (``h2d``) and device->host (``d2h``) through this module, and kernel
     launches.
 
@@ -225,16 +241,6 @@ class TransferCounter:
         self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = self.launches = 0
         self.kernels: dict = {}
 
-    def __enter__(self):
-        with _lock:
-            _active.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        with _lock:
-            _active.remove(self)
-        return False
-
     def reset(self):
         self.h2d = self.d2h = self.h2d_calls = self.d2h_calls = self.launches = 0
         self.kernels = {}
@@ -244,8 +250,10 @@ class TransferCounter:
                 f"d2h={self.d2h} B in {self.d2h_calls} copies, {self.launches} launches)")
 
 
+_active: list = []
+TransferCounter._registry = _active
 TOTAL = TransferCounter()
-_active: list = [TOTAL]
+_active.append(TOTAL)
 
 
 def _count(kind: str, nbytes: int) -> None:
@@ -266,7 +274,7 @@ def _count_launch(name: str) -> None:
             c.kernels[name] = c.kernels.get(name, 0) + 1
 
 
-class LaunchLog:
+class LaunchLog(_Listening):
     """Records every launch made while it is active (any thread): ``launches`` is a list of
     ``(kernel name, grid, block, args)`` where each argument is ``("buffer", address, shape, dtype)`` for a device
     array or ``("value", v)`` for a scalar.
@@ -278,16 +286,6 @@ class LaunchLog:
 
     def __init__(self):
         self.launches: list = []
-
-    def __enter__(self):
-        with _lock:
-            _logs.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        with _lock:
-            _logs.remove(self)
-        return False
 
     @staticmethod
     def differences(a: list, b: list) -> list:
@@ -311,6 +309,7 @@ class LaunchLog:
 
 
 _logs: list = []
+LaunchLog._registry = _logs
 
 
 def _arg_signature(a):

@@ -76,15 +76,11 @@ def _gated_halves(gu, y, N, act):
 @jit
 def _gemv_gated(x, wg, wu, y, K, N, act):
     sh = cuda.shared.array((2 * kmm.GEMV_SLICES, kmm.GEMV_COLS), np.float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    cols = cuda.blockDim.x
-    slices = cuda.blockDim.y
-    for n0 in range(cuda.blockIdx.x * cols, N, cuda.gridDim.x * cols):  # uniform across the block
-        n = n0 + tx
-        ag = kmm.gemv_column_sums(x, wg, n, N, K, tx, ty, slices, sh, 0)
-        au = kmm.gemv_column_sums(x, wu, n, N, K, tx, ty, slices, sh, 1)
-        if ty == 0 and n < N:
+    for n0 in range(cuda.blockIdx.x * cuda.blockDim.x, N, cuda.gridDim.x * cuda.blockDim.x):  # block-uniform
+        n = n0 + cuda.threadIdx.x
+        ag = kmm.gemv_column_sums(x, wg, n, N, K, sh, 0)
+        au = kmm.gemv_column_sums(x, wu, n, N, K, sh, 1)
+        if cuda.threadIdx.y == 0 and n < N:
             y[n] = _gate(ag, act) * au
 
 

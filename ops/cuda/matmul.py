@@ -40,20 +40,23 @@ def gemv_geometry(N: int) -> tuple:
 
 
 @jit(device=True)
-def gemv_column_sums(x, w, n, N, K, tid_x, tid_y, slices, sh, part):
-    """Column ``n``'s dot product with ``x``, for every thread of a (columns, slices) block: thread (tid_x, tid_y)
-    sums k = tid_y, tid_y + slices, ... and the block adds the slices in order (deterministic).  ``part``
-    selects the row of ``sh`` (a float32 shared (2 * GEMV_SLICES, GEMV_COLS) scratch) so two sums can be in
-    flight; every thread of the block must call it with the same arguments but its own ``n``."""
+def gemv_column_sums(x, w, n, N, K, sh, part):
+    """Column ``n``'s dot product with ``x``, for every thread of a (columns, slices) block: thread (tx, ty)
+    sums k = ty, ty + slices, ... and the block adds the slices in order (deterministic).  ``part`` selects the
+    row of ``sh`` (a float32 shared (2 * GEMV_SLICES, GEMV_COLS) scratch) so two sums can be in flight; every
+    thread of the block must call it with the same arguments but its own ``n``."""
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    slices = cuda.blockDim.y
     acc = np.float32(0.0)
     if n < N:
-        for k in range(tid_y, K, slices):
+        for k in range(ty, K, slices):
             acc += np.float32(x[k]) * np.float32(w[k * N + n])
-    sh[part * GEMV_SLICES + tid_y, tid_x] = acc
+    sh[part * GEMV_SLICES + ty, tx] = acc
     cuda.syncthreads()
     tot = np.float32(0.0)
     for j in range(slices):
-        tot += sh[part * GEMV_SLICES + j, tid_x]
+        tot += sh[part * GEMV_SLICES + j, tx]
     cuda.syncthreads()  # the scratch is free again
     return tot
 
@@ -61,14 +64,10 @@ def gemv_column_sums(x, w, n, N, K, tid_x, tid_y, slices, sh, part):
 @jit
 def _gemv(x, w, bias, has_bias, y, K, N):
     sh = cuda.shared.array((2 * GEMV_SLICES, GEMV_COLS), np.float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    cols = cuda.blockDim.x
-    slices = cuda.blockDim.y
-    for n0 in range(cuda.blockIdx.x * cols, N, cuda.gridDim.x * cols):  # uniform across the block
-        n = n0 + tx
-        acc = gemv_column_sums(x, w, n, N, K, tx, ty, slices, sh, 0)
-        if ty == 0 and n < N:
+    for n0 in range(cuda.blockIdx.x * cuda.blockDim.x, N, cuda.gridDim.x * cuda.blockDim.x):  # block-uniform
+        n = n0 + cuda.threadIdx.x
+        acc = gemv_column_sums(x, w, n, N, K, sh, 0)
+        if cuda.threadIdx.y == 0 and n < N:
             if has_bias:
                 acc += np.float32(bias[n])
             y[n] = acc

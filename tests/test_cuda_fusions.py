@@ -113,8 +113,9 @@ def test_session_runs_the_fused_gate_in_one_launch():
             assert tc.launches == 2 and tp.launches == 6, (tc.kernels, tp.kernels)
 
 
-def _mnb_model(K, N, bs, zp):
-    """y = silu(x @ dequant(Bg)^T) * (x @ dequant(Bu)^T), both MatMulNBits (int4, block ``bs``)."""
+def _mnb_model(K, N, bs, zp, clash=False):
+    """y = silu(x @ dequant(Bg)^T) * (x @ dequant(Bu)^T), both MatMulNBits (int4, block ``bs``); ``clash``: the
+    graph also outputs values named as the fusion would name its concatenated weight and its product."""
     nb = (K + bs - 1) // bs
     inits, nodes = [], []
     for w in ("g", "u"):
@@ -132,8 +133,13 @@ def _mnb_model(K, N, bs, zp):
                                       block_size=bs))
     nodes += [helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["s", "g"], ["a"]),
               helper.make_node("Mul", ["u", "a"], ["y"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if clash:
+        for name in ("Bg+Bu", "y/gate_and_value"):
+            nodes.append(helper.make_node("Neg", ["x"], [name]))
+            outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
     g = helper.make_graph(nodes, "mnb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                          outs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     return m.SerializeToString()
 
@@ -167,3 +173,16 @@ def test_gated_halves_errors():
     got = rc.to_host(kf.GatedActivation(rc.to_device(gu), None, "gelu"))
     want = REF["gelu"](gu[..., :4].astype(np.float64)) * gu[..., 4:]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_int4_gate_fusion_names_nothing_the_graph_already_names():
+    """The concatenated weight and the gate-and-value product take fresh names: a graph that already has values
+    named as the fusion would name them computes every output as on the CPU."""
+    K, N = 32, 4
+    model = _mnb_model(K, N, 16, None, clash=True)
+    cuda = InferenceSession(model, providers=["CUDAExecutionProvider"])
+    mnb = [n for n in cuda._graph.nodes if n.op_type == "MatMulNBits"]
+    assert len(mnb) == 1 and mnb[0].inputs[1] != "Bg+Bu" and mnb[0].outputs[0] != "y/gate_and_value"
+    x = RNG.standard_normal((1, 1, K)).astype(np.float32)
+    for got, want in zip(cuda.run(None, {"x": x}), InferenceSession(model).run(None, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -223,16 +223,16 @@ class FuseGatedMatMulNBits(_GateProducts):
         ins = [mg.inputs[0], "", "", ""]
         for k, a_name, b_name, a, b in parts:
             cat = np.concatenate([_per_column(a, n), _per_column(b, n)])
-            inits[f"{a_name}+{b_name}"] = cat.reshape((2 * n,) + a.shape[1:]) if a.ndim > 1 and a.shape[0] == n \
+            ins[k] = graph.unique_name(f"{a_name}+{b_name}")
+            inits[ins[k]] = cat.reshape((2 * n,) + a.shape[1:]) if a.ndim > 1 and a.shape[0] == n \
                 else cat.reshape(-1)
-            ins[k] = f"{a_name}+{b_name}"
             for w in (a_name, b_name):  # the separate weights go when nothing else reads them
                 self.readers[w] -= 1
                 if self.readers[w] <= 0 and w in inits:
                     del inits[w]
         while not ins[-1]:
             ins.pop()
-        gu = f"{node.outputs[0]}/gate_and_value"
+        gu = graph.unique_name(f"{node.outputs[0]}/gate_and_value")
         attrs = dict(mg.attrs)
         attrs["N"] = 2 * n
         return [Node("MatMulNBits", ins, [gu], attrs, f"{node.name}/gate_and_value", _MS, mg.opset),

@@ -19,7 +19,8 @@ Two measurements in one run:
   holds none, on a GPU its graph is replayed, its logits must equal the eager run's bit for bit, and the
   replay is timed against the eager run; otherwise the report names the first node that needs the host.
 
-A captured step is valid only at the length it was captured at (kernels take the step's lengths by value,
+The step probe drives a token-id decoder (``tokens=``); an ``inputs_embeds`` decoder is refused by the
+decoder with a message saying so.  A captured step is valid only at the length it was captured at (kernels take the step's lengths by value,
 and the plan allocates its intermediates per run, so the graph replays into the capture's buffers): this
 measures what capture would save, it is not a decode loop.  Allocations made during a capture stay alive
 while the probe runs (``cuda.defer_cleanup``).
@@ -86,6 +87,23 @@ def _capture(dev, run):
     return graph, stream, None
 
 
+def _replay(graph, stream, read, want, reps: int) -> dict:
+    """Replay a captured graph once (its result ``read()`` must equal ``want`` bit for bit), then time replays."""
+    from runtime import cuda as rc
+    rc.cuda.synchronize()  # whatever the default stream copied in has landed before the graph reads it
+    graph.upload(stream)
+    graph.launch(stream)
+    stream.sync()
+    out = {"replay_matches_eager": bool(np.array_equal(read(), want))}
+
+    def replay():
+        graph.launch(stream)
+        stream.sync()
+
+    out["captured_us"] = _median_us(replay, reps)
+    return out
+
+
 def chain_probe(hidden: int, launches: int, reps: int) -> dict:
     """Eager against captured launches of the GEMV kernel (module docstring)."""
     from runtime import cuda as rc
@@ -103,7 +121,6 @@ def chain_probe(hidden: int, launches: int, reps: int) -> dict:
 
     def reset():
         rc.to_device(x0, out=bufs[0])
-        cuda.synchronize()  # the replay runs on another stream: the copy must have landed
 
     def eager():
         chain()
@@ -126,17 +143,7 @@ def chain_probe(hidden: int, launches: int, reps: int) -> dict:
             rep["captured"] = f"capture failed: {err}"
             return rep
         reset()
-        graph.upload(stream)
-        graph.launch(stream)
-        stream.sync()
-        got = rc.to_host(bufs[launches % 2])
-        rep["replay_matches_eager"] = bool(np.array_equal(got, want))
-
-        def replay():
-            graph.launch(stream)
-            stream.sync()
-
-        rep["captured_us"] = _median_us(replay, reps)
+        rep.update(_replay(graph, stream, lambda: rc.to_host(bufs[launches % 2]), want, reps))
     rep["captured"] = "ok"
     rep["captured_us_per_launch"] = rep["captured_us"] / max(launches, 1)
     rep["saved_us_per_launch"] = rep["eager_us_per_launch"] - rep["captured_us_per_launch"]
@@ -165,7 +172,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
         logs.append(log.launches)
     diffs = rc.LaunchLog.differences(*logs)
     kinds: dict = {}
-    for _, name, what in diffs:
+    for _, name, what in diffs:  # one entry per launch index: the rest repeated exactly
         kinds.setdefault(what, {})
         kinds[what][name] = kinds[what].get(name, 0) + 1
     b = dec.bind_step(tokens=[[tok]])
@@ -179,7 +186,8 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
         eager()
     want = rc.to_host(b.get_outputs()[li])
     rep = {"model": model, "length": int(dec.kv_length) + 1, "launches": tc.launches,
-           "consecutive_steps": {"launches": len(logs[1]), "repeated": len(logs[1]) - len(diffs), "differ": kinds},
+           "consecutive_steps": {"launches": len(logs[1]),
+                                 "repeated": max(len(logs[0]), len(logs[1])) - len(diffs), "differ": kinds},
            "h2d_copies_eager": tc.h2d_calls, "d2h_copies_eager": tc.d2h_calls,
            "eager_us": _median_us(eager, reps)}
     dev = _graph_tools()
@@ -200,17 +208,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
             rep["captured"] = "capture failed"
             return rep
         rep["host_copies_in_step"] = "none: the step can be captured"
-        cuda.synchronize()
-        graph.upload(stream)
-        graph.launch(stream)
-        stream.sync()
-        rep["replay_matches_eager"] = bool(np.array_equal(rc.to_host(b.get_outputs()[li]), want))
-
-        def replay():
-            graph.launch(stream)
-            stream.sync()
-
-        rep["captured_us"] = _median_us(replay, reps)
+        rep.update(_replay(graph, stream, lambda: rc.to_host(b.get_outputs()[li]), want, reps))
     rep["captured"] = "ok"
     rep["saved_us_per_step"] = rep["eager_us"] - rep["captured_us"]
     return rep

@@ -44,7 +44,7 @@ status=0
 check() {  # check NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
     shift 2
-    printf '== %s (limit %ss): %.160s\n' "$name" "$limit" "$*"
+    printf '== %s (limit %ss): %.240s\n' "$name" "$limit" "$*"
     local t0=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?

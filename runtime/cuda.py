@@ -168,7 +168,12 @@ def require_cuda() -> None:
 
 # -- streams -----------------------------------------------------------------------------------------
 
-_scope = threading.local()  # .v: (stream, capturing) of the innermost launch_stream block, or None
+class _Scope(threading.local):
+    v = None  # (stream, capturing) of this thread's innermost launch_stream block; a class default, so reading
+    #           it outside any block raises and catches nothing (every launch reads it)
+
+
+_scope = _Scope()
 
 
 @contextmanager
@@ -179,7 +184,7 @@ def launch_stream(stream, capturing: bool = False):
     copy then raises ``CaptureError`` naming what was copied, because a graph replays device work only (the
     host side of a copy is not part of it).  Blocks nest; the innermost wins.
     """
-    prev = getattr(_scope, "v", None)
+    prev = _scope.v
     _scope.v = (stream, bool(capturing))
     try:
         yield stream
@@ -189,7 +194,7 @@ def launch_stream(stream, capturing: bool = False):
 
 def current_stream():
     """The stream of the innermost ``launch_stream`` block in this thread, or 0 (Numba's default stream)."""
-    v = getattr(_scope, "v", None)
+    v = _scope.v
     return 0 if v is None else v[0]
 
 
@@ -201,7 +206,7 @@ def _copy_handle(stream):
 def _copy_stream(what: str, array, stream):
     if stream is not None:
         return stream
-    v = getattr(_scope, "v", None)
+    v = _scope.v
     if v is None:
         return 0
     if v[1]:
@@ -351,7 +356,7 @@ class Kernel:
 
     def __getitem__(self, config):
         _count_launch(self.name)
-        v = getattr(_scope, "v", None)
+        v = _scope.v
         if v is not None:  # inside launch_stream: the block's stream unless the launch names one
             if len(config) == 2:
                 config = (config[0], config[1], v[0])

@@ -390,9 +390,10 @@ class Emitted:
         if self.used(k):
             self.declared[self.node.outputs[k]] = (None if dtype is None else np.dtype(dtype), rank)
 
-    def render(self, names):
-        m = {"p": "t_" + _safe(self.node.outputs[0] if self.node.outputs and self.node.outputs[0]
-                                 else self.node.name)}
+    def render(self, names, prefix):
+        """The block's lines with ``names`` (value name -> variable) filled in and ``prefix`` before every
+        temporary; the node is called ``@node@`` in error messages (``runtime.regions`` puts its name back)."""
+        m = {"p": prefix}
         for k, x in enumerate(self.node.inputs):
             m[f"i{k}"] = names[x] if x else "None"
         for k, x in enumerate(self.node.outputs):
@@ -401,13 +402,18 @@ class Emitted:
             m[f"c{k}"] = f"{m['p']}_const{k}"
         return [ln.format(**m) for ln in self.lines]
 
-    def constant_names(self):
-        p = "t_" + _safe(self.node.outputs[0] if self.node.outputs and self.node.outputs[0] else self.node.name)
-        return [f"{p}_const{k}" for k in range(len(self.constants))]
+    def constant_names(self, prefix):
+        return [f"{prefix}_const{k}" for k in range(len(self.constants))]
 
-
-def _safe(s):
-    return "".join(c if c.isalnum() else "_" for c in s)[:40]
+    def signature(self):
+        """What the block's code depends on besides the names of its values: the op, the lines with their
+        placeholders (attributes and parameter values are baked into them), the constants' dtypes and shapes,
+        the inputs' dtypes and ranks.  Two nodes with equal signatures generate the same code."""
+        ins = tuple((self.t.dtype(x), self.t.rank(x)) if x else None for x in self.node.inputs)
+        outs = tuple(bool(x) for x in self.node.outputs)
+        consts = tuple((c.dtype.str, c.shape) for c in self.constants)
+        return (self.node.domain, self.node.op_type, tuple(self.lines), consts, ins, outs,
+                tuple(sorted(self.imports.items())))
 
 
 FORMS: dict = {}
@@ -467,8 +473,11 @@ def _prod(parts):
     return " * ".join(parts) if parts else "1"
 
 
+NODE = "@node@"  # stands for the node's name in generated error messages, so code never depends on names
+
+
 def _quote(node):
-    return f"node {node.name!r} ({node.op_type})".replace('"', "'")
+    return f"node '{NODE}' ({node.op_type})"
 
 
 def _float_only(e, *ks):
@@ -737,7 +746,8 @@ def _matmul(e):
     e.use("runtime.errors", "ShapeMismatchError")
     if w is not None:  # a constant weight: packed into column panels once, here
         mm = e.use(__name__, "matmul_panels")
-        weight, inner, ncols = f"{e.constant(pack_panels(w))}, {w.shape[1]}", str(w.shape[0]), str(w.shape[1])
+        # A run-time int, not a literal: a literal argument makes Numba compile the callee once per value.
+        weight, inner, ncols = f"{e.constant(pack_panels(w))}, np.int64({w.shape[1]})", str(w.shape[0]), str(w.shape[1])
     else:
         mm = e.use(__name__, "matmul2")
         weight, inner, ncols = "{i1}", "{i1}.shape[0]", "{i1}.shape[1]"

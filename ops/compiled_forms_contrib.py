@@ -469,13 +469,13 @@ def _matmul_nbits(e):
         else:
             packed = _repack(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bits, bs)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
-            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, {K}, {N}, {bits}, {bs}, {quant})")
+            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant})")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
         g = e.use(__name__, "gemv_q4i8_t")
         e.line(f"if {{p}}_m <= {_INT_ROWS_MAX}:",
                f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
-               f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, {K}, {N}, {bias}, {e.has(5)})",
+               f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)})",
                "else:",
                f"    {{p}}_y, {{p}}_err = {call}")
     elif packed is not None:
@@ -483,7 +483,7 @@ def _matmul_nbits(e):
         g = e.use(__name__, "gemv_nbits_t")
         e.line("if {p}_m == 1:",
                f"    {{p}}_y, {{p}}_err = {g}({{i0}}.reshape((1, {{i0}}.size)), {bt}, {sct}, {zft}, {zp_mode != 0}, "
-               f"{bits}, {bs}, {K}, {quant}, {bias}, {e.has(5)})",
+               f"{bits}, {bs}, np.int64({K}), {quant}, {bias}, {e.has(5)})",
                "else:",
                f"    {{p}}_y, {{p}}_err = {call}")
     else:

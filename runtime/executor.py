@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 from operator import itemgetter
 
 import math
@@ -213,6 +214,7 @@ class Plan:
         seg_start = {a: b for a, b in segments}
         region_at = {a: (b, em) for a, b, em in regions}
         self.regions = []
+        self.step_region = {}  # step index -> the Region it calls
         i_skip = -1
         for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
             if i < i_skip:
@@ -228,6 +230,7 @@ class Plan:
                 fn = reg.run if len(outs) != 1 else (lambda *xs, _r=reg.run: _r(*xs)[0])
                 frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
                                       if i <= last_use[s] < end_i and s not in self.init_slots}))
+                self.step_region[len(steps)] = reg
                 steps.append((fn, _getter(reg.in_slots), out, frees))
                 self.step_nodes.append(node)
                 self.regions.append(reg)
@@ -279,6 +282,11 @@ class Plan:
         self.nslots = len(values)
         self._lock = threading.Lock()
         self._direct = self._direct_region()
+        self._cold = None
+        self.compile_seconds = {}  # region module -> seconds its first call took, when this plan compiled it
+        if self.regions:
+            from .regions import cold_kinds
+            self._cold = cold_kinds(self.regions) or None
 
     def _direct_region(self):
         """For a plan that is one compiled region reading only feeds and initializers (a decoder step), the
@@ -306,10 +314,35 @@ class Plan:
             pick.append(out_at[s])
         return reg, args, tuple(dyn), tuple(pick)
 
+    def raise_at_step(self, k, e):
+        """Re-raise ``e`` from step ``k`` naming its node (inside a region, the node whose block raised)."""
+        reg = self.step_region.get(k)
+        if reg is not None:
+            node, e = reg.locate(e)
+            raise_at(node, e)
+        raise_at(self.step_nodes[k], e)
+
+    def compile(self, feeds, outer=()) -> list:
+        """``run``, showing a progress bar over the region kinds that this first run compiles (none when they
+        are all cached)."""
+        from .regions import CompileProgress
+        cold, self._cold = self._cold, None
+        progress = CompileProgress(cold or ())
+        try:
+            return self._run_steps(feeds, outer, progress)
+        finally:
+            progress.close()
+            self.compile_seconds = dict(progress.seconds)
+
     def run(self, feeds, outer=()) -> list:
         """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
+        if self._cold is not None:
+            return self.compile(feeds, outer)
         if self._direct is not None:
             return self._run_direct(feeds)
+        return self._run_steps(feeds, outer)
+
+    def _run_steps(self, feeds, outer=(), progress=None) -> list:
         with self._lock:
             vals = self.template[:]
             for s, v in zip(self.input_slots, feeds):
@@ -321,6 +354,8 @@ class Plan:
             try:
                 for step in self.steps:
                     fn, get, out, frees = step
+                    if progress is not None:
+                        t0 = time.perf_counter()
                     r = fn(*get(vals))
                     if out.__class__ is int:
                         vals[out] = r
@@ -329,10 +364,14 @@ class Plan:
                             vals[o] = x
                     for f in frees:
                         vals[f] = None
+                    if progress is not None:
+                        reg = self.step_region.get(self.steps.index(step))
+                        if reg is not None:
+                            progress.done(reg.module_name, time.perf_counter() - t0)
             except Exception as e:
                 if step is None:
                     raise
-                raise_at(self.step_nodes[self.steps.index(step)], e)
+                self.raise_at_step(self.steps.index(step), e)
             res = [vals[s] for s in self.output_slots]
             for k, c in enumerate(self.copy_out):
                 if c and isinstance(res[k], ndarray):
@@ -348,7 +387,7 @@ class Plan:
         try:
             r = reg.fn(*args)
         except Exception as e:
-            raise_at(self.step_nodes[0], e)
+            self.raise_at_step(0, e)
         res = [r[k] for k in pick]
         for k, c in enumerate(self.copy_out):
             if c and isinstance(res[k], np.ndarray):

@@ -36,26 +36,34 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import threading
 
 import numpy as np
 from numba import get_num_threads
 
-__all__ = ["find_regions", "Region", "cache_dir", "MIN_NODES"]
+from ops.compiled_forms import NODE as NODE_TOKEN
+
+__all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "MIN_NODES",
+           "MAX_NODES"]
 
 MIN_NODES = 2
+MAX_NODES = 48  # nodes in one generated function at most: compile time and memory stay bounded at any depth
+MIN_UNIT = 6  # nodes a repeated unit has at least (shorter periods are grouped), so calls stay few
 _lock = threading.Lock()
 
 
-def cache_dir() -> str:
-    """Where generated region modules live (``ONNX_NUMBA_REGION_DIR``, else beside Numba's cache)."""
+def cache_dir(quiet: bool = False) -> str:
+    """Where generated region modules live (``ONNX_NUMBA_REGION_DIR``, else beside Numba's cache).  Created on
+    demand; ``quiet`` only names it."""
     d = os.environ.get("ONNX_NUMBA_REGION_DIR")
     if not d:
         base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "onnx-numba")
         d = os.path.join(base, "regions")
-    os.makedirs(d, exist_ok=True)
+    if not quiet:
+        os.makedirs(d, exist_ok=True)
     return d
 
 
@@ -98,9 +106,11 @@ def _emit_all(nodes, types, used_after):
 
 
 def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min_nodes: int = MIN_NODES,
-                 donated=frozenset()):
-    """Maximal [start, end) runs of nodes that all have a compiled form, with their emitted code.  ``donated``:
-    graph inputs, each read by one node, that the caller lets that node overwrite."""
+                 donated=frozenset(), max_nodes: int | None = None):
+    """[start, end) runs of nodes that all have a compiled form, with their emitted code, cut into pieces at
+    the graph's repeated structure (``layer_pieces``) so that no piece exceeds ``max_nodes`` and repeated
+    layers generate the same function.  ``donated``: graph inputs, each read by one node, that the caller lets
+    that node overwrite."""
     types = _Types(value_info, initializers, donated)
     emitted = _emit_all(nodes, types, outputs_read_after)
     runs, start = [], None
@@ -115,16 +125,77 @@ def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min
             start = None
     if start is not None and len(nodes) - start >= min_nodes:
         runs.append((start, len(nodes)))
-    return [(a, b, emitted[a:b]) for a, b in runs]
+    pieces = []
+    for a, b in runs:
+        sigs = _intern([e.signature() for e in emitted[a:b]])
+        for pa, pb in layer_pieces(sigs, max_nodes or MAX_NODES):
+            pieces.append((a + pa, a + pb, emitted[a + pa:a + pb]))
+    return pieces
 
 
-def _ident(name: str, k: int) -> str:
-    safe = "".join(c if c.isalnum() else "_" for c in name)[:40]
-    return f"v{k}_{safe}"
+def _intern(keys):
+    ids = {}
+    return [ids.setdefault(k, len(ids)) for k in keys]
+
+
+def layer_pieces(sigs, max_nodes: int = None, min_unit: int = None):
+    """Cut a run of node signatures into [start, end) pieces of at most ``max_nodes`` nodes: the longest
+    stretch where the run repeats with some period (a stack of identical layers) becomes one piece per
+    period (several periods, when one is shorter than ``min_unit`` nodes), and what precedes and follows it
+    is cut the same way in turn.  Repeats of a unit are cut at the same offsets, so equal layers give equal
+    pieces whatever the depth."""
+    max_nodes = max_nodes or MAX_NODES
+    min_unit = min(min_unit or MIN_UNIT, max_nodes)
+    n = len(sigs)
+    if n == 0:
+        return []
+    best = None  # (covered, -period, start, units)
+    for p in range(1, n // 2 + 1):
+        run = 0
+        for i in range(n - p):
+            if sigs[i] == sigs[i + p]:
+                run += 1
+                if run >= p:
+                    units = (run + p) // p
+                    cand = (units * p, -p, i - run + 1, units)
+                    if best is None or cand[:2] > best[:2]:
+                        best = cand
+            else:
+                run = 0
+    if best is None:
+        return _chunks(0, n, max_nodes)
+    _, neg_p, s0, units = best
+    p = -neg_p
+    group = -(-min_unit // p)  # periods per unit
+    if units < 2 * group and p < min_unit:
+        return _chunks(0, n, max_nodes)
+    unit = p * group
+    units //= group
+    out = [(a, b) for a, b in layer_pieces(sigs[:s0], max_nodes, min_unit)]
+    for u in range(units):
+        a = s0 + u * unit
+        out += _chunks(a, a + unit, max_nodes)
+    tail = s0 + units * unit
+    out += [(tail + a, tail + b) for a, b in layer_pieces(sigs[tail:], max_nodes, min_unit)]
+    return out
+
+
+def _chunks(a, b, size):
+    """[a, b) in pieces of at most ``size``, as equal as possible."""
+    k = -(-(b - a) // size) if b > a else 0
+    edges = [a + (b - a) * j // k for j in range(k + 1)] if k else []
+    return list(zip(edges[:-1], edges[1:]))
+
+
+_NODE_REF = re.compile(re.escape(NODE_TOKEN[:-1]) + r"(\d+)@")
 
 
 class Region:
-    """One compiled run of nodes; ``run(*external_inputs)`` returns the values read after it."""
+    """One compiled run of nodes; ``run(*external_inputs)`` returns the values read after it.
+
+    The generated source depends on the run's structure alone (values are named by position, nodes by
+    index, weights arrive as arguments), so repeated layers, and models that share a layer shape, load the
+    same module and compile it once."""
 
     def __init__(self, nodes, emitted, read_after: set, slot_of: dict, label: str = "region"):
         produced = [o for n in nodes for o in n.outputs if o]
@@ -136,23 +207,22 @@ class Region:
                     external.append(x)
         self.external = external
         self.escaping = [o for o in produced if o in read_after]
-        names = {}
-        for k, x in enumerate(external + produced):
-            names[x] = _ident(x, k)
+        names = {x: f"v{k}" for k, x in enumerate(external + produced)}
         imports = {}
         body = []
         const_names, constants = [], []
-        for e in emitted:
-            const_names += e.constant_names()
+        for j, e in enumerate(emitted):
+            const_names += e.constant_names(f"t{j}")
             constants += e.constants
         # Plan-time constants travel packed, one flat array per dtype, and are unpacked by slicing at the top of
-        # the function: every argument costs Numba's dispatcher a type check and an unboxing per call.
+        # the function: every argument costs Numba's dispatcher a type check and an unboxing per call.  Large
+        # ones (repacked weights) travel as they are, so no weight is held twice.
         pack_names, self.constants, unpack = _pack(constants, const_names)
         body += ["    " + ln for ln in unpack]
-        for n, e in zip(nodes, emitted):
-            body.append(f"    # {n.op_type} {n.name}")
-            for line in e.render(names):
-                body.append("    " + line)
+        for j, (n, e) in enumerate(zip(nodes, emitted)):
+            body.append(f"    # {j}: {n.op_type}")
+            for line in e.render(names, f"t{j}"):
+                body.append("    " + line.replace(NODE_TOKEN, f"{NODE_TOKEN[:-1]}{j}@"))
             imports.update(e.imports)
         # ``nthreads`` (Numba's current thread count) is an argument: reading it inside compiled code would
         # reference the threading layer's address, which keeps a function out of the on-disk cache.
@@ -183,18 +253,86 @@ class Region:
     def nthreads() -> int:
         return _nthreads()
 
+    def cold(self) -> bool:
+        """Whether Numba has no cached compilation of this region's function yet (its first call compiles)."""
+        if self.fn.signatures:
+            return False
+        cache = getattr(self.fn, "_cache", None)
+        index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+        return index is None or not os.path.exists(index)
+
+    def locate(self, e):
+        """``(node, exception)`` for an exception the generated function raised: the node whose block raised it
+        (the message names it by index) and the exception with the node's name put back; the run's first node
+        and ``e`` itself when the message names none."""
+        msg = str(e)
+        m = _NODE_REF.search(msg)
+        if m is None:
+            return self.nodes[0], e
+        text = _NODE_REF.sub(lambda mm: self.nodes[int(mm.group(1))].name, msg)
+        try:
+            err = type(e)(text)
+        except TypeError:
+            err = e
+        return self.nodes[int(m.group(1))], err
+
+
+def cold_kinds(regions) -> list:
+    """The distinct generated functions among ``regions`` that Numba has not compiled or cached yet."""
+    seen, cold = set(), []
+    for r in regions:
+        if r.module_name not in seen:
+            seen.add(r.module_name)
+            if r.cold():
+                cold.append(r.module_name)
+    return cold
+
+
+class CompileProgress:
+    """A progress bar over the region kinds a first run compiles, with a note that this happens once.
+    Shown on standard error when there is something to compile and ``ONNX_NUMBA_PROGRESS`` is not 0."""
+
+    def __init__(self, kinds, what: str = "model"):
+        self.pending = set(kinds)
+        self.seconds = {}  # module name -> seconds its first call took
+        self.bar = None
+        flag = os.environ.get("ONNX_NUMBA_PROGRESS", "1").strip().lower()
+        if self.pending and flag not in ("0", "false", "no", "off"):
+            from tqdm import tqdm
+            print(f"onnx-numba: compiling {len(self.pending)} region kind(s) of this {what}; this happens once, "
+                  f"later starts load them from the cache ({cache_dir(quiet=True)})", file=sys.stderr, flush=True)
+            self.bar = tqdm(total=len(self.pending), desc="compiling", unit="kind", file=sys.stderr, leave=True)
+
+    def done(self, module_name: str, seconds: float = 0.0) -> None:
+        """The first call of ``module_name`` returned after ``seconds`` (compiling or loading it)."""
+        if module_name in self.pending:
+            self.pending.discard(module_name)
+            self.seconds[module_name] = seconds
+            if self.bar is not None:
+                self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
 
 _ALIGN = 64  # bytes: packed constants start at offsets that are multiples of this
+_OWN_ARGUMENT = 1 << 16  # bytes from which a constant is an argument of its own rather than packed
 
 
 def _pack(constants, names):
-    """(argument names, flat arrays, unpacking lines): the constants grouped by dtype into one C-contiguous array
-    each, every constant at a byte offset that is a multiple of ``_ALIGN``, and a line per constant that takes it back
-    as a slice reshaped to its shape."""
+    """(argument names, arrays, unpacking lines): constants of at least ``_OWN_ARGUMENT`` bytes as arguments of
+    their own; the rest grouped by dtype into one C-contiguous array each, every constant at a byte offset that
+    is a multiple of ``_ALIGN``, with a line per constant that takes it back as a slice reshaped to its shape."""
     by_dt = {}
-    for name, c in zip(names, constants):
-        by_dt.setdefault(np.dtype(c.dtype), []).append((name, np.ascontiguousarray(c)))
     args, packs, lines = [], [], []
+    for name, c in zip(names, constants):
+        if c.nbytes >= _OWN_ARGUMENT:
+            args.append(name)
+            packs.append(np.ascontiguousarray(c))
+        else:
+            by_dt.setdefault(np.dtype(c.dtype), []).append((name, np.ascontiguousarray(c)))
     for k, (dt, items) in enumerate(sorted(by_dt.items(), key=lambda kv: kv[0].str)):
         step = max(1, _ALIGN // dt.itemsize)
         offs, n = [], 0
@@ -225,17 +363,72 @@ def _nthreads() -> int:
 
 
 def _load(module_name, src):
+    """The generated module's ``region`` function, imported once per process.  The source is written
+    atomically under ``cache_dir()`` (two processes writing the same module write the same text); where that
+    folder cannot be written (read-only, full) it goes to a private temporary folder, and where nothing can be
+    written it is compiled from memory without Numba's cache, each with a warning, never a failure."""
     with _lock:
         mod = sys.modules.get(module_name)
         if mod is None:
-            path = os.path.join(cache_dir(), module_name + ".py")
-            if not os.path.exists(path) or open(path).read() != src:
-                tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "w") as f:
-                    f.write(src)
-                os.replace(tmp, path)
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
+            mod = None
+            for folder, where in ((cache_dir, "the region cache"), (_private_dir, "a temporary folder")):
+                try:
+                    mod = _import_file(module_name, src, folder())
+                    break
+                except (OSError, RuntimeError) as e:
+                    _warn(f"generated region {module_name} could not be cached in {where} ({type(e).__name__}: {e})")
+            if mod is None:
+                mod = _import_memory(module_name, src)
             sys.modules[module_name] = mod
         return mod.region
+
+
+def _import_file(module_name, src, folder):
+    path = os.path.join(folder, module_name + ".py")
+    try:
+        with open(path) as f:
+            current = f.read() == src
+    except (OSError, UnicodeDecodeError):
+        current = False
+    if not current:  # absent, or damaged: write it anew
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(src)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # RuntimeError when Numba finds no folder to cache it in
+    return mod
+
+
+_PRIVATE = None
+
+
+def _private_dir() -> str:
+    global _PRIVATE
+    if _PRIVATE is None:
+        import tempfile
+        _PRIVATE = tempfile.mkdtemp(prefix="onnx-numba-regions-")
+    return _PRIVATE
+
+
+def _import_memory(module_name, src):
+    import types
+    mod = types.ModuleType(module_name)
+    exec(compile(src.replace("@njit(cache=True,", "@njit(cache=False,"), f"<{module_name}>", "exec"), mod.__dict__)
+    return mod
+
+
+_warned = set()
+
+
+def _warn(msg):
+    if msg not in _warned:
+        _warned.add(msg)
+        import warnings
+        warnings.warn(f"onnx-numba: {msg}; the session works, but this region is compiled again by later "
+                      "processes", RuntimeWarning, stacklevel=3)

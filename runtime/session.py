@@ -328,10 +328,9 @@ class InferenceSession:
         if d is None or any(plan.copy_out):
             return None
         reg, template, dyn, pick = d
-        node = plan.step_nodes[0]
 
         def on_error(e):
-            raise_at(node, e)
+            plan.raise_at_step(0, e)
 
         return reg.fn, list(template), dyn, pick, on_error, reg.nthreads
 

@@ -282,11 +282,11 @@ class Plan:
         self.nslots = len(values)
         self._lock = threading.Lock()
         self._direct = self._direct_region()
-        self._cold = None
+        self._cold = None  # before the first run of a plan with regions: the kinds it compiles (maybe none)
         self.compile_seconds = {}  # region module -> seconds its first call took, when this plan compiled it
         if self.regions:
             from .regions import cold_kinds
-            self._cold = cold_kinds(self.regions) or None
+            self._cold = cold_kinds(self.regions)
 
     def _direct_region(self):
         """For a plan that is one compiled region reading only feeds and initializers (a decoder step), the
@@ -334,6 +334,18 @@ class Plan:
             progress.close()
             self.compile_seconds = dict(progress.seconds)
 
+    @staticmethod
+    def _first_call(fn, args, retries: int = 8):
+        """A step's first call: a damaged Numba cache file it reads is deleted and the call made again."""
+        from .regions import repair_cache
+        while True:
+            try:
+                return fn(*args)
+            except Exception as e:
+                retries -= 1
+                if retries < 0 or repair_cache(e) is None:
+                    raise
+
     def run(self, feeds, outer=()) -> list:
         """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
         if self._cold is not None:
@@ -354,9 +366,11 @@ class Plan:
             try:
                 for step in self.steps:
                     fn, get, out, frees = step
-                    if progress is not None:
+                    if progress is None:
+                        r = fn(*get(vals))
+                    else:
                         t0 = time.perf_counter()
-                    r = fn(*get(vals))
+                        r = self._first_call(fn, get(vals))
                     if out.__class__ is int:
                         vals[out] = r
                     else:

@@ -45,8 +45,8 @@ from numba import get_num_threads
 
 from ops.compiled_forms import NODE as NODE_TOKEN
 
-__all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "MIN_NODES",
-           "MAX_NODES"]
+__all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "repair_cache",
+           "MIN_NODES", "MAX_NODES"]
 
 MIN_NODES = 2
 MAX_NODES = 48  # nodes in one generated function at most: compile time and memory stay bounded at any depth
@@ -286,6 +286,35 @@ def cold_kinds(regions) -> list:
             if r.cold():
                 cold.append(r.module_name)
     return cold
+
+
+def repair_cache(exc) -> str | None:
+    """When ``exc`` arose while Numba read one of its cache files (a truncated or overwritten index or data
+    file, of a region or of a kernel it calls), delete that function's cache files, warn, and return the index
+    path, so that a retry compiles afresh; None for any other exception."""
+    tb = exc.__traceback__
+    target = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace(os.sep, "/").endswith("numba/core/caching.py"):
+            owner = tb.tb_frame.f_locals.get("self")
+            if getattr(owner, "_index_path", None):
+                target = owner
+        tb = tb.tb_next
+    if target is None:
+        return None
+    index = target._index_path
+    stem = os.path.basename(index)[:-len(".nbi")]
+    folder = os.path.dirname(index)
+    try:
+        for name in os.listdir(folder):
+            if name == stem + ".nbi" or (name.startswith(stem + ".") and name.endswith(".nbc")):
+                os.unlink(os.path.join(folder, name))
+    except OSError:
+        return None
+    import warnings
+    warnings.warn(f"onnx-numba: a damaged Numba cache file ({index}: {type(exc).__name__}: {exc}) was deleted and "
+                  "its function is compiled again", RuntimeWarning, stacklevel=2)
+    return index
 
 
 class CompileProgress:

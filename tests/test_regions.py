@@ -251,3 +251,179 @@ def test_a_past_read_by_another_node_is_not_donated():
     _, k, _, _ = InferenceSession(model, opts).run(None, feeds)
     np.testing.assert_array_equal(feeds["pk"], before)
     assert k.__array_interface__["data"][0] != feeds["pk"].__array_interface__["data"][0]
+
+
+# -- repeated structure: one generated function per layer kind --------------------------------------
+
+def _stack(n_layers, eps=lambda l: 1e-6, width=8, out=5):
+    """A decoder-like stack: per layer RMS norm, MatMul, SiLU, MatMul and the residual Add (6 nodes, each layer
+    with its own weights), then a head MatMul; the layers differ only in their weights and ``eps``."""
+    r = np.random.default_rng(1)
+    nodes, inits, x = [], [], "x"
+    for l in range(n_layers):
+        nodes += [helper.make_node("SimplifiedLayerNormalization", [x, f"g{l}"], [f"n{l}"], epsilon=eps(l), axis=-1),
+                  helper.make_node("MatMul", [f"n{l}", f"w{l}"], [f"h{l}"]),
+                  helper.make_node("Sigmoid", [f"h{l}"], [f"s{l}"]),
+                  helper.make_node("Mul", [f"h{l}", f"s{l}"], [f"a{l}"]),
+                  helper.make_node("MatMul", [f"a{l}", f"u{l}"], [f"d{l}"]),
+                  helper.make_node("Add", [x, f"d{l}"], [f"x{l}"])]
+        inits += [numpy_helper.from_array(r.standard_normal(width).astype(np.float32), f"g{l}"),
+                  numpy_helper.from_array(r.standard_normal((width, 2 * width)).astype(np.float32), f"w{l}"),
+                  numpy_helper.from_array(r.standard_normal((2 * width, width)).astype(np.float32) * 0.1, f"u{l}")]
+        x = f"x{l}"
+    nodes.append(helper.make_node("MatMul", [x, "head"], ["y"]))
+    inits.append(numpy_helper.from_array(r.standard_normal((width, out)).astype(np.float32), "head"))
+    return _model(nodes, [_vi("x", F, ["b", "s", width])], [_vi("y", F, None)], inits, opset=20)
+
+
+def _kinds(sess):
+    return {r.module_name for r in sess.plan.regions}
+
+
+def test_layer_pieces_cut_a_stack_at_its_period_whatever_the_depth():
+    from runtime.regions import layer_pieces
+    head, layer, tail = [90, 91], [1, 2, 3, 4, 5, 6, 7], [80]
+    for depth in (2, 5, 30):
+        sigs = head + layer * depth + tail
+        pieces = layer_pieces(sigs, max_nodes=48)
+        assert pieces[0] == (0, 2) and pieces[-1] == (len(sigs) - 1, len(sigs))
+        assert [b - a for a, b in pieces[1:-1]] == [7] * depth
+        assert {tuple(sigs[a:b]) for a, b in pieces[1:-1]} == {tuple(layer)}
+    # No repeat: equal pieces of at most max_nodes; a short period is grouped into units of at least min_unit.
+    assert layer_pieces(list(range(10)), max_nodes=4) == [(0, 3), (3, 6), (6, 10)]
+    assert layer_pieces([1, 2] * 6, max_nodes=48, min_unit=4) == [(0, 4), (4, 8), (8, 12)]
+
+
+def test_identical_layers_compile_one_function_per_kind_at_any_depth():
+    feeds6 = {"x": RNG.standard_normal((1, 3, 8)).astype(np.float32)}
+    six, plain6 = _sessions(_stack(6))
+    twelve, _ = _sessions(_stack(12))
+    assert _covered(six) == 6 * 6 + 1
+    assert len(six.plan.regions) == 7  # six layer calls and the head
+    assert len(_kinds(six)) == 2 and _kinds(twelve) == _kinds(six)
+    for S in (3, 1):  # prefill- and decode-shaped feeds run the same compiled code
+        feeds = {"x": RNG.standard_normal((1, S, 8)).astype(np.float32)}
+        np.testing.assert_allclose(six.run(None, feeds)[0], plain6.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert all(len(r.fn.signatures) == 1 for r in six.plan.regions)
+    np.testing.assert_allclose(twelve.run(None, feeds6)[0], InferenceSession(_stack(12)).run(None, feeds6)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_layers_that_differ_in_an_attribute_do_not_share_code():
+    feeds = {"x": RNG.standard_normal((1, 2, 8)).astype(np.float32)}
+    kinds = []
+    for eps in (1e-6, 10.0):  # two stacks whose layers differ from the other stack's only in epsilon
+        fused, plain = _sessions(_stack(3, eps=lambda l: eps))
+        np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+        kinds.append(_kinds(fused))
+    assert len(kinds[0] & kinds[1]) == 1  # the head is shared, the layers are not
+    # Alternating epsilons: the repeated unit is a pair of layers.
+    fused, plain = _sessions(_stack(6, eps=lambda l: 1e-6 if l % 2 else 10.0))
+    assert [len(r.nodes) for r in fused.plan.regions] == [12, 12, 12, 1]
+    np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_an_error_inside_a_shared_layer_names_that_layers_node():
+    nodes = []
+    for l in range(4):
+        nodes += [helper.make_node("Gather", [f"e{l}", "ids" if l == 0 else f"i{l - 1}"], [f"g{l}"], axis=0,
+                                   name=f"gather{l}"),
+                  helper.make_node("Cast", [f"g{l}"], [f"c{l}"], to=I64),
+                  helper.make_node("ReduceSum", [f"c{l}", "ax"], [f"i{l}"], keepdims=0),
+                  helper.make_node("Abs", [f"i{l}"], [f"a{l}"]), helper.make_node("Neg", [f"a{l}"], [f"b{l}"]),
+                  helper.make_node("Abs", [f"b{l}"], [f"o{l}"])]
+    # Layer 2's table holds a 9, out of range for layer 3's 5-row table.
+    inits = [numpy_helper.from_array(np.full((5, 1), 9 if l == 2 else 1, np.float32), f"e{l}") for l in range(4)]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "ax"))
+    model = _model(nodes, [_vi("ids", I64, ["s"])], [_vi(f"o{l}", I64, None) for l in range(4)], inits)
+    fused, _ = _sessions(model)
+    assert len(_kinds(fused)) < len(fused.plan.regions)
+    with pytest.raises(IndexOutOfRangeError, match="'gather3'"):
+        fused.run(None, {"ids": np.array([0], np.int64)})
+
+
+# -- the region cache: faults end in a working session ----------------------------------------------
+
+def _fresh(monkeypatch, folder):
+    """Point the region cache at ``folder`` and forget the small model's generated module in this process."""
+    import sys
+    model = _model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+                    helper.make_node("Abs", ["b"], ["c"])], [_vi("x", F, [2, 3])], [_vi("c", F, None)])
+    name = _sessions(model)[0].plan.regions[0].module_name
+    sys.modules.pop(name, None)
+    monkeypatch.setenv("ONNX_NUMBA_REGION_DIR", str(folder))
+    return model, name
+
+
+_X = np.array([[-1.5, 0.0, 2.0], [3.0, -4.0, 0.5]], np.float32)
+
+
+def _works(model):
+    sess = InferenceSession(model, _opts())
+    np.testing.assert_array_equal(sess.run(None, {"x": _X})[0], np.abs(np.maximum(_X, 0)))
+    return sess
+
+
+def _opts():
+    o = SessionOptions()
+    o.compiled_regions = True
+    return o
+
+
+def test_a_region_cache_that_cannot_be_created_warns_and_works(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    model, _ = _fresh(monkeypatch, blocker / "regions")
+    with pytest.warns(RuntimeWarning, match="could not be cached in the region cache"):
+        _works(model)
+
+
+def test_a_full_disk_warns_and_compiles_from_memory(monkeypatch, tmp_path):
+    import errno
+    import runtime.regions as rg
+    model, _ = _fresh(monkeypatch, tmp_path)
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(rg.os, "replace", full)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        sess = _works(model)
+    assert not list(tmp_path.glob("*.py")) and not list(tmp_path.glob("*.tmp"))
+    assert sess.plan.regions[0].fn.__module__.startswith("onnx_numba_region_")
+
+
+def test_damaged_cache_files_are_rebuilt(monkeypatch, tmp_path):
+    import sys
+    model, name = _fresh(monkeypatch, tmp_path)
+    _works(model)
+    sys.modules.pop(name)
+    (tmp_path / f"{name}.py").write_text("garbage(")            # a torn write of the generated module
+    _works(model)
+    index = list((tmp_path / "__pycache__").glob(f"{name}.*.nbi"))
+    assert index
+    sys.modules.pop(name)
+    index[0].write_bytes(b"garbage")                           # a damaged Numba index
+    with pytest.warns(RuntimeWarning, match="damaged Numba cache file"):
+        _works(model)
+    sys.modules.pop(name)
+    for data in (tmp_path / "__pycache__").glob(f"{name}.*.nbc"):
+        data.write_bytes(b"\x80\x04garbage")                  # damaged compiled code
+    with pytest.warns(RuntimeWarning, match="damaged Numba cache file"):
+        _works(model)
+
+
+def test_two_processes_compiling_the_same_kind_at_once_both_work(monkeypatch, tmp_path):
+    import os
+    import subprocess
+    import sys
+    monkeypatch.setenv("ONNX_NUMBA_REGION_DIR", str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import tests.test_regions as t; "
+              "m, _ = t._fresh(type('M', (), {'setenv': lambda *a: None})(), sys.argv[2]); t._works(m); print('ok')")
+    # (the region folder reaches the children through the environment)
+    procs = [subprocess.Popen([sys.executable, "-c", script, root, str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert all(o[0].strip() == "ok" for o in outs)
+    assert not list(tmp_path.glob("*.tmp"))

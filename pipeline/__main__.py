@@ -1,4 +1,4 @@
-"""Command line: ``python -m pipeline parity|generate PACKAGE ...``.
+"""Command line: ``python -m pipeline parity|generate|warm PACKAGE ...``.
 
 parity: run the onnxruntime baseline and the requested native mix side by
 side, greedily, and compare step by step: the first divergent step, both
@@ -7,6 +7,8 @@ largest absolute logit difference of every step up to it.  Exit status 0
 only when the token lists are identical.
 
 generate: decode a prompt and print the text and the token ids.
+
+warm: compile everything the package's native components need, so that later starts load it from the caches.
 """
 from __future__ import annotations
 
@@ -144,7 +146,15 @@ def main(argv=None) -> int:
             p.add_argument("--temperature", type=float)
             p.add_argument("--repetition-penalty", type=float)
             p.add_argument("--seed", type=int)
+    w = sub.add_parser("warm", help="compile everything the package needs ahead of time (cached for later starts)")
+    w.add_argument("package")
+    w.add_argument("--native", default="all", help="component names, 'all' or 'none'")
+    w.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
+    if args.cmd == "warm":
+        from .warm import warm
+        print(warm(args.package, args.native, args.device).summary())
+        return 0
     return cmd_parity(args) if args.cmd == "parity" else cmd_generate(args)
 
 

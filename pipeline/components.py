@@ -102,15 +102,37 @@ def _np_type(t: str):
     return _INT_TYPES.get(t) or _FLOAT_TYPES.get(t) or np.float32
 
 
-class _KVBuffer:
-    """One KV cache tensor in a static buffer sized to ``max_length`` along its sequence axis."""
+KV_START_ROWS = 256  # rows a cache starts with when nothing said how far the request reaches
 
-    def __init__(self, shape, axis, dtype, max_length):
+
+def kv_rows(needed: int, reach: int | None, max_length: int, current: int = 0) -> int:
+    """Rows to give a KV buffer that must hold ``needed``: a new one what the request reaches (``reach``, else
+    ``KV_START_ROWS``), a full one (``current`` rows) twice as many; at least ``needed``, never past
+    ``max_length``."""
+    rows = max(needed, 2 * current) if current else max(needed, reach or KV_START_ROWS)
+    return min(rows, max_length)
+
+
+class _KVBuffer:
+    """One KV cache tensor in a buffer along whose sequence axis it grows (doubling, up to ``max_length``)."""
+
+    def __init__(self, shape, axis, dtype, rows, max_length):
         full = list(shape)
-        full[axis] = max_length
+        full[axis] = rows
         self.buf = np.zeros(full, dtype)
         self.axis = axis
         self.length = 0
+        self.max_length = max_length
+
+    def _grow(self, total):
+        rows = kv_rows(total, None, self.max_length, self.buf.shape[self.axis])
+        full = list(self.buf.shape)
+        full[self.axis] = rows
+        new = np.zeros(full, self.buf.dtype)
+        idx = [slice(None)] * self.buf.ndim
+        idx[self.axis] = slice(0, self.length)
+        new[tuple(idx)] = self.buf[tuple(idx)]
+        self.buf = new
 
     def live(self) -> np.ndarray:
         idx = [slice(None)] * self.buf.ndim
@@ -119,9 +141,11 @@ class _KVBuffer:
 
     def write(self, present: np.ndarray, new_from: int):
         total = present.shape[self.axis]
-        if total > self.buf.shape[self.axis]:
+        if total > self.max_length:
             raise MetadataError(f"KV cache would grow to {total} positions, past its maximum of "
-                                f"{self.buf.shape[self.axis]} (search.max_length)")
+                                f"{self.max_length} (search.max_length)")
+        if total > self.buf.shape[self.axis]:
+            self._grow(total)
         src = [slice(None)] * present.ndim
         dst = [slice(None)] * present.ndim
         src[self.axis] = slice(new_from, total)
@@ -165,7 +189,13 @@ class DecoderComponent:
                 if any(p.isdigit() and int(p) in layers for p in parts):
                     self._window[name] = cap
         self.transfers = Transfers()
+        self.reach = None  # positions the current request can reach (``reserve``): what KV buffers are sized to
         self.reset()
+
+    def reserve(self, positions: int):
+        """The coming request reaches at most ``positions`` (prompt plus new tokens): caches are sized to that,
+        capped by ``max_length``, rather than to the model's maximum."""
+        self.reach = max(1, min(int(positions), self.max_length))
 
     # -- state -------------------------------------------------------------------------------------
     def reset(self):
@@ -305,6 +335,7 @@ class DecoderComponent:
         if self._length + seq_len > self.max_length:
             raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
                                 f"{self.max_length}")
+        self._make_room(self._length + seq_len)
         feeds.update(self._extras(seq_len, extra))
         for k, v in (extra or {}).items():
             self.transfers.note_in(k, v)
@@ -319,6 +350,9 @@ class DecoderComponent:
         self.transfers.note_out(out)
         return out
 
+    def _make_room(self, total: int):
+        """Before a step that brings the cache to ``total`` positions (within ``max_length``)."""
+
     def greedy_step(self, token: int) -> int:
         """One greedy step for batch 1: feed ``token`` and return the argmax id (``step(..., want="argmax")``)."""
         x = np.full((1, 1), token, _np_type(self.inputs[self.io.token_input].type))
@@ -331,7 +365,8 @@ class DecoderComponent:
             for i, o in zip(io.kv_inputs, io.kv_outputs):
                 if i not in self._window:
                     pres = results[o]
-                    self.kv[i] = _KVBuffer(pres.shape, self._seq_axis(i), pres.dtype, self.max_length)
+                    rows = kv_rows(self._length + seq_len, self.reach, self.max_length)
+                    self.kv[i] = _KVBuffer(pres.shape, self._seq_axis(i), pres.dtype, rows, self.max_length)
         for i, o in zip(io.kv_inputs, io.kv_outputs):
             if i in self._window:
                 self.window_kv[i] = results[o]
@@ -404,7 +439,8 @@ class NativeDecoder(DecoderComponent):
         self._fast = None
         self._want_shared = bool(options.kv_share_buffer)
         self._shared = None  # whether the step writes its caches in place (found at the first step)
-        self._bufs = {}      # max-length cache buffers, kept across resets
+        self._bufs = {}      # shared cache buffers of ``_rows`` positions, kept across resets
+        self._rows = 0
         super().__init__(spec, pipeline, sess, max_length, batch)
 
     def _past(self, name):
@@ -416,8 +452,8 @@ class NativeDecoder(DecoderComponent):
         if self._carry and self._want_shared and self._shared is not False and name not in self._window:
             buf = self._bufs.get(name)
             if buf is None:
-                buf = self._bufs[name] = np.zeros(self._concrete(name, self.max_length),
-                                                  _np_type(self.inputs[name].type))
+                self._rows = self._rows or kv_rows(1, self.reach, self.max_length)
+                buf = self._bufs[name] = np.zeros(self._concrete(name, self._rows), _np_type(self.inputs[name].type))
             self._live[name] = buf
             return buf
         return super()._past(name)
@@ -509,6 +545,8 @@ class NativeDecoder(DecoderComponent):
             total = length + 1
             if total > self.max_length:
                 raise MetadataError(f"the KV cache would hold {total} positions, past max_length {self.max_length}")
+            if total > self._rows:
+                self._make_room(total)
             ids[0, 0] = token
             args[0] = nthreads()
             if mask_at is not None:
@@ -562,6 +600,26 @@ class NativeDecoder(DecoderComponent):
     def reset(self):
         super().reset()
         self._live = {}
+
+    def reserve(self, positions: int):
+        super().reserve(positions)
+        if self._length == 0 and self._rows != kv_rows(1, self.reach, self.max_length):
+            self._bufs, self._rows = {}, 0  # sized afresh for this request at its first step
+
+    def _make_room(self, total: int):
+        """Grow the shared cache buffers, keeping their live rows, when a step would run past them."""
+        if not self._bufs or total <= self._rows:
+            return
+        rows = kv_rows(total, None, self.max_length, self._rows)
+        for name, old in list(self._bufs.items()):
+            new = np.zeros(self._concrete(name, rows), old.dtype)
+            idx = [slice(None)] * old.ndim
+            idx[self._seq_axis(name)] = slice(0, self._length)
+            new[tuple(idx)] = old[tuple(idx)]
+            self._bufs[name] = new
+            if self._live.get(name) is old:
+                self._live[name] = new
+        self._rows = rows
 
     def rewind(self, length: int):
         super().rewind(length)

@@ -201,6 +201,8 @@ class CudaDecoder(NativeDecoder):
 
     backend = "native"
     _fast = False  # greedy_step runs the plain device step (no direct region call on the device plan)
+    reserve = DecoderComponent.reserve  # device caches stay sized to max_length
+    _make_room = DecoderComponent._make_room
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         import copy

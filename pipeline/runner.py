@@ -118,6 +118,7 @@ class Pipeline:
             limit = ar.max_tokens if ar.max_tokens else self.max_length - prompt.shape[1]
         limit = min(limit, self.max_length - prompt.shape[1])
         self.decoder.reset()
+        self.decoder.reserve(prompt.shape[1] + limit)
         self.values = {}
         for st in self._stages("prompt_only"):
             self._run_component(st.model, prompt, external)

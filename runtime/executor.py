@@ -18,11 +18,11 @@ Invariants:
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from operator import itemgetter
-
-import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .ir import Graph, free_names, subgraphs
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
-__all__ = ["Plan", "KernelError", "liveness", "raise_at"]
+__all__ = ["Plan", "DirectCall", "KernelError", "liveness", "raise_at"]
 
 
 class KernelError(OnnxNumbaError, RuntimeError):
@@ -84,6 +84,18 @@ def raise_at(node, e, on: str = ""):
             raise e from None
         raise err from e
     raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+
+
+class DirectCall(NamedTuple):
+    """A plan made of compiled regions only, as one call: set ``args[0]`` (a copy of the list) to ``nthreads()``
+    and ``args[pos]`` to feed ``k`` for each ``(pos, k)`` in ``dyn``; output ``j`` of ``fn(*args)`` is at
+    ``pick[j]``; ``on_error(e)`` re-raises an exception of ``fn`` with the node that raised it named."""
+    fn: Callable
+    args: list
+    dyn: tuple
+    pick: tuple
+    on_error: Callable
+    nthreads: Callable
 
 
 class Plan:
@@ -289,11 +301,12 @@ class Plan:
             self._cold = cold_kinds(self.regions)
 
     def _direct_region(self):
-        """For a plan that is one compiled region reading only feeds and initializers (a decoder step), the
-        region's argument list with the initializers in place, where each feed goes, and where each output comes
-        from: ``run`` then calls the generated function with no slot bookkeeping."""
-        if len(self.regions) != 1 or len(self.steps) != 1 or self.outer_slots:
+        """For a plan that is compiled regions only, reading feeds and initializers (a decoder step), a
+        ``DirectCall``: ``run`` and the pipeline's greedy loop then call it with no slot bookkeeping of theirs."""
+        if not self.regions or len(self.steps) != len(self.regions) or self.outer_slots:
             return None
+        if len(self.regions) > 1:
+            return self._direct_chain()
         reg = self.regions[0]
         feed_at = {s: k for k, s in enumerate(self.input_slots)}
         args, dyn = [None], []
@@ -312,7 +325,40 @@ class Plan:
             if s not in out_at:
                 return None
             pick.append(out_at[s])
-        return reg, args, tuple(dyn), tuple(pick)
+
+        def on_error(e):
+            self.raise_at_step(0, e)
+
+        return DirectCall(reg.fn, args, tuple(dyn), tuple(pick), on_error, reg.nthreads)
+
+    def _direct_chain(self):
+        """Several regions (one per layer kind occurrence) called in turn over a list of values."""
+        from .regions import Region
+        calls = tuple((reg.fn, _getter(reg.in_slots), reg.out_slots, tuple(reg.constants)) for reg in self.regions)
+        feed_slots, out_slots, template = tuple(self.input_slots), tuple(self.output_slots), self.template
+        raise_at_step = self.raise_at_step
+
+        def chain(nthreads, *feeds):
+            vals = template[:]
+            for s, v in zip(feed_slots, feeds):
+                vals[s] = v
+            k = 0
+            try:
+                for fn, get, outs, consts in calls:
+                    r = fn(nthreads, *get(vals), *consts)
+                    for o, x in zip(outs, r):
+                        vals[o] = x
+                    k += 1
+            except Exception as e:
+                raise_at_step(k, e)
+            return tuple([vals[s] for s in out_slots])
+
+        def on_error(e):
+            raise e  # ``chain`` has named the node already
+
+        n = len(feed_slots)
+        return DirectCall(chain, [None] * (n + 1), tuple((k + 1, k) for k in range(n)),
+                          tuple(range(len(out_slots))), on_error, Region.nthreads)
 
     def raise_at_step(self, k, e):
         """Re-raise ``e`` from step ``k`` naming its node (inside a region, the node whose block raised)."""
@@ -393,16 +439,16 @@ class Plan:
             return res
 
     def _run_direct(self, feeds) -> list:
-        reg, template, dyn, pick = self._direct
-        args = template[:]
-        args[0] = reg.nthreads()
-        for pos, k in dyn:
+        d = self._direct
+        args = d.args[:]
+        args[0] = d.nthreads()
+        for pos, k in d.dyn:
             args[pos] = feeds[k]
         try:
-            r = reg.fn(*args)
+            r = d.fn(*args)
         except Exception as e:
-            self.raise_at_step(0, e)
-        res = [r[k] for k in pick]
+            d.on_error(e)
+        res = [r[k] for k in d.pick]
         for k, c in enumerate(self.copy_out):
             if c and isinstance(res[k], np.ndarray):
                 res[k] = res[k].copy()

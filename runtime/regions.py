@@ -1,4 +1,4 @@
-"""Compiled regions: runs of nodes generated into one Numba function, so a step is one call.
+"""Compiled regions: runs of nodes generated into Numba functions, one per layer kind, so a step is a few calls.
 
 A small decoder step is a few dozen nodes whose arithmetic takes microseconds;
 calling one Python wrapper per node costs more than the arithmetic.  When a
@@ -17,16 +17,26 @@ compiled function serves prefill and decode.  A form that cannot express a
 node (an attribute it does not cover, an unknown rank) declines, and the node
 runs through its wrapper between two regions; nothing changes numerically.
 
+Layer kinds: a run is cut at the graph's repeated structure (``layer_pieces``: the longest stretch that
+repeats with some period, one piece per period, the rest cut the same way in turn), and no piece has more
+than ``MAX_NODES`` nodes.  The generated source names values by position and nodes by index (error
+messages carry ``@nodeK@``, which ``Region.locate`` turns back into the node's name) and takes weights as
+arguments, so equal layers generate the same text, hence the same module, compiled once; a 4-layer and a
+48-layer model of one width share every function, and compile time and memory do not grow with depth.
+The first run of a plan shows a progress bar over the kinds it compiles (``CompileProgress``) and deletes
+and recompiles a damaged Numba cache file it reads (``repair_cache``); a cache folder that cannot be
+written costs a warning, never the session.
+
 Invariants:
 - every array inside a region is C-contiguous (feeds are made contiguous by
   the session, forms copy where a slice or a transpose would not be);
 - a form never writes into an input; an output may be a view of an input only
   where the node's wrapper is registered with ``views=True`` (the planner's
   alias analysis relies on that);
-- the generated source is a pure function of the region (node structure,
-  types, attributes, parameter values) and of the kernel sources' fingerprint
-  (``ops._cache_epoch``), written once under the cache folder and imported
-  from there, so Numba's on-disk cache makes a second start compile nothing
+- the generated source is a pure function of the region's structure (node
+  ops, wiring by position, types, attributes, parameter values, never names)
+  and of the kernel sources' fingerprint (``ops._cache_epoch``), written
+  atomically under the cache folder and imported from there, so Numba's on-disk cache makes a second start compile nothing
   and a changed kernel is never linked from a stale cache;
 - errors a form detects (an index out of range, a cache that does not fit)
   raise the project's error classes with the node named in the message.

@@ -315,24 +315,17 @@ class InferenceSession:
 
     def direct_step(self):
         """For callers that run this session step after step with feeds they keep valid themselves (the
-        pipeline's greedy decoder): ``(fn, args, dyn, pick, on_error, nthreads)`` where ``fn(*args)`` runs the
-        whole plan, a single compiled region.  ``args`` (a fresh list) holds the initializers and constants in
-        place; the caller sets ``args[0]`` to ``nthreads()`` and ``args[pos]`` to feed ``k`` for each ``(pos, k)`` in
-        ``dyn``; output ``j`` is ``fn(*args)[pick[j]]``; ``on_error(e)`` re-raises an exception of ``fn`` with
-        the node named.  None when the session picks its plan per feed, the plan is not one region, or an
-        output aliases a feed or an initializer (``run`` would copy it)."""
+        pipeline's greedy decoder): the plan as one ``executor.DirectCall`` (its ``args`` a fresh list the caller
+        may keep and fill), when the plan is compiled regions only.  None when the session picks its plan per
+        feed, the plan is not regions only, or an output aliases a feed or an initializer (``run`` would copy
+        it)."""
         if self._decode_flag:
             return None
         plan = self._plan
         d = plan._direct
         if d is None or any(plan.copy_out):
             return None
-        reg, template, dyn, pick = d
-
-        def on_error(e):
-            plan.raise_at_step(0, e)
-
-        return reg.fn, list(template), dyn, pick, on_error, reg.nthreads
+        return d._replace(args=list(d.args))
 
     def run(self, output_names, input_feed, run_options=None):
         feeds = self._feeds(input_feed)

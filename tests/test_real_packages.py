@@ -79,8 +79,9 @@ def test_greedy_fast_step_is_the_plain_step(name):
 
 @pytest.mark.parametrize("name", ["llama_int4", "qwen35_fp32"])
 def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
-    """The native decoder's attention caches are max-length buffers written in place (past and present share
-    them): the same tokens as with copied caches (ONNX_NUMBA_KV_SHARE_BUFFER=0), and a rewind keeps working."""
+    """The native decoder's attention caches are buffers sized to what the request reaches (prompt plus new
+    tokens), written in place (past and present share them): the same tokens as with copied caches
+    (ONNX_NUMBA_KV_SHARE_BUFFER=0), and a rewind keeps working."""
     import numpy as np
     spec = load_package(os.path.join(HERE, name))
     prompt = PROMPTS[0]
@@ -90,7 +91,7 @@ def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
     assert d._shared is True and d._live
     for k, v in d._live.items():
         if k in d._bufs:
-            assert v is d._bufs[k] and v.shape[d._seq_axis(k)] == shared.max_length
+            assert v is d._bufs[k] and v.shape[d._seq_axis(k)] == len(prompt) + 12 < shared.max_length
     monkeypatch.setenv("ONNX_NUMBA_KV_SHARE_BUFFER", "0")
     copied = Pipeline(spec, BackendChoice(set(), True, "cpu"))
     assert copied.generate(prompt, 12) == ids
@@ -116,3 +117,25 @@ def test_level4_sensitivity_tool(capsys):
     vals = {k: float(v) for k, v in re.findall(r"^(.*?):\s+max\|diff\| (\S+)$", out, re.M)}
     assert set(vals) == {"ort(x) vs native(x)", "ort(x) vs ort(x + 1 ulp)", "exact change (float64)"}, out
     assert vals["ort(x) vs native(x)"] < 1e-5
+
+
+def test_shared_cache_buffers_grow_past_the_reserved_reach_keeping_their_rows():
+    """A request that runs past what it reserved grows the caches (live rows kept), up to max_length."""
+    import numpy as np
+    spec = load_package(os.path.join(HERE, "llama_fp32"))
+    prompt = PROMPTS[0]
+    ref = Pipeline(spec, BackendChoice(set(), True, "cpu")).generate(prompt, 10)
+    pipe = Pipeline(spec, BackendChoice(set(), True, "cpu"))
+    d = pipe.decoder
+    d.reset()
+    d.reserve(len(prompt) + 1)
+    ids = [int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])]
+    rows = {k: v.shape[d._seq_axis(k)] for k, v in d._bufs.items()}
+    assert d._bufs and set(rows.values()) == {len(prompt) + 1}
+    for _ in range(9):
+        ids.append(d.greedy_step(ids[-1]))
+    assert ids == ref
+    rows = len(prompt) + 1
+    while rows < len(prompt) + 9:  # doubled whenever full
+        rows *= 2
+    assert {v.shape[d._seq_axis(k)] for k, v in d._bufs.items()} == {rows}

@@ -427,3 +427,16 @@ def test_two_processes_compiling_the_same_kind_at_once_both_work(monkeypatch, tm
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     assert all(o[0].strip() == "ok" for o in outs)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_warm_compiles_a_package_ahead_and_a_second_warm_compiles_nothing(capsys):
+    import os
+    from pipeline.__main__ import main
+    pkg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages",
+                       "llama_fp32")
+    assert main(["warm", pkg]) == 0
+    first = capsys.readouterr().out
+    assert main(["warm", pkg]) == 0
+    second = capsys.readouterr().out
+    assert "region kind(s) compiled" in first
+    assert "warmed" in second and ": 0 region kind(s) compiled, 1 already cached" in second

@@ -11,7 +11,9 @@ time after skipping the first ``--decode-skip`` steps (with ``--steady``; all
 steps otherwise).  Warm-up runs are not counted.  Per-run lines come first,
 then ``steady_median: backend=... prefill=X ms decode=Y ms/token
 throughput=Z tok/s`` per backend, ``generated_token_ids: [...]`` and, with
-``both``, the native/onnxruntime ratios.  The command fails if a backend's
+``both``, the native/onnxruntime ratios; ``memory:`` lines give, per backend, the resident memory its loading
+added (onnxruntime-genai loads in its first run) and the process's peak resident memory during its runs (VmHWM,
+reset before each run; it includes the other backends the process holds).  The command fails if a backend's
 tokens differ between its runs; tokens that differ between backends are
 reported (int4 numerics can flip a near-tie) but do not fail it.
 
@@ -30,6 +32,27 @@ import sys
 import time
 
 import numpy as np
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: resident now, VmHWM: peak), in MB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _reset_peak() -> None:
+    """Start VmHWM afresh from the current resident size (Linux: ``5`` written to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def _one_run(pipe, prompt, tokens, external):
@@ -175,13 +198,16 @@ def main(argv=None) -> int:
     # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
     # drift in the machine's speed lands on all of them alike and the medians compare like with like.
     pipes, create = {}, {}
+    loaded, peak = {}, {}  # MB resident added by loading each backend; the process's peak during its runs
     for be in backends:
         if be == "ort-genai":
             continue
         choice = BackendChoice(set(stateless), True, device) if be == "native" else BackendChoice(set(), False, "cpu")
         t0 = time.perf_counter()
+        before = _status_mb("VmRSS")
         pipes[be] = Pipeline(spec, choice, ort_providers=ort_providers)
         create[be] = time.perf_counter() - t0
+        loaded[be] = _status_mb("VmRSS") - before
     runs = {be: [] for be in backends}
     first_ids = {}
     total = args.warmups + args.runs
@@ -191,10 +217,15 @@ def main(argv=None) -> int:
     for r in it:
         for be in backends:
             time.sleep(0.05)  # let the previous run's worker threads (onnxruntime's spin) go idle first
+            _reset_peak()
+            before = _status_mb("VmRSS")
             if be == "ort-genai":
                 times, ids = _genai_run(args.model, prompt, args.tokens, device)
+                if r == 0:  # onnxruntime-genai loads its model in its first run
+                    loaded[be] = _status_mb("VmRSS") - before
             else:
                 times, ids = _one_run(pipes[be], prompt, args.tokens, external)
+            peak[be] = max(peak.get(be, 0.0), _status_mb("VmHWM"))
             ref_ids = first_ids.setdefault(be, ids)
             if ids != ref_ids:
                 print(f"tokens differ ({be}, run {r}): {ids} vs {ref_ids}")
@@ -210,10 +241,14 @@ def main(argv=None) -> int:
         pre = statistics.median(p for p, _ in runs[be])
         dms = statistics.median(d for _, d in runs[be])
         results[be] = {"prefill_ms": pre, "decode_ms_per_token": dms, "tok_per_s": 1e3 / dms,
-                       "session_create_ms": create.get(be, 0.0) * 1e3}
+                       "session_create_ms": create.get(be, 0.0) * 1e3, "load_rss_mb": loaded.get(be),
+                       "peak_rss_mb": peak.get(be)}
     for be, r in results.items():
         print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
               f"ms/token throughput={r['tok_per_s']:.1f} tok/s")
+    for be, r in results.items():
+        print(f"memory: backend={be} loaded={r['load_rss_mb'] or float('nan'):.0f} MB resident "
+              f"peak_during_runs={r['peak_rss_mb'] or float('nan'):.0f} MB (whole process)")
     main_ids = first_ids[backends[0]]
     print(f"generated_token_ids: {main_ids}")
     for be, ids in first_ids.items():

@@ -115,6 +115,47 @@ class _ExternalData:
         return arr.reshape(dims)
 
 
+def _map_of(a):
+    """(the mmap behind array ``a``, the address of its first byte), or (None, 0)."""
+    import mmap
+    prev, b = a, getattr(a, "base", None)
+    while b is not None and not isinstance(b, mmap.mmap):
+        prev, b = b, getattr(b, "base", None)
+    if b is None:
+        return None, 0
+    return b, prev.__array_interface__["data"][0]  # ``prev``: the np.memmap over the whole file
+
+
+def release_pages(arrays, whole: bool = True) -> int:
+    """Let the kernel drop the resident pages behind ``arrays`` (external-data weights): planning reads every
+    weight it repacks, and the repacked copy is what runs, so keeping the originals resident would hold those
+    weights twice.  ``whole``: the whole files they map, else only the pages each array spans.  Pages a run
+    reads later come back from the page cache on demand (the maps are read-only, so nothing is lost).
+    Returns how many ranges were advised."""
+    import mmap
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    page = mmap.PAGESIZE
+    ranges = {}
+    for a in arrays:
+        m, base = _map_of(a)
+        if m is None:
+            continue
+        if whole:
+            ranges[(id(m), 0)] = (m, 0, len(m))
+            continue
+        start = a.__array_interface__["data"][0] - base
+        lo, hi = start // page * page, min(len(m), -(-(start + a.nbytes) // page) * page)
+        if hi > lo:
+            ranges[(id(m), lo)] = (m, lo, hi - lo)
+    for m, off, n in ranges.values():
+        try:
+            m.madvise(mmap.MADV_DONTNEED, off, n)
+        except (OSError, ValueError):  # a closed map: nothing to release
+            pass
+    return len(ranges)
+
+
 _PACKED = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
 
 

@@ -109,9 +109,13 @@ class _Types:
 def _emit_all(nodes, types, used_after):
     """Try every node's form; returns per node an Emitted or None (declined)."""
     from ops import compiled_forms as cf
+    from .loader import release_pages
     res = []
     for node in nodes:
-        res.append(cf.emit(node, types, used_after))
+        e = cf.emit(node, types, used_after)
+        if e is not None and e.constants:  # it repacked initializers: their mapped pages are not needed now
+            release_pages([types.initializers[x] for x in node.inputs if x in types.initializers], whole=False)
+        res.append(e)
     return res
 
 

@@ -29,7 +29,7 @@ from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag
     symbol_positions
 from .executor import Plan, raise_at
 from .ir import Graph
-from .loader import load_graph
+from .loader import load_graph, release_pages
 from .passes import EliminateDeadNodes, EliminateIdentity, ExpandFunctions, FoldConstants, InferShapes
 from .providers import CUDA_PROVIDER, check_available, normalize_providers
 from . import cuda as rc
@@ -133,6 +133,7 @@ class InferenceSession:
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         self._graph = build_graph(path_or_bytes, self._options, self._provider)
         self._plan = self._make_plan(self._graph)
+        release_pages(self._graph.initializers.values())  # planning read the weights it repacked
         self._inputs = [_arg(v) for v in self._graph.inputs]
         self._outputs = [_arg(v) for v in self._graph.outputs]
         flag = getattr(self._options, "decode_inline_scan", None)

@@ -370,27 +370,37 @@ class Plan:
 
     def compile(self, feeds, outer=()) -> list:
         """``run``, showing a progress bar over the region kinds that this first run compiles (none when they
-        are all cached)."""
+        are all cached); a damaged Numba cache file a step reads is deleted and the step called again."""
         from .regions import CompileProgress
         cold, self._cold = self._cold, None
         progress = CompileProgress(cold or ())
+        steps = [(self._first_call(k, fn, progress), get, out, frees)
+                 for k, (fn, get, out, frees) in enumerate(self.steps)]
         try:
-            return self._run_steps(feeds, outer, progress)
+            return self._run_steps(feeds, outer, steps)
         finally:
             progress.close()
             self.compile_seconds = dict(progress.seconds)
 
-    @staticmethod
-    def _first_call(fn, args, retries: int = 8):
-        """A step's first call: a damaged Numba cache file it reads is deleted and the call made again."""
+    def _first_call(self, k, fn, progress, retries: int = 8):
+        """Step ``k``'s function for its first call: timed for ``progress`` and repaired by ``repair_cache``."""
         from .regions import repair_cache
-        while True:
-            try:
-                return fn(*args)
-            except Exception as e:
-                retries -= 1
-                if retries < 0 or repair_cache(e) is None:
-                    raise
+        reg = self.step_region.get(k)
+
+        def first(*args):
+            t0 = time.perf_counter()
+            for attempt in range(retries + 1):
+                try:
+                    r = fn(*args)
+                    break
+                except Exception as e:
+                    if attempt == retries or repair_cache(e) is None:
+                        raise
+            if reg is not None:
+                progress.done(reg.module_name, time.perf_counter() - t0)
+            return r
+
+        return first
 
     def run(self, feeds, outer=()) -> list:
         """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
@@ -400,7 +410,8 @@ class Plan:
             return self._run_direct(feeds)
         return self._run_steps(feeds, outer)
 
-    def _run_steps(self, feeds, outer=(), progress=None) -> list:
+    def _run_steps(self, feeds, outer=(), steps=None) -> list:
+        steps = self.steps if steps is None else steps
         with self._lock:
             vals = self.template[:]
             for s, v in zip(self.input_slots, feeds):
@@ -410,13 +421,9 @@ class Plan:
             ndarray = np.ndarray
             step = None
             try:
-                for step in self.steps:
+                for step in steps:
                     fn, get, out, frees = step
-                    if progress is None:
-                        r = fn(*get(vals))
-                    else:
-                        t0 = time.perf_counter()
-                        r = self._first_call(fn, get(vals))
+                    r = fn(*get(vals))
                     if out.__class__ is int:
                         vals[out] = r
                     else:
@@ -424,14 +431,10 @@ class Plan:
                             vals[o] = x
                     for f in frees:
                         vals[f] = None
-                    if progress is not None:
-                        reg = self.step_region.get(self.steps.index(step))
-                        if reg is not None:
-                            progress.done(reg.module_name, time.perf_counter() - t0)
             except Exception as e:
                 if step is None:
                     raise
-                self.raise_at_step(self.steps.index(step), e)
+                self.raise_at_step(steps.index(step), e)
             res = [vals[s] for s in self.output_slots]
             for k, c in enumerate(self.copy_out):
                 if c and isinstance(res[k], ndarray):

@@ -370,6 +370,18 @@ def _opts():
     return o
 
 
+def test_a_cold_start_shows_its_progress_and_a_warm_one_prints_nothing(monkeypatch, tmp_path, capfd):
+    import sys
+    model, name = _fresh(monkeypatch, tmp_path)
+    capfd.readouterr()
+    _works(model)
+    err = capfd.readouterr().err
+    assert "compiling 1 region kind(s) of this model; this happens once" in err and "1/1" in err
+    sys.modules.pop(name)
+    _works(model)  # a new process would import the module and load Numba's cache: no bar
+    assert "compiling" not in capfd.readouterr().err
+
+
 def test_a_region_cache_that_cannot_be_created_warns_and_works(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -19,6 +19,10 @@ accumulated over blocks in order; zero is ``zdef`` or ``zf[blk, col]``.  Codes a
 -127..127: a ``vpmaddubsw`` pair sum is at most 3810 in magnitude, and 16-bit partial sums are widened to 32
 bits every 4 vectors (at most 8 pair sums, 30480 < 32767), so nothing saturates or wraps.
 
+``dot_q4_rows``/``dot_q4_zp_rows`` take ``ROWS`` rows of activations through one pass over the codes (a prefill):
+each vector of codes is loaded and unpacked once for all of them, and each row's arithmetic is the single-row
+kernel's, so every row's result is the same bits.
+
 Invariant: the kernels read ``qi[g0:g1]`` and ``aq[:nb * bs]`` and write ``out[8*g0:8*g1]`` only; callers
 check the shapes.
 """
@@ -31,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-__all__ = ["AVX2", "VNNI", "dot_q4", "dot_q4_zp"]
+__all__ = ["AVX2", "VNNI", "ROWS", "dot_q4", "dot_q4_zp", "dot_q4_rows", "dot_q4_zp_rows"]
 
 
 def _host_has_avx2() -> bool:
@@ -84,17 +88,20 @@ def _broadcast(builder, s):
     return _shuffle(builder, v, ir.Constant(_V8F, None), [0] * 8)
 
 
-def _make(has_zp: bool, portable: bool, vnni: bool = False):
+def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1):
-        """zero: the default zero point (float32 scalar), or zero points [nb, N8] when ``has_zp``."""
-        want = ((qi, types.uint8, 4), (aq, types.int8, 1), (ascale, types.float32, 1),
-                (asum, types.float32, 1), (sct, types.float32, 2), (out, types.float32, 1))
+        """zero: the default zero point (float32 scalar), or zero points [nb, N8] when ``has_zp``.  With
+        ``rows`` > 1, ``aq``/``ascale``/``asum``/``out`` have a leading axis of at least ``rows`` rows, which
+        share every load and unpacking of the codes."""
+        nd = 1 if rows == 1 else 2
+        want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
+                (asum, types.float32, nd), (sct, types.float32, 2), (out, types.float32, nd))
         if has_zp:
             want += ((zero, types.float32, 2),)
         elif zero != types.float32:
             return None
-        for t, dt, nd in want:  # the IR indexes raw data pointers: C-contiguous arrays of these types only
-            if not (isinstance(t, types.Array) and t.dtype == dt and t.ndim == nd and t.layout == "C"):
+        for t, dt, n in want:  # the IR indexes raw data pointers: C-contiguous arrays of these types only
+            if not (isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C"):
                 return None
         if not (isinstance(g0, types.Integer) and isinstance(g1, types.Integer)):
             return None
@@ -109,7 +116,7 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False):
             nb, nj = shape[1], shape[2]
             intp = nb.type
             n8 = cgutils.unpack_tuple(builder, arr(5).shape, 2)[1]
-            qp, ap, asp, ssp, sp, op = qi_a.data, arr(1).data, arr(2).data, arr(3).data, arr(5).data, arr(6).data
+            qp, sp = qi_a.data, arr(5).data
             if has_zp:
                 zp_ptr = arr(4).data
             else:
@@ -118,25 +125,35 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False):
             def const(v):
                 return ir.Constant(intp, v)
 
+            def row_ptrs(k):
+                """Row r's data pointer of argument ``k``, for r < rows."""
+                a = arr(k)
+                if rows == 1:
+                    return [a.data]
+                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+                return [builder.gep(a.data, [builder.mul(const(r), width)]) for r in range(rows)]
+
+            aps, asps, ssps, ops_ = row_ptrs(1), row_ptrs(2), row_ptrs(3), row_ptrs(6)
             c4, c8 = const(4), const(8)
             m15, four = _splat(_V32I8, 15), _splat(_V32I8, 4)
 
             def vload(ptr, off, ty, align):
                 return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
 
-            def splat4(off):
-                """The 4 activations at ``aq[off:off + 4]`` in every 32-bit lane."""
+            def splat4(ap, off):
+                """The 4 activations at ``ap[off:off + 4]`` in every 32-bit lane."""
                 x = builder.load(builder.bitcast(builder.gep(ap, [off]), _I32.as_pointer()), align=1)
                 v = builder.insert_element(ir.Constant(_V8I32, None), x, ir.Constant(_I32, 0))
                 return builder.bitcast(_shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8), _V32I8)
 
-            def products(vec, k):
-                """Vector ``vec`` of codes against the activations from ``k``: <16 x i16> pair sums (AVX2) or
-                <8 x i32> lane sums (portable)."""
+            def codes(vec):
                 w = vload(qp, builder.mul(vec, const(32)), _V32I8, 1)
-                lo = builder.and_(w, m15)
-                hi = builder.and_(builder.lshr(w, four), m15)
-                alo, ahi = splat4(k), splat4(builder.add(k, c4))
+                return builder.and_(w, m15), builder.and_(builder.lshr(w, four), m15)
+
+            def products(lo, hi, ap, k):
+                """Codes ``lo``/``hi`` against row ``ap``'s activations from ``k``: <16 x i16> pair sums (AVX2)
+                or <8 x i32> lane sums (portable)."""
+                alo, ahi = splat4(ap, k), splat4(ap, builder.add(k, c4))
                 if not portable:
                     mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
                     return builder.add(builder.call(mub, [lo, alo]), builder.call(mub, [hi, ahi]))
@@ -145,16 +162,14 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False):
                 parts = [_shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
                 return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
-            def dpbusd(acc, vec, k):
-                """``acc`` plus vector ``vec``'s code-by-activation dots from ``k``, four products per 32-bit lane
-                added in one ``vpdpbusd`` per nibble half (the same exact integers as the pair sums)."""
-                w = vload(qp, builder.mul(vec, const(32)), _V32I8, 1)
-                lo = builder.bitcast(builder.and_(w, m15), _V8I32)
-                hi = builder.bitcast(builder.and_(builder.lshr(w, four), m15), _V8I32)
-                alo = builder.bitcast(splat4(k), _V8I32)
-                ahi = builder.bitcast(splat4(builder.add(k, c4)), _V8I32)
+            def dpbusd(acc, lo, hi, ap, k):
+                """``acc`` plus the code-by-activation dots, four products per 32-bit lane added in one
+                ``vpdpbusd`` per nibble half (the same exact integers as the pair sums)."""
                 dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-                return builder.call(dp, [builder.call(dp, [acc, lo, alo]), hi, ahi])
+                alo = builder.bitcast(splat4(ap, k), _V8I32)
+                ahi = builder.bitcast(splat4(ap, builder.add(k, c4)), _V8I32)
+                acc = builder.call(dp, [acc, builder.bitcast(lo, _V8I32), alo])
+                return builder.call(dp, [acc, builder.bitcast(hi, _V8I32), ahi])
 
             def widen(s):
                 if portable:
@@ -162,56 +177,75 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False):
                 mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
                 return builder.call(mwd, [s, _splat(_V16I16, 1)])
 
-            accp = cgutils.alloca_once(builder, _V8F)
-            s32p = cgutils.alloca_once(builder, _V8I32)
+            accp = [cgutils.alloca_once(builder, _V8F) for _ in range(rows)]
+            s32p = [cgutils.alloca_once(builder, _V8I32) for _ in range(rows)]
             nq = builder.udiv(nj, c4)
             bs = builder.mul(nj, c8)
             with cgutils.for_range_slice(builder, args[7], args[8], const(1), intp=intp) as (g, _):
-                builder.store(_splat(_V8F, 0.0), accp)
+                for r in range(rows):
+                    builder.store(_splat(_V8F, 0.0), accp[r])
                 with cgutils.for_range(builder, nb, intp=intp) as lb:
                     blk = lb.index
-                    builder.store(_splat(_V8I32, 0), s32p)
+                    for r in range(rows):
+                        builder.store(_splat(_V8I32, 0), s32p[r])
                     vbase = builder.mul(builder.add(builder.mul(g, nb), blk), nj)
                     kb = builder.mul(blk, bs)
                     if vnni:
                         with cgutils.for_range(builder, nj, intp=intp) as lj:
                             j = lj.index
-                            acc = dpbusd(builder.load(s32p), builder.add(vbase, j), builder.add(kb, builder.mul(j, c8)))
-                            builder.store(acc, s32p)
+                            lo, hi = codes(builder.add(vbase, j))
+                            k = builder.add(kb, builder.mul(j, c8))
+                            for r in range(rows):
+                                builder.store(dpbusd(builder.load(s32p[r]), lo, hi, aps[r], k), s32p[r])
                     else:
                         with cgutils.for_range(builder, nq, intp=intp) as lq:  # 4 vectors, widened once
                             j0 = builder.mul(lq.index, c4)
-                            s = None
+                            sums = [None] * rows
                             for u in range(4):
                                 j = builder.add(j0, const(u))
-                                d = products(builder.add(vbase, j), builder.add(kb, builder.mul(j, c8)))
-                                s = d if s is None else builder.add(s, d)
-                            builder.store(builder.add(builder.load(s32p), widen(s)), s32p)
+                                lo, hi = codes(builder.add(vbase, j))
+                                k = builder.add(kb, builder.mul(j, c8))
+                                for r in range(rows):
+                                    d = products(lo, hi, aps[r], k)
+                                    sums[r] = d if sums[r] is None else builder.add(sums[r], d)
+                            for r in range(rows):
+                                builder.store(builder.add(builder.load(s32p[r]), widen(sums[r])), s32p[r])
                         with cgutils.for_range_slice(builder, builder.mul(nq, c4), nj, const(1),
                                                      intp=intp) as (j, _):
-                            d = products(builder.add(vbase, j), builder.add(kb, builder.mul(j, c8)))
-                            builder.store(builder.add(builder.load(s32p), widen(d)), s32p)
-                    dot = builder.sitofp(builder.load(s32p), _V8F)
+                            lo, hi = codes(builder.add(vbase, j))
+                            k = builder.add(kb, builder.mul(j, c8))
+                            for r in range(rows):
+                                d = products(lo, hi, aps[r], k)
+                                builder.store(builder.add(builder.load(s32p[r]), widen(d)), s32p[r])
                     col = builder.add(builder.mul(blk, n8), builder.mul(g, c8))
                     wsc = vload(sp, col, _V8F, 4)
-                    a_s = _broadcast(builder, builder.load(builder.gep(asp, [blk])))
-                    a_sum = _broadcast(builder, builder.load(builder.gep(ssp, [blk])))
                     z = vload(zp_ptr, col, _V8F, 4) if has_zp else zdef
-                    term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
-                    builder.store(builder.fadd(builder.load(accp), term), accp)
-                optr = builder.bitcast(builder.gep(op, [builder.mul(g, c8)]), _V8F.as_pointer())
-                builder.store(builder.load(accp), optr, align=4)
+                    for r in range(rows):
+                        dot = builder.sitofp(builder.load(s32p[r]), _V8F)
+                        a_s = _broadcast(builder, builder.load(builder.gep(asps[r], [blk])))
+                        a_sum = _broadcast(builder, builder.load(builder.gep(ssps[r], [blk])))
+                        term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
+                        builder.store(builder.fadd(builder.load(accp[r]), term), accp[r])
+                for r in range(rows):
+                    optr = builder.bitcast(builder.gep(ops_[r], [builder.mul(g, c8)]), _V8F.as_pointer())
+                    builder.store(builder.load(accp[r]), optr, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    impl.__name__ = f"dot_q4{'_zp' if has_zp else ''}{'_portable' if portable else ''}{'_vnni' if vnni else ''}"
+    impl.__name__ = (f"dot_q4{'_zp' if has_zp else ''}{'_portable' if portable else ''}{'_vnni' if vnni else ''}"
+                     f"{f'_rows{rows}' if rows > 1 else ''}")
     return intrinsic(impl)
 
 
+ROWS = 4  # rows of A that ``dot_q4_rows`` takes through one pass over the codes
 dot_q4 = _make(False, not AVX2, VNNI)
 dot_q4_zp = _make(True, not AVX2, VNNI)
+dot_q4_rows = _make(False, not AVX2, VNNI, ROWS)
+dot_q4_zp_rows = _make(True, not AVX2, VNNI, ROWS)
 dot_q4_avx2 = _make(False, False) if AVX2 else None  # the pair-sum form, for tests on a VNNI host
+dot_q4_rows_avx2 = _make(False, False, False, ROWS) if AVX2 else None
+dot_q4_rows_portable = _make(False, True, False, ROWS)
 dot_q4_zp_avx2 = _make(True, False) if AVX2 else None
 dot_q4_portable = _make(False, True)
 dot_q4_zp_portable = _make(True, True)

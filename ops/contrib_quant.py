@@ -332,19 +332,55 @@ def _q4i8_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
 
 
 @njit(cache=True, nogil=True)
+def _q4i8_rows_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
+    if has_zp:
+        _simd.dot_q4_zp_rows(qi, aq, ascale, asum, zft, sct, y, g0, g1)
+    else:
+        _simd.dot_q4_rows(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _q4i8_rows_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _q4i8_rows_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
+
+
+@njit(cache=True, nogil=True)
 def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
-    """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels, row by row (``int4_layout``
-    arrays; ``parallel`` splits each row's columns over the thread pool)."""
+    """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels (``int4_layout`` arrays;
+    ``parallel`` splits the columns over the thread pool): ``_simd.ROWS`` rows at a time through one pass
+    over the codes, the rest row by row; each row's result is the same bits either way."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
     if qi.shape[2] * 8 != bs:
         raise ValueError("gemv_q4i8: the codes' layout does not match block_size")
+    z = np.float32(zdef)
+    R = _simd.ROWS
+    M = a2.shape[0]
+    done = 0
+    if M >= R:
+        aqr = np.empty((R, nb * bs), np.int8)
+        ascr = np.empty((R, nb), np.float32)
+        asur = np.empty((R, nb), np.float32)
+        yr = np.empty((R, 8 * G), np.float32)
+        while done + R <= M:
+            for r in range(R):
+                _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
+            if parallel:
+                _q4i8_rows_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
+            else:
+                _q4i8_rows_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
+            for r in range(R):
+                for n in range(N):
+                    out[done + r, n] = yr[r, n]
+            done += R
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
     y = np.empty(8 * G, np.float32)
-    z = np.float32(zdef)
-    for m in range(a2.shape[0]):
+    for m in range(done, M):
         _prep_a_i8(a2[m], bs, aq, ascale, asum)
         if parallel:
             _q4i8_par(qi, aq, ascale, asum, z, zft, has_zp, sct, y)

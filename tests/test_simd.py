@@ -45,7 +45,7 @@ def _case(K, N, bs, zp, M=3):
                                        (512, 300, 128, True), (512, 64, 256, False), (33, 9, 32, False),
                                        (72, 19, 16, False), (40, 8, 16, True)])
 def test_int8_kernels_agree(K, N, bs, zp):
-    a, b3, sc, zf = _case(K, N, bs, zp)
+    a, b3, sc, zf = _case(K, N, bs, zp, M=_simd.ROWS + 2)  # one pass of ROWS rows, then two rows alone
     M, nb = a.shape[0], b3.shape[1]
     qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
     host = np.empty((M, N), np.float32)
@@ -127,3 +127,68 @@ def test_activation_quantization_matches_numpy(K, bs):
         np.testing.assert_array_equal(aq[blk * bs:(blk + 1) * bs], ref)
         assert ascale[blk] == amax / np.float32(127.0)
         assert asum[blk] == ref.astype(np.int64).sum()
+
+
+@njit(cache=True)
+def _avx2_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
+    G, nb = qi.shape[0], qi.shape[1]
+    aq = np.empty(nb * bs, np.int8)
+    ascale = np.empty(nb, np.float32)
+    asum = np.empty(nb, np.float32)
+    y = np.empty(8 * G, np.float32)
+    for m in range(a2.shape[0]):
+        Q._prep_a_i8(a2[m], bs, aq, ascale, asum)
+        if has_zp:
+            _simd.dot_q4_zp_avx2(qi, aq, ascale, asum, zft, sct, y, 0, G)
+        else:
+            _simd.dot_q4_avx2(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
+        for n in range(out.shape[1]):
+            out[m, n] = y[n]
+
+
+@pytest.mark.skipif(not _simd.VNNI, reason="the host has no VNNI: the kernels use the pair sums themselves")
+@pytest.mark.parametrize("K,N,bs,zp", [(256, 64, 32, False), (96, 40, 32, True), (250, 37, 64, False),
+                                       (72, 19, 16, True)])
+def test_vnni_dots_equal_the_pair_sums(K, N, bs, zp):
+    """vpdpbusd adds the same exact integers as vpmaddubsw + vpmaddwd: the results are equal bit for bit (codes
+    and activations at their extremes included)."""
+    a, b3, sc, zf = _case(K, N, bs, zp, M=_simd.ROWS + 1)
+    a[0, :bs] = np.where(np.arange(bs) % 2, 1.0, -1.0)  # activations at -127 and 127
+    b3[:2] = 255                                         # codes at 15
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
+    vnni = np.empty((a.shape[0], N), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, zp, 8.0, bs, vnni, False)
+    pairs = np.empty_like(vnni)
+    _avx2_rows(a, qi, sct, zft, zp, 8.0, bs, pairs)
+    np.testing.assert_array_equal(vnni, pairs)
+
+
+@njit(cache=True)
+def _rows_pass(kernel_id, qi, aqr, ascr, asur, zdef, sct, yr):
+    G = qi.shape[0]
+    if kernel_id == 0:
+        _simd.dot_q4_rows_portable(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+    else:
+        _simd.dot_q4_rows_avx2(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+
+
+@pytest.mark.parametrize("form", ["portable", "avx2"])
+def test_every_form_of_the_rows_pass_gives_each_rows_bits(form):
+    """The several-row pass in its portable and pair-sum forms (the host runs only one of the three) equals the
+    single-row kernel row by row."""
+    if form == "avx2" and not _simd.AVX2:
+        pytest.skip("the pair-sum form needs AVX2")
+    K, N, bs = 200, 48, 32
+    a, b3, sc, zf = _case(K, N, bs, False, M=_simd.ROWS)
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
+    nb = qi.shape[1]
+    aqr = np.empty((_simd.ROWS, nb * bs), np.int8)
+    ascr = np.empty((_simd.ROWS, nb), np.float32)
+    asur = np.empty((_simd.ROWS, nb), np.float32)
+    for r in range(_simd.ROWS):
+        Q._prep_a_i8(a[r], bs, aqr[r], ascr[r], asur[r])
+    yr = np.empty((_simd.ROWS, 8 * qi.shape[0]), np.float32)
+    _rows_pass(0 if form == "portable" else 1, qi, aqr, ascr, asur, 8.0, sct, yr)
+    one = np.empty((_simd.ROWS, N), np.float32)
+    _portable_rows(a, qi, sct, zft, False, 8.0, bs, one)
+    np.testing.assert_array_equal(yr[:, :N], one)

@@ -238,7 +238,7 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1):
     return intrinsic(impl)
 
 
-ROWS = 4  # rows of A that ``dot_q4_rows`` takes through one pass over the codes
+ROWS = 8  # rows of A that ``dot_q4_rows`` takes through one pass over the codes
 dot_q4 = _make(False, not AVX2, VNNI)
 dot_q4_zp = _make(True, not AVX2, VNNI)
 dot_q4_rows = _make(False, not AVX2, VNNI, ROWS)

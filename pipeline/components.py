@@ -417,18 +417,17 @@ class NativeDecoder(DecoderComponent):
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         import copy
-        import os
-        from runtime import InferenceSession, SessionOptions
+        from runtime import InferenceSession, SessionOptions, settings
         # A decode step is dozens of small nodes: run them as compiled regions (one call per step) unless the
         # caller's options say otherwise or ONNX_NUMBA_COMPILED_REGIONS=0.
         options = copy.copy(options) if options is not None else SessionOptions()
-        if os.environ.get("ONNX_NUMBA_COMPILED_REGIONS", "1") == "0":
+        if not settings.flag("ONNX_NUMBA_COMPILED_REGIONS"):
             options.compiled_regions = False
         elif getattr(options, "compiled_regions", None) is None:
             options.compiled_regions = True
         # Attention caches share one max-length buffer between past and present (written in place) unless the
         # caller's options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
-        if os.environ.get("ONNX_NUMBA_KV_SHARE_BUFFER", "1") == "0":
+        if not settings.flag("ONNX_NUMBA_KV_SHARE_BUFFER"):
             options.kv_share_buffer = False
         elif getattr(options, "kv_share_buffer", None) is None:
             options.kv_share_buffer = True

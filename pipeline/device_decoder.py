@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime import cuda as rc
+from runtime import settings
 
 from .components import DecoderComponent, NativeDecoder, Transfers, _np_type
 from .spec import MetadataError
@@ -206,7 +207,6 @@ class CudaDecoder(NativeDecoder):
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         import copy
-        import os
         from runtime import InferenceSession, SessionOptions
         from runtime.providers import CUDA_PROVIDER, normalize_providers
         provs = normalize_providers(providers or [CUDA_PROVIDER])
@@ -215,7 +215,7 @@ class CudaDecoder(NativeDecoder):
         # Attention caches are max-length buffers that past and present share (GroupQueryAttention appends in
         # place) unless the caller's options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
         options = copy.copy(options) if options is not None else SessionOptions()
-        if os.environ.get("ONNX_NUMBA_KV_SHARE_BUFFER", "1") == "0":
+        if not settings.flag("ONNX_NUMBA_KV_SHARE_BUFFER"):
             options.kv_share_buffer = False
         elif getattr(options, "kv_share_buffer", None) is None:
             options.kv_share_buffer = True

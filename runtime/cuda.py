@@ -159,7 +159,8 @@ def require_cuda() -> None:
     Callers that would otherwise skip (tests, optional providers) call this first, so CI that must exercise
     the GPU path fails loudly instead of skipping silently.
     """
-    if os.environ.get(REQUIRE_ENV, "") in ("", "0"):
+    from . import settings
+    if not settings.flag(REQUIRE_ENV):
         return
     reason = unavailable_reason()
     if reason:

@@ -18,8 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import os
-
+from . import settings
 from .ir import Graph, ValueInfo
 from .passes import (EliminateDeadNodes, EliminateIdentity, FoldConstants, InferShapes, InlineSingleTripScan)
 from .passes.inline_scan import _extent
@@ -27,16 +26,13 @@ from .passes.inline_scan import _extent
 __all__ = ["ENV_FLAG", "TRUTHY", "parse_flag", "route_to_sibling", "find_scan_symbol", "build_sibling"]
 
 ENV_FLAG = "ONNX_NUMBA_DECODE_INLINE_SCAN"
-TRUTHY = frozenset({"1", "true", "yes", "on"})
+TRUTHY = settings.TRUE
 
 
 def parse_flag(value) -> bool:
-    """True exactly for the documented truthy spellings 1/true/yes/on (any case, surrounding blanks ignored)."""
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in TRUTHY
+    """``SessionOptions.decode_inline_scan`` under the settings rule (``runtime.settings``): on for
+    1/true/yes/on, off for 0/false/no/off or None, an error for anything else."""
+    return settings.parse("decode_inline_scan", value, False)
 
 
 def route_to_sibling(flag: bool, sibling_built: bool, scan_extent) -> bool:
@@ -136,4 +132,4 @@ def build_sibling(graph: Graph, symbol, fixed: dict | None = None) -> Graph | No
 
 
 def flag_from_environment() -> bool:
-    return parse_flag(os.environ.get(ENV_FLAG))
+    return settings.flag(ENV_FLAG)

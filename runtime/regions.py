@@ -67,7 +67,8 @@ _lock = threading.Lock()
 def cache_dir(quiet: bool = False) -> str:
     """Where generated region modules live (``ONNX_NUMBA_REGION_DIR``, else beside Numba's cache).  Created on
     demand; ``quiet`` only names it."""
-    d = os.environ.get("ONNX_NUMBA_REGION_DIR")
+    from . import settings
+    d = settings.text("ONNX_NUMBA_REGION_DIR")
     if not d:
         base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "onnx-numba")
@@ -339,8 +340,8 @@ class CompileProgress:
         self.pending = set(kinds)
         self.seconds = {}  # module name -> seconds its first call took
         self.bar = None
-        flag = os.environ.get("ONNX_NUMBA_PROGRESS", "1").strip().lower()
-        if self.pending and flag not in ("0", "false", "no", "off"):
+        from . import settings
+        if self.pending and settings.flag("ONNX_NUMBA_PROGRESS"):
             from tqdm import tqdm
             print(f"onnx-numba: compiling {len(self.pending)} region kind(s) of this {what}; this happens once, "
                   f"later starts load them from the cache ({cache_dir(quiet=True)})", file=sys.stderr, flush=True)

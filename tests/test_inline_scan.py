@@ -159,10 +159,17 @@ def test_no_sibling_for_a_dense_graph():
 
 @pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("yes", True), ("on", True),
                                             ("TRUE", True), (" on ", True), ("0", False), ("false", False),
-                                            ("no", False), ("off", False), ("", False), ("2", False),
-                                            ("y", False), ("enable", False), (None, False)])
+                                            ("no", False), ("off", False), ("", False), (None, False),
+                                            (True, True), (False, False)])
 def test_flag_parser(value, expected):
     assert parse_flag(value) is expected
+
+
+@pytest.mark.parametrize("value", ["2", "y", "enable"])
+def test_flag_parser_refuses_what_it_does_not_know(value):
+    from runtime.settings import SettingError
+    with pytest.raises(SettingError, match="decode_inline_scan"):
+        parse_flag(value)
 
 
 def test_environment_variable_turns_the_sibling_on(model, monkeypatch):
@@ -172,10 +179,14 @@ def test_environment_variable_turns_the_sibling_on(model, monkeypatch):
     feeds["input_ids"] = np.array([[2]], np.int64)
     s.run(None, feeds)
     assert s.plan_runs["sibling"] == 1
-    monkeypatch.setenv(ENV_FLAG, "nope")
+    monkeypatch.setenv(ENV_FLAG, "off")
     s = InferenceSession(model)
     s.run(None, feeds)
     assert s.plan_runs["sibling"] == 0
+    monkeypatch.setenv(ENV_FLAG, "nope")
+    from runtime.settings import SettingError
+    with pytest.raises(SettingError, match="ONNX_NUMBA_DECODE_INLINE_SCAN='nope'"):
+        InferenceSession(model)
 
 
 def test_pipeline_native_decoder_uses_the_sibling_when_the_flag_is_on(tmp_path, monkeypatch):

@@ -243,9 +243,11 @@ dot_q4 = _make(False, not AVX2, VNNI)
 dot_q4_zp = _make(True, not AVX2, VNNI)
 dot_q4_rows = _make(False, not AVX2, VNNI, ROWS)
 dot_q4_zp_rows = _make(True, not AVX2, VNNI, ROWS)
-dot_q4_avx2 = _make(False, False) if AVX2 else None  # the pair-sum form, for tests on a VNNI host
-dot_q4_rows_avx2 = _make(False, False, False, ROWS) if AVX2 else None
+# The other forms, for tests: the pair sums on a VNNI host (the portable IR where the host has no AVX2), the
+# portable several-row pass.
+dot_q4_avx2 = _make(False, not AVX2)
+dot_q4_zp_avx2 = _make(True, not AVX2)
+dot_q4_rows_avx2 = _make(False, not AVX2, False, ROWS)
 dot_q4_rows_portable = _make(False, True, False, ROWS)
-dot_q4_zp_avx2 = _make(True, False) if AVX2 else None
 dot_q4_portable = _make(False, True)
 dot_q4_zp_portable = _make(True, True)

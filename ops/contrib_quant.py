@@ -317,10 +317,16 @@ def _prep_a_i8(a, bs, aq, ascale, asum):
 
 @njit(cache=True, nogil=True)
 def _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
-    if has_zp:
-        _simd.dot_q4_zp(qi, aq, ascale, asum, zft, sct, y, g0, g1)
+    """Column groups [g0, g1) for one row (``aq`` 1-d) or ``_simd.ROWS`` rows (2-d; Numba keeps one branch)."""
+    if aq.ndim == 1:
+        if has_zp:
+            _simd.dot_q4_zp(qi, aq, ascale, asum, zft, sct, y, g0, g1)
+        else:
+            _simd.dot_q4(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
+    elif has_zp:
+        _simd.dot_q4_zp_rows(qi, aq, ascale, asum, zft, sct, y, g0, g1)
     else:
-        _simd.dot_q4(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
+        _simd.dot_q4_rows(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -329,22 +335,6 @@ def _q4i8_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
     for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
         g0 = t * _GROUPS_PER_TASK
         _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
-
-
-@njit(cache=True, nogil=True)
-def _q4i8_rows_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
-    if has_zp:
-        _simd.dot_q4_zp_rows(qi, aq, ascale, asum, zft, sct, y, g0, g1)
-    else:
-        _simd.dot_q4_rows(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _q4i8_rows_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
-    G = qi.shape[0]
-    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
-        g0 = t * _GROUPS_PER_TASK
-        _q4i8_rows_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
 
 
 @njit(cache=True, nogil=True)
@@ -369,9 +359,9 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
             for r in range(R):
                 _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
             if parallel:
-                _q4i8_rows_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
+                _q4i8_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
             else:
-                _q4i8_rows_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
+                _q4i8_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
             for r in range(R):
                 for n in range(N):
                     out[done + r, n] = yr[r, n]

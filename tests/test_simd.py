@@ -13,7 +13,8 @@ RNG = np.random.default_rng(11)
 
 
 @njit(cache=True)
-def _portable_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
+def _rows_by(form, a2, qi, sct, zft, has_zp, zdef, bs, out):
+    """Row by row on one form of the single-row kernel: 0 the portable IR, 1 the AVX2 pair sums."""
     G, nb = qi.shape[0], qi.shape[1]
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
@@ -21,12 +22,24 @@ def _portable_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
     y = np.empty(8 * G, np.float32)
     for m in range(a2.shape[0]):
         Q._prep_a_i8(a2[m], bs, aq, ascale, asum)
-        if has_zp:
+        if form == 0 and has_zp:
             _simd.dot_q4_zp_portable(qi, aq, ascale, asum, zft, sct, y, 0, G)
-        else:
+        elif form == 0:
             _simd.dot_q4_portable(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
+        elif has_zp:
+            _simd.dot_q4_zp_avx2(qi, aq, ascale, asum, zft, sct, y, 0, G)
+        else:
+            _simd.dot_q4_avx2(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
         for n in range(out.shape[1]):
             out[m, n] = y[n]
+
+
+def _portable_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
+    _rows_by(0, a2, qi, sct, zft, has_zp, zdef, bs, out)
+
+
+def _avx2_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
+    _rows_by(1, a2, qi, sct, zft, has_zp, zdef, bs, out)
 
 
 def _case(K, N, bs, zp, M=3):
@@ -127,23 +140,6 @@ def test_activation_quantization_matches_numpy(K, bs):
         np.testing.assert_array_equal(aq[blk * bs:(blk + 1) * bs], ref)
         assert ascale[blk] == amax / np.float32(127.0)
         assert asum[blk] == ref.astype(np.int64).sum()
-
-
-@njit(cache=True)
-def _avx2_rows(a2, qi, sct, zft, has_zp, zdef, bs, out):
-    G, nb = qi.shape[0], qi.shape[1]
-    aq = np.empty(nb * bs, np.int8)
-    ascale = np.empty(nb, np.float32)
-    asum = np.empty(nb, np.float32)
-    y = np.empty(8 * G, np.float32)
-    for m in range(a2.shape[0]):
-        Q._prep_a_i8(a2[m], bs, aq, ascale, asum)
-        if has_zp:
-            _simd.dot_q4_zp_avx2(qi, aq, ascale, asum, zft, sct, y, 0, G)
-        else:
-            _simd.dot_q4_avx2(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
-        for n in range(out.shape[1]):
-            out[m, n] = y[n]
 
 
 @pytest.mark.skipif(not _simd.VNNI, reason="the host has no VNNI: the kernels use the pair sums themselves")

@@ -334,7 +334,8 @@ def repair_cache(exc) -> str | None:
 
 class CompileProgress:
     """A progress bar over the region kinds a first run compiles, with a note that this happens once.
-    Shown on standard error when there is something to compile and ``ONNX_NUMBA_PROGRESS`` is not 0."""
+    Shown on standard error when there is something to compile and the ``ONNX_NUMBA_PROGRESS`` flag is on
+    (``runtime.settings``)."""
 
     def __init__(self, kinds, what: str = "model"):
         self.pending = set(kinds)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from . import settings
 from .ir import Graph, ValueInfo
-from .passes import (EliminateDeadNodes, EliminateIdentity, FoldConstants, InferShapes, InlineSingleTripScan)
+from .passes import InferShapes, InlineSingleTripScan, simplify
 from .passes.inline_scan import _extent
 
 __all__ = ["ENV_FLAG", "TRUTHY", "parse_flag", "route_to_sibling", "find_scan_symbol", "build_sibling"]
@@ -125,7 +125,7 @@ def build_sibling(graph: Graph, symbol, fixed: dict | None = None) -> Graph | No
     if not res.modified:
         return None
     InferShapes(strict=False)(g)
-    if FoldConstants()(g).modified | EliminateIdentity()(g).modified | EliminateDeadNodes()(g).modified:
+    if simplify()(g).modified:
         InferShapes(strict=False)(g)
     g.inline_details = res.details
     return g

@@ -30,7 +30,7 @@ from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag
 from .executor import Plan, raise_at
 from .ir import Graph
 from .loader import load_graph, release_pages
-from .passes import EliminateDeadNodes, EliminateIdentity, ExpandFunctions, FoldConstants, InferShapes
+from .passes import ExpandFunctions, InferShapes, simplify
 from .providers import CUDA_PROVIDER, check_available, normalize_providers
 from . import cuda as rc
 
@@ -106,10 +106,7 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
         graph.toposort()
         InferShapes(strict=False)(graph)
     if getattr(options, "graph_optimization_level", 99):
-        changed = FoldConstants()(graph).modified
-        changed |= EliminateIdentity()(graph).modified
-        changed |= EliminateDeadNodes()(graph).modified
-        if changed:
+        if simplify()(graph).modified:
             InferShapes(strict=False)(graph)
     if provider == CUDA_PROVIDER and int(getattr(options, "graph_optimization_level", 99)) >= 2:
         # Launch-bound decode steps: the feed-forward gate runs as one kernel (runtime/passes/cuda_fusions.py).

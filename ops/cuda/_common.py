@@ -16,7 +16,7 @@ from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
 
 __all__ = ["grid1d", "row_threads", "check_device", "upload_small", "host_array", "MAX_ROW_THREADS", "F32", "F16",
-           "FLOATS", "unravel4"]
+           "FLOATS", "unravel4", "fill0"]
 
 MAX_ROW_THREADS = 256  # shared scratch length of the row-reduction kernels
 F32 = np.dtype(np.float32)
@@ -103,6 +103,15 @@ def flat(a):
 # ``sh`` is the block's float32 shared scratch.  The result is returned to every thread.
 
 from runtime.cuda import cuda, jit  # noqa: E402  (kept below the host helpers, which need no CUDA)
+
+
+@jit
+def fill0(a):
+    """a[:] = 0 over a flat device array, grid-stride."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, a.size, step):
+        a[i] = 0
 
 
 @jit(device=True)

@@ -56,8 +56,8 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from ops._common import check_indices
 from ops.contrib_attention import _resident, window_rows
 from ops.registry import op
-from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, host_array, row_threads,
-                      unravel4, upload_small)
+from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, fill0, flat, grid1d, host_array,
+                      row_threads, unravel4, upload_small)
 
 __all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
 
@@ -528,17 +528,9 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         qk = rc.device_empty((B, H, S, total), dtype)
         if qk.size:
             blocks, threads = grid1d(qk.size)
-            _fill0[blocks, threads](flat(qk))
+            fill0[blocks, threads](flat(qk))
         res.append(qk)
     return tuple(res[:n_out]) if n_out > 1 else y
-
-
-@jit
-def _fill0(a):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, a.size, step):
-        a[i] = 0
 
 
 # -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------

@@ -21,7 +21,7 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ops._common import norm_axis
-from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, row_threads
+from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, fill0, flat, grid1d, row_threads
 
 __all__ = ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"]
 
@@ -127,13 +127,7 @@ def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-1
         mean = rc.device_empty(ss, np.float32)
     if mean is not None and mean.size:
         blocks, threads = grid1d(mean.size)
-        _fill0[blocks, threads](flat(mean))
+        fill0[blocks, threads](flat(mean))
     return (y, mean, inv.reshape(ss), ssum)[:n_outputs]
 
 
-@jit
-def _fill0(a):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, a.size, step):
-        a[i] = 0

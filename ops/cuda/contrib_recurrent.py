@@ -30,7 +30,7 @@ from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import FLOATS, check_device, flat, grid1d, row_threads
+from ._common import FLOATS, check_device, fill0, flat, grid1d, row_threads
 
 __all__ = ["LinearAttention", "LinearAttention_27", "LinearAttentionGate", "CausalConvWithState",
            "CausalConvWithState_27"]
@@ -53,14 +53,6 @@ def _copy_cast(src, dst):
     step = cuda.gridsize(1)
     for i in range(start, dst.size, step):
         dst[i] = src[i]
-
-
-@jit
-def _fill0(a):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, a.size, step):
-        a[i] = 0
 
 
 @jit
@@ -250,7 +242,7 @@ def _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, k
     if past_state is not None:
         _launch1d(_copy_cast, S.size, flat(past_state), flat(S))
     else:
-        _launch1d(_fill0, S.size, flat(S))
+        _launch1d(fill0, S.size, flat(S))
     Hout = kv_num_heads if krep > 1 else Hq
     out = rc.device_empty((B, T, Hout * dv), query.dtype)
     sc = float(scale) if scale else 1.0 / math.sqrt(dk)

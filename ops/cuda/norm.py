@@ -28,7 +28,7 @@ from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, row_threads
+from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, fill0, flat, grid1d, row_threads
 from .shape import broadcast_to
 
 __all__ = ["LayerNormalization", "SkipLayerNormalization", "GatedRMSNorm", "LpNormalization"]
@@ -178,20 +178,12 @@ def _used(ctx, k) -> bool:
     return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
 
 
-@jit
-def _fill0(a):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, a.size, step):
-        a[i] = 0
-
-
 def _zeros(shape, dt):
     """A zero-filled device array (for outputs the graph does not use); no transfer."""
     z = rc.device_empty(shape, dt)
     if z.size:
         blocks, threads = grid1d(z.size)
-        _fill0[blocks, threads](flat(z))
+        fill0[blocks, threads](flat(z))
     return z
 
 

@@ -32,6 +32,9 @@ class Pass:
 
 
 class PassManager:
+    """Runs ``passes`` in order, again while any of them changed the graph, at most ``max_iterations`` rounds;
+    its result says whether anything changed."""
+
     def __init__(self, passes, max_iterations: int = 8):
         self.passes = list(passes)
         self.max_iterations = max_iterations

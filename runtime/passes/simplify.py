@@ -11,6 +11,9 @@
 the output is a graph output.
 
 ``EliminateDeadNodes`` drops nodes none of whose outputs is read or returned.
+
+``simplify()`` is the three in that order, once, as a ``PassManager``: what sessions and the decode sibling run
+after shape inference.
 """
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import numpy as np
 
 from ops import registry
 from ..ir import Graph, free_names, subgraphs
-from .base import Pass, PassResult
+from .base import Pass, PassManager, PassResult
 
-__all__ = ["FoldConstants", "EliminateIdentity", "EliminateDeadNodes"]
+__all__ = ["FoldConstants", "EliminateIdentity", "EliminateDeadNodes", "simplify"]
 
 _NONDETERMINISTIC = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial",
                      "Bernoulli", "Dropout"}
@@ -140,3 +143,8 @@ class EliminateDeadNodes(Pass):
         for k in dead_inits:
             del graph.initializers[k]
         return PassResult(changed or bool(dead_inits))
+
+
+def simplify() -> PassManager:
+    """Constant folding, identity elimination and dead-node elimination, each run once."""
+    return PassManager([FoldConstants(), EliminateIdentity(), EliminateDeadNodes()], max_iterations=1)

@@ -237,12 +237,6 @@ def _tokenizer_dir(root, rel, key):
     return folder
 
 
-def _finish(spec: PipelineSpec, **extra) -> PipelineSpec:
-    for k in ("text_only_reason", "sliding_window", "hidden_size", "vocab_size"):
-        setattr(spec, k, extra.get(k))
-    return spec
-
-
 # ----------------------------------------------------------------------------------------------- checks on graphs
 
 def _check_io_ports(comp: ComponentSpec, graphs: _Graphs, key: str):
@@ -420,10 +414,10 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
         context_length=_int(model.get("context_length"), "model.context_length", minimum=1),
         tokenizer_dir=tok, model_type=model.get("type"), num_layers=n_layers,
         num_kv_heads=_int(dec.get("num_key_value_heads"), "model.decoder.num_key_value_heads"),
-        head_size=_int(dec.get("head_size"), "model.decoder.head_size"), source="genai_config")
+        head_size=_int(dec.get("head_size"), "model.decoder.head_size"), source="genai_config",
+        sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
+        vocab_size=model.get("vocab_size"))
     _check_edges(spec, graphs, "model")
-    _finish(spec, sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
-            vocab_size=model.get("vocab_size"))
     if "vision" in components:
         _admit_text_only(spec, graphs, "model")
     elif isinstance(spec.model_type, str) and spec.model_type.endswith("_vl_text"):
@@ -651,7 +645,6 @@ def load_inference_metadata(root: str, name: str = INFERENCE_METADATA) -> Pipeli
         pad_token_id=_int(doc.get("pad_token_id"), "pad_token_id", minimum=0),
         context_length=_int(doc.get("context_length"), "context_length", minimum=1),
         tokenizer_dir=tok, source="inference_metadata")
-    _finish(spec)
 
     # the package must be complete before anything is dropped from it
     graphs = _Graphs()

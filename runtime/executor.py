@@ -332,9 +332,11 @@ class Plan:
         return DirectCall(reg.fn, args, tuple(dyn), tuple(pick), on_error, reg.nthreads)
 
     def _direct_chain(self):
-        """Several regions (one per layer kind occurrence) called in turn over a list of values."""
+        """Several regions (one per layer kind occurrence) called in turn over a list of values; each value is
+        dropped after its last reader, as in ``run``, so a long prefill holds one layer's intermediates, not all."""
         from .regions import Region
-        calls = tuple((reg.fn, _getter(reg.in_slots), reg.out_slots, tuple(reg.constants)) for reg in self.regions)
+        calls = tuple((reg.fn, get, reg.out_slots, tuple(reg.constants), frees)
+                      for reg, (_, get, _, frees) in zip(self.regions, self.steps))
         feed_slots, out_slots, template = tuple(self.input_slots), tuple(self.output_slots), self.template
         raise_at_step = self.raise_at_step
 
@@ -344,10 +346,12 @@ class Plan:
                 vals[s] = v
             k = 0
             try:
-                for fn, get, outs, consts in calls:
+                for fn, get, outs, consts, frees in calls:
                     r = fn(nthreads, *get(vals), *consts)
                     for o, x in zip(outs, r):
                         vals[o] = x
+                    for f in frees:
+                        vals[f] = None
                     k += 1
             except Exception as e:
                 raise_at_step(k, e)

@@ -440,6 +440,7 @@ class NativeDecoder(DecoderComponent):
         self._shared = None  # whether the step writes its caches in place (found at the first step)
         self._bufs = {}      # shared cache buffers of ``_rows`` positions, kept across resets
         self._rows = 0
+        self._need = 0       # positions the coming step brings the caches to (``_make_room``)
         super().__init__(spec, pipeline, sess, max_length, batch)
 
     def _past(self, name):
@@ -451,7 +452,7 @@ class NativeDecoder(DecoderComponent):
         if self._carry and self._want_shared and self._shared is not False and name not in self._window:
             buf = self._bufs.get(name)
             if buf is None:
-                self._rows = self._rows or kv_rows(1, self.reach, self.max_length)
+                self._rows = self._rows or kv_rows(max(self._need, 1), self.reach, self.max_length)
                 buf = self._bufs[name] = np.zeros(self._concrete(name, self._rows), _np_type(self.inputs[name].type))
             self._live[name] = buf
             return buf
@@ -606,7 +607,9 @@ class NativeDecoder(DecoderComponent):
             self._bufs, self._rows = {}, 0  # sized afresh for this request at its first step
 
     def _make_room(self, total: int):
-        """Grow the shared cache buffers, keeping their live rows, when a step would run past them."""
+        """Grow the shared cache buffers, keeping their live rows, when a step would run past them (buffers
+        not made yet are made large enough by ``_past``)."""
+        self._need = total
         if not self._bufs or total <= self._rows:
             return
         rows = kv_rows(total, None, self.max_length, self._rows)

@@ -139,3 +139,19 @@ def test_shared_cache_buffers_grow_past_the_reserved_reach_keeping_their_rows():
     while rows < len(prompt) + 9:  # doubled whenever full
         rows *= 2
     assert {v.shape[d._seq_axis(k)] for k, v in d._bufs.items()} == {rows}
+
+
+def test_a_prompt_longer_than_the_first_cache_size_still_writes_in_place(monkeypatch):
+    """Without a reserved reach, the shared caches start at ``KV_START_ROWS`` rows or the prompt, whichever is
+    larger, so a long prompt does not drop the decoder to copied caches."""
+    import numpy as np
+    import pipeline.components as C
+    monkeypatch.setattr(C, "KV_START_ROWS", 2)
+    spec = load_package(os.path.join(HERE, "llama_fp32"))
+    prompt = PROMPTS[0]
+    d = Pipeline(spec, BackendChoice(set(), True, "cpu")).decoder
+    d.reset()
+    tok = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
+    d.greedy_step(tok)
+    assert d._shared is True
+    assert {v.shape[d._seq_axis(k)] for k, v in d._bufs.items()} == {2 * len(prompt)}

@@ -12,7 +12,7 @@ attribute values the wrapper rejects, unknown ranks); a declined node runs throu
 (an index out of range, a shape that does not fit) are detected in the kernels, which return an error code;
 the generated code turns the code into the wrapper's error class with the node named.
 
-MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels for at most ``_INT_ROWS_MAX``
+MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels for any number of
 rows (4 bits at level 4, over ``_cq.int4_layout`` constants prepared at plan time) or the one-pass rows kernels
 for at most ``_ROWS_MAX`` rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
 the wrapper would run it on one thread (packed weight below ``2 * _BYTES_PER_THREAD``), the parallel
@@ -208,7 +208,6 @@ rows_q4_par = _cq._rows_q4
 rows_q8_par = _cq._rows_q8
 dequant_tile_par = _cq._dequant_tile
 _ROWS_MAX = _cq._ROWS_MAX
-_INT_ROWS_MAX = _cq._INT_ROWS_MAX
 _SERIAL_BYTES = 2 * _cq._BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
 _TILE_ELEMS = _cq._TILE_ELEMS
 
@@ -244,7 +243,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     out = np.empty((M, N), np.float32)
     if M == 0:
         pass
-    elif M <= _INT_ROWS_MAX and bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
+    elif bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= _ROWS_MAX:

@@ -20,11 +20,14 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   A stays float: float accumulation of dequantized weights.  Small weights run on one thread
   (waking threads costs more than streaming them); big ones in small dynamically scheduled chunks
   of rows, so a thread delayed on a busy core does not hold up the pass.
-- int8 rows (M <= ``_INT_ROWS_MAX``, 4 bits, level 4 without float zero points, block size a multiple of
+- int8 rows (any number of rows; 4 bits, level 4 without float zero points, block size a multiple of
   16): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
   repacked once per node into 8-column groups (``int4_layout``), each block dot an exact integer sum of
-  code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32.
-- tiles (more rows, prefill, or a non-trivial g_idx): a tile of weight rows is dequantized
+  code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32;
+  ``_simd.ROWS`` rows of A share each pass over the codes.  Per row this costs about what the tiles +
+  BLAS cost (K=896, N=4864: 18 against 14 ms at 256 rows, 148 against 169 ms at 2048, before rows shared
+  a pass), and a prefill over the repacked codes never reads the original weight again.
+- tiles (other configurations with more rows, or a non-trivial g_idx): a tile of weight rows is dequantized
   once into float32 and multiplied with all rows of A by BLAS.  At level 4, A is replaced by its
   per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's level-4 product up
   to float rounding (the block scales factor out of each block's integer dot).
@@ -58,10 +61,6 @@ from .registry import op
 __all__ = ["matmul_nbits"]
 
 _ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
-# Rows of A handled by the int8-activation kernels: all of them.  A pass over the codes per row costs about what
-# the dequantized tiles + BLAS cost per row (K=896, N=4864: 18 against 14 ms at 256 rows, 148 against 169 ms at
-# 2048), and a prefill over the repacked codes never reads the original weight again.
-_INT_ROWS_MAX = 1 << 62
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
 _BYTES_PER_THREAD = 1 << 20
 _TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
@@ -488,7 +487,7 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
         pass
     elif K == 0:
         out[...] = 0
-    elif m <= _INT_ROWS_MAX and int4_path(bits, bs, quant, grp):
+    elif int4_path(bits, bs, quant, grp):
         lay = cache.get("int4")
         if lay is None or lay[0] is not b or lay[1] is not sc:
             lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)

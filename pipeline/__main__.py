@@ -21,16 +21,8 @@ NEAR_TIE = 1e-3
 
 
 def _choice(spec, native: str, device: str):
-    from .backends import BackendChoice, parse_components, parse_device
-    dec = spec.decoder.name
-    stateless = [n for n in spec.components if n != dec]
-    if native == "none":
-        return BackendChoice(set(), False, parse_device(device))
-    if native == "all":
-        return BackendChoice(set(stateless), True, parse_device(device))
-    names = [n.strip() for n in native.split(",") if n.strip()]
-    return BackendChoice(parse_components([n for n in names if n != dec], stateless, "--native"), dec in names,
-                         parse_device(device))
+    from .backends import choice_from_names
+    return choice_from_names(spec, native, device, "--native")
 
 
 def _prompt(args, spec):

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from .backends import BackendChoice, choice_from_environment, parse_components, parse_device
+from .backends import choice_from_environment, choice_from_names
 from .runner import Pipeline
 from .sampling import Sampler
 from .spec import SearchOptions
@@ -35,20 +35,10 @@ class Model:
         self.path = str(path)
         self.spec = load_package(self.path)
         dec = self.spec.decoder.name
-        stateless = [n for n in self.spec.components if n != dec]
         if native is None and device is None:
-            choice = choice_from_environment(stateless, dec)
+            self.choice = choice_from_environment([n for n in self.spec.components if n != dec], dec)
         else:
-            if native in (None, "none"):
-                comps, dnat = set(), False
-            elif native == "all":
-                comps, dnat = set(stateless), True
-            else:
-                names = [n.strip() for n in (native.split(",") if isinstance(native, str) else native)]
-                dnat = dec in names
-                comps = parse_components([n for n in names if n != dec], stateless, "native")
-            choice = BackendChoice(comps, dnat, parse_device(device))
-        self.choice = choice
+            self.choice = choice_from_names(self.spec, native, device)
         self.max_length = max_length
         self._pipeline = None
 

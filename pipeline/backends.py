@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = ["BackendChoice", "BackendConfigError", "parse_components", "parse_decoder", "parse_device",
-           "choice_from_environment", "native_providers"]
+           "choice_from_environment", "native_providers", "choice_from_names"]
 
 
 class BackendConfigError(ValueError):
@@ -82,6 +82,20 @@ def choice_from_environment(stateless: list, decoder_name: str, env=None) -> Bac
     return BackendChoice(parse_components(env.get("ONNX_NUMBA_NATIVE_COMPONENTS"), stateless),
                          parse_decoder(env.get("ONNX_NUMBA_NATIVE_DECODER"), decoder_name),
                          parse_device(env.get("ONNX_NUMBA_NATIVE_DEVICE")))
+
+
+def choice_from_names(spec, native, device=None, what="native") -> BackendChoice:
+    """The choice a caller states by name: ``native`` is 'all', 'none' (or None), or component names (a
+    comma-separated string or a list; the decoder's name among them makes it native)."""
+    dec = spec.decoder.name
+    stateless = [n for n in spec.components if n != dec]
+    if native in (None, "none"):
+        return BackendChoice(set(), False, parse_device(device))
+    if native == "all":
+        return BackendChoice(set(stateless), True, parse_device(device))
+    names = [n.strip() for n in (native.split(",") if isinstance(native, str) else native) if n.strip()]
+    return BackendChoice(parse_components([n for n in names if n != dec], stateless, what), dec in names,
+                         parse_device(device))
 
 
 def native_providers(device: str) -> list:

@@ -40,13 +40,13 @@ def _plans(pipe):
 
 def warm(package: str, native: str = "all", device: str = "cpu", max_length: int | None = None) -> WarmReport:
     """Compile everything ``package`` needs on the native side; returns what was compiled."""
-    from .__main__ import _choice
+    from .backends import choice_from_names
     from .spec import IncompletePackageError
     from .metadata import load_package
     from .runner import Pipeline
     t0 = time.perf_counter()
     spec = load_package(package)
-    pipe = Pipeline(spec, _choice(spec, native, device), max_length)
+    pipe = Pipeline(spec, choice_from_names(spec, native, device), max_length)
     report = WarmReport(package)
     plans = _plans(pipe)
     before = {id(p): len(p._cold or ()) if p.regions else 0 for p in plans}

@@ -27,7 +27,7 @@ from .dtypes import onnx_type, type_string
 from .errors import InvalidFeedError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
     symbol_positions
-from .executor import Plan, raise_at
+from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
 from .passes import ExpandFunctions, InferShapes, simplify

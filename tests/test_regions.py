@@ -455,3 +455,36 @@ def test_warm_compiles_a_package_ahead_and_a_second_warm_compiles_nothing(capsys
                                                   first).groups())
     assert compiled + cached == 1  # the fixture's decoder is one kind, compiled now or by an earlier test
     assert "warmed" in second and ": 0 region kind(s) compiled, 1 already cached" in second
+
+
+def _resident_kib(path):
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = line.rstrip("\n").endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_a_repacked_weight_is_not_left_resident_in_its_memory_map(tmp_path):
+    """A MatMul weight the region repacks into panels was read from its external-data map at planning; those
+    pages are released, so the weight is resident once (as panels), and the session still computes right."""
+    import onnx
+    w = RNG.standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    g = helper.make_graph(nodes, "g", [_vi("x", F, ["b", 512])], [_vi("y", F, None)],
+                          initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, location="m.data", size_threshold=0)
+    sess = InferenceSession(str(path), _opts())
+    assert sess.plan.regions
+    assert _resident_kib(tmp_path / "m.data") < 256
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)

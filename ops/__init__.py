@@ -4,14 +4,9 @@ Every public module of this package (a name without a leading underscore) is
 an op family and is imported here, so adding a family is adding a file.
 """
 import importlib
-import os
 import pkgutil
 
-# Numba's OpenMP workers spin after each parallel kernel by default; on a machine with few cores they then
-# starve the BLAS threads of the next matrix product (a 16-token prefill measured 20x slower).  Sleeping
-# workers cost a wake-up per kernel instead.  Read by OpenMP when Numba first starts its threads, so a
-# caller's own setting (or an OpenMP runtime already started) wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from runtime import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 
 from . import _cache_epoch, registry  # noqa: F401
 

@@ -13,6 +13,14 @@ those panels.  One row keeps four partial sums per column (k mod 4, added in ord
 multiply-add latency does not bound it; several rows keep one each.  ``out`` is (M, N) with any N: a last
 panel's columns past N are computed from the zero padding and not stored.
 
+Several rows on a host with AVX-512 take the blocked product instead (``gemm_blocked``), when N is a whole
+number of panels: ``block_RxQ`` keeps R rows by Q panels (4 x 4 = 16 zmm registers) of output in registers over
+a chunk of ``KC`` weight rows, so each broadcast activation feeds four multiply-adds and each loaded weight
+vector four; chunks of K keep the Q panels' slice of the weight (128 KiB) in L2 while every row tile passes
+over it, the first chunk storing its sums and the later ones adding to them.  On 2 Zen 5 cores it ran the
+shapes of a 256-token prefill at 340 to 420 GFLOP/s against the four-row tiles' 100 to 190 (numpy's BLAS with
+its AVX-512 kernels: about 390).  The chunk order is fixed, so a thread split never changes a result's bits.
+
 Invariants: the intrinsics read ``a2[r0:r0+R, :K]`` and ``wp[p0:p1]`` and write only those rows and columns of
 ``out``; they index raw pointers, so their arrays are C-contiguous float32 (the typing refuses anything else)
 and the callers check ``a2.shape[1] == wp.shape[1]``, ``r0 + R <= M`` and ``p1 <= P`` with ``16*P >= N``.
@@ -25,7 +33,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-__all__ = ["PANEL", "pack_panels", "panel_threads", "gemv_panels", "gemm_panels", "gemm_panels_par"]
+from ._simd import AVX512
+
+__all__ = ["PANEL", "pack_panels", "panel_threads", "gemv_panels", "gemm_panels", "gemm_panels_par", "gemm_blocked",
+           "blocked_cols"]
 
 PANEL = 16
 _ROWS = 4  # rows per register tile of a several-row product
@@ -33,6 +44,9 @@ _SETS = 4  # partial sums per column of a one-row product
 _BYTES_PER_THREAD = 1 << 21
 _I32, _F32 = ir.IntType(32), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
+_V16F = ir.VectorType(_F32, 16)
+KC = 512  # weight rows per chunk of the blocked product
+_RB, _QB = 4, 4  # its register tile: rows by panels
 _CONTRACT = ("contract",)
 
 
@@ -144,6 +158,77 @@ tile3 = _tile(3, 1)
 tile4 = _tile(_ROWS, 1)
 
 
+def _block(R: int, Q: int):
+    """``block_RxQ(wp, a2, out, r0, p0, k0, k1, first)``: ``out[r0:r0+R, 16*p0 : 16*(p0+Q)]`` (all full panels)
+    set to (``first``) or increased by (otherwise) ``a2[r0:r0+R, k0:k1] @ W[k0:k1]`` for those columns."""
+    def impl(typingctx, wp, a2, out, r0, p0, k0, k1, first):
+        for t, nd in ((wp, 3), (a2, 2), (out, 2)):
+            if not (isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == nd and t.layout == "C"):
+                return None
+        if not all(isinstance(x, (types.Integer, types.Boolean)) for x in (r0, p0, k0, k1, first)):
+            return None
+        sig = types.void(wp, a2, out, types.intp, types.intp, types.intp, types.intp, types.boolean)
+
+        def codegen(context, builder, sig, args):
+            def arr(k):
+                return context.make_array(sig.args[k])(context, builder, args[k])
+
+            wa, aa, oa = arr(0), arr(1), arr(2)
+            K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
+            N = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
+            intp = K.type
+            wptr, aptr, optr = wa.data, aa.data, oa.data
+            r0, p0, k0, k1, first = args[3:]
+
+            def c(v):
+                return ir.Constant(intp, v)
+
+            def vptr(ptr, off):
+                return builder.bitcast(builder.gep(ptr, [off]), _V16F.as_pointer())
+
+            acc = [[cgutils.alloca_once(builder, _V16F) for _ in range(Q)] for _ in range(R)]
+            arow = [builder.mul(builder.add(r0, c(r)), K) for r in range(R)]
+            dst = [[builder.add(builder.mul(builder.add(r0, c(r)), N), builder.mul(builder.add(p0, c(q)), c(PANEL)))
+                    for q in range(Q)] for r in range(R)]
+            base = [builder.mul(builder.add(p0, c(q)), builder.mul(K, c(PANEL))) for q in range(Q)]
+            zero = ir.Constant(_V16F, [ir.Constant(_F32, 0.0)] * 16)
+            with builder.if_else(first) as (then, other):
+                with then:
+                    for r in range(R):
+                        for q in range(Q):
+                            builder.store(zero, acc[r][q])
+                with other:
+                    for r in range(R):
+                        for q in range(Q):
+                            builder.store(builder.load(vptr(optr, dst[r][q]), align=4), acc[r][q])
+            with cgutils.for_range_slice(builder, k0, k1, c(1), intp=intp) as (k, _):
+                kk = builder.mul(k, c(PANEL))
+                w = [builder.load(vptr(wptr, builder.add(base[q], kk)), align=4) for q in range(Q)]
+                for r in range(R):
+                    s = builder.load(builder.gep(aptr, [builder.add(arow[r], k)]))
+                    x = builder.insert_element(ir.Constant(_V16F, None), s, ir.Constant(_I32, 0))
+                    x = builder.shuffle_vector(x, ir.Constant(_V16F, None),
+                                               ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+                    for q in range(Q):
+                        prod = builder.fmul(x, w[q], flags=_CONTRACT)
+                        builder.store(builder.fadd(builder.load(acc[r][q]), prod, flags=_CONTRACT), acc[r][q])
+            for r in range(R):
+                for q in range(Q):
+                    builder.store(builder.load(acc[r][q]), vptr(optr, dst[r][q]), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = f"block_{R}x{Q}"
+    return intrinsic(impl)
+
+
+block_full = _block(_RB, _QB)
+block_rowsleft = _block(1, _QB)
+block_panelsleft = _block(_RB, 1)
+block_one = _block(1, 1)
+
+
 @njit(cache=True, nogil=True)
 def panel_threads(P, K, nt_max):
     """Threads for a one-row product over (P, K, 16) panels: waking threads costs more than a small weight
@@ -186,15 +271,72 @@ def gemv_panels(a2, wp, out, nt):
 
 
 @njit(cache=True, nogil=True)
+def blocked_cols(a2, wp, out, p0, p1, k0, k1, first):
+    """``out[:, 16*p0 : 16*p1]`` (all full panels) set to (``first``) or increased by ``a2[:, k0:k1] @ W[k0:k1]``
+    for those columns: four-by-four register tiles, then the rows and panels left over.  ``a2.shape[1]`` is
+    the panels' K."""
+    M = a2.shape[0]
+    p = p0
+    while p + _QB <= p1:
+        r = 0
+        while r + _RB <= M:
+            block_full(wp, a2, out, r, p, k0, k1, first)
+            r += _RB
+        while r < M:
+            block_rowsleft(wp, a2, out, r, p, k0, k1, first)
+            r += 1
+        p += _QB
+    while p < p1:
+        r = 0
+        while r + _RB <= M:
+            block_panelsleft(wp, a2, out, r, p, k0, k1, first)
+            r += _RB
+        while r < M:
+            block_one(wp, a2, out, r, p, k0, k1, first)
+            r += 1
+        p += 1
+
+
+@njit(cache=True, nogil=True)
+def gemm_blocked(a2, wp, out, g0, g1):
+    """``out[:, 64*g0 : 64*g1]`` (M, N with N = 16 * P) = a2 @ the panels, over panel groups [g0, g1) of four
+    (the last group may hold fewer): chunk by chunk of K, each group's row tiles over that chunk."""
+    K = a2.shape[1]
+    P = wp.shape[0]
+    for k0 in range(0, K, KC):
+        k1 = min(K, k0 + KC)
+        for g in range(g0, g1):
+            blocked_cols(a2, wp, out, g * _QB, min(P, (g + 1) * _QB), k0, k1, k0 == 0)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _gemm_blocked_par(a2, wp, out, nchunk):
+    G = (wp.shape[0] + _QB - 1) // _QB
+    for t in prange(nchunk):
+        gemm_blocked(a2, wp, out, t * G // nchunk, (t + 1) * G // nchunk)
+
+
+@njit(cache=True, nogil=True)
+def _blocked(wp, out):
+    return AVX512 and out.shape[1] == wp.shape[0] * PANEL
+
+
+@njit(cache=True, nogil=True)
 def gemm_panels(a2, wp, out):
     """out (M, N) = a2 (M, K) @ the panels, on one thread."""
-    _rows_range(a2, wp, out, 0, wp.shape[0])
+    if _blocked(wp, out):
+        gemm_blocked(a2, wp, out, 0, (wp.shape[0] + _QB - 1) // _QB)
+    else:
+        _rows_range(a2, wp, out, 0, wp.shape[0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def gemm_panels_par(a2, wp, out):
     """out (M, N) = a2 (M, K) @ the panels, panels split over the thread pool."""
     P = wp.shape[0]
+    if _blocked(wp, out):
+        _gemm_blocked_par(a2, wp, out, min((P + _QB - 1) // _QB, 64))
+        return
     nchunk = min(P, 64)
     for t in prange(nchunk):
         _rows_range(a2, wp, out, t * P // nchunk, (t + 1) * P // nchunk)

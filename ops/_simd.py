@@ -35,7 +35,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-__all__ = ["AVX2", "VNNI", "ROWS", "dot_q4", "dot_q4_zp", "dot_q4_rows", "dot_q4_zp_rows"]
+__all__ = ["AVX2", "AVX512", "VNNI", "ROWS", "dot_q4", "dot_q4_zp", "dot_q4_rows", "dot_q4_zp_rows"]
 
 
 def _host_has_avx2() -> bool:
@@ -58,7 +58,20 @@ def _host_has_vnni() -> bool:
         return False
 
 
+def _host_has_avx512() -> bool:
+    """The host runs 512-bit float vectors natively (AVX-512 F with DQ, BW and VL, as every AVX-512 core since
+    Skylake-SP has): the blocked float32 products of ``_panels`` keep 16 of them as accumulators."""
+    if not _host_has_avx2():
+        return False
+    try:
+        f = _llb.get_host_cpu_features()
+        return all(f.get(x, False) for x in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
+    except Exception:  # pragma: no cover - a host LLVM cannot describe
+        return False
+
+
 AVX2 = _host_has_avx2()
+AVX512 = _host_has_avx512()
 VNNI = _host_has_vnni()
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()

@@ -59,7 +59,8 @@ class Decline(Exception):
 gqa_decode_serial = _ca._gqa_decode_serial
 gqa_prefill_serial = serial_twin(_ca._gqa_prefill_kernel)
 gqa_decode_par = _ca._gqa_decode_kernel
-gqa_prefill_par = _ca._gqa_prefill_kernel
+gqa_prefill_par = _ca.gqa_prefill
+gqa_prefill_blocked = _ca.usable
 norm_rows = _cn._rows
 norm_rows_par = _cn._rows_par
 gelu_rows = _cn._gelu
@@ -238,7 +239,7 @@ def _gqa_attend(q4, kc, vc, past_b, att_total, kbase, sc, softcap, total, window
             gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
                            sink, sink_mode, out)
     else:
-        if work < PARALLEL_WORK:
+        if work < PARALLEL_WORK and not gqa_prefill_blocked(D, D, 0):
             gqa_prefill_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
                                sink, sink_mode, bias, 0, out)
         else:

@@ -36,6 +36,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices, serial_twin
 from ._fastmath import fexp
+from ._prefill_attention import attend_blocked, usable
 from .attention import rope_tok_kernel
 from .registry import op
 
@@ -151,6 +152,20 @@ def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, windo
                 acc_v[d] += w * vrow[d]
         for d in range(Dv):
             out[b, s, h, d] = acc_v[d]
+
+
+@njit(cache=True, nogil=True)
+def gqa_prefill(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, qk,
+                qk_mode, out):
+    """Attention of several query rows, arguments as ``_gqa_prefill_kernel``'s: the blocked products of
+    ``_prefill_attention`` where they apply (no ``qk`` output, head sizes of whole panels, AVX-512), else that
+    kernel's one task per query row."""
+    if usable(q.shape[3], pv.shape[3], qk_mode):
+        attend_blocked(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode,
+                       out)
+    else:
+        _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink,
+                            sink_mode, qk, qk_mode, out)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
@@ -481,8 +496,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         qk = None
     else:
         qk = np.zeros((B, H, S, total), np.float32) if want_qk else _DUMMY4
-        _gqa_prefill_kernel(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
-                            sink_mode, qk, qk_mode if want_qk else 0, out)
+        gqa_prefill(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
+                    sink_mode, qk, qk_mode if want_qk else 0, out)
     y = out.reshape(B, S, H * D)
     if dtype != F32:
         y = y.astype(dtype)
@@ -722,9 +737,9 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
     want_qk = ctx is not None and ctx.n_outputs > 3 and ctx.outputs_used[3]
     # qk: the scaled, biased scores; keys outside the causal range read the float32 lowest, as onnxruntime's
     qk = np.full((B, H, S, T), np.finfo(np.float32).min, np.float32) if want_qk else _DUMMY4
-    _gqa_prefill_kernel(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), past_b, totals,
-                        np.zeros(B, np.int64), params, bool(int(unidirectional)), -1, add, has_bias, _DUMMY1, 0,
-                        qk, 1 if want_qk else 0, out)
+    gqa_prefill(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), past_b, totals,
+                np.zeros(B, np.int64), params, bool(int(unidirectional)), -1, add, has_bias, _DUMMY1, 0,
+                qk, 1 if want_qk else 0, out)
     y = out.reshape(B, S, H * Dv).astype(dtype, copy=False)
     res = [y, k.astype(dtype), v.astype(dtype)]
     if want_qk:

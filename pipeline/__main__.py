@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime import cpu_env  # noqa: F401  (first: settings numpy reads when it loads)
+
 import numpy as np
 
 NEAR_TIE = 1e-3

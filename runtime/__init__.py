@@ -2,6 +2,7 @@
 
 ``from runtime import InferenceSession`` is a drop-in for onnxruntime's.
 """
+from . import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .session import InferenceSession, IOBinding, NodeArg, SessionOptions, build_graph

@@ -51,6 +51,24 @@ def test_products_match_float64(K, N, M):
                 g1 = g
 
 
+@pytest.mark.parametrize("M", [1, 3, 4, 9])
+@pytest.mark.parametrize("K,N", [(1100, 96), (7, 16), (512, 80)])
+def test_blocked_product_matches_float64_and_any_split(K, N, M):
+    """The AVX-512 blocked product, called directly so every host runs it: K past one and two chunks, rows past
+    a four-row tile, a last group of fewer than four panels; group ranges split anywhere give the same bits."""
+    w = RNG.standard_normal((K, N)).astype(np.float32)
+    a = RNG.standard_normal((M, K)).astype(np.float32)
+    wp = P.pack_panels(w)
+    G = (wp.shape[0] + 3) // 4
+    out = np.full((M, N), np.nan, np.float32)
+    P.gemm_blocked(a, wp, out, 0, G)
+    np.testing.assert_allclose(out, _ref(a, w), rtol=2e-5, atol=2e-5 * np.sqrt(K))
+    split = np.full((M, N), np.nan, np.float32)
+    P.gemm_blocked(a, wp, split, 0, 1)
+    P.gemm_blocked(a, wp, split, 1, G)
+    np.testing.assert_array_equal(split, out)
+
+
 @njit(cache=True)
 def _tile2(wp, a, out, r0, p0, p1):
     P.tile2(wp, a, out, r0, p0, p1)

@@ -27,6 +27,7 @@ _CHILD = r"""
 import json, sys, time
 t0 = time.time()
 mode, pkg, n_prompt, max_length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+import runtime  # first: the CPU settings numpy reads when it loads
 import numpy as np
 import ops, runtime, pipeline.runner, pipeline.metadata, pipeline.backends  # the project, loaded
 def hwm():

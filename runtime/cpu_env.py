@@ -1,0 +1,59 @@
+"""Process-wide CPU settings that must be in place before numpy and Numba load their kernels and threads.
+
+Imported first by every package of the project (``runtime``, ``ops``, ``pipeline``, ``tools``), so the
+command-line entry points and a plain ``import runtime`` apply it before numpy loads.  Each setting is a
+default: a value already in the environment wins, and a library that has already loaded keeps what it read.
+
+- ``OMP_WAIT_POLICY=PASSIVE``: Numba's OpenMP workers spin after each parallel kernel by default; on a machine
+  with few cores they then starve the BLAS threads of the next matrix product (a 16-token prefill measured 20x
+  slower).  Sleeping workers cost a wake-up per kernel instead.  Read when Numba first starts its threads.
+- ``OPENBLAS_CORETYPE=SKYLAKEX`` on AMD CPUs with AVX-512 (F, BW, DQ, VL): numpy's OpenBLAS chooses its kernel
+  set when it loads, and a build that predates a CPU family (Zen 5 for OpenBLAS 0.3.31) falls back to its
+  AVX2 (Haswell) set, which ran float32 GEMMs at 224 GFLOP/s on 2 Zen 5 cores against 395 with the AVX-512
+  set (``tools/bench_kernels.py``-style shapes of a 256-token prefill).  Set only while numpy is not yet
+  imported, so it never misdescribes the library a process already holds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["blas_coretype", "apply"]
+
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def blas_coretype(cpuinfo: str) -> str | None:
+    """The OpenBLAS kernel set to name for the CPU that ``/proc/cpuinfo`` text describes; None lets OpenBLAS
+    choose (every CPU but AMD ones with AVX-512, which its detection may not know)."""
+    vendor = flags = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and vendor is None:
+            vendor = value.strip()
+        elif key == "flags" and flags is None:
+            flags = set(value.split())
+        if vendor is not None and flags is not None:
+            break
+    if vendor == "AuthenticAMD" and flags is not None and _AVX512 <= flags:
+        return "SKYLAKEX"
+    return None
+
+
+def apply(environ=os.environ, modules=sys.modules, cpuinfo_path: str = "/proc/cpuinfo") -> None:
+    """Set the defaults above in ``environ`` (see the module docstring for when each applies)."""
+    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OPENBLAS_CORETYPE" in environ or "numpy" in modules:
+        return
+    try:
+        with open(cpuinfo_path) as f:
+            text = f.read(1 << 16)  # the first processor's block names the vendor and flags
+    except OSError:
+        return
+    core = blas_coretype(text)
+    if core is not None:
+        environ["OPENBLAS_CORETYPE"] = core
+
+
+apply()

@@ -1,0 +1,42 @@
+"""runtime.cpu_env: the process defaults applied before numpy and Numba load."""
+import os
+import subprocess
+import sys
+
+from runtime import cpu_env
+
+_ZEN5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nflags\t\t: fpu sse avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n"
+
+
+def test_blas_coretype_names_avx512_set_only_for_amd_with_all_four_extensions():
+    assert cpu_env.blas_coretype(_ZEN5) == "SKYLAKEX"
+    assert cpu_env.blas_coretype(_ZEN5.replace(" avx512vl", "")) is None        # no VL: the AVX2 set is right
+    assert cpu_env.blas_coretype(_ZEN5.replace("AuthenticAMD", "GenuineIntel")) is None  # OpenBLAS knows these
+    assert cpu_env.blas_coretype("") is None
+
+
+def test_apply_keeps_the_users_value_and_never_acts_after_numpy(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(_ZEN5)
+    env = {}
+    cpu_env.apply(env, {}, str(info))
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_CORETYPE": "SKYLAKEX"}
+    env = {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "ACTIVE"}
+    cpu_env.apply(env, {}, str(info))
+    assert env == {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "ACTIVE"}
+    env = {}
+    cpu_env.apply(env, {"numpy": object()}, str(info))
+    assert "OPENBLAS_CORETYPE" not in env
+    env = {}
+    cpu_env.apply(env, {}, str(tmp_path / "missing"))
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_importing_the_runtime_applies_it_before_numpy_loads():
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY")}
+    code = ("import sys, runtime, os; from runtime.cpu_env import blas_coretype;"
+            "print(os.environ.get('OPENBLAS_CORETYPE') == blas_coretype(open('/proc/cpuinfo').read(1 << 16)),"
+            " os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
+    assert out == ["True", "PASSIVE"]

@@ -101,7 +101,7 @@ def _broadcast(builder, s):
     return _shuffle(builder, v, ir.Constant(_V8F, None), [0] * 8)
 
 
-def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1):
+def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, groups: int = 1):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1):
         """zero: the default zero point (float32 scalar), or zero points [nb, N8] when ``has_zp``.  With
         ``rows`` > 1, ``aq``/``ascale``/``asum``/``out`` have a leading axis of at least ``rows`` rows, which
@@ -190,70 +190,94 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1):
                 mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
                 return builder.call(mwd, [s, _splat(_V16I16, 1)])
 
-            accp = [cgutils.alloca_once(builder, _V8F) for _ in range(rows)]
-            s32p = [cgutils.alloca_once(builder, _V8I32) for _ in range(rows)]
+            accp = [[cgutils.alloca_once(builder, _V8F) for _ in range(rows)] for _ in range(groups)]
+            s32p = [[cgutils.alloca_once(builder, _V8I32) for _ in range(rows)] for _ in range(groups)]
             nq = builder.udiv(nj, c4)
             bs = builder.mul(nj, c8)
-            with cgutils.for_range_slice(builder, args[7], args[8], const(1), intp=intp) as (g, _):
-                for r in range(rows):
-                    builder.store(_splat(_V8F, 0.0), accp[r])
+
+            def run(gs):
+                """The column groups ``gs`` (IR indices) through every block: one accumulator chain each."""
+                G = len(gs)
+                for gi in range(G):
+                    for r in range(rows):
+                        builder.store(_splat(_V8F, 0.0), accp[gi][r])
                 with cgutils.for_range(builder, nb, intp=intp) as lb:
                     blk = lb.index
-                    for r in range(rows):
-                        builder.store(_splat(_V8I32, 0), s32p[r])
-                    vbase = builder.mul(builder.add(builder.mul(g, nb), blk), nj)
+                    for gi in range(G):
+                        for r in range(rows):
+                            builder.store(_splat(_V8I32, 0), s32p[gi][r])
+                    vbase = [builder.mul(builder.add(builder.mul(g, nb), blk), nj) for g in gs]
                     kb = builder.mul(blk, bs)
                     if vnni:
                         with cgutils.for_range(builder, nj, intp=intp) as lj:
                             j = lj.index
-                            lo, hi = codes(builder.add(vbase, j))
                             k = builder.add(kb, builder.mul(j, c8))
-                            for r in range(rows):
-                                builder.store(dpbusd(builder.load(s32p[r]), lo, hi, aps[r], k), s32p[r])
+                            for gi in range(G):
+                                lo, hi = codes(builder.add(vbase[gi], j))
+                                for r in range(rows):
+                                    s32 = dpbusd(builder.load(s32p[gi][r]), lo, hi, aps[r], k)
+                                    builder.store(s32, s32p[gi][r])
                     else:
                         with cgutils.for_range(builder, nq, intp=intp) as lq:  # 4 vectors, widened once
                             j0 = builder.mul(lq.index, c4)
-                            sums = [None] * rows
-                            for u in range(4):
-                                j = builder.add(j0, const(u))
-                                lo, hi = codes(builder.add(vbase, j))
-                                k = builder.add(kb, builder.mul(j, c8))
+                            for gi in range(G):
+                                sums = [None] * rows
+                                for u in range(4):
+                                    j = builder.add(j0, const(u))
+                                    lo, hi = codes(builder.add(vbase[gi], j))
+                                    k = builder.add(kb, builder.mul(j, c8))
+                                    for r in range(rows):
+                                        d = products(lo, hi, aps[r], k)
+                                        sums[r] = d if sums[r] is None else builder.add(sums[r], d)
                                 for r in range(rows):
-                                    d = products(lo, hi, aps[r], k)
-                                    sums[r] = d if sums[r] is None else builder.add(sums[r], d)
-                            for r in range(rows):
-                                builder.store(builder.add(builder.load(s32p[r]), widen(sums[r])), s32p[r])
+                                    builder.store(builder.add(builder.load(s32p[gi][r]), widen(sums[r])),
+                                                  s32p[gi][r])
                         with cgutils.for_range_slice(builder, builder.mul(nq, c4), nj, const(1),
                                                      intp=intp) as (j, _):
-                            lo, hi = codes(builder.add(vbase, j))
                             k = builder.add(kb, builder.mul(j, c8))
-                            for r in range(rows):
-                                d = products(lo, hi, aps[r], k)
-                                builder.store(builder.add(builder.load(s32p[r]), widen(d)), s32p[r])
-                    col = builder.add(builder.mul(blk, n8), builder.mul(g, c8))
-                    wsc = vload(sp, col, _V8F, 4)
-                    z = vload(zp_ptr, col, _V8F, 4) if has_zp else zdef
+                            for gi in range(G):
+                                lo, hi = codes(builder.add(vbase[gi], j))
+                                for r in range(rows):
+                                    d = products(lo, hi, aps[r], k)
+                                    builder.store(builder.add(builder.load(s32p[gi][r]), widen(d)), s32p[gi][r])
+                    for gi in range(G):
+                        col = builder.add(builder.mul(blk, n8), builder.mul(gs[gi], c8))
+                        wsc = vload(sp, col, _V8F, 4)
+                        z = vload(zp_ptr, col, _V8F, 4) if has_zp else zdef
+                        for r in range(rows):
+                            dot = builder.sitofp(builder.load(s32p[gi][r]), _V8F)
+                            a_s = _broadcast(builder, builder.load(builder.gep(asps[r], [blk])))
+                            a_sum = _broadcast(builder, builder.load(builder.gep(ssps[r], [blk])))
+                            term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
+                            builder.store(builder.fadd(builder.load(accp[gi][r]), term), accp[gi][r])
+                for gi in range(G):
                     for r in range(rows):
-                        dot = builder.sitofp(builder.load(s32p[r]), _V8F)
-                        a_s = _broadcast(builder, builder.load(builder.gep(asps[r], [blk])))
-                        a_sum = _broadcast(builder, builder.load(builder.gep(ssps[r], [blk])))
-                        term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
-                        builder.store(builder.fadd(builder.load(accp[r]), term), accp[r])
-                for r in range(rows):
-                    optr = builder.bitcast(builder.gep(ops_[r], [builder.mul(g, c8)]), _V8F.as_pointer())
-                    builder.store(builder.load(accp[r]), optr, align=4)
+                        optr = builder.bitcast(builder.gep(ops_[r], [builder.mul(gs[gi], c8)]), _V8F.as_pointer())
+                        builder.store(builder.load(accp[gi][r]), optr, align=4)
+
+            g0, g1 = args[7], args[8]
+            full = builder.sdiv(builder.sub(g1, g0), const(groups)) if groups > 1 else None
+            tail0 = g0
+            if groups > 1:
+                with cgutils.for_range(builder, full, intp=intp) as lt:
+                    gb = builder.add(g0, builder.mul(lt.index, const(groups)))
+                    run([builder.add(gb, const(gi)) for gi in range(groups)])
+                tail0 = builder.add(g0, builder.mul(full, const(groups)))
+            with cgutils.for_range_slice(builder, tail0, g1, const(1), intp=intp) as (g, _):
+                run([g])
             return context.get_dummy_value()
 
         return sig, codegen
 
     impl.__name__ = (f"dot_q4{'_zp' if has_zp else ''}{'_portable' if portable else ''}{'_vnni' if vnni else ''}"
-                     f"{f'_rows{rows}' if rows > 1 else ''}")
+                     f"{f'_rows{rows}' if rows > 1 else ''}{f'_g{groups}' if groups > 1 else ''}")
     return intrinsic(impl)
 
 
 ROWS = 8  # rows of A that ``dot_q4_rows`` takes through one pass over the codes
-dot_q4 = _make(False, not AVX2, VNNI)
-dot_q4_zp = _make(True, not AVX2, VNNI)
+GROUPS = 4  # column groups that one-row ``dot_q4`` runs side by side (one accumulator chain each)
+dot_q4 = _make(False, not AVX2, VNNI, 1, GROUPS)
+dot_q4_zp = _make(True, not AVX2, VNNI, 1, GROUPS)
 dot_q4_rows = _make(False, not AVX2, VNNI, ROWS)
 dot_q4_zp_rows = _make(True, not AVX2, VNNI, ROWS)
 # The other forms, for tests: the pair sums on a VNNI host (the portable IR where the host has no AVX2), the

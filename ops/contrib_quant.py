@@ -208,19 +208,19 @@ def int4_path(bits, bs, quant, grp) -> bool:
 def int4_layout(b3, sc, zf, has_zp):
     """B [N, nb, bs//2] codes, scales and float zero points [N, nb] -> the ``_simd`` layout: codes
     [G, nb, bs//8, 32] (8-column groups, column ``8g + i`` in bytes ``4i..4i+3`` of each vector, zero columns
-    past N), scales and zero points [nb, 8G]."""
+    past N), scales and zero points [G, nb, 8] (a group's blocks in order)."""
     N, nb, blob = b3.shape
     nj = blob // 4
     G = (N + 7) // 8
     qi = np.zeros((G, nb, nj, 32), np.uint8)
-    sct = np.zeros((nb, 8 * G), np.float32)
-    zft = np.zeros((nb, 8 * G) if has_zp else (1, 8), np.float32)
+    sct = np.zeros((G, nb, 8), np.float32)
+    zft = np.zeros((G, nb, 8) if has_zp else (1, 1, 8), np.float32)
     for n in range(N):
         g, i = n // 8, n % 8
         for blk in range(nb):
-            sct[blk, n] = sc[n, blk]
+            sct[g, blk, i] = sc[n, blk]
             if has_zp:
-                zft[blk, n] = zf[n, blk]
+                zft[g, blk, i] = zf[n, blk]
             for j in range(nj):
                 for t in range(4):
                     # codes k = 8j + t and 8j + 4 + t of the block: bytes 4j + t/2 and 4j + 2 + t/2 of B

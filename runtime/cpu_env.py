@@ -4,9 +4,12 @@ Imported first by every package of the project (``runtime``, ``ops``, ``pipeline
 command-line entry points and a plain ``import runtime`` apply it before numpy loads.  Each setting is a
 default: a value already in the environment wins, and a library that has already loaded keeps what it read.
 
-- ``OMP_WAIT_POLICY=PASSIVE``: Numba's OpenMP workers spin after each parallel kernel by default; on a machine
-  with few cores they then starve the BLAS threads of the next matrix product (a 16-token prefill measured 20x
-  slower).  Sleeping workers cost a wake-up per kernel instead.  Read when Numba first starts its threads.
+- ``GOMP_SPINCOUNT=10000`` (about 0.1 ms), unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set: how long
+  Numba's OpenMP workers spin for the next parallel kernel before they sleep.  OpenMP's default (about 3 ms)
+  let them starve the BLAS threads of the next matrix product on a machine with few cores (a 16-token prefill
+  measured 20x slower); sleeping at once (``PASSIVE``) made every kernel pay a wake-up, 30 to 50 us, which on
+  a decode step of 121 int4 products was a quarter of its time (one 896x4864 product in cache: 84 us passive,
+  31 us with this spin).  Read when Numba first starts its threads.
 - ``OPENBLAS_CORETYPE=SKYLAKEX`` on AMD CPUs with AVX-512 (F, BW, DQ, VL): numpy's OpenBLAS chooses its kernel
   set when it loads, and a build that predates a CPU family (Zen 5 for OpenBLAS 0.3.31) falls back to its
   AVX2 (Haswell) set, which ran float32 GEMMs at 224 GFLOP/s on 2 Zen 5 cores against 395 with the AVX-512
@@ -43,7 +46,8 @@ def blas_coretype(cpuinfo: str) -> str | None:
 
 def apply(environ=os.environ, modules=sys.modules, cpuinfo_path: str = "/proc/cpuinfo") -> None:
     """Set the defaults above in ``environ`` (see the module docstring for when each applies)."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in environ:
+        environ.setdefault("GOMP_SPINCOUNT", "10000")
     if "OPENBLAS_CORETYPE" in environ or "numpy" in modules:
         return
     try:

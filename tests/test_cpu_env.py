@@ -20,23 +20,26 @@ def test_apply_keeps_the_users_value_and_never_acts_after_numpy(tmp_path):
     info.write_text(_ZEN5)
     env = {}
     cpu_env.apply(env, {}, str(info))
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_CORETYPE": "SKYLAKEX"}
-    env = {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert env == {"GOMP_SPINCOUNT": "10000", "OPENBLAS_CORETYPE": "SKYLAKEX"}
+    env = {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE"}
     cpu_env.apply(env, {}, str(info))
-    assert env == {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert env == {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE"}  # the user's policy decides
+    env = {"GOMP_SPINCOUNT": "0"}
+    cpu_env.apply(env, {}, str(info))
+    assert env["GOMP_SPINCOUNT"] == "0"
     env = {}
     cpu_env.apply(env, {"numpy": object()}, str(info))
     assert "OPENBLAS_CORETYPE" not in env
     env = {}
     cpu_env.apply(env, {}, str(tmp_path / "missing"))
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert env == {"GOMP_SPINCOUNT": "10000"}
 
 
 def test_importing_the_runtime_applies_it_before_numpy_loads():
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     code = ("import sys, runtime, os; from runtime.cpu_env import blas_coretype;"
             "print(os.environ.get('OPENBLAS_CORETYPE') == blas_coretype(open('/proc/cpuinfo').read(1 << 16)),"
-            " os.environ.get('OMP_WAIT_POLICY'))")
+            " os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
-    assert out == ["True", "PASSIVE"]
+    assert out == ["True", "10000"]

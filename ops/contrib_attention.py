@@ -282,10 +282,11 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
                 out[b, 0, kh * group + g, d] = accv[g, d]
 
 
-# A decode step's attention (B*H*T*D multiply-adds per product) runs serially below this: waking the pool between
-# steps costs 80-100 us on a 2-core host, and the serial kernel measured as fast or faster up to about four million
-# (T=1024 at 32 heads of 128).  The node wrapper and the compiled form both choose by it.
-GQA_DECODE_PARALLEL_WORK = 1 << 22
+# A decode step's attention (B*H*T*D multiply-adds per product) runs serially below this.  With the pool's
+# workers spinning briefly between kernels (``runtime.cpu_env``) a parallel call costs a few microseconds: at 14
+# heads of 64 on 2 cores the parallel kernel measured 5.6 us against 6.2 at T=64, 15 against 21 at T=300.  The
+# node wrapper and the compiled form both choose by it (the two kernels give the same bits).
+GQA_DECODE_PARALLEL_WORK = 1 << 15
 _gqa_decode_serial = serial_twin(_gqa_decode_kernel)
 
 

@@ -108,10 +108,11 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     if getattr(options, "graph_optimization_level", 99):
         if simplify()(graph).modified:
             InferShapes(strict=False)(graph)
-    if provider == CUDA_PROVIDER and int(getattr(options, "graph_optimization_level", 99)) >= 2:
-        # Launch-bound decode steps: the feed-forward gate runs as one kernel (runtime/passes/cuda_fusions.py).
+    if int(getattr(options, "graph_optimization_level", 99)) >= 2:
+        # The feed-forward gate as one kernel (runtime/passes/cuda_fusions.py): on the CPU one pass over memory
+        # where the export has three; on a GPU also the gate and value products merged (launch-bound steps).
         from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul, FuseGatedMatMulNBits
-        if FuseGatedActivation()(graph).modified:
+        if FuseGatedActivation()(graph).modified and provider == CUDA_PROVIDER:
             FuseGatedMatMul()(graph)
             FuseGatedMatMulNBits()(graph)
     return graph

@@ -1,4 +1,5 @@
-"""Fusions for the CUDA provider, where a small decode step is bound by kernel launches, not by arithmetic.
+"""Fusions of the feed-forward gate: on a GPU, where a small decode step is bound by kernel launches, not by
+arithmetic, and (the gate alone) on the CPU, where a long prompt makes its three elementwise passes costly.
 
 ``FuseGatedActivation`` rewrites the feed-forward gate ``act(g) * u`` into one ``onnx_numba.GatedActivation``:
 
@@ -22,8 +23,10 @@ Invariants:
   node computes what the nodes it replaces did, up to rounding: the intermediates stay in float32 instead of
   being stored in the operands' dtype;
 - the fused node takes the name of the node whose output it produces and produces the same value name;
-- the kernels live in ``ops/cuda/fused.py``; the passes run only when building a graph for
-  ``CUDAExecutionProvider`` (``runtime.session.build_graph``), so a CPU plan never sees these ops.
+- the kernels live in ``ops/cuda/fused.py`` and, for ``GatedActivation``, in ``ops/fused.py`` on the CPU:
+  ``runtime.session.build_graph`` runs ``FuseGatedActivation`` for every provider (graph optimization level 2
+  and up) and the two product fusions for ``CUDAExecutionProvider`` only (merging weights on the CPU would
+  hold them twice), so a CPU plan never sees ``GatedMatMul``.
 """
 from __future__ import annotations
 

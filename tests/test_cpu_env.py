@@ -43,3 +43,31 @@ def test_importing_the_runtime_applies_it_before_numpy_loads():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
     assert out == ["True", "10000"]
+
+
+def test_keep_heap_leaves_a_users_malloc_settings_alone():
+    assert cpu_env.keep_heap({"MALLOC_ARENA_MAX": "2"}) is False
+
+
+def test_keep_heap_serves_a_large_array_from_the_heap():
+    """A 64 MB array, freed and allocated again: with the allocator keeping its memory it comes from the heap
+    (glibc's mallinfo2 counts no bytes in mmap'd blocks), so it is reused, not faulted in anew; with the
+    settings left to the user (a MALLOC_ variable set) glibc maps it on its own."""
+    code = ("import ctypes, runtime, numpy as np\n"
+            "class M(ctypes.Structure):\n"
+            "    _fields_ = [(n, ctypes.c_size_t) for n in ('arena ordblks smblks hblks hblkhd usmblks fsmblks '\n"
+            "                                               'uordblks fordblks keepcost').split()]\n"
+            "f = ctypes.CDLL(None).mallinfo2; f.restype = M\n"
+            "a = np.ones(1 << 24, np.float32); del a\n"
+            "a = np.ones(1 << 24, np.float32)\n"
+            "print(f().hblkhd >> 20)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def mapped_mb(**extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        env.update(extra)
+        return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  check=True, cwd=root).stdout)
+
+    assert mapped_mb() < 64
+    assert mapped_mb(MALLOC_ARENA_MAX="8") >= 64

@@ -1,6 +1,6 @@
-"""Attention over many query rows (a prefill) as two blocked products, for GroupQueryAttention and
-MultiHeadAttention.
+"""Prefill attention as two blocked products: many query rows against the cached keys and values.
 
+Used by GroupQueryAttention and MultiHeadAttention (``contrib_attention.gqa_prefill``).
 ``attend_blocked`` takes the arguments of ``contrib_attention._gqa_prefill_kernel`` (which it matches in
 semantics, not in bits) without the ``qk`` output.  Per (batch, kv head) the keys are packed once as
 column panels of K transposed (``kt[p, d, c]`` = key ``16p + c``, dimension ``d``) and the values as panels of V

@@ -1,5 +1,7 @@
-"""Fusions of the feed-forward gate: on a GPU, where a small decode step is bound by kernel launches, not by
-arithmetic, and (the gate alone) on the CPU, where a long prompt makes its three elementwise passes costly.
+"""Fusions of the feed-forward gate, on a GPU and (the gate alone) on the CPU.
+
+On a GPU a small decode step is bound by kernel launches, not by arithmetic; on the CPU a long prompt makes the
+gate's three elementwise passes over memory costly.
 
 ``FuseGatedActivation`` rewrites the feed-forward gate ``act(g) * u`` into one ``onnx_numba.GatedActivation``:
 

@@ -139,44 +139,58 @@ def attend_blocked(q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
     rows = group * S
     nblk = (rows + QROWS - 1) // QROWS
     for t in prange(B * kvH * nblk):
-        bk = t // nblk
-        b = bk // kvH
-        kh = bk % kvH
-        r0 = (t % nblk) * QROWS
-        R = min(QROWS, rows - r0)
-        past = past_b[b]
-        T = total_b[b]
-        s0 = r0 // group
-        s1 = (r0 + R - 1) // group
-        khi = T
-        if causal and past + s1 + 1 < khi:
-            khi = past + s1 + 1
-        klo = 0
-        if window > 0 and past + s0 + 1 - window > 0:
-            klo = past + s0 + 1 - window
-        if khi < klo:
-            khi = klo
-        p0 = klo // PANEL
-        p1 = (khi + PANEL - 1) // PANEL
-        qa = np.empty((R, D), np.float32)
-        for i in range(R):
-            r = r0 + i
-            h = kh * group + r % group
-            for d in range(D):
-                qa[i, d] = q[b, r // group, h, d]
-        sc = np.empty((R, Lp), np.float32)
-        o = np.empty((R, Dv), np.float32)
-        if p1 > p0:
-            blocked_cols(qa, kt[bk], sc, p0, p1, 0, D, True)
-            _softmax_rows(sc, r0, R, group, kh, b, past, T, klo, khi, params, causal, window, bias, has_bias,
-                          kbase[b], sink, sink_mode)
-            blocked_cols(sc, vp[bk], o, 0, Dv // PANEL, klo, khi, True)
-        else:
-            for i in range(R):  # no key in range for any row: zeros, as the row kernel gives
-                for d in range(Dv):
-                    o[i, d] = 0.0
-        for i in range(R):
-            r = r0 + i
-            h = kh * group + r % group
+        _task(t, nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode,
+              kt, vp, out)
+
+
+@njit(cache=True, nogil=True)
+def _task(t, nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, kt,
+          vp, out):
+    """Task ``t`` of ``attend_blocked``: QROWS query rows of one (batch, kv head) group."""
+    S, H, D = q.shape[1], q.shape[2], q.shape[3]
+    kvH = pk.shape[1]
+    Dv = pv.shape[3]
+    group = H // kvH
+    rows = group * S
+    Lp = kt.shape[1] * PANEL
+    bk = t // nblk
+    b = bk // kvH
+    kh = bk % kvH
+    r0 = (t % nblk) * QROWS
+    R = min(QROWS, rows - r0)
+    past = past_b[b]
+    T = total_b[b]
+    s0 = r0 // group
+    s1 = (r0 + R - 1) // group
+    khi = T
+    if causal and past + s1 + 1 < khi:
+        khi = past + s1 + 1
+    klo = 0
+    if window > 0 and past + s0 + 1 - window > 0:
+        klo = past + s0 + 1 - window
+    if khi < klo:
+        khi = klo
+    p0 = klo // PANEL
+    p1 = (khi + PANEL - 1) // PANEL
+    qa = np.empty((R, D), np.float32)
+    for i in range(R):
+        r = r0 + i
+        h = kh * group + r % group
+        for d in range(D):
+            qa[i, d] = q[b, r // group, h, d]
+    sc = np.empty((R, Lp), np.float32)
+    o = np.empty((R, Dv), np.float32)
+    if p1 > p0:
+        blocked_cols(qa, kt[bk], sc, p0, p1, 0, D, True)
+        _softmax_rows(sc, r0, R, group, kh, b, past, T, klo, khi, params, causal, window, bias, has_bias,
+                      kbase[b], sink, sink_mode)
+        blocked_cols(sc, vp[bk], o, 0, Dv // PANEL, klo, khi, True)
+    else:
+        for i in range(R):  # no key in range for any row: zeros, as the row kernel gives
             for d in range(Dv):
-                out[b, r // group, h, d] = o[i, d]
+                o[i, d] = 0.0
+    for i in range(R):
+        r = r0 + i
+        h = kh * group + r % group
+        for d in range(Dv):
+            out[b, r // group, h, d] = o[i, d]

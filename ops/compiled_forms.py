@@ -38,7 +38,7 @@ from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import indexing as _ix
 from . import matmul as _mm
-from ._panels import gemm_panels, gemm_panels_par, gemv_panels, pack_panels, panel_threads
+from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
 
 __all__ = ["Decline", "emit", "FORMS", "serial_twin"]
@@ -57,10 +57,8 @@ class Decline(Exception):
 # -- kernels the forms call ------------------------------------------------------------------------
 
 gqa_decode_serial = _ca._gqa_decode_serial
-gqa_prefill_serial = serial_twin(_ca._gqa_prefill_kernel)
 gqa_decode_par = _ca._gqa_decode_kernel
 gqa_prefill_par = _ca.gqa_prefill
-gqa_prefill_blocked = _ca.usable
 norm_rows = _cn._rows
 norm_rows_par = _cn._rows_par
 gelu_rows = _cn._gelu
@@ -95,22 +93,19 @@ reduce3 = _rd._reduce3
 gemv_rows = _mm._gemv_rows
 gemv_par = _mm._gemv_par
 gemv_threads = _mm.gemv_threads
-PANEL_PARALLEL_WORK = 1 << 26  # multiply-adds from which a several-row panel product splits its panels over threads
 
 
 @njit(**_OPTS)
 def matmul_panels(a2, wp, N, nthreads):
     """(M, K) @ a constant weight packed by ``_panels.pack_panels``, in float32: the MatMul wrapper's one-row
-    kernel and thread split for M = 1 (so decode results equal the per-node plan's), four-row register tiles
-    for several rows."""
+    kernel and thread split for M = 1 (so decode results equal the per-node plan's), the panel product split
+    over the threads for several rows."""
     a2 = np.ascontiguousarray(a2)
     M, K = a2.shape
     out = np.empty((M, N), np.float32)
     if M == 1:
         gemv_panels(a2, wp, out, panel_threads(wp.shape[0], K, nthreads))
-    elif M * K * N < PANEL_PARALLEL_WORK:
-        gemm_panels(a2, wp, out)
-    else:
+    else:  # split over the threads at any size (the serial product gives the same bits: one kernel to compile)
         gemm_panels_par(a2, wp, out)
     return out
 
@@ -239,12 +234,9 @@ def _gqa_attend(q4, kc, vc, past_b, att_total, kbase, sc, softcap, total, window
             gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
                            sink, sink_mode, out)
     else:
-        if work < PARALLEL_WORK and not gqa_prefill_blocked(D, D, 0):
-            gqa_prefill_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
-                               sink, sink_mode, bias, 0, out)
-        else:
-            gqa_prefill_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
-                            sink, sink_mode, bias, 0, out)
+        # One prefill kernel for every size (the node wrapper's): a serial twin would be one more to compile.
+        gqa_prefill_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
+                        sink, sink_mode, bias, 0, out)
     return out
 
 

@@ -49,6 +49,10 @@ def _act(v, act):
 def gated_flat(g, u, y, act):
     """y = act(g) * u over flat float32 arrays of one length."""
     n = y.shape[0]
+    if n <= _CHUNK:  # a decode step's gate: no thread launch
+        for i in range(n):
+            y[i] = _act(g[i], act) * u[i]
+        return
     for t in prange((n + _CHUNK - 1) // _CHUNK):
         for i in range(t * _CHUNK, min(n, (t + 1) * _CHUNK)):
             y[i] = _act(g[i], act) * u[i]
@@ -58,6 +62,11 @@ def gated_flat(g, u, y, act):
 def gated_halves(gu, y, act):
     """y (rows, N) = act(gu[:, :N]) * gu[:, N:] for gu (rows, 2N), float32."""
     rows, n = y.shape
+    if rows * n <= _CHUNK:
+        for r in range(rows):
+            for j in range(n):
+                y[r, j] = _act(gu[r, j], act) * gu[r, n + j]
+        return
     for r in prange(rows):
         for j in range(n):
             y[r, j] = _act(gu[r, j], act) * gu[r, n + j]

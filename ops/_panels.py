@@ -66,24 +66,28 @@ def pack_panels(w):
     return wp
 
 
+def _panel_arrays(wp, a2, out) -> bool:
+    """The typing rule of every intrinsic here: C-contiguous float32 arrays of ranks 3, 2 and 2."""
+    return all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == nd and t.layout == "C"
+               for t, nd in ((wp, 3), (a2, 2), (out, 2)))
+
+
+def _unpack(context, builder, sig, args):
+    """(K, N, intp, weight, activation and output data pointers) of an intrinsic's first three arguments."""
+    wa, aa, oa = (context.make_array(sig.args[k])(context, builder, args[k]) for k in range(3))
+    K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
+    N = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
+    return K, N, K.type, wa.data, aa.data, oa.data
+
+
 def _tile(R: int, S: int):
     def impl(typingctx, wp, a2, out, r0, p0, p1):
-        for t, nd in ((wp, 3), (a2, 2), (out, 2)):
-            if not (isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == nd and t.layout == "C"):
-                return None
-        if not all(isinstance(x, types.Integer) for x in (r0, p0, p1)):
+        if not _panel_arrays(wp, a2, out) or not all(isinstance(x, types.Integer) for x in (r0, p0, p1)):
             return None
         sig = types.void(wp, a2, out, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, sig, args):
-            def arr(k):
-                return context.make_array(sig.args[k])(context, builder, args[k])
-
-            wa, aa, oa = arr(0), arr(1), arr(2)
-            K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
-            N = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
-            intp = K.type
-            wptr, aptr, optr = wa.data, aa.data, oa.data
+            K, N, intp, wptr, aptr, optr = _unpack(context, builder, sig, args)
 
             def c(v):
                 return ir.Constant(intp, v)
@@ -162,22 +166,13 @@ def _block(R: int, Q: int):
     """``block_RxQ(wp, a2, out, r0, p0, k0, k1, first)``: ``out[r0:r0+R, 16*p0 : 16*(p0+Q)]`` (all full panels)
     set to (``first``) or increased by (otherwise) ``a2[r0:r0+R, k0:k1] @ W[k0:k1]`` for those columns."""
     def impl(typingctx, wp, a2, out, r0, p0, k0, k1, first):
-        for t, nd in ((wp, 3), (a2, 2), (out, 2)):
-            if not (isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == nd and t.layout == "C"):
-                return None
-        if not all(isinstance(x, (types.Integer, types.Boolean)) for x in (r0, p0, k0, k1, first)):
+        if not _panel_arrays(wp, a2, out) or \
+                not all(isinstance(x, (types.Integer, types.Boolean)) for x in (r0, p0, k0, k1, first)):
             return None
         sig = types.void(wp, a2, out, types.intp, types.intp, types.intp, types.intp, types.boolean)
 
         def codegen(context, builder, sig, args):
-            def arr(k):
-                return context.make_array(sig.args[k])(context, builder, args[k])
-
-            wa, aa, oa = arr(0), arr(1), arr(2)
-            K = cgutils.unpack_tuple(builder, wa.shape, 3)[1]
-            N = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
-            intp = K.type
-            wptr, aptr, optr = wa.data, aa.data, oa.data
+            K, N, intp, wptr, aptr, optr = _unpack(context, builder, sig, args)
             r0, p0, k0, k1, first = args[3:]
 
             def c(v):
@@ -270,31 +265,36 @@ def gemv_panels(a2, wp, out, nt):
         _gemv_par(a2, wp, out, nt)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rows_of(wp, a2, out, p, k0, k1, first, wide):
+    """Every row of ``a2`` against four panels from ``p`` (``wide``) or panel ``p`` alone: four-row tiles, then
+    the rows left over."""
+    M = a2.shape[0]
+    r = 0
+    while r + _RB <= M:
+        if wide:
+            block_full(wp, a2, out, r, p, k0, k1, first)
+        else:
+            block_panelsleft(wp, a2, out, r, p, k0, k1, first)
+        r += _RB
+    while r < M:
+        if wide:
+            block_rowsleft(wp, a2, out, r, p, k0, k1, first)
+        else:
+            block_one(wp, a2, out, r, p, k0, k1, first)
+        r += 1
+
+
 @njit(cache=True, nogil=True)
 def blocked_cols(a2, wp, out, p0, p1, k0, k1, first):
     """``out[:, 16*p0 : 16*p1]`` (all full panels) set to (``first``) or increased by ``a2[:, k0:k1] @ W[k0:k1]``
     for those columns: four-by-four register tiles, then the rows and panels left over.  ``a2.shape[1]`` is
     the panels' K."""
-    M = a2.shape[0]
     p = p0
-    while p + _QB <= p1:
-        r = 0
-        while r + _RB <= M:
-            block_full(wp, a2, out, r, p, k0, k1, first)
-            r += _RB
-        while r < M:
-            block_rowsleft(wp, a2, out, r, p, k0, k1, first)
-            r += 1
-        p += _QB
     while p < p1:
-        r = 0
-        while r + _RB <= M:
-            block_panelsleft(wp, a2, out, r, p, k0, k1, first)
-            r += _RB
-        while r < M:
-            block_one(wp, a2, out, r, p, k0, k1, first)
-            r += 1
-        p += 1
+        wide = p + _QB <= p1
+        _rows_of(wp, a2, out, p, k0, k1, first, wide)
+        p += _QB if wide else 1
 
 
 @njit(cache=True, nogil=True)

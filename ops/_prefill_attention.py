@@ -29,7 +29,7 @@ from ._fastmath import fexp
 from ._panels import PANEL, blocked_cols
 from ._simd import AVX512
 
-__all__ = ["QROWS", "usable", "attend_blocked"]
+__all__ = ["QROWS", "usable", "key_range", "normalize", "attend_blocked"]
 
 QROWS = 64  # query rows per task
 
@@ -39,6 +39,45 @@ def usable(D, Dv, qk_mode):
     """The blocked form applies: no score output wanted, head sizes whole panels, a host with AVX-512 (whose
     sixteen 16-float accumulators the panel tiles are written for)."""
     return AVX512 and qk_mode == 0 and D % PANEL == 0 and Dv % PANEL == 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def key_range(p, T, causal, window):
+    """The keys ``[lo, hi)`` that the query at position ``p`` sees among ``T``: at most ``p + 1`` when causal, the
+    last ``window`` of them when a window is set (the query's own key counted), empty when the two cross."""
+    hi = T
+    if causal and p + 1 < hi:
+        hi = p + 1
+    lo = 0
+    if window > 0 and p + 1 - window > 0:
+        lo = p + 1 - window
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@njit(cache=True, nogil=True, inline="always", fastmath={"reassoc", "contract"})
+def normalize(x, m, sink_mode, sk):
+    """Scores ``x`` (1-d, their maximum ``m``) into probabilities in place: the exponentials of the differences
+    over their sum, the sink ``sk`` taking part in the maximum and the sum when ``sink_mode`` > 0; all zeros when
+    no score is finite."""
+    if sink_mode > 0 and sk > m:
+        m = sk
+    tot = np.float32(0.0)
+    if sink_mode > 0:
+        tot = math.exp(sk - m)
+    n = x.shape[0]
+    if m == -np.inf:
+        for j in range(n):
+            x[j] = 0.0
+    else:
+        for j in range(n):
+            e = fexp(x[j] - m)
+            x[j] = e
+            tot += e
+    inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
+    for j in range(n):
+        x[j] *= inv
 
 
 @njit(cache=True, nogil=True)
@@ -74,15 +113,7 @@ def _softmax_rows(sc, r0, R, group, kh, b, past, T, klo, khi, params, causal, wi
         r = r0 + i
         s = r // group
         h = kh * group + r % group
-        p = past + s
-        hi = T
-        if causal and p + 1 < hi:
-            hi = p + 1
-        lo = 0
-        if window > 0 and p + 1 - window > 0:
-            lo = p + 1 - window
-        if hi < lo:
-            hi = lo
+        lo, hi = key_range(past + s, T, causal, window)
         row = sc[i]
         m = -np.inf
         for j in range(lo, hi):
@@ -94,29 +125,11 @@ def _softmax_rows(sc, r0, R, group, kh, b, past, T, klo, khi, params, causal, wi
             row[j] = x
             if x > m:
                 m = x
-        sk = np.float32(0.0)
-        if sink_mode == 2:
-            sk = sink[h]
-        if sink_mode > 0 and sk > m:
-            m = sk
-        tot = np.float32(0.0)
-        if sink_mode > 0:
-            tot = math.exp(sk - m)
         for j in range(klo, lo):
             row[j] = 0.0
         for j in range(hi, khi):
             row[j] = 0.0
-        if m == -np.inf:
-            for j in range(lo, hi):
-                row[j] = 0.0
-        else:
-            for j in range(lo, hi):
-                e = fexp(row[j] - m)
-                row[j] = e
-                tot += e
-        inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
-        for j in range(lo, hi):
-            row[j] *= inv
+        normalize(row[lo:hi], m, sink_mode, sink[h] if sink_mode == 2 else np.float32(0.0))
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -162,14 +175,8 @@ def _task(t, nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
     T = total_b[b]
     s0 = r0 // group
     s1 = (r0 + R - 1) // group
-    khi = T
-    if causal and past + s1 + 1 < khi:
-        khi = past + s1 + 1
-    klo = 0
-    if window > 0 and past + s0 + 1 - window > 0:
-        klo = past + s0 + 1 - window
-    if khi < klo:
-        khi = klo
+    klo = key_range(past + s0, T, causal, window)[0]  # the task's first row starts its keys,
+    khi = max(klo, key_range(past + s1, T, causal, window)[1])  # its last row ends them
     p0 = klo // PANEL
     p1 = (khi + PANEL - 1) // PANEL
     qa = np.empty((R, D), np.float32)

@@ -36,7 +36,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices, serial_twin
 from ._fastmath import fexp
-from ._prefill_attention import attend_blocked, usable
+from ._prefill_attention import attend_blocked, key_range, normalize, usable
 from .attention import rope_tok_kernel
 from .registry import op
 
@@ -90,16 +90,7 @@ def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, windo
         h = (r // S) % H
         s = r % S
         kh = h // group
-        p = past_b[b] + s
-        T = total_b[b]
-        hi = T
-        if causal and p + 1 < hi:
-            hi = p + 1
-        lo = 0
-        if window > 0 and p + 1 - window > 0:
-            lo = p + 1 - window
-        if hi < lo:
-            hi = lo
+        lo, hi = key_range(past_b[b] + s, total_b[b], causal, window)
         n = hi - lo
         sc = np.empty(max(n, 1), np.float32)
         m = -np.inf
@@ -122,25 +113,7 @@ def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, windo
         if qk_mode == 1:
             for j in range(lo, hi):
                 qk[b, h, s, j + kbase[b]] = sc[j - lo]
-        sk = np.float32(0.0)
-        if sink_mode == 2:
-            sk = sink[h]
-        if sink_mode > 0 and sk > m:
-            m = sk
-        tot = np.float32(0.0)
-        if sink_mode > 0:
-            tot = math.exp(sk - m)
-        if m == -np.inf:
-            for j in range(n):
-                sc[j] = 0.0
-        else:
-            for j in range(n):
-                e = fexp(sc[j] - m)
-                sc[j] = e
-                tot += e
-        inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
-        for j in range(n):
-            sc[j] *= inv
+        normalize(sc[:n], m, sink_mode, sink[h] if sink_mode == 2 else np.float32(0.0))
         if qk_mode == 2:
             for j in range(lo, hi):
                 qk[b, h, s, j + kbase[b]] = sc[j - lo]
@@ -182,16 +155,7 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
     for r in prange(B * kvH):
         b = r // kvH
         kh = r % kvH
-        p = past_b[b]
-        T = total_b[b]
-        hi = T
-        if causal and p + 1 < hi:
-            hi = p + 1
-        lo = 0
-        if window > 0 and p + 1 - window > 0:
-            lo = p + 1 - window
-        if hi < lo:
-            hi = lo
+        lo, hi = key_range(past_b[b], total_b[b], causal, window)
         n = hi - lo
         sc = np.empty((group, max(n, 1)), np.float32)
         mx = np.full(group, -np.inf, np.float32)

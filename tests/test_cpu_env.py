@@ -54,10 +54,12 @@ def test_keep_heap_serves_a_large_array_from_the_heap():
     (glibc's mallinfo2 counts no bytes in mmap'd blocks), so it is reused, not faulted in anew; with the
     settings left to the user (a MALLOC_ variable set) glibc maps it on its own."""
     code = ("import ctypes, runtime, numpy as np\n"
+            "libc = ctypes.CDLL(None)\n"
+            "word = ctypes.c_size_t if hasattr(libc, 'mallinfo2') else ctypes.c_int  # glibc before 2.33\n"
             "class M(ctypes.Structure):\n"
-            "    _fields_ = [(n, ctypes.c_size_t) for n in ('arena ordblks smblks hblks hblkhd usmblks fsmblks '\n"
-            "                                               'uordblks fordblks keepcost').split()]\n"
-            "f = ctypes.CDLL(None).mallinfo2; f.restype = M\n"
+            "    _fields_ = [(n, word) for n in ('arena ordblks smblks hblks hblkhd usmblks fsmblks '\n"
+            "                                    'uordblks fordblks keepcost').split()]\n"
+            "f = getattr(libc, 'mallinfo2', None) or libc.mallinfo; f.restype = M\n"
             "a = np.ones(1 << 24, np.float32); del a\n"
             "a = np.ones(1 << 24, np.float32)\n"
             "print(f().hblkhd >> 20)")

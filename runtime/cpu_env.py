@@ -12,8 +12,8 @@ default: a value already in the environment wins, and a library that has already
   31 us with this spin).  Read when Numba first starts its threads.
 - ``OPENBLAS_CORETYPE=SKYLAKEX`` on AMD CPUs with AVX-512 (F, BW, DQ, VL): numpy's OpenBLAS chooses its kernel
   set when it loads, and a build that predates a CPU family (Zen 5 for OpenBLAS 0.3.31) falls back to its
-  AVX2 (Haswell) set, which ran float32 GEMMs at 224 GFLOP/s on 2 Zen 5 cores against 395 with the AVX-512
-  set (``tools/bench_kernels.py``-style shapes of a 256-token prefill).  Set only while numpy is not yet
+  AVX2 (Haswell) set, which ran a 256x896x4864 float32 ``numpy.matmul`` at 224 GFLOP/s on 2 Zen 5 cores
+  against 395 with the AVX-512 set.  Set only while numpy is not yet
   imported, so it never misdescribes the library a process already holds.
 - glibc's allocator keeps freed memory for reuse (``mallopt``: no ``mmap`` per allocation, the heap trimmed only
   past 1 GiB free at its top), unless any ``MALLOC_*`` variable is set.  By default every array of 32 MB or

@@ -276,7 +276,6 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, group
     return intrinsic(impl)
 
 
-PREFETCH = 4096
 ROWS = 8  # rows of A that ``dot_q4_rows`` takes through one pass over the codes
 GROUPS = 4  # column groups that one-row ``dot_q4`` runs side by side (one accumulator chain each)
 dot_q4 = _make(False, not AVX2, VNNI, 1, GROUPS)

@@ -28,7 +28,11 @@ import ctypes
 import os
 import sys
 
-__all__ = ["blas_coretype", "apply", "keep_heap"]
+__all__ = ["blas_coretype", "apply", "keep_heap", "NUMPY_FIRST"]
+
+# Whether numpy was loaded before this module (then its OpenBLAS already chose its kernels): the entry points
+# import this module first, and a test pins that they do on any host.
+NUMPY_FIRST = "numpy" in sys.modules
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from runtime import cpu_env
 
 _ZEN5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nflags\t\t: fpu sse avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n"
@@ -35,14 +37,16 @@ def test_apply_keeps_the_users_value_and_never_acts_after_numpy(tmp_path):
     assert env == {"GOMP_SPINCOUNT": "10000"}
 
 
-def test_importing_the_runtime_applies_it_before_numpy_loads():
+@pytest.mark.parametrize("entry", ["import runtime", "import ops", "import tools", "import pipeline.__main__"])
+def test_every_entry_point_applies_it_before_numpy_loads(entry):
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    code = ("import sys, runtime, os; from runtime.cpu_env import blas_coretype;"
-            "print(os.environ.get('OPENBLAS_CORETYPE') == blas_coretype(open('/proc/cpuinfo').read(1 << 16)),"
+    code = (f"import sys, os; {entry}; from runtime import cpu_env;"
+            "print(cpu_env.NUMPY_FIRST, 'numpy' in sys.modules,"
+            " os.environ.get('OPENBLAS_CORETYPE') == cpu_env.blas_coretype(open('/proc/cpuinfo').read(1 << 16)),"
             " os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
-    assert out == ["True", "10000"]
+    assert out == ["False", "True", "True", "10000"]
 
 
 def test_keep_heap_leaves_a_users_malloc_settings_alone():

@@ -55,3 +55,39 @@ def test_rows_without_keys_are_zero():
 def test_usable_needs_whole_panels_and_no_scores_output():
     assert not PA.usable(24, 16, 0) and not PA.usable(16, 8, 0) and not PA.usable(16, 16, 1)
     assert PA.usable(64, 64, 0) == bool(PA.AVX512)
+
+
+def _reference(q, pk, pv, past, totals, kbase, scale, causal, window, bias, sink):
+    """Float64 attention written from the contract alone (no shared helper), sink_mode 2."""
+    B, S, H, D = q.shape
+    group = H // pk.shape[1]
+    out = np.zeros((B, S, H, pv.shape[3]))
+    for b in range(B):
+        for s in range(S):
+            p = past[b] + s
+            hi = min(p + 1, totals[b]) if causal else totals[b]
+            lo = max(0, p + 1 - window) if window > 0 else 0
+            for h in range(H):
+                keys = np.arange(lo, max(lo, hi))
+                x = pk[b, h // group, keys].astype(np.float64) @ q[b, s, h].astype(np.float64) * scale
+                x = x + bias[b, h, s, keys + kbase[b]]
+                m = max(x.max(initial=-np.inf), sink[h])
+                e = np.exp(x - m)
+                out[b, s, h] = e @ pv[b, h // group, keys] / (e.sum() + np.exp(sink[h] - m))
+    return out
+
+
+def test_blocked_matches_a_float64_reference():
+    S, H, kvH, D = 20, 4, 2, 16
+    past, totals = np.array([0, 3]), np.array([S, 3 + S])
+    q = RNG.standard_normal((2, S, H, D)).astype(np.float32)
+    pk = RNG.standard_normal((2, kvH, 3 + S, D)).astype(np.float32)
+    pv = RNG.standard_normal((2, kvH, 3 + S, 32)).astype(np.float32)
+    bias = RNG.standard_normal((2, H, S, 3 + S + 1)).astype(np.float32)
+    sink = RNG.standard_normal(H).astype(np.float32)
+    kbase = np.array([1, 0], np.int64)
+    params = np.array([1 / np.sqrt(D), 0.0], np.float32)
+    got = np.empty((2, S, H, 32), np.float32)
+    PA.attend_blocked(q, pk, pv, past, totals, kbase, params, True, 6, bias, True, sink, 2, got)
+    want = _reference(q, pk, pv, past, totals, kbase, params[0], True, 6, bias, sink)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

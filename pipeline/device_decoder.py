@@ -382,7 +382,7 @@ class CudaDecoder(NativeDecoder):
         binding computes the step exactly as ``step`` would, but the decoder's length, caches and state do not
         move (nor do ``transfers``), so the binding can be run again.  Shared caches are written in place at the step's positions,
         so a second run rewrites the same rows with the same values.  Outputs stay on the device
-        (``binding.get_outputs()``, in ``output_names`` order).
+        (``binding.get_output_arrays()``, in ``output_names`` order).
         """
         feeds, _ = self._feeds(tokens, embeds, extra, note=False)
         return self._binding(feeds)
@@ -416,7 +416,7 @@ class CudaDecoder(NativeDecoder):
     def _run(self, feeds, seq_len):
         b = self._binding(feeds)
         self.session.run_with_iobinding(b)
-        res = dict(zip(self.output_names, b.get_outputs()))
+        res = dict(zip(self.output_names, b.get_output_arrays()))
         self._store(res, seq_len)
         self.last_results = res  # device arrays, for inspection (nothing is downloaded)
         return res[self.io.logits_output]

@@ -1,10 +1,40 @@
 """onnx-numba's runtime: load, optimize, plan and run ONNX models natively.
 
-``from runtime import InferenceSession`` is a drop-in for onnxruntime's.
+``import runtime as ort`` is a drop-in for onnxruntime's Python module: ``InferenceSession``,
+``SessionOptions``, ``RunOptions``, ``OrtValue``, ``IOBinding``, ``NodeArg``, ``ModelMetadata``, the option
+enums, the provider queries and the exception classes (which also derive from onnxruntime's).
 """
 from . import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
-from .session import InferenceSession, IOBinding, NodeArg, SessionOptions, build_graph
+from .options import ExecutionMode, ExecutionOrder, GraphOptimizationLevel, RunOptions, SessionOptions
+from .ortvalue import OrtValue
+from .providers import ONNXRUNTIME_PROVIDERS as _ALL_PROVIDERS, available_providers as _available
+from .session import InferenceSession, IOBinding, ModelMetadata, NodeArg, build_graph, set_default_logger_severity
 
-__all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "build_graph", *_errors_all]
+__version__ = "0.1.0"
+
+
+def get_available_providers() -> list:
+    """The execution providers a session can run on here, most preferred first."""
+    return _available()
+
+
+def get_all_providers() -> list:
+    """Every provider name onnxruntime knows; those this runtime lacks are skipped, with a warning, when listed."""
+    return list(_ALL_PROVIDERS)
+
+
+def get_device() -> str:
+    """'GPU' when a CUDA target is usable (a GPU or Numba's simulator), else 'CPU'."""
+    return "GPU" if "CUDAExecutionProvider" in _available() else "CPU"
+
+
+def get_version_string() -> str:
+    return __version__
+
+
+__all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "RunOptions", "OrtValue", "ModelMetadata",
+           "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "get_available_providers",
+           "get_all_providers", "get_device", "get_version_string", "set_default_logger_severity", "__version__",
+           "build_graph", *_errors_all]

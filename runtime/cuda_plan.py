@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -280,11 +281,16 @@ class CudaPlan:
             rt["calls"] += 1
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, feeds, outer=(), device_outputs=()) -> list:
+    def step_group(self, k) -> list:
+        """The nodes step ``k`` runs (one: a CUDA plan fuses nothing at run time)."""
+        return [self.step_nodes[k]]
+
+    def run(self, feeds, outer=(), device_outputs=(), observer=None) -> list:
         """Run with ``feeds`` (numpy or device arrays) aligned to ``input_names``.
 
         Returns values aligned to ``output_names``: numpy arrays, except the output positions in
-        ``device_outputs``, which are device arrays.
+        ``device_outputs``, which are device arrays.  ``observer`` is ``Plan.run``'s (its times are of the
+        launches: kernels run asynchronously).  Runs of one plan take turns (its buffers are shared).
         """
         with self._lock:
             vals = self.template[:]
@@ -321,7 +327,13 @@ class CudaPlan:
                         args.append(v)
                     if kinds[k] == CPU_ALLOWED:
                         self._trip(k, "call", 0)
-                    r = fn(*args)
+                    if observer is None:
+                        r = fn(*args)
+                    else:
+                        observer.before(k)
+                        t0 = time.perf_counter_ns()
+                        r = fn(*args)
+                        observer.after(k, args, r, t0)
                     if out.__class__ is int:
                         vals[out] = r
                     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-__all__ = ["np_dtype", "onnx_type", "type_string", "FLOAT_TYPES", "is_low_precision_float"]
+__all__ = ["np_dtype", "onnx_type", "type_string", "type_proto_string", "FLOAT_TYPES", "is_low_precision_float"]
 
 _NP_BY_ONNX: dict[int, np.dtype] = {}
 for _k in TensorProto.DataType.values():
@@ -63,3 +63,21 @@ def is_low_precision_float(dtype) -> bool:
     """True for 16-bit and 8-bit floats that kernels compute in float32."""
     dt = np.dtype(dtype)
     return dt == np.float16 or (dt.kind == "V" or dt.name in ("bfloat16",) or dt.name.startswith("float8") or dt.name.startswith("float4"))
+
+
+def type_proto_string(tp) -> str:
+    """onnxruntime's spelling of any value type: ``tensor(float)``, ``seq(tensor(int64))``,
+    ``optional(seq(tensor(float)))``, ``map(string,tensor(float))``, ``sparse_tensor(float)``."""
+    which = tp.WhichOneof("value") if tp is not None else None
+    if which == "tensor_type":
+        return type_string(tp.tensor_type.elem_type)
+    if which == "sequence_type":
+        return f"seq({type_proto_string(tp.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"optional({type_proto_string(tp.optional_type.elem_type)})"
+    if which == "map_type":
+        key = type_string(tp.map_type.key_type)[len("tensor("):-1]
+        return f"map({key},{type_proto_string(tp.map_type.value_type)})"
+    if which == "sparse_tensor_type":
+        return "sparse_" + type_string(tp.sparse_tensor_type.elem_type)
+    return "undefined"

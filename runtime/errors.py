@@ -2,8 +2,16 @@
 
 Every message says what was expected and what arrived, so that a user can
 act on it without reading the runtime's source.
+
+Each class also derives from the onnxruntime exception that onnxruntime raises
+for the same defect (``onnxruntime.capi.onnxruntime_pybind11_state``): a
+program written for onnxruntime that catches ``InvalidArgument``, ``Fail``,
+``NoSuchFile``, ``InvalidProtobuf``, ``InvalidGraph`` or ``NotImplemented``
+catches ours.
 """
 from __future__ import annotations
+
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort
 
 __all__ = [
     "OnnxNumbaError",
@@ -17,15 +25,27 @@ __all__ = [
     "IndexOutOfRangeError",
     "InvalidAttributeError",
     "InvalidArgumentError",
+    "ModelFileNotFoundError",
+    "ModelParseError",
+    "NotSupportedError",
+    "RunTerminatedError",
 ]
 
 
-class OnnxNumbaError(Exception):
+class OnnxNumbaError(_ort.Fail):
     """Base class of every error the runtime raises on purpose."""
 
 
-class ModelLoadError(OnnxNumbaError, ValueError):
+class ModelLoadError(OnnxNumbaError, ValueError, _ort.InvalidGraph):
     """The model could not be parsed or is structurally malformed."""
+
+
+class ModelFileNotFoundError(ModelLoadError, FileNotFoundError, _ort.NoSuchFile):
+    """The model path names no file."""
+
+
+class ModelParseError(ModelLoadError, _ort.InvalidProtobuf):
+    """The bytes are not a valid ONNX ``ModelProto``."""
 
 
 class ExternalDataPathError(ModelLoadError):
@@ -36,7 +56,7 @@ class ExternalDataRangeError(ModelLoadError):
     """An external-data offset/length reaches past the end of its file."""
 
 
-class UnsupportedOpError(OnnxNumbaError, NotImplementedError):
+class UnsupportedOpError(OnnxNumbaError, NotImplementedError, _ort.NotImplemented):
     """One or more nodes have no kernel on the requested provider.
 
     ``nodes`` holds one ``(node_name, op_type, domain, opset)`` tuple per node.
@@ -54,7 +74,7 @@ class UnsupportedOpError(OnnxNumbaError, NotImplementedError):
         )
 
 
-class InvalidFeedError(OnnxNumbaError, ValueError):
+class InvalidFeedError(OnnxNumbaError, ValueError, _ort.InvalidArgument):
     """A feed has a wrong name, dtype, rank or shape."""
 
 
@@ -66,7 +86,7 @@ class ShapeInferenceError(OnnxNumbaError, ValueError):
     """Strict shape inference found a contradiction."""
 
 
-class IndexOutOfRangeError(OnnxNumbaError, IndexError):
+class IndexOutOfRangeError(OnnxNumbaError, IndexError, _ort.InvalidArgument):
     """An index input points outside the indexed tensor."""
 
 
@@ -74,5 +94,13 @@ class InvalidAttributeError(OnnxNumbaError, ValueError):
     """An attribute has a value the op does not accept."""
 
 
-class InvalidArgumentError(OnnxNumbaError, ValueError):
+class InvalidArgumentError(OnnxNumbaError, ValueError, _ort.InvalidArgument):
     """An input tensor has a value the op does not accept."""
+
+
+class NotSupportedError(OnnxNumbaError, NotImplementedError, _ort.NotImplemented):
+    """A feature of onnxruntime's API that this runtime cannot provide (custom-op libraries, ORT-format models)."""
+
+
+class RunTerminatedError(OnnxNumbaError):
+    """A run stopped because its ``RunOptions.terminate`` was set."""

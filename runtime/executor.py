@@ -161,7 +161,9 @@ class Plan:
         # Runs of small elementwise nodes execute as one compiled segment.
         # Runs of nodes with compiled forms become one generated function each, when asked for.
         regions = []
-        if getattr(session_options, "compiled_regions", False) and provider == "CPUExecutionProvider":
+        # graph_optimization_level 0 (ORT_DISABLE_ALL) runs every node as its own kernel: no regions, no segments.
+        optimize = int(getattr(session_options, "graph_optimization_level", 99)) > 0
+        if optimize and getattr(session_options, "compiled_regions", False) and provider == "CPUExecutionProvider":
             from .regions import find_regions
             read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
             donated = set()
@@ -175,7 +177,7 @@ class Plan:
             regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later, donated=donated)
         in_region = {i for a, b, _ in regions for i in range(a, b)}
         segments = []
-        if getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
+        if optimize and getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
             segments = [(a, b) for a, b in find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
                         if not in_region.intersection(range(a, b))]
         in_segment = set()
@@ -186,10 +188,46 @@ class Plan:
         protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
         self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
 
+        # Results of outputs a node leaves unnamed land in a slot nothing reads.
+        discard = len(values)
+        values.append(None)
+        self._layout = dict(graph=graph, bound=bound, preallocate=preallocate, provider=provider,
+                            session_options=session_options, slot_of=slot_of, end=end, INF=INF, roots=roots,
+                            last_use=last_use, step_reads=step_reads, regions=regions, segments=segments,
+                            in_region=in_region, in_segment=in_segment, seg_values=seg_values, discard=discard)
+        self._region_steps = {}
+        (self.steps, self.step_nodes, self.segments, self.regions, self.step_region,
+         self.arena_bytes) = self._bind_steps()
+        self._groups = {k: reg.nodes for k, reg in self.step_region.items()}
+        at = {id(n): k for k, n in enumerate(self.step_nodes)}
+        for seg in self.segments:
+            self._groups[at[id(seg.nodes[0])]] = seg.nodes
+        self._spare = []  # step lists for runs that overlap the one using ``steps`` (built on demand)
+        self._spare_lock = threading.Lock()
+        self.template = values
+        self.nslots = len(values)
+        self._busy = threading.Lock()  # held by the run using ``steps``
+        self._direct = self._direct_region()
+        self._cold = None  # before the first run of a plan with regions: the kinds it compiles (maybe none)
+        self.compile_seconds = {}  # region module -> seconds its first call took, when this plan compiled it
+        if self.regions:
+            from .regions import cold_kinds
+            self._cold = cold_kinds(self.regions)
+
+    def _bind_steps(self):
+        """One list of steps, bound to arena buffers of its own (segments too have scratch of their own), so
+        that two step lists can run at once; compiled regions are stateless and shared by every list."""
+        L = self._layout
+        graph, bound, preallocate, provider, session_options = (L["graph"], L["bound"], L["preallocate"],
+                                                                 L["provider"], L["session_options"])
+        slot_of, end, INF, roots, last_use, step_reads = (L["slot_of"], L["end"], L["INF"], L["roots"],
+                                                          L["last_use"], L["step_reads"])
+        regions, segments, in_region, in_segment, seg_values, discard = (
+            L["regions"], L["segments"], L["in_region"], L["in_segment"], L["seg_values"], L["discard"])
         # Arena: statically shaped outputs of kernels that can write into a buffer.
         arena_free: dict[int, list] = {}
         release_at: dict[int, list] = {}
-        self.arena_bytes = 0
+        arena_bytes = 0
         outs_buffers = []
         for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
             for blk in release_at.pop(i, ()):
@@ -211,25 +249,30 @@ class Plan:
                         blk = pool.pop() if pool else None
                         if blk is None:
                             blk = np.empty(nbytes, np.uint8)
-                            self.arena_bytes += nbytes
+                            arena_bytes += nbytes
                         buf = blk.view(dt).reshape(shape)
                         release_at.setdefault(end[s] + 1, []).append(blk)
                 bufs.append(buf)
             outs_buffers.append(bufs)
 
-        # Results of outputs a node leaves unnamed land in a slot nothing reads.
-        discard = len(values)
-        values.append(None)
         steps = []
-        self.step_nodes = []
-        self.segments = []
+        step_nodes = []
+        seg_objs = []
         seg_start = {a: b for a, b in segments}
         region_at = {a: (b, em) for a, b, em in regions}
-        self.regions = []
-        self.step_region = {}  # step index -> the Region it calls
+        reg_objs = []
+        step_region = {}  # step index -> the Region it calls
         i_skip = -1
         for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
             if i < i_skip:
+                continue
+            if i in region_at and i in self._region_steps:  # a Region is stateless: every step list shares it
+                step, reg, end_i = self._region_steps[i]
+                step_region[len(steps)] = reg
+                steps.append(step)
+                step_nodes.append(node)
+                reg_objs.append(reg)
+                i_skip = end_i
                 continue
             if i in region_at:
                 from .regions import Region
@@ -242,10 +285,11 @@ class Plan:
                 fn = reg.run if len(outs) != 1 else (lambda *xs, _r=reg.run: _r(*xs)[0])
                 frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
                                       if i <= last_use[s] < end_i and s not in self.init_slots}))
-                self.step_region[len(steps)] = reg
+                step_region[len(steps)] = reg
                 steps.append((fn, _getter(reg.in_slots), out, frees))
-                self.step_nodes.append(node)
-                self.regions.append(reg)
+                self._region_steps[i] = (steps[-1], reg, end_i)
+                step_nodes.append(node)
+                reg_objs.append(reg)
                 i_skip = end_i
                 continue
             if i in seg_start:
@@ -260,8 +304,8 @@ class Plan:
                                       if i <= last_use[s] < end_i and s not in self.init_slots
                                       and s not in seg_values}))
                 steps.append((fn, _getter(seg.in_slots), out, frees))
-                self.step_nodes.append(node)
-                self.segments.append(seg)
+                step_nodes.append(node)
+                seg_objs.append(seg)
                 i_skip = end_i
                 continue
             ins = list(node.inputs)
@@ -288,17 +332,8 @@ class Plan:
             out = outs[0] if len(outs) == 1 else tuple(outs)
             frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
             steps.append((fn, _getter(in_slots), out, frees))
-            self.step_nodes.append(node)
-        self.steps = steps
-        self.template = values
-        self.nslots = len(values)
-        self._lock = threading.Lock()
-        self._direct = self._direct_region()
-        self._cold = None  # before the first run of a plan with regions: the kinds it compiles (maybe none)
-        self.compile_seconds = {}  # region module -> seconds its first call took, when this plan compiled it
-        if self.regions:
-            from .regions import cold_kinds
-            self._cold = cold_kinds(self.regions)
+            step_nodes.append(node)
+        return steps, step_nodes, seg_objs, reg_objs, step_region, arena_bytes
 
     def _direct_region(self):
         """For a plan that is compiled regions only, reading feeds and initializers (a decoder step), a
@@ -364,6 +399,10 @@ class Plan:
         return DirectCall(chain, [None] * (n + 1), tuple((k + 1, k) for k in range(n)),
                           tuple(range(len(out_slots))), on_error, Region.nthreads)
 
+    def step_group(self, k) -> list:
+        """The nodes step ``k`` runs: one, or those of its fused segment or compiled region."""
+        return self._groups.get(k) or [self.step_nodes[k]]
+
     def raise_at_step(self, k, e):
         """Re-raise ``e`` from step ``k`` naming its node (inside a region, the node whose block raised)."""
         reg = self.step_region.get(k)
@@ -406,25 +445,48 @@ class Plan:
 
         return first
 
-    def run(self, feeds, outer=()) -> list:
-        """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``."""
+    def run(self, feeds, outer=(), observer=None) -> list:
+        """Run with ``feeds`` aligned to ``input_names``; returns arrays aligned to ``output_names``.
+
+        Runs may overlap (several threads): the first uses ``steps`` and its arena, each overlapping one a step
+        list of its own (built once, then kept for reuse).  ``observer`` (``before(k)``, ``after(k, args, result,
+        t0_ns)``) sees every step: it can stop the run (``RunOptions.terminate``) or time it (profiling)."""
         if self._cold is not None:
             return self.compile(feeds, outer)
-        if self._direct is not None:
+        if self._direct is not None and observer is None:
             return self._run_direct(feeds)
-        return self._run_steps(feeds, outer)
+        return self._run_steps(feeds, outer, observer=observer)
 
-    def _run_steps(self, feeds, outer=(), steps=None) -> list:
-        steps = self.steps if steps is None else steps
-        with self._lock:
-            vals = self.template[:]
-            for s, v in zip(self.input_slots, feeds):
-                vals[s] = v
-            for s, v in zip(self.outer_slots, outer):
-                vals[s] = v
-            ndarray = np.ndarray
-            step = None
+    def _run_steps(self, feeds, outer=(), steps=None, observer=None) -> list:
+        if steps is not None:  # the first run's timed steps (compile) are bound to the main arena
+            with self._busy:
+                return self._execute(steps, feeds, outer, observer)
+        if self._busy.acquire(blocking=False):
             try:
+                return self._execute(self.steps, feeds, outer, observer)
+            finally:
+                self._busy.release()
+        with self._spare_lock:
+            steps = self._spare.pop() if self._spare else None
+        if steps is None:
+            steps = self._bind_steps()[0]
+        try:
+            return self._execute(steps, feeds, outer, observer)
+        finally:
+            with self._spare_lock:
+                self._spare.append(steps)
+
+    def _execute(self, steps, feeds, outer, observer) -> list:
+        vals = self.template[:]
+        for s, v in zip(self.input_slots, feeds):
+            vals[s] = v
+        for s, v in zip(self.outer_slots, outer):
+            vals[s] = v
+        ndarray = np.ndarray
+        step = None
+        k = 0
+        try:
+            if observer is None:
                 for step in steps:
                     fn, get, out, frees = step
                     r = fn(*get(vals))
@@ -435,15 +497,31 @@ class Plan:
                             vals[o] = x
                     for f in frees:
                         vals[f] = None
-            except Exception as e:
-                if step is None:
-                    raise
-                self.raise_at_step(steps.index(step), e)
-            res = [vals[s] for s in self.output_slots]
-            for k, c in enumerate(self.copy_out):
-                if c and isinstance(res[k], ndarray):
-                    res[k] = res[k].copy()
-            return res
+            else:
+                clock = time.perf_counter_ns
+                for k, step in enumerate(steps):
+                    observer.before(k)
+                    fn, get, out, frees = step
+                    args = get(vals)
+                    t0 = clock()
+                    r = fn(*args)
+                    observer.after(k, args, r, t0)
+                    if out.__class__ is int:
+                        vals[out] = r
+                    else:
+                        for o, x in zip(out, r):
+                            vals[o] = x
+                    for f in frees:
+                        vals[f] = None
+        except Exception as e:
+            if step is None:
+                raise
+            self.raise_at_step(steps.index(step), e)
+        res = [vals[s] for s in self.output_slots]
+        for k, c in enumerate(self.copy_out):
+            if c and isinstance(res[k], ndarray):
+                res[k] = res[k].copy()
+        return res
 
     def _run_direct(self, feeds) -> list:
         d = self._direct

@@ -18,10 +18,10 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto, numpy_helper
 
 from .dtypes import np_dtype
-from .errors import ExternalDataPathError, ExternalDataRangeError, ModelLoadError
+from .errors import ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
 from .ir import Graph, graph_from_proto
 
-__all__ = ["load_model_proto", "load_graph", "resolve_external_path"]
+__all__ = ["load_model_proto", "load_graph", "resolve_external_path", "model_meta"]
 
 
 def load_model_proto(model) -> tuple[ModelProto, str | None]:
@@ -32,16 +32,16 @@ def load_model_proto(model) -> tuple[ModelProto, str | None]:
         try:
             m = onnx.load_from_string(bytes(model))
         except (DecodeError, RuntimeError, ValueError) as e:
-            raise ModelLoadError(f"bytes are not a valid ONNX ModelProto: {e}") from None
+            raise ModelParseError(f"bytes are not a valid ONNX ModelProto: {e}") from None
         return m, None
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
-            raise ModelLoadError(f"model file {path!r} does not exist")
+            raise ModelFileNotFoundError(f"model file {path!r} does not exist")
         try:
             m = onnx.load(path, load_external_data=False)
         except (DecodeError, RuntimeError, ValueError) as e:
-            raise ModelLoadError(f"{path!r} is not a valid ONNX model: {e}") from None
+            raise ModelParseError(f"{path!r} is not a valid ONNX model: {e}") from None
         return m, os.path.dirname(os.path.abspath(path))
     raise TypeError(f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}")
 
@@ -159,6 +159,36 @@ def release_pages(arrays, whole: bool = True) -> int:
 _PACKED = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
 
 
+def model_meta(proto: ModelProto) -> dict:
+    """The model's descriptive fields, named as onnxruntime's ``ModelMetadata`` names them."""
+    return {
+        "producer_name": proto.producer_name, "graph_name": proto.graph.name, "domain": proto.domain,
+        "description": proto.doc_string, "graph_description": proto.graph.doc_string,
+        "version": proto.model_version if proto.HasField("model_version") else (1 << 63) - 1,
+        "custom_metadata_map": {p.key: p.value for p in proto.metadata_props},
+    }
+
+
+def _user_initializers(g, given: dict) -> dict:
+    protos = {t.name: t for t in g.initializer}
+    out = {}
+    for name, arr in given.items():
+        t = protos.get(name)
+        if t is None:
+            raise ModelLoadError(f"an initializer named {name!r} was supplied (SessionOptions.add_initializer) but "
+                                 f"the model has no initializer of that name; it has {sorted(protos)[:20]}")
+        try:
+            want = np_dtype(t.data_type)
+        except TypeError:
+            want = None
+        arr = np.asarray(arr)
+        if (want is not None and arr.dtype != want) or tuple(arr.shape) != tuple(t.dims):
+            raise ModelLoadError(f"initializer {name!r}: the model declares {want}{list(t.dims)}, the supplied "
+                                 f"value is {arr.dtype}{list(arr.shape)}")
+        out[name] = arr
+    return out
+
+
 def _tensors_of(g):
     for t in g.initializer:
         yield t
@@ -170,8 +200,12 @@ def _tensors_of(g):
                 yield from _tensors_of(sg)
 
 
-def load_graph(model) -> Graph:
-    """Load ``model`` into an IR graph (external data mapped, local functions inlined)."""
+def load_graph(model, initializers: dict | None = None) -> Graph:
+    """Load ``model`` into an IR graph (external data mapped, local functions inlined).
+
+    ``initializers`` (name -> array, ``SessionOptions.add_initializer``) replace the model's initializers of
+    those names, whose data is then never read (it may live in an external file that does not exist); each
+    must name an initializer of the main graph and match its element type and shape."""
     proto, base_dir = load_model_proto(model)
     if not proto.HasField("graph"):
         raise ModelLoadError("model has no graph")
@@ -187,9 +221,9 @@ def load_graph(model) -> Graph:
     if "" not in opsets:
         opsets[""] = 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
     ext = _ExternalData(base_dir)
-    loaded = {}
+    loaded = _user_initializers(proto.graph, initializers or {})
     for t in proto.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
+        if t.data_location == TensorProto.EXTERNAL and t.name not in loaded:
             loaded[t.name] = ext.tensor(t)
     # External tensors inside Constant attributes are rare; resolve them in place.
     for t in _tensors_of(proto.graph):
@@ -201,6 +235,7 @@ def load_graph(model) -> Graph:
     except (ValueError, TypeError) as e:
         raise ModelLoadError(f"model graph is malformed: {e}") from None
     graph.ir_version = proto.ir_version
+    graph.model_meta = model_meta(proto)
     graph.base_dir = base_dir
     graph.external = ext
     graph.toposort()

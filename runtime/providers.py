@@ -6,16 +6,24 @@ numpy arrays; the CUDA provider's are numba device arrays (``runtime.cuda``).
 Provider names follow onnxruntime's spelling.
 
 A CUDA session needs a usable CUDA target (a GPU, or Numba's simulator):
-``check_available`` raises ``CudaUnavailableError`` otherwise; nothing ever
-falls back to the CPU silently.  In an onnxruntime-style list such as
-``["CUDAExecutionProvider", "CPUExecutionProvider"]`` the first provider is
-the one the plan is built for.
+``check_available`` raises ``CudaUnavailableError`` otherwise.  A providers
+list is an ordered preference, as in onnxruntime: ``choose_provider`` takes
+the first entry that is usable here and skips the others before it with a
+warning naming each and why (onnxruntime's other providers, a CUDA target
+that is missing); it is an error when none remains.  So
+``["CUDAExecutionProvider", "CPUExecutionProvider"]`` runs on the CPU, with a
+warning, where there is no GPU, and ``["CUDAExecutionProvider"]`` fails.
+Nothing else falls back: the session is planned for one provider, and a node
+without a kernel on it is an error.
 """
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass
 
-__all__ = ["Device", "CPU", "CUDA_PROVIDER", "PROVIDERS", "normalize_providers", "device_of", "check_available"]
+__all__ = ["Device", "CPU", "CUDA_PROVIDER", "PROVIDERS", "ONNXRUNTIME_PROVIDERS", "normalize_providers",
+           "device_of", "check_available", "choose_provider", "available_providers"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,22 @@ CPU = Device("cpu")
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 PROVIDERS = {"CPUExecutionProvider": CPU, CUDA_PROVIDER: Device("cuda", 0)}
+
+# Every provider name onnxruntime knows (its get_all_providers()), in its order of preference.
+ONNXRUNTIME_PROVIDERS = (
+    "TensorrtExecutionProvider", "CUDAExecutionProvider", "MIGraphXExecutionProvider", "ROCMExecutionProvider",
+    "OpenVINOExecutionProvider", "DnnlExecutionProvider", "VitisAIExecutionProvider", "QNNExecutionProvider",
+    "NnapiExecutionProvider", "VSINPUExecutionProvider", "JsExecutionProvider", "CoreMLExecutionProvider",
+    "ArmNNExecutionProvider", "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
+    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider", "CANNExecutionProvider",
+    "AzureExecutionProvider", "CPUExecutionProvider",
+)
+
+
+def available_providers() -> list[str]:
+    """The providers a session can be built for on this machine, most preferred first."""
+    from . import cuda as rc
+    return ([CUDA_PROVIDER] if rc.available() else []) + ["CPUExecutionProvider"]
 
 
 def normalize_providers(providers, provider_options=None) -> list[tuple[str, dict]]:
@@ -51,12 +75,42 @@ def normalize_providers(providers, provider_options=None) -> list[tuple[str, dic
     out = []
     for k, p in enumerate(providers):
         name, opts = (p, {}) if isinstance(p, str) else (p[0], dict(p[1]))
-        if name not in PROVIDERS:
+        if name not in PROVIDERS and name not in ONNXRUNTIME_PROVIDERS:
             raise ValueError(f"unknown execution provider {name!r}; available: {sorted(PROVIDERS)}")
         if provider_options is not None:
             opts.update(provider_options[k] or {})
         out.append((name, opts))
     return out
+
+
+def choose_provider(providers, provider_options=None, logger: logging.Logger | None = None):
+    """(name, options, device) of the first usable entry of ``providers`` (onnxruntime's ordered preference).
+
+    Entries before it are skipped with a ``UserWarning`` (and a log record) naming each and why; when none is
+    usable the error of the last one is raised (``CudaUnavailableError`` for a CUDA target that is missing)."""
+    from .cuda import CudaUnavailableError
+    entries = normalize_providers(providers, provider_options)
+    skipped, error = [], None
+    for name, opts in entries:
+        if name not in PROVIDERS:
+            skipped.append(f"{name} (an onnxruntime provider this runtime does not have)")
+            error = ValueError(f"execution provider {name!r} is not available in this runtime; available: "
+                               f"{available_providers()}")
+            continue
+        try:
+            dev = check_available(name, opts)
+        except CudaUnavailableError as e:
+            from . import cuda as rc
+            skipped.append(f"{name} ({rc.unavailable_reason() or e})")
+            error = e
+            continue
+        if skipped:
+            msg = f"skipped unavailable execution provider(s) {'; '.join(skipped)}; running on {name}"
+            warnings.warn(msg, UserWarning, stacklevel=3)
+            if logger is not None:
+                logger.warning(msg)
+        return name, opts, dev
+    raise error
 
 
 def device_of(name: str, options: dict | None = None) -> Device:

@@ -13,58 +13,81 @@ Feeds are checked against the graph's declared inputs before anything runs:
 the name, the dtype, the rank and every static dimension.  A CUDA session
 also takes device arrays as feeds (checked the same way, never copied), and
 its ``IOBinding`` can keep outputs on the device.
+
+onnxruntime's options are honoured where they mean something here (see
+``runtime/options.py``): ``intra_op_num_threads`` caps the threads this
+session's kernels use (Numba's thread count is per calling thread, so other
+sessions keep theirs), the optimization level, the optimized-model file,
+initializer and free-dimension overrides, logging, profiling and
+``RunOptions.terminate``.  Runs of one session from several threads overlap;
+each overlapping run gets buffers of its own (``Plan.run``).
 """
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 import ops  # noqa: F401  (registers every kernel)
 from ops import registry
-from .dtypes import onnx_type, type_string
-from .errors import InvalidFeedError
+from .dtypes import onnx_type, type_proto_string, type_string
+from .errors import InvalidFeedError, ModelLoadError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
     symbol_positions
 from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
+from .options import HONOURED_CONFIG, RunOptions, SessionOptions, severity_to_logging
+from .ortvalue import OrtValue
 from .passes import ExpandFunctions, InferShapes, simplify
-from .providers import CUDA_PROVIDER, check_available, normalize_providers
+from .profiling import Profiler, RunObserver
+from .threads import call_with_threads
+from .providers import CUDA_PROVIDER, choose_provider
 from . import cuda as rc
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "IOBinding", "build_graph"]
+__all__ = ["InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "IOBinding", "ModelMetadata",
+           "build_graph", "set_default_logger_severity"]
 
 
 _UNSET = object()
 
 
-class SessionOptions:
-    """The subset of onnxruntime's options the native runtime honours."""
+_default_severity = [2]
 
-    def __init__(self):
-        self.graph_optimization_level = 99
-        self.strict_shape_inference = False
-        self.preallocate = True
-        self.fused_segments = True
-        # Runs of nodes with compiled forms run as one generated function each (runtime/regions.py).  None: the
-        # caller's default (off for a session; the pipeline's native decoder turns it on).
-        self.compiled_regions = None
-        # GroupQueryAttention nodes whose past_key/past_value are graph inputs read by nothing else write the new
-        # rows into those buffers and return them as present when they have room for the total sequence (past and
-        # present share one max-length buffer, onnxruntime-genai's past_present_share_buffer): the caller donates
-        # the buffers.  Compiled regions only; a past with no room is copied as usual.  None: the caller's default
-        # (off for a session; the pipeline's native decoder turns it on).
-        self.kv_share_buffer = None
-        # Decode sibling (single-trip Scan inlining); None: read ONNX_NUMBA_DECODE_INLINE_SCAN.
-        self.decode_inline_scan = None
-        self.intra_op_num_threads = 0
-        self.log_severity_level = 2
-        self.enable_profiling = False
-        # CUDA provider: op types or node names without a CUDA kernel that may run on the CPU (their data is
-        # copied across and counted, see InferenceSession.cpu_round_trips); empty: such nodes are errors.
-        self.cuda_cpu_ops = set()
+
+def set_default_logger_severity(severity: int) -> None:
+    """The log severity of sessions whose ``log_severity_level`` is -1 (0 verbose, 1 info, 2 warning, 3 error,
+    4 fatal), as onnxruntime's."""
+    sev = int(severity)
+    if not 0 <= sev <= 4:
+        raise RuntimeError(f"severity must be between 0 and 4, got {severity!r}")
+    _default_severity[0] = sev
+
+
+def _session_logger(options, suffix: str = "") -> logging.Logger:
+    """The Python logger of a session: ``onnx_numba.session[.<logid>]``, at the options' severity."""
+    logid = getattr(options, "logid", "") or ""
+    logger = logging.getLogger("onnx_numba.session" + (f".{logid}" if logid else "") + suffix)
+    sev = int(getattr(options, "log_severity_level", -1))
+    logger.setLevel(severity_to_logging(_default_severity[0] if sev < 0 else sev))
+    return logger
+
+
+@dataclass
+class ModelMetadata:
+    """onnxruntime's ``ModelMetadata``: the model's descriptive fields."""
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = (1 << 63) - 1
+    custom_metadata_map: dict = None
 
 
 @dataclass
@@ -78,16 +101,38 @@ class NodeArg:
 
 
 def _arg(v) -> NodeArg:
+    """onnxruntime's ``NodeArg``: its type string, and its shape as a list (``[]`` when unknown, as onnxruntime)."""
     if v.kind != "tensor":
-        return NodeArg(v.name, v.kind, None)
-    shape = None if v.shape is None else [d for d in v.shape]
+        return NodeArg(v.name, type_proto_string(v.type_proto), [])
+    shape = [] if v.shape is None else [d for d in v.shape]
     return NodeArg(v.name, type_string(v.elem_type or (onnx_type(v.dtype) if v.dtype is not None else 0)), shape)
+
+
+def _override_dims(graph, by_name: dict, by_denotation: dict) -> None:
+    """Fix the graph inputs' symbolic dimensions that ``add_free_dimension_override_by_*`` named."""
+    if not by_name and not by_denotation:
+        return
+    for v in graph.inputs:
+        if v.kind != "tensor" or v.shape is None:
+            continue
+        dims = v.type_proto.tensor_type.shape.dim if v.type_proto is not None else ()
+        shape = list(v.shape)
+        for ax, d in enumerate(shape):
+            den = dims[ax].denotation if ax < len(dims) else ""
+            if isinstance(d, str) and d in by_name:
+                shape[ax] = by_name[d]
+            elif not isinstance(d, int) and den and den in by_denotation:
+                shape[ax] = by_denotation[den]
+        v.shape = tuple(shape)
+        if v.name in graph.value_info:
+            graph.value_info[v.name].shape = v.shape
 
 
 def build_graph(model, options: SessionOptions | None = None, provider: str = "CPUExecutionProvider") -> Graph:
     """Load and optimize ``model`` into a plannable IR graph."""
     options = options or SessionOptions()
-    graph = model if isinstance(model, Graph) else load_graph(model)
+    graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None))
+    _override_dims(graph, getattr(options, "_dim_by_name", {}), getattr(options, "_dim_by_denotation", {}))
     strict = bool(getattr(options, "strict_shape_inference", False))
     InferShapes(strict=strict)(graph)
     allow = set(getattr(options, "cuda_cpu_ops", None) or ()) if provider == CUDA_PROVIDER else set()
@@ -123,13 +168,32 @@ class InferenceSession:
 
     def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None, providers=None,
                  provider_options=None, **kwargs):
+        unknown = set(kwargs) - {"disabled_optimizers", "read_config_from_model"}
+        if unknown:
+            raise TypeError(f"InferenceSession got unexpected keyword argument(s) {sorted(unknown)}")
         self._options = sess_options or SessionOptions()
-        provs = normalize_providers(providers, provider_options)
-        self._provider = provs[0][0]
-        self._provider_options = provs[0][1]
-        self._device = check_available(self._provider, self._provider_options)  # CUDA: never falls back
+        self._logger = _session_logger(self._options)
+        self._profiler = Profiler(getattr(self._options, "profile_file_prefix", "onnxruntime_profile_")) \
+            if getattr(self._options, "enable_profiling", False) else None
+        self._model = path_or_bytes
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
-        self._graph = build_graph(path_or_bytes, self._options, self._provider)
+        n = int(getattr(self._options, "intra_op_num_threads", 0) or 0)
+        if n < 0:
+            raise ValueError(f"intra_op_num_threads must be >= 0, got {n}")
+        self._nthreads = min(n, numba.config.NUMBA_NUM_THREADS) if n else 0
+        t0 = time.perf_counter_ns()
+        self._build(providers, provider_options)
+        if self._profiler is not None:
+            self._profiler.event("Session", "session_initialization", t0, time.perf_counter_ns())
+        self._logger.info("session for %s on %s: %d nodes planned", self._model_path or type(path_or_bytes).__name__,
+                          self._provider, len(self._graph.nodes))
+
+    def _build(self, providers, provider_options) -> None:
+        """Choose the provider, load and optimize the graph, plan it (also ``set_providers``)."""
+        self._provider, self._provider_options, self._device = choose_provider(providers, provider_options,
+                                                                               self._logger)
+        self._graph = build_graph(self._model, self._options, self._provider)
+        self._save_optimized()
         self._plan = self._make_plan(self._graph)
         release_pages(self._graph.initializers.values())  # planning read the weights it repacked
         self._inputs = [_arg(v) for v in self._graph.inputs]
@@ -140,10 +204,25 @@ class InferenceSession:
         self._scan_positions = []
         self._sibling = _UNSET
         self._siblings = {}
+        self._sibling_lock = threading.Lock()
         self.plan_runs = {"main": 0, "sibling": 0}
         self._input_info = {v.name: v for v in self._graph.inputs}
         self._input_index = {v.name: k for k, v in enumerate(self._graph.inputs)}
         self._output_index = {v.name: k for k, v in enumerate(self._graph.outputs)}
+
+    def _save_optimized(self) -> None:
+        path = getattr(self._options, "optimized_model_filepath", "") or ""
+        if not path:
+            return
+        cfg = getattr(self._options, "_config", {}) or {}
+        fmt = cfg.get("session.save_model_format", "ONNX").upper()
+        if fmt != "ONNX" and not path.lower().endswith(".onnx"):
+            raise ValueError(f"session.save_model_format {fmt!r}: only ONNX models can be written")
+        from .export import save_model
+        save_model(self._graph, os.fspath(path),
+                   cfg.get("session.optimized_model_external_initializers_file_name") or None,
+                   int(cfg.get("session.optimized_model_external_initializers_min_size_in_bytes", 1024)))
+        self._logger.info("optimized model written to %s", path)
 
     # -- introspection -------------------------------------------------------------------------
     def get_inputs(self):
@@ -155,8 +234,29 @@ class InferenceSession:
     def get_overridable_initializers(self):
         return []
 
+    def get_modelmeta(self) -> ModelMetadata:
+        meta = dict(getattr(self._graph, "model_meta", None) or {})
+        meta.setdefault("graph_name", self._graph.name)
+        meta["custom_metadata_map"] = dict(meta.get("custom_metadata_map") or {})
+        return ModelMetadata(**meta)
+
     def get_providers(self):
         return [self._provider]
+
+    def set_providers(self, providers=None, provider_options=None) -> None:
+        """Rebuild the session for ``providers`` (an ordered preference, as at construction)."""
+        if not providers:
+            providers = [self._provider]
+        self._build(providers, provider_options)
+
+    def get_profiling_start_time_ns(self) -> int:
+        return self._profiler.start_ns if self._profiler is not None else 0
+
+    def end_profiling(self) -> str:
+        """Write the profile (onnxruntime's Chrome-trace format) and return its path; '' when not profiling."""
+        if self._profiler is None or self._profiler.ended:
+            return ""
+        return self._profiler.end()
 
     def get_provider_options(self):
         return {self._provider: {k: str(v) for k, v in self._provider_options.items()}}
@@ -201,6 +301,8 @@ class InferenceSession:
     # -- running -------------------------------------------------------------------------------
     def _check_feed(self, name, value):
         vi = self._input_info[name]
+        if isinstance(value, OrtValue):
+            value = value.value()
         if vi.kind != "tensor":
             return value
         if not isinstance(value, np.ndarray) and rc.is_device_array(value):
@@ -211,10 +313,10 @@ class InferenceSession:
             else:
                 raise InvalidFeedError(f"input {name!r}: expected a numpy array, got {type(value).__name__}")
         if vi.dtype is not None and value.dtype != vi.dtype:
-            if not (vi.dtype == object and value.dtype.kind in "OUS"):
+            if not (vi.dtype == object and value.dtype.kind in "OUSV"):
                 raise InvalidFeedError(
                     f"input {name!r}: expected dtype {type_string(vi.elem_type)} ({vi.dtype}), got {value.dtype}")
-            value = value.astype(object)
+            value = _strings(name, value)
         if vi.shape is not None:
             if value.ndim != len(vi.shape):
                 raise InvalidFeedError(
@@ -256,17 +358,14 @@ class InferenceSession:
     def _feeds(self, input_feed: dict) -> list:
         if not isinstance(input_feed, dict):
             raise InvalidFeedError(f"input_feed must be a dict of name -> array, got {type(input_feed).__name__}")
+        missing = [v.name for v in self._graph.inputs if v.name not in input_feed]
+        if missing:  # onnxruntime's wording
+            raise InvalidFeedError(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
         for name in input_feed:
             if name not in self._input_index:
                 raise InvalidFeedError(
                     f"input {name!r} is not an input of this model; expected one of {list(self._input_index)}")
-        feeds = []
-        for v in self._graph.inputs:
-            if v.name not in input_feed:
-                raise InvalidFeedError(f"input {v.name!r} is missing from the feed; the model expects "
-                                       f"{[x.name for x in self._graph.inputs]}")
-            feeds.append(self._check_feed(v.name, input_feed[v.name]))
-        return feeds
+        return [self._check_feed(v.name, input_feed[v.name]) for v in self._graph.inputs]
 
     # -- decode sibling ------------------------------------------------------------------------------
     @property
@@ -295,9 +394,11 @@ class InferenceSession:
             # One sibling per batch size: the batch symbols are pinned so the inlined interior is static.
             key = tuple(feeds[k].shape[ax] for k, ax in self._batch_positions)
             if key not in self._siblings:
-                fixed = dict(zip(self._batch_syms, key))
-                g = build_sibling(self._graph, self._scan_symbol, fixed)
-                self._siblings[key] = None if g is None else self._make_plan(g, main=False)
+                with self._sibling_lock:
+                    if key not in self._siblings:
+                        fixed = dict(zip(self._batch_syms, key))
+                        g = build_sibling(self._graph, self._scan_symbol, fixed)
+                        self._siblings[key] = None if g is None else self._make_plan(g, main=False)
             self._sibling = self._siblings[key]
         sibling = self.decode_sibling
         if route_to_sibling(self._decode_flag, sibling is not None, extent):
@@ -310,7 +411,13 @@ class InferenceSession:
         """Run with ``feeds`` already aligned to ``get_inputs()`` and valid (right dtype, rank and extents,
         C-contiguous); returns every output.  For callers that build their feeds themselves each step (the
         pipeline's decoder), so the per-feed checks of ``run`` are not paid on every token."""
-        return self._select_plan(feeds).run(feeds)
+        return self._threads(self._select_plan(feeds).run, feeds)
+
+    def _threads(self, fn, *args, **kwargs):
+        """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread)."""
+        if not self._nthreads:
+            return fn(*args, **kwargs)
+        return call_with_threads(self._nthreads, fn, *args, **kwargs)
 
     def direct_step(self):
         """For callers that run this session step after step with feeds they keep valid themselves (the
@@ -327,23 +434,86 @@ class InferenceSession:
         return d._replace(args=list(d.args))
 
     def run(self, output_names, input_feed, run_options=None):
+        """onnxruntime's ``run``: outputs named by ``output_names`` (all when None or empty) as numpy arrays
+        (lists for sequences)."""
+        idx = self._output_positions(output_names)
         feeds = self._feeds(input_feed)
-        results = self._select_plan(feeds).run(feeds)
+        results = self._run_plan(feeds, run_options)
+        return results if idx is None else [results[i] for i in idx]
+
+    def _output_positions(self, output_names):
         if not output_names:
-            return results
+            return None
         idx = []
         for n in output_names:
             if n not in self._output_index:
                 raise InvalidFeedError(f"output {n!r} is not an output of this model; expected one of "
                                        f"{list(self._output_index)}")
             idx.append(self._output_index[n])
-        return [results[i] for i in idx]
+        return idx
+
+    def _run_plan(self, feeds, run_options=None, **kw) -> list:
+        plan = self._select_plan(feeds)
+        prof = self._profiler if self._profiler is not None and not self._profiler.ended else None
+        if run_options is not None:
+            logger = self._logger
+            sev = int(getattr(run_options, "log_severity_level", -1))
+            if sev >= 0 and logger.isEnabledFor(severity_to_logging(sev)):
+                logger.log(severity_to_logging(sev), "run %r starts", getattr(run_options, "logid", ""))
+        if run_options is None and prof is None:
+            return self._threads(plan.run, feeds, **kw)
+        observer = RunObserver(plan, run_options, prof)
+        t0 = time.perf_counter_ns()
+        try:
+            return self._threads(plan.run, feeds, observer=observer, **kw)
+        finally:
+            if prof is not None:
+                prof.event("Session", "model_run", t0, time.perf_counter_ns())
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None) -> list:
+        """``run`` with ``OrtValue`` feeds (numpy arrays are taken too), returning ``OrtValue`` results."""
+        return [OrtValue(r) for r in self.run(output_names, input_dict_ort_values, run_options)]
+
+    def run_async(self, output_names, input_feed, callback, user_data=None, run_options=None) -> None:
+        """Run on a worker thread and call ``callback(results, user_data, error)`` there: ``error`` is '' on
+        success, else the error's message (and ``results`` empty), as onnxruntime's ``run_async``."""
+        if not callable(callback):
+            raise TypeError(f"run_async: callback must be callable, got {type(callback).__name__}")
+
+        def work():
+            try:
+                res = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # reported to the callback, as onnxruntime does
+                self._logger.error("run_async failed: %s", e)
+                callback([], user_data, f"{type(e).__name__}: {e}")
+                return
+            callback(res, user_data, "")
+
+        threading.Thread(target=work, name="onnx_numba-run_async", daemon=True).start()
 
     def io_binding(self) -> "IOBinding":
         return IOBinding(self)
 
     def run_with_iobinding(self, binding: "IOBinding", run_options=None) -> None:
-        binding._run()
+        binding._run(run_options)
+
+
+def _strings(name, value: np.ndarray) -> np.ndarray:
+    """A string feed (``str``, ``bytes`` or ``np.void`` items) as the object array of ``str`` kernels read."""
+    if value.dtype.kind == "U" or value.dtype == object:
+        return value.astype(object)
+    out = np.empty(value.shape, dtype=object)
+    flat = value.reshape(-1)
+    res = out.reshape(-1)
+    for i in range(flat.size):
+        b = bytes(flat[i])
+        if value.dtype.kind == "V":
+            b = b.rstrip(b"\0")
+        try:
+            res[i] = b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidFeedError(f"input {name!r}: string element {i} is not valid UTF-8") from None
+    return out
 
 
 class IOBinding:
@@ -397,24 +567,45 @@ class IOBinding:
                                    f"device; bind it to 'cpu' or a numpy array")
         self._outputs[name] = (buf, on_device)
 
+    def bind_ortvalue_input(self, name, ortvalue):
+        self.bind_input(name, ortvalue.value() if isinstance(ortvalue, OrtValue) else ortvalue)
+
+    def bind_ortvalue_output(self, name, ortvalue):
+        """Bind an output to the tensor of ``ortvalue``: the run writes its result there."""
+        v = ortvalue.value() if isinstance(ortvalue, OrtValue) else ortvalue
+        self.bind_output(name, v)
+
+    def synchronize_inputs(self):
+        """Bound inputs are read where they are (host arrays, or device arrays on this session's stream)."""
+        if self._s._provider == CUDA_PROVIDER:
+            rc.cuda.synchronize()
+
+    def synchronize_outputs(self):
+        """Wait until the outputs of the last run are complete (device work finished)."""
+        if self._s._provider == CUDA_PROVIDER:
+            rc.cuda.synchronize()
+
+    def get_outputs_as_ortvaluevector(self):
+        return [OrtValue(r) for r in self._results]
+
     def clear_binding_inputs(self):
         self._inputs.clear()
 
     def clear_binding_outputs(self):
         self._outputs.clear()
 
-    def _run(self):
+    def _run(self, run_options=None):
         # Bound inputs were checked when they were bound; only completeness is left to check.
         names = [v.name for v in self._s._graph.inputs]
         missing = [n for n in names if n not in self._inputs]
         if missing:
             raise InvalidFeedError(f"input(s) {missing} are not bound; the model expects {names}")
         feeds = [self._inputs[n] for n in names]
-        plan = self._s._select_plan(feeds)
         names = list(self._outputs) or list(self._s._output_index)
         index = self._s._output_index
         on_device = {index[n] for n, (_, dev) in self._outputs.items() if dev}
-        results = plan.run(feeds, device_outputs=on_device) if on_device else plan.run(feeds)
+        kw = {"device_outputs": on_device} if on_device else {}
+        results = self._s._run_plan(feeds, run_options, **kw)
         out = []
         for n in names:
             r = results[index[n]]
@@ -433,6 +624,11 @@ class IOBinding:
         self._results = out
 
     def get_outputs(self):
+        """The last run's outputs as ``OrtValue``s (onnxruntime's type), in binding order."""
+        return [OrtValue(r) for r in self._results]
+
+    def get_output_arrays(self) -> list:
+        """The last run's outputs as the arrays themselves (numpy, or device arrays kept on the device)."""
         return list(self._results)
 
     def copy_outputs_to_cpu(self):

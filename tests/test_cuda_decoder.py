@@ -376,7 +376,7 @@ def test_bind_step_binds_the_next_step_without_advancing(toy_package):
     assert (b.transfers.bytes_in, b.transfers.calls) == (a.transfers.bytes_in - 8, 1)  # binding moved nothing
     for _ in range(2):
         b.session.run_with_iobinding(binding)
-        np.testing.assert_array_equal(rc.to_host(binding.get_outputs()[li])[:, -1], want)
+        np.testing.assert_array_equal(rc.to_host(binding.get_output_arrays()[li])[:, -1], want)
     assert b.kv_length == 2
     for k, v in b.state_to_host().items():
         np.testing.assert_array_equal(v, state[k])

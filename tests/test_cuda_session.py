@@ -169,7 +169,7 @@ def test_io_binding_with_device_arrays_moves_nothing_after_the_first_run():
     s.run_with_iobinding(b)
     with rc.TransferCounter() as tc:
         s.run_with_iobinding(b)
-        out = b.get_outputs()[0]
+        out = b.get_output_arrays()[0]
     assert tc.h2d == tc.d2h == 0, tc
     assert rc.is_device_array(out)
     np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], want, rtol=1e-5, atol=1e-6)
@@ -177,7 +177,7 @@ def test_io_binding_with_device_arrays_moves_nothing_after_the_first_run():
     buf = rc.device_empty(want.shape, np.float32)
     b.bind_output("y", buf)
     s.run_with_iobinding(b)
-    assert b.get_outputs()[0] is buf
+    assert b.get_output_arrays()[0] is buf
     np.testing.assert_allclose(rc.to_host(buf), want, rtol=1e-5, atol=1e-6)
     # a numpy-bound output is downloaded into the array
     host = np.empty_like(want)
@@ -200,7 +200,7 @@ def test_a_capturing_block_runs_device_work_and_names_the_node_that_needs_the_ho
     with rc.launch_stream(rc.cuda.stream(), capturing=True), rc.TransferCounter() as tc:
         s.run_with_iobinding(b)
     assert (tc.h2d_calls, tc.d2h_calls) == (0, 0) and tc.launches > 0
-    np.testing.assert_allclose(rc.to_host(b.get_outputs()[0]), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rc.to_host(b.get_output_arrays()[0]), want, rtol=1e-5, atol=1e-6)
 
     opts = SessionOptions()
     opts.cuda_cpu_ops = {"TopK"}
@@ -244,7 +244,12 @@ def test_cuda_unavailable_is_an_error_not_a_fallback(monkeypatch):
     monkeypatch.setattr(rc, "available", lambda: False)
     monkeypatch.setattr(rc, "unavailable_reason", lambda: "no GPU (test)")
     with pytest.raises(CudaUnavailableError, match="no GPU \\(test\\)"):
-        InferenceSession(_mlp(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        InferenceSession(_mlp(), providers=["CUDAExecutionProvider"])
+    # An ordered preference that lists the CPU after it runs there, with a warning naming the skipped provider
+    # and why (onnxruntime's behaviour); nothing is skipped without one.
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider \\(no GPU \\(test\\)\\)"):
+        s = InferenceSession(_mlp(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert s.get_providers() == ["CPUExecutionProvider"]
     # the CPU provider is unaffected
     assert InferenceSession(_mlp(), providers=["CPUExecutionProvider"]).get_providers() == \
         ["CPUExecutionProvider"]

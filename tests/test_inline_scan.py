@@ -99,7 +99,7 @@ def test_state_continuity_across_the_prefill_to_decode_handoff(model):
     rr2 = _step(ref, _next_feeds(rr, ids))
     # Decode: the present buffers written by prefill are bound as the next step's past, as they are.
     b2 = s.io_binding()
-    outs = b.get_outputs()
+    outs = b.get_output_arrays()
     names = list(present) + ["logits", "present.2.key", "present.2.value"]
     got = dict(zip(names, outs))
     for i, o, _ in SPECS:
@@ -113,7 +113,7 @@ def test_state_continuity_across_the_prefill_to_decode_handoff(model):
     assert s.plan_runs == {"main": 1, "sibling": 1}
     for o, buf in present.items():
         assert got[o] is buf  # the prefill state reached the sibling as the very same buffer
-    res = dict(zip(list(nxt) + ["logits"], b2.get_outputs()))
+    res = dict(zip(list(nxt) + ["logits"], b2.get_output_arrays()))
     for o, buf in nxt.items():
         assert res[o] is buf
         np.testing.assert_array_equal(buf, rr2[o])

@@ -184,7 +184,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
 
     with rc.TransferCounter() as tc:
         eager()
-    want = rc.to_host(b.get_outputs()[li])
+    want = rc.to_host(b.get_output_arrays()[li])
     rep = {"model": model, "length": int(dec.kv_length) + 1, "launches": tc.launches,
            "consecutive_steps": {"launches": len(logs[1]),
                                  "repeated": max(len(logs[0]), len(logs[1])) - len(diffs), "differ": kinds},
@@ -208,7 +208,7 @@ def step_probe(model: str, prompt=None, reps: int = 50) -> dict:
             rep["captured"] = "capture failed"
             return rep
         rep["host_copies_in_step"] = "none: the step can be captured"
-        rep.update(_replay(graph, stream, lambda: rc.to_host(b.get_outputs()[li]), want, reps))
+        rep.update(_replay(graph, stream, lambda: rc.to_host(b.get_output_arrays()[li]), want, reps))
     rep["captured"] = "ok"
     rep["saved_us_per_step"] = rep["eager_us"] - rep["captured_us"]
     return rep

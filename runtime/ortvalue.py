@@ -1,0 +1,156 @@
+"""``OrtValue``: onnxruntime's value handle over what the runtime passes around.
+
+A tensor value wraps a numpy array (CPU) or a numba device array (CUDA, ``runtime.cuda``) without copying it:
+``numpy()`` of a CPU value is the array itself, so ``update_inplace`` and a session writing into a bound
+output change what the caller sees.  A sequence value wraps a list of arrays, an optional one None, a map a
+dict.  The element type spellings are onnxruntime's (``tensor(float)``, ``seq(tensor(int64))``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import np_dtype, onnx_type, type_string
+from .errors import InvalidFeedError
+
+__all__ = ["OrtValue", "value_type_string"]
+
+
+def value_type_string(v) -> str:
+    """onnxruntime's type string of a run-time value (a tensor, a list of tensors, a dict, None)."""
+    if isinstance(v, dict):
+        k = next(iter(v), None)
+        key = "string" if isinstance(k, str) or k is None else "int64"
+        val = next(iter(v.values()), None)
+        return f"map({key},{'tensor(float)' if val is None else value_type_string(np.asarray(val))})"
+    if isinstance(v, list):
+        return f"seq({value_type_string(v[0]) if v else 'tensor(float)'})"
+    return type_string(onnx_type(np.asarray(v).dtype if not hasattr(v, "dtype") else v.dtype))
+
+
+class OrtValue:
+    """A tensor, sequence, map or optional value, on the CPU or a CUDA device."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value):
+        self._value = value
+
+    # -- construction (onnxruntime's static factories) -------------------------------------------------------------
+    @staticmethod
+    def ortvalue_from_numpy(numpy_obj, device_type: str = "cpu", device_id: int = 0, vendor_id: int = -1):
+        """Wrap ``numpy_obj`` (no copy on the CPU; a copy to the device for ``device_type='cuda'``)."""
+        arr = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
+        kind = _device_kind(device_type)
+        if kind == "cuda":
+            from . import cuda as rc
+            return OrtValue(rc.to_device(np.ascontiguousarray(arr)))
+        return OrtValue(arr)
+
+    @staticmethod
+    def ortvalue_from_numpy_with_onnx_type(data, onnx_element_type: int):
+        want = np_dtype(int(onnx_element_type))
+        arr = np.asarray(data)
+        if arr.dtype.itemsize != want.itemsize and want != np.dtype(object):
+            raise InvalidFeedError(f"array of {arr.dtype} ({arr.dtype.itemsize} bytes) cannot hold ONNX element "
+                                   f"type {type_string(int(onnx_element_type))} ({want.itemsize} bytes)")
+        return OrtValue(arr.view(want) if arr.dtype != want and want != np.dtype(object) else arr)
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(shape, element_type, device_type: str = "cpu", device_id: int = 0,
+                                     vendor_id: int = -1):
+        """A new uninitialised tensor; ``element_type`` a numpy type or an ONNX element type number."""
+        dt = np_dtype(int(element_type)) if isinstance(element_type, (int, np.integer)) else np.dtype(element_type)
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise InvalidFeedError(f"shape {list(shape)}: dimensions must be >= 0")
+        if _device_kind(device_type) == "cuda":
+            from . import cuda as rc
+            return OrtValue(rc.device_empty(shape, dt))
+        return OrtValue(np.empty(shape, dt))
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def numpy(self):
+        """The value as numpy: the CPU array itself (no copy), a device array copied to the host, a list or dict."""
+        v = self._value
+        if isinstance(v, np.ndarray) or v is None or isinstance(v, (list, dict)):
+            return v
+        from . import cuda as rc
+        return rc.to_host(v)
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(value)``: the CPU array itself when no conversion is asked for (zero-copy)."""
+        a = self.numpy()
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
+    def value(self):
+        """The wrapped value as the runtime holds it (a device array stays on the device)."""
+        return self._value
+
+    def is_tensor(self) -> bool:
+        return self._value is not None and not isinstance(self._value, (list, dict))
+
+    def is_tensor_sequence(self) -> bool:
+        return isinstance(self._value, list)
+
+    def is_sparse_tensor(self) -> bool:
+        return False
+
+    def has_value(self) -> bool:
+        return self._value is not None
+
+    def _tensor(self, what):
+        if not self.is_tensor():
+            raise InvalidFeedError(f"OrtValue.{what}: the value is not a tensor ({self.data_type()})")
+        return self._value
+
+    def shape(self) -> list:
+        return list(self._tensor("shape").shape)
+
+    def data_type(self) -> str:
+        if self._value is None:
+            return "optional(tensor(float))"
+        return value_type_string(self._value)
+
+    def element_type(self) -> int:
+        return onnx_type(np.dtype(self._tensor("element_type").dtype))
+
+    def device_name(self) -> str:
+        return "cpu" if isinstance(self._value, (np.ndarray, list, dict)) or self._value is None else "cuda"
+
+    def tensor_size_in_bytes(self) -> int:
+        t = self._tensor("tensor_size_in_bytes")
+        return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+
+    def data_ptr(self) -> int:
+        t = self._tensor("data_ptr")
+        if isinstance(t, np.ndarray):
+            return int(t.ctypes.data)
+        from . import cuda as rc
+        return rc.device_pointer(t)
+
+    def update_inplace(self, np_arr) -> None:
+        """Copy ``np_arr`` into this tensor's memory (same shape and dtype)."""
+        t = self._tensor("update_inplace")
+        src = np.asarray(np_arr)
+        if tuple(src.shape) != tuple(t.shape) or src.dtype != np.dtype(t.dtype):
+            raise InvalidFeedError(f"update_inplace: expected {np.dtype(t.dtype)}{list(t.shape)}, got "
+                                   f"{src.dtype}{list(src.shape)}")
+        if isinstance(t, np.ndarray):
+            np.copyto(t, src)
+        else:
+            from . import cuda as rc
+            rc.to_device(np.ascontiguousarray(src), out=t)
+
+    def __repr__(self):
+        return f"OrtValue({self.data_type()}, device={self.device_name()})"
+
+
+def _device_kind(device_type) -> str:
+    kind = str(device_type or "cpu").lower()
+    if kind == "gpu":
+        kind = "cuda"
+    if kind not in ("cpu", "cuda"):
+        raise InvalidFeedError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    return kind

@@ -1,0 +1,427 @@
+"""``import runtime as ort`` as onnxruntime's Python module: names, options that do what they say, exceptions,
+providers, OrtValue, IOBinding, profiling and overlapping runs.  Each option's test fails when the option is
+ignored.  Tiny graphs built in code; onnxruntime itself is the reference where behaviour is compared."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+import numba
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper
+from onnxruntime.capi import onnxruntime_pybind11_state as ortstate
+
+import runtime as ort
+from runtime.profiling import RunObserver
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, **kw):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], **kw)
+
+
+def _mul(shape=(3, 2)):
+    """Y = X * W, W an initializer (onnxruntime's mul_1 shape)."""
+    w = numpy_helper.from_array(np.arange(1, 7, dtype=np.float32).reshape(shape), "W")
+    return _model([h.make_node("Mul", ["X", "W"], ["Y"], name="mul")],
+                  [h.make_tensor_value_info("X", T.FLOAT, list(shape))],
+                  [h.make_tensor_value_info("Y", T.FLOAT, list(shape))], [w])
+
+
+def _chain():
+    """Three elementwise nodes over a static shape (a fused segment when optimizing) and a foldable constant."""
+    c = numpy_helper.from_array(np.full((4,), 2.0, np.float32), "c")
+    nodes = [h.make_node("Add", ["c", "c"], ["c2"], name="fold_me"), h.make_node("Mul", ["x", "c2"], ["a"], name="m"),
+             h.make_node("Relu", ["a"], ["b"], name="r"), h.make_node("Sigmoid", ["b"], ["y"], name="s")]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                  [h.make_tensor_value_info("y", T.FLOAT, [4])], [c])
+
+
+X = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+
+
+# -- the module ------------------------------------------------------------------------------------------------------
+def test_module_names_match_onnxruntime():
+    for name in ["InferenceSession", "SessionOptions", "RunOptions", "OrtValue", "IOBinding", "NodeArg", "ModelMetadata",
+                 "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "get_available_providers",
+                 "get_all_providers", "get_device", "set_default_logger_severity", "__version__"]:
+        assert hasattr(ort, name), name
+    for enum in ["GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder"]:
+        ours, theirs = getattr(ort, enum), getattr(onnxruntime, enum)
+        assert {k: int(v) for k, v in ours.__members__.items()} == {k: int(v) for k, v in theirs.__members__.items()}
+    assert ort.get_all_providers()[-1] == "CPUExecutionProvider"
+    assert "CPUExecutionProvider" in ort.get_available_providers()
+    assert ort.get_device() in ("CPU", "GPU")
+
+
+def test_session_options_have_onnxruntimes_attributes_and_defaults():
+    ours, theirs = ort.SessionOptions(), onnxruntime.SessionOptions()
+    for name in dir(theirs):
+        if name.startswith("_") or callable(getattr(theirs, name)):
+            continue
+        assert hasattr(ours, name), name
+        a, b = getattr(ours, name), getattr(theirs, name)
+        if hasattr(b, "__index__"):  # onnxruntime's enums are pybind11 enums: compare their values
+            a, b = int(a), int(b)
+        assert a == b, name
+    with pytest.raises(AttributeError):
+        ours.intra_op_num_thread = 2  # misspelt: refused, as onnxruntime refuses it
+    with pytest.raises(AttributeError):
+        ort.RunOptions().terminte = True
+
+
+def test_stock_onnxruntime_provider_list_is_an_ordered_preference():
+    # onnxruntime.get_available_providers() lists AzureExecutionProvider first
+    with pytest.warns(UserWarning, match="AzureExecutionProvider"):
+        s = ort.InferenceSession(_mul().SerializeToString(), providers=["AzureExecutionProvider", "CPUExecutionProvider"])
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="AzureExecutionProvider"):
+        ort.InferenceSession(_mul().SerializeToString(), providers=["AzureExecutionProvider"])
+    with pytest.raises(ValueError, match="unknown execution provider"):
+        ort.InferenceSession(_mul().SerializeToString(), providers=["NoSuchExecutionProvider"])
+
+
+# -- exceptions ------------------------------------------------------------------------------------------------------
+def test_errors_are_onnxruntimes_exception_classes(tmp_path):
+    with pytest.raises(ortstate.NoSuchFile, match="does not exist"):
+        ort.InferenceSession(str(tmp_path / "missing.onnx"))
+    with pytest.raises(ortstate.InvalidProtobuf):
+        ort.InferenceSession(b"not a model at all")
+    bad = _model([h.make_node("NoSuchOp", ["X"], ["Y"], name="n0")], [h.make_tensor_value_info("X", T.FLOAT, [1])],
+                 [h.make_tensor_value_info("Y", T.FLOAT, [1])])
+    with pytest.raises(ortstate.NotImplemented, match="NoSuchOp"):
+        ort.InferenceSession(bad.SerializeToString())
+    s = ort.InferenceSession(_mul().SerializeToString())
+    with pytest.raises(ortstate.InvalidArgument, match="expected dtype"):
+        s.run(None, {"X": X.astype(np.int64)})
+    with pytest.raises(ValueError, match=r"Required inputs \(\['X'\]\) are missing from input feed \(\['Z'\]\)"):
+        s.run(None, {"Z": X})
+    with pytest.raises(ortstate.InvalidArgument, match="not an output"):
+        s.run(["nope"], {"X": X})
+    add = _model([h.make_node("Add", ["a", "b"], ["c"], name="add")],
+                 [h.make_tensor_value_info("a", T.FLOAT, None), h.make_tensor_value_info("b", T.FLOAT, None)],
+                 [h.make_tensor_value_info("c", T.FLOAT, None)])
+    with pytest.raises(ortstate.Fail, match="add"):  # a kernel failure, as onnxruntime's Fail
+        ort.InferenceSession(add.SerializeToString()).run(None, {"a": np.ones((2, 3), np.float32),
+                                                                 "b": np.ones(4, np.float32)})
+
+
+# -- options that do what they say -----------------------------------------------------------------------------------
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two Numba threads to tell 1 from the default")
+def test_intra_op_num_threads_is_per_session(monkeypatch):
+    seen = []
+    from runtime.executor import Plan
+    real = Plan.run
+
+    def spy(self, *a, **k):
+        seen.append(numba.get_num_threads())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Plan, "run", spy)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    one = ort.InferenceSession(_mul().SerializeToString(), so)
+    default = ort.InferenceSession(_mul().SerializeToString())
+    before = numba.get_num_threads()
+    one.run(None, {"X": X})
+    default.run(None, {"X": X})
+    assert seen == [1, before]
+    assert numba.get_num_threads() == before  # the caller's count is restored
+
+
+def test_graph_optimization_level_disable_all_keeps_every_node():
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    off = ort.InferenceSession(_chain().SerializeToString(), so)
+    on = ort.InferenceSession(_chain().SerializeToString())
+    x = np.array([-1, 0, 1, 2], np.float32)
+    np.testing.assert_array_equal(off.run(None, {"x": x})[0], on.run(None, {"x": x})[0])
+    assert [n.name for n in off.plan.step_nodes] == ["fold_me", "m", "r", "s"]
+    assert not off.plan.segments
+    assert "fold_me" not in [n.name for n in on.plan.step_nodes]  # folded when optimizing
+
+
+def _gated():
+    """The SiLU gate y = (g * sigmoid(g)) * u, which the CPU fuses into one GatedActivation at level >= 2."""
+    nodes = [h.make_node("Sigmoid", ["g"], ["s"], name="sig"), h.make_node("Mul", ["g", "s"], ["a"], name="silu"),
+             h.make_node("Mul", ["a", "u"], ["y"], name="gate")]
+    w = numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), "w")
+    nodes.insert(0, h.make_node("MatMul", ["x", "w"], ["g"], name="mm"))
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 8]), h.make_tensor_value_info("u", T.FLOAT, [2, 8])],
+                  [h.make_tensor_value_info("y", T.FLOAT, [2, 8])], [w])
+
+
+def test_optimized_model_filepath_writes_a_model_onnxruntime_runs(tmp_path):
+    path = tmp_path / "opt" / "model.onnx"
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(path)
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "100")
+    s = ort.InferenceSession(_gated().SerializeToString(), so)
+    assert "GatedActivation" in [n.op_type for n in s.plan.step_nodes]  # the written graph holds a fused node
+    assert path.exists() and (tmp_path / "opt" / "weights.bin").exists()
+    saved = onnx.load(str(path), load_external_data=False)
+    assert [f.name for f in saved.functions] == ["GatedActivation_silu_2"]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32), "u": rng.standard_normal((2, 8)).astype(np.float32)}
+    want = onnxruntime.InferenceSession(_gated().SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    again = ort.InferenceSession(str(path)).run(None, feeds)[0]  # and this runtime reloads it
+    np.testing.assert_allclose(again, want, rtol=1e-6, atol=1e-6)
+
+
+def test_session_config_entries_are_kept_and_missing_keys_named():
+    so = ort.SessionOptions()
+    so.add_session_config_entry("CONFIG_KEY", "CONFIG_VAL")
+    assert so.get_session_config_entry("CONFIG_KEY") == "CONFIG_VAL"
+    with pytest.raises(RuntimeError, match="does not have configuration with key: INVALID_KEY"):
+        so.get_session_config_entry("INVALID_KEY")
+    with pytest.raises(ValueError, match="ORT format"):
+        so.add_session_config_entry("session.load_model_format", "ORT")
+
+
+def test_add_initializer_overrides_the_models(tmp_path):
+    so = ort.SessionOptions()
+    w = np.array([[2, 1], [4, 3], [6, 5]], np.float32)
+    so.add_initializer("W", ort.OrtValue.ortvalue_from_numpy(w))
+    np.testing.assert_array_equal(ort.InferenceSession(_mul().SerializeToString(), so).run(["Y"], {"X": X})[0], X * w)
+    bad = ort.SessionOptions()
+    bad.add_initializer("W", np.zeros((2, 2), np.float32))
+    with pytest.raises(ort.ModelLoadError, match="float32\\[3, 2\\]"):
+        ort.InferenceSession(_mul().SerializeToString(), bad)
+    # an initializer whose external file is missing can be supplied by the caller
+    m = _mul()
+    t = m.graph.initializer[0]
+    t.ClearField("raw_data")
+    del t.float_data[:]
+    t.data_location = T.EXTERNAL
+    t.external_data.add(key="location", value="not_on_disk.bin")
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    with pytest.raises(ort.ExternalDataPathError):
+        ort.InferenceSession(str(tmp_path / "m.onnx"))
+    user = ort.SessionOptions()
+    user.add_external_initializers(["W"], [ort.OrtValue.ortvalue_from_numpy(w)])
+    np.testing.assert_array_equal(ort.InferenceSession(str(tmp_path / "m.onnx"), user).run(None, {"X": X})[0], X * w)
+
+
+def test_free_dimension_overrides():
+    x = h.make_tensor_value_info("x", T.FLOAT, ["Dim1", "Dim2", 5])
+    x.type.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
+    m = _model([h.make_node("Abs", ["x"], ["y"])], [x], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    by_name = ort.SessionOptions()
+    by_name.add_free_dimension_override_by_name("Dim1", 4)
+    by_name.add_free_dimension_override_by_name("Dim2", 6)
+    s = ort.InferenceSession(m.SerializeToString(), by_name)
+    assert s.get_inputs()[0].shape == [4, 6, 5]
+    with pytest.raises(ort.InvalidFeedError, match="axis 0: expected 4, got 3"):
+        s.run(None, {"x": np.zeros((3, 6, 5), np.float32)})
+    by_den = ort.SessionOptions()
+    by_den.add_free_dimension_override_by_denotation("DATA_BATCH", 3)
+    assert ort.InferenceSession(m.SerializeToString(), by_den).get_inputs()[0].shape == [3, "Dim2", 5]
+
+
+def test_log_severity_level_and_logid_go_through_logging(caplog):
+    so = ort.SessionOptions()
+    so.log_severity_level = 0
+    so.logid = "mylog"
+    with caplog.at_level(logging.DEBUG, logger="onnx_numba"):
+        ort.InferenceSession(_mul().SerializeToString(), so)
+    assert any(r.name == "onnx_numba.session.mylog" and "nodes planned" in r.message for r in caplog.records)
+    caplog.clear()
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3
+    quiet.logid = "quiet"
+    with caplog.at_level(logging.DEBUG, logger="onnx_numba"):
+        ort.InferenceSession(_mul().SerializeToString(), quiet,
+                             providers=["AzureExecutionProvider", "CPUExecutionProvider"])
+    assert not [r for r in caplog.records if r.name == "onnx_numba.session.quiet"]
+
+
+def test_profiling_writes_onnxruntimes_trace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = "prof"
+    s = ort.InferenceSession(_chain().SerializeToString(), so)
+    t_start = s.get_profiling_start_time_ns()
+    s.run(None, {"x": np.ones(4, np.float32)})
+    path = s.end_profiling()
+    assert os.path.basename(path).startswith("prof_") and path.endswith(".json")
+    lines = open(path).read().splitlines()
+    assert lines[0] == "[" and lines[-1] == "]"
+    events = json.loads("\n".join(lines))
+    for e in events:
+        assert {"pid", "tid", "dur", "ts", "ph", "name", "args", "cat"} <= set(e) and e["ph"] == "X"
+    nodes = [e for e in events if e["cat"] == "Node"]
+    assert [e["args"]["op_name"] for e in nodes] == [n.op_type for n in s.plan.step_nodes]
+    assert nodes[0]["name"] == f"{s.plan.step_nodes[0].name}_kernel_time"
+    assert nodes[0]["args"]["input_type_shape"][0] == {"float": [4]}
+    assert {"session_initialization", "model_run"} <= {e["name"] for e in events}
+    later = ort.InferenceSession(_mul().SerializeToString(), so)
+    assert later.get_profiling_start_time_ns() >= t_start
+    os.remove(later.end_profiling())
+
+
+def test_run_options_terminate_stops_at_the_next_node(monkeypatch):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(_chain().SerializeToString(), so)
+    ro = ort.RunOptions()
+    ro.terminate = True
+    with pytest.raises(ortstate.Fail, match="'fold_me'.*RunOptions.terminate"):
+        s.run(None, {"x": np.ones(4, np.float32)}, ro)
+    # set while the run is in progress (after its first node): the second node does not run
+    ro.terminate = False
+    real = RunObserver.after
+
+    def after(self, k, *a):
+        real(self, k, *a)
+        self.run_options.terminate = True
+
+    monkeypatch.setattr(RunObserver, "after", after)
+    with pytest.raises(ort.RunTerminatedError, match="node 'm'"):
+        s.run(None, {"x": np.ones(4, np.float32)}, run_options=ro)
+
+
+def test_model_metadata():
+    m = _mul()
+    m.producer_name, m.domain, m.doc_string, m.model_version = "maker", "dom", "about", 7
+    m.graph.doc_string = "graph doc"
+    m.metadata_props.add(key="k", value="v")
+    meta = ort.InferenceSession(m.SerializeToString()).get_modelmeta()
+    assert (meta.producer_name, meta.graph_name, meta.domain, meta.description, meta.graph_description,
+            meta.version, meta.custom_metadata_map) == ("maker", "g", "dom", "about", "graph doc", 7, {"k": "v"})
+
+
+# -- session and binding ---------------------------------------------------------------------------------------------
+def test_node_arg_type_strings_are_onnxruntimes():
+    sq = h.make_tensor_sequence_value_info("s", T.INT64, None)
+    opt = h.make_value_info("o", h.make_optional_type_proto(h.make_sequence_type_proto(
+        h.make_tensor_type_proto(T.FLOAT, None))))
+    m = _model([h.make_node("SequenceLength", ["s"], ["n"]), h.make_node("Identity", ["o"], ["o2"])], [sq, opt],
+               [h.make_tensor_value_info("n", T.INT64, []), h.make_value_info("o2", opt.type)], opset=18)
+    theirs = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ours = ort.InferenceSession(m.SerializeToString())
+    for a, b in zip(ours.get_inputs() + ours.get_outputs(), theirs.get_inputs() + theirs.get_outputs()):
+        assert (a.name, a.type, a.shape) == (b.name, b.type, b.shape)
+    r = ours.run(None, {"s": [np.zeros(2, np.int64)] * 3, "o": [np.ones(1, np.float32)]})
+    assert int(r[0]) == 3 and isinstance(r[1], list)
+
+
+@pytest.mark.parametrize("feed", [
+    np.array([["must", "have"], ["same", "size"]]),
+    np.array([[b"must", b"have"], [b"same", b"size"]]),
+    np.array([b"must", b"have", b"same", b"size"], dtype=np.void).reshape(2, 2),
+    np.array([["must", "have"], ["same", "size"]], dtype=object),
+])
+def test_string_feeds_as_onnxruntime_takes_them(feed):
+    m = _model([h.make_node("Identity", ["x"], ["y"])], [h.make_tensor_value_info("x", T.STRING, [2, 2])],
+               [h.make_tensor_value_info("y", T.STRING, [2, 2])])
+    (y,) = ort.InferenceSession(m.SerializeToString()).run(None, {"x": feed})
+    assert y.dtype == object and y.tolist() == [["must", "have"], ["same", "size"]]
+
+
+def test_ort_value_feeds_and_results():
+    s = ort.InferenceSession(_mul().SerializeToString())
+    ov = ort.OrtValue.ortvalue_from_numpy(X)
+    assert (ov.device_name(), ov.shape(), ov.data_type(), ov.is_tensor(), ov.tensor_size_in_bytes(),
+            ov.element_type()) == ("cpu", [3, 2], "tensor(float)", True, 24, 1)
+    assert np.asarray(ov).ctypes.data == X.ctypes.data  # zero-copy
+    want = X * np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(s.run(["Y"], {"X": ov})[0], want)
+    (r,) = s.run_with_ort_values(["Y"], {"X": ov})
+    assert isinstance(r, ort.OrtValue)
+    np.testing.assert_array_equal(r.numpy(), want)
+    buf = ort.OrtValue.ortvalue_from_shape_and_type([3, 2], np.float32)
+    buf.update_inplace(X)
+    np.testing.assert_array_equal(buf.numpy(), X)
+
+
+def test_run_async_calls_back_on_a_worker():
+    s = ort.InferenceSession(_mul().SerializeToString())
+    done, got = threading.Event(), {}
+
+    def cb(res, data, err):
+        got.update(res=res, data=data, err=err, thread=threading.current_thread())
+        done.set()
+
+    token = object()
+    s.run_async(["Y"], {"X": X}, cb, token)
+    assert done.wait(30)
+    assert got["err"] == "" and got["data"] is token and got["thread"] is not threading.current_thread()
+    np.testing.assert_array_equal(got["res"][0], X * np.arange(1, 7, dtype=np.float32).reshape(3, 2))
+    done.clear()
+    s.run_async(["Y"], {"X": X.astype(np.int64)}, cb, token)
+    assert done.wait(30) and "expected dtype" in got["err"] and got["res"] == []
+
+
+def test_iobinding_surface():
+    s = ort.InferenceSession(_mul().SerializeToString())
+    b = s.io_binding()
+    b.bind_ortvalue_input("X", ort.OrtValue.ortvalue_from_numpy(X))
+    out = ort.OrtValue.ortvalue_from_shape_and_type([3, 2], np.float32)
+    b.bind_ortvalue_output("Y", out)
+    b.synchronize_inputs()
+    s.run_with_iobinding(b)
+    b.synchronize_outputs()
+    want = X * np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(out.numpy(), want)  # written into the bound tensor
+    (ov,) = b.get_outputs_as_ortvaluevector()
+    np.testing.assert_array_equal(ov.numpy(), want)
+    np.testing.assert_array_equal(b.copy_outputs_to_cpu()[0], want)
+
+
+def test_set_providers_rebuilds_the_session():
+    s = ort.InferenceSession(_mul().SerializeToString())
+    s.set_providers(["CPUExecutionProvider"])
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(s.run(None, {"X": X})[0], X * np.arange(1, 7, dtype=np.float32).reshape(3, 2))
+    with pytest.raises(ValueError, match="unknown execution provider"):
+        s.set_providers(["InvalidProvider"])
+
+
+# -- overlapping runs --------------------------------------------------------------------------------------------------
+def test_runs_overlap_instead_of_waiting_for_each_other():
+    """A run that starts while another holds the plan's buffers gets its own instead of waiting."""
+    s = ort.InferenceSession(_chain().SerializeToString())
+    x = np.array([-1, 0, 1, 2], np.float32)
+    want = s.run(None, {"x": x})[0]
+    got = []
+    with s.plan._busy:  # as if a long run were in progress
+        t = threading.Thread(target=lambda: got.append(s.run(None, {"x": x})[0]))
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the second run waited for the first"
+    np.testing.assert_array_equal(got[0], want)
+    assert len(s.plan._spare) == 1
+
+
+def test_eight_threads_give_the_serial_results():
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Relu", ["a"], ["b"]),
+             h.make_node("MatMul", ["b", "w"], ["c"]), h.make_node("Tanh", ["c"], ["y"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [4, 16])], [h.make_tensor_value_info("y", T.FLOAT, [4, 16])],
+               [w])
+    s = ort.InferenceSession(m.SerializeToString())
+    xs = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(8)]
+    want = [s.run(None, {"x": x})[0] for x in xs]
+    bad = []
+
+    def worker(k):
+        for _ in range(200):
+            if not np.array_equal(s.run(None, {"x": xs[k]})[0], want[k]):
+                bad.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

@@ -34,7 +34,23 @@ def get_version_string() -> str:
     return __version__
 
 
+def get_build_info() -> str:
+    """A line naming the runtime and the libraries that compile and run its kernels."""
+    import numba
+    import numpy
+    return f"Build Info: onnx-numba {__version__}, numba {numba.__version__}, numpy {numpy.__version__}"
+
+
+def disable_telemetry_events() -> None:
+    """onnxruntime's switch; this runtime sends no telemetry, so there is nothing to turn off."""
+
+
+def enable_telemetry_events() -> None:
+    """onnxruntime's switch; this runtime sends no telemetry."""
+
+
 __all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "RunOptions", "OrtValue", "ModelMetadata",
            "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "get_available_providers",
-           "get_all_providers", "get_device", "get_version_string", "set_default_logger_severity", "__version__",
+           "get_all_providers", "get_device", "get_version_string", "get_build_info", "disable_telemetry_events",
+           "enable_telemetry_events", "set_default_logger_severity", "__version__",
            "build_graph", *_errors_all]

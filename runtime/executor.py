@@ -197,12 +197,18 @@ class Plan:
                             in_region=in_region, in_segment=in_segment, seg_values=seg_values, discard=discard)
         self._region_steps = {}
         (self.steps, self.step_nodes, self.segments, self.regions, self.step_region,
-         self.arena_bytes) = self._bind_steps()
+         self.arena_bytes, self._plain) = self._bind_steps()
         self._groups = {k: reg.nodes for k, reg in self.step_region.items()}
         at = {id(n): k for k, n in enumerate(self.step_nodes)}
         for seg in self.segments:
             self._groups[at[id(seg.nodes[0])]] = seg.nodes
         self._spare = []  # step lists for runs that overlap the one using ``steps`` (built on demand)
+        self._into_cache = {}  # IOBinding's bound outputs -> steps writing into them (run_into)
+        self._deps = None  # run_parallel's schedule
+        self._pool = None
+        self._pool_size = 0
+        self._free_lists = []  # step lists without arena buffers, for run_parallel
+        self._into_bufs = {}
         self._spare_lock = threading.Lock()
         self.template = values
         self.nslots = len(values)
@@ -214,11 +220,12 @@ class Plan:
             from .regions import cold_kinds
             self._cold = cold_kinds(self.regions)
 
-    def _bind_steps(self):
+    def _bind_steps(self, arena: bool = True):
         """One list of steps, bound to arena buffers of its own (segments too have scratch of their own), so
-        that two step lists can run at once; compiled regions are stateless and shared by every list."""
+        that two step lists can run at once; compiled regions are stateless and shared by every list.  Without
+        ``arena`` every kernel returns fresh arrays (the steps may then run in any order their data allows)."""
         L = self._layout
-        graph, bound, preallocate, provider, session_options = (L["graph"], L["bound"], L["preallocate"],
+        graph, bound, preallocate, provider, session_options = (L["graph"], L["bound"], L["preallocate"] and arena,
                                                                  L["provider"], L["session_options"])
         slot_of, end, INF, roots, last_use, step_reads = (L["slot_of"], L["end"], L["INF"], L["roots"],
                                                           L["last_use"], L["step_reads"])
@@ -258,6 +265,7 @@ class Plan:
         steps = []
         step_nodes = []
         seg_objs = []
+        plain = {}  # step index -> (node index, its output buffers) for steps that run one node
         seg_start = {a: b for a, b in segments}
         region_at = {a: (b, em) for a, b, em in regions}
         reg_objs = []
@@ -308,32 +316,190 @@ class Plan:
                 seg_objs.append(seg)
                 i_skip = end_i
                 continue
-            ins = list(node.inputs)
-            while ins and not ins[-1]:
-                ins.pop()
-            # A node with subgraphs also receives, after its declared inputs, every value its
-            # subgraphs read from enclosing scopes (in ``ctx.captured`` order).
-            captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
-            in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
-            ctx = registry.OpContext(
-                name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
-                attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
-                input_types=[graph.value_info.get(x) if x else None for x in ins],
-                output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
-                out=outs_buffers[i], provider=provider, outputs_used=[bool(x) for x in node.outputs],
-                node=node, graph=graph, session_options=session_options, captured=captured)
-            try:
-                fn = registry.bind(impl, ctx)
-            except OnnxNumbaError:
-                raise
-            except Exception as e:
-                raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
-            outs = [slot_of[o] if o else discard for o in node.outputs]
-            out = outs[0] if len(outs) == 1 else tuple(outs)
-            frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
-            steps.append((fn, _getter(in_slots), out, frees))
+            plain[len(steps)] = (i, outs_buffers[i])
+            steps.append(self._node_step(i, outs_buffers[i]))
             step_nodes.append(node)
-        return steps, step_nodes, seg_objs, reg_objs, step_region, arena_bytes
+        return steps, step_nodes, seg_objs, reg_objs, step_region, arena_bytes, plain
+
+    def _node_step(self, i, bufs):
+        """The step running node ``i`` alone, its kernel bound to write its outputs into ``bufs`` (None: fresh)."""
+        L = self._layout
+        graph, impl, node, slot_of = L["graph"], L["bound"][i], L["graph"].nodes[i], L["slot_of"]
+        ins = list(node.inputs)
+        while ins and not ins[-1]:
+            ins.pop()
+        # A node with subgraphs also receives, after its declared inputs, every value its
+        # subgraphs read from enclosing scopes (in ``ctx.captured`` order).
+        captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
+        in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
+        ctx = registry.OpContext(
+            name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
+            attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
+            input_types=[graph.value_info.get(x) if x else None for x in ins],
+            output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
+            out=bufs, provider=L["provider"], outputs_used=[bool(x) for x in node.outputs],
+            node=node, graph=graph, session_options=L["session_options"], captured=captured)
+        try:
+            fn = registry.bind(impl, ctx)
+        except OnnxNumbaError:
+            raise
+        except Exception as e:
+            raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
+        outs = [slot_of[o] if o else L["discard"] for o in node.outputs]
+        out = outs[0] if len(outs) == 1 else tuple(outs)
+        last_use, step_reads = L["last_use"], L["step_reads"]
+        frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
+        return fn, _getter(in_slots), out, frees
+
+    def _steps_into(self, bound: dict):
+        """``steps`` with the kernels that produce the outputs in ``bound`` ({output position: array}) bound to
+        write into those arrays; None when none can (its shape is not static, the kernel cannot write into a
+        buffer, or the node runs in a segment or region), then ``run_into`` copies."""
+        key = tuple(sorted((j, id(a)) for j, a in bound.items()))
+        hit = self._into_cache.get(key)
+        if hit is not None:
+            return hit[0]
+        L = self._layout
+        graph, impls = L["graph"], L["bound"]
+        producer = {o: k for k, (i, _) in self._plain.items() for o in graph.nodes[i].outputs if o}
+        steps, changed = list(self.steps), False
+        for j, arr in bound.items():
+            name = self.output_names[j]
+            k = producer.get(name)
+            if k is None or self.copy_out[j] or not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous \
+                    or not arr.flags.writeable:
+                continue
+            i, bufs = self._plain[k]
+            impl, vi = impls[i], graph.value_info.get(name)
+            if not (impl.factory or impl.wants_ctx) or impl.views or vi is None or vi.static_shape is None \
+                    or tuple(arr.shape) != tuple(vi.static_shape) or vi.dtype is None or arr.dtype != vi.dtype:
+                continue
+            bufs = list(bufs if steps[k] is self.steps[k] else self._into_bufs[k])
+            bufs[graph.nodes[i].outputs.index(name)] = arr
+            self._into_bufs[k] = bufs
+            steps[k] = self._node_step(i, bufs)
+            changed = True
+        result = steps if changed else None
+        if len(self._into_cache) >= 8:
+            self._into_cache.clear()
+        self._into_cache[key] = (result, list(bound.values()))  # the arrays stay alive while their ids are keys
+        return result
+
+    def _dependencies(self):
+        """(steps each step waits for, readers left per slot at a run's start, slots a run may drop), for
+        ``run_parallel``; computed once."""
+        if self._deps is not None:
+            return self._deps
+        slot_of = self.slot_of
+        produced_by = {}
+        for k, (_, _, out, _) in enumerate(self.steps):
+            for o in ((out,) if out.__class__ is int else out):
+                produced_by[o] = k
+        waits, readers = [], {}
+        for k in range(len(self.steps)):
+            group = self.step_group(k)
+            inside = {o for n in group for o in n.outputs if o}
+            names = {x for n in group for x in n.inputs if x and x not in inside}
+            names |= {x for n in group for g in subgraphs(n) for x in free_names(g) if x in slot_of and x not in inside}
+            slots = {slot_of[x] for x in names}
+            waits.append(({produced_by[q] for q in slots if q in produced_by and produced_by[q] != k}, tuple(slots)))
+            for q in slots:
+                readers[q] = readers.get(q, 0) + 1
+        keep = set(self.output_slots) | self.init_slots | set(self.input_slots) | set(self.outer_slots)
+        self._deps = (waits, readers, keep)
+        return self._deps
+
+    def run_parallel(self, feeds, workers: int, call=None, observer=None) -> list:
+        """``run`` with independent steps on up to ``workers`` threads at once (``ExecutionMode.ORT_PARALLEL``).
+
+        Steps run as soon as the steps producing their inputs have finished, on a step list bound without the
+        arena (whose blocks are reused in sequential order); a value is dropped when its last reader has run.
+        ``call(fn, *args)`` runs each kernel (the session's per-thread thread counts)."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+        if self._cold is not None or len(self.steps) < 2 or workers < 2 or self.outer_slots:
+            return self.run(feeds, observer=observer)
+        waits, readers, keep = self._dependencies()
+        with self._spare_lock:
+            if self._pool is None or self._pool_size != workers:
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnx_numba-inter-op")
+                self._pool_size = workers
+            steps = self._free_lists.pop() if self._free_lists else None
+        if steps is None:
+            steps = self._bind_steps(arena=False)[0]
+        call = call or (lambda fn, *a: fn(*a))
+        vals = self.template[:]
+        for q, v in zip(self.input_slots, feeds):
+            vals[q] = v
+        left = dict(readers)
+        pending = [len(w) for w, _ in waits]
+        after = [[] for _ in steps]
+        for k, (w, _) in enumerate(waits):
+            for d in w:
+                after[d].append(k)
+        clock = time.perf_counter_ns
+
+        def one(k):
+            if observer is not None:
+                observer.before(k)
+            fn, get, out, _ = steps[k]
+            args = get(vals)
+            t0 = clock()
+            r = call(fn, *args)
+            if observer is not None:
+                observer.after(k, args, r, t0)
+            return r
+
+        running = {}
+        try:
+            for k, n in enumerate(pending):
+                if n == 0:
+                    running[self._pool.submit(one, k)] = k
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    k = running.pop(f)
+                    try:
+                        r = f.result()
+                    except Exception as e:
+                        for g in running:
+                            g.cancel()
+                        wait(running)
+                        self.raise_at_step(k, e)
+                    out = steps[k][2]
+                    if out.__class__ is int:
+                        vals[out] = r
+                    else:
+                        for o, x in zip(out, r):
+                            vals[o] = x
+                    for q in waits[k][1]:
+                        left[q] -= 1
+                        if left[q] == 0 and q not in keep:
+                            vals[q] = None
+                    for nxt in after[k]:
+                        pending[nxt] -= 1
+                        if pending[nxt] == 0:
+                            running[self._pool.submit(one, nxt)] = nxt
+        finally:
+            with self._spare_lock:
+                self._free_lists.append(steps)
+        res = [vals[q] for q in self.output_slots]
+        for j, c in enumerate(self.copy_out):
+            if c and isinstance(res[j], np.ndarray):
+                res[j] = res[j].copy()
+        return res
+
+    def run_into(self, feeds, bound: dict, observer=None) -> list:
+        """``run``, with the outputs in ``bound`` ({output position: numpy array}) written straight into those
+        arrays by the kernels that produce them where they can (see ``_steps_into``); the caller copies the
+        rest."""
+        if self._cold is not None or not bound or any(
+                isinstance(f, np.ndarray) and np.shares_memory(f, a) for f in feeds for a in bound.values()):
+            return self.run(feeds, observer=observer)
+        steps = self._steps_into(bound)
+        if steps is None:
+            return self.run(feeds, observer=observer)
+        with self._busy:
+            return self._execute(steps, feeds, (), observer)
 
     def _direct_region(self):
         """For a plan that is compiled regions only, reading feeds and initializers (a decoder step), a

@@ -1,5 +1,6 @@
-"""Session profiling in onnxruntime's format: a Chrome-trace JSON array, one complete event (``"ph": "X"``) per
-line, times in microseconds since the profiler started.
+"""Session profiling in onnxruntime's format: a Chrome-trace JSON array of complete events.
+
+One event (``"ph": "X"``) per line, times in microseconds since the profiler started.
 
 Events: ``model_loading_uri`` and ``session_initialization`` once (category ``Session``), ``model_run`` per run,
 and per run one ``<node name>_kernel_time`` event per step (category ``Node``) whose ``args`` hold the op

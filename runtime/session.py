@@ -128,8 +128,12 @@ def _override_dims(graph, by_name: dict, by_denotation: dict) -> None:
             graph.value_info[v.name].shape = v.shape
 
 
-def build_graph(model, options: SessionOptions | None = None, provider: str = "CPUExecutionProvider") -> Graph:
-    """Load and optimize ``model`` into a plannable IR graph."""
+def build_graph(model, options: SessionOptions | None = None, provider: str = "CPUExecutionProvider",
+                disabled_optimizers=()) -> Graph:
+    """Load and optimize ``model`` into a plannable IR graph; ``disabled_optimizers`` names passes to skip
+    (onnxruntime's names ``ConstantFolding``, ``EliminateIdentity``, ``GatedActivationFusion``, or the passes'
+    class names)."""
+    disabled = set(disabled_optimizers or ())
     options = options or SessionOptions()
     graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None))
     _override_dims(graph, getattr(options, "_dim_by_name", {}), getattr(options, "_dim_by_denotation", {}))
@@ -151,13 +155,14 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
         graph.toposort()
         InferShapes(strict=False)(graph)
     if getattr(options, "graph_optimization_level", 99):
-        if simplify()(graph).modified:
+        if simplify(disabled)(graph).modified:
             InferShapes(strict=False)(graph)
     if int(getattr(options, "graph_optimization_level", 99)) >= 2:
         # The feed-forward gate as one kernel (runtime/passes/cuda_fusions.py): on the CPU one pass over memory
         # where the export has three; on a GPU also the gate and value products merged (launch-bound steps).
         from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul, FuseGatedMatMulNBits
-        if FuseGatedActivation()(graph).modified and provider == CUDA_PROVIDER:
+        if not disabled & {"GatedActivationFusion", "FuseGatedActivation"} and \
+                FuseGatedActivation()(graph).modified and provider == CUDA_PROVIDER:
             FuseGatedMatMul()(graph)
             FuseGatedMatMulNBits()(graph)
     return graph
@@ -176,11 +181,18 @@ class InferenceSession:
         self._profiler = Profiler(getattr(self._options, "profile_file_prefix", "onnxruntime_profile_")) \
             if getattr(self._options, "enable_profiling", False) else None
         self._model = path_or_bytes
+        self._disabled = list(kwargs.get("disabled_optimizers") or ())
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         n = int(getattr(self._options, "intra_op_num_threads", 0) or 0)
         if n < 0:
             raise ValueError(f"intra_op_num_threads must be >= 0, got {n}")
         self._nthreads = min(n, numba.config.NUMBA_NUM_THREADS) if n else 0
+        # ExecutionMode.ORT_PARALLEL: independent nodes run on inter_op_num_threads threads (0: one per core).
+        parallel = int(getattr(self._options, "execution_mode", 0) or 0) == 1
+        inter = int(getattr(self._options, "inter_op_num_threads", 0) or 0)
+        if inter < 0:
+            raise ValueError(f"inter_op_num_threads must be >= 0, got {inter}")
+        self._parallel = (inter or os.cpu_count() or 1) if parallel else 0
         t0 = time.perf_counter_ns()
         self._build(providers, provider_options)
         if self._profiler is not None:
@@ -192,7 +204,7 @@ class InferenceSession:
         """Choose the provider, load and optimize the graph, plan it (also ``set_providers``)."""
         self._provider, self._provider_options, self._device = choose_provider(providers, provider_options,
                                                                                self._logger)
-        self._graph = build_graph(self._model, self._options, self._provider)
+        self._graph = build_graph(self._model, self._options, self._provider, self._disabled)
         self._save_optimized()
         self._plan = self._make_plan(self._graph)
         release_pages(self._graph.initializers.values())  # planning read the weights it repacked
@@ -413,6 +425,10 @@ class InferenceSession:
         pipeline's decoder), so the per-feed checks of ``run`` are not paid on every token."""
         return self._threads(self._select_plan(feeds).run, feeds)
 
+    def _call_kernel(self, fn, *args):
+        """One kernel on an inter-op worker thread, with this session's intra-op thread count."""
+        return call_with_threads(self._nthreads, fn, *args)
+
     def _threads(self, fn, *args, **kwargs):
         """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread)."""
         if not self._nthreads:
@@ -452,8 +468,18 @@ class InferenceSession:
             idx.append(self._output_index[n])
         return idx
 
-    def _run_plan(self, feeds, run_options=None, **kw) -> list:
+    def _run_plan(self, feeds, run_options=None, into=None, **kw) -> list:
+        """Run the plan for ``feeds``; ``into`` ({output position: array}, an ``IOBinding``'s bound outputs) are
+        written in place where the plan can (``Plan.run_into``)."""
         plan = self._select_plan(feeds)
+        if into and hasattr(plan, "run_into"):
+            run = plan.run_into
+            kw["bound"] = into
+        elif self._parallel and hasattr(plan, "run_parallel") and not kw:
+            run = plan.run_parallel
+            kw = {"workers": self._parallel, "call": self._call_kernel}
+        else:
+            run = plan.run
         prof = self._profiler if self._profiler is not None and not self._profiler.ended else None
         if run_options is not None:
             logger = self._logger
@@ -461,11 +487,11 @@ class InferenceSession:
             if sev >= 0 and logger.isEnabledFor(severity_to_logging(sev)):
                 logger.log(severity_to_logging(sev), "run %r starts", getattr(run_options, "logid", ""))
         if run_options is None and prof is None:
-            return self._threads(plan.run, feeds, **kw)
+            return self._threads(run, feeds, **kw)
         observer = RunObserver(plan, run_options, prof)
         t0 = time.perf_counter_ns()
         try:
-            return self._threads(plan.run, feeds, observer=observer, **kw)
+            return self._threads(run, feeds, observer=observer, **kw)
         finally:
             if prof is not None:
                 prof.event("Session", "model_run", t0, time.perf_counter_ns())
@@ -605,6 +631,9 @@ class IOBinding:
         index = self._s._output_index
         on_device = {index[n] for n, (_, dev) in self._outputs.items() if dev}
         kw = {"device_outputs": on_device} if on_device else {}
+        into = {index[n]: buf for n, (buf, dev) in self._outputs.items() if isinstance(buf, np.ndarray)}
+        if into and not on_device:
+            kw = {"into": into}
         results = self._s._run_plan(feeds, run_options, **kw)
         out = []
         for n in names:

@@ -425,3 +425,60 @@ def test_eight_threads_give_the_serial_results():
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_bound_output_buffers_are_written_by_the_kernel():
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no segment: one Mul kernel
+    s = ort.InferenceSession(_mul().SerializeToString(), so)
+    out = np.zeros((3, 2), np.float32)
+    (r,) = s.plan.run_into([X], {0: out})
+    assert r is out  # the kernel's result is the bound array itself: nothing is copied after the run
+    np.testing.assert_array_equal(out, X * np.arange(1, 7, dtype=np.float32).reshape(3, 2))
+    assert s.run(None, {"X": X})[0] is not out  # plain runs are unaffected
+    b = s.io_binding()
+    b.bind_cpu_input("X", 2 * X)
+    b.bind_output("Y", out)
+    s.run_with_iobinding(b)
+    np.testing.assert_array_equal(out, 2 * X * np.arange(1, 7, dtype=np.float32).reshape(3, 2))
+    alias = X.copy()  # an output bound to a feed's memory is computed apart, then copied
+    (r,) = s.plan.run_into([alias], {0: alias})
+    assert r is not alias
+
+
+def test_parallel_execution_mode_runs_independent_branches_at_once(monkeypatch):
+    """Two branches that each wait for the other to have started can only finish when they run side by side."""
+    nodes = [h.make_node("Relu", ["x"], ["a"], name="left"), h.make_node("Neg", ["x"], ["b"], name="right"),
+             h.make_node("Add", ["a", "b"], ["y"], name="join")]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.FLOAT, [4])])
+    so = ort.SessionOptions()
+    so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    so.inter_op_num_threads = 2
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(m.SerializeToString(), so)
+    x = np.array([-2, -1, 1, 2], np.float32)
+    want = np.maximum(x, 0) - x
+    both = threading.Barrier(2, timeout=10)
+    seen = []
+    real = RunObserver.before
+
+    def before(self, k):
+        real(self, k)
+        if self.plan.step_nodes[k].name in ("left", "right"):
+            seen.append(threading.current_thread().name)
+            both.wait()  # a sequential run would wait here forever (BrokenBarrierError after 10 s)
+
+    monkeypatch.setattr(RunObserver, "before", before)
+    np.testing.assert_array_equal(s.run(None, {"x": x}, ort.RunOptions())[0], want)
+    assert len(set(seen)) == 2
+    monkeypatch.undo()
+    for _ in range(50):  # and the parallel schedule keeps every value until its readers have run
+        np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
+
+
+def test_disabled_optimizers_are_left_out():
+    names = [n.name for n in ort.InferenceSession(_chain().SerializeToString(),
+                                                  disabled_optimizers=["ConstantFolding"]).plan.step_nodes]
+    assert "fold_me" in names
+    fused = ort.InferenceSession(_gated().SerializeToString(), disabled_optimizers=["GatedActivationFusion"])
+    assert "GatedActivation" not in [n.op_type for n in fused.plan.step_nodes]

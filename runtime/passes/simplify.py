@@ -145,6 +145,14 @@ class EliminateDeadNodes(Pass):
         return PassResult(changed or bool(dead_inits))
 
 
-def simplify() -> PassManager:
-    """Constant folding, identity elimination and dead-node elimination, each run once."""
-    return PassManager([FoldConstants(), EliminateIdentity(), EliminateDeadNodes()], max_iterations=1)
+# onnxruntime's names of the optimizers these passes do (InferenceSession's ``disabled_optimizers``).
+ONNXRUNTIME_NAMES = {"ConstantFolding": "FoldConstants", "EliminateIdentity": "EliminateIdentity",
+                     "EliminateDeadNodes": "EliminateDeadNodes"}
+
+
+def simplify(disabled=()) -> PassManager:
+    """Constant folding, identity elimination and dead-node elimination, each run once; a pass named in
+    ``disabled`` (by its class name or onnxruntime's optimizer name) is left out."""
+    off = {ONNXRUNTIME_NAMES.get(n, n) for n in disabled}
+    passes = [p for p in (FoldConstants(), EliminateIdentity(), EliminateDeadNodes()) if type(p).__name__ not in off]
+    return PassManager(passes, max_iterations=1)

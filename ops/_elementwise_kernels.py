@@ -17,7 +17,7 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
 @njit(inline="always", **_OPTS)
 def _round_half_even(x):
-    if not math.isfinite(x):
+    if not abs(x) < 4503599627370496.0:  # NaN, infinities and floats from 2**52 on are whole already
         return x
     r = math.floor(x)
     d = x - r
@@ -28,25 +28,27 @@ def _round_half_even(x):
 
 @njit(inline="always", **_OPTS)
 def _idiv(x, y):
-    if y == 0:
-        return x * 0
+    # y != 0: the wrappers refuse integer division by zero.  Every value keeps x's integer type (an integer
+    # literal would turn uint64 arithmetic into float64), and MIN / -1 wraps instead of trapping.
+    if y == -1:
+        return (x - x) - x
     q = x // y
-    if q < 0 and q * y != x:
-        q += 1
+    if (x < 0) != (y < 0) and q * y != x:
+        q += y // y
     return q
 
 
 @njit(inline="always", **_OPTS)
 def _imod(x, y):
-    if y == 0:
-        return x * 0
+    if y == -1:
+        return x - x
     return x % y
 
 
 @njit(inline="always", **_OPTS)
 def _ifmod(x, y):
-    if y == 0:
-        return x * 0
+    if y == -1:
+        return x - x
     r = x % y
     if r != 0 and (r < 0) != (x < 0):
         r -= y
@@ -126,7 +128,7 @@ def u_sqrt(xs, out, p0, p1):
 def u_reciprocal(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = 1 / x if x != 0 else (math.inf if x >= 0 else -math.inf)
+        out[i] = 1 / x if x != 0 else math.copysign(math.inf, x)
 
 
 @njit(**_OPTS)
@@ -231,14 +233,14 @@ def u_atanh(xs, out, p0, p1):
 def u_floor(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = math.floor(x) if math.isfinite(x) else x
+        out[i] = math.floor(x) if abs(x) < 4503599627370496.0 else x
 
 
 @njit(**_OPTS)
 def u_ceil(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = math.ceil(x) if math.isfinite(x) else x
+        out[i] = math.ceil(x) if abs(x) < 4503599627370496.0 else x
 
 
 @njit(**_OPTS)
@@ -287,7 +289,7 @@ def u_isinf(xs, out, p0, p1):
 def u_relu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x if x > 0 else x * 0
+        out[i] = x if x > 0 or x != x else False
 
 
 @njit(**_OPTS)
@@ -336,7 +338,7 @@ def u_selu(xs, out, p0, p1):
 def u_celu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))
+        out[i] = x if x != x else max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))
 
 
 @njit(**_OPTS)
@@ -350,21 +352,21 @@ def u_leakyrelu(xs, out, p0, p1):
 def u_hardsigmoid(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = max(0, min(1, p0 * x + p1))
+        out[i] = x if x != x else max(0, min(1, p0 * x + p1))
 
 
 @njit(**_OPTS)
 def u_thresholdedrelu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x if x > p0 else x * 0
+        out[i] = x if x > p0 else False
 
 
 @njit(**_OPTS)
 def u_shrink(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x - p0 if x > p1 else (x + p0 if x < -p1 else x * 0)
+        out[i] = x - p0 if x > p1 else (x + p0 if x < -p1 else False)
 
 
 @njit(**_OPTS)

@@ -226,11 +226,21 @@ for _name, _fl, _nd, _vers in [("Add", K.b_add, K.b4_add, (7, 13, 14)), ("Sub", 
         op(_name, _v, factory=True)(_binary(_fl, _nd))
 
 
+def _no_zero_divisor(b, op_type):
+    """Integer Div and Mod refuse a zero divisor, as onnxruntime does (a float one follows IEEE 754)."""
+    if b.size and not b.all():
+        at = np.unravel_index(int(np.argmin(b != 0)), b.shape)
+        what = "division" if op_type == "Div" else "modulo"
+        raise InvalidArgumentError(f"{op_type}: integer {what} by zero: the divisor B ({b.dtype}{list(b.shape)}) "
+                                   f"is 0 at index {[int(i) for i in at]}")
+
+
 def _div_factory(ctx):
     buf = ctx.out[0] if ctx.out else None
 
     def run(a, b):
         if a.dtype.kind in "iu":
+            _no_zero_divisor(b, "Div")
             return run_binary(K.b_div_i, K.b4_div_i, a, b, buf, None, "Div")
         return run_binary(K.b_div_f, K.b4_div_f, a, b, buf, None, "Div")
     return run
@@ -248,6 +258,8 @@ def Mod(ctx, fmod=0):
 
     def run(a, b):
         isint = a.dtype.kind in "iu"
+        if isint:
+            _no_zero_divisor(b, "Mod")
         if fmod:
             k = (K.b_fmod_i, K.b4_fmod_i) if isint else (K.b_fmod_f, K.b4_fmod_f)
         else:

@@ -50,6 +50,8 @@ def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
         d = x[r, j] - mean
         q += d * d
     var = q / n
+    if math.isinf(x.dtype.type(var)):  # past the input type's range: onnxruntime's float32 statistics overflow
+        var = math.inf
     if mode == MVN:
         inv = 1.0 / (math.sqrt(var) + eps)
     else:

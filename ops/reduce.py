@@ -144,10 +144,12 @@ def _reduce3(x, out, acc, mode):
                 out[o, i] = math.sqrt(a[i])
         elif mode == MEAN:
             for i in range(inner):
-                out[o, i] = a[i] / n
+                # a sum past the output type's range is infinite, as in onnxruntime's float32 accumulation
+                out[o, i] = a[i] if math.isinf(out.dtype.type(a[i])) else a[i] / n
         elif mode == LOGSUM:
             for i in range(inner):
-                out[o, i] = math.log(a[i]) if a[i] > 0 else (-math.inf if a[i] == 0 else math.nan)
+                v = out.dtype.type(a[i]) if math.isinf(out.dtype.type(a[i])) else a[i]
+                out[o, i] = math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
         else:
             for i in range(inner):
                 out[o, i] = a[i]

@@ -68,9 +68,13 @@ def _softmax_row(x, out, r, log):
                 b += e
         s += b
     if log:
-        sub = x.dtype.type(m + math.log(s))
+        # (x - max) - log(sum), as onnxruntime; two loops, so that fast-math cannot fold it into
+        # x - (max + log(sum)), where a large max (1e30) swallows the log
         for k in range(n):
-            out[r, k] = x[r, k] - sub
+            out[r, k] = x[r, k] - m
+        ls = x.dtype.type(math.log(s))
+        for k in range(n):
+            out[r, k] -= ls
     else:
         inv = x.dtype.type(1.0 / s)
         for k in range(n):
@@ -104,9 +108,12 @@ def _softmax3(x, out, log):
         if log:
             for i in range(inner):
                 s[i] = math.log(s[i])
+            for k in range(n):  # (x - max) - log(sum) in two loops, as in _softmax_row
+                for i in range(inner):
+                    out[o, k, i] = x[o, k, i] - m[i]
             for k in range(n):
                 for i in range(inner):
-                    out[o, k, i] = x[o, k, i] - m[i] - s[i]
+                    out[o, k, i] -= s[i]
         else:
             for i in range(inner):
                 s[i] = 1.0 / s[i]

@@ -23,7 +23,13 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
 @njit(**_OPTS)
 def _better(va, ia, vb, ib, largest):
-    """Whether element (va, ia) ranks before (vb, ib): by value, then by lower index."""
+    """Whether element (va, ia) ranks before (vb, ib): by value, then by lower index.  NaN ranks above every
+    number, as in onnxruntime: first when ``largest``, last otherwise."""
+    a_nan, b_nan = va != va, vb != vb
+    if a_nan or b_nan:
+        if a_nan and b_nan:
+            return ia < ib
+        return a_nan if largest else b_nan
     if va == vb:
         return ia < ib
     return va > vb if largest else va < vb

@@ -63,7 +63,7 @@ def _run_segment(arena, code):
             elif op == 3:
                 v = x / y
             elif op == 4:
-                v = x if x > 0 else x * 0
+                v = x if x > 0 or x != x else np.float32(0.0)
             elif op == 5:
                 v = -x
             elif op == 6:

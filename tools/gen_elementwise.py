@@ -17,7 +17,7 @@ UNARY = {
     "exp": "fexp(x)",
     "log": "math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)",
     "sqrt": "math.sqrt(x) if x >= 0 else math.nan",
-    "reciprocal": "1 / x if x != 0 else (math.inf if x >= 0 else -math.inf)",
+    "reciprocal": "1 / x if x != 0 else math.copysign(math.inf, x)",
     "tanh": "math.tanh(x)",
     "sigmoid": "fsigmoid(x)",
     "erf": "math.erf(x)",
@@ -32,26 +32,26 @@ UNARY = {
     "asinh": "math.asinh(x)",
     "acosh": "math.acosh(x) if x >= 1 else math.nan",
     "atanh": "math.atanh(x) if -1 < x < 1 else (math.copysign(math.inf, x) if abs(x) == 1 else math.nan)",
-    "floor": "math.floor(x) if math.isfinite(x) else x",
-    "ceil": "math.ceil(x) if math.isfinite(x) else x",
+    "floor": "math.floor(x) if abs(x) < 4503599627370496.0 else x",  # from 2**52 every float is whole
+    "ceil": "math.ceil(x) if abs(x) < 4503599627370496.0 else x",
     "round": "_round_half_even(x)",
     "sign": "(x > 0) - (x < 0)",
     "sign_f": "x if x != x else ((x > 0) * 1.0 - (x < 0) * 1.0)",
     "not_": "not x",
     "isnan": "x != x",
     "isinf": "(x == math.inf and p0 != 0) or (x == -math.inf and p1 != 0)",
-    "relu": "x if x > 0 else x * 0",
+    "relu": "x if x > 0 or x != x else False",  # -inf gives 0, NaN passes; False: a zero of any type
     "softplus": "x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))",
     "softsign": "x / (1 + abs(x))",
     "mish": "x * math.tanh(x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x)))",
     "hardswish": "x * max(0, min(1, x / 6 + 0.5))",
     "elu": "x if x >= 0 else p0 * (math.exp(x) - 1)",
     "selu": "p1 * x if x > 0 else p1 * (p0 * math.exp(x) - p0)",
-    "celu": "max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))",
+    "celu": "x if x != x else max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))",
     "leakyrelu": "x if x >= 0 else p0 * x",
-    "hardsigmoid": "max(0, min(1, p0 * x + p1))",
-    "thresholdedrelu": "x if x > p0 else x * 0",
-    "shrink": "x - p0 if x > p1 else (x + p0 if x < -p1 else x * 0)",
+    "hardsigmoid": "x if x != x else max(0, min(1, p0 * x + p1))",
+    "thresholdedrelu": "x if x > p0 else False",  # NaN and -inf give 0, as onnxruntime
+    "shrink": "x - p0 if x > p1 else (x + p0 if x < -p1 else False)",
     "gelu": "0.5 * x * (1 + math.erf(x * 0.7071067811865476))",
     "gelu_tanh": "fgelu_tanh(x)",
     "swish": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",
@@ -108,7 +108,7 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
 @njit(inline="always", **_OPTS)
 def _round_half_even(x):
-    if not math.isfinite(x):
+    if not abs(x) < 4503599627370496.0:  # NaN, infinities and floats from 2**52 on are whole already
         return x
     r = math.floor(x)
     d = x - r
@@ -119,25 +119,27 @@ def _round_half_even(x):
 
 @njit(inline="always", **_OPTS)
 def _idiv(x, y):
-    if y == 0:
-        return x * 0
+    # y != 0: the wrappers refuse integer division by zero.  Every value keeps x's integer type (an integer
+    # literal would turn uint64 arithmetic into float64), and MIN / -1 wraps instead of trapping.
+    if y == -1:
+        return (x - x) - x
     q = x // y
-    if q < 0 and q * y != x:
-        q += 1
+    if (x < 0) != (y < 0) and q * y != x:
+        q += y // y
     return q
 
 
 @njit(inline="always", **_OPTS)
 def _imod(x, y):
-    if y == 0:
-        return x * 0
+    if y == -1:
+        return x - x
     return x % y
 
 
 @njit(inline="always", **_OPTS)
 def _ifmod(x, y):
-    if y == 0:
-        return x * 0
+    if y == -1:
+        return x - x
     r = x % y
     if r != 0 and (r < 0) != (x < 0):
         r -= y

@@ -51,7 +51,7 @@ def _act(x, bias, has_bias, n, y, mode, p0, p1):
         elif mode == SOFTSIGN:
             r = v / (one + abs(v))
         elif mode == HARDSIGMOID:
-            r = max(np.float32(0.0), min(one, p0 * v + p1))
+            r = v if v != v else max(np.float32(0.0), min(one, p0 * v + p1))
         else:
             r = v if v >= 0 else p0 * v
         y[i] = r

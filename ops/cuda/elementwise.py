@@ -107,15 +107,15 @@ def _un(op, v):
             return np.float32(-math.inf)
         return np.float32(math.nan)
     if op == RECIP:
-        return np.float32(1.0) / v
+        return np.float32(1.0) / v if v != 0 else np.float32(math.copysign(math.inf, v))
     if op == SIN:
         return math.sin(v)
     if op == COS:
         return math.cos(v)
-    if op == FLOOR:
-        return math.floor(v)
+    if op == FLOOR:  # from 2**23 every float32 is whole (math.floor would convert it to int64)
+        return math.floor(v) if abs(v) < np.float32(8388608.0) else v
     if op == CEIL:
-        return math.ceil(v)
+        return math.ceil(v) if abs(v) < np.float32(8388608.0) else v
     if v > 0 or v != v:  # NaN passes through, like max(x, 0) on the CPU
         return v
     return np.float32(0.0)

@@ -7,6 +7,8 @@ buffer when the planner gave one whose shape and dtype match.
 """
 from __future__ import annotations
 
+import contextvars
+import os
 import types as _pytypes
 
 import numpy as np
@@ -79,11 +81,44 @@ def to4(out_shape: tuple, shapes: tuple) -> tuple | None:
     return res
 
 
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+# The largest output a kernel may allocate: half the machine's memory, or the running session's
+# ``SessionOptions.max_output_bytes`` (set for the duration of its runs).  0: no limit.
+DEFAULT_MAX_OUTPUT_BYTES = _physical_memory() // 2
+MAX_OUTPUT_BYTES = contextvars.ContextVar("onnx_numba_max_output_bytes", default=DEFAULT_MAX_OUTPUT_BYTES)
+
+
+def check_output_size(shape, dtype) -> None:
+    """Refuse an output past ``MAX_OUTPUT_BYTES`` before it is allocated (a shape computed from data can ask for
+    terabytes; numpy would fail late or the machine would swap)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbytes = n * np.dtype(dtype).itemsize
+    limit = MAX_OUTPUT_BYTES.get()
+    if limit and nbytes > limit:
+        raise InvalidArgumentError(f"an output of shape {[int(d) for d in shape]} ({np.dtype(dtype)}) would take "
+                                   f"{nbytes / 2**30:.1f} GiB, more than the limit of {limit / 2**30:.1f} GiB "
+                                   f"(SessionOptions.max_output_bytes; by default half the machine's memory)")
+
+
+def alloc(shape, dtype) -> np.ndarray:
+    """``np.empty`` after ``check_output_size``."""
+    check_output_size(shape, dtype)
+    return np.empty(shape, dtype)
+
+
 def out_buffer(buf, shape, dtype):
-    """``buf`` if it has exactly this shape and dtype, else a fresh array."""
+    """``buf`` if it has exactly this shape and dtype, else a fresh array (within ``MAX_OUTPUT_BYTES``)."""
     if buf is not None and buf.shape == shape and buf.dtype == dtype:
         return buf
-    return np.empty(shape, dtype)
+    return alloc(shape, dtype)
 
 
 def norm_axis(axis: int, rank: int, what: str = "axis") -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, check_indices, lowp, norm_axis, out_buffer
+from ._common import F32, alloc, check_indices, lowp, norm_axis, out_buffer
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -442,7 +442,7 @@ def _onehot(indices, depth, values, axis, negative):
     if negative:
         idx = np.where(idx < 0, idx + dep, idx)  # still out of range when idx < -depth: row stays all-off
     out_shape = indices.shape[:ax] + (dep,) + indices.shape[ax:]
-    o = np.empty(out_shape, vals.dtype)
+    o = alloc(out_shape, vals.dtype)
     if o.size == 0:
         return o
     outer, inner = _prod(indices.shape[:ax]), _prod(indices.shape[ax:])

@@ -26,7 +26,7 @@ from numba import njit
 from runtime.dtypes import np_dtype
 from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,
                             ShapeMismatchError)
-from ._common import F32, as_int_list, broadcast_shape, lowp, norm_axis, out_buffer, to4
+from ._common import F32, alloc, as_int_list, broadcast_shape, lowp, norm_axis, out_buffer, to4
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -494,6 +494,10 @@ def _pad(x, pads, mode, value, axes=None, buf=None):
     for k, a in enumerate(ax):
         before[a] = p[k]
         after[a] = p[k + len(ax)]
+    for i, (d, b, a) in enumerate(zip(x.shape, before, after)):
+        if d + b + a < 0:
+            raise InvalidArgumentError(f"Pad: pads {before[i]} and {after[i]} on axis {i} remove more than its {d} "
+                                       f"element(s) (the output extent would be {d + b + a})")
     # Negative pads crop first.
     crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
                  for i, (b, a) in enumerate(zip(before, after)))
@@ -563,7 +567,7 @@ def ConstantOfShape(input, value=None):
         if v.size != 1:
             raise InvalidAttributeError(f"ConstantOfShape: value must hold one element, got {v.size}")
         v = v.reshape(())
-    out = np.empty(tuple(shape), v.dtype)
+    out = alloc(tuple(shape), v.dtype)
     out[...] = v
     return out
 
@@ -584,15 +588,17 @@ def Range(start, limit, delta, stash_type=1):
         if di == 0:
             raise InvalidArgumentError("Range: delta must be non-zero")
         n = max(-(-(li - si) // di), 0)
-        out = np.empty(n, np.int64)
+        out = alloc((n,), np.int64)
         _range_i(si, di, out)
         return out.astype(dt)
     # Like the spec's loop, start + i * delta; evaluated in float64 and rounded once to T.
     sf, lf, df = (float(np.asarray(v).astype(np.float64)) for v in (s, l, d))
     if df == 0:
         raise InvalidArgumentError("Range: delta must be non-zero")
-    n = max(int(np.ceil((lf - sf) / df)), 0)
-    out = np.empty(n, np.float64)
+    n = max(int(np.ceil((lf - sf) / df)), 0) if np.isfinite((lf - sf) / df) else -1
+    if n < 0:
+        raise InvalidArgumentError(f"Range: start {sf}, limit {lf} and delta {df} give no finite number of elements")
+    out = alloc((n,), np.float64)
     _range_f(sf, df, out)
     return out if dt == np.float64 else out.astype(dt)
 

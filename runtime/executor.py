@@ -18,6 +18,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import time
@@ -86,6 +87,24 @@ def raise_at(node, e, on: str = ""):
     raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
 
 
+def _check_static_sizes(graph, session_options) -> None:
+    """Refuse, before anything runs, a node output whose static shape is past the output limit."""
+    from ops._common import DEFAULT_MAX_OUTPUT_BYTES
+    from .errors import ModelLoadError
+    limit = int(getattr(session_options, "max_output_bytes", 0) or 0) or DEFAULT_MAX_OUTPUT_BYTES
+    if not limit:
+        return
+    for node in graph.nodes:
+        for o in node.outputs:
+            vi = graph.value_info.get(o) if o else None
+            shape = vi.static_shape if vi is not None and vi.dtype is not None and vi.dtype != object else None
+            if shape is not None and math.prod(shape) * np.dtype(vi.dtype).itemsize > limit:
+                raise ModelLoadError(
+                    f"node {node.name!r} ({node.op_type}): output {o!r} of shape {list(shape)} ({np.dtype(vi.dtype)}) "
+                    f"would take {math.prod(shape) * np.dtype(vi.dtype).itemsize / 2**30:.1f} GiB, more than the "
+                    f"limit of {limit / 2**30:.1f} GiB (SessionOptions.max_output_bytes)")
+
+
 class DirectCall(NamedTuple):
     """A plan made of compiled regions only, as one call: set ``args[0]`` (a copy of the list) to ``nthreads()``
     and ``args[pos]`` to feed ``k`` for each ``(pos, k)`` in ``dyn``; output ``j`` of ``fn(*args)`` is at
@@ -141,6 +160,7 @@ class Plan:
             bound.append(impl)
         if unsupported:
             raise UnsupportedOpError(unsupported, provider)
+        _check_static_sizes(graph, session_options)
 
         out_names = [v.name for v in graph.outputs]
         for n in out_names:
@@ -453,8 +473,8 @@ class Plan:
         try:
             for k, n in enumerate(pending):
                 if n == 0:
-                    running[self._pool.submit(one, k)] = k
-            while running:
+                    running[self._pool.submit(contextvars.copy_context().run, one, k)] = k
+            while running:  # (each task runs in a copy of this thread's context: the session's output limit)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
                     k = running.pop(f)
@@ -478,7 +498,7 @@ class Plan:
                     for nxt in after[k]:
                         pending[nxt] -= 1
                         if pending[nxt] == 0:
-                            running[self._pool.submit(one, nxt)] = nxt
+                            running[self._pool.submit(contextvars.copy_context().run, one, nxt)] = nxt
         finally:
             with self._spare_lock:
                 self._free_lists.append(steps)

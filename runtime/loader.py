@@ -21,7 +21,7 @@ from .dtypes import np_dtype
 from .errors import ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
 from .ir import Graph, graph_from_proto
 
-__all__ = ["load_model_proto", "load_graph", "resolve_external_path", "model_meta"]
+__all__ = ["load_model_proto", "load_graph", "resolve_external_path", "model_meta", "newest_opsets"]
 
 
 def load_model_proto(model) -> tuple[ModelProto, str | None]:
@@ -169,6 +169,41 @@ def model_meta(proto: ModelProto) -> dict:
     }
 
 
+def newest_opsets() -> dict:
+    """The newest opset of each ONNX domain this runtime knows (that of the onnx package it is built on)."""
+    if not _NEWEST:
+        for schema in onnx.defs.get_all_schemas_with_history():
+            _NEWEST[schema.domain] = max(_NEWEST.get(schema.domain, 0), schema.since_version)
+        _NEWEST["ai.onnx"] = _NEWEST[""]
+    return _NEWEST
+
+
+_NEWEST: dict = {}
+
+
+def _check_versions(proto: ModelProto) -> None:
+    """Refuse an IR version or an ONNX-domain opset newer than this runtime knows: its ops may mean something else."""
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(f"the model's IR version is {proto.ir_version}; the newest this runtime supports is "
+                             f"{onnx.IR_VERSION}")
+    newest = newest_opsets()
+    for o in proto.opset_import:
+        top = newest.get(o.domain)
+        if top is not None and o.version > top:
+            raise ModelLoadError(f"the model imports opset {o.version} of domain {o.domain or 'ai.onnx'!r}; the newest "
+                                 f"this runtime supports is {top}")
+
+
+def _check_dims(g) -> None:
+    """Refuse initializers with negative dimensions before any of their data is read."""
+    for t in g.initializer:
+        if any(d < 0 for d in t.dims):
+            raise ModelLoadError(f"initializer {t.name!r} has negative dimensions {list(t.dims)}")
+    for sp in g.sparse_initializer:
+        if any(d < 0 for d in sp.dims):
+            raise ModelLoadError(f"sparse initializer {sp.values.name!r} has negative dimensions {list(sp.dims)}")
+
+
 def _user_initializers(g, given: dict) -> dict:
     protos = {t.name: t for t in g.initializer}
     out = {}
@@ -215,11 +250,13 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
             proto = inliner.inline_local_functions(proto)
         except Exception as e:  # pragma: no cover - depends on onnx build
             raise ModelLoadError(f"could not inline model-local functions: {e}") from None
+    _check_versions(proto)
     opsets = {}
     for o in proto.opset_import:
         opsets[o.domain if o.domain != "ai.onnx" else ""] = o.version
     if "" not in opsets:
         opsets[""] = 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
+    _check_dims(proto.graph)
     ext = _ExternalData(base_dir)
     loaded = _user_initializers(proto.graph, initializers or {})
     for t in proto.graph.initializer:

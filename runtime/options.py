@@ -112,7 +112,8 @@ class SessionOptions:
         # CUDA provider: op types or node names without a CUDA kernel that may run on the CPU (their data is
         # copied across and counted, see InferenceSession.cpu_round_trips); empty: such nodes are errors.
         self.cuda_cpu_ops = set()
-        # A node output larger than this many bytes is refused before it is allocated; 0: no limit.
+        # A node output larger than this many bytes is refused before it is allocated (ops/_common.py); 0: the
+        # process default, half the machine's memory.
         self.max_output_bytes = 0
 
     def __copy__(self):

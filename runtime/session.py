@@ -35,6 +35,7 @@ import numpy as np
 
 import ops  # noqa: F401  (registers every kernel)
 from ops import registry
+from ops._common import MAX_OUTPUT_BYTES
 from .dtypes import onnx_type, type_proto_string, type_string
 from .errors import InvalidFeedError, ModelLoadError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
@@ -187,6 +188,10 @@ class InferenceSession:
         if n < 0:
             raise ValueError(f"intra_op_num_threads must be >= 0, got {n}")
         self._nthreads = min(n, numba.config.NUMBA_NUM_THREADS) if n else 0
+        limit = int(getattr(self._options, "max_output_bytes", 0) or 0)
+        if limit < 0:
+            raise ValueError(f"max_output_bytes must be >= 0, got {limit}")
+        self._max_output = limit or None  # None: the process default (half the machine's memory)
         # ExecutionMode.ORT_PARALLEL: independent nodes run on inter_op_num_threads threads (0: one per core).
         parallel = int(getattr(self._options, "execution_mode", 0) or 0) == 1
         inter = int(getattr(self._options, "inter_op_num_threads", 0) or 0)
@@ -430,7 +435,15 @@ class InferenceSession:
         return call_with_threads(self._nthreads, fn, *args)
 
     def _threads(self, fn, *args, **kwargs):
-        """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread)."""
+        """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread)
+        and its ``max_output_bytes``."""
+        limit = self._max_output
+        if limit is not None:
+            token = MAX_OUTPUT_BYTES.set(limit)
+            try:
+                return call_with_threads(self._nthreads, fn, *args, **kwargs)
+            finally:
+                MAX_OUTPUT_BYTES.reset(token)
         if not self._nthreads:
             return fn(*args, **kwargs)
         return call_with_threads(self._nthreads, fn, *args, **kwargs)

@@ -131,3 +131,31 @@ def test_model_local_functions_are_inlined():
                           functions=[f])
     out = InferenceSession(m).run(None, {"x": np.array([1, 2], np.float32)})[0]
     np.testing.assert_array_equal(out, [3, 6])
+
+
+def test_versions_newer_than_the_runtime_are_refused():
+    import onnx as _onnx
+    from runtime.loader import newest_opsets
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    newest = newest_opsets()[""]
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 99)])
+    with pytest.raises(ModelLoadError, match=f"opset 99 of domain 'ai.onnx'; the newest this runtime supports is {newest}"):
+        load_graph(m)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", newest)])
+    m.ir_version = 99
+    with pytest.raises(ModelLoadError, match=f"IR version is 99; the newest this runtime supports is {_onnx.IR_VERSION}"):
+        load_graph(m)
+    m.ir_version = _onnx.IR_VERSION
+    load_graph(m)  # the newest ones load
+
+
+def test_initializers_with_negative_dims_are_refused():
+    t = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    t.dims[0] = -2
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [t])
+    with pytest.raises(ModelLoadError, match=r"initializer 'w' has negative dimensions \[-2\]"):
+        load_graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))

@@ -239,3 +239,17 @@ def test_views_do_not_leak_feeds():
     y, = InferenceSession(_model("Reshape", {"x": x, "s": I(6, 4)})).run(None, {"x": x, "s": I(6, 4)})
     y[...] = 0
     assert np.any(x != 0)
+
+
+def test_pad_refuses_negative_pads_past_the_extent():
+    from onnx import TensorProto as _T, helper as _h
+    import runtime as _rt
+    m = _h.make_model(_h.make_graph([_h.make_node("Pad", ["x", "p"], ["y"], name="pad0")], "g",
+                                    [_h.make_tensor_value_info("x", _T.FLOAT, [3])],
+                                    [_h.make_tensor_value_info("y", _T.FLOAT, None)],
+                                    [_h.make_tensor("p", _T.INT64, [2], [0, -4])]),
+                      opset_imports=[_h.make_opsetid("", 18)])
+    with pytest.raises(_rt.InvalidArgumentError, match="pad0.*axis 0.*output extent would be -1"):
+        _rt.InferenceSession(m.SerializeToString()).run(None, {"x": np.arange(3, dtype=np.float32)})
+    m.graph.initializer[0].int64_data[:] = [-2, -1]  # down to exactly nothing is allowed, as onnxruntime allows it
+    assert _rt.InferenceSession(m.SerializeToString()).run(None, {"x": np.arange(3, dtype=np.float32)})[0].shape == (0,)

@@ -482,3 +482,22 @@ def test_disabled_optimizers_are_left_out():
     assert "fold_me" in names
     fused = ort.InferenceSession(_gated().SerializeToString(), disabled_optimizers=["GatedActivationFusion"])
     assert "GatedActivation" not in [n.op_type for n in fused.plan.step_nodes]
+
+
+def test_outputs_past_the_size_limit_are_refused_before_allocation():
+    m = _model([h.make_node("ConstantOfShape", ["shape"], ["y"], name="huge")],
+               [h.make_tensor_value_info("shape", T.INT64, [1])], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    s = ort.InferenceSession(m.SerializeToString())
+    with pytest.raises(ortstate.InvalidArgument, match=r"huge.*shape \[100000000000\].*372\.5 GiB, more than"):
+        s.run(None, {"shape": np.array([10**11], np.int64)})
+    so = ort.SessionOptions()
+    so.max_output_bytes = 1000
+    small = ort.InferenceSession(m.SerializeToString(), so)
+    assert small.run(None, {"shape": np.array([250], np.int64)})[0].shape == (250,)
+    with pytest.raises(ort.InvalidArgumentError, match="more than the limit"):
+        small.run(None, {"shape": np.array([251], np.int64)})
+    static = _model([h.make_node("Tile", ["x", "r"], ["y"], name="tile")], [h.make_tensor_value_info("x", T.FLOAT, [100])],
+                    [h.make_tensor_value_info("y", T.FLOAT, [1000])],
+                    [numpy_helper.from_array(np.array([10], np.int64), "r")])
+    with pytest.raises(ort.ModelLoadError, match="'tile'.*shape \\[1000\\]"):  # known before anything runs
+        ort.InferenceSession(static.SerializeToString(), so)

@@ -366,7 +366,7 @@ def u_thresholdedrelu(xs, out, p0, p1):
 def u_shrink(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x - p0 if x > p1 else (x + p0 if x < -p1 else False)
+        out[i] = x + p0 if x < -p1 else (x - p0 if x > p1 else False)
 
 
 @njit(**_OPTS)

@@ -75,6 +75,16 @@ def indices_ok(idx, n):
 
 
 @njit(**_OPTS)
+def first_bad_index(idx, n):
+    """The first index outside [-n, n) (``indices_ok`` said there is one)."""
+    for i in range(idx.size):
+        v = idx.flat[i]
+        if v < -n or v >= n:
+            return np.int64(v)
+    return np.int64(0)
+
+
+@njit(**_OPTS)
 def gather3(d3, idx):
     """d3 (outer, n, inner), idx flat (validated, may be negative) -> (outer, len(idx), inner), through the
     Gather wrapper's kernel."""
@@ -516,9 +526,11 @@ def _gather(e):
     e.use("runtime.errors", "IndexOutOfRangeError")
     outer = _prod([f"{{i0}}.shape[{d}]" for d in range(axis)])
     inner = _prod([f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)])
+    bad = e.use(__name__, "first_bad_index")
     e.line(f"if not {ok}({{i1}}, {{i0}}.shape[{axis}]):",
-           f"    raise IndexOutOfRangeError__runtime_errors(\"{_quote(e.node)}: an index is out of range for axis "
-           f"{axis}\")",
+           f"    raise IndexOutOfRangeError__runtime_errors(\"{_quote(e.node)}: index\", "
+           f"{bad}({{i1}}, {{i0}}.shape[{axis}]), \"is out of range for axis {axis} of extent\", "
+           f"{{i0}}.shape[{axis}], \"(valid indices are -extent to extent - 1)\")",
            f"{{p}}_g = {g3}({{i0}}.reshape(({outer}, {{i0}}.shape[{axis}], {inner})), "
            f"{{i1}}.reshape(({{i1}}.size,)).astype(np.int64))")
     shape = [f"{{i0}}.shape[{d}]" for d in range(axis)] + [f"{{i1}}.shape[{d}]" for d in range(ri)] + \

@@ -115,6 +115,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """A token count for the command line: an integer >= 0 (argparse reports anything else and exits 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {n}")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,9 +141,9 @@ def main(argv=None) -> int:
                        help="component names, 'all' or 'none'")
         p.add_argument("--device", default="cpu")
         if name == "parity":
-            p.add_argument("--tokens", type=int, default=16)
+            p.add_argument("--tokens", type=_count, default=16)
         else:
-            p.add_argument("--max-new-tokens", type=int, default=32)
+            p.add_argument("--max-new-tokens", type=_count, default=32)
             p.add_argument("--do-sample", action="store_true", default=None)
             p.add_argument("--top-k", type=int)
             p.add_argument("--top-p", type=float)

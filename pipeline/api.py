@@ -86,6 +86,12 @@ class GeneratorParams:
 
 class Generator:
     def __init__(self, model: Model, params: GeneratorParams):
+        ml = int(params.search.max_length)
+        if ml <= 0:  # onnxruntime-genai's wording
+            raise RuntimeError(f"search max_length is {ml}")
+        ctx = model.spec.context_length
+        if ctx and ml > int(ctx):
+            raise RuntimeError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
         self.model = model
         self.params = params
         self.pipe = model.pipeline
@@ -99,6 +105,10 @@ class Generator:
         ids = [int(t) for t in np.asarray(ids).reshape(-1)]
         if self._iter is not None:
             raise RuntimeError("append_tokens after generation started is not supported; use rewind_to first")
+        ml = int(self.params.search.max_length)
+        if len(self._prompt) + len(ids) > ml:
+            raise RuntimeError(f"input_ids size ({len(ids)}) + current sequence length ({len(self._prompt)}) exceeds "
+                               f"max length ({ml})")
         self._prompt.extend(ids)
 
     def _start(self):
@@ -112,6 +122,9 @@ class Generator:
     def generate_next_token(self):
         if self._done:
             return
+        ml = int(self.params.search.max_length)
+        if len(self._prompt) + len(self._tokens) >= ml:
+            raise RuntimeError(f"GenerateNextToken called with sequence length already at max_length ({ml})")
         if self._iter is None:
             self._start()
         try:

@@ -342,6 +342,55 @@ def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filen
     return io
 
 
+_ATTENTION_OPS = ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention")
+
+
+def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_layers: int, key: str) -> None:
+    """The head counts, head size and layer count the config declares against the decoder graph: its cache
+    inputs (heads at axis 1, head size at axis 3 where static) and its attention nodes' ``num_heads`` and
+    ``kv_num_heads``.  A config that contradicts the graph would otherwise run and decode garbage."""
+    import re
+
+    import onnx
+    kv = _int(dec.get("num_key_value_heads"), f"{key}.num_key_value_heads")
+    heads = _int(dec.get("num_attention_heads"), f"{key}.num_attention_heads")
+    hs = _int(dec.get("head_size"), f"{key}.head_size")
+    caches = decoder.io.kv_inputs
+    for name in caches:
+        shape = ins.get(name, (None,))[0]
+        if not shape or len(shape) != 4:
+            continue
+        if kv is not None and isinstance(shape[1], int) and shape[1] != kv:
+            raise MetadataError(f"{key}.num_key_value_heads is {kv} but the graph's {name!r} has {shape[1]} heads "
+                                f"(shape {shape})")
+        if hs is not None and isinstance(shape[3], int) and shape[3] != hs:
+            raise MetadataError(f"{key}.head_size is {hs} but the graph's {name!r} has head size {shape[3]} "
+                                f"(shape {shape})")
+    template = (((dec.get("inputs") or {}).get("past_key_names")) or "")
+    if "%d" in template:
+        pat = re.compile("^" + re.escape(template).replace("%d", r"(\d+)") + "$")
+        layers = sorted({int(m.group(1)) for n in ins for m in [pat.match(n)] if m})
+        if layers and layers[-1] >= n_layers:
+            raise MetadataError(f"{key}.num_hidden_layers is {n_layers} but the graph has caches for "
+                                f"{layers[-1] + 1} layers ({template % layers[-1]!r})")
+    if heads is None and kv is None:
+        return
+    try:
+        m = onnx.load(decoder.filename, load_external_data=False)
+    except Exception:  # graph_ports read it already; nothing new to say
+        return
+    for n in m.graph.node:
+        if n.op_type not in _ATTENTION_OPS:
+            continue
+        a = {x.name: x.i for x in n.attribute}
+        if heads is not None and "num_heads" in a and a["num_heads"] != heads:
+            raise MetadataError(f"{key}.num_attention_heads is {heads} but node {n.name!r} ({n.op_type}) has "
+                                f"num_heads {a['num_heads']}")
+        if kv is not None and a.get("kv_num_heads") and a["kv_num_heads"] != kv:
+            raise MetadataError(f"{key}.num_key_value_heads is {kv} but node {n.name!r} ({n.op_type}) has "
+                                f"kv_num_heads {a['kv_num_heads']}")
+
+
 def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
     """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM."""
     try:
@@ -418,6 +467,7 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
         sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
         vocab_size=model.get("vocab_size"))
     _check_edges(spec, graphs, "model")
+    _check_decoder_geometry(dec, decoder, ins, n_layers, "model.decoder")
     if "vision" in components:
         _admit_text_only(spec, graphs, "model")
     elif isinstance(spec.model_type, str) and spec.model_type.endswith("_vl_text"):

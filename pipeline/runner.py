@@ -112,6 +112,13 @@ class Pipeline:
         sampler = sampler or Sampler(search)
         external = dict(external or {})
         prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(self.batch, -1)
+        if prompt.shape[1] == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if prompt.shape[1] >= self.max_length:
+            raise ValueError(f"the prompt has {prompt.shape[1]} tokens, which leaves no room to generate within "
+                             f"max_length {self.max_length} (the package's max_length or context_length)")
+        if max_new_tokens is not None and int(max_new_tokens) < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         limit = max_new_tokens
         ar = next(st for st in self.spec.stages if st.kind == "autoregressive")
         if limit is None:

@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -194,6 +195,93 @@ def _check_versions(proto: ModelProto) -> None:
                                  f"this runtime supports is {top}")
 
 
+_EINSUM_TERM = r"\s*[A-Za-z]*(?:\.\.\.)?[A-Za-z]*\s*"
+_EINSUM = re.compile(rf"^{_EINSUM_TERM}(?:,{_EINSUM_TERM})*(?:->{_EINSUM_TERM})?$")
+
+
+_SCHEMAS: dict = {}
+
+
+def _schema(op_type, domain, version):
+    key = (op_type, domain, version)
+    if key not in _SCHEMAS:
+        try:
+            _SCHEMAS[key] = onnx.defs.get_schema(op_type, version, domain)
+        except Exception:  # no such op at that version: the planner reports it
+            _SCHEMAS[key] = None
+    return _SCHEMAS[key]
+
+
+def _arity_defect(n, opsets: dict) -> str | None:
+    """A required input left empty, or more inputs than the op has: onnx's shape inference may read past the
+    node's inputs on these (a missing EyeLike input segfaults it)."""
+    domain = "" if n.domain == "ai.onnx" else n.domain
+    if domain not in ("", "ai.onnx.ml") or domain not in opsets:
+        return None
+    schema = _schema(n.op_type, domain, opsets[domain])
+    if schema is None:
+        return None
+    if len(n.input) > schema.max_input:
+        return f"has {len(n.input)} inputs; {n.op_type} takes at most {schema.max_input}"
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for k, formal in enumerate(schema.inputs):
+        if formal.option == single and (k >= len(n.input) or not n.input[k]):
+            return f"its required input {k} ({formal.name}) is missing"
+    return None
+
+
+def _node_defects(n, opsets: dict) -> str | None:
+    """What is wrong with a node that onnx's C++ shape inference crashes or hangs on (it is called on every model
+    loaded, so an untrusted model must not reach it with these); None when nothing is."""
+    why = _arity_defect(n, opsets)
+    if why is not None:
+        return why
+    attrs = {a.name: a for a in n.attribute}
+    if n.domain in ("", "ai.onnx"):
+        if n.op_type == "GatherND" and "batch_dims" in attrs and attrs["batch_dims"].i < 0:
+            return f"batch_dims must be >= 0, got {attrs['batch_dims'].i}"
+        if n.op_type == "Einsum":
+            eq = attrs["equation"].s.decode("utf-8", "replace") if "equation" in attrs else ""
+            if not _EINSUM.match(eq):
+                return (f"equation {eq!r} is not an Einsum equation (comma-separated terms of letters with at most "
+                        f"one '...' each, optionally '->' and an output term)")
+            if eq.split("->")[0].count(",") + 1 != len(n.input):
+                return f"equation {eq!r} has {eq.split('->')[0].count(',') + 1} input term(s) for {len(n.input)} inputs"
+        if n.op_type == "Split" and "num_outputs" in attrs and attrs["num_outputs"].i != len(n.output):
+            return f"num_outputs is {attrs['num_outputs'].i} but the node has {len(n.output)} outputs"
+    return None
+
+
+def _text(value, what: str) -> None:
+    # protobuf hands a string field that is not valid UTF-8 back as bytes
+    if isinstance(value, bytes):
+        raise ModelLoadError(f"{what} is not valid UTF-8: {value!r}")
+
+
+def _check_nodes(g, opsets: dict) -> None:
+    """Refuse names that are not text and nodes that onnx's shape inference cannot survive (``_node_defects``),
+    in ``g`` and its subgraphs."""
+    _text(g.name, "the graph name")
+    for coll, what in ((g.input, "graph input"), (g.output, "graph output"), (g.value_info, "value_info"),
+                       (g.initializer, "initializer")):
+        for v in coll:
+            _text(v.name, f"a {what} name")
+    for n in g.node:
+        _text(n.name, "a node name")
+        _text(n.op_type, f"the op type of node {n.name!r}")
+        _text(n.domain, f"the domain of node {n.name!r}")
+        for x in list(n.input) + list(n.output):
+            _text(x, f"an input or output name of node {n.name!r}")
+        for a in n.attribute:
+            _text(a.name, f"an attribute name of node {n.name!r}")
+        why = _node_defects(n, opsets)
+        if why is not None:
+            raise ModelLoadError(f"node {n.name!r} ({n.op_type}): {why}")
+        for a in n.attribute:
+            for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _check_nodes(sg, opsets)
+
+
 def _check_dims(g) -> None:
     """Refuse initializers with negative dimensions before any of their data is read."""
     for t in g.initializer:
@@ -257,6 +345,7 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
     if "" not in opsets:
         opsets[""] = 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
     _check_dims(proto.graph)
+    _check_nodes(proto.graph, opsets)
     ext = _ExternalData(base_dir)
     loaded = _user_initializers(proto.graph, initializers or {})
     for t in proto.graph.initializer:

@@ -280,16 +280,22 @@ class Region:
         """``(node, exception)`` for an exception the generated function raised: the node whose block raised it
         (the message names it by index) and the exception with the node's name put back; the run's first node
         and ``e`` itself when the message names none."""
-        msg = str(e)
+        # A block may raise with values computed at run time as further arguments (the index out of range):
+        # they join the message.
+        msg = " ".join(str(a) for a in e.args) if len(e.args) > 1 else str(e)
         m = _NODE_REF.search(msg)
         if m is None:
             return self.nodes[0], e
+        node = self.nodes[int(m.group(1))]
         text = _NODE_REF.sub(lambda mm: self.nodes[int(mm.group(1))].name, msg)
+        own = f"node '{node.name}' ({node.op_type}): "  # raise_at names the node again, with its domain and opset
+        if text.startswith(own):
+            text = text[len(own):]
         try:
             err = type(e)(text)
         except TypeError:
             err = e
-        return self.nodes[int(m.group(1))], err
+        return node, err
 
 
 def cold_kinds(regions) -> list:

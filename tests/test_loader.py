@@ -159,3 +159,29 @@ def test_initializers_with_negative_dims_are_refused():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [t])
     with pytest.raises(ModelLoadError, match=r"initializer 'w' has negative dimensions \[-2\]"):
         load_graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("node,inputs,why", [
+    (helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-2),
+     [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [2, 1])], "batch_dims must be >= 0, got -2"),
+    (helper.make_node("Einsum", ["x"], ["y"], equation="..nii ->...i"), [("x", TensorProto.FLOAT, [2, 3, 3])],
+     "is not an Einsum equation"),
+    (helper.make_node("Split", ["x"], ["y", "z"], axis=0, num_outputs=3), [("x", TensorProto.FLOAT, [6])],
+     "num_outputs is 3 but the node has 2 outputs"),
+])
+def test_nodes_that_crash_onnx_shape_inference_are_refused_before_it(node, inputs, why):
+    """onnx's C++ shape inference segfaults on the first, hangs on the second and aborts on some builds on the
+    third; the loader names the defect instead of calling it."""
+    node.name = "bad"
+    ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output]
+    m = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ModelLoadError, match=f"node 'bad' \\({node.op_type}\\): .*{why}"):
+        load_graph(m)
+    # inside a subgraph too
+    body = helper.make_graph([node], "body", [], outs)
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    outer = helper.make_graph([helper.make_node("If", ["c"], list(node.output), then_branch=body, else_branch=body)],
+                              "g", [cond] + ins, outs)
+    with pytest.raises(ModelLoadError, match=why):
+        load_graph(helper.make_model(outer, opset_imports=[helper.make_opsetid("", 18)]))

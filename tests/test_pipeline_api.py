@@ -50,3 +50,36 @@ def test_unknown_search_option_is_refused(package):
     params = og.GeneratorParams(og.Model(package))
     with pytest.raises(ValueError, match="top_kk"):
         params.set_search_options(top_kk=3)
+
+
+def test_impossible_requests_fail_at_once_with_onnxruntime_genais_words(package):
+    model = og.Model(package)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=0)
+    with pytest.raises(RuntimeError, match="search max_length is 0"):
+        og.Generator(model, params)
+    if model.spec.context_length:
+        params.set_search_options(max_length=model.spec.context_length + 1)
+        with pytest.raises(RuntimeError, match="cannot be greater than model context_length"):
+            og.Generator(model, params)
+    params.set_search_options(max_length=len(V.PROMPT_IDS))
+    params.set_inputs(pixel_values=V.PIXELS)
+    gen = og.Generator(model, params)
+    with pytest.raises(RuntimeError, match=rf"input_ids size \({len(V.PROMPT_IDS) + 1}\) \+ current sequence length "
+                                           rf"\(0\) exceeds max length \({len(V.PROMPT_IDS)}\)"):
+        gen.append_tokens(V.PROMPT_IDS + [1])
+    gen.append_tokens(V.PROMPT_IDS)
+    with pytest.raises(RuntimeError, match="already at max_length"):
+        gen.generate_next_token()
+    pipe = model.pipeline
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        list(pipe.tokens(V.PROMPT_IDS, -1))
+    with pytest.raises(ValueError, match="leaves no room to generate"):
+        list(pipe.tokens(list(range(pipe.max_length)), 1))
+
+
+def test_command_line_refuses_negative_token_counts(package, capsys):
+    from pipeline.__main__ import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", package, "--max-new-tokens", "-3"])
+    assert exit_.value.code == 2 and "expected a count >= 0, got -3" in capsys.readouterr().err

@@ -427,3 +427,26 @@ def test_vlm_without_processor_config_kept_as_declared(tmp_path):
     doc = _composite(tmp_path, processor=None)
     spec = load_package(_write(tmp_path, doc))
     assert not spec.text_only and "vision" in spec.components
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("num_key_value_heads", 4, r"num_key_value_heads is 4 but the graph's 'past_key_values.0.key' has 2 heads"),
+    ("head_size", 16, r"head_size is 16 but the graph's 'past_key_values.0.key' has head size 8"),
+    ("num_hidden_layers", 1, r"num_hidden_layers is 1 but the graph has caches for 2 layers"),
+])
+def test_genai_config_contradicting_the_graph_is_refused(tmp_path, key, value, match):
+    with pytest.raises(MetadataError, match=match):
+        load_package(str(_llama_pkg(tmp_path, _genai_cfg(**{key: value}))))
+
+
+def test_genai_config_head_count_checked_against_attention_nodes(tmp_path):
+    import shutil
+    src = os.path.join(os.path.dirname(__file__), "..", "fixtures", "packages", "llama_fp32")
+    pkg = tmp_path / "pkg"
+    shutil.copytree(src, pkg)
+    cfg = json.loads((pkg / "genai_config.json").read_text())
+    load_package(str(pkg))  # as built: consistent
+    cfg["model"]["decoder"]["num_attention_heads"] *= 2
+    (pkg / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MetadataError, match=r"num_attention_heads is \d+ but node '.*GroupQueryAttention' .* num_heads"):
+        load_package(str(pkg))

@@ -51,7 +51,7 @@ UNARY = {
     "leakyrelu": "x if x >= 0 else p0 * x",
     "hardsigmoid": "x if x != x else max(0, min(1, p0 * x + p1))",
     "thresholdedrelu": "x if x > p0 else False",  # NaN and -inf give 0, as onnxruntime
-    "shrink": "x - p0 if x > p1 else (x + p0 if x < -p1 else False)",
+    "shrink": "x + p0 if x < -p1 else (x - p0 if x > p1 else False)",  # the spec's order (lambd < 0)
     "gelu": "0.5 * x * (1 + math.erf(x * 0.7071067811865476))",
     "gelu_tanh": "fgelu_tanh(x)",
     "swish": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",

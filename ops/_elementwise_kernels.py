@@ -331,7 +331,7 @@ def u_elu(xs, out, p0, p1):
 def u_selu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = p1 * x if x > 0 else p1 * (p0 * math.exp(x) - p0)
+        out[i] = p1 * x if x > 0 else p1 * (p0 * (math.exp(x) - 1))
 
 
 @njit(**_OPTS)

@@ -26,6 +26,7 @@ import os
 import pickle
 import random
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -162,6 +163,10 @@ def worker() -> None:
         if len(head) < 4:
             return
         kind, name, model, feeds = pickle.loads(stdin.read(struct.unpack("<I", head)[0]))
+        if kind == "selftest":  # the harness's own test: a worker that dies, or one that never answers
+            if name == "crash":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(1e6)
         try:
             ours = runtime.InferenceSession(model).run(None, feeds)
             outcome, detail = "success", ""

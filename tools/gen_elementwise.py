@@ -46,7 +46,7 @@ UNARY = {
     "mish": "x * math.tanh(x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x)))",
     "hardswish": "x * max(0, min(1, x / 6 + 0.5))",
     "elu": "x if x >= 0 else p0 * (math.exp(x) - 1)",
-    "selu": "p1 * x if x > 0 else p1 * (p0 * math.exp(x) - p0)",
+    "selu": "p1 * x if x > 0 else p1 * (p0 * (math.exp(x) - 1))",  # alpha (exp(x) - 1), as onnxruntime
     "celu": "x if x != x else max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))",
     "leakyrelu": "x if x >= 0 else p0 * x",
     "hardsigmoid": "x if x != x else max(0, min(1, p0 * x + p1))",

@@ -87,6 +87,23 @@ def raise_at(node, e, on: str = ""):
     raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
 
 
+def _observed(steps, observer) -> list:
+    """``steps`` with each function wrapped to call ``observer.before(k)`` and ``observer.after(k, args, result,
+    t0_ns)`` around it (one run's worth: profiling, ``RunOptions.terminate``)."""
+    clock = time.perf_counter_ns
+
+    def wrap(k, fn):
+        def call(*args):
+            observer.before(k)
+            t0 = clock()
+            r = fn(*args)
+            observer.after(k, args, r, t0)
+            return r
+        return call
+
+    return [(wrap(k, fn), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
+
+
 def _check_static_sizes(graph, session_options) -> None:
     """Refuse, before anything runs, a node output whose static shape is past the output limit."""
     from ops._common import DEFAULT_MAX_OUTPUT_BYTES
@@ -670,35 +687,19 @@ class Plan:
             vals[s] = v
         ndarray = np.ndarray
         step = None
-        k = 0
+        if observer is not None:
+            steps = _observed(steps, observer)
         try:
-            if observer is None:
-                for step in steps:
-                    fn, get, out, frees = step
-                    r = fn(*get(vals))
-                    if out.__class__ is int:
-                        vals[out] = r
-                    else:
-                        for o, x in zip(out, r):
-                            vals[o] = x
-                    for f in frees:
-                        vals[f] = None
-            else:
-                clock = time.perf_counter_ns
-                for k, step in enumerate(steps):
-                    observer.before(k)
-                    fn, get, out, frees = step
-                    args = get(vals)
-                    t0 = clock()
-                    r = fn(*args)
-                    observer.after(k, args, r, t0)
-                    if out.__class__ is int:
-                        vals[out] = r
-                    else:
-                        for o, x in zip(out, r):
-                            vals[o] = x
-                    for f in frees:
-                        vals[f] = None
+            for step in steps:
+                fn, get, out, frees = step
+                r = fn(*get(vals))
+                if out.__class__ is int:
+                    vals[out] = r
+                else:
+                    for o, x in zip(out, r):
+                        vals[o] = x
+                for f in frees:
+                    vals[f] = None
         except Exception as e:
             if step is None:
                 raise

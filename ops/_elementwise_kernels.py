@@ -317,7 +317,7 @@ def u_mish(xs, out, p0, p1):
 def u_hardswish(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x * max(0, min(1, x / 6 + 0.5))
+        out[i] = x * max(0, min(1, p0 * x + p1))
 
 
 @njit(**_OPTS)
@@ -338,7 +338,7 @@ def u_selu(xs, out, p0, p1):
 def u_celu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x if x != x else max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))
+        out[i] = max(0, x) + (p0 * (math.exp(x / p0) - 1) if not p0 * (math.exp(x / p0) - 1) > 0 else False)
 
 
 @njit(**_OPTS)

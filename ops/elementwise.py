@@ -78,6 +78,10 @@ def _run_object(flat, a, b, name):
 
 
 def _unary(kern, float_only=False, out_dtype=None, p0=0.0, p1=0.0, name=""):
+    # ONNX float attributes are float32: a default written in a signature (alpha=0.01) is rounded as the model's
+    # own value would be, so float64 inputs see the same constant as onnxruntime's kernels
+    p0, p1 = float(np.float32(p0)), float(np.float32(p1))
+
     def factory(ctx, **attrs):
         buf = ctx.out[0] if ctx.out else None
 
@@ -117,9 +121,14 @@ for _n, _k, _v in [("Exp", K.u_exp, (6, 13)), ("Log", K.u_log, (6, 13)), ("Sqrt"
                    ("Sinh", K.u_sinh, (9,)), ("Cosh", K.u_cosh, (9,)), ("Asinh", K.u_asinh, (9,)),
                    ("Acosh", K.u_acosh, (9,)), ("Atanh", K.u_atanh, (9,)),
                    ("Floor", K.u_floor, (6, 13)), ("Ceil", K.u_ceil, (6, 13)), ("Round", K.u_round, (11,)),
-                   ("Softplus", K.u_softplus, (1,)), ("Softsign", K.u_softsign, (1,)), ("Mish", K.u_mish, (18,)),
-                   ("HardSwish", K.u_hardswish, (14,))]:
+                   ("Softplus", K.u_softplus, (1,)), ("Softsign", K.u_softsign, (1,)), ("Mish", K.u_mish, (18,))]:
     _reg_unary(_n, _v, _k)
+
+
+@op("HardSwish", 14, factory=True)
+def HardSwish(ctx):
+    """x * HardSigmoid(x) with alpha 1/6 (as a float32 attribute) and beta 0.5, as the spec defines it."""
+    return _unary(K.u_hardswish, p0=1 / 6, p1=0.5)(ctx)
 
 
 @op("Reciprocal", 6, factory=True)

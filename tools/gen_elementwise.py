@@ -44,10 +44,10 @@ UNARY = {
     "softplus": "x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))",
     "softsign": "x / (1 + abs(x))",
     "mish": "x * math.tanh(x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x)))",
-    "hardswish": "x * max(0, min(1, x / 6 + 0.5))",
+    "hardswish": "x * max(0, min(1, p0 * x + p1))",
     "elu": "x if x >= 0 else p0 * (math.exp(x) - 1)",
     "selu": "p1 * x if x > 0 else p1 * (p0 * (math.exp(x) - 1))",  # alpha (exp(x) - 1), as onnxruntime
-    "celu": "x if x != x else max(0, x) + min(0, p0 * (math.exp(x / p0) - 1))",
+    "celu": "max(0, x) + (p0 * (math.exp(x / p0) - 1) if not p0 * (math.exp(x / p0) - 1) > 0 else False)",  # NaN propagates, as in the spec's formula
     "leakyrelu": "x if x >= 0 else p0 * x",
     "hardsigmoid": "x if x != x else max(0, min(1, p0 * x + p1))",
     "thresholdedrelu": "x if x > p0 else False",  # NaN and -inf give 0, as onnxruntime

@@ -317,7 +317,7 @@ def u_mish(xs, out, p0, p1):
 def u_hardswish(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x * max(0, min(1, p0 * x + p1))
+        out[i] = x * ((p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1)))
 
 
 @njit(**_OPTS)
@@ -352,7 +352,7 @@ def u_leakyrelu(xs, out, p0, p1):
 def u_hardsigmoid(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = x if x != x else max(0, min(1, p0 * x + p1))
+        out[i] = (p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1))
 
 
 @njit(**_OPTS)

@@ -345,6 +345,8 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
     if "" not in opsets:
         opsets[""] = 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
     _check_dims(proto.graph)
+    for o in proto.opset_import:
+        _text(o.domain, "an opset_import domain")
     _check_nodes(proto.graph, opsets)
     ext = _ExternalData(base_dir)
     loaded = _user_initializers(proto.graph, initializers or {})

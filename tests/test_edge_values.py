@@ -179,3 +179,15 @@ def test_integer_division_by_zero_is_refused():
                 [("d", T.FLOAT)])
     (r,) = runtime.InferenceSession(fl).run(None, {"a": np.array([1, -1], np.float32), "b": np.zeros(2, np.float32)})
     assert r.tolist() == [np.inf, -np.inf]
+
+
+@pytest.mark.parametrize("op,attrs", [("HardSigmoid", {"beta": float("nan")}), ("HardSigmoid", {"alpha": float("inf")}),
+                                      ("Celu", {"alpha": float("inf")}), ("Selu", {"alpha": float("inf")}),
+                                      ("Shrink", {"lambd": -1.0, "bias": 1.5}), ("LeakyRelu", {"alpha": float("nan")}),
+                                      ("Elu", {"alpha": float("inf")})])
+def test_special_attribute_values(op, attrs):
+    """Attributes at infinity or NaN (found by tools/fuzz.py): the formula's own NaN and infinities, as
+    onnxruntime computes them."""
+    x = np.array([-2, -1, -0.0, 0, 0.5, 1, 2, np.inf, -np.inf, np.nan], np.float32)
+    model = _graph([h.make_node(op, ["x"], ["y"], **attrs)], {"x": x}, [("y", T.FLOAT)])
+    _check(model, {"x": x}, ["y"])

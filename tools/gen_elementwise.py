@@ -44,12 +44,12 @@ UNARY = {
     "softplus": "x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))",
     "softsign": "x / (1 + abs(x))",
     "mish": "x * math.tanh(x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x)))",
-    "hardswish": "x * max(0, min(1, p0 * x + p1))",
+    "hardswish": "x * ((p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1)))",
     "elu": "x if x >= 0 else p0 * (math.exp(x) - 1)",
     "selu": "p1 * x if x > 0 else p1 * (p0 * (math.exp(x) - 1))",  # alpha (exp(x) - 1), as onnxruntime
     "celu": "max(0, x) + (p0 * (math.exp(x / p0) - 1) if not p0 * (math.exp(x / p0) - 1) > 0 else False)",  # NaN propagates, as in the spec's formula
     "leakyrelu": "x if x >= 0 else p0 * x",
-    "hardsigmoid": "x if x != x else max(0, min(1, p0 * x + p1))",
+    "hardsigmoid": "(p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1))",  # NaN (of x, alpha or beta) propagates
     "thresholdedrelu": "x if x > p0 else False",  # NaN and -inf give 0, as onnxruntime
     "shrink": "x + p0 if x < -p1 else (x - p0 if x > p1 else False)",  # the spec's order (lambd < 0)
     "gelu": "0.5 * x * (1 + math.erf(x * 0.7071067811865476))",

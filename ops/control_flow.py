@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InvalidArgumentError, RunTerminatedError
+from runtime.options import CURRENT_RUN_OPTIONS
 from runtime.subgraph import plan_subgraph
 from ._common import norm_axis
 from .registry import op
@@ -74,6 +75,9 @@ def Loop(ctx, body=None):
         scans = [[] for _ in range(n_scan)]
         i = 0
         while keep and (trip is None or i < trip):
+            ro = CURRENT_RUN_OPTIONS.get()
+            if ro is not None and ro.terminate:
+                raise RunTerminatedError(f"the Loop was stopped at iteration {i}: RunOptions.terminate is set")
             outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured)
             keep = _scalar_bool(outs[0], "Loop body condition")
             carried = list(outs[1:1 + n_carried])

@@ -11,12 +11,17 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextvars
 import enum
 
 import numpy as np
 
 __all__ = ["GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "SessionOptions", "RunOptions",
-           "HONOURED_CONFIG", "severity_to_logging"]
+           "HONOURED_CONFIG", "severity_to_logging", "CURRENT_RUN_OPTIONS"]
+
+# The ``RunOptions`` of the run in progress in this context (None when the run was given none): a Loop checks its
+# ``terminate`` between iterations, so a loop that never ends can still be stopped.
+CURRENT_RUN_OPTIONS = contextvars.ContextVar("onnx_numba_run_options", default=None)
 
 
 class GraphOptimizationLevel(enum.IntEnum):

@@ -43,7 +43,7 @@ from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag
 from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
-from .options import HONOURED_CONFIG, RunOptions, SessionOptions, severity_to_logging
+from .options import CURRENT_RUN_OPTIONS, HONOURED_CONFIG, RunOptions, SessionOptions, severity_to_logging
 from .ortvalue import OrtValue
 from .passes import ExpandFunctions, InferShapes, simplify
 from .profiling import Profiler, RunObserver
@@ -503,9 +503,11 @@ class InferenceSession:
             return self._threads(run, feeds, **kw)
         observer = RunObserver(plan, run_options, prof)
         t0 = time.perf_counter_ns()
+        token = CURRENT_RUN_OPTIONS.set(run_options)
         try:
             return self._threads(run, feeds, observer=observer, **kw)
         finally:
+            CURRENT_RUN_OPTIONS.reset(token)
             if prof is not None:
                 prof.event("Session", "model_run", t0, time.perf_counter_ns())
 

@@ -501,3 +501,34 @@ def test_outputs_past_the_size_limit_are_refused_before_allocation():
                     [numpy_helper.from_array(np.array([10], np.int64), "r")])
     with pytest.raises(ort.ModelLoadError, match="'tile'.*shape \\[1000\\]"):  # known before anything runs
         ort.InferenceSession(static.SerializeToString(), so)
+
+
+def test_terminate_stops_a_loop_that_never_ends():
+    """A Loop with no trip count whose condition stays true runs forever by the spec (onnxruntime's too); setting
+    RunOptions.terminate from another thread stops it between iterations."""
+    body = h.make_graph([h.make_node("Identity", ["c_in"], ["c_out"]), h.make_node("Add", ["v_in", "one"], ["v_out"])],
+                        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
+                                 h.make_tensor_value_info("v_in", T.FLOAT, [1])],
+                        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("v_out", T.FLOAT, [1])],
+                        [numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    m = _model([h.make_node("Loop", ["", "cond", "v0"], ["v"], body=body, name="forever")],
+               [h.make_tensor_value_info("cond", T.BOOL, []), h.make_tensor_value_info("v0", T.FLOAT, [1])],
+               [h.make_tensor_value_info("v", T.FLOAT, [1])])
+    s = ort.InferenceSession(m.SerializeToString())
+    ro = ort.RunOptions()
+    got = []
+
+    def run():
+        try:
+            s.run(None, {"cond": np.array(True), "v0": np.zeros(1, np.float32)}, ro)
+        except Exception as e:
+            got.append(e)
+
+    t = threading.Thread(target=run, daemon=True)  # a regression spins here instead of hanging the suite
+    t.start()
+    t.join(0.5)
+    ro.terminate = True
+    t.join(30)
+    assert not t.is_alive(), "the Loop did not stop"
+    assert isinstance(got[0], ort.RunTerminatedError) and "stopped at iteration" in str(got[0])
+    assert "forever" in str(got[0])

@@ -7,7 +7,8 @@ and runs it natively and reports one outcome per case:
 
 - ``success`` (then compared with onnxruntime and ``onnx.reference``: ``mismatch`` when those two agree with
   each other and the runtime does not),
-- ``named`` (one of the project's errors, ``runtime.errors.OnnxNumbaError``),
+- ``named`` (one of the project's errors, ``runtime.errors.OnnxNumbaError``; counted apart when onnxruntime
+  runs the same case, a figure of what the runtime refuses that onnxruntime accepts),
 - ``internal`` (any other exception: a defect, the message should name what was wrong),
 - ``crash`` (the worker died) and ``hang`` (no answer within ``--timeout`` seconds: the worker is killed).
 
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import time
 
-OUTCOMES = ("success", "named", "internal", "mismatch", "crash", "hang")
+OUTCOMES = ("success", "named", "named, onnxruntime ran it", "internal", "mismatch", "crash", "hang")
 
 
 # -- cases ---------------------------------------------------------------------------------------------------------
@@ -146,15 +147,21 @@ def _agree(a, b) -> bool:
     return bool(np.array_equal(a, b))
 
 
+_PROTO = []  # the worker's answer channel: the original stdout, kept apart from what libraries print
+
+
 def _send(obj) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _PROTO[0].write(json.dumps(obj) + "\n")
+    _PROTO[0].flush()
 
 
 def worker() -> None:
     """Read pickled cases from stdin (length-prefixed); answer each with one or two JSON lines."""
     import warnings
     warnings.filterwarnings("ignore")
+    _PROTO.append(os.fdopen(os.dup(1), "w"))
+    os.dup2(2, 1)  # onnxruntime prints banners to stdout: they go where stderr goes
+    sys.stdout = sys.stderr
     import runtime
     from runtime.errors import OnnxNumbaError
     stdin = sys.stdin.buffer
@@ -175,6 +182,16 @@ def worker() -> None:
         except Exception as e:  # noqa: BLE001 - what the fuzzer is for
             outcome, detail = "internal", f"{type(e).__name__}: {str(e)[:300]}"
         _send({"ours": outcome, "detail": detail})
+        if outcome == "named":  # does onnxruntime run what the runtime refused?  (a coverage figure, not a defect)
+            try:
+                import onnxruntime
+                so = onnxruntime.SessionOptions()
+                so.log_severity_level = 4
+                onnxruntime.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+                _send({"final": "named, onnxruntime ran it"})
+            except Exception:  # noqa: BLE001
+                _send({"final": "named"})
+            continue
         if outcome != "success":
             continue
         verdict = "success"
@@ -240,13 +257,13 @@ class Worker:
         if first is None or first == "hang":
             self.stop()
             return ("crash", "the worker died") if first is None else ("hang", f"no answer in {timeout} s")
-        if first["ours"] != "success":
+        if first["ours"] not in ("success", "named"):
             return first["ours"], first["detail"]
         final = self._line(time.monotonic() + timeout)
-        if final is None or final == "hang":  # a reference died or hung: the runtime itself succeeded
+        if final is None or final == "hang":  # a reference died or hung: the runtime's own outcome stands
             self.stop()
-            return "success", "a reference died or hung"
-        return final["final"], ""
+            return first["ours"], first["detail"] or "a reference died or hung"
+        return final["final"], first["detail"]
 
 
 def campaign(n: int, seed: int, out: str | None, timeout: float = 20.0, log=print) -> collections.Counter:

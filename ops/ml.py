@@ -190,6 +190,31 @@ def _post(y, post_transform):
     raise InvalidAttributeError(f"TreeEnsemble: post_transform must be 0..4, got {post_transform}")
 
 
+def _no_cycle(roots, tnode, fnode, tleaf, fleaf) -> None:
+    """Refuse branch links that lead back to a node on the way (the walk would never reach a leaf)."""
+    state = np.zeros(tnode.shape[0], np.int8)  # 0 unseen, 1 on the current path, 2 done
+    for root in roots.tolist():
+        if state[root]:
+            continue
+        stack = [(root, 0)]
+        state[root] = 1
+        while stack:
+            node, k = stack.pop()
+            if k == 2:
+                state[node] = 2
+                continue
+            stack.append((node, k + 1))
+            leaf, nxt = (tleaf[node], tnode[node]) if k == 0 else (fleaf[node], fnode[node])
+            if leaf:
+                continue
+            if state[nxt] == 1:
+                raise InvalidAttributeError(f"TreeEnsemble: node {node} branches back to node {int(nxt)}, which is on "
+                                            f"its own path from root {root}: the trees must not have cycles")
+            if state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((int(nxt), 0))
+
+
 @op("TreeEnsemble", 5, domain=ML, factory=True)
 def TreeEnsemble(ctx, *, leaf_targetids, leaf_weights, nodes_falseleafs, nodes_falsenodeids, nodes_featureids,
                  nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids, tree_roots, aggregate_function=1,
@@ -224,6 +249,7 @@ def TreeEnsemble(ctx, *, leaf_targetids, leaf_weights, nodes_falseleafs, nodes_f
     check_indices("TreeEnsemble", fnode[~fleaf], 0, nn, "false node id")
     check_indices("TreeEnsemble", tnode[tleaf], 0, nleaf, "true leaf id")
     check_indices("TreeEnsemble", fnode[fleaf], 0, nleaf, "false leaf id")
+    _no_cycle(roots, tnode, fnode, tleaf, fleaf)
     mstart = np.zeros(nn, np.int64)
     mend = np.zeros(nn, np.int64)
     members = np.empty(0, np.float64)

@@ -378,8 +378,10 @@ class Plan:
             node=node, graph=graph, session_options=L["session_options"], captured=captured)
         try:
             fn = registry.bind(impl, ctx)
-        except OnnxNumbaError:
-            raise
+        except OnnxNumbaError as e:
+            if str(e).startswith("node "):
+                raise
+            raise_at(node, e)
         except Exception as e:
             raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
         outs = [slot_of[o] if o else L["discard"] for o in node.outputs]

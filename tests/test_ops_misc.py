@@ -228,3 +228,22 @@ def test_array_feature_extractor_bounds():
              domain="ai.onnx.ml")
     with pytest.raises(IndexOutOfRangeError):
         _run("ArrayFeatureExtractor", {"X": X}, inits={"i": np.array([8], np.int64)}, opsets=ML, domain="ai.onnx.ml")
+
+
+def test_tree_ensemble_with_a_cycle_is_refused_at_load():
+    """A branch back to a node on its own path (found by tools/fuzz.py) made the walk run forever."""
+    import onnx
+    from onnx import TensorProto as _T, helper as _h
+    from runtime import InferenceSession as _S
+    from runtime.errors import InvalidAttributeError as _E
+    node = _h.make_node("TreeEnsemble", ["X"], ["Y"], domain="ai.onnx.ml", name="trees", n_targets=1,
+                        nodes_featureids=[0, 0], nodes_splits=onnx.helper.make_tensor("s", _T.FLOAT, [2], [0.5, 1.5]),
+                        nodes_modes=onnx.helper.make_tensor("m", _T.UINT8, [2], [0, 0]),
+                        nodes_truenodeids=[1, 0], nodes_trueleafs=[0, 0], nodes_falsenodeids=[0, 1],
+                        nodes_falseleafs=[1, 1], tree_roots=[0], leaf_targetids=[0, 0],
+                        leaf_weights=onnx.helper.make_tensor("w", _T.FLOAT, [2], [1.0, 2.0]))
+    m = _h.make_model(_h.make_graph([node], "g", [_h.make_tensor_value_info("X", _T.FLOAT, [2, 1])],
+                                    [_h.make_tensor_value_info("Y", _T.FLOAT, None)]),
+                      opset_imports=[_h.make_opsetid("", 21), _h.make_opsetid("ai.onnx.ml", 5)])
+    with pytest.raises(_E, match="'trees'.*node 1 branches back to node 0"):
+        _S(m.SerializeToString())

@@ -333,6 +333,32 @@ def RoiAlign(X, rois, batch_indices, *, coordinate_transformation_mode="half_pix
                       output_width, sampling_ratio, spatial_scale)
 
 
+_MAX_SAMPLES = 1 << 33  # bilinear samples in one RoiAlign call: minutes of work, far past any real model
+
+
+def _bounded_work(name, rois, channels, oh, ow, sr, scale) -> None:
+    """Refuse a RoiAlign whose sample grid would take practically forever (a huge ``sampling_ratio``, or, when it
+    is 0, regions of huge or non-finite extent), before the kernel starts."""
+    r = np.asarray(rois, np.float64)
+    if r.size and not np.isfinite(r).all():
+        raise InvalidArgumentError(f"{name}: rois must be finite numbers")
+    if sr < 0 or oh < 0 or ow < 0:
+        raise InvalidAttributeError(f"{name}: sampling_ratio, output_height and output_width must be >= 0, got "
+                                    f"{sr}, {oh}, {ow}")
+    if r.size == 0 or oh == 0 or ow == 0:
+        return
+    if sr > 0:
+        per_bin = float(sr) * sr * r.shape[0]
+    else:
+        h = np.maximum(np.abs(r[:, 3] - r[:, 1]) * abs(scale), 1.0)
+        w = np.maximum(np.abs(r[:, 2] - r[:, 0]) * abs(scale), 1.0)
+        per_bin = float(np.sum(np.ceil(h / oh) * np.ceil(w / ow)))
+    total = per_bin * channels * oh * ow
+    if total > _MAX_SAMPLES:
+        raise InvalidArgumentError(f"{name}: the regions need {total:.3g} bilinear samples (sampling_ratio {sr}), "
+                                   f"more than the {_MAX_SAMPLES:.3g} this runtime takes on")
+
+
 def _run_roi_align(name, X, rois, bi, ctm, mode, oh, ow, sr, scale):
     if X.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4 or bi.shape != (rois.shape[0],):
         raise ShapeMismatchError(f"{name}: expected X [N, C, H, W], rois [R, 4], batch_indices [R]; got "
@@ -341,6 +367,7 @@ def _run_roi_align(name, X, rois, bi, ctm, mode, oh, ow, sr, scale):
         raise InvalidAttributeError(f"{name}: unsupported mode {mode!r} or coordinate_transformation_mode {ctm!r}")
     b = np.ascontiguousarray(bi, dtype=np.int64)
     check_indices(name, b, 0, X.shape[0], "batch index")
+    _bounded_work(name, rois, X.shape[1], int(oh), int(ow), int(sr), float(scale))
     dt = X.dtype
     cdt = F32 if lowp(dt) else dt
     out = np.empty((rois.shape[0], X.shape[1], int(oh), int(ow)), cdt)

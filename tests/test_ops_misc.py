@@ -247,3 +247,23 @@ def test_tree_ensemble_with_a_cycle_is_refused_at_load():
                       opset_imports=[_h.make_opsetid("", 21), _h.make_opsetid("ai.onnx.ml", 5)])
     with pytest.raises(_E, match="'trees'.*node 1 branches back to node 0"):
         _S(m.SerializeToString())
+
+
+def test_roi_align_refuses_work_without_end():
+    """sampling_ratio 2**20 asks for 10**12 samples per bin (found by tools/fuzz.py as a hang)."""
+    from onnx import TensorProto as _T, helper as _h
+    from runtime import InferenceSession as _S
+    from runtime.errors import InvalidArgumentError as _E
+    node = _h.make_node("RoiAlign", ["X", "rois", "bi"], ["Y"], name="roi", output_height=2, output_width=2,
+                        sampling_ratio=1 << 20)
+    m = _h.make_model(_h.make_graph([node], "g", [_h.make_tensor_value_info("X", _T.FLOAT, [1, 1, 4, 4]),
+                                                  _h.make_tensor_value_info("rois", _T.FLOAT, [1, 4]),
+                                                  _h.make_tensor_value_info("bi", _T.INT64, [1])],
+                                    [_h.make_tensor_value_info("Y", _T.FLOAT, None)]),
+                      opset_imports=[_h.make_opsetid("", 16)])
+    feeds = {"X": np.ones((1, 1, 4, 4), np.float32), "rois": np.array([[0, 0, 3, 3]], np.float32),
+             "bi": np.zeros(1, np.int64)}
+    with pytest.raises(_E, match="'roi'.*bilinear samples"):
+        _S(m.SerializeToString()).run(None, feeds)
+    with pytest.raises(_E, match="rois must be finite"):
+        _S(m.SerializeToString()).run(None, {**feeds, "rois": np.array([[0, 0, np.inf, 3]], np.float32)})

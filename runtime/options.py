@@ -199,17 +199,25 @@ def _dim(name, value) -> int:
 class RunOptions:
     """onnxruntime's ``RunOptions``: ``terminate`` stops a run in progress at its next node."""
 
-    __slots__ = ("log_severity_level", "log_verbosity_level", "logid", "run_tag", "terminate",
-                 "only_execute_path_to_fetches", "_config")
+    __slots__ = ("log_severity_level", "log_verbosity_level", "logid", "terminate", "only_execute_path_to_fetches",
+                 "_config")
 
     def __init__(self):
         self.log_severity_level = -1
         self.log_verbosity_level = 0
         self.logid = ""
-        self.run_tag = ""
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self._config = {}
+
+    @property
+    def run_tag(self) -> str:
+        """onnxruntime's older name of ``logid``: the tag of this run in the log."""
+        return self.logid
+
+    @run_tag.setter
+    def run_tag(self, value: str) -> None:
+        self.logid = str(value)
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)

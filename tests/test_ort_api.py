@@ -231,8 +231,12 @@ def test_log_severity_level_and_logid_go_through_logging(caplog):
     so.log_severity_level = 0
     so.logid = "mylog"
     with caplog.at_level(logging.DEBUG, logger="onnx_numba"):
-        ort.InferenceSession(_mul().SerializeToString(), so)
+        s = ort.InferenceSession(_mul().SerializeToString(), so)
+        ro = ort.RunOptions()
+        ro.run_tag, ro.log_severity_level = "run-7", 0
+        s.run(None, {"X": X}, ro)
     assert any(r.name == "onnx_numba.session.mylog" and "nodes planned" in r.message for r in caplog.records)
+    assert any("run-7" in r.getMessage() for r in caplog.records)
     caplog.clear()
     quiet = ort.SessionOptions()
     quiet.log_severity_level = 3

@@ -64,8 +64,8 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
                                                 bi = (zi * H + yi) * W + xi
                                             else:
                                                 bi = zi + yi * D + xi * D * H
-                                    elif mode == 3:
-                                        acc += abs(v) ** p
+                                    elif mode == 3:  # each |v|**p in the input type: it over- or
+                                        acc += x.dtype.type(abs(v) ** p)  # underflows there, as onnxruntime's
                                     else:
                                         acc += v
                     if mode == 0:
@@ -99,7 +99,7 @@ def _global(x, out, mode, p):
         else:
             acc = 0.0
             for j in range(L):
-                acc += abs(x[i, j]) ** p
+                acc += x.dtype.type(abs(x[i, j]) ** p)  # in the input type, as in _pool
             out[i] = acc ** (1.0 / p)
 
 

@@ -81,7 +81,7 @@ def raise_at(node, e, on: str = ""):
     if isinstance(e, OnnxNumbaError):
         try:
             err = type(e)(f"{where}: {e}")
-        except TypeError:
+        except Exception:  # a class whose constructor takes more than a message (UnsupportedOpError names nodes)
             raise e from None
         raise err from e
     raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e

@@ -536,3 +536,14 @@ def test_terminate_stops_a_loop_that_never_ends():
     assert not t.is_alive(), "the Loop did not stop"
     assert isinstance(got[0], ort.RunTerminatedError) and "stopped at iteration" in str(got[0])
     assert "forever" in str(got[0])
+
+
+def test_a_subgraph_without_kernels_is_reported_as_such():
+    """Binding an If builds its branches' plans; their UnsupportedOpError passes through unchanged (rewrapping it,
+    as other bind errors are to name the node, failed with a ValueError: found by tools/fuzz.py)."""
+    out = [h.make_tensor_value_info("y", T.FLOAT, [1])]
+    branch = h.make_graph([h.make_node("NoSuchOp", ["x"], ["y"], name="inner")], "b", [], out)
+    m = _model([h.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="if0")],
+               [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [1])], out)
+    with pytest.raises(ort.UnsupportedOpError, match="'inner': op 'NoSuchOp'"):
+        ort.InferenceSession(m.SerializeToString())

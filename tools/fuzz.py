@@ -10,7 +10,9 @@ and runs it natively and reports one outcome per case:
 - ``named`` (one of the project's errors, ``runtime.errors.OnnxNumbaError``; counted apart when onnxruntime
   runs the same case, a figure of what the runtime refuses that onnxruntime accepts),
 - ``internal`` (any other exception: a defect, the message should name what was wrong),
-- ``crash`` (the worker died) and ``hang`` (no answer within ``--timeout`` seconds: the worker is killed).
+- ``crash`` (the worker died) and ``hang`` (no answer within ``--timeout`` seconds: the worker is killed).  Each
+  run is told to stop (``RunOptions.terminate``) after ``TERMINATE_AFTER`` seconds, so a model that defines an
+  endless run ends as a named ``RunTerminatedError``, and a hang is a runtime that did not stop.
 
 The worker reports the runtime's outcome before it runs the references, so a crash of onnxruntime on a case
 (it dies on some) is told apart from one of the runtime's.  A crash, hang, internal exception or mismatch
@@ -29,10 +31,12 @@ import random
 import select
 import signal
 import struct
+import threading
 import subprocess
 import sys
 import time
 
+TERMINATE_AFTER = 5.0  # seconds before a run is told to stop (the per-case timeout must be longer)
 OUTCOMES = ("success", "named", "named, onnxruntime ran it", "internal", "mismatch", "crash", "hang")
 
 
@@ -174,13 +178,19 @@ def worker() -> None:
             if name == "crash":
                 os.kill(os.getpid(), signal.SIGSEGV)
             time.sleep(1e6)
+        # A model may define a run that never ends (a Loop without a trip count whose condition stays true):
+        # RunOptions.terminate stops it after TERMINATE_AFTER seconds, so a hang is a runtime that did not stop.
+        ro = runtime.RunOptions()
+        timer = threading.Timer(TERMINATE_AFTER, setattr, (ro, "terminate", True))
+        timer.start()
         try:
-            ours = runtime.InferenceSession(model).run(None, feeds)
+            ours = runtime.InferenceSession(model).run(None, feeds, ro)
             outcome, detail = "success", ""
         except OnnxNumbaError as e:
             outcome, detail = "named", f"{type(e).__name__}: {str(e)[:300]}"
         except Exception as e:  # noqa: BLE001 - what the fuzzer is for
             outcome, detail = "internal", f"{type(e).__name__}: {str(e)[:300]}"
+        timer.cancel()
         _send({"ours": outcome, "detail": detail})
         if outcome == "named":  # does onnxruntime run what the runtime refused?  (a coverage figure, not a defect)
             try:

@@ -181,7 +181,9 @@ class InferenceSession:
         self._logger = _session_logger(self._options)
         self._profiler = Profiler(getattr(self._options, "profile_file_prefix", "onnxruntime_profile_")) \
             if getattr(self._options, "enable_profiling", False) else None
-        self._model = path_or_bytes
+        # set_providers reloads a model given by path; one given as bytes or a ModelProto is not kept (it may be
+        # large): the loaded graph is planned again instead.
+        self._model = path_or_bytes if isinstance(path_or_bytes, (str, os.PathLike)) else None
         self._disabled = list(kwargs.get("disabled_optimizers") or ())
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         n = int(getattr(self._options, "intra_op_num_threads", 0) or 0)
@@ -199,17 +201,17 @@ class InferenceSession:
             raise ValueError(f"inter_op_num_threads must be >= 0, got {inter}")
         self._parallel = (inter or os.cpu_count() or 1) if parallel else 0
         t0 = time.perf_counter_ns()
-        self._build(providers, provider_options)
+        self._build(providers, provider_options, path_or_bytes)
         if self._profiler is not None:
             self._profiler.event("Session", "session_initialization", t0, time.perf_counter_ns())
         self._logger.info("session for %s on %s: %d nodes planned", self._model_path or type(path_or_bytes).__name__,
                           self._provider, len(self._graph.nodes))
 
-    def _build(self, providers, provider_options) -> None:
+    def _build(self, providers, provider_options, source) -> None:
         """Choose the provider, load and optimize the graph, plan it (also ``set_providers``)."""
         self._provider, self._provider_options, self._device = choose_provider(providers, provider_options,
                                                                                self._logger)
-        self._graph = build_graph(self._model, self._options, self._provider, self._disabled)
+        self._graph = build_graph(source, self._options, self._provider, self._disabled)
         self._save_optimized()
         self._plan = self._make_plan(self._graph)
         release_pages(self._graph.initializers.values())  # planning read the weights it repacked
@@ -264,7 +266,7 @@ class InferenceSession:
         """Rebuild the session for ``providers`` (an ordered preference, as at construction)."""
         if not providers:
             providers = [self._provider]
-        self._build(providers, provider_options)
+        self._build(providers, provider_options, self._model if self._model is not None else self._graph)
 
     def get_profiling_start_time_ns(self) -> int:
         return self._profiler.start_ns if self._profiler is not None else 0

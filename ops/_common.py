@@ -8,6 +8,7 @@ buffer when the planner gave one whose shape and dtype match.
 from __future__ import annotations
 
 import contextvars
+import math
 import os
 import types as _pytypes
 
@@ -97,12 +98,12 @@ MAX_OUTPUT_BYTES = contextvars.ContextVar("onnx_numba_max_output_bytes", default
 def check_output_size(shape, dtype) -> None:
     """Refuse an output past ``MAX_OUTPUT_BYTES`` before it is allocated (a shape computed from data can ask for
     terabytes; numpy would fail late or the machine would swap)."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    nbytes = n * np.dtype(dtype).itemsize
     limit = MAX_OUTPUT_BYTES.get()
-    if limit and nbytes > limit:
+    if not limit:
+        return
+    # (kernels call this on every allocation: math.prod, and no np.dtype() call for a dtype already made)
+    nbytes = math.prod(shape) * (dtype.itemsize if isinstance(dtype, np.dtype) else np.dtype(dtype).itemsize)
+    if nbytes > limit:
         raise InvalidArgumentError(f"an output of shape {[int(d) for d in shape]} ({np.dtype(dtype)}) would take "
                                    f"{nbytes / 2**30:.1f} GiB, more than the limit of {limit / 2**30:.1f} GiB "
                                    f"(SessionOptions.max_output_bytes; by default half the machine's memory)")

@@ -180,6 +180,15 @@ def newest_opsets() -> dict:
 
 
 _NEWEST: dict = {}
+_ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training"})
+
+
+def newest_opset(domain: str):
+    """``newest_opsets()[domain]`` without listing every schema for the default domain (each load asks); None for
+    a domain onnx does not define (``com.microsoft``)."""
+    if domain in ("", "ai.onnx"):
+        return onnx.defs.onnx_opset_version()
+    return newest_opsets().get(domain) if domain in _ONNX_DOMAINS else None
 
 
 def _check_versions(proto: ModelProto) -> None:
@@ -187,9 +196,8 @@ def _check_versions(proto: ModelProto) -> None:
     if proto.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(f"the model's IR version is {proto.ir_version}; the newest this runtime supports is "
                              f"{onnx.IR_VERSION}")
-    newest = newest_opsets()
     for o in proto.opset_import:
-        top = newest.get(o.domain)
+        top = newest_opset(o.domain)
         if top is not None and o.version > top:
             raise ModelLoadError(f"the model imports opset {o.version} of domain {o.domain or 'ai.onnx'!r}; the newest "
                                  f"this runtime supports is {top}")

@@ -184,9 +184,9 @@ class SessionOptions:
         self._providers.append((name, dict(options or {})))
 
     def register_custom_ops_library(self, path: str) -> None:
-        from .errors import UnsupportedOpError
-        raise UnsupportedOpError([], message=f"custom-op libraries ({path!r}) are native onnxruntime plug-ins; "
-                                            f"this runtime cannot load them")
+        from .errors import NotSupportedError
+        raise NotSupportedError(f"custom-op libraries ({path!r}) are native onnxruntime plug-ins; this runtime cannot "
+                                f"load them: every op needs a kernel of its own here")
 
 
 def _dim(name, value) -> int:

@@ -73,6 +73,8 @@ def test_session_options_have_onnxruntimes_attributes_and_defaults():
         ours.intra_op_num_thread = 2  # misspelt: refused, as onnxruntime refuses it
     with pytest.raises(AttributeError):
         ort.RunOptions().terminte = True
+    with pytest.raises(ortstate.NotImplemented, match="custom-op libraries"):
+        ours.register_custom_ops_library("./libcustom_op_library.so")
 
 
 def test_stock_onnxruntime_provider_list_is_an_ordered_preference():

@@ -70,10 +70,15 @@ def set_default_logger_severity(severity: int) -> None:
     _default_severity[0] = sev
 
 
-def _session_logger(options, suffix: str = "") -> logging.Logger:
-    """The Python logger of a session: ``onnx_numba.session[.<logid>]``, at the options' severity."""
+def _session_logger(options) -> logging.Logger:
+    """The Python logger of one session, named ``onnx_numba.session[.<logid>]``, at the options' severity.
+
+    Each session gets a logger object of its own (outside ``logging``'s registry, its records propagating to the
+    handlers of ``onnx_numba.session`` and above), so one session's severity never changes another's."""
     logid = getattr(options, "logid", "") or ""
-    logger = logging.getLogger("onnx_numba.session" + (f".{logid}" if logid else "") + suffix)
+    parent = logging.getLogger("onnx_numba.session")
+    logger = logging.Logger(parent.name + (f".{logid}" if logid else ""))
+    logger.parent = parent
     sev = int(getattr(options, "log_severity_level", -1))
     logger.setLevel(severity_to_logging(_default_severity[0] if sev < 0 else sev))
     return logger

@@ -549,3 +549,16 @@ def test_a_subgraph_without_kernels_is_reported_as_such():
                [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [1])], out)
     with pytest.raises(ort.UnsupportedOpError, match="'inner': op 'NoSuchOp'"):
         ort.InferenceSession(m.SerializeToString())
+
+
+def test_one_sessions_log_severity_leaves_anothers_alone(caplog):
+    chatty, quiet = ort.SessionOptions(), ort.SessionOptions()
+    chatty.log_severity_level, quiet.log_severity_level = 0, 3
+    with caplog.at_level(logging.DEBUG, logger="onnx_numba"):
+        a = ort.InferenceSession(_mul().SerializeToString(), chatty)
+        ort.InferenceSession(_mul().SerializeToString(), quiet)  # same (empty) logid
+        caplog.clear()
+        ro = ort.RunOptions()
+        ro.run_tag, ro.log_severity_level = "still-verbose", 0
+        a.run(None, {"X": X}, ro)
+    assert any("still-verbose" in r.getMessage() for r in caplog.records)

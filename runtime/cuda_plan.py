@@ -185,14 +185,7 @@ class CudaPlan:
         device_readers = set()
         # With kv_share_buffer the caller donates the graph inputs that one node alone reads (and that are not
         # outputs): that node's kernel may write into them (GroupQueryAttention appends to a max-length cache).
-        donated_names = set()
-        if getattr(session_options, "kv_share_buffer", False):
-            readers: dict = {}
-            for node in graph.nodes:
-                for x in list(node.inputs) + [y for g in subgraphs(node) for y in free_names(g)]:
-                    if x:
-                        readers[x] = readers.get(x, 0) + 1
-            donated_names = {n for n in self.input_names if readers.get(n) == 1 and n not in out_names}
+        donated_names = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
         for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
             ins = list(node.inputs)
             while ins and not ins[-1]:

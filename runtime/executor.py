@@ -203,14 +203,7 @@ class Plan:
         if optimize and getattr(session_options, "compiled_regions", False) and provider == "CPUExecutionProvider":
             from .regions import find_regions
             read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
-            donated = set()
-            if getattr(session_options, "kv_share_buffer", False):
-                consumers = {}
-                for node in graph.nodes:
-                    for x in node.inputs:
-                        if x:
-                            consumers[x] = consumers.get(x, 0) + 1
-                donated = {v.name for v in graph.inputs if consumers.get(v.name) == 1 and v.name not in out_names}
+            donated = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
             regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later, donated=donated)
         in_region = {i for a, b, _ in regions for i in range(a, b)}
         segments = []

@@ -174,6 +174,14 @@ class Graph:
                     c.setdefault(name, []).append(n)
         return c
 
+    def donatable_inputs(self) -> set:
+        """The graph inputs a caller may hand over to the one node that reads them (``kv_share_buffer``): read
+        once, by one node's input and by no subgraph, and not a graph output.  The one rule both plans use."""
+        outs = {v.name for v in self.outputs}
+        readers = self.consumers()
+        return {v.name for v in self.inputs if v.name not in outs and len(readers.get(v.name, ())) == 1
+                and v.name in readers[v.name][0].inputs}
+
     def unique_name(self, base: str) -> str:
         taken = getattr(self, "_taken", None)
         if taken is None:

@@ -64,3 +64,20 @@ def test_sequence_ops_do_not_mutate_their_inputs():
     n, n3, cat = InferenceSession(m).run(None, {"a": a, "b": b})
     assert int(n) == 2 and int(n3) == 2
     np.testing.assert_array_equal(cat, [1, 1, 0, 0, 1, 1])
+
+
+def test_an_input_a_subgraph_reads_is_never_donated():
+    """kv_share_buffer's rule (Graph.donatable_inputs, used by the CPU and CUDA plans): a graph input is handed
+    to its reader only when one node reads it once and no subgraph reads it; an If body's read counts."""
+    from runtime.loader import load_graph
+    then_g = helper.make_graph([helper.make_node("Neg", ["a"], ["t"])], "then", [],
+                               [_vi("t", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([helper.make_node("Identity", ["b"], ["e"])], "else", [],
+                               [_vi("e", TensorProto.FLOAT, [2])])
+    g = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+                           helper.make_node("Add", ["a", "d"], ["z"])], "g",
+                          [_vi("c", TensorProto.BOOL, []), _vi("a", TensorProto.FLOAT, [2]),
+                           _vi("b", TensorProto.FLOAT, [2]), _vi("d", TensorProto.FLOAT, [2])],
+                          [_vi("y", TensorProto.FLOAT, [2]), _vi("z", TensorProto.FLOAT, [2])])
+    graph = load_graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert graph.donatable_inputs() == {"c", "d"}  # a: the Add and the then-branch; b: the else-branch

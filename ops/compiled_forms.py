@@ -1,18 +1,12 @@
 """Compiled forms of ops: the code a node contributes to a generated region function.
 
-``runtime.regions`` fuses a run of nodes into one ``@njit`` function; each
-node's block of that function comes from its form here.  A form reads the
-node's static facts (input dtypes and ranks, attributes, initializer values
-used as parameters) and emits lines with placeholders ``{i0}``.. for the
-input variables, ``{o0}``.. for the outputs and ``{p}`` for a per-node prefix
-of temporaries; the variable ``nthreads`` holds Numba's thread count.  It
-calls the same typed kernels as the op's wrapper (the norm rows, the GQA
-kernels, the generated elementwise loops) or numpy expressions Numba
-compiles to the same IEEE arithmetic.  MatMul against a float32 initializer
-packs it into column panels at plan time (``ops._panels``): one row takes the
-wrapper's panel GEMV, several rows four-row register tiles, equal to the
-wrapper's BLAS up to summation order; against a computed weight, one row
-takes the wrapper's row GEMV and several rows pack it at run time.
+The emitter and the forms' registry are ``ops.forms``; ops written to the one contract keep their form
+in their own family module.  The forms here call the same typed kernels as the op's wrapper (the GQA
+kernels, the generated elementwise loops) or numpy expressions Numba compiles to the same IEEE arithmetic.
+MatMul against a float32 initializer packs it into column panels at plan time (``ops._panels``): one row
+takes the wrapper's panel GEMV, several rows four-row register tiles, equal to the wrapper's BLAS up to
+summation order; against a computed weight, one row takes the wrapper's row GEMV and several rows pack it
+at run time.
 
 A form raises ``Decline`` for anything it does not express (a dtype, an
 attribute value, an unknown rank); the node then runs through its wrapper.
@@ -34,6 +28,7 @@ from numba import njit
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
 from ._common import serial_twin
+from .forms import Decline, _float_only, _lit, _np_type, _prod, _quote, emit, form
 from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import indexing as _ix
@@ -41,7 +36,7 @@ from . import matmul as _mm
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
 
-__all__ = ["Decline", "emit", "FORMS", "serial_twin"]
+__all__ = ["Decline", "emit", "form", "serial_twin"]
 
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
@@ -50,17 +45,11 @@ PARALLEL_WORK = 1 << 16  # multiply-adds below which a serial kernel beats wakin
 GQA_DECODE_PARALLEL_WORK = _ca.GQA_DECODE_PARALLEL_WORK
 
 
-class Decline(Exception):
-    """The form cannot express this node; it runs through its wrapper instead."""
-
-
 # -- kernels the forms call ------------------------------------------------------------------------
 
 gqa_decode_serial = _ca._gqa_decode_serial
 gqa_decode_par = _ca._gqa_decode_kernel
 gqa_prefill_par = _ca.gqa_prefill
-norm_rows = _cn._rows
-norm_rows_par = _cn._rows_par
 gelu_rows = _cn._gelu
 
 
@@ -317,176 +306,6 @@ def gqa_f32_shared(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos,
     out = _gqa_attend(q4, pk, pv, past_b, totals, kbase, sc, softcap, total, window, sink_mode, causal)
     B, S = q3.shape[0], q3.shape[1]
     return out.reshape((B, S, H * q4.shape[3])), pk, pv
-
-
-# -- the emitter -----------------------------------------------------------------------------------
-
-class Emitted:
-    """One node's block: lines with placeholders, and the imports they need."""
-
-    def __init__(self, node, types):
-        self.node = node
-        self.t = types
-        self.lines = []
-        self.imports = {}
-        self.declared = {}
-        self.constants = []  # arrays prepared at plan time (repacked weights), passed to the region as arguments
-
-    # static facts
-    @property
-    def attrs(self):
-        return self.node.attrs
-
-    def has(self, k):
-        return k < len(self.node.inputs) and bool(self.node.inputs[k])
-
-    def dtype(self, k):
-        d = self.t.dtype(self.node.inputs[k])
-        if d is None:
-            raise Decline("unknown dtype")
-        return d
-
-    def rank(self, k):
-        r = self.t.rank(self.node.inputs[k])
-        if r is None:
-            raise Decline("unknown rank")
-        return r
-
-    def out_rank(self, k):
-        r = self.t.rank(self.node.outputs[k])
-        if r is None:
-            raise Decline("unknown output rank")
-        return r
-
-    def out_dtype(self, k):
-        d = self.t.dtype(self.node.outputs[k])
-        if d is None:
-            raise Decline("unknown output dtype")
-        return d
-
-    def const(self, k):
-        return self.t.const(self.node.inputs[k]) if self.has(k) else None
-
-    def donated(self, k):
-        """Input ``k`` is a graph input read by this node only, which the caller lets it overwrite."""
-        return self.has(k) and self.node.inputs[k] in getattr(self.t, "donated", ())
-
-    def used(self, k):
-        return k < len(self.node.outputs) and bool(self.node.outputs[k])
-
-    # code
-    def use(self, obj_module: str, attr: str) -> str:
-        alias = f"{attr.strip('_')}__{obj_module.replace('.', '_')}"
-        self.imports[alias] = (obj_module, attr)
-        return alias
-
-    def line(self, *lines):
-        self.lines.extend(lines)
-
-    def constant(self, array) -> str:
-        """A plan-time array (derived from initializers) the block reads; returns its placeholder."""
-        self.constants.append(np.ascontiguousarray(array))
-        return f"{{c{len(self.constants) - 1}}}"
-
-    def declare(self, k, dtype=None, rank=None):
-        """State output ``k``'s dtype and rank (kept only if the form succeeds), for later forms to read."""
-        if self.used(k):
-            self.declared[self.node.outputs[k]] = (None if dtype is None else np.dtype(dtype), rank)
-
-    def render(self, names, prefix):
-        """The block's lines with ``names`` (value name -> variable) filled in and ``prefix`` before every
-        temporary; the node is called ``@node@`` in error messages (``runtime.regions`` puts its name back)."""
-        m = {"p": prefix}
-        for k, x in enumerate(self.node.inputs):
-            m[f"i{k}"] = names[x] if x else "None"
-        for k, x in enumerate(self.node.outputs):
-            m[f"o{k}"] = names[x] if x else f"{m['p']}_unused{k}"
-        for k in range(len(self.constants)):
-            m[f"c{k}"] = f"{m['p']}_const{k}"
-        return [ln.format(**m) for ln in self.lines]
-
-    def constant_names(self, prefix):
-        return [f"{prefix}_const{k}" for k in range(len(self.constants))]
-
-    def signature(self):
-        """What the block's code depends on besides the names of its values: the op, the lines with their
-        placeholders (attributes and parameter values are baked into them), the constants' dtypes and shapes,
-        the inputs' dtypes and ranks.  Two nodes with equal signatures generate the same code."""
-        ins = tuple((self.t.dtype(x), self.t.rank(x)) if x else None for x in self.node.inputs)
-        outs = tuple(bool(x) for x in self.node.outputs)
-        consts = tuple((c.dtype.str, c.shape) for c in self.constants)
-        return (self.node.domain, self.node.op_type, tuple(self.lines), consts, ins, outs,
-                tuple(sorted(self.imports.items())))
-
-
-FORMS: dict = {}
-
-
-def form(*op_types, domain=""):
-    def deco(fn):
-        for t in op_types:
-            FORMS[(domain, t)] = fn
-        return fn
-    return deco
-
-
-def emit(node, types, used_after=None):
-    """The node's Emitted block, or None when its form declines (or it has none)."""
-    fn = FORMS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
-    if fn is None:
-        return None
-    e = Emitted(node, types)
-    try:
-        fn(e)
-    except Decline:
-        return None
-    for name, (dt, r) in e.declared.items():
-        known_dt, known_r = types.dtype(name), types.rank(name)
-        types.declared[name] = (known_dt if known_dt is not None else dt, known_r if known_r is not None else r)
-    return e
-
-
-def _np_type(dt) -> str:
-    dt = np.dtype(dt)
-    names = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
-             "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_", "int16": "np.int16",
-             "uint16": "np.uint16", "uint32": "np.uint32", "uint64": "np.uint64"}
-    if dt.name not in names:
-        raise Decline(f"dtype {dt}")
-    return names[dt.name]
-
-
-def _lit(v, dt) -> str:
-    """A typed scalar literal that reproduces ``v`` exactly."""
-    dt = np.dtype(dt)
-    if dt.kind == "f":
-        return f"{_np_type(dt)}({float(v)!r})"
-    if dt.kind == "b":
-        return "True" if bool(v) else "False"
-    return f"{_np_type(dt)}({int(v)})"
-
-
-def _shape_tuple(var, rank, dims=None):
-    dims = range(rank) if dims is None else dims
-    parts = [f"{var}.shape[{d}]" for d in dims]
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def _prod(parts):
-    return " * ".join(parts) if parts else "1"
-
-
-NODE = "@node@"  # stands for the node's name in generated error messages, so code never depends on names
-
-
-def _quote(node):
-    return f"node '{NODE}' ({node.op_type})"
-
-
-def _float_only(e, *ks):
-    for k in ks:
-        if e.has(k) and e.dtype(k) != F32:
-            raise Decline("float32 only")
 
 
 # -- shape and index ops ---------------------------------------------------------------------------
@@ -766,60 +585,6 @@ def _matmul(e):
     e.line(f"{{p}}_m = {_prod(lead)}",
            f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {weight}, nthreads).reshape(("
            f"{', '.join(lead)}, {ncols}))")
-
-
-def _norm_lines(e, x_idx, skip_idx, scale_idx, bias_idx, eps, want_sum):
-    rows_s = e.use(__name__, "norm_rows")
-    rows_p = e.use(__name__, "norm_rows_par")
-    e.use("runtime.errors", "ShapeMismatchError")
-    r = e.rank(x_idx)
-    ix = f"{{i{x_idx}}}"
-    e.line(f"{{p}}_n = {ix}.shape[{r - 1}]",
-           f"{{p}}_r = {ix}.size // {{p}}_n if {{p}}_n else 0",
-           f"{{p}}_x = {ix}.reshape(({{p}}_r, {{p}}_n))",
-           f"if {{i{scale_idx}}}.size != {{p}}_n:",
-           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: scale does not match the normalized "
-           f"extent\")")
-    if skip_idx is not None:
-        sk = f"{{i{skip_idx}}}"
-        e.line(f"if {sk}.shape[{sk}.ndim - 1] != {{p}}_n or {sk}.size == 0 or {{p}}_r % ({sk}.size // {{p}}_n):",
-               f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: skip does not match input\")",
-               f"{{p}}_k = {sk}.reshape(({sk}.size // {{p}}_n, {{p}}_n))",
-               "{p}_ss = np.empty(({p}_r, {p}_n), np.float32)")
-    else:
-        e.line("{p}_k = np.empty((0, {p}_n), np.float32)", "{p}_ss = {p}_k")
-    bias = f"{{i{bias_idx}}}.reshape(({{i{bias_idx}}}.size,))" if bias_idx is not None else "np.empty(0, np.float32)"
-    e.line(f"{{o0}} = np.empty({ix}.shape, np.float32)",
-           "{p}_e = np.empty(0, np.float64)",
-           f"if {ix}.size >= {_cn._PARALLEL_MIN} and {{p}}_r > 1:",
-           f"    {rows_p}({{p}}_x, {{p}}_k, {bias}, {{p}}_ss, {{i{scale_idx}}}.reshape(({{p}}_n,)), "
-           f"np.empty(0, np.float32), {{o0}}.reshape(({{p}}_r, {{p}}_n)), {{p}}_e, {{p}}_e, {float(eps)!r}, True)",
-           "else:",
-           f"    {rows_s}({{p}}_x, {{p}}_k, {bias}, {{p}}_ss, {{i{scale_idx}}}.reshape(({{p}}_n,)), "
-           f"np.empty(0, np.float32), {{o0}}.reshape(({{p}}_r, {{p}}_n)), {{p}}_e, {{p}}_e, {float(eps)!r}, True)")
-    e.declare(0, F32, r)
-
-
-@form("SimplifiedLayerNormalization")
-@form("SimplifiedLayerNormalization", domain=MS)
-def _simplified_ln(e):
-    _float_only(e, 0, 1)
-    r = e.rank(0)
-    axis = int(e.attrs.get("axis", -1))
-    if (axis + r if axis < 0 else axis) != r - 1 or any(e.used(k) for k in range(1, len(e.node.outputs))):
-        raise Decline("axis or statistics")
-    _norm_lines(e, 0, None, 1, None, e.attrs.get("epsilon", 1e-5), False)
-
-
-@form("SkipSimplifiedLayerNormalization", domain=MS)
-def _skip_simplified_ln(e):
-    _float_only(e, 0, 1, 2, 3)
-    if e.rank(0) not in (2, 3) or e.used(1) or e.used(2):
-        raise Decline("statistics")
-    _norm_lines(e, 0, 1, 2, 3 if e.has(3) else None, e.attrs.get("epsilon", 1e-12), e.used(3))
-    if e.used(3):
-        e.line("{o3} = {p}_ss.reshape({i0}.shape)")
-        e.declare(3, F32, e.rank(0))
 
 
 # -- attention -------------------------------------------------------------------------------------

@@ -33,20 +33,12 @@ from . import contrib_norm as _cn
 from . import contrib_quant as _cq
 from . import contrib_recurrent as _cr
 from . import recurrent_state as _rs
-from .compiled_forms import Decline, F32, MS, _float_only, _prod, _quote, form, serial_twin
+from .compiled_forms import F32, MS, serial_twin
+from .forms import Decline, _float_only, _prod, _raise_on, form
 
 __all__ = ["rope3", "rope4", "mnb_f32", "gbq_f32", "gated_rms_f32", "la_gate_f32", "ccws_f32", "linattn_f32"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
-
-
-def _raise_on(e, var, table):
-    """Emit ``if var == code: raise Class("node ...: message")`` for each (code, class name, message)."""
-    who = _quote(e.node).replace("{", "{{").replace("}", "}}").replace("\\", "/")
-    for j, (code, cls, msg) in enumerate(table):
-        alias = e.use("runtime.errors", cls)
-        e.line(f"{'if' if j == 0 else 'elif'} {var} == {code}:",
-               f"    raise {alias}(\"{who}: {msg}\")")
 
 
 def _s(x):

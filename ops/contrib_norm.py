@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -29,12 +30,14 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp, norm_axis, out_buffer
 from ._fastmath import FAST, fexp
+from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 _PARALLEL_MIN = 1 << 18  # elements
 F64 = np.dtype(np.float64)
 EMPTY = np.empty(0, F64)
+EMPTY_OF = {dt: np.empty(0, dt) for dt in (F32, F64)}  # an absent operand
 MS = "com.microsoft"
 
 
@@ -199,11 +202,54 @@ def _vec(name, what, p, shape, cdt) -> np.ndarray:
     return np.ascontiguousarray(b, dtype=cdt).reshape(-1)
 
 
-def _stat_dtype(ctx, k, stash_type, x_dtype):
+# -- the row norms' contract -----------------------------------------------------------------------
+# SimplifiedLayerNormalization, the contrib LayerNormalization and the two skip norms are one op written
+# once: a bind per op type (its attributes and defaults), one record it returns (``RowNorm``), one typed
+# driver (``row_norm``) whose checks return codes into ``NORM_ERRORS``, and the three implementations that
+# read the record: the CPU wrapper (``_cpu``), the region form (``_form``) and the CUDA launch
+# (``ops.cuda.contrib_norm``), which shares ``row_geometry``.
+
+class RowNorm(NamedTuple):
+    """A row-norm node bound at plan time."""
+
+    op: str               # the op type, for messages
+    simplified: bool      # RMS: no mean, no beta
+    skip: bool            # the skip form: (input, skip, gamma[, beta][, bias]) over the last axis
+    axis: int             # the first normalized axis, as given (negative counts from the end)
+    eps: float
+    n_outputs: int
+    want_stats: bool      # mean or inv_std_var is read
+    want_sum: bool        # input_skip_bias_sum is read
+    stat_types: tuple     # per statistics output: a declared np.dtype, or None (the op's rule, ``stat_dtype``)
+    stash_type: int
+
+    def operands(self, args):
+        """(x, skip, scale, beta, bias) from the node's inputs, None where absent."""
+        args = tuple(args) + (None,) * (5 - len(args))
+        if not self.skip:
+            return args[0], None, args[1], (None if self.simplified else args[2]), None
+        if self.simplified:
+            return args[0], args[1], args[2], None, args[3]
+        return args[0], args[1], args[2], args[3], args[4]
+
+    def stat_dtype(self, k, x_dtype):
+        """The dtype of statistics output ``k`` (1: mean, 2: inv_std_var) for an input of ``x_dtype``."""
+        if self.skip:
+            return F64 if np.dtype(x_dtype) == F64 else F32
+        declared = self.stat_types[k - 1] if k - 1 < len(self.stat_types) else None
+        if declared is not None:
+            return declared
+        return F32 if self.stash_type == 1 else np.dtype(x_dtype)
+
+    def stat_index(self):
+        """The output position of inv_std_var (SimplifiedLayerNormalization has no mean output)."""
+        return 1 if self.simplified and not self.skip else 2
+
+
+def _declared(ctx, k):
     vi = ctx.output_types[k] if len(ctx.output_types) > k else None
-    if vi is not None and getattr(vi, "dtype", None) is not None:
-        return np.dtype(vi.dtype)
-    return F32 if stash_type == 1 else np.dtype(x_dtype)
+    dt = getattr(vi, "dtype", None) if vi is not None else None
+    return None if dt is None else np.dtype(dt)
 
 
 def _used(ctx, k) -> bool:
@@ -211,125 +257,199 @@ def _used(ctx, k) -> bool:
     return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
 
 
-def _run(name, x, skip, bias, scale, beta, axis, eps, simplified, ydt, ybuf, want_sum, want_stats):
-    """The shared driver: returns (y, ssum or None, mean64 or None, inv64 or None, stat_shape)."""
-    _check_float(name, x)
-    ax = norm_axis(axis, x.ndim)
-    rows = math.prod(x.shape[:ax])
-    n = math.prod(x.shape[ax:])
-    cdt = _cdt(x.dtype)
-    xc = (x if x.dtype == cdt and x.flags.c_contiguous else np.ascontiguousarray(x, dtype=cdt)).reshape(rows, n)
-    norm_shape = x.shape[ax:]
-    sc = _vec(name, "scale", scale, norm_shape, cdt)
-    be = _empty(cdt) if beta is None else _vec(name, "beta", beta, norm_shape, cdt)
-    if skip is not None:
-        sq = tuple(skip.shape)
-        while len(sq) > 1 and sq[0] == 1:
-            sq = sq[1:]
-        if len(sq) > x.ndim or sq != x.shape[x.ndim - len(sq):] or sq[-1] != n:
-            raise ShapeMismatchError(f"{name}: skip of shape {list(skip.shape)} does not match input "
-                                     f"{list(x.shape)}")
-        sk = (skip if skip.dtype == cdt and skip.flags.c_contiguous
-              else np.ascontiguousarray(skip, dtype=cdt)).reshape(-1, n)
-        bi = _empty(cdt) if bias is None else _vec(name, "bias", bias, (n,), cdt)
-        direct = cdt == x.dtype and want_sum
-        ssum = np.empty((rows, n), cdt)
+def bind_simplified(ctx, axis=-1, epsilon=1e-5, stash_type=1) -> RowNorm:
+    """SimplifiedLayerNormalization (default domain and com.microsoft): ``(X, scale) -> (Y[, inv_std_var])``."""
+    return RowNorm("SimplifiedLayerNormalization", True, False, int(axis), float(epsilon), ctx.n_outputs,
+                   _used(ctx, 1), False, (_declared(ctx, 1),), int(stash_type))
+
+
+def bind_layer_norm(ctx, axis=-1, epsilon=1e-5, stash_type=1) -> RowNorm:
+    """onnxruntime's pre-opset-17 contrib LayerNormalization: ``(X, Scale[, B]) -> (Y[, mean, inv_std_var])``."""
+    return RowNorm("LayerNormalization", False, False, int(axis), float(epsilon), ctx.n_outputs,
+                   _used(ctx, 1) or _used(ctx, 2), False, (_declared(ctx, 1), _declared(ctx, 2)), int(stash_type))
+
+
+def bind_skip_simplified(ctx, epsilon=1e-12) -> RowNorm:
+    """``(input, skip, gamma[, bias]) -> (output[, mean, inv_std_var, input_skip_bias_sum])``."""
+    return RowNorm("SkipSimplifiedLayerNormalization", True, True, -1, float(epsilon), ctx.n_outputs,
+                   _used(ctx, 1) or _used(ctx, 2), _used(ctx, 3), (), 1)
+
+
+def bind_skip_layer_norm(ctx, epsilon=1e-12) -> RowNorm:
+    """``(input, skip, gamma[, beta][, bias]) -> (output[, mean, inv_std_var, input_skip_bias_sum])``."""
+    return RowNorm("SkipLayerNormalization", False, True, -1, float(epsilon), ctx.n_outputs,
+                   _used(ctx, 1) or _used(ctx, 2), _used(ctx, 3), (), 1)
+
+
+# The error codes of ``row_geometry``: (exception class name, message), written once for every implementation.
+NORM_ERRORS = {
+    1: ("ShapeMismatchError", "input must be 2-d or 3-d"),
+    2: ("ShapeMismatchError", "scale must have as many elements as the normalized extent"),
+    3: ("ShapeMismatchError", "beta must have as many elements as the normalized extent"),
+    4: ("ShapeMismatchError", "bias must have as many elements as the normalized extent"),
+    5: ("ShapeMismatchError", "skip does not match input (its trailing dims must be input's, its leading "
+                              "ones 1 or input's)"),
+}
+
+
+@njit(**_OPTS)
+def row_geometry(xshape, ax, scale_size, beta_size, bias_size, skip_shape, skip):
+    """``(rows, n, skip_rows, error code)`` of a row norm over axes ``ax``.. of ``xshape`` (``ax`` already in
+    range); ``beta_size``/``bias_size`` are -1 for an absent operand, ``skip_shape`` is read when ``skip``."""
+    rank = len(xshape)
+    rows = 1
+    n = 1
+    for d in range(rank):
+        if d < ax:
+            rows *= xshape[d]
+        else:
+            n *= xshape[d]
+    if skip and (rank < 2 or rank > 3):
+        return rows, n, 1, 1
+    if scale_size != n:
+        return rows, n, 1, 2
+    if beta_size >= 0 and beta_size != n:
+        return rows, n, 1, 3
+    if bias_size >= 0 and bias_size != n:
+        return rows, n, 1, 4
+    skip_rows = 1
+    if skip:
+        k = len(skip_shape)
+        lead = 0
+        while lead < k - 1 and skip_shape[lead] == 1:
+            lead += 1
+        if k - lead > rank:
+            return rows, n, 1, 5
+        size = 1
+        for j in range(k - lead):
+            if skip_shape[k - 1 - j] != xshape[rank - 1 - j]:
+                return rows, n, 1, 5
+            size *= skip_shape[k - 1 - j]
+        skip_rows = size // n if n else 1
+    return rows, n, skip_rows, 0
+
+
+@njit(**_OPTS)
+def row_norm(x, skip, scale, beta, bias, y, ax, eps, simplified, has_skip, has_beta, has_bias, want_stats):
+    """One row-norm node on contiguous arrays of one float dtype, ``y`` of x's shape given: checks, then the
+    kernels.  Returns ``(error code, input_skip_bias_sum (rows, n), mean, inv_std_var)`` (float64 statistics,
+    empty unless ``want_stats``; the sum is empty without a skip)."""
+    rows, n, skip_rows, err = row_geometry(x.shape, ax, scale.size, beta.size if has_beta else -1,
+                                           bias.size if has_bias else -1, skip.shape, has_skip)
+    m = np.zeros(rows if want_stats else 0)
+    inv = np.zeros(rows if want_stats else 0)
+    if err:
+        return err, np.empty((0, n), x.dtype), m, inv
+    x2 = x.reshape((rows, n))
+    if has_skip:
+        sk = skip.reshape((skip_rows, n))
+        ssum = np.empty((rows, n), x.dtype)
     else:
-        sk = _empty(cdt, n)
-        bi = _empty(cdt)
+        sk = np.empty((0, n), x.dtype)
         ssum = sk
-        direct = False
-    y = out_buffer(ybuf, x.shape, ydt) if ydt == cdt else np.empty(x.shape, cdt)
-    m64 = np.zeros(rows) if want_stats else EMPTY
-    i64 = np.zeros(rows) if want_stats else EMPTY
-    if x.size:
-        kern = _rows_par if x.size >= _PARALLEL_MIN and rows > 1 else _rows
-        kern(xc, sk, bi, ssum, sc, be, y.reshape(rows, n), m64, i64, float(eps), simplified)
-    if y.dtype != ydt:
-        y = y.astype(ydt)
-    s = None
-    if want_sum and skip is not None:
-        s = (ssum if direct else ssum.astype(x.dtype)).reshape(x.shape)
-    stat_shape = x.shape[:ax] + (1,) * (x.ndim - ax)
-    return y, s, (m64 if want_stats else None), (i64 if want_stats else None), stat_shape
+    be = beta.reshape((n,)) if has_beta else np.empty(0, x.dtype)
+    bi = bias.reshape((n,)) if has_bias and has_skip else np.empty(0, x.dtype)
+    if x.size >= _PARALLEL_MIN and rows > 1:
+        _rows_par(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified)
+    elif x.size:
+        _rows(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified)
+    return 0, ssum, m, inv
 
 
-# -- row norms -------------------------------------------------------------------------------------
+def raise_norm_error(b: RowNorm, code: int):
+    from runtime import errors
+    cls, msg = NORM_ERRORS[code]
+    raise getattr(errors, cls)(f"{b.op}: {msg}")
 
-def _simplified_factory(ctx, axis=-1, epsilon=1e-5, stash_type=1):
+
+def _flat(p, cdt):
+    return np.ascontiguousarray(p, dtype=cdt).reshape(-1)
+
+
+def _cpu(b: RowNorm, ctx):
+    """The CPU wrapper: dtype conversions around ``row_norm`` (16-bit floats are computed in float32), the
+    output buffer from the arena, and the outputs the node declares."""
     buf = ctx.out[0] if ctx.out else None
-    want_inv = _used(ctx, 1)
 
-    def run(X, scale):
-        ydt = scale.dtype if scale.dtype.kind == "f" or lowp(scale.dtype) else X.dtype
-        y, _, _, inv, ss = _run("SimplifiedLayerNormalization", X, None, None, scale, None, axis, epsilon, True,
-                                ydt, buf, False, want_inv)
-        if ctx.n_outputs == 1:
+    def run(*args):
+        x, skip, scale, beta, bias = b.operands(args)
+        _check_float(b.op, x)
+        ax = norm_axis(b.axis, x.ndim)
+        cdt = _cdt(x.dtype)
+        xc = x if x.dtype == cdt and x.flags.c_contiguous else np.ascontiguousarray(x, dtype=cdt)
+        if xc.ndim == 0:
+            xc = xc.reshape(1)
+        if b.simplified and not b.skip:
+            ydt = scale.dtype if scale.dtype.kind == "f" or lowp(scale.dtype) else x.dtype
+        else:
+            ydt = x.dtype
+        y = out_buffer(buf, x.shape, ydt) if ydt == cdt else np.empty(x.shape, cdt)
+        sk = xc if skip is None else (skip if skip.dtype == cdt and skip.flags.c_contiguous
+                                      else np.ascontiguousarray(skip, dtype=cdt))
+        err, ssum, m, inv = row_norm(xc, sk, _flat(scale, cdt), EMPTY_OF[cdt] if beta is None else _flat(beta, cdt),
+                                     EMPTY_OF[cdt] if bias is None else _flat(bias, cdt), y.reshape(xc.shape), ax,
+                                     b.eps, b.simplified, skip is not None, beta is not None, bias is not None,
+                                     b.want_stats)
+        if err:
+            raise_norm_error(b, err)
+        if y.dtype != ydt:
+            y = y.astype(ydt)
+        if b.n_outputs == 1:
             return y
-        inv = inv.astype(_stat_dtype(ctx, 1, stash_type, X.dtype)).reshape(ss) if want_inv \
-            else np.zeros(ss, _stat_dtype(ctx, 1, stash_type, X.dtype))
-        return y, inv
+        ss = x.shape[:ax] + (1,) * (x.ndim - ax)
+        outs = [y]
+        for k in range(1, b.stat_index() + 1):  # (mean,) inv_std_var; the simplified norms' mean is zeros
+            sdt = b.stat_dtype(k, x.dtype)
+            is_inv = k == b.stat_index()
+            if b.want_stats and (is_inv or not b.simplified):
+                outs.append((inv if is_inv else m).astype(sdt).reshape(ss))
+            else:
+                outs.append(np.zeros(ss, sdt))
+        if b.skip:
+            outs.append(ssum.astype(x.dtype, copy=False).reshape(x.shape) if b.want_sum
+                        else np.zeros(x.shape, x.dtype))
+        return tuple(outs[:b.n_outputs])
     return run
 
 
-op("SimplifiedLayerNormalization", 1, factory=True)(_simplified_factory)
-op("SimplifiedLayerNormalization", 1, domain=MS, factory=True)(_simplified_factory)
+def _form(e, b: RowNorm):
+    """The region form: float32 operands, ``row_norm`` called on them, its codes raised as the wrapper raises
+    them, the statistics cast and shaped as the wrapper does."""
+    n_in = 2 + (2 if b.skip else 0) + (0 if b.simplified else 1)
+    _float_only(e, *range(n_in))
+    r = e.rank(0)
+    if r < 1 or any(e.used(k) and b.stat_dtype(k, F32) != F32 for k in range(1, min(len(e.node.outputs), 3))):
+        raise Decline("rank or statistics dtype")
+    ax = norm_axis(b.axis, r)
+    ins = [f"{{i{k}}}" if e.has(k) else None for k in range(5)]
+    x, skip, scale, beta, bias = b.operands(ins)
+    empty = "np.empty(0, np.float32)"
+    k = e.use(__name__, "row_norm")
+    e.line(f"{{o0}} = np.empty({x}.shape, np.float32)",
+           f"{{p}}_err, {{p}}_ss, {{p}}_m, {{p}}_inv = {k}({x}, {skip or x}, {scale}.reshape(({scale}.size,)), "
+           f"{beta or empty}, {bias or empty}, {{o0}}, {ax}, {b.eps!r}, {b.simplified}, {skip is not None}, "
+           f"{beta is not None}, {bias is not None}, {b.want_stats})")
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in NORM_ERRORS.items()])
+    e.declare(0, F32, r)
+    stat = "(" + "".join(f"{x}.shape[{d}], " for d in range(ax)) + "1, " * (r - ax) + ")"
+    for j in range(1, b.stat_index() + 1):
+        if e.used(j):
+            src = "{p}_inv" if j == b.stat_index() else ("{p}_m" if not b.simplified else None)
+            e.line(f"{{o{j}}} = {src}.astype(np.float32).reshape({stat})" if src and b.want_stats
+                   else f"{{o{j}}} = np.zeros({stat}, np.float32)")
+            e.declare(j, F32, r)
+    if b.skip and e.used(3):
+        e.line(f"{{o3}} = {{p}}_ss.reshape({x}.shape)")
+        e.declare(3, F32, r)
 
 
-@op("LayerNormalization", 1, factory=True)
-def LayerNormalization_contrib(ctx, axis=-1, epsilon=1e-5, stash_type=1):
-    """onnxruntime's pre-opset-17 contrib LayerNormalization (same semantics as the opset-17 op)."""
-    buf = ctx.out[0] if ctx.out else None
-    want = _used(ctx, 1) or _used(ctx, 2)
-
-    def run(X, Scale, B=None):
-        y, _, m, inv, ss = _run("LayerNormalization", X, None, None, Scale, B, axis, epsilon, False, X.dtype, buf,
-                                False, want)
-        if ctx.n_outputs == 1:
-            return y
-        if not want:
-            m = inv = np.zeros(int(math.prod(ss)))
-        outs = (y, m.astype(_stat_dtype(ctx, 1, stash_type, X.dtype)).reshape(ss),
-                inv.astype(_stat_dtype(ctx, 2, stash_type, X.dtype)).reshape(ss))
-        return outs[:ctx.n_outputs]
-    return run
-
-
-def _skip_factory(name, simplified):
-    def factory(ctx, epsilon=1e-12):
-        buf = ctx.out[0] if ctx.out else None
-        want_stats = _used(ctx, 1) or _used(ctx, 2)
-        want_sum = _used(ctx, 3)
-        n_out = ctx.n_outputs
-
-        def run(input, skip, gamma, *rest):
-            if simplified:
-                beta, bias = None, (rest[0] if rest else None)
-            else:
-                beta = rest[0] if rest else None
-                bias = rest[1] if len(rest) > 1 else None
-            if input.ndim not in (2, 3):
-                raise ShapeMismatchError(f"{name}: input must be 2-d or 3-d, got shape {list(input.shape)}")
-            y, s, m, inv, ss = _run(name, input, skip, bias, gamma, beta, -1, epsilon, simplified, input.dtype, buf,
-                                    want_sum, want_stats)
-            if n_out == 1:
-                return y
-            sdt = F32 if input.dtype != F64 else F64
-            if want_stats:
-                mean = (np.zeros(ss, sdt) if simplified else m.astype(sdt).reshape(ss))
-                inv = inv.astype(sdt).reshape(ss)
-            else:
-                mean = inv = np.zeros(ss, sdt)
-            if s is None:
-                s = np.zeros(input.shape, input.dtype)
-            return (y, mean, inv, s)[:n_out]
-        return run
-    return factory
-
-
-op("SkipSimplifiedLayerNormalization", 1, domain=MS, factory=True)(
-    _skip_factory("SkipSimplifiedLayerNormalization", True))
-op("SkipLayerNormalization", 1, domain=MS, factory=True)(_skip_factory("SkipLayerNormalization", False))
+for _dom in ("", MS):
+    op("SimplifiedLayerNormalization", 1, domain=_dom, bind=bind_simplified)(_cpu)
+    form("SimplifiedLayerNormalization", domain=_dom, bind=bind_simplified)(_form)
+op("LayerNormalization", 1, bind=bind_layer_norm)(_cpu)
+op("SkipSimplifiedLayerNormalization", 1, domain=MS, bind=bind_skip_simplified)(_cpu)
+form("SkipSimplifiedLayerNormalization", domain=MS, bind=bind_skip_simplified)(_form)
+op("SkipLayerNormalization", 1, domain=MS, bind=bind_skip_layer_norm)(_cpu)
 
 
 @op("GatedRMSNorm", 1, domain=MS, factory=True)

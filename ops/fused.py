@@ -23,7 +23,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp
 from ._fastmath import fsigmoid
-from .compiled_forms import Decline, _float_only, _quote, form
+from .forms import Decline, _float_only, _quote, form
 from .registry import op
 
 __all__ = ["GatedActivation", "ACTIVATIONS", "DOMAIN", "gated_flat", "gated_halves"]

@@ -12,6 +12,20 @@ A wrapper registered with ``factory=True`` is instead called once at plan
 time as ``factory(ctx, **attrs)`` and returns the per-run callable; hot ops
 use this to bind their compiled kernel and output buffer ahead of time.
 
+An op written to the one contract registers its ``bind`` instead: a function
+``bind(ctx, **attrs)`` whose keyword parameters are the attributes with
+their defaults (written once, there), which does every plan-time check and
+returns the bound op, a record of what the node's implementations share.
+Each implementation of the op (the CPU wrapper, the region form, the CUDA
+launch) is registered with that same ``bind`` and is called as
+``impl(bound, ctx)``; it returns the per-run callable (the region form
+instead emits the node's block).  ``tests/test_op_contract.py`` checks that
+every op with a region form or a CUDA kernel shares its CPU twin's bind.
+
+Providers: ``CPUExecutionProvider`` and ``CUDAExecutionProvider`` hold
+kernels; ``REGION`` holds the region forms (``ops.compiled_forms``), with
+versions like any other implementation.
+
 Invariants a wrapper keeps:
 - it returns numpy arrays (0-d for scalars), one per output, as an ndarray
   for a single output or a tuple for several;
@@ -30,7 +44,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["op", "resolve", "OpContext", "OpImpl", "registered_ops", "bind"]
+__all__ = ["op", "resolve", "OpContext", "OpImpl", "registered_ops", "bind", "REGION"]
+
+REGION = "region"  # the provider the region forms register under
 
 
 @dataclass
@@ -44,6 +60,12 @@ class OpImpl:
     wants_ctx: bool = False
     provider: str = "CPUExecutionProvider"
     host_inputs: tuple = ()  # input positions a device kernel reads as host numpy arrays (shapes, axes)
+    contract: Callable | None = None  # the op's bind(ctx, **attrs), shared by all its implementations
+
+    @property
+    def signature_fn(self) -> Callable:
+        """The function whose keyword parameters are the op's attributes."""
+        return self.contract if self.contract is not None else self.fn
 
 
 @dataclass
@@ -82,17 +104,18 @@ def _norm_domain(d: str) -> str:
 
 
 def op(op_type: str, since: int = 1, domain: str = "", *, factory: bool = False, views: bool = False,
-       provider: str = "CPUExecutionProvider", host_inputs: tuple = ()):
+       provider: str = "CPUExecutionProvider", host_inputs: tuple = (), bind: Callable | None = None):
     """Register the decorated wrapper for ``(domain, op_type)`` from version ``since`` on.
 
     ``host_inputs`` (device providers only) lists the input positions the wrapper wants as host numpy
     arrays rather than device arrays: small shape, axis and scalar tensors it reads to size its launch.
+    ``bind``: the op's contract (see the module docstring); the wrapper is then ``fn(bound, ctx)``.
     """
 
     def deco(fn):
-        wants_ctx = "ctx" in inspect.signature(fn).parameters and not factory
+        wants_ctx = "ctx" in inspect.signature(fn).parameters and not factory and bind is None
         impl = OpImpl(_norm_domain(domain), op_type, since, fn, factory, views, wants_ctx, provider,
-                      tuple(host_inputs))
+                      tuple(host_inputs), bind)
         key = (provider, impl.domain, op_type)
         lst = _REG.setdefault(key, [])
         sinces = _SINCE.setdefault(key, [])
@@ -128,6 +151,8 @@ def bind(impl: OpImpl, ctx: OpContext) -> Callable:
     """The per-run callable for a node: attributes and context bound once."""
     attrs = ctx.attrs
     _check_attrs(impl, attrs, ctx)
+    if impl.contract is not None:
+        return impl.fn(impl.contract(ctx, **attrs), ctx)
     if impl.factory:
         return impl.fn(ctx, **attrs)
     if impl.wants_ctx:
@@ -138,7 +163,7 @@ def bind(impl: OpImpl, ctx: OpContext) -> Callable:
 
 
 def _check_attrs(impl: OpImpl, attrs: dict, ctx: OpContext) -> None:
-    params = inspect.signature(impl.fn).parameters
+    params = inspect.signature(impl.signature_fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     unknown = [a for a in attrs if a not in params or params[a].kind is inspect.Parameter.VAR_POSITIONAL]

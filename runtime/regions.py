@@ -53,7 +53,7 @@ import threading
 import numpy as np
 from numba import get_num_threads
 
-from ops.compiled_forms import NODE as NODE_TOKEN
+from ops.forms import NODE as NODE_TOKEN
 
 __all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "repair_cache",
            "MIN_NODES", "MAX_NODES"]

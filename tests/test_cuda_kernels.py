@@ -23,7 +23,7 @@ from cuda_target import use_cuda_or_skip  # noqa: E402
 use_cuda_or_skip("CUDA kernels")
 
 from ops.cuda import cast as kcast  # noqa: E402
-from ops.cuda import contrib_norm as knorm  # noqa: E402
+from ops.cuda import contrib_norm as knorm  # noqa: E402,F401  (registers the RMS norms)
 from ops.cuda import elementwise as kel  # noqa: E402
 from ops.cuda import indexing as kidx  # noqa: E402
 from ops.cuda import matmul as kmm  # noqa: E402
@@ -42,6 +42,15 @@ H = rc.to_host
 
 def _rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
+
+
+def _norm(op_type, *args, n_outputs=1, outputs_used=None, domain="", **attrs):
+    """The CUDA launch of a row norm, bound as a plan binds it (its bind is the CPU wrapper's)."""
+    from ops import registry
+    ctx = registry.OpContext(name="n", op_type=op_type, domain=domain, opset=1, attrs=attrs, n_inputs=len(args),
+                             n_outputs=n_outputs, outputs_used=outputs_used or [True] * n_outputs)
+    impl = registry.resolve(domain, op_type, 1, "CUDAExecutionProvider")
+    return registry.bind(impl, ctx)(*args)
 
 
 def _cpu(op_type, inputs, n_out=1, domain="", **attrs):
@@ -149,7 +158,7 @@ def test_softmax_rejects_inner_axis():
 def test_simplified_layer_norm(axis):
     x = _rand(2, 3, 8)
     scale = _rand(*x.shape[axis:])
-    y, inv = knorm.SimplifiedLayerNormalization(D(x), D(scale), axis=axis, epsilon=1e-5, n_outputs=2)
+    y, inv = _norm("SimplifiedLayerNormalization", D(x), D(scale), axis=axis, epsilon=1e-5, n_outputs=2)
     ry, rinv = _cpu("SimplifiedLayerNormalization", [x, scale], n_out=2, axis=axis, epsilon=1e-5)
     _close(H(y), ry)
     _close(H(inv), rinv)
@@ -159,8 +168,8 @@ def test_simplified_layer_norm(axis):
 def test_skip_simplified_layer_norm(skip_shape, with_bias):
     x, skip, gamma = _rand(2, 3, 24), _rand(*skip_shape), _rand(24)
     bias = _rand(24) if with_bias else None
-    got = knorm.SkipSimplifiedLayerNormalization(D(x), D(skip), D(gamma), None if bias is None else D(bias),
-                                                 epsilon=1e-6, n_outputs=4)
+    got = _norm("SkipSimplifiedLayerNormalization", D(x), D(skip), D(gamma),
+                *([] if bias is None else [D(bias)]), epsilon=1e-6, n_outputs=4, domain=MS)
     ref = _cpu("SkipSimplifiedLayerNormalization", [x, skip, gamma, bias], n_out=4, domain=MS, epsilon=1e-6)
     for g, r in zip(got, ref):
         _close(H(g), r)
@@ -233,7 +242,7 @@ def test_transfer_counter_sees_only_explicit_copies():
         dx, dw, dg, dcache = D(x), D(w), D(g), D(cache)
         assert tc.h2d == x.nbytes + w.nbytes + g.nbytes + cache.nbytes and tc.h2d_calls == 4 and tc.d2h == 0
         tc.reset()
-        h = knorm.SimplifiedLayerNormalization(dx, dg)
+        h = _norm("SimplifiedLayerNormalization", dx, dg)
         logits = kmm.MatMul(h, dw)
         kel.Add(dcache, dcache, out=dcache)  # the "cache" is updated in place on the device
         tok = kred.ArgMax(logits, keepdims=0)
@@ -256,7 +265,7 @@ def test_every_launch_is_counted_by_kernel():
     x, w, g = D(_rand(1, 16)), D(_rand(16, 24)), D(_rand(16))
     with rc.TransferCounter() as outer:
         with rc.TransferCounter() as inner:
-            h = knorm.SimplifiedLayerNormalization(x, g)
+            h = _norm("SimplifiedLayerNormalization", x, g)
         logits = kmm.MatMul(h, w)
         kred.ArgMax(logits, keepdims=0)
     assert inner.launches == 1 and inner.kernels == {"contrib_norm._rms_rows": 1}
@@ -352,11 +361,11 @@ def test_skip_norm_leaves_an_unnamed_mean_out():
     """SkipSimplifiedLayerNormalization's mean (always zeros) costs a launch only when the graph names it."""
     x, skip, g = D(_rand(2, 16)), D(_rand(2, 16)), D(_rand(16))
     with rc.TransferCounter() as tc:
-        y, mean, inv, s = knorm.SkipSimplifiedLayerNormalization(x, skip, g, n_outputs=4,
-                                                                 outputs_used=[True, False, False, True])
+        y, mean, inv, s = _norm("SkipSimplifiedLayerNormalization", x, skip, g, n_outputs=4, domain=MS,
+                                 outputs_used=[True, False, False, True])
     assert mean is None and tc.launches == 1
     with rc.TransferCounter() as tc:
-        y2, mean2, _, s2 = knorm.SkipSimplifiedLayerNormalization(x, skip, g, n_outputs=4)
+        y2, mean2, _, s2 = _norm("SkipSimplifiedLayerNormalization", x, skip, g, n_outputs=4, domain=MS)
     assert tc.launches == 2 and not H(mean2).any() and H(mean2).shape == (2, 1)
     np.testing.assert_array_equal(H(y), H(y2))
     np.testing.assert_array_equal(H(s), H(s2))

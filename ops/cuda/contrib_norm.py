@@ -1,5 +1,8 @@
 """CUDA RMS norms: SimplifiedLayerNormalization and com.microsoft SkipSimplifiedLayerNormalization.
 
+The ops are written once in ``ops/contrib_norm.py`` (their bind, ``RowNorm``, and ``row_geometry``'s checks
+and messages); this module is their launch.
+
 One block per row of the canonical ``(rows, n)`` view (n = the normalized trailing extent):
 ``y = x * rsqrt(mean(x^2) + eps) * scale``, accumulated in float32.  The skip form first forms
 ``s = input + skip (+ bias)`` (a skip with fewer leading rows broadcasts as ``row % skip_rows``, like the CPU
@@ -19,11 +22,16 @@ import numpy as np
 
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError
+from ops import contrib_norm as cn
 from ops._common import norm_axis
+from ops.registry import op
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, fill0, flat, grid1d, row_threads
 
-__all__ = ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"]
+__all__ = ["launch", "geometry"]
+
+CUDA = "CUDAExecutionProvider"
+MS = "com.microsoft"
 
 
 @jit
@@ -57,13 +65,7 @@ def _rms_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, y, ssum, want
         y[base + j] = v * inv * np.float32(scale[j])
 
 
-def _check_vec(op, what, v, n):
-    if v.size != n:
-        raise ShapeMismatchError(f"{op}: {what} must have {n} elements (the normalized extent), "
-                                 f"got shape {list(v.shape)}")
-
-
-def _launch(op, x, rows, n, scale, skip, skip_rows, bias, ydt, eps, want_sum):
+def _launch(x, rows, n, scale, skip, skip_rows, bias, ydt, eps, want_sum):
     y = rc.device_empty(tuple(x.shape), ydt)
     inv = rc.device_empty((rows,), np.float32)
     ssum = rc.device_empty(tuple(x.shape), x.dtype) if want_sum else rc.device_empty((1,), x.dtype)
@@ -76,58 +78,50 @@ def _launch(op, x, rows, n, scale, skip, skip_rows, bias, ydt, eps, want_sum):
     return y, inv, ssum
 
 
-def SimplifiedLayerNormalization(X, scale, axis=-1, epsilon=1e-5, stash_type=1, *, n_outputs=1):
-    """RMSNorm over the axes from ``axis`` on; returns ``Y`` or ``(Y, inv_std_var)``."""
-    op = "SimplifiedLayerNormalization"
-    check_device(op, X=X, scale=scale)
-    if np.dtype(X.dtype) not in FLOATS or np.dtype(scale.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"{op}: expected float tensors, got {X.dtype} and {scale.dtype}")
-    ax = norm_axis(axis, X.ndim)
-    n = int(np.prod(tuple(X.shape)[ax:], dtype=np.int64))
-    rows = int(np.prod(tuple(X.shape)[:ax], dtype=np.int64))
-    _check_vec(op, "scale", scale, n)
-    y, inv, _ = _launch(op, X, rows, n, scale, None, 1, None, scale.dtype, epsilon, False)
-    if n_outputs == 1:
-        return y
-    return y, inv.reshape(tuple(X.shape)[:ax] + (1,) * (X.ndim - ax))
+def geometry(b: cn.RowNorm, x, skip, scale, beta, bias):
+    """The bound op's ``(ax, rows, n, skip_rows)`` for these device arrays: the CPU's checks and messages."""
+    ax = norm_axis(b.axis, x.ndim)
+    shape = tuple(x.shape) or (1,)
+    rows, n, skip_rows, err = cn.row_geometry(shape, ax, scale.size, -1 if beta is None else beta.size,
+                                              -1 if bias is None else bias.size,
+                                              shape if skip is None else tuple(skip.shape), skip is not None)
+    if err:
+        cn.raise_norm_error(b, err)
+    return ax, rows, n, skip_rows
 
 
-def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, n_outputs=1,
-                                     outputs_used=None):
-    """RMSNorm of ``input + skip (+ bias)`` over the last axis; returns up to (output, mean, inv_std_var, sum).
+def launch(b: cn.RowNorm, ctx=None):
+    """The CUDA implementation of the RMS norms (SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization):
+    the bound op's per-run callable.  Outputs the graph leaves unnamed are returned as None and cost nothing;
+    the skip form's zero ``mean`` is otherwise one more launch."""
+    used = list(ctx.outputs_used) if ctx is not None and ctx.outputs_used else [True] * b.n_outputs
 
-    ``outputs_used`` (one bool per output, as the node declares them): an output the graph leaves unnamed is
-    returned as None and costs nothing; the zero ``mean`` is otherwise one more launch."""
-    op = "SkipSimplifiedLayerNormalization"
-    check_device(op, input=input, skip=skip, gamma=gamma, bias=bias)
-    if input.ndim not in (2, 3):
-        raise ShapeMismatchError(f"{op}: input must be 2-d or 3-d, got shape {list(input.shape)}")
-    for name, t in (("skip", skip), ("gamma", gamma), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
-            raise InvalidArgumentError(f"{op}: {name} must have the input dtype {input.dtype}, got {t.dtype}")
-    n = tuple(input.shape)[-1]
-    rows = input.size // n if n else 0
-    sq = tuple(skip.shape)
-    while len(sq) > 1 and sq[0] == 1:
-        sq = sq[1:]
-    if len(sq) > input.ndim or sq != tuple(input.shape)[input.ndim - len(sq):] or sq[-1] != n:
-        raise ShapeMismatchError(f"{op}: skip of shape {list(skip.shape)} does not match input {list(input.shape)}")
-    skip_rows = max(skip.size // n, 1) if n else 1
-    _check_vec(op, "gamma", gamma, n)
-    if bias is not None:
-        _check_vec(op, "bias", bias, n)
-    want_sum = n_outputs >= 4
-    y, inv, ssum = _launch(op, input, rows, n, gamma, skip, skip_rows, bias, input.dtype, epsilon, want_sum)
-    if n_outputs == 1:
-        return y
-    ss = tuple(input.shape)[:-1] + (1,)
-    if outputs_used is not None and not outputs_used[1]:
+    def run(*args):
+        x, skip, scale, _, bias = b.operands(args)
+        check_device(b.op, input=x, skip=skip, scale=scale, bias=bias)
+        if np.dtype(x.dtype) not in FLOATS or np.dtype(scale.dtype) not in FLOATS:
+            raise InvalidArgumentError(f"{b.op}: expected float tensors, got {x.dtype} and {scale.dtype}")
+        for name, t in (("skip", skip), ("gamma", scale if b.skip else None), ("bias", bias)):
+            if t is not None and t.dtype != x.dtype:
+                raise InvalidArgumentError(f"{b.op}: {name} must have the input dtype {x.dtype}, got {t.dtype}")
+        ax, rows, n, skip_rows = geometry(b, x, skip, scale, None, bias)
+        ydt = x.dtype if b.skip else scale.dtype
+        y, inv, ssum = _launch(x, rows, n, scale, skip, skip_rows, bias, ydt, b.eps, b.want_sum)
+        if b.n_outputs == 1:
+            return y
+        ss = tuple(x.shape)[:ax] + (1,) * (x.ndim - ax)
+        if not b.skip:
+            return y, inv.reshape(ss)
         mean = None
-    else:
-        mean = rc.device_empty(ss, np.float32)
-    if mean is not None and mean.size:
-        blocks, threads = grid1d(mean.size)
-        fill0[blocks, threads](flat(mean))
-    return (y, mean, inv.reshape(ss), ssum)[:n_outputs]
+        if len(used) < 2 or used[1]:
+            mean = rc.device_empty(ss, np.float32)
+            if mean.size:
+                blocks, threads = grid1d(mean.size)
+                fill0[blocks, threads](flat(mean))
+        return (y, mean, inv.reshape(ss), ssum)[:b.n_outputs]
+    return run
 
 
+for _dom in ("", MS):
+    op("SimplifiedLayerNormalization", 1, domain=_dom, provider=CUDA, bind=cn.bind_simplified)(launch)
+op("SkipSimplifiedLayerNormalization", 1, domain=MS, provider=CUDA, bind=cn.bind_skip_simplified)(launch)

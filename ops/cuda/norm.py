@@ -14,7 +14,9 @@ Invariants (match ``ops/normalization.py`` / ``ops/contrib_norm.py``):
 - ``Y`` has the input dtype; statistics have shape ``x.shape[:axis] + (1,) * (rank - axis)`` and float32
   dtype (stash_type 1) unless the graph declares another; the skip op's statistics are float32 (float64 for a
   float64 input);
-- scale / bias / beta that broadcast to the normalized shape are expanded on the device (``shape.broadcast_to``);
+- opset-17 LayerNormalization's scale / bias that broadcast to the normalized shape are expanded on the
+  device (``shape.broadcast_to``); the contrib norms are written once in ``ops/contrib_norm.py`` (their
+  bind and checks), and ``launch_layer_norm`` is their launch;
 - everything is computed in float32 (float64 inputs too); all tensors are device arrays, nothing is read back.
 """
 from __future__ import annotations
@@ -23,15 +25,17 @@ import math
 
 import numpy as np
 
+from ops import contrib_norm as cn
 from ops._common import norm_axis
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from .contrib_norm import geometry
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, fill0, flat, grid1d, row_threads
 from .shape import broadcast_to
 
-__all__ = ["LayerNormalization", "SkipLayerNormalization", "GatedRMSNorm", "LpNormalization"]
+__all__ = ["LayerNormalization", "launch_layer_norm", "GatedRMSNorm", "LpNormalization"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
@@ -211,55 +215,43 @@ def _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type):
     return (y, mean.reshape(ss), inv.reshape(ss))[:ctx.n_outputs]
 
 
-@op("LayerNormalization", 1, provider=CUDA)
-def LayerNormalization_contrib(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
-    """onnxruntime's default-domain contrib LayerNormalization (same semantics as opset 17)."""
-    return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
-
-
 @op("LayerNormalization", 17, provider=CUDA)
 def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
     return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
 
 
-# -- SkipLayerNormalization ------------------------------------------------------------------------
+# -- the contrib row norms -------------------------------------------------------------------------
 
-@op("SkipLayerNormalization", 1, domain=MS, provider=CUDA)
-def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, epsilon=1e-12, *, ctx):
-    """LayerNorm of ``input + skip (+ bias)`` over the last axis; returns up to (output, mean, inv_std_var, sum)."""
-    name = "SkipLayerNormalization"
-    check_device(name, input=input, skip=skip, gamma=gamma, beta=beta, bias=bias)
-    _check_float(name, input)
-    if input.ndim not in (2, 3):
-        raise ShapeMismatchError(f"{name}: input must be 2-d or 3-d, got shape {list(input.shape)}")
-    shape = tuple(input.shape)
-    n = shape[-1]
-    rows = input.size // n if n else 0
-    sq = tuple(skip.shape)
-    while len(sq) > 1 and sq[0] == 1:
-        sq = sq[1:]
-    if len(sq) > input.ndim or sq != shape[input.ndim - len(sq):] or sq[-1] != n:
-        raise ShapeMismatchError(f"{name}: skip of shape {list(skip.shape)} does not match input {list(shape)}")
-    skip_rows = max(skip.size // n, 1) if n else 1
-    sc = _vec(name, "scale", gamma, (n,))
-    be = None if beta is None else _vec(name, "beta", beta, (n,))
-    bi = None if bias is None else _vec(name, "bias", bias, (n,))
-    n_out = ctx.n_outputs
-    sdt = F64 if np.dtype(input.dtype) == F64 else F32
-    want_stats = _used(ctx, 1) or _used(ctx, 2)
-    want_sum = _used(ctx, 3)
-    y, s, mean, inv = _launch_ln(name, input, rows, n, sc, be, skip, skip_rows, bi, epsilon, want_sum,
-                                 (sdt, sdt) if want_stats else None)
-    if n_out == 1:
-        return y
-    ss = shape[:-1] + (1,)
-    if want_stats:
-        mean, inv = mean.reshape(ss), inv.reshape(ss)
-    else:
-        mean = inv = _zeros(ss, sdt)
-    if s is None and n_out > 3:
-        s = _zeros(shape, input.dtype)
-    return (y, mean, inv, s)[:n_out]
+def launch_layer_norm(b: cn.RowNorm, ctx):
+    """The CUDA implementation of the contrib LayerNormalization and com.microsoft SkipLayerNormalization
+    (written once in ``ops/contrib_norm.py``): the bound op's per-run callable."""
+
+    def run(*args):
+        x, skip, scale, beta, bias = b.operands(args)
+        check_device(b.op, input=x, skip=skip, scale=scale, beta=beta, bias=bias)
+        _check_float(b.op, x)
+        ax, rows, n, skip_rows = geometry(b, x, skip, scale, beta, bias)
+        sd = (b.stat_dtype(1, x.dtype), b.stat_dtype(2, x.dtype))
+        y, s, mean, inv = _launch_ln(b.op, x, rows, n, flat(scale), None if beta is None else flat(beta), skip,
+                                     skip_rows, None if bias is None else flat(bias), b.eps, b.want_sum,
+                                     sd if b.want_stats else None)
+        if b.n_outputs == 1:
+            return y
+        ss = tuple(x.shape)[:ax] + (1,) * (x.ndim - ax)
+        if b.want_stats:
+            mean, inv = mean.reshape(ss), inv.reshape(ss)
+        else:
+            mean, inv = _zeros(ss, sd[0]), _zeros(ss, sd[1])
+        if not b.skip:
+            return (y, mean, inv)[:b.n_outputs]
+        if s is None and b.n_outputs > 3:
+            s = _zeros(tuple(x.shape), x.dtype)
+        return (y, mean, inv, s)[:b.n_outputs]
+    return run
+
+
+op("LayerNormalization", 1, provider=CUDA, bind=cn.bind_layer_norm)(launch_layer_norm)
+op("SkipLayerNormalization", 1, domain=MS, provider=CUDA, bind=cn.bind_skip_layer_norm)(launch_layer_norm)
 
 
 # -- GatedRMSNorm ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Registrations of the CUDA kernel wrappers of ``elementwise``, ``cast``, ``softmax``, ``contrib_norm``,
+"""Registrations of the CUDA kernel wrappers of ``elementwise``, ``cast``, ``softmax``,
 ``matmul``, ``indexing`` and ``reduce`` with ``ops.registry`` (provider ``CUDAExecutionProvider``), plus the
 view ops Reshape, Squeeze, Unsqueeze, Flatten and Identity.
 
@@ -29,7 +29,6 @@ from ops.shape import _squeeze, _unsqueeze, reshape_target
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import cast as kcast
-from . import contrib_norm as knorm
 from . import elementwise as kel
 from . import indexing as kidx
 from . import matmul as kmm
@@ -134,22 +133,6 @@ def Softmax_1(input, axis=1):
 @op("Softmax", 13, provider=CUDA)
 def Softmax(input, axis=-1):
     return _softmax(input, axis, False)
-
-
-# -- RMS norms -------------------------------------------------------------------------------------
-
-def SimplifiedLayerNormalization(X, scale, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
-    return knorm.SimplifiedLayerNormalization(X, scale, axis, epsilon, stash_type, n_outputs=ctx.n_outputs)
-
-
-op("SimplifiedLayerNormalization", 1, provider=CUDA)(SimplifiedLayerNormalization)
-op("SimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)(SimplifiedLayerNormalization)
-
-
-@op("SkipSimplifiedLayerNormalization", 1, domain=MS, provider=CUDA)
-def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, epsilon=1e-12, *, ctx):
-    return knorm.SkipSimplifiedLayerNormalization(input, skip, gamma, bias, epsilon, n_outputs=ctx.n_outputs,
-                                                  outputs_used=ctx.outputs_used)
 
 
 # -- MatMul ----------------------------------------------------------------------------------------

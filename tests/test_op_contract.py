@@ -1,0 +1,82 @@
+"""The one op contract (ops/registry.py): every op with a region form or a CUDA kernel shares its CPU twin's bind.
+
+An op written to the contract registers one ``bind`` (its attributes with their defaults, its plan-time checks)
+and each implementation (CPU wrapper, region form, CUDA launch) under that same bind.  ``NOT_YET`` lists the
+ops whose form or CUDA kernel still reads the node's attributes itself; the test fails when an op outside it
+lacks a shared bind, and also when an op in it has one (so the list stays exact as ops move over).
+"""
+import inspect
+
+from cuda_target import use_cuda_or_skip
+
+use_cuda_or_skip("the CUDA registrations")
+
+import ops  # noqa: E402,F401
+import ops.compiled_forms_contrib  # noqa: E402,F401
+import ops.cuda  # noqa: E402
+from ops import registry  # noqa: E402
+
+CPU, CUDA, REGION = "CPUExecutionProvider", "CUDAExecutionProvider", registry.REGION
+MS = "com.microsoft"
+
+NOT_YET = {
+    ("", "Abs"), ("", "Add"), ("", "ArgMax"), ("", "Cast"), ("", "CausalConvWithState"), ("", "Ceil"),
+    ("", "Concat"), ("", "Cos"), ("", "Div"), ("", "Erf"), ("", "Exp"), ("", "Expand"), ("", "Flatten"),
+    ("", "Floor"), ("", "Gather"), ("", "Gelu"), ("", "HardSigmoid"), ("", "Identity"),
+    ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
+    ("", "LeakyRelu"), ("", "LinearAttention"), ("", "Log"), ("", "LpNormalization"), ("", "MatMul"),
+    ("", "Mul"), ("", "Neg"), ("", "Pow"), ("", "Reciprocal"), ("", "ReduceSum"), ("", "Relu"), ("", "Reshape"),
+    ("", "Shape"), ("", "Sigmoid"), ("", "Sin"), ("", "Slice"), ("", "Softmax"), ("", "Softplus"),
+    ("", "Softsign"), ("", "Split"), ("", "Sqrt"), ("", "Squeeze"), ("", "Sub"), ("", "Tanh"), ("", "Transpose"),
+    ("", "Unsqueeze"), ("", "Where"),
+    (MS, "BiasGelu"), (MS, "CausalConvWithState"), (MS, "FastGelu"), (MS, "GatedRMSNorm"),
+    (MS, "GatherBlockQuantized"), (MS, "Gelu"), (MS, "GroupQueryAttention"), (MS, "LinearAttention"),
+    (MS, "LinearAttentionGate"), (MS, "MRotaryEmbedding"), (MS, "MatMulNBits"), (MS, "QuickGelu"),
+    (MS, "RotaryEmbedding"), ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),
+}
+
+
+def _twins():
+    """(domain, op_type, since, provider, impl, CPU impl at that version) for every form and CUDA kernel."""
+    ops.cuda.load()
+    for provider in (REGION, CUDA):
+        for domain, op_type, since in registry.registered_ops(provider):
+            impl = registry.resolve(domain, op_type, since, provider)
+            yield domain, op_type, since, provider, impl, registry.resolve(domain, op_type, since, CPU)
+
+
+def test_every_form_and_cuda_kernel_shares_its_cpu_bind():
+    unshared, converted = set(), set()
+    for domain, op_type, since, provider, impl, cpu in _twins():
+        shared = cpu is not None and impl.contract is not None and impl.contract is cpu.contract
+        (converted if shared else unshared).add((domain, op_type, since, provider))
+    lagging = {(d, o) for d, o, _, _ in unshared}
+    assert lagging - NOT_YET == set(), "ops whose form or CUDA kernel does not share the CPU bind"
+    done = {(d, o) for d, o, _, _ in converted} - lagging
+    assert done & NOT_YET == set(), "ops written to the contract: take them off NOT_YET"
+    assert {(MS, "SimplifiedLayerNormalization"), ("", "SimplifiedLayerNormalization"),
+            (MS, "SkipSimplifiedLayerNormalization"), (MS, "SkipLayerNormalization")} <= done
+
+
+def test_attribute_defaults_are_written_once():
+    """A contract op's implementations take no attributes of their own: only (bound, ctx), a form (e, bound)."""
+    for domain, op_type, since, provider, impl, cpu in _twins():
+        if impl.contract is None:
+            continue
+        params = list(inspect.signature(impl.fn).parameters)
+        assert len(params) == 2, (provider, domain, op_type, params)
+        assert len(inspect.signature(cpu.fn).parameters) == 2, (domain, op_type)
+
+
+def test_forms_resolve_by_version():
+    """Forms live in the versioned registry: a form registered from a later version is not used before it."""
+    calls = []
+
+    @registry.op("ContractProbe", 5, domain="test.contract", provider=REGION)
+    def _probe(e):
+        calls.append(e)
+
+    from ops.forms import form_of
+    from runtime.ir import Node
+    assert form_of(Node("ContractProbe", ["x"], ["y"], domain="test.contract", opset=4)) is None
+    assert form_of(Node("ContractProbe", ["x"], ["y"], domain="test.contract", opset=7)).fn is _probe

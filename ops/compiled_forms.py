@@ -21,15 +21,11 @@ name) below a work threshold.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
-from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, ShapeMismatchError  # noqa: F401
 from ._common import serial_twin
 from .forms import Decline, _float_only, _lit, _np_type, _prod, _quote, emit, form
-from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import indexing as _ix
 from . import matmul as _mm
@@ -42,14 +38,10 @@ MS = "com.microsoft"
 F32 = np.dtype(np.float32)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 PARALLEL_WORK = 1 << 16  # multiply-adds below which a serial kernel beats waking the thread pool
-GQA_DECODE_PARALLEL_WORK = _ca.GQA_DECODE_PARALLEL_WORK
 
 
 # -- kernels the forms call ------------------------------------------------------------------------
 
-gqa_decode_serial = _ca._gqa_decode_serial
-gqa_decode_par = _ca._gqa_decode_kernel
-gqa_prefill_par = _ca.gqa_prefill
 gelu_rows = _cn._gelu
 
 
@@ -127,185 +119,6 @@ def matmul2(a2, w, nthreads):
             gemv_par(a2[0], w, out[0], part)
         return out
     return matmul_panels(a2, pack_panels(w), N, nthreads)
-
-
-@njit(**_OPTS)
-def split_packed(x, H, kvH):
-    B, S, W = x.shape
-    D = W // (H + 2 * kvH)
-    q = np.ascontiguousarray(x[:, :, :H * D])
-    k = np.ascontiguousarray(x[:, :, H * D:(H + kvH) * D])
-    v = np.ascontiguousarray(x[:, :, (H + kvH) * D:])
-    return q, k, v
-
-
-@njit(**_OPTS)
-def _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, rotary, interleaved, window,
-              windowed):
-    """GroupQueryAttention's checks and per-batch positions, and the rotated q/k: (q4, k4, v4, past_b, totals,
-    n_new, kbase, L)."""
-    B, S, hq = q3.shape
-    D = hq // H
-    if hq != H * D or k3.shape[2] != kvH * D or v3.shape[2] != kvH * D or k3.shape[0] != B or k3.shape[1] != S:
-        raise ShapeMismatchError("GroupQueryAttention: query, key and value widths do not match num_heads, "
-                                 "kv_num_heads and the head size")
-    P = pk.shape[2]
-    if pk.shape[0] != B or pk.shape[1] != kvH or (P and pk.shape[3] != D) or pv.shape[2] != P:
-        raise ShapeMismatchError("GroupQueryAttention: past_key/past_value must have shape (batch, kv_num_heads, "
-                                 "past, head_size)")
-    if seqlens.shape[0] != B:
-        raise ShapeMismatchError("GroupQueryAttention: seqlens_k must have batch_size entries")
-    L = max(total, P)
-    totals = np.empty(B, np.int64)
-    past_b = np.empty(B, np.int64)
-    abs_past = np.empty(B, np.int64)   # absolute position of the first new row
-    n_new = np.empty(B, np.int64)      # valid new rows
-    kbase = np.zeros(B, np.int64)      # absolute position of staged row 0
-    first = S == total
-    if windowed:
-        if window <= 0 or P < window:
-            raise InvalidArgumentError("GroupQueryAttention: sliding_window_cache=1 needs local_window_size > 0 "
-                                       "and past buffers of capacity at least local_window_size")
-        L = P
-    for b in range(B):
-        totals[b] = seqlens[b] + 1
-        if windowed:
-            if totals[b] < 1 or totals[b] > max(total, 1):
-                raise InvalidArgumentError("GroupQueryAttention: seqlens_k exceed total_sequence_length")
-            n_new[b] = min(S, totals[b])
-            abs_past[b] = totals[b] - n_new[b]
-            past_b[b] = _ca.resident_rows(abs_past[b], P, window)
-            kbase[b] = abs_past[b] - past_b[b]
-        else:
-            past_b[b] = 0 if first else totals[b] - S
-            abs_past[b] = past_b[b]
-            n_new[b] = S
-            if past_b[b] < 0 or past_b[b] > P or past_b[b] + S > L or totals[b] > L or totals[b] < 1:
-                raise InvalidArgumentError("GroupQueryAttention: seqlens_k do not fit sequence_length, "
-                                           "total_sequence_length and the past")
-    if rotary:
-        q4 = q3.copy().reshape((B, S, H, D))
-        k4 = k3.copy().reshape((B, S, kvH, D))
-        half = cosc.shape[1]
-        rot = 2 * half
-        if rot > D or sinc.shape[0] != cosc.shape[0] or sinc.shape[1] != half:
-            raise ShapeMismatchError("GroupQueryAttention: the cos/sin caches do not fit the head size")
-        cos_t = np.empty((B, S, half), np.float32)
-        sin_t = np.empty((B, S, half), np.float32)
-        for b in range(B):
-            for s in range(S):
-                if has_pos:
-                    p = pos[0, 0] + s if pos.size == 1 else pos[b, s]
-                else:
-                    p = abs_past[b] + s
-                    if p >= totals[b]:
-                        p = 1
-                if p < 0 or p >= cosc.shape[0]:
-                    raise IndexOutOfRangeError("GroupQueryAttention: a position id is outside the cos/sin caches")
-                for t in range(half):
-                    cos_t[b, s, t] = cosc[p, t]
-                    sin_t[b, s, t] = sinc[p, t]
-        _ca.rope_tok_kernel(q4, cos_t, sin_t, q4, True, interleaved, rot)
-        _ca.rope_tok_kernel(k4, cos_t, sin_t, k4, True, interleaved, rot)
-    else:
-        q4 = q3.reshape((B, S, H, D))
-        k4 = k3.reshape((B, S, kvH, D))
-    v4 = v3.reshape((B, S, kvH, D))
-    return q4, k4, v4, past_b, totals, n_new, kbase, L
-
-
-@njit(**_OPTS)
-def _gqa_attend(q4, kc, vc, past_b, att_total, kbase, sc, softcap, total, window, sink_mode, causal):
-    """Attention of q4 (B, S, H, D) over the caches kc/vc (B, kvH, L, D): out (B, S, H, D)."""
-    B, S, H, D = q4.shape
-    params = np.empty(2, np.float32)
-    params[0] = sc if sc != 0 else 1.0 / math.sqrt(D)
-    params[1] = softcap
-    out = np.empty((B, S, H, D), np.float32)
-    work = B * H * S * max(total, 1) * D
-    bias = np.zeros((1, 1, 1, 1), np.float32)
-    sink = np.zeros(1, np.float32)
-    if S == 1:
-        if work < GQA_DECODE_PARALLEL_WORK:
-            gqa_decode_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
-                              sink, sink_mode, out)
-        else:
-            gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
-                           sink, sink_mode, out)
-    else:
-        # One prefill kernel for every size (the node wrapper's): a serial twin would be one more to compile.
-        gqa_prefill_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, False,
-                        sink, sink_mode, bias, 0, out)
-    return out
-
-
-@njit(**_OPTS)
-def gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
-            interleaved, sink_mode, causal, windowed=False):
-    """GroupQueryAttention, float32: the wrapper's shared past/present path, or (``windowed``) its
-    sliding-window cache of fixed capacity holding the last L(T) positions."""
-    q4, k4, v4, past_b, totals, n_new, kbase, L = _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos,
-                                                             has_pos, H, kvH, rotary, interleaved, window, windowed)
-    B, S, _, D = q4.shape
-    P = pk.shape[2]
-    if windowed:
-        live = 0
-        for b in range(B):
-            live = max(live, past_b[b] + S)
-        pres_k = np.empty((B, kvH, live, D), np.float32)  # staged: resident past, then the new rows
-        pres_v = np.empty((B, kvH, live, D), np.float32)
-    else:
-        pres_k = np.empty((B, kvH, L, D), np.float32)
-        pres_v = np.empty((B, kvH, L, D), np.float32)
-    for b in range(B):
-        n = past_b[b]
-        for h in range(kvH):
-            for j in range(n):
-                for d in range(D):
-                    pres_k[b, h, j, d] = pk[b, h, j, d]
-                    pres_v[b, h, j, d] = pv[b, h, j, d]
-            # rows [n, n + S) get the new keys below; only the rows past them are zeroed (none in a decode step)
-            for j in range(n + S, pres_k.shape[2]):
-                for d in range(D):
-                    pres_k[b, h, j, d] = 0.0
-                    pres_v[b, h, j, d] = 0.0
-    _ca._cache_write_kernel(past_b, k4, pres_k)
-    _ca._cache_write_kernel(past_b, v4, pres_v)
-    att_total = np.empty(B, np.int64)
-    for b in range(B):
-        att_total[b] = past_b[b] + n_new[b] if windowed else totals[b]
-    out = _gqa_attend(q4, pres_k, pres_v, past_b, att_total, kbase, sc, softcap, total, window, sink_mode, causal)
-    if windowed:  # keep the last L(T) rows of the staged cache at rows [0, L(T)) of a capacity-P buffer
-        wk, wv = pres_k, pres_v
-        pres_k = np.zeros((B, kvH, P, D), np.float32)
-        pres_v = np.zeros((B, kvH, P, D), np.float32)
-        for b in range(B):
-            end = past_b[b] + n_new[b]
-            n = _ca.resident_rows(totals[b], P, window)
-            for h in range(kvH):
-                for j in range(n):
-                    for d in range(D):
-                        pres_k[b, h, j, d] = wk[b, h, end - n + j, d]
-                        pres_v[b, h, j, d] = wv[b, h, end - n + j, d]
-    return out.reshape((B, S, H * D)), pres_k, pres_v
-
-
-@njit(**_OPTS)
-def gqa_f32_shared(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window, rotary,
-                   interleaved, sink_mode, causal):
-    """``gqa_f32`` over donated past buffers (past and present sharing one buffer): when the past has room for
-    ``total`` positions the new rows are written into it and it is returned as present, its rows past the live
-    ones left as they are (nothing is copied); otherwise ``gqa_f32``."""
-    if pk.shape[2] < total or pv.shape[2] < total:
-        return gqa_f32(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos, has_pos, H, kvH, sc, softcap, window,
-                       rotary, interleaved, sink_mode, causal, False)
-    q4, k4, v4, past_b, totals, n_new, kbase, L = _gqa_prep(q3, k3, v3, pk, pv, seqlens, total, cosc, sinc, pos,
-                                                             has_pos, H, kvH, rotary, interleaved, window, False)
-    _ca._cache_write_kernel(past_b, k4, pk)
-    _ca._cache_write_kernel(past_b, v4, pv)
-    out = _gqa_attend(q4, pk, pv, past_b, totals, kbase, sc, softcap, total, window, sink_mode, causal)
-    B, S = q3.shape[0], q3.shape[1]
-    return out.reshape((B, S, H * q4.shape[3])), pk, pv
 
 
 # -- shape and index ops ---------------------------------------------------------------------------
@@ -585,77 +398,3 @@ def _matmul(e):
     e.line(f"{{p}}_m = {_prod(lead)}",
            f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {weight}, nthreads).reshape(("
            f"{', '.join(lead)}, {ncols}))")
-
-
-# -- attention -------------------------------------------------------------------------------------
-
-@form("GroupQueryAttention", domain=MS)
-def _gqa(e):
-    a = e.attrs
-    _float_only(e, 0, 1, 2, 3, 4, 7, 8)
-    if len(e.node.outputs) > 3 or any(e.has(k) for k in (10, 11, 12, 13, 14, 15, 16)):
-        raise Decline("extra inputs or outputs")
-    windowed = bool(int(a.get("sliding_window_cache", 0)))
-    if int(a.get("kv_cache_bit_width", 0)) or a.get("k_quant_type", "NONE") != "NONE" \
-            or a.get("v_quant_type", "NONE") != "NONE" or (windowed and not e.has(3)):
-        raise Decline("quantized cache, or a windowed cache without a past")
-    if not (e.has(5) and e.has(6)) or e.rank(0) != 3 or e.has(1) != e.has(2) or e.has(3) != e.has(4):
-        raise Decline("inputs")
-    H, kvH = int(a.get("num_heads", 0)), int(a.get("kv_num_heads", 0))
-    if H <= 0 or kvH <= 0 or H % kvH:
-        raise Decline("heads")
-    rotary = int(a.get("do_rotary", 0))
-    if rotary and not (e.has(7) and e.has(8)):
-        raise Decline("rotary caches")
-    sink_mode = 1 if int(a.get("smooth_softmax", -1)) > 0 else 0
-    window = int(a.get("local_window_size", -1))
-    window = window if window > 0 else -1
-    g = e.use(__name__, "gqa_f32")
-    if e.has(1):
-        e.line("{p}_q, {p}_k, {p}_v = {i0}, {i1}, {i2}")
-    else:
-        sp = e.use(__name__, "split_packed")
-        e.line(f"{{p}}_q, {{p}}_k, {{p}}_v = {sp}({{i0}}, {H}, {kvH})")
-    inplace = False
-    if e.has(3):
-        if e.rank(3) != 4:
-            raise Decline("past rank")
-        e.line("{p}_pk, {p}_pv = {i3}, {i4}")
-        inplace = not windowed and e.donated(3) and e.donated(4) and e.node.inputs[3] != e.node.inputs[4]
-    else:
-        e.line(f"{{p}}_pk = np.zeros(({{i0}}.shape[0], {kvH}, 0, 1), np.float32)", "{p}_pv = {p}_pk")
-    tr = e.rank(6)
-    total = "{i6}[()]" if tr == 0 else "{i6}[0]"
-    if e.dtype(5).kind not in "iu" or e.dtype(6).kind not in "iu":
-        raise Decline("int inputs")
-    e.line("{p}_sl = {i5}.reshape(({i5}.size,)).astype(np.int64)",
-           f"{{p}}_t = np.int64({total})")
-    if rotary:
-        if e.rank(7) != 2 or e.rank(8) != 2:
-            raise Decline("cache rank")
-        e.line("{p}_cos, {p}_sin = {i7}, {i8}")
-    else:
-        e.line("{p}_cos = np.zeros((1, 1), np.float32)", "{p}_sin = {p}_cos")
-    if e.has(9):
-        if e.rank(9) not in (1, 2) or e.dtype(9).kind not in "iu":
-            raise Decline("position ids")
-        e.line("{p}_pos = {i9}.reshape(({i9}.shape[0], {i9}.size // {i9}.shape[0])).astype(np.int64)"
-               if e.rank(9) == 2 else "{p}_pos = {i9}.reshape((1, {i9}.size)).astype(np.int64)")
-        has_pos = "True"
-    else:
-        e.line("{p}_pos = np.zeros((1, 1), np.int64)")
-        has_pos = "False"
-    tail = "" if inplace else f", {windowed}"
-    if inplace:
-        g = e.use(__name__, "gqa_f32_shared")
-    e.line(f"{{o0}}, {{p}}_pk2, {{p}}_pv2 = {g}({{p}}_q, {{p}}_k, {{p}}_v, {{p}}_pk, {{p}}_pv, {{p}}_sl, {{p}}_t, "
-           f"{{p}}_cos, {{p}}_sin, {{p}}_pos, {has_pos}, {H}, {kvH}, {float(a.get('scale', 0.0))!r}, "
-           f"{float(a.get('softcap', 0.0))!r}, {window}, {bool(rotary)}, {bool(int(a.get('rotary_interleaved', 0)))}, "
-           f"{sink_mode}, {bool(int(a.get('causal', 1)))}{tail})")
-    e.declare(0, F32, 3)
-    e.declare(1, F32, 4)
-    e.declare(2, F32, 4)
-    if len(e.node.outputs) > 1:
-        e.line("{o1} = {p}_pk2")
-    if len(e.node.outputs) > 2:
-        e.line("{o2} = {p}_pv2")

@@ -46,7 +46,7 @@ _MS = "com.microsoft"
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _cache_write_kernel(past_b, new, pres):
+def cache_write(past_b, new, pres):
     """new (B,S,kvH,D) -> pres (B,kvH,L,D) rows [past_b[b], past_b[b] + S)."""
     B, S, H, D = new.shape
     for b in range(B):
@@ -54,22 +54,6 @@ def _cache_write_kernel(past_b, new, pres):
         for h in range(H):
             for s in range(S):
                 pres[b, h, pb + s, :] = new[b, s, h, :]
-
-
-def _copy_past(past, past_b, pres):
-    """Rows [0, past_b[b]) of past into pres, straight from the caller's buffer (numpy memcpy per batch)."""
-    if past is None:
-        return
-    B = past_b.shape[0]
-    n0 = int(past_b[0]) if B else 0
-    if B and (past_b == n0).all():
-        if n0:
-            pres[:, :, :n0] = past[:, :, :n0]
-        return
-    for b in range(B):
-        n = int(past_b[b])
-        if n:
-            pres[b, :, :n] = past[b, :, :n]
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
@@ -142,7 +126,7 @@ def gqa_prefill(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias,
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
-def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, out):
+def gqa_decode_par(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, out):
     """One new token (S == 1): one task per (batch, kv head) streams the live K rows, then the V rows,
     once for the whole query-head group.  Shapes as in ``_gqa_prefill_kernel``."""
     B, S, H, D = q.shape
@@ -251,7 +235,7 @@ def _gqa_decode_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, window
 # heads of 64 on 2 cores the parallel kernel measured 5.6 us against 6.2 at T=64, 15 against 21 at T=300.  The
 # node wrapper and the compiled form both choose by it (the two kernels give the same bits).
 GQA_DECODE_PARALLEL_WORK = 1 << 15
-_gqa_decode_serial = serial_twin(_gqa_decode_kernel)
+gqa_decode_serial = serial_twin(gqa_decode_par)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -289,202 +273,6 @@ def resident_rows(T, C, W):
         return T
     G = C - W + 1
     return T - G * ((T - C + G - 1) // G)
-
-
-def _resident(T, C, W):
-    """``resident_rows`` per batch entry of ``T``."""
-    return np.array([resident_rows(int(t), int(C), int(W)) for t in np.asarray(T).reshape(-1)], np.int64)
-
-
-def window_rows(name, seqlens, S, P, W, total):
-    """A windowed cache's rows for one step (``sliding_window_cache=1``), validated as onnxruntime does:
-    (n_new, abs_past, past_b, kbase) per entry: the valid new rows, the absolute positions cached before the
-    step, the rows of the past buffer (capacity ``P``, None when absent) that hold them, and the absolute
-    position of staged row 0 (the resident past, then the new rows)."""
-    if W <= 0 or P is None or P < W:
-        raise InvalidArgumentError(f"{name}: sliding_window_cache=1 needs local_window_size > 0 and past "
-                                   f"buffers of capacity at least local_window_size ({W}), got "
-                                   f"{'no past' if P is None else P}")
-    totals = np.asarray(seqlens, np.int64).reshape(-1) + 1
-    if (totals < 1).any() or (totals > max(int(total), 1)).any():
-        raise InvalidArgumentError(f"{name}: seqlens_k {(totals - 1).tolist()} exceed total_sequence_length "
-                                   f"{total}")
-    n_new = np.minimum(S, totals)
-    abs_past = totals - n_new
-    past_b = _resident(abs_past, P, W)
-    return n_new, abs_past, past_b, abs_past - past_b
-
-
-# -- GroupQueryAttention -----------------------------------------------------------------------------
-
-@op("GroupQueryAttention", 1, domain=_MS)
-def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
-                        total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-                        attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
-                        k_norm_weight=None, query_seqlens=None, *, ctx=None, num_heads=0, kv_num_heads=0,
-                        scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0,
-                        smooth_softmax=-1, causal=1, qk_output=0, sliding_window_cache=0, kv_cache_bit_width=0,
-                        k_quant_type="NONE", v_quant_type="NONE", qk_norm_epsilon=1e-6, q_norm_epsilon=None,
-                        k_norm_epsilon=None):
-    name = "GroupQueryAttention"
-    H, kvH = int(num_heads), int(kv_num_heads)
-    if H <= 0 or kvH <= 0 or H % kvH:
-        raise InvalidAttributeError(f"{name}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
-    for what, v in (("k_scale", k_scale), ("v_scale", v_scale), ("q_norm_weight", q_norm_weight),
-                    ("k_norm_weight", k_norm_weight), ("query_seqlens", query_seqlens)):
-        if v is not None:
-            raise InvalidArgumentError(f"{name}: input {what} is not supported by this kernel")
-    if int(kv_cache_bit_width) or k_quant_type not in ("NONE", b"NONE") or v_quant_type not in ("NONE", b"NONE"):
-        raise InvalidAttributeError(f"{name}: quantized KV caches are not supported by this kernel")
-    if seqlens_k is None or total_sequence_length is None:
-        raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
-    if query.ndim != 3:
-        raise ShapeMismatchError(f"{name}: query must be 3-d (batch, seq, hidden), got shape {list(query.shape)}")
-    B, S, hidden = query.shape
-    packed = key is None
-    if packed:
-        if value is not None:
-            raise InvalidArgumentError(f"{name}: value is given without key")
-        if hidden % (H + 2 * kvH):
-            raise ShapeMismatchError(f"{name}: packed QKV width {hidden} is not a multiple of "
-                                     f"num_heads + 2 * kv_num_heads = {H + 2 * kvH}")
-        D = hidden // (H + 2 * kvH)
-        q = query[:, :, :H * D]
-        k = query[:, :, H * D:(H + kvH) * D]
-        v = query[:, :, (H + kvH) * D:]
-    else:
-        if hidden % H:
-            raise ShapeMismatchError(f"{name}: query width {hidden} is not a multiple of num_heads {H}")
-        D = hidden // H
-        if value is None or key.shape != (B, S, kvH * D) or value.shape != (B, S, kvH * D):
-            raise ShapeMismatchError(f"{name}: key and value must both have shape {[B, S, kvH * D]}, got "
-                                     f"{None if key is None else list(key.shape)} and "
-                                     f"{None if value is None else list(value.shape)}")
-        q, k, v = query, key, value
-    dtype = query.dtype
-    seqlens = np.asarray(seqlens_k).reshape(-1).astype(np.int64)
-    if seqlens.shape[0] != B:
-        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens.shape[0]}")
-    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-    has_past = past_key is not None
-    if has_past != (past_value is not None):
-        raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
-    P = 0
-    if has_past:
-        if past_key.ndim != 4 or past_key.shape[:2] != (B, kvH) or past_key.shape[3] != D \
-                or past_value.shape != past_key.shape:
-            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape {[B, kvH, 'past', D]}, got "
-                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
-        P = past_key.shape[2]
-    totals = seqlens + 1
-    windowed = bool(int(sliding_window_cache))
-    if windowed:
-        W = int(local_window_size)
-        L = P
-        n_new, abs_past, past_b, kbase = window_rows(name, seqlens, S, P if has_past else None, W, total)
-    else:
-        L = max(total, P)
-        first_prompt = S == total
-        past_b = np.zeros(B, np.int64) if first_prompt else totals - S
-        if (past_b < 0).any() or (past_b > P).any() or (past_b + S > L).any() or (totals > L).any() \
-                or (totals < 1).any():
-            raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} do not fit sequence_length {S}, "
-                                       f"total_sequence_length {total} and a past of {P} positions")
-        abs_past = past_b
-        kbase = np.zeros(B, np.int64)
-
-    rotary = bool(int(do_rotary))
-    # rotary rotates in place: then always work on copies, never on the caller's arrays
-    q4 = (np.array(q, np.float32, order="C") if rotary else _f32(q)).reshape(B, S, H, D)
-    k4 = (np.array(k, np.float32, order="C") if rotary else _f32(k)).reshape(B, S, kvH, D)
-    v4 = _f32(v).reshape(B, S, kvH, D)
-    if rotary:
-        if cos_cache is None or sin_cache is None:
-            raise InvalidArgumentError(f"{name}: do_rotary=1 needs cos_cache and sin_cache")
-        if position_ids is not None:
-            pos = np.asarray(position_ids).astype(np.int64)
-            if pos.shape != (B, S):
-                pos = np.broadcast_to(pos.reshape(-1)[:1] + np.arange(S), (B, S)) if pos.size == 1 else pos
-            if pos.shape != (B, S):
-                raise ShapeMismatchError(f"{name}: position_ids must have shape {[B, S]}, got {list(pos.shape)}")
-        else:
-            pos = abs_past[:, None] + np.arange(S)[None, :]
-            # right-padded rows (past the entry's total) get position 1, as onnxruntime does
-            pos = np.where(pos < totals[:, None], pos, 1)
-        cos_t, sin_t = _rope_tables(name, cos_cache, sin_cache, np.ascontiguousarray(pos))
-        _rope_apply(q4, cos_t, sin_t, True, rotary_interleaved, name)
-        _rope_apply(k4, cos_t, sin_t, True, rotary_interleaved, name)
-
-    # present caches: live rows only.  Windowed caches first stage the resident past and the new rows
-    # (row j = absolute position j + kbase[b]) and keep the last L(T) rows afterwards.
-    live = int((past_b + S).max()) if B else 0
-    if dtype == F32 and not windowed:
-        pres_k = np.zeros((B, kvH, L, D), np.float32)
-        pres_v = np.zeros((B, kvH, L, D), np.float32)
-        wk, wv = pres_k, pres_v
-    else:
-        wk = np.empty((B, kvH, live, D), np.float32)
-        wv = np.empty((B, kvH, live, D), np.float32)
-    _copy_past(past_key, past_b, wk)
-    _copy_past(past_value, past_b, wv)
-    _cache_write_kernel(past_b, k4, wk)
-    _cache_write_kernel(past_b, v4, wv)
-    att_total = past_b + n_new if windowed else totals
-
-    has_bias = attention_bias is not None
-    if has_bias:
-        bias = _f32(attention_bias)
-        if bias.ndim != 4 or bias.shape[0] not in (1, B) or bias.shape[1] not in (1, H) \
-                or bias.shape[2] not in (1, S) or bias.shape[3] < int(totals.max()):
-            raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {total}], "
-                                     f"got {list(attention_bias.shape)}")
-    else:
-        bias = _DUMMY4
-    if head_sink is not None:
-        sink = _f32(head_sink).reshape(-1)
-        if sink.shape[0] != H:
-            raise ShapeMismatchError(f"{name}: head_sink must have num_heads={H} entries, got {sink.shape[0]}")
-        sink_mode = 2
-    else:
-        sink = _DUMMY1
-        sink_mode = 1 if int(smooth_softmax) > 0 else 0
-    sc = float(scale) if scale else 1.0 / math.sqrt(D)
-    params = np.array([sc, float(softcap)], np.float32)
-    window = int(local_window_size) if int(local_window_size) > 0 else -1
-    out = np.empty((B, S, H, D), np.float32)
-    qk_mode = int(qk_output)
-    want_qk = qk_mode > 0 and ctx is not None and ctx.n_outputs > 3
-    if S == 1 and not want_qk:
-        kern = _gqa_decode_kernel if B * H * max(total, 1) * D >= GQA_DECODE_PARALLEL_WORK else _gqa_decode_serial
-        kern(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
-                           sink_mode, out)
-        qk = None
-    else:
-        qk = np.zeros((B, H, S, total), np.float32) if want_qk else _DUMMY4
-        gqa_prefill(q4, wk, wv, past_b, att_total, kbase, params, bool(int(causal)), window, bias, has_bias, sink,
-                    sink_mode, qk, qk_mode if want_qk else 0, out)
-    y = out.reshape(B, S, H * D)
-    if dtype != F32:
-        y = y.astype(dtype)
-    if windowed:
-        pres_k = np.zeros((B, kvH, L, D), dtype)
-        pres_v = np.zeros((B, kvH, L, D), dtype)
-        keep = _resident(totals, P, W)
-        for b in range(B):
-            end = int(past_b[b] + n_new[b])
-            n = int(keep[b])
-            pres_k[b, :, :n] = wk[b, :, end - n:end]
-            pres_v[b, :, :n] = wv[b, :, end - n:end]
-    elif dtype != F32:
-        pres_k = np.zeros((B, kvH, L, D), dtype)
-        pres_v = np.zeros((B, kvH, L, D), dtype)
-        pres_k[:, :, :live] = wk
-        pres_v[:, :, :live] = wv
-    res = [y, pres_k, pres_v]
-    n = ctx.n_outputs if ctx is not None else 3
-    if n > 3:  # output_qk declared: scores (qk_output=1), probabilities (2), or zeros when qk_output=0
-        res.append(qk.astype(dtype) if want_qk else np.zeros((B, H, S, total), dtype))
-    return tuple(res[:n]) if n > 1 else y
 
 
 # -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------

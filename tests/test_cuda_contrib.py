@@ -62,11 +62,12 @@ def _rand(*shape, dt=np.float32):
 
 def test_registered():
     for mod, names in ((kq, ("MatMulNBits", "GatherBlockQuantized")),
-                       (katt, ("GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding"))):
+                       (katt, ("RotaryEmbedding", "MRotaryEmbedding"))):
         for n in names:
             impl = registry.resolve(MS, n, 1, CUDA)
             assert impl is not None and impl.fn is getattr(mod, n)
     # The lengths and positions are read (and validated) on the host, where a decoder computes them.
+    assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn is katt.launch_gqa
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).host_inputs == (5, 6, 9)
     assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).host_inputs == (1,)
     assert registry.resolve(MS, "MRotaryEmbedding", 1, CUDA).host_inputs == (1,)
@@ -287,7 +288,10 @@ def test_gqa_sliding_window_cache_batch_bias():
 
 
 def test_gqa_errors():
-    f = registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn
+    impl = registry.resolve(MS, "GroupQueryAttention", 1, CUDA)
+
+    def f(*ins, **attrs):
+        return registry.bind(impl, _ctx("GroupQueryAttention", attrs, len(ins), 3, CUDA))(*ins)
     q = rc.to_device(_rand(1, 1, 8))
     k = rc.to_device(_rand(1, 1, 4))
     sl = rc.to_device(np.array([5], np.int32))

@@ -368,8 +368,8 @@ def test_decode_kernel_serial_and_parallel_forms_agree():
                 np.zeros((1, 1, 1, 1), np.float32), False, np.zeros(1, np.float32), 0)
         a = np.empty((2, 1, 8, 16), np.float32)
         b = np.empty_like(a)
-        ca._gqa_decode_kernel(*args, a)
-        ca._gqa_decode_serial(*args, b)
+        ca.gqa_decode_par(*args, a)
+        ca.gqa_decode_serial(*args, b)
         np.testing.assert_array_equal(a, b)
         # and against a plain softmax-attention reference
         for bi in range(2):

@@ -28,7 +28,7 @@ synchronization.  The kernels take batch 1's one length by value and otherwise r
 share.  The kernels also clamp every index they derive.
 
 With ``sliding_window_cache=1`` the past/present buffers have a fixed capacity ``C`` and hold the last
-``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, the CPU twin's ``_resident``).  The host
+``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, ``contrib_attention.resident_rows``).  The host
 computes per entry the resident past rows, the staged total and ``kbase`` (the absolute position of staged row
 0) and uploads them as one small array; ``_kv_write`` stages the resident past and the new rows, ``_gqa_attn``
 attends in staged rows (bias and rotary positions at absolute positions), and ``_window_keep`` writes the last
@@ -54,15 +54,18 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
-from ops.contrib_attention import _resident, window_rows
+from ops.contrib_attention import resident_rows
+from ops.group_query_attention import (Gqa, bind_gqa, gqa_extras, gqa_geometry, gqa_inputs, gqa_positions,
+                                       positions_2d, raise_gqa_error)
 from ops.registry import op
 from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, fill0, flat, grid1d, host_array,
                       row_threads, unravel4, upload_small)
 
-__all__ = ["GroupQueryAttention", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
+__all__ = ["launch_gqa", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
 
 _MS = "com.microsoft"
 _CUDA = "CUDAExecutionProvider"
+_ZP = np.zeros((1, 1), np.int64)
 MAX_HEAD_SIZE = 512  # shared-memory query/accumulator length of the attention kernel
 
 
@@ -328,159 +331,98 @@ def _window_keep(stage_k, stage_v, pres_k, pres_v, rows, kvH, live, C, D):
             pres_v[i] = 0
 
 
-def _validate_seqlens(name, seqlens, B, S, P, L, total, first_prompt):
-    """seqlens_k (host, int64) checked as the CPU twin does; returns the totals and the past lengths."""
-    totals = seqlens + 1
-    past_b = np.zeros(B, np.int64) if first_prompt else totals - S
-    if (past_b < 0).any() or (past_b > P).any() or (past_b + S > L).any() or (totals > L).any() \
-            or (totals < 1).any():
-        raise InvalidArgumentError(f"{name}: seqlens_k {seqlens.tolist()} do not fit sequence_length {S}, "
-                                   f"total_sequence_length {total} and a past of {P} positions")
-    return totals, past_b
+def _shape(a, rank):
+    return (0,) * rank if a is None else tuple(int(v) for v in a.shape)
 
 
-@op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(5, 6, 9))
-def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
-                        total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
-                        attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
-                        k_norm_weight=None, query_seqlens=None, *, ctx=None, num_heads=0, kv_num_heads=0,
-                        scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0,
-                        smooth_softmax=-1, causal=1, qk_output=0, sliding_window_cache=0, kv_cache_bit_width=0,
-                        k_quant_type="NONE", v_quant_type="NONE", qk_norm_epsilon=1e-6, q_norm_epsilon=None,
-                        k_norm_epsilon=None):
-    """GQA over a fresh ``present`` cache; returns (output, present_key, present_value) (see module docstring)."""
+def launch_gqa(g: Gqa, ctx):
+    """The CUDA implementation of GroupQueryAttention, written once in ``ops/group_query_attention.py`` (its
+    bind, its checks and messages, its positions): the bound op's per-run callable, over a fresh ``present``
+    cache or a donated past (see the module docstring)."""
+    if g.n_outputs > 3 and g.qk_output > 0:
+        raise InvalidAttributeError(f"GroupQueryAttention: qk_output={g.qk_output} is not supported by the CUDA "
+                                    f"kernel")
+    donated = ctx.donated if ctx is not None else frozenset()
+
+    def run(*args):
+        return _gqa(g, donated, *gqa_inputs(g, args))
+    return run
+
+
+def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+         sin_cache, position_ids, attention_bias, head_sink):
     name = "GroupQueryAttention"
-    H, kvH = int(num_heads), int(kv_num_heads)
-    if H <= 0 or kvH <= 0 or H % kvH:
-        raise InvalidAttributeError(f"{name}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
-    for what, v in (("k_scale", k_scale), ("v_scale", v_scale), ("q_norm_weight", q_norm_weight),
-                    ("k_norm_weight", k_norm_weight), ("query_seqlens", query_seqlens)):
-        if v is not None:
-            raise InvalidArgumentError(f"{name}: input {what} is not supported by this kernel")
-    if int(kv_cache_bit_width) or k_quant_type not in ("NONE", b"NONE") or v_quant_type not in ("NONE", b"NONE"):
-        raise InvalidAttributeError(f"{name}: quantized KV caches are not supported by this kernel")
-    if seqlens_k is None or total_sequence_length is None:
-        raise InvalidArgumentError(f"{name}: seqlens_k and total_sequence_length are required inputs")
+    H, kvH = g.H, g.kvH
     check_device(name, query=query, key=key, value=value, past_key=past_key, past_value=past_value,
                  cos_cache=cos_cache, sin_cache=sin_cache, attention_bias=attention_bias, head_sink=head_sink)
     seqlens_h = host_array(name, "seqlens_k", seqlens_k)
-    if query.ndim != 3:
-        raise ShapeMismatchError(f"{name}: query must be 3-d (batch, seq, hidden), got shape {list(query.shape)}")
-    B, S, hidden = (int(v) for v in query.shape)
     packed = key is None
+    if not packed and (key.dtype != query.dtype or value.dtype != query.dtype):
+        raise InvalidArgumentError(f"{name}: key/value must have the query dtype {query.dtype}")
+    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+    has_past = past_key is not None
+    qs = _shape(query, 3)
+    err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
+        qs, qs if packed else _shape(key, 3), qs if packed else _shape(value, 3), packed, _shape(past_key, 4),
+        _shape(past_value, 4), has_past, seqlens_h.reshape(-1).astype(np.int64), total, H, kvH, g.windowed,
+        g.window)
+    if not err:
+        err = gqa_extras(_shape(attention_bias, 4), attention_bias is not None,
+                         0 if head_sink is None else head_sink.size, head_sink is not None, B, H, S, totals)
+    if err:
+        raise_gqa_error(err)
+    if D > MAX_HEAD_SIZE:
+        raise ShapeMismatchError(f"{name}: head size {D} exceeds the CUDA kernel's limit {MAX_HEAD_SIZE}")
+    hidden = qs[2]
     if packed:
-        if value is not None:
-            raise InvalidArgumentError(f"{name}: value is given without key")
-        if hidden % (H + 2 * kvH):
-            raise ShapeMismatchError(f"{name}: packed QKV width {hidden} is not a multiple of "
-                                     f"num_heads + 2 * kv_num_heads = {H + 2 * kvH}")
-        D = hidden // (H + 2 * kvH)
         ksrc = vsrc = query
         kv_stride, k_off, v_off = hidden, H * D, (H + kvH) * D
     else:
-        if hidden % H:
-            raise ShapeMismatchError(f"{name}: query width {hidden} is not a multiple of num_heads {H}")
-        D = hidden // H
-        if value is None or tuple(key.shape) != (B, S, kvH * D) or tuple(value.shape) != (B, S, kvH * D):
-            raise ShapeMismatchError(f"{name}: key and value must both have shape {[B, S, kvH * D]}, got "
-                                     f"{None if key is None else list(key.shape)} and "
-                                     f"{None if value is None else list(value.shape)}")
-        if key.dtype != query.dtype or value.dtype != query.dtype:
-            raise InvalidArgumentError(f"{name}: key/value must have the query dtype {query.dtype}")
         ksrc, vsrc = key, value
         kv_stride, k_off, v_off = kvH * D, 0, 0
-    if D > MAX_HEAD_SIZE:
-        raise ShapeMismatchError(f"{name}: head size {D} exceeds the CUDA kernel's limit {MAX_HEAD_SIZE}")
     dtype = query.dtype
-    if seqlens_h.size != B:
-        raise ShapeMismatchError(f"{name}: seqlens_k must have batch_size={B} entries, got {seqlens_h.size}")
-    total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-    has_past = past_key is not None
-    if has_past != (past_value is not None):
-        raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
-    P = 0
-    if has_past:
-        if past_key.ndim != 4 or tuple(past_key.shape[:2]) != (B, kvH) or past_key.shape[3] != D \
-                or tuple(past_value.shape) != tuple(past_key.shape):
-            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape {[B, kvH, 'past', D]}, got "
-                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
-        P = int(past_key.shape[2])
-    windowed = bool(int(sliding_window_cache))
+    windowed = g.windowed
     first_prompt = S == total
     if windowed:
         # A cache of capacity P holding the last L(T) positions: the resident past and the new rows are staged
         # (row j = absolute position j + kbase), attended in staged rows, and the last L(T) rows kept.
-        W = int(local_window_size)
-        n_new, abs_past, past_b, kbase = window_rows(name, seqlens_h, S, P if has_past else None, W, total)
-        totals = abs_past + n_new
         L = int((past_b + S).max()) if B else 0  # staged rows
-        keep = _resident(totals, P, W)
+        keep = np.array([resident_rows(int(t), P, g.window) for t in totals], np.int64)
         # The kernels index the past, the staging rows and the present with these: check them before any launch.
         if (past_b > P).any() or (keep > past_b + n_new).any() or (keep > P).any():
             raise InvalidArgumentError(f"{name}: windowed cache rows out of range (resident {past_b.tolist()}, "
                                        f"kept {keep.tolist()}, capacity {P})")
         rows = np.concatenate([past_b, past_b + n_new, kbase, keep]).astype(np.int64)
-    else:
-        L = max(total, P)
-        totals, past_b = _validate_seqlens(name, seqlens_h.reshape(-1).astype(np.int64), B, S, P, L, total,
-                                           first_prompt)
-        abs_past = past_b
 
-    rotary = bool(int(do_rotary))
+    rotary = g.rotary
     rot, cw, crows, pos_mode = 0, 1, 1, 0
     cos_f = sin_f = pos_f = flat(query)
     if rotary:
-        if cos_cache is None or sin_cache is None:
-            raise InvalidArgumentError(f"{name}: do_rotary=1 needs cos_cache and sin_cache")
-        if cos_cache.ndim != 2 or tuple(sin_cache.shape) != tuple(cos_cache.shape):
-            raise ShapeMismatchError(f"{name}: cos_cache and sin_cache must be 2-d and alike, got "
-                                     f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
         crows, cw = int(cos_cache.shape[0]), int(cos_cache.shape[1])
         rot = 2 * cw
-        if position_ids is not None:
-            if tuple(position_ids.shape) == (B, S):
-                pos_mode = 2
-            elif position_ids.size == 1:
-                pos_mode = 1
-            else:
-                raise ShapeMismatchError(f"{name}: position_ids must have shape {[B, S]}, got "
-                                         f"{list(position_ids.shape)}")
-            ph = host_array(name, "position_ids", position_ids)
-            pos = ph.astype(np.int64).reshape(B, S) if pos_mode == 2 else \
-                np.broadcast_to(ph.astype(np.int64).reshape(-1)[:1] + np.arange(S), (B, S))
-            check_indices(name, pos, 0, crows, "position id")
+        ph = None if position_ids is None else host_array(name, "position_ids", position_ids)
+        if ph is not None:
+            pos_mode = 2 if tuple(ph.shape) == (B, S) else 1
+        err, _ = gqa_positions(_ZP if ph is None else positions_2d(ph), ph is not None, abs_past, totals, S,
+                               _shape(cos_cache, 2), _shape(sin_cache, 2), D)
+        if err:
+            raise_gqa_error(err)
+        if ph is not None:
             pos_f = flat(upload_small(ph))
-        else:
-            pos = abs_past[:, None] + np.arange(S)[None, :]
-            pos = np.where(pos < totals[:, None], pos, 1)
-            check_indices(name, pos, 0, crows, "position id")
-        if rot > D:
-            raise ShapeMismatchError(f"{name}: the cos/sin caches rotate {rot} dims but the head size is {D}")
         cos_f, sin_f = flat(cos_cache), flat(sin_cache)
 
     has_bias = attention_bias is not None
-    bshape = (1, 1, 1, 1)
-    if has_bias:
-        bshape = tuple(int(v) for v in attention_bias.shape)
-        need = int(totals.max())
-        if len(bshape) != 4 or bshape[0] not in (1, B) or bshape[1] not in (1, H) \
-                or bshape[2] not in (1, S) or bshape[3] < need:
-            raise ShapeMismatchError(f"{name}: attention_bias must have shape [{B} or 1, {H} or 1, {S}, {total}], "
-                                     f"got {list(attention_bias.shape)}")
+    bshape = _shape(attention_bias, 4) if has_bias else (1, 1, 1, 1)
     if head_sink is not None:
-        if head_sink.size != H:
-            raise ShapeMismatchError(f"{name}: head_sink must have num_heads={H} entries, got {head_sink.size}")
         sink_mode, sink_f = 2, flat(head_sink)
     else:
-        sink_mode, sink_f = (1 if int(smooth_softmax) > 0 else 0), flat(query)
-    n_out = ctx.n_outputs if ctx is not None else 3
-    if n_out > 3 and int(qk_output) > 0:
-        raise InvalidAttributeError(f"{name}: qk_output={qk_output} is not supported by the CUDA kernel")
-    sc = float(scale) if scale else 1.0 / math.sqrt(D)
-    window = int(local_window_size) if int(local_window_size) > 0 else -1
+        sink_mode, sink_f = (1 if g.smooth else 0), flat(query)
+    n_out = g.n_outputs
+    sc = g.scale if g.scale else 1.0 / math.sqrt(D)
+    window = g.window
 
     # A donated past with room for the total (kv_share_buffer) is the present: only the new rows are written.
-    share = has_past and not windowed and ctx is not None and {3, 4} <= ctx.donated and P >= total
+    share = has_past and not windowed and {3, 4} <= donated and P >= total
     if share:
         pres_k, pres_v = past_key, past_value
     else:  # for a windowed cache: the staging buffers
@@ -500,20 +442,20 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
         blocks, threads = grid1d(n_new)
         _kv_append[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off, n_new, flat(pres_k),
                                     flat(pres_v), seq_f, seq_inline, first_prompt, P, S, kvH, L, D, rotary,
-                                    bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows, pos_f, pos_mode)
+                                    g.interleaved, rot, cos_f, sin_f, cw, crows, pos_f, pos_mode)
     elif not share and pres_k.size:
         blocks, threads = grid1d(pres_k.size)
         _kv_write[blocks, threads](flat(ksrc), flat(vsrc), kv_stride, k_off, v_off,
                                    flat(past_key) if has_past else flat(query), flat(past_value) if has_past else
                                    flat(query), has_past, P, flat(pres_k), flat(pres_v), seq_f, seq_inline,
-                                   first_prompt, S, kvH, L, D, rotary, bool(int(rotary_interleaved)), rot, cos_f,
+                                   first_prompt, S, kvH, L, D, rotary, g.interleaved, rot, cos_f,
                                    sin_f, cw, crows, pos_f, pos_mode)
     if y.size:
         nt = row_threads(max(min(L, MAX_ROW_THREADS), D))
         _gqa_attn[B * H * S, nt](flat(query), hidden, flat(pres_k), flat(pres_v), seq_f, seq_inline, first_prompt,
-                                 P, S, H, kvH, L, D, np.float32(sc), np.float32(softcap), bool(int(causal)), window,
+                                 P, S, H, kvH, L, D, np.float32(sc), np.float32(g.softcap), g.causal, window,
                                  flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
-                                 sink_mode, rotary, bool(int(rotary_interleaved)), rot, cos_f, sin_f, cw, crows,
+                                 sink_mode, rotary, g.interleaved, rot, cos_f, sin_f, cw, crows,
                                  pos_f, pos_mode, fuse_append, k_off, v_off, flat(y))
     if windowed:
         stage_k, stage_v = pres_k, pres_v
@@ -531,6 +473,9 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
             fill0[blocks, threads](flat(qk))
         res.append(qk)
     return tuple(res[:n_out]) if n_out > 1 else y
+
+
+op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(5, 6, 9), bind=bind_gqa)(launch_gqa)
 
 
 # -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Compiled forms of the contrib ops GenAI decoders use beyond attention and the norms.
 
-Forms (see ``ops/compiled_forms.py`` for the emitter and ``runtime/regions.py`` for the invariants) for
-RotaryEmbedding and MRotaryEmbedding, MatMulNBits, GatherBlockQuantized (com.microsoft), LpNormalization,
+Forms (see ``ops/forms.py`` for the emitter and ``runtime/regions.py`` for the invariants) for
+MatMulNBits, GatherBlockQuantized (com.microsoft), LpNormalization,
 GatedRMSNorm, CausalConvWithState, LinearAttentionGate and LinearAttention (com.microsoft).  Each form's
 kernel here is the op wrapper's Python logic translated into an ``@njit`` function that allocates its
 outputs and calls the same typed kernels the wrapper calls, so a region computes bit for bit what the
@@ -28,7 +28,6 @@ from numba import njit, prange
 from runtime.errors import ShapeMismatchError
 
 from . import compiled_forms as _cf
-from . import contrib_attention as _ca
 from . import contrib_norm as _cn
 from . import contrib_quant as _cq
 from . import contrib_recurrent as _cr
@@ -36,159 +35,13 @@ from . import recurrent_state as _rs
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, _float_only, _prod, _raise_on, form
 
-__all__ = ["rope3", "rope4", "mnb_f32", "gbq_f32", "gated_rms_f32", "la_gate_f32", "ccws_f32", "linattn_f32"]
+__all__ = ["mnb_f32", "gbq_f32", "gated_rms_f32", "la_gate_f32", "ccws_f32", "linattn_f32"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
 
 def _s(x):
     return x.decode() if isinstance(x, bytes) else str(x)
-
-
-# -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
-
-@njit(**_OPTS)
-def _rope_apply(x4, seq_second, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout):
-    """Rotate the fresh float32 copy x4 in place, as the wrappers do; returns an error code (0: fine)."""
-    half = rot // 2
-    if mrope:
-        if s0 + s1 + s2 != half:
-            return 7
-        if p0 != 3 or pb != B or ps != S:
-            return 4
-        P = 3
-        pos3 = pos.reshape((3, B, S))
-    else:
-        P = 1
-        if pos.size == 1:
-            pos3 = np.empty((1, B, S), np.int64)
-            for b in range(B):
-                for s in range(S):
-                    pos3[0, b, s] = pos[0] + s
-        elif pb == B and ps == S:
-            pos3 = pos.reshape((1, B, S))
-        else:
-            return 4
-        if sinc.shape[0] != cosc.shape[0] or sinc.shape[1] != cosc.shape[1]:
-            return 5
-    n = cosc.shape[0]
-    for j in range(pos3.size):
-        v = pos3.flat[j]
-        if v < 0 or v >= n:
-            return 6
-    if mrope and (sinc.shape[0] < n or sinc.shape[1] < half):
-        return 5
-    which = np.zeros(half, np.int64)
-    if mrope:
-        for t in range(half):
-            if layout == 0:
-                if s0 <= t < s0 + s1:
-                    which[t] = 1
-                elif t >= s0 + s1:
-                    which[t] = 2
-            else:
-                if t % 3 == 1 and t < 3 * s1:
-                    which[t] = 1
-                elif t % 3 == 2 and t < 3 * s2:
-                    which[t] = 2
-    cos_t = np.empty((B, S, half), np.float32)
-    sin_t = np.empty((B, S, half), np.float32)
-    for b in range(B):
-        for s in range(S):
-            for t in range(half):
-                p = pos3[which[t] if P == 3 else 0, b, s]
-                cos_t[b, s, t] = cosc[p, t]
-                sin_t[b, s, t] = sinc[p, t]
-    _ca.rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
-    return 0
-
-
-@njit(**_OPTS)
-def rope3(x, pos, pb, ps, p0, cosc, sinc, H, rot_attr, interleaved, mrope, s0, s1, s2, layout):
-    """(B, S, hidden) input: (rotated float32 copy, error code)."""
-    B, S, hid = x.shape
-    hc = cosc.shape[1]
-    rot = rot_attr if rot_attr else 2 * hc
-    if rot != 2 * hc:
-        return np.empty((0, 0, 0), np.float32), 1
-    D = hid // H if H > 0 else rot
-    if D <= 0 or hid % D:
-        return np.empty((0, 0, 0), np.float32), 2
-    if rot > D or rot % 2:
-        return np.empty((0, 0, 0), np.float32), 3
-    x4 = x.copy().reshape((B, S, hid // D, D))
-    err = _rope_apply(x4, True, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout)
-    return x4.reshape((B, S, hid)), err
-
-
-@njit(**_OPTS)
-def rope4(x, pos, pb, ps, p0, cosc, sinc, rot_attr, interleaved, mrope, s0, s1, s2, layout):
-    """(B, H, S, D) input: (rotated float32 copy, error code)."""
-    B, H, S, D = x.shape
-    hc = cosc.shape[1]
-    rot = rot_attr if rot_attr else 2 * hc
-    if rot != 2 * hc:
-        return np.empty((0, 0, 0, 0), np.float32), 1
-    if rot > D or rot % 2:
-        return np.empty((0, 0, 0, 0), np.float32), 3
-    x4 = x.copy()
-    err = _rope_apply(x4, False, B, S, pos, pb, ps, p0, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout)
-    return x4, err
-
-
-_ROPE_ERRS = [(1, "ShapeMismatchError", "rotary_embedding_dim needs cos/sin caches of half its width"),
-              (2, "ShapeMismatchError", "the hidden size is not a multiple of the head size"),
-              (3, "ShapeMismatchError", "the rotary dim does not fit the head size"),
-              (4, "ShapeMismatchError", "position_ids do not match the input's batch and sequence"),
-              (5, "ShapeMismatchError", "cos_cache and sin_cache must have the same shape"),
-              (6, "IndexOutOfRangeError", "a position id is out of bounds of the cos/sin caches"),
-              (7, "InvalidAttributeError", "mrope_section must sum to half the rotary dim")]
-
-
-def _rope_form(e, mrope):
-    a = e.attrs
-    _float_only(e, 0, 2, 3)
-    if int(a.get("is_packed_batching", 0)):
-        raise Decline("packed batching")
-    r = e.rank(0)
-    if r not in (3, 4) or e.rank(2) != 2 or e.rank(3) != 2 or e.dtype(1).kind not in "iu":
-        raise Decline("ranks")
-    H, rd = int(a.get("num_heads", 0)), int(a.get("rotary_embedding_dim", 0))
-    if r == 3 and rd and H <= 0:
-        raise Decline("rotary_embedding_dim without num_heads")
-    s0 = s1 = s2 = layout = 0
-    rp = e.rank(1)
-    if mrope:
-        sec = [int(v) for v in a.get("mrope_section", ())]
-        layout = int(a.get("mrope_layout", 0))
-        if len(sec) != 3 or min(sec) < 0 or layout not in (0, 1) or rp != 3:
-            raise Decline("mrope attributes")
-        s0, s1, s2 = sec
-        e.line("{p}_p0, {p}_pb, {p}_ps = {i1}.shape[0], {i1}.shape[1], {i1}.shape[2]")
-    elif rp == 2:
-        e.line("{p}_p0, {p}_pb, {p}_ps = 1, {i1}.shape[0], {i1}.shape[1]")
-    else:
-        e.line("{p}_p0, {p}_pb, {p}_ps = 1, -1, -1")
-    common = ("{p}_pos, {p}_pb, {p}_ps, {p}_p0, {i2}, {i3}")
-    tail = f"{rd}, {bool(int(a.get('interleaved', 0)))}, {bool(mrope)}, {s0}, {s1}, {s2}, {layout}"
-    e.line("{p}_pos = {i1}.reshape(({i1}.size,)).astype(np.int64)")
-    if r == 3:
-        k = e.use(__name__, "rope3")
-        e.line(f"{{o0}}, {{p}}_err = {k}({{i0}}, {common}, {H}, {tail})")
-    else:
-        k = e.use(__name__, "rope4")
-        e.line(f"{{o0}}, {{p}}_err = {k}({{i0}}, {common}, {tail})")
-    _raise_on(e, "{p}_err", _ROPE_ERRS)
-
-
-@form("RotaryEmbedding", domain=MS)
-def _rotary(e):
-    _rope_form(e, False)
-
-
-@form("MRotaryEmbedding", domain=MS)
-def _mrotary(e):
-    _rope_form(e, True)
 
 
 # -- MatMulNBits -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""onnxruntime contrib attention ops (domain com.microsoft): GroupQueryAttention, RotaryEmbedding,
-MRotaryEmbedding, MultiHeadAttention.
+"""onnxruntime contrib attention (domain com.microsoft): the attention kernels GroupQueryAttention runs
+(the op itself is ``ops/group_query_attention.py``), and MultiHeadAttention.  The rotary ops are
+``ops/rotary_embedding.py``.
 
 GroupQueryAttention follows onnxruntime's CPU kernel: per batch entry ``b`` the cache holds
 ``T_b = seqlens_k[b] + 1`` positions after the step; the new tokens sit at positions
@@ -8,7 +9,7 @@ GroupQueryAttention follows onnxruntime's CPU kernel: per batch entry ``b`` the 
 ``[lo, hi)``: ``hi = min(P_b + s + 1, T_b)`` when causal (``T_b`` otherwise) and
 ``lo = P_b + s + 1 - local_window_size`` when a window is set (the window counts the row's own key).
 With ``sliding_window_cache=1`` the past/present buffers have a fixed capacity ``C`` and hold the
-last ``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, see ``_resident``); the
+last ``L(T)`` positions at rows ``[0, L(T))`` (onnxruntime's eviction rule, ``resident_rows``); the
 resident past and the new rows are staged and attention runs in staged coordinates.
 
 Invariants:
@@ -22,7 +23,7 @@ Invariants:
   the live K and V rows once for every query head of the group;
 - a query row with no key in range yields zeros, never NaN;
 - rotary positions (``position_ids`` or ``P_b + s``) are validated against the cos/sin caches
-  (``IndexOutOfRangeError``); the rotary ops never rotate their input in place;
+  (``IndexOutOfRangeError``) before a cache row is read;
 - MultiHeadAttention turns ``key_padding_mask`` into an additive ``mask_filter_value`` bias, as
   onnxruntime does, and concatenates ``past_*`` with the new keys/values into ``present_*``.
 """
@@ -34,10 +35,9 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, check_indices, serial_twin
+from ._common import serial_twin
 from ._fastmath import fexp
 from ._prefill_attention import attend_blocked, key_range, normalize, usable
-from .attention import rope_tok_kernel
 from .registry import op
 
 _MS = "com.microsoft"
@@ -248,24 +248,6 @@ def _f32(x):
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _rope_tables(opname, cos_cache, sin_cache, pos):
-    """Per-token (B,S,half) cos/sin gathered at ``pos`` (B,S), after validating the positions."""
-    if cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape:
-        raise ShapeMismatchError(f"{opname}: cos_cache and sin_cache must be 2-d and alike, got "
-                                 f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
-    check_indices(opname, pos, 0, cos_cache.shape[0], "position id")
-    return _f32(cos_cache)[pos], _f32(sin_cache)[pos]
-
-
-def _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, opname):
-    """Rotate x4 (float32, C-contiguous, 4-d) in place."""
-    rot = 2 * cos_t.shape[-1]
-    if rot > x4.shape[3]:
-        raise ShapeMismatchError(f"{opname}: the cos/sin caches rotate {rot} dims but the head size is {x4.shape[3]}")
-    rope_tok_kernel(x4, np.ascontiguousarray(cos_t), np.ascontiguousarray(sin_t), x4, bool(seq_second),
-                     bool(interleaved), rot)
-
-
 @njit(cache=True, nogil=True)
 def resident_rows(T, C, W):
     """Rows a windowed cache of capacity C and window W holds after T positions (onnxruntime's L(T))."""
@@ -273,94 +255,6 @@ def resident_rows(T, C, W):
         return T
     G = C - W + 1
     return T - G * ((T - C + G - 1) // G)
-
-
-# -- RotaryEmbedding / MRotaryEmbedding ------------------------------------------------------------
-
-def _rope_layout(name, x, cos_cache, num_heads, rotary_embedding_dim):
-    """(x4 float32 copy, seq_second, B, S, rot) for a 3-d (B,S,hidden) or 4-d (B,H,S,D) input."""
-    if cos_cache.ndim != 2:
-        raise ShapeMismatchError(f"{name}: cos_cache must be 2-d, got shape {list(cos_cache.shape)}")
-    rot = int(rotary_embedding_dim) or 2 * cos_cache.shape[1]
-    if rot != 2 * cos_cache.shape[1]:
-        raise ShapeMismatchError(f"{name}: rotary_embedding_dim {rot} needs cos/sin caches of width {rot // 2}, "
-                                 f"got {cos_cache.shape[1]}")
-    if x.ndim == 4:
-        B, H, S, D = x.shape
-        x4 = np.array(x, np.float32, order="C")
-        seq_second = False
-    elif x.ndim == 3:
-        B, S, hidden = x.shape
-        if int(rotary_embedding_dim) and int(num_heads) <= 0:
-            raise InvalidAttributeError(f"{name}: rotary_embedding_dim needs num_heads for a 3-d input")
-        D = hidden // int(num_heads) if int(num_heads) > 0 else rot
-        if D <= 0 or hidden % D:
-            raise ShapeMismatchError(f"{name}: hidden size {hidden} is not a multiple of the head size {D}")
-        x4 = np.array(x, np.float32, order="C").reshape(B, S, hidden // D, D)
-        seq_second = True
-    else:
-        raise ShapeMismatchError(f"{name}: input must be 3-d (batch, seq, hidden) or 4-d (batch, heads, seq, "
-                                 f"head_size), got shape {list(x.shape)}")
-    if rot > D or rot % 2:
-        raise ShapeMismatchError(f"{name}: rotary dim {rot} does not fit head size {D}")
-    return x4, seq_second, B, S, rot
-
-
-def _positions_2d(name, position_ids, B, S):
-    pos = np.asarray(position_ids).astype(np.int64)
-    if pos.size == 1:
-        return np.broadcast_to(pos.reshape(-1)[0] + np.arange(S, dtype=np.int64), (B, S))
-    if pos.shape != (B, S):
-        raise ShapeMismatchError(f"{name}: position_ids must have shape [1] or {[B, S]}, got {list(pos.shape)}")
-    return pos
-
-
-@op("RotaryEmbedding", 1, domain=_MS)
-def RotaryEmbedding_ms(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
-                       num_heads=0, rotary_embedding_dim=0, scale=1.0):
-    name = "RotaryEmbedding"
-    if int(is_packed_batching):
-        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    x4, seq_second, B, S, rot = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
-    pos = np.ascontiguousarray(_positions_2d(name, position_ids, B, S))
-    cos_t, sin_t = _rope_tables(name, cos_cache, sin_cache, pos)
-    _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, name)
-    return x4.reshape(input.shape).astype(input.dtype, copy=False)
-
-
-@op("MRotaryEmbedding", 1, domain=_MS)
-def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section=(), mrope_layout=0,
-                     interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0, scale=1.0):
-    name = "MRotaryEmbedding"
-    if int(is_packed_batching):
-        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    x4, seq_second, B, S, rot = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
-    half = rot // 2
-    sec = [int(v) for v in mrope_section]
-    if len(sec) != 3 or min(sec) < 0 or sum(sec) != half:
-        raise InvalidAttributeError(f"{name}: mrope_section must be 3 non-negative integers summing to {half}, "
-                                    f"got {sec}")
-    pos = np.asarray(position_ids).astype(np.int64)
-    if pos.shape != (3, B, S):
-        raise ShapeMismatchError(f"{name}: position_ids must have shape {[3, B, S]}, got {list(pos.shape)}")
-    # which of the T/H/W streams feeds each of the half rotary dims
-    which = np.zeros(half, np.int64)
-    i = np.arange(half)
-    if int(mrope_layout) == 0:
-        which[sec[0]:sec[0] + sec[1]] = 1
-        which[sec[0] + sec[1]:] = 2
-    elif int(mrope_layout) == 1:
-        which[(i % 3 == 1) & (i < 3 * sec[1])] = 1
-        which[(i % 3 == 2) & (i < 3 * sec[2])] = 2
-    else:
-        raise InvalidAttributeError(f"{name}: mrope_layout must be 0 (sectioned) or 1 (interleaved), "
-                                    f"got {mrope_layout}")
-    check_indices(name, pos, 0, cos_cache.shape[0], "position id")
-    tok_pos = pos[which[None, None, :], np.arange(B)[:, None, None], np.arange(S)[None, :, None]]  # (B,S,half)
-    cos_t = np.ascontiguousarray(_f32(cos_cache)[tok_pos, i[None, None, :]])
-    sin_t = np.ascontiguousarray(_f32(sin_cache)[tok_pos, i[None, None, :]])
-    _rope_apply(x4, cos_t, sin_t, seq_second, interleaved, name)
-    return x4.reshape(input.shape).astype(input.dtype, copy=False)
 
 
 # -- MultiHeadAttention --------------------------------------------------------------------------

@@ -61,13 +61,13 @@ def _rand(*shape, dt=np.float32):
 
 
 def test_registered():
-    for mod, names in ((kq, ("MatMulNBits", "GatherBlockQuantized")),
-                       (katt, ("RotaryEmbedding", "MRotaryEmbedding"))):
+    for mod, names in ((kq, ("MatMulNBits", "GatherBlockQuantized")),):
         for n in names:
             impl = registry.resolve(MS, n, 1, CUDA)
             assert impl is not None and impl.fn is getattr(mod, n)
     # The lengths and positions are read (and validated) on the host, where a decoder computes them.
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn is katt.launch_gqa
+    assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).fn is katt.launch_rope
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).host_inputs == (5, 6, 9)
     assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).host_inputs == (1,)
     assert registry.resolve(MS, "MRotaryEmbedding", 1, CUDA).host_inputs == (1,)
@@ -333,9 +333,10 @@ def test_rotary_embedding_f16_and_bad_position():
     pos = np.array([[0, 5], [3, 1]], np.int64)
     (got,), (want,) = _run("RotaryEmbedding", [_rand(2, 2, 8, dt=np.float16), pos, cos, sin], num_heads=2)
     _close(got, want, np.float16)
-    f = registry.resolve(MS, "RotaryEmbedding", 1, CUDA).fn
+    f = registry.bind(registry.resolve(MS, "RotaryEmbedding", 1, CUDA),
+                      _ctx("RotaryEmbedding", {"num_heads": 2}, 4, 1, CUDA))
     with pytest.raises(IndexOutOfRangeError):
-        f(rc.to_device(_rand(2, 2, 8)), rc.to_device(pos + 1), rc.to_device(cos), rc.to_device(sin), num_heads=2)
+        f(rc.to_device(_rand(2, 2, 8)), rc.to_device(pos + 1), rc.to_device(cos), rc.to_device(sin))
 
 
 @pytest.mark.parametrize("layout,interleaved", [(0, 0), (1, 0), (0, 1)])

@@ -53,15 +53,16 @@ import numpy as np
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ops._common import check_indices
 from ops.contrib_attention import resident_rows
 from ops.group_query_attention import (Gqa, bind_gqa, gqa_extras, gqa_geometry, gqa_inputs, gqa_positions,
                                        positions_2d, raise_gqa_error)
 from ops.registry import op
+from ops.rotary_embedding import (Rope, bind_mrope, bind_rope, positions_of, raise_rope_error, rope_check,
+                                  rope_geometry, rope_inputs)
 from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, fill0, flat, grid1d, host_array,
                       row_threads, unravel4, upload_small)
 
-__all__ = ["launch_gqa", "RotaryEmbedding", "MRotaryEmbedding", "MAX_HEAD_SIZE"]
+__all__ = ["launch_gqa", "launch_rope", "MAX_HEAD_SIZE"]
 
 _MS = "com.microsoft"
 _CUDA = "CUDAExecutionProvider"
@@ -519,98 +520,34 @@ def _rope_kernel(x, y, A1, A2, D, seq_second, B, S, rot, interleaved, cos, sin, 
         y[i] = _rot_elem(x, i - d, d, rot, interleaved, cos, sin, p, cw)
 
 
-def _rope_layout(name, x, cos_cache, num_heads, rotary_embedding_dim):
-    """(A1, A2, D, seq_second, B, S, rot) for a 3-d (B,S,hidden) or 4-d (B,H,S,D) input, checked like the CPU."""
-    if cos_cache.ndim != 2:
-        raise ShapeMismatchError(f"{name}: cos_cache must be 2-d, got shape {list(cos_cache.shape)}")
-    rot = int(rotary_embedding_dim) or 2 * int(cos_cache.shape[1])
-    if rot != 2 * cos_cache.shape[1]:
-        raise ShapeMismatchError(f"{name}: rotary_embedding_dim {rot} needs cos/sin caches of width {rot // 2}, "
-                                 f"got {cos_cache.shape[1]}")
-    shp = tuple(int(v) for v in x.shape)
-    if x.ndim == 4:
-        B, H, S, D = shp
-        A1, A2, seq_second = H, S, False
-    elif x.ndim == 3:
-        B, S, hidden = shp
-        if int(rotary_embedding_dim) and int(num_heads) <= 0:
-            raise InvalidAttributeError(f"{name}: rotary_embedding_dim needs num_heads for a 3-d input")
-        D = hidden // int(num_heads) if int(num_heads) > 0 else rot
-        if D <= 0 or hidden % D:
-            raise ShapeMismatchError(f"{name}: hidden size {hidden} is not a multiple of the head size {D}")
-        A1, A2, seq_second = S, hidden // D, True
-    else:
-        raise ShapeMismatchError(f"{name}: input must be 3-d (batch, seq, hidden) or 4-d (batch, heads, seq, "
-                                 f"head_size), got shape {list(x.shape)}")
-    if rot > D or rot % 2:
-        raise ShapeMismatchError(f"{name}: rotary dim {rot} does not fit head size {D}")
-    return A1, A2, D, seq_second, B, S, rot
+def launch_rope(b: Rope, ctx=None):
+    """The CUDA implementation of RotaryEmbedding and MRotaryEmbedding, written once in
+    ``ops/rotary_embedding.py`` (their binds, their checks and messages): one thread per output element; the
+    positions are validated on the host, then read on the device through ``upload_small``."""
+
+    def run(input, position_ids, cos_cache, sin_cache):
+        check_device(b.op, input=input, cos_cache=cos_cache, sin_cache=sin_cache)
+        rope_inputs(b, input, cos_cache, sin_cache)
+        ph = host_array(b.op, "position_ids", position_ids)
+        pos, p0, pb, ps = positions_of(ph)
+        cw = int(cos_cache.shape[1])
+        err, B, S, nh, D, rot, seq_second = rope_geometry(_shape(input, input.ndim), b.H, b.rot_attr, cw)
+        if not err:
+            err = rope_check(pos, p0, pb, ps, B, S, _shape(cos_cache, 2), _shape(sin_cache, 2), rot // 2, b.mrope,
+                             b.s0, b.s1, b.s2)
+        if err:
+            raise_rope_error(b, err)
+        A1, A2 = (S, nh) if seq_second else (nh, S)
+        pos_mode = 3 if b.mrope else (1 if ph.size == 1 else 2)
+        y = rc.device_empty(tuple(input.shape), input.dtype)
+        if y.size:
+            blocks, threads = grid1d(y.size)
+            _rope_kernel[blocks, threads](flat(input), flat(y), A1, A2, D, seq_second, B, S, rot, b.interleaved,
+                                          flat(cos_cache), flat(sin_cache), cw, flat(upload_small(ph)), pos_mode,
+                                          b.s0, b.s1, b.s2, b.layout)
+        return y
+    return run
 
 
-def _rope_launch(x, cos_cache, sin_cache, lay, interleaved, pos, pos_mode, sec=(0, 0, 0), layout=0):
-    A1, A2, D, seq_second, B, S, rot = lay
-    y = rc.device_empty(tuple(x.shape), x.dtype)
-    if y.size:
-        blocks, threads = grid1d(y.size)
-        _rope_kernel[blocks, threads](flat(x), flat(y), A1, A2, D, seq_second, B, S, rot, bool(int(interleaved)),
-                                      flat(cos_cache), flat(sin_cache), int(cos_cache.shape[1]), flat(pos), pos_mode,
-                                      sec[0], sec[1], sec[2], layout)
-    return y
-
-
-def _check_caches(name, cos_cache, sin_cache):
-    if tuple(sin_cache.shape) != tuple(cos_cache.shape):
-        raise ShapeMismatchError(f"{name}: cos_cache and sin_cache must be 2-d and alike, got "
-                                 f"{list(cos_cache.shape)} and {list(sin_cache.shape)}")
-
-
-@op("RotaryEmbedding", 1, domain=_MS, provider=_CUDA, host_inputs=(1,))
-def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0, is_packed_batching=0,
-                    num_heads=0, rotary_embedding_dim=0, scale=1.0):
-    """Rotary embedding of a (B,S,hidden) or (B,H,S,D) tensor; positions validated on the host."""
-    name = "RotaryEmbedding"
-    if int(is_packed_batching):
-        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    check_device(name, input=input, cos_cache=cos_cache, sin_cache=sin_cache)
-    position_ids = host_array(name, "position_ids", position_ids)
-    lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
-    B, S = lay[4], lay[5]
-    _check_caches(name, cos_cache, sin_cache)
-    if position_ids.size == 1:
-        pos_mode = 1
-    elif tuple(position_ids.shape) == (B, S):
-        pos_mode = 2
-    else:
-        raise ShapeMismatchError(f"{name}: position_ids must have shape [1] or {[B, S]}, got "
-                                 f"{list(position_ids.shape)}")
-    ph = position_ids.astype(np.int64).reshape(-1)
-    pos = np.broadcast_to(ph[0] + np.arange(S, dtype=np.int64), (B, S)) if pos_mode == 1 else ph
-    check_indices(name, pos, 0, int(cos_cache.shape[0]), "position id")
-    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, upload_small(position_ids), pos_mode)
-
-
-@op("MRotaryEmbedding", 1, domain=_MS, provider=_CUDA, host_inputs=(1,))
-def MRotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, mrope_section=(), mrope_layout=0,
-                     interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0, scale=1.0):
-    """Multimodal rotary embedding: position_ids (3, B, S) streams picked per half-dim from mrope_section."""
-    name = "MRotaryEmbedding"
-    if int(is_packed_batching):
-        raise InvalidAttributeError(f"{name}: is_packed_batching=1 is not supported by this kernel")
-    check_device(name, input=input, cos_cache=cos_cache, sin_cache=sin_cache)
-    position_ids = host_array(name, "position_ids", position_ids)
-    lay = _rope_layout(name, input, cos_cache, num_heads, rotary_embedding_dim)
-    B, S, rot = lay[4], lay[5], lay[6]
-    _check_caches(name, cos_cache, sin_cache)
-    half = rot // 2
-    sec = [int(v) for v in mrope_section]
-    if len(sec) != 3 or min(sec) < 0 or sum(sec) != half:
-        raise InvalidAttributeError(f"{name}: mrope_section must be 3 non-negative integers summing to {half}, "
-                                    f"got {sec}")
-    if int(mrope_layout) not in (0, 1):
-        raise InvalidAttributeError(f"{name}: mrope_layout must be 0 (sectioned) or 1 (interleaved), "
-                                    f"got {mrope_layout}")
-    if tuple(position_ids.shape) != (3, B, S):
-        raise ShapeMismatchError(f"{name}: position_ids must have shape {[3, B, S]}, got {list(position_ids.shape)}")
-    check_indices(name, position_ids.astype(np.int64), 0, int(cos_cache.shape[0]), "position id")
-    return _rope_launch(input, cos_cache, sin_cache, lay, interleaved, upload_small(position_ids), 3, sec,
-                        int(mrope_layout))
+for _name, _bind in (("RotaryEmbedding", bind_rope), ("MRotaryEmbedding", bind_mrope)):
+    op(_name, 1, domain=_MS, provider=_CUDA, host_inputs=(1,), bind=_bind)(launch_rope)

@@ -25,7 +25,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from runtime.errors import ShapeMismatchError
 
 from . import compiled_forms as _cf
 from . import contrib_norm as _cn
@@ -59,27 +58,21 @@ _TILE_ELEMS = _cq._TILE_ELEMS
 
 @njit(**_OPTS)
 def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
-    """MatMulNBits over A (M, K) float32: (out (M, N), error code).  zp_mode 0 none, 1 packed uint8, 2 float."""
+    """MatMulNBits over A (M, K) float32: (out (M, N), error code into ``MNB_ERRORS``).  zp_mode 0 none, 1 packed
+    uint8, 2 float."""
     nb = (K + bs - 1) // bs
     blob = bs * bits // 8
     M = a2.shape[0]
-    if a2.shape[1] != K:
-        return np.empty((0, 0), np.float32), 1
-    if b.size != N * nb * blob:
-        return np.empty((0, 0), np.float32), 2
-    if scales.size != N * nb:
-        return np.empty((0, 0), np.float32), 3
+    err = _cq.mnb_check(a2.shape[1], True, b.size, scales.size, zp_mode, zp.size, bias.size if has_bias else -1,
+                        K, N, bits, nb, blob)
+    if err:
+        return np.empty((0, 0), np.float32), err
     sc = scales.reshape((N, nb))
     has_zp = zp_mode != 0
     if zp_mode == 1:
-        per_row = (nb * bits + 7) // 8
-        if zp.size != N * per_row:
-            return np.empty((0, 0), np.float32), 4
         zf = np.empty((N, nb), np.float32)
-        _cq.unpack_codes(zp.reshape((N, per_row)), bits, nb, zf)
+        _cq.unpack_codes(zp.reshape((N, (nb * bits + 7) // 8)), bits, nb, zf)
     elif zp_mode == 2:
-        if zp.size != N * nb:
-            return np.empty((0, 0), np.float32), 4
         zf = zp.reshape((N, nb)).astype(np.float32)
     else:
         zf = np.zeros((1, 1), np.float32)
@@ -126,8 +119,6 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
                 dequant_tile_par(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
             out[:, n0:n0 + rows] = np.dot(af, wt.T)
     if has_bias:
-        if bias.size != N:
-            return np.empty((0, 0), np.float32), 5
         out += bias.reshape((1, N))
     return out, 0
 
@@ -245,52 +236,43 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias):
     return out, 0
 
 
-def _repack_int4(b, scales, zp, zp_mode, N, K, bs):
-    """Plan-time ``_cq.int4_layout`` arrays; None if malformed (the run-time path reports it)."""
-    nb = (K + bs - 1) // bs
-    b = np.asarray(b)
-    if b.dtype != np.uint8 or b.size != N * nb * (bs // 2) or np.asarray(scales).size != N * nb:
+def _valid(m, b, scales, zp, zp_mode) -> bool:
+    """The constant weights fit the bound attributes (when not, the run-time path reports it)."""
+    b, scales = np.asarray(b), np.asarray(scales)
+    return not _cq.mnb_check(m.K, b.dtype == np.uint8, b.size, scales.size, zp_mode,
+                             0 if zp is None else np.asarray(zp).size, -1, m.K, m.N, m.bits, m.nb, m.blob)
+
+
+def _zero_points(m, zp, zp_mode):
+    return _cq._unpack_zero_points(np.asarray(zp), m.N, m.nb, m.bits) if zp_mode else None
+
+
+def _repack_int4(m, b, scales, zp, zp_mode):
+    """Plan-time ``_cq.int4_layout`` arrays; None if malformed."""
+    if not _valid(m, b, scales, zp, zp_mode):
         return None
-    sc = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(N, nb))
-    if zp_mode:
-        try:
-            zf = _cq._unpack_zero_points(np.asarray(zp), N, nb, 4, "MatMulNBits")
-        except ShapeMismatchError:
-            return None
-    else:
-        zf = np.zeros((1, 1), np.float32)
-    return _cq.int4_layout(np.ascontiguousarray(b.reshape(N, nb, bs // 2)), sc, zf, zp_mode != 0)
+    sc = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(m.N, m.nb))
+    zf = _zero_points(m, zp, zp_mode) if zp_mode else np.zeros((1, 1), np.float32)
+    return _cq.int4_layout(np.ascontiguousarray(np.asarray(b).reshape(m.N, m.nb, m.blob)), sc, zf, zp_mode != 0)
 
 
-def _repack(b, scales, zp, zp_mode, N, K, bits, bs):
+def _repack(m, b, scales, zp, zp_mode):
     """Plan-time (n_blocks, blob, N) codes, (n_blocks, N) scales and float zero points; None if malformed."""
-    nb = (K + bs - 1) // bs
-    blob = bs * bits // 8
-    b = np.asarray(b)
-    if b.dtype != np.uint8 or b.size != N * nb * blob or np.asarray(scales).size != N * nb:
+    if not _valid(m, b, scales, zp, zp_mode):
         return None
-    bt = np.ascontiguousarray(b.reshape(N, nb, blob).transpose(1, 2, 0))
-    sct = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(N, nb).T)
-    if zp_mode:
-        try:
-            zf = _cq._unpack_zero_points(np.asarray(zp), N, nb, bits, "MatMulNBits")
-        except ShapeMismatchError:
-            return None  # the run-time path reports it
-    else:
-        zf = np.zeros((N, 1), np.float32)
+    bt = np.ascontiguousarray(np.asarray(b).reshape(m.N, m.nb, m.blob).transpose(1, 2, 0))
+    sct = np.ascontiguousarray(np.asarray(scales, np.float32).reshape(m.N, m.nb).T)
+    zf = _zero_points(m, zp, zp_mode) if zp_mode else np.zeros((m.N, 1), np.float32)
     return bt, sct, np.ascontiguousarray(zf.T)
 
 
-@form("MatMulNBits", domain=MS)
-def _matmul_nbits(e):
-    a = e.attrs
+def _matmul_nbits(e, m):
+    """The region form: the bound op's constants repacked at plan time when B, scales and zero points are
+    initializers, its codes raised from ``MNB_ERRORS``."""
     _float_only(e, 0, 2, 5)
-    K, N = int(a.get("K", 0)), int(a.get("N", 0))
-    bits, bs = int(a.get("bits", 4)), int(a.get("block_size", 0))
-    if bits not in (4, 8) or bs < 16 or bs & (bs - 1) or K <= 0 or N <= 0:
-        raise Decline("attributes")
-    if e.dtype(1) != np.uint8 or e.has(4):
-        raise Decline("B dtype or g_idx")
+    if m.K <= 0 or m.N <= 0 or e.dtype(1) != np.uint8 or e.has(4):
+        raise Decline("sizes, B dtype or g_idx")
+    K, N, bits, bs = m.K, m.N, m.bits, m.bs
     ra = e.rank(0)
     if ra < 1:
         raise Decline("rank")
@@ -300,7 +282,7 @@ def _matmul_nbits(e):
         zp_mode = 1 if zdt == np.uint8 else 2 if zdt == F32 else -1
         if zp_mode < 0:
             raise Decline("zero point dtype")
-    quant = int(a.get("accuracy_level", 0)) == 4 and zp_mode != 2
+    quant = m.level4 and zp_mode != 2
     k = e.use(__name__, "mnb_f32")
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
     zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
@@ -309,9 +291,9 @@ def _matmul_nbits(e):
     packed = int4 = None
     if e.const(1) is not None and e.const(2) is not None and (zp_mode == 0 or e.const(3) is not None):
         if _cq.int4_path(bits, bs, quant, None):
-            int4 = _repack_int4(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bs)
+            int4 = _repack_int4(m, e.const(1), e.const(2), e.const(3), zp_mode)
         else:
-            packed = _repack(e.const(1), e.const(2), e.const(3), zp_mode, N, K, bits, bs)
+            packed = _repack(m, e.const(1), e.const(2), e.const(3), zp_mode)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
             f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant})")
     if int4 is not None:
@@ -331,13 +313,12 @@ def _matmul_nbits(e):
                f"    {{p}}_y, {{p}}_err = {call}")
     else:
         e.line(f"{{p}}_y, {{p}}_err = {call}")
-    _raise_on(e, "{p}_err", [
-        (1, "ShapeMismatchError", f"A must end in K={K}"),
-        (2, "ShapeMismatchError", f"B must be uint8 [N={N}, n_blocks, blob]"),
-        (3, "ShapeMismatchError", "scales must have N*n_blocks elements"),
-        (4, "ShapeMismatchError", "zero_points do not match N and n_blocks"),
-        (5, "ShapeMismatchError", f"bias must have N={N} elements")])
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in _cq.MNB_ERRORS.items() if c <= 5])
     e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(lead + [str(N)])},))")
+
+
+
+form("MatMulNBits", domain=MS, bind=_cq.bind_mnb)(_matmul_nbits)
 
 
 # -- GatherBlockQuantized --------------------------------------------------------------------------

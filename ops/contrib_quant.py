@@ -46,8 +46,10 @@ Invariants: inputs are never written; outputs are fresh arrays of A's (MatMulNBi
 """
 from __future__ import annotations
 
-import numba
 import math
+from typing import NamedTuple
+
+import numba
 
 import numpy as np
 from numba import njit, prange
@@ -58,7 +60,7 @@ from ._common import F32, check_indices
 from ._fastmath import FAST
 from .registry import op
 
-__all__ = ["matmul_nbits"]
+__all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
 
 _ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
@@ -422,68 +424,126 @@ def unpack_codes(packed, bits, n, out):
             out[r, t] = (np.int32(packed[r, t // per]) >> ((t % per) * bits)) & mask
 
 
-def _unpack_zero_points(zp, n, nb, bits, name):
-    """Zero points as float32 [N, nb]: packed uint8 codes or floats."""
+def _unpack_zero_points(zp, n, nb, bits):
+    """Zero points (checked by ``mnb_check``) as float32 [N, nb]: packed uint8 codes or floats."""
     if zp.dtype == np.uint8:
-        per_row = (nb * bits + 7) // 8
-        if zp.size != n * per_row:
-            raise ShapeMismatchError(f"{name}: packed zero_points must hold N*ceil(n_blocks*bits/8) = "
-                                     f"{n * per_row} bytes, got shape {list(zp.shape)}")
         z = np.empty((n, nb), F32)
-        unpack_codes(np.ascontiguousarray(zp).reshape(n, per_row), bits, nb, z)
+        unpack_codes(np.ascontiguousarray(zp).reshape(n, (nb * bits + 7) // 8), bits, nb, z)
         return z
-    if zp.size != n * nb:
-        raise ShapeMismatchError(f"{name}: float zero_points must have N*n_blocks = {n * nb} elements, "
-                                 f"got shape {list(zp.shape)}")
     return np.ascontiguousarray(zp.reshape(n, nb), dtype=F32)
 
 
-def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size=0,
-                 accuracy_level=0, cache=None, name="MatMulNBits"):
-    """The op as a function (the node wrapper binds attributes and a per-node constant cache)."""
+class Mnb(NamedTuple):
+    """A MatMulNBits node bound at plan time."""
+
+    K: int
+    N: int
+    bits: int
+    bs: int               # block_size
+    nb: int               # blocks per column: ceil(K / block_size)
+    blob: int             # bytes per block
+    level4: bool          # accuracy_level 4: A quantized to int8 per block (unless zero points are floats)
+
+
+def bind_mnb(ctx, K, N, bits=4, block_size=0, accuracy_level=0) -> Mnb:
     K, N, bits, bs = int(K), int(N), int(bits), int(block_size)
     if bits not in (4, 8):
-        raise InvalidAttributeError(f"{name}: bits must be 4 or 8, got {bits}")
+        raise InvalidAttributeError(f"MatMulNBits: bits must be 4 or 8, got {bits}")
     if bs < 16 or bs & (bs - 1):
-        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
-    nb = (K + bs - 1) // bs
-    blob = bs * bits // 8
-    if a.shape[-1:] != (K,):
-        raise ShapeMismatchError(f"{name}: A must end in K={K}, got shape {list(a.shape)}")
-    if b.dtype != np.uint8 or b.size != N * nb * blob:
-        raise ShapeMismatchError(f"{name}: B must be uint8 [N={N}, n_blocks={nb}, blob={blob}], got "
-                                 f"{b.dtype} {list(b.shape)}")
-    if scales.size != N * nb:
-        raise ShapeMismatchError(f"{name}: scales must have N*n_blocks = {N * nb} elements, got shape "
-                                 f"{list(scales.shape)}")
+        raise InvalidAttributeError(f"MatMulNBits: block_size must be a power of two >= 16, got {bs}")
+    return Mnb(K, N, bits, bs, (K + bs - 1) // bs, bs * bits // 8, int(accuracy_level) == 4)
+
+
+MNB_ERRORS = {
+    1: ("ShapeMismatchError", "A's last dim must be K"),
+    2: ("ShapeMismatchError", "B must be uint8 holding N * n_blocks * (block_size * bits / 8) bytes"),
+    3: ("ShapeMismatchError", "scales must have N * n_blocks elements"),
+    4: ("ShapeMismatchError", "zero_points must hold N * ceil(n_blocks * bits / 8) packed bytes, or N * n_blocks "
+                              "floats"),
+    5: ("ShapeMismatchError", "bias must have N elements"),
+    6: ("ShapeMismatchError", "g_idx must have K entries"),
+    7: ("IndexOutOfRangeError", "a g_idx entry is outside [0, n_blocks)"),
+}
+
+
+def raise_mnb_error(code: int, detail: str = ""):
+    from runtime import errors
+    cls, msg = MNB_ERRORS[code]
+    raise getattr(errors, cls)(f"MatMulNBits: {msg}{detail}")
+
+
+def zp_mode_of(zero_points, g_idx) -> int:
+    """0 no zero points (or packed ones beside a g_idx, which onnxruntime 1.32 ignores), 1 packed uint8,
+    2 floats."""
+    if zero_points is None or (g_idx is not None and zero_points.dtype == np.uint8):
+        return 0
+    return 1 if zero_points.dtype == np.uint8 else 2
+
+
+@njit(cache=True, nogil=True)
+def mnb_check(a_last, b_u8, b_size, s_size, zp_mode, zp_size, bias_size, K, N, bits, nb, blob):
+    """The inputs against the bound attributes: an error code into ``MNB_ERRORS`` (0: they fit);
+    ``bias_size`` is -1 without a bias."""
+    if a_last != K:
+        return 1
+    if not b_u8 or b_size != N * nb * blob:
+        return 2
+    if s_size != N * nb:
+        return 3
+    if (zp_mode == 1 and zp_size != N * ((nb * bits + 7) // 8)) or (zp_mode == 2 and zp_size != N * nb):
+        return 4
+    if bias_size >= 0 and bias_size != N:
+        return 5
+    return 0
+
+
+def check_inputs(m: Mnb, a, b, scales, zero_points, g_idx, bias) -> int:
+    """``mnb_check`` on the node's inputs (host or device arrays), raising its error; returns the zero-point
+    mode.  A g_idx must be a host array here."""
+    zp_mode = zp_mode_of(zero_points, g_idx)
+    err = mnb_check(int(a.shape[a.ndim - 1]) if a.ndim else -1, np.dtype(b.dtype) == np.uint8, int(b.size),
+                    int(scales.size), zp_mode, 0 if zero_points is None else int(zero_points.size),
+                    -1 if bias is None else int(bias.size), m.K, m.N, m.bits, m.nb, m.blob)
+    if err:
+        raise_mnb_error(err, f" (K={m.K}, N={m.N}, bits={m.bits}, block_size={m.bs}; A {list(a.shape)}, B "
+                             f"{list(b.shape)}, scales {list(scales.shape)})")
+    return zp_mode
+
+
+def groups_of(m: Mnb, g_idx):
+    """A host g_idx checked: None when absent or trivial (``k // block_size``), else the int64 groups."""
+    if g_idx is None:
+        return None
+    gi = np.asarray(g_idx).reshape(-1).astype(np.int64)
+    if gi.size != m.K:
+        raise_mnb_error(6, f" (K={m.K}), got shape {list(np.shape(g_idx))}")
+    if gi.size and (gi.min() < 0 or gi.max() >= m.nb):
+        raise_mnb_error(7, f" (n_blocks={m.nb})")
+    return None if np.array_equal(gi, np.arange(m.K) // m.bs) else gi
+
+
+def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, cache=None):
+    """The op on one set of inputs (the node wrapper passes a per-node constant cache)."""
+    K, N, bits, bs, nb, blob = m.K, m.N, m.bits, m.bs, m.nb, m.blob
+    zp_mode = check_inputs(m, a, b, scales, zero_points, g_idx, bias)
+    has_zp = zp_mode != 0
     cache = {} if cache is None else cache
     key = (scales, zero_points, g_idx)
     hit = cache.get("consts")
     if hit is None or any(x is not y for x, y in zip(hit[0], key)):
         sc = np.ascontiguousarray(scales.reshape(N, nb), dtype=F32)
-        # onnxruntime (1.32) ignores packed uint8 zero points when g_idx is given: mirror it.
-        has_zp = zero_points is not None and not (g_idx is not None and zero_points.dtype == np.uint8)
-        zf = _unpack_zero_points(zero_points, N, nb, bits, name) if has_zp else np.zeros((1, 1), F32)
-        grp = None
-        if g_idx is not None:
-            gi = np.asarray(g_idx).reshape(-1).astype(np.int64)
-            if gi.size != K:
-                raise ShapeMismatchError(f"{name}: g_idx must have K={K} entries, got shape {list(g_idx.shape)}")
-            check_indices(name, gi, 0, nb, "g_idx entry")
-            if not np.array_equal(gi, np.arange(K) // bs):
-                grp = gi
-        hit = (key, sc, zf, has_zp, grp)
-        cache["consts"] = hit
-    _, sc, zf, has_zp, grp = hit
+        zf = _unpack_zero_points(zero_points, N, nb, bits) if has_zp else np.zeros((1, 1), F32)
+        hit = cache["consts"] = (key, sc, zf, groups_of(m, g_idx))
+    _, sc, zf, grp = hit
     zdef = np.float32(1 << (bits - 1))
     b3 = b.reshape(N, nb, blob)
     dt = a.dtype
     a2 = a.reshape(-1, K)
-    m = a2.shape[0]
-    out = np.empty((m, N), F32)
+    rows_a = a2.shape[0]
+    out = np.empty((rows_a, N), F32)
     # onnxruntime's int8 path (level 4) quantizes A per block; with float zero points it keeps float A.
-    quant = int(accuracy_level) == 4 and not (has_zp and zero_points.dtype != np.uint8)
-    if m == 0 or N == 0:
+    quant = m.level4 and zp_mode != 2
+    if rows_a == 0 or N == 0:
         pass
     elif K == 0:
         out[...] = 0
@@ -501,10 +561,10 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
         finally:
             if nt != nt_max:
                 numba.set_num_threads(nt_max)
-    elif m <= _ROWS_MAX and grp is None:
+    elif rows_a <= _ROWS_MAX and grp is None:
         a2 = np.ascontiguousarray(a2, dtype=F32)
-        asum = np.empty((m, nb), F32)
-        ascale = np.empty((m, nb), F32)
+        asum = np.empty((rows_a, nb), F32)
+        ascale = np.empty((rows_a, nb), F32)
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.
         # Waking threads costs more than a small weight takes to stream: one thread per 1 MiB packed.
         nt_max = numba.get_num_threads()
@@ -515,12 +575,12 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
             numba.set_num_threads(nt)
         try:
             if bits == 4:
-                ae = np.empty((m, nb, bs // 2), F32)
-                ao = np.empty((m, nb, bs // 2), F32)
+                ae = np.empty((rows_a, nb, bs // 2), F32)
+                ao = np.empty((rows_a, nb, bs // 2), F32)
                 _prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
                 _rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
             else:
-                ap = np.empty((m, nb, bs), F32)
+                ap = np.empty((rows_a, nb, bs), F32)
                 _prep_a8(a2, nb, bs, quant, ap, asum, ascale)
                 _rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
         finally:
@@ -530,7 +590,7 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     else:
         af = a2 if a2.dtype == F32 else a2.astype(F32)
         if quant:
-            fq = np.empty((m, K), F32)
+            fq = np.empty((rows_a, K), F32)
             _fake_quant_a(np.ascontiguousarray(af), bs, fq)
             af = fq
         g = grp if grp is not None else (np.arange(K, dtype=np.int64) // bs)
@@ -542,21 +602,17 @@ def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
             _dequant_tile(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
             np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
     if bias is not None:
-        if bias.size != N:
-            raise ShapeMismatchError(f"{name}: bias must have N={N} elements, got shape {list(bias.shape)}")
         out += bias.reshape(1, N).astype(F32)
     res = out.reshape(a.shape[:-1] + (N,))
     return res if dt == F32 else res.astype(dt)
 
 
-@op("MatMulNBits", 1, domain="com.microsoft", factory=True)
-def _matmul_nbits_factory(ctx, K, N, bits=4, block_size=0, accuracy_level=0):
+@op("MatMulNBits", 1, domain="com.microsoft", bind=bind_mnb)
+def _matmul_nbits_cpu(m: Mnb, ctx):
     cache = {}
-    name = f"MatMulNBits node {ctx.name!r}"
 
     def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
-        return matmul_nbits(a, b, scales, zero_points, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size,
-                            accuracy_level=accuracy_level, cache=cache, name=name)
+        return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache)
     return run
 
 

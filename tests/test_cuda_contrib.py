@@ -61,13 +61,14 @@ def _rand(*shape, dt=np.float32):
 
 
 def test_registered():
-    for mod, names in ((kq, ("MatMulNBits", "GatherBlockQuantized")),):
+    for mod, names in ((kq, ("GatherBlockQuantized",)),):
         for n in names:
             impl = registry.resolve(MS, n, 1, CUDA)
             assert impl is not None and impl.fn is getattr(mod, n)
     # The lengths and positions are read (and validated) on the host, where a decoder computes them.
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn is katt.launch_gqa
     assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).fn is katt.launch_rope
+    assert registry.resolve(MS, "MatMulNBits", 1, CUDA).fn is kq.launch_mnb
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).host_inputs == (5, 6, 9)
     assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).host_inputs == (1,)
     assert registry.resolve(MS, "MRotaryEmbedding", 1, CUDA).host_inputs == (1,)
@@ -120,7 +121,10 @@ def test_matmul_nbits_gidx_f16_lead_and_level4():
 
 def test_matmul_nbits_errors():
     ins = [rc.to_device(a) if a is not None else None for a in _mnb_inputs(1, 32, 3, 4, 16)]
-    f = registry.resolve(MS, "MatMulNBits", 1, CUDA).fn
+    impl = registry.resolve(MS, "MatMulNBits", 1, CUDA)
+
+    def f(*ins, **attrs):
+        return registry.bind(impl, _ctx("MatMulNBits", attrs, len(ins), 1, CUDA))(*ins)
     with pytest.raises(InvalidAttributeError):
         f(*ins, K=32, N=3, bits=3, block_size=16)
     with pytest.raises(InvalidAttributeError):

@@ -34,10 +34,11 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ops._common import check_indices
+from ops.contrib_quant import Mnb, bind_mnb, check_inputs, groups_of
 from ops.registry import op
 from ._common import MAX_ROW_THREADS, check_device, flat, grid1d
 
-__all__ = ["MatMulNBits", "GatherBlockQuantized"]
+__all__ = ["launch_mnb", "GatherBlockQuantized"]
 
 _MS = "com.microsoft"
 _CUDA = "CUDAExecutionProvider"
@@ -114,71 +115,37 @@ def _mnb_geometry(nbytes):
     return 256, 32
 
 
-def _unpack_check_zp(zp, n, nb, bits, name):
-    if zp.dtype == np.uint8:
-        per_row = (nb * bits + 7) // 8
-        if zp.size != n * per_row:
-            raise ShapeMismatchError(f"{name}: packed zero_points must hold N*ceil(n_blocks*bits/8) = "
-                                     f"{n * per_row} bytes, got shape {list(zp.shape)}")
-        return 1, per_row
-    if zp.size != n * nb:
-        raise ShapeMismatchError(f"{name}: float zero_points must have N*n_blocks = {n * nb} elements, "
-                                 f"got shape {list(zp.shape)}")
-    return 2, 0
+def launch_mnb(m: Mnb, ctx=None):
+    """The CUDA implementation of MatMulNBits, written once in ``ops/contrib_quant.py`` (its bind, its checks
+    and messages): ``A @ dequant(B)^T (+ bias)`` in float32 accumulation; see the module docstring."""
 
-
-@op("MatMulNBits", 1, domain=_MS, provider=_CUDA)
-def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size=0,
-                accuracy_level=0):
-    """``A @ dequant(B)^T (+ bias)`` in float32 accumulation; see the module docstring."""
-    name = "MatMulNBits"
-    check_device(name, A=A, B=B, scales=scales, zero_points=zero_points, g_idx=g_idx, bias=bias)
-    K, N, bits, bs = int(K), int(N), int(bits), int(block_size)
-    if bits not in (4, 8):
-        raise InvalidAttributeError(f"{name}: bits must be 4 or 8, got {bits}")
-    if bs < 16 or bs & (bs - 1):
-        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
-    nb = (K + bs - 1) // bs
-    blob = bs * bits // 8
-    ashape = tuple(A.shape)
-    if ashape[-1:] != (K,):
-        raise ShapeMismatchError(f"{name}: A must end in K={K}, got shape {list(ashape)}")
-    if np.dtype(A.dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
-        raise InvalidArgumentError(f"{name}: A must be float32 or float16, got {A.dtype}")
-    if np.dtype(B.dtype) != np.uint8 or B.size != N * nb * blob:
-        raise ShapeMismatchError(f"{name}: B must be uint8 [N={N}, n_blocks={nb}, blob={blob}], got "
-                                 f"{B.dtype} {list(B.shape)}")
-    if scales.size != N * nb:
-        raise ShapeMismatchError(f"{name}: scales must have N*n_blocks = {N * nb} elements, got shape "
-                                 f"{list(scales.shape)}")
-    has_g = False
-    grp = flat(scales)
-    if g_idx is not None:
-        gi = rc.to_host(g_idx).reshape(-1).astype(np.int64)  # small range check on the host (see docstring)
-        if gi.size != K:
-            raise ShapeMismatchError(f"{name}: g_idx must have K={K} entries, got shape {list(g_idx.shape)}")
-        check_indices(name, gi, 0, nb, "g_idx entry")
-        if not np.array_equal(gi, np.arange(K) // bs):
-            has_g = True
-            grp = flat(g_idx)
-    zmode, zrow = 0, 0
-    zarr = flat(scales)
-    if zero_points is not None and not (g_idx is not None and np.dtype(zero_points.dtype) == np.uint8):
-        zmode, zrow = _unpack_check_zp(zero_points, N, nb, bits, name)
-        zarr = flat(zero_points)
-    if bias is not None and bias.size != N:
-        raise ShapeMismatchError(f"{name}: bias must have N={N} elements, got shape {list(bias.shape)}")
-    M = int(np.prod(ashape[:-1], dtype=np.int64))
-    y = rc.device_empty(ashape[:-1] + (N,), A.dtype)
-    if M == 0 or N == 0:
+    def run(A, B, scales, zero_points=None, g_idx=None, bias=None):
+        name = "MatMulNBits"
+        check_device(name, A=A, B=B, scales=scales, zero_points=zero_points, g_idx=g_idx, bias=bias)
+        if np.dtype(A.dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise InvalidArgumentError(f"{name}: A must be float32 or float16, got {A.dtype}")
+        gi = None if g_idx is None else rc.to_host(g_idx)  # a small range check on the host (see docstring)
+        zmode = check_inputs(m, A, B, scales, zero_points, gi, bias)
+        grp = groups_of(m, gi)
+        zrow = (m.nb * m.bits + 7) // 8 if zmode == 1 else 0
+        zarr = flat(zero_points) if zmode else flat(scales)
+        ashape = tuple(A.shape)
+        M = int(np.prod(ashape[:-1], dtype=np.int64))
+        y = rc.device_empty(ashape[:-1] + (m.N,), A.dtype)
+        if M == 0 or m.N == 0:
+            return y
+        threads, lanes = _mnb_geometry(m.nb * m.blob)
+        cols = threads // lanes
+        grid = (-(-m.N // cols), -(-M // _ROWS))
+        _mnb_kernel[grid, threads](flat(A), flat(B), flat(scales), zarr, zmode,
+                                   flat(g_idx) if grp is not None else flat(scales), grp is not None,
+                                   flat(bias) if bias is not None else flat(scales), bias is not None, flat(y),
+                                   M, m.K, m.N, m.nb, m.blob, m.bits, m.bs, lanes, zrow)
         return y
-    threads, lanes = _mnb_geometry(nb * blob)
-    cols = threads // lanes
-    grid = (-(-N // cols), -(-M // _ROWS))
-    _mnb_kernel[grid, threads](flat(A), flat(B), flat(scales), zarr, zmode, grp, has_g,
-                               flat(bias) if bias is not None else flat(scales), bias is not None, flat(y),
-                               M, K, N, nb, blob, bits, bs, lanes, zrow)
-    return y
+    return run
+
+
+op("MatMulNBits", 1, domain=_MS, provider=_CUDA, bind=bind_mnb)(launch_mnb)
 
 
 # -- GatherBlockQuantized ----------------------------------------------------------------------------

@@ -227,3 +227,11 @@ def serial_twin(dispatcher, suffix="_serial"):
     g.__module__ = f.__module__
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
     return njit(cache=True, **opts)(g)
+
+
+def raise_coded(table: dict, code: int, op: str, detail: str = ""):
+    """Raise the error a typed check returned: ``table[code]`` is (class name in ``runtime.errors``, message),
+    the one table an op's CPU wrapper, region form and CUDA launch all raise from."""
+    from runtime import errors
+    cls, msg = table[code]
+    raise getattr(errors, cls)(f"{op}: {msg}{detail}")

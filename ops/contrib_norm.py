@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, lowp, norm_axis, out_buffer
+from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
 from ._fastmath import FAST, fexp
 from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
@@ -357,9 +357,7 @@ def row_norm(x, skip, scale, beta, bias, y, ax, eps, simplified, has_skip, has_b
 
 
 def raise_norm_error(b: RowNorm, code: int):
-    from runtime import errors
-    cls, msg = NORM_ERRORS[code]
-    raise getattr(errors, cls)(f"{b.op}: {msg}")
+    raise_coded(NORM_ERRORS, code, b.op)
 
 
 def _flat(p, cdt):

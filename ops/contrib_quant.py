@@ -56,7 +56,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _simd
-from ._common import F32, check_indices
+from ._common import F32, check_indices, raise_coded
 from ._fastmath import FAST
 from .registry import op
 
@@ -467,9 +467,7 @@ MNB_ERRORS = {
 
 
 def raise_mnb_error(code: int, detail: str = ""):
-    from runtime import errors
-    cls, msg = MNB_ERRORS[code]
-    raise getattr(errors, cls)(f"MatMulNBits: {msg}{detail}")
+    raise_coded(MNB_ERRORS, code, "MatMulNBits", detail)
 
 
 def zp_mode_of(zero_points, g_idx) -> int:

@@ -26,9 +26,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from runtime import errors
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import contrib_attention as ca
+from ._common import raise_coded
 from .attention import rope_tok_kernel
 from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
@@ -97,8 +97,7 @@ GQA_ERRORS = {
 
 
 def raise_gqa_error(code: int, detail: str = ""):
-    cls, msg = GQA_ERRORS[code]
-    raise getattr(errors, cls)(f"GroupQueryAttention: {msg}{detail}")
+    raise_coded(GQA_ERRORS, code, "GroupQueryAttention", detail)
 
 
 _UNSUPPORTED = ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "query_seqlens")

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from runtime import errors
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
+from ._common import raise_coded
 from .attention import rope_tok_kernel
 from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
@@ -84,8 +84,7 @@ ROPE_ERRORS = {
 
 
 def raise_rope_error(b: Rope, code: int):
-    cls, msg = ROPE_ERRORS[code]
-    raise getattr(errors, cls)(f"{b.op}: {msg}")
+    raise_coded(ROPE_ERRORS, code, b.op)
 
 
 def rope_inputs(b: Rope, x, cos_cache, sin_cache):

@@ -38,9 +38,9 @@ import numpy as np
 
 from ops import registry
 from . import cuda as rc
-from .errors import ModelLoadError, OnnxNumbaError, UnsupportedOpError
-from .executor import KernelError, liveness, raise_at
-from .ir import Graph, free_names, subgraphs
+from .errors import UnsupportedOpError
+from .ir import Graph
+from .planner import Slots, bind_node, frees_of, liveness, node_context, node_inputs, raise_at
 from .providers import CUDA_PROVIDER, PROVIDERS
 
 __all__ = ["CudaPlan", "SHAPE_OPS", "CUDA", "CPU_SHAPE", "CPU_ALLOWED"]
@@ -88,54 +88,73 @@ class CudaPlan:
         self.provider = provider
         self.device = device or PROVIDERS[provider]
         self.session_options = session_options
-        allow = set(getattr(session_options, "cuda_cpu_ops", None) or ())
-        slot_of: dict[str, int] = {"": 0}
-        values: list = [None]
-        dtype_of: dict[str, np.dtype | None] = {}
+        sl = Slots(graph)
+        self.init_slots, self.input_names, self.input_slots = sl.init_slots, sl.input_names, sl.input_slots
+        self.outer_names, self.outer_slots = sl.outer_names, sl.outer_slots
+        placement, impls = self._place(graph, sl, set(getattr(session_options, "cuda_cpu_ops", None) or ()))
+        self.output_names, self.output_slots = sl.outputs(graph)
+        self.slot_of = sl.slot_of
+        self.placement = {(node.name or f"#{i}"): kind for i, (node, kind) in enumerate(zip(graph.nodes, placement))}
+        step_reads, last_use, roots = liveness(graph, impls, sl.slot_of, len(sl.values), self.output_slots)
+        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
+        self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
+        discard = sl.discard()
+        self.producer = [None] * len(sl.values)  # slot -> step index of the node that writes it
+        self.steps, self.step_nodes, device_readers = [], [], set()
+        donated_names = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
+        for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
+            ins, captured, in_slots = node_inputs(node, sl.slot_of)
+            if kind == CUDA:
+                wants = tuple(H if k in impl.host_inputs else D for k in range(len(ins))) + (H,) * len(captured)
+                device_readers.update(s for s, w in zip(in_slots, wants) if w == D)
+            else:
+                wants = ((None,) if node.op_type in _METADATA_OPS else (H,)) * len(in_slots)
+            ctx = node_context(node, graph, ins, captured, provider=provider if kind == CUDA else CPU_PROVIDER,
+                               session_options=session_options,
+                               donated=(k for k, x in enumerate(ins) if x in donated_names and kind == CUDA))
+            fn = bind_node(impl, ctx, node)
+            outs = [sl.slot_of[o] if o else discard for o in node.outputs]
+            for s in outs:
+                self.producer[s] = i
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            self.steps.append((fn, in_slots, wants, out, frees_of(i, step_reads, last_use, self.init_slots)))
+            self.step_nodes.append(node)
+        self.step_kind = placement
+        self.nslots = len(sl.values)
+        self.template = sl.values
+        # Initializers a device kernel reads: uploaded once, here.
+        self.shadow_template = [None] * len(sl.values)
+        self.init_upload_bytes = 0
+        for s in sorted(device_readers & self.init_slots):
+            v = sl.values[s]
+            if isinstance(v, np.ndarray):
+                self.shadow_template[s] = upload(v)
+                self.init_upload_bytes += _nbytes(v)
+        self.round_trips: dict = {}
+        self._lock = threading.Lock()
 
-        def new_slot(name, value=None):
-            slot_of[name] = len(values)
-            values.append(value)
-            return slot_of[name]
+    def _place(self, graph, sl, allow) -> tuple[list, list]:
+        """Each node's placement (``CUDA``, ``CPU_SHAPE``, ``CPU_ALLOWED``) and kernel, and its output slots;
+        ``UnsupportedOpError`` for nodes with neither (nothing falls back to the CPU silently)."""
+        dtype_of = {name: np.dtype(arr.dtype) if isinstance(arr, np.ndarray) else None
+                    for name, arr in graph.initializers.items()}
 
-        def dtype(name):
-            if name in dtype_of:
-                return dtype_of[name]
-            vi = graph.value_info.get(name)
-            return None if vi is None or vi.dtype is None else np.dtype(vi.dtype)
+        def shape_dtype(name):
+            dt = dtype_of[name] if name in dtype_of else graph.value_info.get(name)
+            dt = getattr(dt, "dtype", dt)
+            return dt is None or np.dtype(dt) in _SHAPE_DTYPES
 
-        where: dict[str, str] = {}  # value -> H or D (static residence)
-        for name, arr in graph.initializers.items():
-            new_slot(name, arr)
-            where[name] = H
-            dtype_of[name] = np.dtype(arr.dtype) if isinstance(arr, np.ndarray) else None
-        self.init_slots = set(slot_of.values()) - {0}
-        self.input_names = [v.name for v in graph.inputs]
-        self.input_slots = [new_slot(n) for n in self.input_names]
-        self.outer_names = sorted(getattr(graph, "outer_names", set()) - set(slot_of))
-        self.outer_slots = [new_slot(n) for n in self.outer_names]
-        for n in self.input_names + self.outer_names:
-            where[n] = H
-
-        def is_shape_dtype(name, produced_on_host):
-            dt = dtype(name)
-            if dt is None:
-                return produced_on_host
-            return dt in _SHAPE_DTYPES
-
-        placement: list = []
-        impls: list = []
-        unsupported = []
+        where = dict.fromkeys(list(graph.initializers) + sl.input_names + sl.outer_names, H)  # static residence
+        placement, impls, unsupported = [], [], []
         for node in graph.nodes:
             ins = [x for x in node.inputs if x]
-            cuda_impl = registry.resolve(node.domain, node.op_type, node.opset, provider)
+            cuda_impl = registry.resolve(node.domain, node.op_type, node.opset, self.provider)
             std = node.domain in ("", "ai.onnx")
             kind = impl = None
             if std and (node.op_type in _METADATA_OPS or node.op_type == "Constant"):
                 kind = CPU_SHAPE
             elif std and node.op_type in SHAPE_OPS and all(where.get(x) == H for x in ins) \
-                    and all(is_shape_dtype(x, True) for x in ins) \
-                    and all(is_shape_dtype(o, True) for o in node.outputs if o):
+                    and all(shape_dtype(x) for x in ins) and all(shape_dtype(o) for o in node.outputs if o):
                 kind = CPU_SHAPE
             elif cuda_impl is not None:
                 kind, impl = CUDA, cuda_impl
@@ -147,95 +166,17 @@ class CudaPlan:
                     kind = None
             if kind is None:
                 unsupported.append((node.name, node.op_type, node.domain, node.opset))
-            for o in node.outputs:
-                if o:
-                    if o in slot_of and slot_of[o] != 0:
-                        raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r})")
-                    new_slot(o)
-                    where[o] = D if kind == CUDA else H
+            sl.produce(node)
+            where.update((o, D if kind == CUDA else H) for o in node.outputs if o)
             placement.append(kind)
             impls.append(impl)
         if unsupported:
-            err = UnsupportedOpError(unsupported, provider)
+            err = UnsupportedOpError(unsupported, self.provider)
             err.args = (err.args[0] + "\n(no node falls back to the CPU silently; to run these on the CPU with "
                         "their inputs copied across, name their op types or node names in "
                         "SessionOptions.cuda_cpu_ops)",)
             raise err
-
-        out_names = [v.name for v in graph.outputs]
-        for n in out_names:
-            if n not in slot_of:
-                raise ModelLoadError(f"graph output {n!r} is not produced by any node, input or initializer")
-        self.output_names = out_names
-        self.output_slots = [slot_of[n] for n in out_names]
-        self.slot_of = slot_of
-        self.placement = {(node.name or f"#{i}"): kind for i, (node, kind) in enumerate(zip(graph.nodes, placement))}
-
-        # Liveness and aliasing, as in Plan.
-        step_reads, last_use, roots = liveness(graph, impls, slot_of, len(values), self.output_slots)
-        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots)
-        self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
-
-        # Steps.
-        discard = len(values)
-        values.append(None)
-        self.producer = [None] * len(values)  # slot -> step index of the node that writes it
-        steps = []
-        self.step_nodes = []
-        device_readers = set()
-        # With kv_share_buffer the caller donates the graph inputs that one node alone reads (and that are not
-        # outputs): that node's kernel may write into them (GroupQueryAttention appends to a max-length cache).
-        donated_names = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
-        for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
-            ins = list(node.inputs)
-            while ins and not ins[-1]:
-                ins.pop()
-            captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
-            in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
-            if kind == CUDA:
-                wants = tuple(H if k in impl.host_inputs else D for k in range(len(ins))) + (H,) * len(captured)
-                device_readers.update(s for s, w in zip(in_slots, wants) if w == D)
-            elif node.op_type in _METADATA_OPS:
-                wants = (None,) * len(in_slots)
-            else:
-                wants = (H,) * len(in_slots)
-            ctx = registry.OpContext(
-                name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
-                attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
-                input_types=[graph.value_info.get(x) if x else None for x in ins],
-                output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
-                out=[None] * len(node.outputs), provider=provider if kind == CUDA else CPU_PROVIDER,
-                outputs_used=[bool(x) for x in node.outputs], node=node, graph=graph,
-                session_options=session_options, captured=captured,
-                donated=frozenset(k for k, x in enumerate(ins) if x in donated_names) if kind == CUDA
-                else frozenset())
-            try:
-                fn = registry.bind(impl, ctx)
-            except OnnxNumbaError:
-                raise
-            except Exception as e:
-                raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
-            outs = [slot_of[o] if o else discard for o in node.outputs]
-            for s in outs:
-                self.producer[s] = i
-            out = outs[0] if len(outs) == 1 else tuple(outs)
-            frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
-            steps.append((fn, in_slots, wants, out, frees))
-            self.step_nodes.append(node)
-        self.steps = steps
-        self.step_kind = placement
-        self.nslots = len(values)
-        self.template = values
-        # Initializers a device kernel reads: uploaded once, here.
-        self.shadow_template = [None] * len(values)
-        self.init_upload_bytes = 0
-        for s in sorted(device_readers & self.init_slots):
-            v = values[s]
-            if isinstance(v, np.ndarray):
-                self.shadow_template[s] = upload(v)
-                self.init_upload_bytes += _nbytes(v)
-        self.round_trips: dict = {}
-        self._lock = threading.Lock()
+        return placement, impls
 
     # -- introspection ---------------------------------------------------------------------------
     def weight_bytes_per_run(self) -> int:

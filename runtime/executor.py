@@ -28,16 +28,14 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ops import registry
-from .errors import OnnxNumbaError, UnsupportedOpError
+from .errors import UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
+from .planner import KernelError, Slots, bind_node, check_static_sizes, frees_of, liveness, node_context, \
+    node_inputs, raise_at
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
 __all__ = ["Plan", "DirectCall", "KernelError", "liveness", "raise_at"]
-
-
-class KernelError(OnnxNumbaError, RuntimeError):
-    """A kernel failed while running a node."""
 
 
 def _getter(slots):
@@ -46,45 +44,6 @@ def _getter(slots):
     if len(slots) == 0:
         return itemgetter(slice(0, 0))
     return itemgetter(*slots)
-
-
-def liveness(graph, impls, slot_of, nslots, output_slots):
-    """(slots each step reads, the last step reading each slot, alias roots of each slot).
-
-    Subgraph captures count as reads; graph outputs live past the last step (``len(nodes) + 1``).  A view
-    op's outputs may share memory with any of its inputs, so each value carries the set of root values
-    whose memory it may reference."""
-    last_use = [-1] * nslots
-    step_reads = []
-    for i, node in enumerate(graph.nodes):
-        reads = {slot_of[x] for x in node.inputs if x}
-        for g in subgraphs(node):
-            reads |= {slot_of[x] for x in free_names(g) if x in slot_of}
-        step_reads.append(reads)
-        for s in reads:
-            last_use[s] = i
-    for s in output_slots:
-        last_use[s] = len(graph.nodes) + 1
-    roots = [(s,) for s in range(nslots)]
-    for node, impl in zip(graph.nodes, impls):
-        if impl.views:
-            rs = tuple(sorted({r for x in node.inputs if x for r in roots[slot_of[x]]}))
-            for o in node.outputs:
-                if o and rs:
-                    roots[slot_of[o]] = rs
-    return step_reads, last_use, roots
-
-
-def raise_at(node, e, on: str = ""):
-    """Re-raise ``e``, raised by the step that runs ``node``, with the node named (and where it ran)."""
-    where = f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset {node.opset}{on})"
-    if isinstance(e, OnnxNumbaError):
-        try:
-            err = type(e)(f"{where}: {e}")
-        except Exception:  # a class whose constructor takes more than a message (UnsupportedOpError names nodes)
-            raise e from None
-        raise err from e
-    raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
 
 
 def _observed(steps, observer) -> list:
@@ -104,22 +63,24 @@ def _observed(steps, observer) -> list:
     return [(wrap(k, fn), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
 
 
-def _check_static_sizes(graph, session_options) -> None:
-    """Refuse, before anything runs, a node output whose static shape is past the output limit."""
-    from ops._common import DEFAULT_MAX_OUTPUT_BYTES
-    from .errors import ModelLoadError
-    limit = int(getattr(session_options, "max_output_bytes", 0) or 0) or DEFAULT_MAX_OUTPUT_BYTES
-    if not limit:
-        return
-    for node in graph.nodes:
-        for o in node.outputs:
-            vi = graph.value_info.get(o) if o else None
-            shape = vi.static_shape if vi is not None and vi.dtype is not None and vi.dtype != object else None
-            if shape is not None and math.prod(shape) * np.dtype(vi.dtype).itemsize > limit:
-                raise ModelLoadError(
-                    f"node {node.name!r} ({node.op_type}): output {o!r} of shape {list(shape)} ({np.dtype(vi.dtype)}) "
-                    f"would take {math.prod(shape) * np.dtype(vi.dtype).itemsize / 2**30:.1f} GiB, more than the "
-                    f"limit of {limit / 2**30:.1f} GiB (SessionOptions.max_output_bytes)")
+def _fused_runs(graph, bound, slot_of, last_use, session_options, provider):
+    """(regions, segments, nodes in a region, nodes in a segment): runs of nodes with compiled forms become one
+    generated function each, when asked for; runs of small elementwise nodes one compiled segment.
+    ``graph_optimization_level`` 0 (ORT_DISABLE_ALL) runs every node as its own kernel."""
+    regions, segments = [], []
+    optimize = int(getattr(session_options, "graph_optimization_level", 99)) > 0
+    cpu = provider == "CPUExecutionProvider"
+    if optimize and cpu and getattr(session_options, "compiled_regions", False):
+        from .regions import find_regions
+        read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
+        donated = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
+        regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later, donated=donated)
+    in_region = {i for a, b, _ in regions for i in range(a, b)}
+    if optimize and cpu and getattr(session_options, "fused_segments", True):
+        segments = [(a, b) for a, b in find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
+                    if not in_region.intersection(range(a, b))]
+    in_segment = {i for a, b in segments for i in range(a, b)}
+    return regions, segments, in_region, in_segment
 
 
 class DirectCall(NamedTuple):
@@ -143,49 +104,19 @@ class Plan:
         self.provider = provider
         self.device = PROVIDERS[provider]
         self.session_options = session_options
-        slot_of: dict[str, int] = {"": 0}
-        values: list = [None]
-
-        def new_slot(name, value=None):
-            slot_of[name] = len(values)
-            values.append(value)
-            return slot_of[name]
-
-        for name, arr in graph.initializers.items():
-            new_slot(name, arr)
-        self.init_slots = set(slot_of.values()) - {0}
-        self.input_names = [v.name for v in graph.inputs]
-        self.input_slots = [new_slot(n) for n in self.input_names]
-        # Names a subgraph reads from its enclosing scope arrive like feeds.
-        self.outer_names = sorted(getattr(graph, "outer_names", set()) - set(slot_of))
-        self.outer_slots = [new_slot(n) for n in self.outer_names]
-
-        unsupported = []
+        sl = Slots(graph)
+        slot_of, values = sl.slot_of, sl.values
+        self.init_slots, self.input_names, self.input_slots = sl.init_slots, sl.input_names, sl.input_slots
+        self.outer_names, self.outer_slots = sl.outer_names, sl.outer_slots
         bound = []
         for node in graph.nodes:
-            impl = registry.resolve(node.domain, node.op_type, node.opset, provider)
-            if impl is None:
-                unsupported.append((node.name, node.op_type, node.domain, node.opset))
-                bound.append(None)
-                continue
-            for o in node.outputs:
-                if o:
-                    if o in slot_of and slot_of[o] != 0:
-                        from .errors import ModelLoadError
-                        raise ModelLoadError(f"value {o!r} is produced twice (node {node.name!r})")
-                    new_slot(o)
-            bound.append(impl)
+            bound.append(registry.resolve(node.domain, node.op_type, node.opset, provider))
+            sl.produce(node)
+        unsupported = [(n.name, n.op_type, n.domain, n.opset) for n, impl in zip(graph.nodes, bound) if impl is None]
         if unsupported:
             raise UnsupportedOpError(unsupported, provider)
-        _check_static_sizes(graph, session_options)
-
-        out_names = [v.name for v in graph.outputs]
-        for n in out_names:
-            if n not in slot_of:
-                from .errors import ModelLoadError
-                raise ModelLoadError(f"graph output {n!r} is not produced by any node, input or initializer")
-        self.output_names = out_names
-        self.output_slots = [slot_of[n] for n in out_names]
+        check_static_sizes(graph, session_options)
+        self.output_names, self.output_slots = sl.outputs(graph)
         self.slot_of = slot_of
         nsteps = len(graph.nodes)
         INF = nsteps + 1
@@ -195,32 +126,14 @@ class Plan:
         for s in range(len(values)):
             for r in roots[s]:
                 end[r] = max(end[r], last_use[s])
-        # Runs of small elementwise nodes execute as one compiled segment.
-        # Runs of nodes with compiled forms become one generated function each, when asked for.
-        regions = []
-        # graph_optimization_level 0 (ORT_DISABLE_ALL) runs every node as its own kernel: no regions, no segments.
-        optimize = int(getattr(session_options, "graph_optimization_level", 99)) > 0
-        if optimize and getattr(session_options, "compiled_regions", False) and provider == "CPUExecutionProvider":
-            from .regions import find_regions
-            read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
-            donated = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
-            regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later, donated=donated)
-        in_region = {i for a, b, _ in regions for i in range(a, b)}
-        segments = []
-        if optimize and getattr(session_options, "fused_segments", True) and provider == "CPUExecutionProvider":
-            segments = [(a, b) for a, b in find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
-                        if not in_region.intersection(range(a, b))]
-        in_segment = set()
-        for a, b in segments:
-            in_segment.update(range(a, b))
+        regions, segments, in_region, in_segment = _fused_runs(graph, bound, slot_of, last_use, session_options,
+                                                               provider)
         seg_values = {slot_of[o] for i in in_segment for o in graph.nodes[i].outputs if o}
         # Views of a feed, an initializer or segment scratch that are returned must be copied.
         protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
         self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
 
-        # Results of outputs a node leaves unnamed land in a slot nothing reads.
-        discard = len(values)
-        values.append(None)
+        discard = sl.discard()
         self._layout = dict(graph=graph, bound=bound, preallocate=preallocate, provider=provider,
                             session_options=session_options, slot_of=slot_of, end=end, INF=INF, roots=roots,
                             last_use=last_use, step_reads=step_reads, regions=regions, segments=segments,
@@ -232,6 +145,13 @@ class Plan:
         at = {id(n): k for k, n in enumerate(self.step_nodes)}
         for seg in self.segments:
             self._groups[at[id(seg.nodes[0])]] = seg.nodes
+        self.template = values
+        self.nslots = len(values)
+        self._run_state()
+
+    def _run_state(self):
+        """What runs keep between calls: spare step lists, IOBinding's rebound steps, the parallel schedule, the
+        direct call of a plan of regions and the kinds its first run compiles."""
         self._spare = []  # step lists for runs that overlap the one using ``steps`` (built on demand)
         self._into_cache = {}  # IOBinding's bound outputs -> steps writing into them (run_into)
         self._deps = None  # run_parallel's schedule
@@ -240,8 +160,6 @@ class Plan:
         self._free_lists = []  # step lists without arena buffers, for run_parallel
         self._into_bufs = {}
         self._spare_lock = threading.Lock()
-        self.template = values
-        self.nslots = len(values)
         self._busy = threading.Lock()  # held by the run using ``steps``
         self._direct = self._direct_region()
         self._cold = None  # before the first run of a plan with regions: the kinds it compiles (maybe none)
@@ -255,13 +173,38 @@ class Plan:
         that two step lists can run at once; compiled regions are stateless and shared by every list.  Without
         ``arena`` every kernel returns fresh arrays (the steps may then run in any order their data allows)."""
         L = self._layout
-        graph, bound, preallocate, provider, session_options = (L["graph"], L["bound"], L["preallocate"] and arena,
-                                                                 L["provider"], L["session_options"])
-        slot_of, end, INF, roots, last_use, step_reads = (L["slot_of"], L["end"], L["INF"], L["roots"],
-                                                          L["last_use"], L["step_reads"])
-        regions, segments, in_region, in_segment, seg_values, discard = (
-            L["regions"], L["segments"], L["in_region"], L["in_segment"], L["seg_values"], L["discard"])
-        # Arena: statically shaped outputs of kernels that can write into a buffer.
+        graph = L["graph"]
+        outs_buffers, arena_bytes = self._arena(L["preallocate"] and arena)
+        steps, step_nodes, seg_objs, reg_objs = [], [], [], []
+        plain = {}  # step index -> (node index, its output buffers) for steps that run one node
+        seg_start = {a: b for a, b in L["segments"]}
+        region_at = {a: (b, em) for a, b, em in L["regions"]}
+        step_region = {}  # step index -> the Region it calls
+        i_skip = -1
+        for i, node in enumerate(graph.nodes):
+            if i < i_skip:
+                continue
+            if i in region_at:
+                if i not in self._region_steps:  # a Region is stateless: every step list shares it
+                    self._region_steps[i] = self._region_step(i, *region_at[i])
+                step, reg, i_skip = self._region_steps[i]
+                step_region[len(steps)] = reg
+                reg_objs.append(reg)
+            elif i in seg_start:
+                step, seg, i_skip = self._segment_step(i, seg_start[i])
+                seg_objs.append(seg)
+            else:
+                plain[len(steps)] = (i, outs_buffers[i])
+                step = self._node_step(i, outs_buffers[i])
+            steps.append(step)
+            step_nodes.append(node)
+        return steps, step_nodes, seg_objs, reg_objs, step_region, arena_bytes, plain
+
+    def _arena(self, preallocate: bool):
+        """Output buffers per node (None where the kernel allocates) and the arena's bytes: statically shaped
+        outputs of kernels that can write into a buffer, a block reused once every alias of its value is dead."""
+        L = self._layout
+        graph, bound, slot_of, end, INF, roots = L["graph"], L["bound"], L["slot_of"], L["end"], L["INF"], L["roots"]
         arena_free: dict[int, list] = {}
         release_at: dict[int, list] = {}
         arena_bytes = 0
@@ -270,8 +213,8 @@ class Plan:
             for blk in release_at.pop(i, ()):
                 arena_free.setdefault(blk.nbytes, []).append(blk)
             bufs = []
-            can_write = preallocate and (impl.factory or impl.wants_ctx) and not impl.views and i not in in_segment \
-                and i not in in_region
+            can_write = preallocate and (impl.factory or impl.wants_ctx or impl.contract is not None) \
+                and not impl.views and i not in L["in_segment"] and i not in L["in_region"]
             for o in node.outputs:
                 buf = None
                 vi = graph.value_info.get(o) if o else None
@@ -291,96 +234,49 @@ class Plan:
                         release_at.setdefault(end[s] + 1, []).append(blk)
                 bufs.append(buf)
             outs_buffers.append(bufs)
+        return outs_buffers, arena_bytes
 
-        steps = []
-        step_nodes = []
-        seg_objs = []
-        plain = {}  # step index -> (node index, its output buffers) for steps that run one node
-        seg_start = {a: b for a, b in segments}
-        region_at = {a: (b, em) for a, b, em in regions}
-        reg_objs = []
-        step_region = {}  # step index -> the Region it calls
-        i_skip = -1
-        for i, (node, impl) in enumerate(zip(graph.nodes, bound)):
-            if i < i_skip:
-                continue
-            if i in region_at and i in self._region_steps:  # a Region is stateless: every step list shares it
-                step, reg, end_i = self._region_steps[i]
-                step_region[len(steps)] = reg
-                steps.append(step)
-                step_nodes.append(node)
-                reg_objs.append(reg)
-                i_skip = end_i
-                continue
-            if i in region_at:
-                from .regions import Region
-                end_i, emitted = region_at[i]
-                names = [o for k in range(i, end_i) for o in graph.nodes[k].outputs if o]
-                read_after = {n for n in names if last_use[slot_of[n]] >= end_i}
-                reg = Region(graph.nodes[i:end_i], emitted, read_after, slot_of)
-                outs = reg.out_slots
-                out = outs[0] if len(outs) == 1 else outs
-                fn = reg.run if len(outs) != 1 else (lambda *xs, _r=reg.run: _r(*xs)[0])
-                frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
-                                      if i <= last_use[s] < end_i and s not in self.init_slots}))
-                step_region[len(steps)] = reg
-                steps.append((fn, _getter(reg.in_slots), out, frees))
-                self._region_steps[i] = (steps[-1], reg, end_i)
-                step_nodes.append(node)
-                reg_objs.append(reg)
-                i_skip = end_i
-                continue
-            if i in seg_start:
-                end_i = seg_start[i]
-                names = [o for k in range(i, end_i) for o in graph.nodes[k].outputs]
-                read_after = {n for n in names if last_use[slot_of[n]] >= end_i}
-                seg = Segment(graph.nodes[i:end_i], graph.value_info, graph.initializers, read_after, slot_of)
-                outs = seg.out_slots
-                out = outs[0] if len(outs) == 1 else outs
-                fn = seg.run if len(outs) != 1 else (lambda *xs, _r=seg.run: _r(*xs)[0])
-                frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
-                                      if i <= last_use[s] < end_i and s not in self.init_slots
-                                      and s not in seg_values}))
-                steps.append((fn, _getter(seg.in_slots), out, frees))
-                step_nodes.append(node)
-                seg_objs.append(seg)
-                i_skip = end_i
-                continue
-            plain[len(steps)] = (i, outs_buffers[i])
-            steps.append(self._node_step(i, outs_buffers[i]))
-            step_nodes.append(node)
-        return steps, step_nodes, seg_objs, reg_objs, step_region, arena_bytes, plain
+    def _group_step(self, i, end_i, run, in_slots, out_slots, keep=frozenset()):
+        """The step running nodes [i, end_i) as one call: it frees what they read last (``keep`` aside)."""
+        L = self._layout
+        last_use, step_reads = L["last_use"], L["step_reads"]
+        out = out_slots[0] if len(out_slots) == 1 else out_slots
+        fn = run if len(out_slots) != 1 else (lambda *xs, _r=run: _r(*xs)[0])
+        frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
+                              if i <= last_use[s] < end_i and s not in self.init_slots and s not in keep}))
+        return fn, _getter(in_slots), out, frees
+
+    def _read_after(self, i, end_i):
+        L = self._layout
+        names = [o for k in range(i, end_i) for o in L["graph"].nodes[k].outputs if o]
+        return {n for n in names if L["last_use"][L["slot_of"][n]] >= end_i}
+
+    def _region_step(self, i, end_i, emitted):
+        """(step, Region, end_i) for the compiled region over nodes [i, end_i)."""
+        from .regions import Region
+        L = self._layout
+        reg = Region(L["graph"].nodes[i:end_i], emitted, self._read_after(i, end_i), L["slot_of"])
+        return self._group_step(i, end_i, reg.run, reg.in_slots, reg.out_slots), reg, end_i
+
+    def _segment_step(self, i, end_i):
+        """(step, Segment, end_i) for the fused elementwise segment over nodes [i, end_i)."""
+        L = self._layout
+        graph = L["graph"]
+        seg = Segment(graph.nodes[i:end_i], graph.value_info, graph.initializers, self._read_after(i, end_i),
+                      L["slot_of"])
+        return self._group_step(i, end_i, seg.run, seg.in_slots, seg.out_slots, L["seg_values"]), seg, end_i
 
     def _node_step(self, i, bufs):
         """The step running node ``i`` alone, its kernel bound to write its outputs into ``bufs`` (None: fresh)."""
         L = self._layout
         graph, impl, node, slot_of = L["graph"], L["bound"][i], L["graph"].nodes[i], L["slot_of"]
-        ins = list(node.inputs)
-        while ins and not ins[-1]:
-            ins.pop()
-        # A node with subgraphs also receives, after its declared inputs, every value its
-        # subgraphs read from enclosing scopes (in ``ctx.captured`` order).
-        captured = sorted({x for g in subgraphs(node) for x in free_names(g) if x in slot_of})
-        in_slots = tuple(slot_of[x] if x else 0 for x in ins) + tuple(slot_of[x] for x in captured)
-        ctx = registry.OpContext(
-            name=node.name, op_type=node.op_type, domain=node.domain, opset=node.opset,
-            attrs=node.attrs, n_inputs=len(ins), n_outputs=len(node.outputs),
-            input_types=[graph.value_info.get(x) if x else None for x in ins],
-            output_types=[graph.value_info.get(x) if x else None for x in node.outputs],
-            out=bufs, provider=L["provider"], outputs_used=[bool(x) for x in node.outputs],
-            node=node, graph=graph, session_options=L["session_options"], captured=captured)
-        try:
-            fn = registry.bind(impl, ctx)
-        except OnnxNumbaError as e:
-            if str(e).startswith("node "):
-                raise
-            raise_at(node, e)
-        except Exception as e:
-            raise KernelError(f"node {node.name!r} ({node.op_type}): could not bind its kernel: {e}") from e
+        ins, captured, in_slots = node_inputs(node, slot_of)
+        ctx = node_context(node, graph, ins, captured, provider=L["provider"], session_options=L["session_options"],
+                           out=bufs)
+        fn = bind_node(impl, ctx, node)
         outs = [slot_of[o] if o else L["discard"] for o in node.outputs]
         out = outs[0] if len(outs) == 1 else tuple(outs)
-        last_use, step_reads = L["last_use"], L["step_reads"]
-        frees = tuple(sorted(s for s in step_reads[i] if last_use[s] == i and s not in self.init_slots))
+        frees = frees_of(i, L["step_reads"], L["last_use"], self.init_slots)
         return fn, _getter(in_slots), out, frees
 
     def _steps_into(self, bound: dict):
@@ -403,7 +299,7 @@ class Plan:
                 continue
             i, bufs = self._plain[k]
             impl, vi = impls[i], graph.value_info.get(name)
-            if not (impl.factory or impl.wants_ctx) or impl.views or vi is None or vi.static_shape is None \
+            if not (impl.factory or impl.wants_ctx or impl.contract is not None) or impl.views or vi is None or vi.static_shape is None \
                     or tuple(arr.shape) != tuple(vi.static_shape) or vi.dtype is None or arr.dtype != vi.dtype:
                 continue
             bufs = list(bufs if steps[k] is self.steps[k] else self._into_bufs[k])

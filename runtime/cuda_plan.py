@@ -32,7 +32,6 @@ Invariants:
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
@@ -40,7 +39,7 @@ from ops import registry
 from . import cuda as rc
 from .errors import UnsupportedOpError
 from .ir import Graph
-from .planner import Slots, bind_node, frees_of, liveness, node_context, node_inputs, raise_at
+from .planner import Slots, bind_node, frees_of, liveness, node_context, node_inputs, observed, raise_at, store
 from .providers import CUDA_PROVIDER, PROVIDERS
 
 __all__ = ["CudaPlan", "SHAPE_OPS", "CUDA", "CPU_SHAPE", "CPU_ALLOWED"]
@@ -261,18 +260,7 @@ class CudaPlan:
                         args.append(v)
                     if kinds[k] == CPU_ALLOWED:
                         self._trip(k, "call", 0)
-                    if observer is None:
-                        r = fn(*args)
-                    else:
-                        observer.before(k)
-                        t0 = time.perf_counter_ns()
-                        r = fn(*args)
-                        observer.after(k, args, r, t0)
-                    if out.__class__ is int:
-                        vals[out] = r
-                    else:
-                        for o, x in zip(out, r):
-                            vals[o] = x
+                    store(vals, out, fn(*args) if observer is None else observed(k, fn, observer)(*args))
                     for f in frees:
                         vals[f] = None
                         other[f] = None

@@ -31,7 +31,7 @@ from ops import registry
 from .errors import UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
 from .planner import KernelError, Slots, bind_node, check_static_sizes, frees_of, liveness, node_context, \
-    node_inputs, raise_at
+    node_inputs, observed, raise_at
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
 
@@ -49,18 +49,7 @@ def _getter(slots):
 def _observed(steps, observer) -> list:
     """``steps`` with each function wrapped to call ``observer.before(k)`` and ``observer.after(k, args, result,
     t0_ns)`` around it (one run's worth: profiling, ``RunOptions.terminate``)."""
-    clock = time.perf_counter_ns
-
-    def wrap(k, fn):
-        def call(*args):
-            observer.before(k)
-            t0 = clock()
-            r = fn(*args)
-            observer.after(k, args, r, t0)
-            return r
-        return call
-
-    return [(wrap(k, fn), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
+    return [(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
 
 
 def _fused_runs(graph, bound, slot_of, last_use, session_options, provider):

@@ -15,6 +15,7 @@ The rule for which graph inputs a kernel may write into is ``Graph.donatable_inp
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from ops import registry
 from .errors import ModelLoadError, OnnxNumbaError
 from .ir import free_names, subgraphs
 
-__all__ = ["Slots", "liveness", "node_inputs", "node_context", "bind_node", "frees_of", "check_static_sizes",
+__all__ = ["Slots", "observed", "store", "liveness", "node_inputs", "node_context", "bind_node", "frees_of", "check_static_sizes",
            "KernelError", "raise_at"]
 
 
@@ -40,6 +41,29 @@ def raise_at(node, e, on: str = ""):
             raise e from None
         raise err from e
     raise KernelError(f"{where} failed: {type(e).__name__}: {e}") from e
+
+
+def observed(k, fn, observer):
+    """``fn`` (step ``k``'s) wrapped to call ``observer.before(k)`` and ``observer.after(k, args, result, t0_ns)``
+    around it (one run's worth: profiling, ``RunOptions.terminate``)."""
+    clock = time.perf_counter_ns
+
+    def call(*args):
+        observer.before(k)
+        t0 = clock()
+        r = fn(*args)
+        observer.after(k, args, r, t0)
+        return r
+    return call
+
+
+def store(vals, out, r) -> None:
+    """A step's result into its output slot(s) (``out``: one slot, or a tuple of slots for several results)."""
+    if out.__class__ is int:
+        vals[out] = r
+    else:
+        for o, x in zip(out, r):
+            vals[o] = x
 
 
 class Slots:

@@ -268,8 +268,8 @@ def test_every_launch_is_counted_by_kernel():
             h = _norm("SimplifiedLayerNormalization", x, g)
         logits = kmm.MatMul(h, w)
         kred.ArgMax(logits, keepdims=0)
-    assert inner.launches == 1 and inner.kernels == {"contrib_norm._rms_rows": 1}
-    assert outer.launches == 3 and outer.kernels == {"contrib_norm._rms_rows": 1, "matmul._gemv": 1,
+    assert inner.launches == 1 and inner.kernels == {"contrib_norm._rows": 1}
+    assert outer.launches == 3 and outer.kernels == {"contrib_norm._rows": 1, "matmul._gemv": 1,
                                                      "reduce._argmax_rows": 1}, outer.kernels
     assert isinstance(kmm._gemv, rc.Kernel) and repr(kmm._gemv) == "<CUDA kernel matmul._gemv>"
     assert not isinstance(_common.block_sum, rc.Kernel)

@@ -1,22 +1,17 @@
-"""CUDA row norms: LayerNormalization (opset 17 and onnxruntime's default-domain contrib form from opset 1),
-com.microsoft SkipLayerNormalization and GatedRMSNorm, and LpNormalization.
+"""CUDA norms without a contrib twin: LayerNormalization (opset 17), com.microsoft GatedRMSNorm, and
+LpNormalization.  (The contrib row norms, and the row kernel LayerNormalization runs, are
+``ops/cuda/contrib_norm.py``.)
 
-Row norms see the canonical ``(rows, n)`` view, one block per row, float32 accumulation through the shared
-block reductions of ``ops/cuda/_common.py``: a two-pass mean / centred variance (like the CPU), then the
-affine step.  SkipLayerNormalization first forms ``s = input + skip (+ bias)`` in float32 (a skip with fewer
-leading rows broadcasts as ``row % skip_rows``), may store it (rounded to the input dtype) as
-``input_skip_bias_sum``, and normalizes the unrounded float32 values, like the CPU.  GatedRMSNorm sees
-``(rows * groups, C)`` (C = scale length; the last axis may hold several groups) and multiplies by
-``act(gate)`` (silu or sigmoid).  LpNormalization sees ``(outer, n, inner)``, one block per (outer, inner)
-column; a zero norm gives 0.
+LayerNormalization sees the canonical ``(rows, n)`` view (``contrib_norm.launch_rows``: a two-pass mean and
+centred variance, like the CPU, then the affine step).  GatedRMSNorm sees ``(rows * groups, C)`` (C = scale
+length; the last axis may hold several groups) and multiplies by ``act(gate)`` (silu or sigmoid).
+LpNormalization sees ``(outer, n, inner)``, one block per (outer, inner) column; a zero norm gives 0.
 
 Invariants (match ``ops/normalization.py`` / ``ops/contrib_norm.py``):
 - ``Y`` has the input dtype; statistics have shape ``x.shape[:axis] + (1,) * (rank - axis)`` and float32
-  dtype (stash_type 1) unless the graph declares another; the skip op's statistics are float32 (float64 for a
-  float64 input);
-- opset-17 LayerNormalization's scale / bias that broadcast to the normalized shape are expanded on the
-  device (``shape.broadcast_to``); the contrib norms are written once in ``ops/contrib_norm.py`` (their
-  bind and checks), and ``launch_layer_norm`` is their launch;
+  dtype (stash_type 1) unless the graph declares another;
+- LayerNormalization's scale / bias that broadcast to the normalized shape are expanded on the device
+  (``shape.broadcast_to``);
 - everything is computed in float32 (float64 inputs too); all tensors are device arrays, nothing is read back.
 """
 from __future__ import annotations
@@ -25,17 +20,16 @@ import math
 
 import numpy as np
 
-from ops import contrib_norm as cn
 from ops._common import norm_axis
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from .contrib_norm import geometry
-from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, fill0, flat, grid1d, row_threads
+from .contrib_norm import launch_rows, zeros
+from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, row_threads
 from .shape import broadcast_to
 
-__all__ = ["LayerNormalization", "launch_layer_norm", "GatedRMSNorm", "LpNormalization"]
+__all__ = ["LayerNormalization", "GatedRMSNorm", "LpNormalization"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
@@ -44,49 +38,6 @@ F64 = np.dtype(np.float64)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@jit(device=True)
-def _in(x, skip, bias, has_skip, has_bias, base, sbase, j):
-    v = np.float32(x[base + j])
-    if has_skip:
-        v += np.float32(skip[sbase + j])
-        if has_bias:
-            v += np.float32(bias[j])
-    return v
-
-
-@jit
-def _ln_rows(x, skip, skip_rows, bias, has_skip, has_bias, scale, beta, has_beta, y, ssum, want_sum,
-             mean_out, inv_out, want_stats, n, eps):
-    """One block per row: y = (v - mean) * rsqrt(var + eps) * scale (+ beta), v = x (+ skip (+ bias))."""
-    sh = cuda.shared.array(MAX_ROW_THREADS, np.float32)
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    base = row * n
-    sbase = (row % skip_rows) * n
-    acc = np.float32(0.0)
-    for j in range(tid, n, nt):
-        v = _in(x, skip, bias, has_skip, has_bias, base, sbase, j)
-        if want_sum:
-            ssum[base + j] = v
-        acc += v
-    mean = block_sum(sh, tid, nt, acc) / np.float32(n)
-    acc = np.float32(0.0)
-    for j in range(tid, n, nt):
-        d = _in(x, skip, bias, has_skip, has_bias, base, sbase, j) - mean
-        acc += d * d
-    var = block_sum(sh, tid, nt, acc) / np.float32(n)
-    inv = np.float32(1.0) / math.sqrt(var + eps)
-    if want_stats and tid == 0:
-        mean_out[row] = mean
-        inv_out[row] = inv
-    for j in range(tid, n, nt):
-        d = (_in(x, skip, bias, has_skip, has_bias, base, sbase, j) - mean) * inv * np.float32(scale[j])
-        if has_beta:
-            d += np.float32(beta[j])
-        y[base + j] = d
-
 
 @jit
 def _gated_rows(x, gate, scale, y, C, eps, sigmoid):
@@ -161,34 +112,9 @@ def _stat_dtype(ctx, k, stash_type, x_dtype):
     return F32 if stash_type == 1 else np.dtype(x_dtype)
 
 
-def _launch_ln(name, x, rows, n, scale, beta, skip, skip_rows, bias, eps, want_sum, stat_dts):
-    """Run ``_ln_rows``; returns (y, ssum or None, mean (rows,), inv (rows,)) (stats None unless asked)."""
-    y = rc.device_empty(tuple(x.shape), x.dtype)
-    want_stats = stat_dts is not None
-    mean = rc.device_empty((rows if want_stats else 1,), stat_dts[0] if want_stats else F32)
-    inv = rc.device_empty((rows if want_stats else 1,), stat_dts[1] if want_stats else F32)
-    ssum = rc.device_empty(tuple(x.shape), x.dtype) if want_sum else rc.device_empty((1,), x.dtype)
-    if rows and n:
-        dummy = flat(x)
-        _ln_rows[rows, row_threads(n)](
-            flat(x), flat(skip) if skip is not None else dummy, skip_rows, bias if bias is not None else dummy,
-            skip is not None, bias is not None, scale, beta if beta is not None else dummy, beta is not None,
-            flat(y), flat(ssum), bool(want_sum), mean, inv, want_stats, n, np.float32(eps))
-    return y, (ssum if want_sum else None), (mean if want_stats else None), (inv if want_stats else None)
-
-
 def _used(ctx, k) -> bool:
     used = ctx.outputs_used
     return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
-
-
-def _zeros(shape, dt):
-    """A zero-filled device array (for outputs the graph does not use); no transfer."""
-    z = rc.device_empty(shape, dt)
-    if z.size:
-        blocks, threads = grid1d(z.size)
-        fill0[blocks, threads](flat(z))
-    return z
 
 
 # -- LayerNormalization ----------------------------------------------------------------------------
@@ -205,53 +131,19 @@ def _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type):
     be = None if B is None else _vec(name, "bias", B, shape[ax:])
     want_stats = ctx.n_outputs > 1 and (_used(ctx, 1) or _used(ctx, 2))
     sd = (_stat_dtype(ctx, 1, stash_type, X.dtype), _stat_dtype(ctx, 2, stash_type, X.dtype)) if want_stats else None
-    y, _, mean, inv = _launch_ln(name, X, rows, n, sc, be, None, 1, None, epsilon, False, sd)
+    y, _, mean, inv = launch_rows(X, rows, n, sc, be, None, 1, None, X.dtype, epsilon, False, sd, False)
     if ctx.n_outputs == 1:
         return y
     ss = shape[:ax] + (1,) * (X.ndim - ax)
     if not want_stats:
-        mean = _zeros(ss, _stat_dtype(ctx, 1, stash_type, X.dtype))
-        inv = _zeros(ss, _stat_dtype(ctx, 2, stash_type, X.dtype))
+        mean = zeros(ss, _stat_dtype(ctx, 1, stash_type, X.dtype))
+        inv = zeros(ss, _stat_dtype(ctx, 2, stash_type, X.dtype))
     return (y, mean.reshape(ss), inv.reshape(ss))[:ctx.n_outputs]
 
 
 @op("LayerNormalization", 17, provider=CUDA)
 def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
     return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
-
-
-# -- the contrib row norms -------------------------------------------------------------------------
-
-def launch_layer_norm(b: cn.RowNorm, ctx):
-    """The CUDA implementation of the contrib LayerNormalization and com.microsoft SkipLayerNormalization
-    (written once in ``ops/contrib_norm.py``): the bound op's per-run callable."""
-
-    def run(*args):
-        x, skip, scale, beta, bias = b.operands(args)
-        check_device(b.op, input=x, skip=skip, scale=scale, beta=beta, bias=bias)
-        _check_float(b.op, x)
-        ax, rows, n, skip_rows = geometry(b, x, skip, scale, beta, bias)
-        sd = (b.stat_dtype(1, x.dtype), b.stat_dtype(2, x.dtype))
-        y, s, mean, inv = _launch_ln(b.op, x, rows, n, flat(scale), None if beta is None else flat(beta), skip,
-                                     skip_rows, None if bias is None else flat(bias), b.eps, b.want_sum,
-                                     sd if b.want_stats else None)
-        if b.n_outputs == 1:
-            return y
-        ss = tuple(x.shape)[:ax] + (1,) * (x.ndim - ax)
-        if b.want_stats:
-            mean, inv = mean.reshape(ss), inv.reshape(ss)
-        else:
-            mean, inv = _zeros(ss, sd[0]), _zeros(ss, sd[1])
-        if not b.skip:
-            return (y, mean, inv)[:b.n_outputs]
-        if s is None and b.n_outputs > 3:
-            s = _zeros(tuple(x.shape), x.dtype)
-        return (y, mean, inv, s)[:b.n_outputs]
-    return run
-
-
-op("LayerNormalization", 1, provider=CUDA, bind=cn.bind_layer_norm)(launch_layer_norm)
-op("SkipLayerNormalization", 1, domain=MS, provider=CUDA, bind=cn.bind_skip_layer_norm)(launch_layer_norm)
 
 
 # -- GatedRMSNorm ----------------------------------------------------------------------------------

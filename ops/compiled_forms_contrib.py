@@ -358,17 +358,15 @@ def gbq_f32(data, idx, scales, zp, has_zp, bits, bs):
     return out, 0
 
 
-@form("GatherBlockQuantized", domain=MS)
-def _gbq(e):
-    a = e.attrs
-    bits, bs = int(a.get("bits", 4)), int(a.get("block_size", 128))
-    if bits not in (4, 8) or bs < 16 or bs & (bs - 1):
+def _gbq(e, g):
+    """The region form of the bound GatherBlockQuantized: 2-d packed uint8 data gathered along axis 0."""
+    bits, bs = g.bits, g.bs
+    if bits not in (4, 8):
         raise Decline("attributes")
     if e.dtype(0) != np.uint8 or e.rank(0) != 2 or e.dtype(1).kind not in "iu" or e.dtype(2) != F32 \
             or e.rank(2) != 2:
         raise Decline("types")
-    ga, qa = int(a.get("gather_axis", 0)), int(a.get("quantize_axis", 1))
-    if ga not in (0, -2) or qa not in (1, -1):
+    if g.gather_axis not in (0, -2) or g.quantize_axis not in (1, -1):
         raise Decline("axes")
     if e.has(3) and (e.dtype(3) != np.uint8 or e.rank(3) != 2):
         raise Decline("zero points")
@@ -383,6 +381,9 @@ def _gbq(e):
         (3, "ShapeMismatchError", "zero_points do not match the scales")])
     shape = [f"{{i1}}.shape[{d}]" for d in range(ri)] + ["{p}_y.shape[1]"]
     e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(shape)},))")
+
+
+form("GatherBlockQuantized", domain=MS, bind=_cq.bind_gbq)(_gbq)
 
 
 # -- LpNormalization / GatedRMSNorm -----------------------------------------------------------------

@@ -60,7 +60,7 @@ from ._common import F32, check_indices, raise_coded
 from ._fastmath import FAST
 from .registry import op
 
-__all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
+__all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS", "Gbq", "bind_gbq", "gbq_layout", "gbq_indices"]
 
 _ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
@@ -637,46 +637,95 @@ def _unpack_last(x, bits, length):
     return out.reshape(x.shape[:-1] + (length,))
 
 
-@op("GatherBlockQuantized", 1, domain="com.microsoft")
-def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_axis=0, quantize_axis=1,
-                           block_size=128, bits=4):
-    name = "GatherBlockQuantized"
-    bits, bs = int(bits), int(block_size)
+class Gbq(NamedTuple):
+    """A GatherBlockQuantized node bound at plan time."""
+
+    gather_axis: int
+    quantize_axis: int
+    bs: int
+    bits: int
+
+
+def bind_gbq(ctx, gather_axis=0, quantize_axis=1, block_size=128, bits=4) -> Gbq:
+    bs = int(block_size)
     if bs < 16 or bs & (bs - 1):
-        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
+        raise InvalidAttributeError(f"GatherBlockQuantized: block_size must be a power of two >= 16, got {bs}")
+    return Gbq(int(gather_axis), int(quantize_axis), bs, int(bits))
+
+
+class GbqLayout(NamedTuple):
+    """One call's layout: the axes, codes per byte, the default zero point, the logical (unpacked) data shape
+    and the quantized extent's blocks."""
+
+    ga: int
+    qa: int
+    per: int
+    zdef: float
+    packed: bool
+    lshape: tuple
+    nbq: int
+
+
+def gbq_layout(g: Gbq, data, scales, zero_points) -> GbqLayout:
+    """The checks every implementation makes on the data, scales and zero points (host or device arrays)."""
+    name = "GatherBlockQuantized"
     r = data.ndim
     if r == 0:
         raise ShapeMismatchError(f"{name}: data must have rank >= 1, got a scalar")
-    ga = gather_axis + r if gather_axis < 0 else int(gather_axis)
-    qa = quantize_axis + r if quantize_axis < 0 else int(quantize_axis)
+    ga = g.gather_axis + r if g.gather_axis < 0 else g.gather_axis
+    qa = g.quantize_axis + r if g.quantize_axis < 0 else g.quantize_axis
     if not (0 <= ga < r and 0 <= qa < r):
-        raise InvalidAttributeError(f"{name}: gather_axis {gather_axis} / quantize_axis {quantize_axis} out of "
-                                    f"range for data of rank {r}")
-    if data.dtype == np.uint8:
-        if bits not in (4, 8):
-            raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {bits}")
-        if bits == 4 and qa != r - 1:
+        raise InvalidAttributeError(f"{name}: gather_axis {g.gather_axis} / quantize_axis {g.quantize_axis} out "
+                                    f"of range for data of rank {r}")
+    dt = np.dtype(data.dtype)
+    if dt == np.uint8:
+        if g.bits not in (4, 8):
+            raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {g.bits}")
+        if g.bits == 4 and qa != r - 1:
             raise InvalidAttributeError(f"{name}: packed uint8 data needs quantize_axis = last axis ({r - 1}), "
-                                        f"got {quantize_axis}")
-        per = 8 // bits
-        zdef = np.float32(1 << (bits - 1))
-        packed = True
-    elif data.dtype.name in ("int4", "uint4"):
-        per, zdef, packed = 1, np.float32(0.0), False
+                                        f"got {g.quantize_axis}")
+        per, zdef, packed = 8 // g.bits, float(1 << (g.bits - 1)), True
+    elif dt.name in ("int4", "uint4"):
+        per, zdef, packed = 1, 0.0, False
     else:
-        raise InvalidArgumentError(f"{name}: data must be uint8, int4 or uint4, got {data.dtype}")
-    lshape = data.shape[:-1] + (data.shape[-1] * per,)
-    qn = lshape[qa]
-    nbq = (qn + bs - 1) // bs
+        raise InvalidArgumentError(f"{name}: data must be uint8, int4 or uint4, got {dt}")
+    dshape = tuple(int(v) for v in data.shape)
+    lshape = dshape[:-1] + (dshape[-1] * per,)
+    nbq = (lshape[qa] + g.bs - 1) // g.bs
     want = lshape[:qa] + (nbq,) + lshape[qa + 1:]
-    if scales.shape != want:
-        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(scales.shape)}")
+    sshape = tuple(int(v) for v in scales.shape)
+    if sshape != want:
+        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(sshape)}")
+    if zero_points is not None:
+        zshape = sshape[:-1] + ((sshape[-1] + per - 1) // per,) if packed else sshape
+        if tuple(zero_points.shape) != zshape:
+            raise ShapeMismatchError(f"{name}: zero_points must have shape {list(zshape)}, got "
+                                     f"{list(zero_points.shape)}")
+    return GbqLayout(ga, qa, per, zdef, packed, lshape, nbq)
+
+
+def gbq_indices(lay: GbqLayout, indices) -> np.ndarray:
+    """Host indices checked against the gathered extent and made non-negative (int64, their shape kept)."""
     idx = np.asarray(indices)
     if idx.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"{name}: indices must be int32 or int64, got {idx.dtype}")
-    gn = lshape[ga]
-    check_indices(name, idx, -gn, gn)
-    idx = np.where(idx < 0, idx + gn, idx).astype(np.int64)
+        raise InvalidArgumentError(f"GatherBlockQuantized: indices must be int32 or int64, got {idx.dtype}")
+    gn = lay.lshape[lay.ga]
+    check_indices("GatherBlockQuantized", idx, -gn, gn)
+    return np.where(idx < 0, idx + gn, idx).astype(np.int64)
+
+
+@op("GatherBlockQuantized", 1, domain="com.microsoft", bind=bind_gbq)
+def _gbq_cpu(g: Gbq, ctx):
+    def run(data, indices, scales, zero_points=None):
+        return gather_block_quantized(g, data, indices, scales, zero_points)
+    return run
+
+
+def gather_block_quantized(g: Gbq, data, indices, scales, zero_points=None):
+    lay = gbq_layout(g, data, scales, zero_points)
+    ga, qa, packed, lshape, bits, bs = lay.ga, lay.qa, lay.packed, lay.lshape, g.bits, g.bs
+    zdef = np.float32(lay.zdef)
+    idx = gbq_indices(lay, indices)
 
     def codes(x, length):  # logical int32 codes
         return _unpack_last(x, bits, length) if packed else x.astype(np.int32)
@@ -686,10 +735,6 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_ax
         s = np.take(scales, idx.reshape(-1), axis=ga)
         zs = None
         if zero_points is not None:
-            zshape = scales.shape[:-1] + ((scales.shape[-1] + per - 1) // per,) if packed else scales.shape
-            if zero_points.shape != zshape:
-                raise ShapeMismatchError(f"{name}: zero_points must have shape {list(zshape)}, got "
-                                         f"{list(zero_points.shape)}")
             zs = codes(np.take(zero_points, idx.reshape(-1), axis=ga), scales.shape[-1])
     else:
         # Gathering along the quantized axis: blocks follow the gathered positions.

@@ -61,10 +61,7 @@ def _rand(*shape, dt=np.float32):
 
 
 def test_registered():
-    for mod, names in ((kq, ("GatherBlockQuantized",)),):
-        for n in names:
-            impl = registry.resolve(MS, n, 1, CUDA)
-            assert impl is not None and impl.fn is getattr(mod, n)
+    assert registry.resolve(MS, "GatherBlockQuantized", 1, CUDA).fn is kq.launch_gbq
     # The lengths and positions are read (and validated) on the host, where a decoder computes them.
     assert registry.resolve(MS, "GroupQueryAttention", 1, CUDA).fn is katt.launch_gqa
     assert registry.resolve(MS, "RotaryEmbedding", 1, CUDA).fn is katt.launch_rope
@@ -379,7 +376,10 @@ def test_gather_block_quantized(bits, zp, idx, ga, qa):
 
 
 def test_gather_block_quantized_errors():
-    f = registry.resolve(MS, "GatherBlockQuantized", 1, CUDA).fn
+    impl = registry.resolve(MS, "GatherBlockQuantized", 1, CUDA)
+
+    def f(*ins, **attrs):
+        return registry.bind(impl, _ctx("GatherBlockQuantized", attrs, len(ins), 1, CUDA))(*ins)
     data = rc.to_device(RNG.integers(0, 256, (4, 8), dtype=np.uint8))
     sc = rc.to_device(np.ones((4, 1), np.float32))
     with pytest.raises(IndexOutOfRangeError):

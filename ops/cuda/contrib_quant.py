@@ -32,13 +32,12 @@ import numpy as np
 
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ops._common import check_indices
-from ops.contrib_quant import Mnb, bind_mnb, check_inputs, groups_of
+from runtime.errors import InvalidArgumentError
+from ops.contrib_quant import Gbq, Mnb, bind_gbq, bind_mnb, check_inputs, gbq_indices, gbq_layout, groups_of
 from ops.registry import op
 from ._common import MAX_ROW_THREADS, check_device, flat, grid1d
 
-__all__ = ["launch_mnb", "GatherBlockQuantized"]
+__all__ = ["launch_mnb", "launch_gbq"]
 
 _MS = "com.microsoft"
 _CUDA = "CUDAExecutionProvider"
@@ -180,62 +179,38 @@ def _gbq_kernel(data, idx, sc, zp, has_zp, y, total, post, nidx, gn, qn, inner_q
         y[o] = (q - z) * np.float32(sc[si])
 
 
-@op("GatherBlockQuantized", 1, domain=_MS, provider=_CUDA)
-def GatherBlockQuantized(data, indices, scales, zero_points=None, *, gather_axis=0, quantize_axis=1,
-                         block_size=128, bits=4):
-    """Gather rows of a block-quantized uint8 table and dequantize them; indices validated on the host."""
-    name = "GatherBlockQuantized"
-    check_device(name, data=data, scales=scales, zero_points=zero_points)
-    bits, bs = int(bits), int(block_size)
-    if bs < 16 or bs & (bs - 1):
-        raise InvalidAttributeError(f"{name}: block_size must be a power of two >= 16, got {bs}")
-    r = data.ndim
-    if r == 0:
-        raise ShapeMismatchError(f"{name}: data must have rank >= 1, got a scalar")
-    ga = gather_axis + r if gather_axis < 0 else int(gather_axis)
-    qa = quantize_axis + r if quantize_axis < 0 else int(quantize_axis)
-    if not (0 <= ga < r and 0 <= qa < r):
-        raise InvalidAttributeError(f"{name}: gather_axis {gather_axis} / quantize_axis {quantize_axis} out of "
-                                    f"range for data of rank {r}")
-    if np.dtype(data.dtype) != np.uint8:
-        raise InvalidArgumentError(f"{name}: the CUDA kernel takes uint8 (packed) data, got {data.dtype}")
-    if bits not in (4, 8):
-        raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {bits}")
-    if bits == 4 and qa != r - 1:
-        raise InvalidAttributeError(f"{name}: packed uint8 data needs quantize_axis = last axis ({r - 1}), "
-                                    f"got {quantize_axis}")
-    per = 8 // bits
-    dshape = tuple(data.shape)
-    lshape = dshape[:-1] + (dshape[-1] * per,)
-    qn = lshape[qa]
-    nbq = (qn + bs - 1) // bs
-    want = lshape[:qa] + (nbq,) + lshape[qa + 1:]
-    if tuple(scales.shape) != want:
-        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(scales.shape)}")
-    sshape = tuple(scales.shape)
-    zlast = (sshape[-1] + per - 1) // per
-    if zero_points is not None:
-        zshape = sshape[:-1] + (zlast,)
-        if tuple(zero_points.shape) != zshape or np.dtype(zero_points.dtype) != np.uint8:
-            raise ShapeMismatchError(f"{name}: zero_points must be uint8 of shape {list(zshape)}, got "
-                                     f"{zero_points.dtype} {list(zero_points.shape)}")
-    idx = np.asarray(rc.to_host(indices) if rc.is_device_array(indices) else indices)
-    if idx.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"{name}: indices must be int32 or int64, got {idx.dtype}")
-    gn = lshape[ga]
-    check_indices(name, idx, -gn, gn)
-    norm = np.where(idx < 0, idx + gn, idx).astype(np.int64).reshape(-1)
-    oshape = lshape[:ga] + tuple(idx.shape) + lshape[ga + 1:]
-    y = rc.device_empty(oshape, scales.dtype)
-    total = int(np.prod(oshape, dtype=np.int64))
-    if total == 0:
+def launch_gbq(g: Gbq, ctx=None):
+    """The CUDA implementation of GatherBlockQuantized, written once in ``ops/contrib_quant.py`` (its bind and its
+    checks): rows of a block-quantized uint8 table gathered and dequantized; indices validated on the host."""
+
+    def run(data, indices, scales, zero_points=None):
+        name = "GatherBlockQuantized"
+        check_device(name, data=data, scales=scales, zero_points=zero_points)
+        if np.dtype(data.dtype) != np.uint8:
+            raise InvalidArgumentError(f"{name}: the CUDA kernel takes uint8 (packed) data, got {data.dtype}")
+        if zero_points is not None and np.dtype(zero_points.dtype) != np.uint8:
+            raise InvalidArgumentError(f"{name}: the CUDA kernel takes uint8 (packed) zero_points, got "
+                                       f"{zero_points.dtype}")
+        lay = gbq_layout(g, data, scales, zero_points)
+        idx = gbq_indices(lay, rc.to_host(indices) if rc.is_device_array(indices) else indices)
+        ga, qa, lshape = lay.ga, lay.qa, lay.lshape
+        sshape = tuple(scales.shape)
+        oshape = lshape[:ga] + tuple(idx.shape) + lshape[ga + 1:]
+        y = rc.device_empty(oshape, scales.dtype)
+        total = int(np.prod(oshape, dtype=np.int64))
+        if total == 0:
+            return y
+        norm = idx.reshape(-1)
+        blocks, threads = grid1d(total)
+        _gbq_kernel[blocks, threads](flat(data), rc.to_device(norm), flat(scales),
+                                     flat(zero_points) if zero_points is not None else flat(data),
+                                     zero_points is not None, flat(y), total,
+                                     int(np.prod(lshape[ga + 1:], dtype=np.int64)), norm.size, lshape[ga],
+                                     lshape[qa], int(np.prod(lshape[qa + 1:], dtype=np.int64)), lay.nbq, g.bs,
+                                     g.bits, int(data.shape[data.ndim - 1]), lshape[-1], sshape[-1],
+                                     (sshape[-1] + lay.per - 1) // lay.per)
         return y
-    post = int(np.prod(lshape[ga + 1:], dtype=np.int64))
-    inner_q = int(np.prod(lshape[qa + 1:], dtype=np.int64))
-    d_idx = rc.to_device(norm)
-    blocks, threads = grid1d(total)
-    _gbq_kernel[blocks, threads](flat(data), d_idx, flat(scales),
-                                 flat(zero_points) if zero_points is not None else flat(data),
-                                 zero_points is not None, flat(y), total, post, norm.size, gn, qn, inner_q, nbq, bs,
-                                 bits, dshape[-1], lshape[-1], sshape[-1], zlast)
-    return y
+    return run
+
+
+op("GatherBlockQuantized", 1, domain=_MS, provider=_CUDA, bind=bind_gbq)(launch_gbq)

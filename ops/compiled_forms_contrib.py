@@ -27,14 +27,12 @@ from numba import njit, prange
 
 
 from . import compiled_forms as _cf
-from . import contrib_norm as _cn
 from . import contrib_quant as _cq
-from . import contrib_recurrent as _cr
 from . import recurrent_state as _rs
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, _float_only, _prod, _raise_on, form
 
-__all__ = ["mnb_f32", "gbq_f32", "gated_rms_f32", "la_gate_f32", "ccws_f32", "linattn_f32"]
+__all__ = ["mnb_f32", "gbq_f32", "linattn_f32"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -406,144 +404,7 @@ def _lp(e):
            f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {p}, np.empty({{p}}_s[2], np.float64))")
 
 
-@njit(**_OPTS)
-def gated_rms_f32(x, scale, gate, eps, mode):
-    """GatedRMSNorm over X flattened to (rows, C): (y flat, error code)."""
-    C = scale.size
-    n = x.shape[x.ndim - 1]
-    if C == 0 or n % C:
-        return np.empty(0, np.float32), 1
-    if gate.shape != x.shape:
-        return np.empty(0, np.float32), 2
-    rows = x.size // C
-    y = np.empty((rows, C), np.float32)
-    if x.size:
-        xs = x.reshape((rows, C))
-        gs = gate.reshape((rows, C))
-        if x.size >= _cn._PARALLEL_MIN:
-            _cn._gated_rows_par(xs, gs, scale.reshape((C,)), y, eps, mode)
-        else:
-            _cn._gated_rows(xs, gs, scale.reshape((C,)), y, eps, mode)
-    return y.reshape((x.size,)), 0
-
-
-@form("GatedRMSNorm", domain=MS)
-def _gated_rms(e):
-    _float_only(e, 0, 1, 2)
-    act = _s(e.attrs.get("activation", "silu"))
-    if act not in ("silu", "swish", "sigmoid") or e.rank(0) < 1 or e.rank(2) != e.rank(0):
-        raise Decline("attributes")
-    k = e.use(__name__, "gated_rms_f32")
-    e.line(f"{{p}}_y, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {float(e.attrs.get('epsilon', 1e-5))!r}, "
-           f"{1 if act == 'sigmoid' else 0})")
-    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "the last axis of X must be a multiple of the scale length"),
-                             (2, "ShapeMismatchError", "gate must have the shape of X")])
-    e.line("{o0} = {p}_y.reshape({i0}.shape)")
-
-
 # -- LinearAttentionGate / CausalConvWithState / LinearAttention -------------------------------------
-
-@njit(**_OPTS)
-def la_gate_f32(a, dt_bias, decay_scale, b, has_b):
-    """(decay flat, beta flat, error code) over a/b flattened to (R, H)."""
-    H = a.shape[a.ndim - 1]
-    if dt_bias.size != H:
-        return np.empty(0, np.float32), np.empty(0, np.float32), 1
-    if decay_scale.size != H:
-        return np.empty(0, np.float32), np.empty(0, np.float32), 2
-    if has_b and b.shape != a.shape:
-        return np.empty(0, np.float32), np.empty(0, np.float32), 3
-    R = a.size // H if H else 0
-    a2 = a.reshape((R, H))
-    b2 = b.reshape((R, H)) if has_b else a2
-    dec = np.empty((R, H), np.float32)
-    bt = np.empty((R if has_b else 0, H), np.float32)
-    if a.size:
-        _cr._gate_kernel(a2, dt_bias.reshape((H,)), decay_scale.reshape((H,)), b2, dec, bt, has_b)
-    return dec.reshape((R * H,)), bt.reshape((bt.size,)), 0
-
-
-@form("LinearAttentionGate", domain=MS)
-def _la_gate(e):
-    _float_only(e, 0, 1, 2, 3)
-    r = e.rank(0)
-    if r < 1 or (e.has(3) and e.rank(3) != r):
-        raise Decline("ranks")
-    k = e.use(__name__, "la_gate_f32")
-    b = "{i3}" if e.has(3) else "{i0}"
-    e.line(f"{{p}}_d, {{p}}_b, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)})")
-    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "dt_bias must have one element per head (a's last axis)"),
-                             (2, "ShapeMismatchError", "decay_scale must have one element per head (a's last axis)"),
-                             (3, "ShapeMismatchError", "b must have a's shape")])
-    e.line("{o0} = {p}_d.reshape({i0}.shape)")
-    if e.has(3) and e.used(1):
-        e.line("{o1} = {p}_b.reshape({i0}.shape)")
-
-
-@njit(**_OPTS)
-def ccws_f32(x, weight, bias, has_bias, past, has_past, dil, silu):
-    """x (B, C, L), past (B, C, P): (out (B, C, L), present (B, C, P), error code)."""
-    B, C, L = x.shape
-    e3 = np.empty((0, 0, 0), np.float32)
-    if weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
-        return e3, e3, 1
-    K = weight.shape[2]
-    P = (K - 1) * dil
-    if has_bias and bias.size != C:
-        return e3, e3, 2
-    if has_past and (past.shape[0] != B or past.shape[1] != C or past.shape[2] != P):
-        return e3, e3, 3
-    w = weight.reshape((C, K))
-    bs = bias.reshape((C,)) if has_bias else np.zeros(C, np.float32)
-    pf = past if has_past else np.zeros((B, C, P), np.float32)
-    out = np.empty((B, C, L), np.float32)
-    if out.size:
-        _cr._dilated_conv_kernel(x, w, bs, pf, out, dil, silu)
-    present = np.empty((B, C, P), np.float32)
-    for b in range(B):
-        for c in range(C):
-            for t in range(P):
-                j = t + L
-                present[b, c, t] = pf[b, c, j] if j < P else x[b, c, j - P]
-    return out, present, 0
-
-
-@form("CausalConvWithState", domain=MS)
-def _ccws(e):
-    a = e.attrs
-    _float_only(e, 0, 1, 2, 3)
-    act = _s(a.get("activation", "none"))
-    dil = int(a.get("dilation", 1))
-    cl = int(a.get("channels_last", 0))
-    if act not in ("none", "silu", "swish") or int(a.get("ndim", 1)) != 1 or int(a.get("state_window", 0)) \
-            or int(a.get("state_update_capacity", 0)) or int(a.get("state_channels_last", -1)) != -1 \
-            or int(a.get("state_length", 0)) or int(a.get("input_channel_offset", 0)) \
-            or int(a.get("input_channels", 0)) or dil < 1:
-        raise Decline("attributes")
-    if e.rank(0) != 3 or e.rank(1) != 3 or (e.has(3) and e.rank(3) != 3):
-        raise Decline("ranks")
-    k = e.use(__name__, "ccws_f32")
-    x = "np.ascontiguousarray(np.transpose({i0}, (0, 2, 1)))" if cl else "{i0}"
-    if e.has(3):
-        past = "np.ascontiguousarray(np.transpose({i3}, (0, 2, 1)))" if cl else "{i3}"
-    else:
-        past = "np.zeros((1, 1, 1), np.float32)"
-    bias = "{i2}" if e.has(2) else "np.zeros(1, np.float32)"
-    e.line(f"{{p}}_y, {{p}}_st, {{p}}_err = {k}({x}, {{i1}}, {bias}, {e.has(2)}, {past}, {e.has(3)}, {dil}, "
-           f"{act != 'none'})")
-    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "weight must be (channels, 1, k)"),
-                             (2, "ShapeMismatchError", "bias must have one element per channel"),
-                             (3, "ShapeMismatchError", "past_state does not match batch, channels and (k - 1) * "
-                                                       "dilation")])
-    if cl:
-        e.line("{o0} = np.ascontiguousarray(np.transpose({p}_y, (0, 2, 1)))")
-        if e.used(1):
-            e.line("{o1} = np.ascontiguousarray(np.transpose({p}_st, (0, 2, 1)))")
-    else:
-        e.line("{o0} = {p}_y")
-        if e.used(1):
-            e.line("{o1} = {p}_st")
-
 
 @njit(**_OPTS)
 def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta):

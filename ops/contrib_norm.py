@@ -450,32 +450,85 @@ form("SkipSimplifiedLayerNormalization", domain=MS, bind=bind_skip_simplified)(_
 op("SkipLayerNormalization", 1, domain=MS, bind=bind_skip_layer_norm)(_cpu)
 
 
-@op("GatedRMSNorm", 1, domain=MS, factory=True)
-def GatedRMSNorm(ctx, activation="silu", epsilon=1e-5):
+# -- GatedRMSNorm: the contract ---------------------------------------------------------------------
+
+class GatedNorm(NamedTuple):
+    """A GatedRMSNorm node bound at plan time: ``x * rsqrt(mean(x^2) + eps) * scale * act(gate)`` per group of
+    C = scale length along the last axis."""
+
+    eps: float
+    sigmoid: bool         # act: sigmoid, else silu
+
+
+def bind_gated_rms(ctx, activation="silu", epsilon=1e-5) -> GatedNorm:
     act = activation.decode() if isinstance(activation, bytes) else str(activation)
     if act not in ("silu", "swish", "sigmoid"):
         raise InvalidAttributeError(f"GatedRMSNorm: activation must be 'silu', 'swish' or 'sigmoid', got {act!r}")
-    mode = 1 if act == "sigmoid" else 0
+    return GatedNorm(float(epsilon), act == "sigmoid")
 
+
+GATED_ERRORS = {
+    1: ("ShapeMismatchError", "the last axis of X must be a multiple of the scale length"),
+    2: ("ShapeMismatchError", "gate must have the shape of X"),
+}
+
+
+def gated_geometry(x, scale, gate) -> int:
+    """The rows of C the node normalizes, after the checks every implementation makes (host or device
+    arrays)."""
+    C = int(scale.size)
+    shape = tuple(x.shape)
+    if not shape or C == 0 or shape[-1] % C:
+        raise_coded(GATED_ERRORS, 1, "GatedRMSNorm", f": X {list(shape)}, scale length {C}")
+    if tuple(gate.shape) != shape:
+        raise_coded(GATED_ERRORS, 2, "GatedRMSNorm", f" {list(shape)}, got {list(gate.shape)}")
+    return int(x.size) // C
+
+
+@njit(**_OPTS)
+def gated_rms(x, scale, gate, eps, sigmoid):
+    """The driver, on float32 arrays of X's rank: ``(error code, y flat)``."""
+    C = scale.size
+    n = x.shape[x.ndim - 1]
+    if C == 0 or n % C:
+        return 1, np.empty(0, np.float32)
+    if gate.shape != x.shape:
+        return 2, np.empty(0, np.float32)
+    rows = x.size // C
+    y = np.empty((rows, C), np.float32)
+    if x.size:
+        xs, gs, sc, mode = x.reshape((rows, C)), gate.reshape((rows, C)), scale.reshape((C,)), 1 if sigmoid else 0
+        if x.size >= _PARALLEL_MIN:
+            _gated_rows_par(xs, gs, sc, y, eps, mode)
+        else:
+            _gated_rows(xs, gs, sc, y, eps, mode)
+    return 0, y.reshape((x.size,))
+
+
+def _gated_cpu(g: GatedNorm, ctx):
     def run(X, scale, gate):
         _check_float("GatedRMSNorm", X)
-        C = int(np.size(scale))
-        if X.ndim < 1 or C == 0 or X.shape[-1] % C:
-            raise ShapeMismatchError(f"GatedRMSNorm: the last axis of X {list(X.shape)} must be a multiple of the "
-                                     f"scale length {C}")
-        if gate.shape != X.shape:
-            raise ShapeMismatchError(f"GatedRMSNorm: gate must have X's shape {list(X.shape)}, got "
-                                     f"{list(gate.shape)}")
-        rows = X.size // C
-        x = np.ascontiguousarray(X, dtype=F32).reshape(rows, C)
-        g = np.ascontiguousarray(gate, dtype=F32).reshape(rows, C)
-        sc = np.ascontiguousarray(scale, dtype=F32).reshape(C)
-        y = np.empty((rows, C), F32)
-        if X.size:
-            kern = _gated_rows_par if X.size >= _PARALLEL_MIN else _gated_rows
-            kern(x, g, sc, y, float(epsilon), mode)
+        gated_geometry(X, scale, gate)
+        err, y = gated_rms(np.ascontiguousarray(X, dtype=F32), np.ascontiguousarray(scale, dtype=F32).reshape(-1),
+                           np.ascontiguousarray(gate, dtype=F32), g.eps, g.sigmoid)
+        if err:
+            raise_coded(GATED_ERRORS, err, "GatedRMSNorm")
         return y.reshape(X.shape).astype(X.dtype, copy=False)
     return run
+
+
+def _gated_form(e, g: GatedNorm):
+    _float_only(e, 0, 1, 2)
+    if e.rank(0) < 1 or e.rank(2) != e.rank(0):
+        raise Decline("ranks")
+    k = e.use(__name__, "gated_rms")
+    e.line(f"{{p}}_err, {{p}}_y = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)), {{i2}}, {g.eps!r}, {g.sigmoid})")
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GATED_ERRORS.items()])
+    e.line("{o0} = {p}_y.reshape({i0}.shape)")
+
+
+op("GatedRMSNorm", 1, domain=MS, bind=bind_gated_rms)(_gated_cpu)
+form("GatedRMSNorm", domain=MS, bind=bind_gated_rms)(_gated_form)
 
 
 # -- GELU family -----------------------------------------------------------------------------------

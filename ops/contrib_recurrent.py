@@ -19,14 +19,16 @@ Invariants:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32
+from ._common import F32, raise_coded
 from ._fastmath import fsigmoid
 from .recurrent_state import LinearAttention as _linear_attention_default
+from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
 
 MS = "com.microsoft"
@@ -108,40 +110,105 @@ def LinearAttention(query, key, value, past_state=None, decay=None, beta=None, *
                                      scale=scale if scale else 1.0 / math.sqrt(dk), update_rule=update_rule)
 
 
-@op("LinearAttentionGate", 1, domain=MS)
-def LinearAttentionGate(a, dt_bias, decay_scale, b=None):
-    if a.ndim < 1:
-        raise ShapeMismatchError(f"LinearAttentionGate: a must be (B, T, H), got {list(a.shape)}")
-    H = a.shape[-1]
-    for name, v in (("dt_bias", dt_bias), ("decay_scale", decay_scale)):
-        if v.size != H:
-            raise ShapeMismatchError(f"LinearAttentionGate: {name} must have {H} elements (a's last axis), got "
-                                     f"shape {list(v.shape)}")
-    if b is not None and b.shape != a.shape:
-        raise ShapeMismatchError(f"LinearAttentionGate: b must have a's shape {list(a.shape)}, got {list(b.shape)}")
+# LinearAttentionGate, written once: it has no attributes; its checks and messages are ``LA_GATE_ERRORS``
+# through ``la_gate_check`` (CPU, CUDA) and ``la_gate_f32`` (the typed driver of the CPU wrapper and the form).
+
+def bind_la_gate(ctx) -> tuple:
+    return ()
+
+
+LA_GATE_ERRORS = {
+    1: ("ShapeMismatchError", "dt_bias must have one element per head (a's last axis)"),
+    2: ("ShapeMismatchError", "decay_scale must have one element per head (a's last axis)"),
+    3: ("ShapeMismatchError", "b must have a's shape"),
+    4: ("ShapeMismatchError", "a must be (B, T, H), not a scalar"),
+}
+
+
+def la_gate_check(a, dt_bias, decay_scale, b) -> int:
+    """The heads H (a's last extent), after the checks every implementation makes (host or device arrays)."""
+    shape = tuple(a.shape)
+    code = 4 if not shape else 1 if dt_bias.size != shape[-1] else 2 if decay_scale.size != shape[-1] else \
+        3 if b is not None and tuple(b.shape) != shape else 0
+    if code:
+        raise_coded(LA_GATE_ERRORS, code, "LinearAttentionGate", f" (a {list(shape)})")
+    return shape[-1]
+
+
+@njit(**_OPTS)
+def la_gate_f32(a, dt_bias, decay_scale, b, has_b):
+    """The driver: ``(error code, decay flat, beta flat)`` over a/b flattened to (R, H)."""
+    H = a.shape[a.ndim - 1]
+    e = np.empty(0, np.float32)
+    if dt_bias.size != H:
+        return 1, e, e
+    if decay_scale.size != H:
+        return 2, e, e
+    if has_b and b.shape != a.shape:
+        return 3, e, e
     R = a.size // H if H else 0
-    a2 = np.ascontiguousarray(a, dtype=F32).reshape(R, H)
-    b2 = a2 if b is None else np.ascontiguousarray(b, dtype=F32).reshape(R, H)
-    dec = np.empty((R, H), F32)
-    bt = np.empty((R, H) if b is not None else (0, H), F32)
+    a2 = a.reshape((R, H))
+    b2 = b.reshape((R, H)) if has_b else a2
+    dec = np.empty((R, H), np.float32)
+    bt = np.empty((R if has_b else 0, H), np.float32)
     if a.size:
-        _gate_kernel(a2, np.ascontiguousarray(dt_bias, dtype=F32).reshape(H),
-                     np.ascontiguousarray(decay_scale, dtype=F32).reshape(H), b2, dec, bt, b is not None)
-    dec = dec.reshape(a.shape).astype(a.dtype, copy=False)
-    if b is None:
-        return dec
-    return dec, bt.reshape(a.shape).astype(a.dtype, copy=False)
+        _gate_kernel(a2, dt_bias.reshape((H,)), decay_scale.reshape((H,)), b2, dec, bt, has_b)
+    return 0, dec.reshape((R * H,)), bt.reshape((bt.size,))
+
+
+@op("LinearAttentionGate", 1, domain=MS, bind=bind_la_gate)
+def _la_gate_cpu(_, ctx):
+    def run(a, dt_bias, decay_scale, b=None):
+        la_gate_check(a, dt_bias, decay_scale, b)
+        af = np.ascontiguousarray(a, dtype=F32)
+        err, dec, bt = la_gate_f32(af, np.ascontiguousarray(dt_bias, dtype=F32),
+                                   np.ascontiguousarray(decay_scale, dtype=F32),
+                                   af if b is None else np.ascontiguousarray(b, dtype=F32), b is not None)
+        if err:
+            raise_coded(LA_GATE_ERRORS, err, "LinearAttentionGate")
+        dec = dec.reshape(a.shape).astype(a.dtype, copy=False)
+        return dec if b is None else (dec, bt.reshape(a.shape).astype(a.dtype, copy=False))
+    return run
+
+
+def _la_gate_form(e, _):
+    _float_only(e, 0, 1, 2, 3)
+    r = e.rank(0)
+    if r < 1 or (e.has(3) and e.rank(3) != r):
+        raise Decline("ranks")
+    k = e.use(__name__, "la_gate_f32")
+    b = "{i3}" if e.has(3) else "{i0}"
+    e.line(f"{{p}}_err, {{p}}_d, {{p}}_b = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)})")
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_GATE_ERRORS.items() if c < 4])
+    e.line("{o0} = {p}_d.reshape({i0}.shape)")
+    if e.has(3) and e.used(1):
+        e.line("{o1} = {p}_b.reshape({i0}.shape)")
+
+
+form("LinearAttentionGate", domain=MS, bind=bind_la_gate)(_la_gate_form)
 
 
 # -- CausalConvWithState ---------------------------------------------------------------------------
 
-@op("CausalConvWithState", 1, domain=MS)
-def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation="none", ndim=1, dilation=1,
-                        channels_last=0, state_window=0, state_update_capacity=0, state_channels_last=-1,
-                        state_length=0, input_channel_offset=0, input_channels=0):
+class Ccws(NamedTuple):
+    """A CausalConvWithState node (com.microsoft, or the opset-27 op: dilation 1, channels first) bound at
+    plan time."""
+
+    silu: bool
+    dilation: int
+    channels_last: bool
+
+
+def _activation(activation) -> bool:
     act = _s(activation)
     if act not in ("none", "silu", "swish"):
         raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
+    return act != "none"
+
+
+def bind_ccws(ctx, activation="none", ndim=1, dilation=1, channels_last=0, state_window=0, state_update_capacity=0,
+              state_channels_last=-1, state_length=0, input_channel_offset=0, input_channels=0) -> Ccws:
+    silu = _activation(activation)
     if ndim != 1 or state_window or state_update_capacity or state_channels_last != -1 or state_length \
             or input_channel_offset or input_channels:
         raise InvalidAttributeError(
@@ -149,54 +216,122 @@ def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation
             f"are supported, got ndim={ndim}, state_window={state_window}, state_update_capacity="
             f"{state_update_capacity}, state_channels_last={state_channels_last}, state_length={state_length}, "
             f"input_channel_offset={input_channel_offset}, input_channels={input_channels}")
-    if dilation < 1:
+    if int(dilation) < 1:
         raise InvalidAttributeError(f"CausalConvWithState: dilation must be >= 1, got {dilation}")
-    if channels_last:
-        if input.ndim < 3:
-            raise ShapeMismatchError(f"CausalConvWithState: channels-last input must be (batch, length, d_1, ...), "
-                                     f"got {list(input.shape)}")
-        B, L = input.shape[:2]
-        C = int(math.prod(input.shape[2:]))
-        x = input.reshape(B, L, C).transpose(0, 2, 1)
-    else:
-        if input.ndim != 3:
-            raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
-                                     f"{list(input.shape)}")
-        B, C, L = input.shape
-        x = input
-    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
-        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
-    K = weight.shape[2]
-    P = (K - 1) * int(dilation)
+    return Ccws(silu, int(dilation), bool(int(channels_last)))
+
+
+def bind_ccws_27(ctx, activation="none") -> Ccws:
+    return Ccws(_activation(activation), 1, False)
+
+
+CCWS_ERRORS = {
+    1: ("ShapeMismatchError", "weight must be (channels, 1, k)"),
+    2: ("ShapeMismatchError", "bias must have one element per channel"),
+    3: ("ShapeMismatchError", "past_state does not match batch, channels and (k - 1) * dilation"),
+    4: ("ShapeMismatchError", "input must be (batch, channels, length), or (batch, length, d_1, ...) with "
+                              "channels_last"),
+}
+
+
+def ccws_geometry(c: Ccws, input, weight, bias, past_state) -> tuple:
+    """``(B, C, L, K, P)`` after the checks every implementation makes (host or device arrays)."""
+    shape = tuple(int(v) for v in input.shape)
+    if (c.channels_last and len(shape) < 3) or (not c.channels_last and len(shape) != 3):
+        raise_coded(CCWS_ERRORS, 4, "CausalConvWithState", f", got {list(shape)}")
+    B, L, C = (shape[0], shape[1], math.prod(shape[2:])) if c.channels_last else (shape[0], shape[2], shape[1])
+    ws = tuple(int(v) for v in weight.shape)
+    if len(ws) != 3 or ws[0] != C or ws[1] != 1 or ws[2] < 1:
+        raise_coded(CCWS_ERRORS, 1, "CausalConvWithState", f" = ({C}, 1, k), got {list(ws)}")
+    K = ws[2]
+    P = (K - 1) * c.dilation
     if bias is not None and bias.size != C:
-        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
+        raise_coded(CCWS_ERRORS, 2, "CausalConvWithState", f" ({C}), got shape {list(bias.shape)}")
     if past_state is not None:
-        if channels_last:
-            if past_state.shape[:2] != (B, P) or int(math.prod(past_state.shape[2:])) != C:
-                raise ShapeMismatchError(f"CausalConvWithState: past_state must be (batch={B}, {P}, channels...), "
-                                         f"got {list(past_state.shape)}")
-            past = past_state.reshape(B, P, C).transpose(0, 2, 1)
-        else:
-            if past_state.shape != (B, C, P):
-                raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, P]}, got "
-                                         f"{list(past_state.shape)}")
-            past = past_state
-    else:
-        past = None
-    T = input.dtype
-    if T.kind != "f" and T.name != "bfloat16":
-        raise InvalidArgumentError(f"CausalConvWithState: expects a floating-point input, got {T}")
-    xf = np.ascontiguousarray(x, dtype=F32)
-    w = np.ascontiguousarray(weight, dtype=F32).reshape(C, K)
-    bs = np.zeros(C, F32) if bias is None else np.ascontiguousarray(bias, dtype=F32).reshape(C)
-    pf = np.zeros((B, C, P), F32) if past is None else np.ascontiguousarray(past, dtype=F32)
-    out = np.empty((B, C, L), F32)
+        ps = tuple(int(v) for v in past_state.shape)
+        ok = (ps[:2] == (B, P) and math.prod(ps[2:]) == C) if c.channels_last else ps == (B, C, P)
+        if not ok:
+            raise_coded(CCWS_ERRORS, 3, "CausalConvWithState", f": expected {[B, C, P]}"
+                        f"{' (channels last)' if c.channels_last else ''}, got {list(ps)}")
+    return B, C, L, K, P
+
+
+@njit(**_OPTS)
+def ccws_f32(x, weight, bias, has_bias, past, has_past, dil, silu):
+    """The driver, channels first: x (B, C, L), past (B, C, P): ``(error code, out (B, C, L), present
+    (B, C, P))``."""
+    B, C, L = x.shape
+    e3 = np.empty((0, 0, 0), np.float32)
+    if weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
+        return 1, e3, e3
+    K = weight.shape[2]
+    P = (K - 1) * dil
+    if has_bias and bias.size != C:
+        return 2, e3, e3
+    if has_past and (past.shape[0] != B or past.shape[1] != C or past.shape[2] != P):
+        return 3, e3, e3
+    w = weight.reshape((C, K))
+    bs = bias.reshape((C,)) if has_bias else np.zeros(C, np.float32)
+    pf = past if has_past else np.zeros((B, C, P), np.float32)
+    out = np.empty((B, C, L), np.float32)
     if out.size:
-        _dilated_conv_kernel(xf, w, bs, pf, out, int(dilation), act != "none")
-    pad = np.zeros((B, C, P), T) if past is None else past.astype(T, copy=False)
-    present = np.concatenate((pad, x.astype(T, copy=False)), axis=2)[:, :, L:] if P else np.zeros((B, C, 0), T)
-    out = out.astype(T, copy=False)
-    if channels_last:
-        out = np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(input.shape)
-        present = np.ascontiguousarray(present.transpose(0, 2, 1)).reshape((B, P) + input.shape[2:])
-    return out, np.ascontiguousarray(present)
+        _dilated_conv_kernel(x, w, bs, pf, out, dil, silu)
+    present = np.empty((B, C, P), np.float32)
+    for b in range(B):
+        for ch in range(C):
+            for t in range(P):
+                j = t + L
+                present[b, ch, t] = pf[b, ch, j] if j < P else x[b, ch, j - P]
+    return 0, out, present
+
+
+def _ccws_cpu(c: Ccws, ctx):
+    def run(input, weight, bias=None, past_state=None):
+        B, C, L, K, P = ccws_geometry(c, input, weight, bias, past_state)
+        T = input.dtype
+        if T.kind != "f" and T.name != "bfloat16":
+            raise InvalidArgumentError(f"CausalConvWithState: expects a floating-point input, got {T}")
+        x, past = input, past_state
+        if c.channels_last:
+            x = input.reshape(B, L, C).transpose(0, 2, 1)
+            past = None if past is None else past.reshape(B, P, C).transpose(0, 2, 1)
+        xf = np.ascontiguousarray(x, dtype=F32)
+        err, out, present = ccws_f32(xf, np.ascontiguousarray(weight, dtype=F32),
+                                     xf if bias is None else np.ascontiguousarray(bias, dtype=F32), bias is not None,
+                                     xf if past is None else np.ascontiguousarray(past, dtype=F32), past is not None,
+                                     c.dilation, c.silu)
+        if err:
+            raise_coded(CCWS_ERRORS, err, "CausalConvWithState")
+        out, present = out.astype(T, copy=False), present.astype(T, copy=False)
+        if c.channels_last:
+            out = np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(input.shape)
+            present = np.ascontiguousarray(present.transpose(0, 2, 1)).reshape((B, P) + input.shape[2:])
+        return out, present
+    return run
+
+
+def _ccws_form(e, c: Ccws):
+    _float_only(e, 0, 1, 2, 3)
+    if e.rank(0) != 3 or e.rank(1) != 3 or (e.has(3) and e.rank(3) != 3):
+        raise Decline("ranks")
+    k = e.use(__name__, "ccws_f32")
+    x = "np.ascontiguousarray(np.transpose({i0}, (0, 2, 1)))" if c.channels_last else "{i0}"
+    past = ("np.zeros((1, 1, 1), np.float32)" if not e.has(3) else
+            "np.ascontiguousarray(np.transpose({i3}, (0, 2, 1)))" if c.channels_last else "{i3}")
+    bias = "{i2}" if e.has(2) else "np.zeros(1, np.float32)"
+    e.line(f"{{p}}_err, {{p}}_y, {{p}}_st = {k}({x}, {{i1}}, {bias}, {e.has(2)}, {past}, {e.has(3)}, {c.dilation}, "
+           f"{c.silu})")
+    _raise_on(e, "{p}_err", [(code, cls, msg) for code, (cls, msg) in CCWS_ERRORS.items() if code < 4])
+    if c.channels_last:
+        e.line("{o0} = np.ascontiguousarray(np.transpose({p}_y, (0, 2, 1)))")
+        if e.used(1):
+            e.line("{o1} = np.ascontiguousarray(np.transpose({p}_st, (0, 2, 1)))")
+    else:
+        e.line("{o0} = {p}_y")
+        if e.used(1):
+            e.line("{o1} = {p}_st")
+
+
+op("CausalConvWithState", 1, domain=MS, bind=bind_ccws)(_ccws_cpu)
+op("CausalConvWithState", 27, bind=bind_ccws_27)(_ccws_cpu)
+form("CausalConvWithState", domain=MS, bind=bind_ccws)(_ccws_form)

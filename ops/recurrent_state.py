@@ -1,4 +1,5 @@
-"""Stateful sequence ops of the default domain (opset 27): LinearAttention, CausalConvWithState.
+"""Stateful sequence ops of the default domain (opset 27): LinearAttention (CausalConvWithState, both domains, is
+written once in ``ops/contrib_recurrent.py``).
 
 Both carry a recurrent state between decode steps (``past_state`` in,
 ``present_state`` out).  Wrappers keep the packed 3-d layouts as 4-d views
@@ -10,10 +11,7 @@ Invariants:
   states it (the ``chunk_size`` hint does not change results); the state is
   float32 inside and is cast to ``past_state``'s dtype (or the query's when no
   past is given) on output; query head ``h`` reads KV head
-  ``h // (q_num_heads // kv_num_heads)``;
-- CausalConvWithState is a depthwise cross-correlation over the input
-  left-padded with ``past_state`` (zeros if absent); ``present_state`` holds
-  the last ``k - 1`` positions of that padded input.
+  ``h // (q_num_heads // kv_num_heads)``.
 """
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32
-from ._fastmath import fsigmoid
 from .registry import op
 
 _RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
@@ -92,25 +89,6 @@ def _linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, sc
                         out[b, t, g * group + j, m] = scale * o[j, m]
 
 
-@njit(cache=True, nogil=True)
-def _causal_conv_kernel(x, w, bias, past, out, silu):
-    """x/out (B,C,L), w (C,K), bias (C,), past (B,C,K-1): out[t] = bias + sum_i w[i] * padded[t+i]."""
-    B, C, L = x.shape
-    K = w.shape[1]
-    P = K - 1
-    for b in range(B):
-        for c in range(C):
-            for t in range(L):
-                acc = bias[c]
-                for i in range(K):
-                    p = t + i
-                    xv = past[b, c, p] if p < P else x[b, c, p - P]
-                    acc += w[c, i] * xv
-                if silu:
-                    acc = acc * fsigmoid(acc)
-                out[b, c, t] = acc
-
-
 # -- LinearAttention -------------------------------------------------------------------------------
 
 @op("LinearAttention", 27)
@@ -173,35 +151,3 @@ def LinearAttention(query, key, value, past_state=None, decay=None, beta=None, *
     if out.size or state.size:
         _linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta, np.float32(sc))
     return out.reshape(B, T, q_num_heads * dv).astype(query.dtype, copy=False), state.astype(sdt, copy=False)
-
-
-# -- CausalConvWithState ---------------------------------------------------------------------------
-
-@op("CausalConvWithState", 27)
-def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation="none"):
-    act = _s(activation)
-    if act not in ("none", "silu", "swish"):
-        raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
-    if input.ndim != 3:
-        raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
-                                 f"{list(input.shape)}")
-    B, C, L = input.shape
-    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
-        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
-    K = weight.shape[2]
-    if bias is not None and bias.shape != (C,):
-        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
-    if past_state is not None and past_state.shape != (B, C, K - 1):
-        raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, K - 1]}, got "
-                                 f"{list(past_state.shape)}")
-    T = input.dtype
-    x = np.ascontiguousarray(input, dtype=F32)
-    w = np.ascontiguousarray(weight, dtype=F32).reshape(C, K)
-    bs = np.zeros(C, F32) if bias is None else np.ascontiguousarray(bias, dtype=F32)
-    past = np.zeros((B, C, K - 1), F32) if past_state is None else np.ascontiguousarray(past_state, dtype=F32)
-    out = np.empty((B, C, L), F32)
-    if out.size:
-        _causal_conv_kernel(x, w, bs, past, out, act != "none")
-    pad = np.zeros((B, C, K - 1), T) if past_state is None else past_state.astype(T, copy=False)
-    present = np.concatenate((pad, input), axis=2)[:, :, L:]
-    return out.astype(T, copy=False), np.ascontiguousarray(present)

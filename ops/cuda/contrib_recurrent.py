@@ -26,14 +26,14 @@ import math
 
 import numpy as np
 
+from ops.contrib_recurrent import Ccws, bind_ccws, bind_ccws_27, bind_la_gate, ccws_geometry, la_gate_check
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import FLOATS, check_device, fill0, flat, grid1d, row_threads
 
-__all__ = ["LinearAttention", "LinearAttention_27", "LinearAttentionGate", "CausalConvWithState",
-           "CausalConvWithState_27"]
+__all__ = ["LinearAttention", "LinearAttention_27", "launch_la_gate", "launch_ccws"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
@@ -294,24 +294,23 @@ def LinearAttention_27(query, key, value, past_state=None, decay=None, beta=None
 
 # -- LinearAttentionGate ---------------------------------------------------------------------------
 
-@op("LinearAttentionGate", 1, domain=MS, provider=CUDA)
-def LinearAttentionGate(a, dt_bias, decay_scale, b=None):
+def launch_la_gate(_, ctx=None):
+    """The CUDA implementation of LinearAttentionGate (its checks are ``contrib_recurrent.la_gate_check``)."""
+    return _la_gate
+
+
+def _la_gate(a, dt_bias, decay_scale, b=None):
     check_device("LinearAttentionGate", a=a, dt_bias=dt_bias, decay_scale=decay_scale, b=b)
-    if a.ndim < 1:
-        raise ShapeMismatchError(f"LinearAttentionGate: a must be (B, T, H), got {list(a.shape)}")
-    H = tuple(a.shape)[-1]
-    for nm, v in (("dt_bias", dt_bias), ("decay_scale", decay_scale)):
-        if v.size != H:
-            raise ShapeMismatchError(f"LinearAttentionGate: {nm} must have {H} elements (a's last axis), got "
-                                     f"shape {list(v.shape)}")
-    if b is not None and tuple(b.shape) != tuple(a.shape):
-        raise ShapeMismatchError(f"LinearAttentionGate: b must have a's shape {list(a.shape)}, got {list(b.shape)}")
+    H = la_gate_check(a, dt_bias, decay_scale, b)
     dec = rc.device_empty(tuple(a.shape), a.dtype)
     bt = rc.device_empty(tuple(a.shape) if b is not None else (1,), a.dtype)
     af = flat(a)
     _launch1d(_gate, a.size, af, flat(dt_bias), flat(decay_scale), flat(b) if b is not None else af,
               b is not None, flat(dec), flat(bt), H)
     return dec if b is None else (dec, bt)
+
+
+op("LinearAttentionGate", 1, domain=MS, provider=CUDA, bind=bind_la_gate)(launch_la_gate)
 
 
 # -- CausalConvWithState ---------------------------------------------------------------------------
@@ -328,72 +327,21 @@ def _causal_conv(input, weight, bias, past, B, C, L, K, dil, act, cl, oshape, ps
     return out, present
 
 
-@op("CausalConvWithState", 1, domain=MS, provider=CUDA)
-def CausalConvWithState(input, weight, bias=None, past_state=None, *, activation="none", ndim=1, dilation=1,
-                        channels_last=0, state_window=0, state_update_capacity=0, state_channels_last=-1,
-                        state_length=0, input_channel_offset=0, input_channels=0):
-    check_device("CausalConvWithState", input=input, weight=weight, bias=bias, past_state=past_state)
-    act = _s(activation)
-    if act not in ("none", "silu", "swish"):
-        raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
-    if ndim != 1 or state_window or state_update_capacity or state_channels_last != -1 or state_length \
-            or input_channel_offset or input_channels:
-        raise InvalidAttributeError(
-            f"CausalConvWithState (com.microsoft): only ndim=1, state_window=0 and the default CUDA-only attributes "
-            f"are supported, got ndim={ndim}, state_window={state_window}, state_update_capacity="
-            f"{state_update_capacity}, state_channels_last={state_channels_last}, state_length={state_length}, "
-            f"input_channel_offset={input_channel_offset}, input_channels={input_channels}")
-    if dilation < 1:
-        raise InvalidAttributeError(f"CausalConvWithState: dilation must be >= 1, got {dilation}")
-    shape = tuple(input.shape)
-    if channels_last:
-        if input.ndim < 3:
-            raise ShapeMismatchError(f"CausalConvWithState: channels-last input must be (batch, length, d_1, ...), "
-                                     f"got {list(shape)}")
-        B, L = shape[:2]
-        C = int(np.prod(shape[2:], dtype=np.int64))
-    else:
-        if input.ndim != 3:
-            raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
-                                     f"{list(shape)}")
-        B, C, L = shape
-    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
-        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
-    K = weight.shape[2]
-    P = (K - 1) * int(dilation)
-    if bias is not None and bias.size != C:
-        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
-    if past_state is not None:
-        ps = tuple(past_state.shape)
-        if channels_last:
-            if ps[:2] != (B, P) or int(np.prod(ps[2:], dtype=np.int64)) != C:
-                raise ShapeMismatchError(f"CausalConvWithState: past_state must be (batch={B}, {P}, channels...), "
-                                         f"got {list(ps)}")
-        elif ps != (B, C, P):
-            raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, P]}, got {list(ps)}")
-    if np.dtype(input.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"CausalConvWithState: expects a floating-point input, got {input.dtype}")
-    pshape = (B, P) + shape[2:] if channels_last else (B, C, P)
-    return _causal_conv(input, weight, bias, past_state, B, C, L, K, int(dilation), act, bool(channels_last),
-                        shape, pshape)
+def launch_ccws(c: Ccws, ctx=None):
+    """The CUDA implementation of CausalConvWithState (com.microsoft and opset 27), written once in
+    ``ops/contrib_recurrent.py`` (its binds, its checks and messages)."""
+
+    def run(input, weight, bias=None, past_state=None):
+        check_device("CausalConvWithState", input=input, weight=weight, bias=bias, past_state=past_state)
+        B, C, L, K, P = ccws_geometry(c, input, weight, bias, past_state)
+        if np.dtype(input.dtype) not in FLOATS:
+            raise InvalidArgumentError(f"CausalConvWithState: expects a floating-point input, got {input.dtype}")
+        shape = tuple(input.shape)
+        pshape = (B, P) + shape[2:] if c.channels_last else (B, C, P)
+        return _causal_conv(input, weight, bias, past_state, B, C, L, K, c.dilation, "silu" if c.silu else "none",
+                            c.channels_last, shape, pshape)
+    return run
 
 
-@op("CausalConvWithState", 27, provider=CUDA)
-def CausalConvWithState_27(input, weight, bias=None, past_state=None, *, activation="none"):
-    check_device("CausalConvWithState", input=input, weight=weight, bias=bias, past_state=past_state)
-    act = _s(activation)
-    if act not in ("none", "silu", "swish"):
-        raise InvalidAttributeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', got {act!r}")
-    if input.ndim != 3:
-        raise ShapeMismatchError(f"CausalConvWithState: input must be (batch, channels, length), got "
-                                 f"{list(input.shape)}")
-    B, C, L = input.shape
-    if weight.ndim != 3 or weight.shape[0] != C or weight.shape[1] != 1 or weight.shape[2] < 1:
-        raise ShapeMismatchError(f"CausalConvWithState: weight must be ({C}, 1, k), got {list(weight.shape)}")
-    K = weight.shape[2]
-    if bias is not None and tuple(bias.shape) != (C,):
-        raise ShapeMismatchError(f"CausalConvWithState: bias must be ({C},), got {list(bias.shape)}")
-    if past_state is not None and tuple(past_state.shape) != (B, C, K - 1):
-        raise ShapeMismatchError(f"CausalConvWithState: past_state must be {[B, C, K - 1]}, got "
-                                 f"{list(past_state.shape)}")
-    return _causal_conv(input, weight, bias, past_state, B, C, L, K, 1, act, False, (B, C, L), (B, C, K - 1))
+op("CausalConvWithState", 1, domain=MS, provider=CUDA, bind=bind_ccws)(launch_ccws)
+op("CausalConvWithState", 27, provider=CUDA, bind=bind_ccws_27)(launch_ccws)

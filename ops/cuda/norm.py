@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ops._common import norm_axis
+from ops.contrib_norm import GatedNorm, bind_gated_rms, gated_geometry
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
@@ -29,7 +30,7 @@ from .contrib_norm import launch_rows, zeros
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, row_threads
 from .shape import broadcast_to
 
-__all__ = ["LayerNormalization", "GatedRMSNorm", "LpNormalization"]
+__all__ = ["LayerNormalization", "launch_gated", "LpNormalization"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
@@ -148,26 +149,24 @@ def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *,
 
 # -- GatedRMSNorm ----------------------------------------------------------------------------------
 
-@op("GatedRMSNorm", 1, domain=MS, provider=CUDA)
-def GatedRMSNorm(X, scale, gate, activation="silu", epsilon=1e-5):
-    name = "GatedRMSNorm"
-    act = activation.decode() if isinstance(activation, bytes) else str(activation)
-    if act not in ("silu", "swish", "sigmoid"):
-        raise InvalidAttributeError(f"GatedRMSNorm: activation must be 'silu', 'swish' or 'sigmoid', got {act!r}")
-    check_device(name, X=X, scale=scale, gate=gate)
-    _check_float(name, X)
-    C = int(scale.size)
-    if X.ndim < 1 or C == 0 or tuple(X.shape)[-1] % C:
-        raise ShapeMismatchError(f"GatedRMSNorm: the last axis of X {list(X.shape)} must be a multiple of the "
-                                 f"scale length {C}")
-    if tuple(gate.shape) != tuple(X.shape):
-        raise ShapeMismatchError(f"GatedRMSNorm: gate must have X's shape {list(X.shape)}, got {list(gate.shape)}")
-    rows = X.size // C
-    y = rc.device_empty(tuple(X.shape), X.dtype)
-    if rows:
-        _gated_rows[rows, row_threads(C)](flat(X), flat(gate), flat(scale), flat(y), C, np.float32(epsilon),
-                                          act == "sigmoid")
-    return y
+def launch_gated(g: GatedNorm, ctx=None):
+    """The CUDA implementation of GatedRMSNorm, written once in ``ops/contrib_norm.py`` (its bind, its checks)."""
+
+    def run(X, scale, gate):
+        name = "GatedRMSNorm"
+        check_device(name, X=X, scale=scale, gate=gate)
+        _check_float(name, X)
+        rows = gated_geometry(X, scale, gate)
+        C = int(scale.size)
+        y = rc.device_empty(tuple(X.shape), X.dtype)
+        if rows:
+            _gated_rows[rows, row_threads(C)](flat(X), flat(gate), flat(scale), flat(y), C, np.float32(g.eps),
+                                              g.sigmoid)
+        return y
+    return run
+
+
+op("GatedRMSNorm", 1, domain=MS, provider=CUDA, bind=bind_gated_rms)(launch_gated)
 
 
 # -- LpNormalization -------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from numba import njit
 
 from ._common import serial_twin
 from .forms import Decline, _float_only, _lit, _np_type, _prod, _quote, emit, form
-from . import contrib_norm as _cn
 from . import indexing as _ix
 from . import matmul as _mm
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
@@ -42,7 +41,6 @@ PARALLEL_WORK = 1 << 16  # multiply-adds below which a serial kernel beats wakin
 
 # -- kernels the forms call ------------------------------------------------------------------------
 
-gelu_rows = _cn._gelu
 
 
 @njit(**_OPTS)
@@ -346,27 +344,6 @@ def _unary(e):
 def _gelu_onnx(e):
     approx = e.attrs.get("approximate", "none")
     _unary_call(e, "u_gelu_tanh" if approx == "tanh" else "u_gelu")
-
-
-def _contrib_gelu(mode_name, has_bias_input):
-    def fn(e):
-        _float_only(e, 0, 1)
-        g = e.use(__name__, "gelu_rows")
-        mode = getattr(_cn, mode_name)
-        alpha = float(e.attrs.get("alpha", 1.702)) if e.node.op_type == "QuickGelu" else 1.0
-        bias = "{i1}" if has_bias_input and e.has(1) else "np.empty(0, np.float32)"
-        e.line("{p}_n = {i0}.shape[{i0}.ndim - 1]",
-               "{o0} = np.empty_like({i0})",
-               f"{g}({{i0}}.reshape(({{i0}}.size // {{p}}_n, {{p}}_n)), {bias}.reshape(({bias}.size,)), "
-               f"{{o0}}.reshape(({{o0}}.size // {{p}}_n, {{p}}_n)), {mode}, {alpha!r})")
-        e.declare(0, F32, e.rank(0))
-    return fn
-
-
-form("Gelu", domain=MS)(_contrib_gelu("GELU_ERF", False))
-form("FastGelu", domain=MS)(_contrib_gelu("GELU_TANH", True))
-form("BiasGelu", domain=MS)(_contrib_gelu("GELU_ERF", True))
-form("QuickGelu", domain=MS)(_contrib_gelu("GELU_QUICK", False))
 
 
 # -- matmul and norms ------------------------------------------------------------------------------

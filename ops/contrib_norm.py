@@ -533,40 +533,82 @@ form("GatedRMSNorm", domain=MS, bind=bind_gated_rms)(_gated_form)
 
 # -- GELU family -----------------------------------------------------------------------------------
 
-def _gelu_run(name, X, bias, mode, alpha=1.0):
-    _check_float(name, X)
-    cdt = _cdt(X.dtype)
-    n = X.shape[-1] if X.ndim else 1
-    if bias is not None:
-        if bias.ndim != 1 or X.ndim == 0 or bias.shape[0] != n:
-            raise ShapeMismatchError(f"{name}: bias must be 1-d of length {n} (X's last axis), got shape "
-                                     f"{list(bias.shape)}")
-        b = np.ascontiguousarray(bias, dtype=cdt)
-    else:
-        b = np.empty(0, cdt)
-    rows = X.size // n if n else 0
-    x = np.ascontiguousarray(X, dtype=cdt).reshape(rows, n)
-    y = np.empty((rows, n), cdt)
-    if X.size:
-        _gelu(x, b, y, mode, float(alpha))
-    return y.reshape(X.shape).astype(X.dtype, copy=False)
+class GeluOp(NamedTuple):
+    """A com.microsoft GELU-family node bound at plan time."""
+
+    op: str
+    mode: int             # GELU_ERF, GELU_TANH or GELU_QUICK
+    alpha: float          # QuickGelu's
+    has_bias_input: bool  # BiasGelu's B, FastGelu's optional bias
 
 
-@op("Gelu", 1, domain=MS)
-def Gelu(X):
-    return _gelu_run("Gelu", X, None, GELU_ERF)
+def bind_gelu(ctx) -> GeluOp:
+    return GeluOp("Gelu", GELU_ERF, 1.0, False)
 
 
-@op("BiasGelu", 1, domain=MS)
-def BiasGelu(A, B):
-    return _gelu_run("BiasGelu", A, B, GELU_ERF)
+def bind_bias_gelu(ctx) -> GeluOp:
+    return GeluOp("BiasGelu", GELU_ERF, 1.0, True)
 
 
-@op("FastGelu", 1, domain=MS)
-def FastGelu(X, bias=None):
-    return _gelu_run("FastGelu", X, bias, GELU_TANH)
+def bind_fast_gelu(ctx) -> GeluOp:
+    return GeluOp("FastGelu", GELU_TANH, 1.0, True)
 
 
-@op("QuickGelu", 1, domain=MS)
-def QuickGelu(X, *, alpha=1.702):
-    return _gelu_run("QuickGelu", X, None, GELU_QUICK, alpha)
+def bind_quick_gelu(ctx, alpha=1.702) -> GeluOp:
+    return GeluOp("QuickGelu", GELU_QUICK, float(alpha), False)
+
+
+GELU_ERRORS = {1: ("ShapeMismatchError", "bias must be 1-d with X's last extent")}
+
+
+def gelu_check(g: GeluOp, X, bias) -> int:
+    """X's last extent (1 for a scalar), after the checks every implementation makes (host or device arrays)."""
+    n = tuple(X.shape)[-1] if X.ndim else 1
+    if bias is not None and (bias.ndim != 1 or X.ndim == 0 or tuple(bias.shape)[0] != n):
+        raise_coded(GELU_ERRORS, 1, g.op, f" ({n}), got shape {list(bias.shape)}")
+    return n
+
+
+@njit(**_OPTS)
+def gelu_rows(x, bias, has_bias, mode, alpha):
+    """The driver: the activation over x viewed as (rows, n) (n its last extent), a bias of length n added
+    first: ``(error code, y of x's shape)``."""
+    n = x.shape[x.ndim - 1] if x.ndim else 1
+    if has_bias and bias.size != n:
+        return 1, np.empty_like(x)
+    y = np.empty_like(x)
+    if x.size:
+        b = bias.reshape((bias.size,)) if has_bias else np.empty(0, x.dtype)
+        _gelu(x.reshape((x.size // n, n)), b, y.reshape((x.size // n, n)), mode, alpha)
+    return 0, y
+
+
+def _gelu_cpu(g: GeluOp, ctx):
+    def run(X, bias=None):
+        _check_float(g.op, X)
+        gelu_check(g, X, bias)
+        cdt = _cdt(X.dtype)
+        x = np.ascontiguousarray(X, dtype=cdt)
+        err, y = gelu_rows(x, x if bias is None else np.ascontiguousarray(bias, dtype=cdt), bias is not None,
+                           g.mode, g.alpha)
+        if err:
+            raise_coded(GELU_ERRORS, err, g.op)
+        return y.astype(X.dtype, copy=False)
+    return run
+
+
+def _gelu_form(e, g: GeluOp):
+    _float_only(e, 0, 1)
+    if e.rank(0) < 1:
+        raise Decline("rank")
+    k = e.use(__name__, "gelu_rows")
+    has = g.has_bias_input and e.has(1)
+    e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {'{i1}' if has else '{i0}'}, {has}, {g.mode}, {g.alpha!r})")
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GELU_ERRORS.items()])
+    e.declare(0, F32, e.rank(0))
+
+
+for _name, _bind in (("Gelu", bind_gelu), ("BiasGelu", bind_bias_gelu), ("FastGelu", bind_fast_gelu),
+                     ("QuickGelu", bind_quick_gelu)):
+    op(_name, 1, domain=MS, bind=_bind)(_gelu_cpu)
+    form(_name, domain=MS, bind=_bind)(_gelu_form)

@@ -247,6 +247,19 @@ def test_gated_rms_norm(activation):
     _check(model, {"x": x, "g": g}, "GatedRMSNorm")
 
 
+@pytest.mark.parametrize("op_type,attrs,with_bias", [("Gelu", {}, False), ("BiasGelu", {}, True),
+                                                    ("FastGelu", {}, True), ("FastGelu", {}, False),
+                                                    ("QuickGelu", {"alpha": 1.5}, False)])
+def test_gelu_family(op_type, attrs, with_bias):
+    """The com.microsoft GELU family in a region: the bound op's driver, as the wrapper runs it."""
+    x = RNG.standard_normal((2, 3, 8)).astype(np.float32) * 3
+    ins = ["x"] + (["bias"] if with_bias else [])
+    nodes = [helper.make_node(op_type, ins, ["y"], domain=MS, **attrs), _then_add("y")]
+    model = _model(nodes, [_vi("x", F, ["b", 3, 8])], [_out("y", 3), _vi("z", F, None)],
+                   [_init("bias", RNG.standard_normal(8).astype(np.float32))] if with_bias else [])
+    _check(model, {"x": x}, op_type, ort=1e-5 if op_type != "QuickGelu" else None)
+
+
 # -- recurrent ops ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("channels_last,dilation,with_past", [(0, 1, True), (0, 2, False), (1, 1, True)])

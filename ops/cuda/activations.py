@@ -16,13 +16,14 @@ import math
 
 import numpy as np
 
+from ops.contrib_norm import GeluOp, bind_bias_gelu, bind_fast_gelu, bind_gelu, bind_quick_gelu, gelu_check
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import FLOATS, check_device, flat, grid1d
 
-__all__ = ["Gelu", "BiasGelu", "FastGelu", "QuickGelu", "Gelu_20", "Softplus", "Softsign", "HardSigmoid",
+__all__ = ["launch_gelu", "Gelu_20", "Softplus", "Softsign", "HardSigmoid",
            "LeakyRelu"]
 
 CUDA = "CUDAExecutionProvider"
@@ -57,14 +58,7 @@ def _act(x, bias, has_bias, n, y, mode, p0, p1):
         y[i] = r
 
 
-def _run(name, X, bias, mode, p0=0.0, p1=0.0):
-    check_device(name, X=X, bias=bias)
-    if np.dtype(X.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"{name} expects a floating-point input, got {X.dtype}")
-    n = tuple(X.shape)[-1] if X.ndim else 1
-    if bias is not None and (bias.ndim != 1 or X.ndim == 0 or bias.shape[0] != n):
-        raise ShapeMismatchError(f"{name}: bias must be 1-d of length {n} (X's last axis), got shape "
-                                 f"{list(bias.shape)}")
+def _launch(X, bias, n, mode, p0=0.0, p1=0.0):
     y = rc.device_empty(tuple(X.shape), X.dtype)
     if X.size:
         blocks, threads = grid1d(X.size)
@@ -74,24 +68,28 @@ def _run(name, X, bias, mode, p0=0.0, p1=0.0):
     return y
 
 
-@op("Gelu", 1, domain=MS, provider=CUDA)
-def Gelu(X):
-    return _run("Gelu", X, None, GELU_ERF)
+def _run(name, X, bias, mode, p0=0.0, p1=0.0):
+    check_device(name, X=X, bias=bias)
+    if np.dtype(X.dtype) not in FLOATS:
+        raise InvalidArgumentError(f"{name} expects a floating-point input, got {X.dtype}")
+    return _launch(X, None, tuple(X.shape)[-1] if X.ndim else 1, mode, p0, p1)
 
 
-@op("BiasGelu", 1, domain=MS, provider=CUDA)
-def BiasGelu(A, B):
-    return _run("BiasGelu", A, B, GELU_ERF)
+def launch_gelu(g: GeluOp, ctx=None):
+    """The CUDA implementation of the com.microsoft GELU family, written once in ``ops/contrib_norm.py``."""
+
+    def run(X, bias=None):
+        check_device(g.op, X=X, bias=bias)
+        if np.dtype(X.dtype) not in FLOATS:
+            raise InvalidArgumentError(f"{g.op} expects a floating-point input, got {X.dtype}")
+        n = gelu_check(g, X, bias)
+        return _launch(X, bias, n, g.mode, g.alpha)
+    return run
 
 
-@op("FastGelu", 1, domain=MS, provider=CUDA)
-def FastGelu(X, bias=None):
-    return _run("FastGelu", X, bias, GELU_TANH)
-
-
-@op("QuickGelu", 1, domain=MS, provider=CUDA)
-def QuickGelu(X, *, alpha=1.702):
-    return _run("QuickGelu", X, None, QUICK, alpha)
+for _name, _bind in (("Gelu", bind_gelu), ("BiasGelu", bind_bias_gelu), ("FastGelu", bind_fast_gelu),
+                     ("QuickGelu", bind_quick_gelu)):
+    op(_name, 1, domain=MS, provider=CUDA, bind=_bind)(launch_gelu)
 
 
 @op("Gelu", 20, provider=CUDA)

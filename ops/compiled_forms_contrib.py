@@ -20,19 +20,16 @@ kernel above.  Each output element is computed by the same loop either way, so b
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
 
 
 from . import compiled_forms as _cf
 from . import contrib_quant as _cq
-from . import recurrent_state as _rs
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, _float_only, _prod, _raise_on, form
 
-__all__ = ["mnb_f32", "gbq_f32", "linattn_f32"]
+__all__ = ["mnb_f32", "gbq_f32"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -405,100 +402,3 @@ def _lp(e):
 
 
 # -- LinearAttentionGate / CausalConvWithState / LinearAttention -------------------------------------
-
-@njit(**_OPTS)
-def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta):
-    """com.microsoft LinearAttention, float32: (out (B, T, Hout*dv), state, error code)."""
-    B, T, hq = query.shape
-    e3 = np.empty((0, 0, 0), np.float32)
-    e4 = np.empty((0, 0, 0, 0), np.float32)
-    if Hkv > Hq:
-        rep = Hkv // Hq
-        if hq % Hq or key.shape[0] != B or key.shape[1] != T or key.shape[2] != hq:
-            return e3, e4, 1
-        dk = hq // Hq
-        q = np.empty((B, T, Hkv, dk), np.float32)
-        k = np.empty((B, T, Hkv, dk), np.float32)
-        for b in range(B):
-            for t in range(T):
-                for g in range(Hkv):
-                    for d in range(dk):
-                        q[b, t, g, d] = query[b, t, (g // rep) * dk + d]
-                        k[b, t, g, d] = key[b, t, (g // rep) * dk + d]
-        Hout = Hkv
-        sc = scale if scale else 1.0 / math.sqrt(dk)
-    else:
-        if key.shape[0] != B or key.shape[1] != T or value.shape[0] != B or value.shape[1] != T or hq % Hq \
-                or key.shape[2] % Hkv or value.shape[2] % Hkv:
-            return e3, e4, 1
-        dk = hq // Hq
-        if key.shape[2] // Hkv != dk:
-            return e3, e4, 2
-        q = query.reshape((B, T, Hq, dk))
-        k = key.reshape((B, T, Hkv, dk))
-        Hout = Hq
-        sc = scale if scale else 1.0 / math.sqrt(dk)
-    # the default-domain checks, on the (possibly head-repeated) query and key
-    if value.shape[0] != B or value.shape[1] != T or value.shape[2] % Hkv:
-        return e3, e4, 1
-    dv = value.shape[2] // Hkv
-    v = value.reshape((B, T, Hkv, dv))
-    if has_decay:
-        if decay.shape[0] != B or decay.shape[1] != T or (decay.shape[2] != Hkv and decay.shape[2] != Hkv * dk):
-            return e3, e4, 3
-        dc = decay.reshape((B, T, Hkv, decay.shape[2] // Hkv))
-    else:
-        dc = np.zeros((1, 1, 1, 1), np.float32)
-    if has_beta:
-        if beta.shape[0] != B or beta.shape[1] != T or (beta.shape[2] != Hkv and beta.shape[2] != 1):
-            return e3, e4, 4
-        bt = beta
-    else:
-        bt = np.ones((1, 1, 1), np.float32)
-    if has_past:
-        if past.shape[0] != B or past.shape[1] != Hkv or past.shape[2] != dk or past.shape[3] != dv:
-            return e3, e4, 5
-        state = past.copy()
-    else:
-        state = np.zeros((B, Hkv, dk, dv), np.float32)
-    out = np.empty((B, T, Hout, dv), np.float32)
-    if out.size or state.size:
-        _rs._linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta, np.float32(sc))
-    return out.reshape((B, T, Hout * dv)), state, 0
-
-
-@form("LinearAttention", domain=MS)
-def _linattn(e):
-    a = e.attrs
-    _float_only(e, 0, 1, 2, 3, 4, 5)
-    if int(a.get("state_window", 0)):
-        raise Decline("state_window")
-    Hq, Hkv = a.get("q_num_heads"), a.get("kv_num_heads")
-    if not Hq or not Hkv or int(Hq) <= 0 or int(Hkv) <= 0:
-        raise Decline("heads")
-    Hq, Hkv = int(Hq), int(Hkv)
-    if (Hkv > Hq and Hkv % Hq) or (Hkv <= Hq and Hq % Hkv):
-        raise Decline("heads")
-    rule = _s(a.get("update_rule", "gated_delta"))
-    if rule not in _rs._RULES:
-        raise Decline("rule")
-    gating, delta = _rs._RULES[rule]
-    if gating != e.has(4) or delta != e.has(5):
-        raise Decline("decay/beta presence")
-    if any(e.rank(i) != 3 for i in (0, 1, 2)) or (e.has(3) and e.rank(3) != 4) or (e.has(4) and e.rank(4) != 3) \
-            or (e.has(5) and e.rank(5) != 3):
-        raise Decline("ranks")
-    k = e.use(__name__, "linattn_f32")
-    past = "{i3}" if e.has(3) else "np.zeros((1, 1, 1, 1), np.float32)"
-    dec = "{i4}" if e.has(4) else "np.zeros((1, 1, 1), np.float32)"
-    bet = "{i5}" if e.has(5) else "np.zeros((1, 1, 1), np.float32)"
-    e.line(f"{{o0}}, {{p}}_st, {{p}}_err = {k}({{i0}}, {{i1}}, {{i2}}, {past}, {e.has(3)}, {dec}, {e.has(4)}, {bet}, "
-           f"{e.has(5)}, {Hq}, {Hkv}, {float(a.get('scale', 0.0))!r}, {gating}, {delta})")
-    _raise_on(e, "{p}_err", [(1, "ShapeMismatchError", "query, key and value do not split into the heads"),
-                             (2, "ShapeMismatchError", "the key head size differs from the query head size"),
-                             (3, "ShapeMismatchError", "decay must be (B, T, kv_num_heads) or (B, T, kv_num_heads * "
-                                                       "head_size)"),
-                             (4, "ShapeMismatchError", "beta must be (B, T, kv_num_heads) or (B, T, 1)"),
-                             (5, "ShapeMismatchError", "past_state must be (B, kv_num_heads, dk, dv)")])
-    if e.used(1):
-        e.line("{o1} = {p}_st")

@@ -1,16 +1,12 @@
-"""onnxruntime contrib (com.microsoft) forms of the stateful sequence ops: LinearAttention,
-LinearAttentionGate, CausalConvWithState, as the GenAI model builder emits them (qwen35 gated DeltaNet,
-lfm2 short convolutions).
-
-LinearAttention reuses the default-domain kernel of ``ops/recurrent_state.py``; the contrib form adds
-"inverse GQA" (``kv_num_heads > q_num_heads``: query and key carry ``q_num_heads`` heads, value and the
-state ``kv_num_heads``, and state head ``g`` reads query/key head ``g // (kv_num_heads // q_num_heads)``,
-producing one output per KV head), which the wrapper maps onto the ordinary case by repeating query and key
-heads (small tensors next to the state).  CausalConvWithState has its own kernel because the contrib form
-adds ``dilation`` and the channels-last layout (handled by transposing views in the wrapper).
+"""The stateful sequence ops beside LinearAttention (``ops/linear_attention.py``) that the GenAI model builder
+emits (qwen35 gated DeltaNet, lfm2 short convolutions): com.microsoft LinearAttentionGate, and
+CausalConvWithState (com.microsoft, and the opset-27 op as its dilation-1, channels-first case), each written
+once: its bind, checks and messages, typed driver, CPU wrapper and region form (the CUDA launches in
+``ops/cuda/contrib_recurrent.py`` share the binds and the checks).  The contrib CausalConvWithState adds
+``dilation`` and the channels-last layout (handled by transposing views in the wrapper).
 
 Invariants:
-- only ``state_window = 0`` (4-d recurrent state, 3-d conv state) and ``ndim = 1`` are supported; the
+- only ``state_window = 0`` (3-d conv state) and ``ndim = 1`` are supported; the
   CUDA-only attributes must keep their defaults; anything else raises ``InvalidAttributeError``;
 - LinearAttentionGate computes in float64 and rounds once to the output dtype (``a``'s dtype);
 - CausalConvWithState computes in float32; ``present_state`` holds the last ``(k - 1) * dilation`` positions
@@ -24,10 +20,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import F32, raise_coded
 from ._fastmath import fsigmoid
-from .recurrent_state import LinearAttention as _linear_attention_default
 from .forms import Decline, _float_only, _raise_on, form
 from .registry import op
 
@@ -72,42 +67,6 @@ def _dilated_conv_kernel(x, w, bias, past, out, dil, silu):
                 if silu:
                     acc = acc * fsigmoid(acc)
                 out[b, c, t] = acc
-
-
-# -- LinearAttention -------------------------------------------------------------------------------
-
-@op("LinearAttention", 1, domain=MS)
-def LinearAttention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
-                    kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta", state_window=0):
-    if state_window:
-        raise InvalidAttributeError(f"LinearAttention (com.microsoft): state_window={state_window} is not supported "
-                                    f"(only 0, the 4-d state)")
-    if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0:
-        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) and kv_num_heads "
-                                    f"({kv_num_heads}) must be positive")
-    if kv_num_heads <= q_num_heads:
-        return _linear_attention_default(query, key, value, past_state, decay, beta, chunk_size=chunk_size,
-                                         kv_num_heads=kv_num_heads, q_num_heads=q_num_heads, scale=scale,
-                                         update_rule=update_rule)
-    if kv_num_heads % q_num_heads:
-        raise InvalidAttributeError(f"LinearAttention: kv_num_heads ({kv_num_heads}) must be a multiple of "
-                                    f"q_num_heads ({q_num_heads}) for inverse grouped-query attention")
-    for name, a in (("query", query), ("key", key), ("value", value)):
-        if a.ndim != 3:
-            raise ShapeMismatchError(f"LinearAttention: {name} must be 3-d (B, T, H*D), got {list(a.shape)}")
-    B, T, hq = query.shape
-    if hq % q_num_heads or key.shape != query.shape:
-        raise ShapeMismatchError(f"LinearAttention: with kv_num_heads ({kv_num_heads}) > q_num_heads "
-                                 f"({q_num_heads}) key must have query's shape {list(query.shape)} "
-                                 f"(q_num_heads heads), got {list(key.shape)}")
-    dk = hq // q_num_heads
-    rep = kv_num_heads // q_num_heads
-    # State head g reads query/key head g // rep: repeat the (small) query and key heads.
-    q = np.repeat(query.reshape(B, T, q_num_heads, dk), rep, axis=2).reshape(B, T, kv_num_heads * dk)
-    k = np.repeat(key.reshape(B, T, q_num_heads, dk), rep, axis=2).reshape(B, T, kv_num_heads * dk)
-    return _linear_attention_default(q, k, value, past_state, decay, beta, chunk_size=chunk_size,
-                                     kv_num_heads=kv_num_heads, q_num_heads=kv_num_heads,
-                                     scale=scale if scale else 1.0 / math.sqrt(dk), update_rule=update_rule)
 
 
 # LinearAttentionGate, written once: it has no attributes; its checks and messages are ``LA_GATE_ERRORS``

@@ -26,23 +26,21 @@ import math
 
 import numpy as np
 
+from ops._common import raise_coded
 from ops.contrib_recurrent import Ccws, bind_ccws, bind_ccws_27, bind_la_gate, ccws_geometry, la_gate_check
+from ops.linear_attention import (LA_ERRORS, LinAttn, bind_linear_attention, bind_linear_attention_ms,
+                                  la_geometry, la_inputs)
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError
 from ._common import FLOATS, check_device, fill0, flat, grid1d, row_threads
 
-__all__ = ["LinearAttention", "LinearAttention_27", "launch_la_gate", "launch_ccws"]
+__all__ = ["launch_linattn", "launch_la_gate", "launch_ccws"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
-_RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
-
-
-def _s(x):
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -182,114 +180,51 @@ def _launch1d(kern, n, *args):
 
 # -- LinearAttention -------------------------------------------------------------------------------
 
-def _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale, update_rule,
-                      krep):
-    """Shared driver.  ``krep`` > 1 is the contrib inverse-GQA case (query/key carry kv/krep heads)."""
-    name = "LinearAttention"
-    check_device(name, query=query, key=key, value=value, past_state=past_state, decay=decay, beta=beta)
-    rule = _s(update_rule)
-    if rule not in _RULES:
-        raise InvalidAttributeError(f"LinearAttention: update_rule must be one of {sorted(_RULES)}, got {rule!r}")
-    gating, delta = _RULES[rule]
-    # The checks run on the "virtual" shapes the CPU wrapper sees (query/key repeated to kv heads if inverse).
-    Hq = q_num_heads * krep
-    if not q_num_heads or not kv_num_heads or Hq <= 0 or kv_num_heads <= 0 or Hq % kv_num_heads:
-        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple of "
-                                    f"kv_num_heads ({kv_num_heads})")
-    if gating != (decay is not None):
-        raise InvalidArgumentError(f"LinearAttention: update_rule {rule!r} {'requires' if gating else 'forbids'} "
-                                   f"the decay input")
-    if delta != (beta is not None):
-        raise InvalidArgumentError(f"LinearAttention: update_rule {rule!r} {'requires' if delta else 'forbids'} "
-                                   f"the beta input")
-    for nm, a in (("query", query), ("key", key), ("value", value)):
-        if a.ndim != 3:
-            raise ShapeMismatchError(f"LinearAttention: {nm} must be 3-d (B, T, H*D), got {list(a.shape)}")
-    B, T, hq = query.shape
-    hq_v, hk_v = hq * krep, key.shape[2] * krep
-    if tuple(key.shape[:2]) != (B, T) or tuple(value.shape[:2]) != (B, T) or hq_v % Hq or hk_v % kv_num_heads \
-            or value.shape[2] % kv_num_heads:
-        raise ShapeMismatchError(f"LinearAttention: query {list(query.shape)}, key {list(key.shape)}, value "
-                                 f"{list(value.shape)} do not split into {q_num_heads}/{kv_num_heads} heads")
-    dk = hq_v // Hq
-    dv = value.shape[2] // kv_num_heads
-    if hk_v // kv_num_heads != dk:
-        raise ShapeMismatchError(f"LinearAttention: key head size {hk_v // kv_num_heads} differs from the "
-                                 f"query head size {dk}")
-    nd = 1
-    if decay is not None:
-        if decay.ndim != 3 or tuple(decay.shape[:2]) != (B, T) or decay.shape[2] not in (kv_num_heads,
-                                                                                         kv_num_heads * dk):
-            raise ShapeMismatchError(f"LinearAttention: decay must be (B, T, {kv_num_heads}) or "
-                                     f"(B, T, {kv_num_heads * dk}), got {list(decay.shape)}")
-        nd = decay.shape[2] // kv_num_heads
-    nb = 1
-    if beta is not None:
-        if beta.ndim != 3 or tuple(beta.shape[:2]) != (B, T) or beta.shape[2] not in (kv_num_heads, 1):
-            raise ShapeMismatchError(f"LinearAttention: beta must be (B, T, {kv_num_heads}) or (B, T, 1), got "
-                                     f"{list(beta.shape)}")
-        nb = beta.shape[2]
-    sshape = (B, kv_num_heads, dk, dv)
-    if past_state is not None:
-        if tuple(past_state.shape) != sshape:
-            raise ShapeMismatchError(f"LinearAttention: past_state must be {list(sshape)}, got "
-                                     f"{list(past_state.shape)}")
-        sdt = np.dtype(past_state.dtype)
-    else:
-        sdt = np.dtype(query.dtype)
-    present = rc.device_empty(sshape, sdt)
-    S = present if sdt == F32 else rc.device_empty(sshape, F32)
-    if past_state is not None:
-        _launch1d(_copy_cast, S.size, flat(past_state), flat(S))
-    else:
-        _launch1d(fill0, S.size, flat(S))
-    Hout = kv_num_heads if krep > 1 else Hq
-    out = rc.device_empty((B, T, Hout * dv), query.dtype)
-    sc = float(scale) if scale else 1.0 / math.sqrt(dk)
-    if out.size:
-        group = Hout // kv_num_heads
-        threads = row_threads(dv)
-        qf = flat(query)
-        _la_scan[(B * kv_num_heads, -(-dv // threads)), threads](
-            qf, flat(key), flat(value), flat(decay) if decay is not None else qf,
-            flat(beta) if beta is not None else qf, flat(S), flat(out), T, hq // dk, key.shape[2] // dk,
-            kv_num_heads, Hout, dk, dv, nd, nb, group, krep, gating, delta, np.float32(sc))
-    if S is not present:
-        _launch1d(_copy_cast, S.size, flat(S), flat(present))
-    return out, present
+def _shape(a, rank):
+    return (0,) * rank if a is None else tuple(int(v) for v in a.shape)
 
 
-@op("LinearAttention", 1, domain=MS, provider=CUDA)
-def LinearAttention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
-                    kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta", state_window=0):
-    if state_window:
-        raise InvalidAttributeError(f"LinearAttention (com.microsoft): state_window={state_window} is not supported "
-                                    f"(only 0, the 4-d state)")
-    if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0:
-        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) and kv_num_heads "
-                                    f"({kv_num_heads}) must be positive")
-    if kv_num_heads <= q_num_heads:
-        return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
-                                 update_rule, 1)
-    if kv_num_heads % q_num_heads:
-        raise InvalidAttributeError(f"LinearAttention: kv_num_heads ({kv_num_heads}) must be a multiple of "
-                                    f"q_num_heads ({q_num_heads}) for inverse grouped-query attention")
-    for nm, a in (("query", query), ("key", key), ("value", value)):
-        if a.ndim != 3:
-            raise ShapeMismatchError(f"LinearAttention: {nm} must be 3-d (B, T, H*D), got {list(a.shape)}")
-    if query.shape[2] % q_num_heads or tuple(key.shape) != tuple(query.shape):
-        raise ShapeMismatchError(f"LinearAttention: with kv_num_heads ({kv_num_heads}) > q_num_heads "
-                                 f"({q_num_heads}) key must have query's shape {list(query.shape)} "
-                                 f"(q_num_heads heads), got {list(key.shape)}")
-    return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
-                             update_rule, kv_num_heads // q_num_heads)
+def launch_linattn(la: LinAttn, ctx=None):
+    """The CUDA implementation of LinearAttention (opset 27 and com.microsoft), written once in
+    ``ops/linear_attention.py`` (its binds, its checks and messages)."""
+
+    def run(query, key, value, past_state=None, decay=None, beta=None):
+        check_device("LinearAttention", query=query, key=key, value=value, past_state=past_state, decay=decay,
+                     beta=beta)
+        la_inputs(la, query, key, value, past_state, decay, beta)
+        err, dk, dv, nd, nb, Hout = la_geometry(
+            _shape(query, 3), _shape(key, 3), _shape(value, 3), _shape(decay, 3), decay is not None,
+            _shape(beta, 3), beta is not None, _shape(past_state, 4), past_state is not None, la.Hq, la.Hkv)
+        if err:
+            raise_coded(LA_ERRORS, err, "LinearAttention")
+        B, T = int(query.shape[0]), int(query.shape[1])
+        Hkv = la.Hkv
+        sshape = (B, Hkv, dk, dv)
+        sdt = np.dtype(query.dtype if past_state is None else past_state.dtype)
+        present = rc.device_empty(sshape, sdt)
+        S = present if sdt == F32 else rc.device_empty(sshape, F32)
+        if past_state is not None:
+            _launch1d(_copy_cast, S.size, flat(past_state), flat(S))
+        else:
+            _launch1d(fill0, S.size, flat(S))
+        out = rc.device_empty((B, T, Hout * dv), query.dtype)
+        if out.size:
+            krep = Hkv // la.Hq if Hkv > la.Hq else 1
+            threads = row_threads(dv)
+            qf = flat(query)
+            _la_scan[(B * Hkv, -(-dv // threads)), threads](
+                qf, flat(key), flat(value), flat(decay) if decay is not None else qf,
+                flat(beta) if beta is not None else qf, flat(S), flat(out), T, int(query.shape[2]) // dk,
+                int(key.shape[2]) // dk, Hkv, Hout, dk, dv, nd, nb, Hout // Hkv, krep, la.gating, la.delta,
+                np.float32(la.scale if la.scale else 1.0 / math.sqrt(dk)))
+        if S is not present:
+            _launch1d(_copy_cast, S.size, flat(S), flat(present))
+        return out, present
+    return run
 
 
-@op("LinearAttention", 27, provider=CUDA)
-def LinearAttention_27(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
-                       kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta"):
-    return _linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
-                             update_rule, 1)
+op("LinearAttention", 1, domain=MS, provider=CUDA, bind=bind_linear_attention_ms)(launch_linattn)
+op("LinearAttention", 27, provider=CUDA, bind=bind_linear_attention)(launch_linattn)
 
 
 # -- LinearAttentionGate ---------------------------------------------------------------------------

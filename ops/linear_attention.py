@@ -1,0 +1,258 @@
+"""LinearAttention, written once for the default domain (opset 27) and com.microsoft (which adds "inverse GQA":
+``kv_num_heads > q_num_heads``, query and key carry ``q_num_heads`` heads, value and the state
+``kv_num_heads``, and state head ``g`` reads query/key head ``g // (kv_num_heads // q_num_heads)``, one output
+per KV head): its binds, its checks and messages, its typed driver, its CPU wrapper and region form (the CUDA
+launch in ``ops/cuda/contrib_recurrent.py`` shares the binds and the checks).
+
+Invariants:
+- the recurrence runs token by token exactly as the spec states it (the ``chunk_size`` hint does not change
+  results); the state is float32 inside and is cast to ``past_state``'s dtype (or the query's when no past is
+  given) on output; query head ``h`` reads KV head ``h // (q_num_heads // kv_num_heads)``;
+- only ``state_window = 0`` (the 4-d state) is supported (``InvalidAttributeError``).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from ._common import F32, raise_coded
+from .forms import Decline, _float_only, _raise_on, form
+from .registry import op
+
+__all__ = ["LinAttn", "bind_linear_attention", "bind_linear_attention_ms", "la_inputs", "la_geometry",
+           "linattn_f32", "LA_ERRORS", "RULES", "linear_attention_kernel"]
+
+MS = "com.microsoft"
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
+
+
+class LinAttn(NamedTuple):
+    """A LinearAttention node bound at plan time."""
+
+    Hq: int               # q_num_heads
+    Hkv: int              # kv_num_heads (> Hq: com.microsoft's inverse GQA)
+    scale: float          # 0: 1 / sqrt(head size)
+    rule: str
+    gating: bool          # the update rule reads decay
+    delta: bool           # the update rule reads beta
+
+
+def _rule(update_rule) -> tuple:
+    rule = update_rule.decode() if isinstance(update_rule, bytes) else str(update_rule)
+    if rule not in RULES:
+        raise InvalidAttributeError(f"LinearAttention: update_rule must be one of {sorted(RULES)}, got {rule!r}")
+    return (rule,) + RULES[rule]
+
+
+def bind_linear_attention(ctx, chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
+                          update_rule="gated_delta") -> LinAttn:
+    if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
+        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple of "
+                                    f"kv_num_heads ({kv_num_heads})")
+    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule))
+
+
+def bind_linear_attention_ms(ctx, chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
+                             update_rule="gated_delta", state_window=0) -> LinAttn:
+    if state_window:
+        raise InvalidAttributeError(f"LinearAttention (com.microsoft): state_window={state_window} is not supported "
+                                    f"(only 0, the 4-d state)")
+    if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0:
+        raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) and kv_num_heads "
+                                    f"({kv_num_heads}) must be positive")
+    if kv_num_heads <= q_num_heads:
+        return bind_linear_attention(ctx, chunk_size, kv_num_heads, q_num_heads, scale, update_rule)
+    if kv_num_heads % q_num_heads:
+        raise InvalidAttributeError(f"LinearAttention: kv_num_heads ({kv_num_heads}) must be a multiple of "
+                                    f"q_num_heads ({q_num_heads}) for inverse grouped-query attention")
+    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule))
+
+
+LA_ERRORS = {
+    1: ("ShapeMismatchError", "query, key and value do not split into the heads (with kv_num_heads > "
+                              "q_num_heads, key must have query's shape)"),
+    2: ("ShapeMismatchError", "the key head size differs from the query head size"),
+    3: ("ShapeMismatchError", "decay must be (B, T, kv_num_heads) or (B, T, kv_num_heads * head_size)"),
+    4: ("ShapeMismatchError", "beta must be (B, T, kv_num_heads) or (B, T, 1)"),
+    5: ("ShapeMismatchError", "past_state must be (B, kv_num_heads, dk, dv)"),
+}
+
+
+def la_inputs(b: LinAttn, query, key, value, past_state, decay, beta) -> None:
+    """The checks on presence and rank that a form makes statically (host or device arrays)."""
+    for flag, x, what in ((b.gating, decay, "decay"), (b.delta, beta, "beta")):
+        if flag != (x is not None):
+            raise InvalidArgumentError(f"LinearAttention: update_rule {b.rule!r} {'requires' if flag else 'forbids'} "
+                                       f"the {what} input")
+    for name, a in (("query", query), ("key", key), ("value", value), ("decay", decay), ("beta", beta)):
+        if a is not None and a.ndim != 3:
+            raise ShapeMismatchError(f"LinearAttention: {name} must be 3-d (B, T, ...), got {list(a.shape)}")
+    if past_state is not None and past_state.ndim != 4:
+        raise_coded(LA_ERRORS, 5, "LinearAttention", f", got {list(past_state.shape)}")
+
+
+@njit(**_OPTS)
+def la_geometry(qs, ks, vs, ds, has_decay, bs, has_beta, ps, has_past, Hq, Hkv):
+    """``(error code, dk, dv, decay width per head, beta width, output heads)`` of one call (absent operands'
+    shapes are not read)."""
+    B, T, hq = qs
+    if Hkv > Hq:
+        if hq % Hq or ks[0] != B or ks[1] != T or ks[2] != hq:
+            return 1, 0, 0, 0, 0, 0
+        dk = hq // Hq
+        Hout = Hkv
+    else:
+        if ks[0] != B or ks[1] != T or hq % Hq or ks[2] % Hkv:
+            return 1, 0, 0, 0, 0, 0
+        dk = hq // Hq
+        if ks[2] // Hkv != dk:
+            return 2, 0, 0, 0, 0, 0
+        Hout = Hq
+    if vs[0] != B or vs[1] != T or vs[2] % Hkv:
+        return 1, 0, 0, 0, 0, 0
+    dv = vs[2] // Hkv
+    if has_decay and (ds[0] != B or ds[1] != T or (ds[2] != Hkv and ds[2] != Hkv * dk)):
+        return 3, dk, dv, 0, 0, Hout
+    if has_beta and (bs[0] != B or bs[1] != T or (bs[2] != Hkv and bs[2] != 1)):
+        return 4, dk, dv, 0, 0, Hout
+    if has_past and (ps[0] != B or ps[1] != Hkv or ps[2] != dk or ps[3] != dv):
+        return 5, dk, dv, 0, 0, Hout
+    return 0, dk, dv, ds[2] // Hkv if has_decay else 1, bs[2] if has_beta else 1, Hout
+
+
+@njit(cache=True, nogil=True)
+def linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, scale):
+    """q (B,T,Hq,dk), k (B,T,Hkv,dk), v (B,T,Hkv,dv), decay (B,T,Hkv,1|dk), beta (B,T,1|Hkv),
+    state (B,Hkv,dk,dv) updated in place, out (B,T,Hq,dv).  Per token and head: two passes over the state's
+    rows (decay and the delta rule's S^T k, then the rank-1 update and the queries' S^T q), each inner loop
+    running along a contiguous row of dv."""
+    B, T, Hq, dk = q.shape
+    Hkv = k.shape[2]
+    dv = v.shape[3]
+    group = Hq // Hkv
+    nd = decay.shape[3]
+    nb = beta.shape[2]
+    u = np.empty(dv, np.float32)
+    r = np.empty(dv, np.float32)
+    o = np.empty((group, dv), np.float32)
+    for b in range(B):
+        for g in range(Hkv):
+            S = state[b, g]
+            for t in range(T):
+                for m in range(dv):
+                    r[m] = 0.0
+                if gating or delta:
+                    for d in range(dk):
+                        row = S[d]
+                        if gating:
+                            f = math.exp(decay[b, t, g, d if nd > 1 else 0])
+                            for m in range(dv):
+                                row[m] *= f
+                        if delta:
+                            kd = k[b, t, g, d]
+                            for m in range(dv):
+                                r[m] += row[m] * kd
+                if delta:
+                    bt = beta[b, t, g if nb > 1 else 0]
+                    for m in range(dv):
+                        u[m] = bt * (v[b, t, g, m] - r[m])
+                else:
+                    for m in range(dv):
+                        u[m] = v[b, t, g, m]
+                for j in range(group):
+                    for m in range(dv):
+                        o[j, m] = 0.0
+                for d in range(dk):
+                    row = S[d]
+                    kd = k[b, t, g, d]
+                    for m in range(dv):
+                        row[m] += kd * u[m]
+                    for j in range(group):
+                        qd = q[b, t, g * group + j, d]
+                        for m in range(dv):
+                            o[j, m] += qd * row[m]
+                for j in range(group):
+                    for m in range(dv):
+                        out[b, t, g * group + j, m] = scale * o[j, m]
+
+
+@njit(**_OPTS)
+def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta):
+    """The driver, on float32 arrays: ``(error code, out (B, T, Hout * dv), state)``."""
+    B, T, hq = query.shape
+    err, dk, dv, nd, nb, Hout = la_geometry(query.shape, key.shape, value.shape, decay.shape, has_decay,
+                                            beta.shape, has_beta, past.shape, has_past, Hq, Hkv)
+    if err:
+        return err, np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0, 0), np.float32)
+    if Hkv > Hq:  # state head g reads query/key head g // rep
+        rep = Hkv // Hq
+        q = np.empty((B, T, Hkv, dk), np.float32)
+        k = np.empty((B, T, Hkv, dk), np.float32)
+        for b in range(B):
+            for t in range(T):
+                for g in range(Hkv):
+                    for d in range(dk):
+                        q[b, t, g, d] = query[b, t, (g // rep) * dk + d]
+                        k[b, t, g, d] = key[b, t, (g // rep) * dk + d]
+    else:
+        q = query.reshape((B, T, Hq, dk))
+        k = key.reshape((B, T, Hkv, dk))
+    v = value.reshape((B, T, Hkv, dv))
+    dc = decay.reshape((B, T, Hkv, nd)) if has_decay else np.zeros((1, 1, 1, 1), np.float32)
+    bt = beta if has_beta else np.ones((1, 1, 1), np.float32)
+    state = past.copy() if has_past else np.zeros((B, Hkv, dk, dv), np.float32)
+    out = np.empty((B, T, Hout, dv), np.float32)
+    if out.size or state.size:
+        linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta,
+                                np.float32(scale if scale else 1.0 / math.sqrt(dk)))
+    return 0, out.reshape((B, T, Hout * dv)), state
+
+
+_Z3 = np.zeros((1, 1, 1), np.float32)
+_Z4 = np.zeros((1, 1, 1, 1), np.float32)
+
+
+def _f32(x):
+    return np.ascontiguousarray(x, dtype=F32)
+
+
+def _cpu(b: LinAttn, ctx):
+    def run(query, key, value, past_state=None, decay=None, beta=None):
+        la_inputs(b, query, key, value, past_state, decay, beta)
+        err, out, state = linattn_f32(_f32(query), _f32(key), _f32(value), _Z4 if past_state is None else
+                                      _f32(past_state), past_state is not None, _Z3 if decay is None else _f32(decay),
+                                      decay is not None, _Z3 if beta is None else _f32(beta), beta is not None, b.Hq,
+                                      b.Hkv, b.scale, b.gating, b.delta)
+        if err:
+            raise_coded(LA_ERRORS, err, "LinearAttention")
+        sdt = query.dtype if past_state is None else past_state.dtype
+        return out.astype(query.dtype, copy=False), state.astype(sdt, copy=False)
+    return run
+
+
+def _form(e, b: LinAttn):
+    _float_only(e, 0, 1, 2, 3, 4, 5)
+    if b.gating != e.has(4) or b.delta != e.has(5):
+        raise Decline("decay/beta presence")
+    if any(e.rank(i) != 3 for i in (0, 1, 2)) or (e.has(3) and e.rank(3) != 4) or (e.has(4) and e.rank(4) != 3) \
+            or (e.has(5) and e.rank(5) != 3):
+        raise Decline("ranks")
+    k = e.use(__name__, "linattn_f32")
+    past = "{i3}" if e.has(3) else "np.zeros((1, 1, 1, 1), np.float32)"
+    dec = "{i4}" if e.has(4) else "np.zeros((1, 1, 1), np.float32)"
+    bet = "{i5}" if e.has(5) else "np.zeros((1, 1, 1), np.float32)"
+    e.line(f"{{p}}_err, {{o0}}, {{p}}_st = {k}({{i0}}, {{i1}}, {{i2}}, {past}, {e.has(3)}, {dec}, {e.has(4)}, "
+           f"{bet}, {e.has(5)}, {b.Hq}, {b.Hkv}, {b.scale!r}, {b.gating}, {b.delta})")
+    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_ERRORS.items()])
+    if e.used(1):
+        e.line("{o1} = {p}_st")
+
+
+op("LinearAttention", 27, bind=bind_linear_attention)(_cpu)
+op("LinearAttention", 1, domain=MS, bind=bind_linear_attention_ms)(_cpu)
+form("LinearAttention", domain=MS, bind=bind_linear_attention_ms)(_form)

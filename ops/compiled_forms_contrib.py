@@ -29,7 +29,7 @@ from . import contrib_quant as _cq
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, _float_only, _prod, _raise_on, form
 
-__all__ = ["mnb_f32", "gbq_f32"]
+__all__ = ["mnb_f32"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -314,71 +314,6 @@ def _matmul_nbits(e, m):
 
 
 form("MatMulNBits", domain=MS, bind=_cq.bind_mnb)(_matmul_nbits)
-
-
-# -- GatherBlockQuantized --------------------------------------------------------------------------
-
-@njit(**_OPTS)
-def gbq_f32(data, idx, scales, zp, has_zp, bits, bs):
-    """uint8 data (G, W) packing 8/bits codes per byte along the quantized last axis, gathered along axis 0:
-    (out (len(idx), W * 8/bits), error code)."""
-    G, W = data.shape
-    per = 8 // bits
-    L = W * per
-    nbq = (L + bs - 1) // bs
-    if scales.shape[0] != G or scales.shape[1] != nbq:
-        return np.empty((0, 0), np.float32), 1
-    for j in range(idx.size):
-        v = idx[j]
-        if v < -G or v >= G:
-            return np.empty((0, 0), np.float32), 2
-    if has_zp and (zp.shape[0] != G or zp.shape[1] != (nbq + per - 1) // per):
-        return np.empty((0, 0), np.float32), 3
-    zdef = np.float32(1 << (bits - 1))
-    m = idx.size
-    q = np.empty((m, L), np.float32)
-    sc = np.empty((m, nbq), np.float32)
-    zf = np.empty((m, nbq), np.float32)
-    for j in range(m):
-        g = idx[j]
-        if g < 0:
-            g += G
-        _cq.unpack_codes(data[g:g + 1], bits, L, q[j:j + 1])
-        if has_zp:
-            _cq.unpack_codes(zp[g:g + 1], bits, nbq, zf[j:j + 1])
-        sc[j] = scales[g]
-    out = np.empty((m, L), np.float32)
-    _cq._gbq_dequant(q.reshape((m, L, 1)), sc.reshape((m, nbq, 1)), zf.reshape((m, nbq, 1)), has_zp, zdef, bs,
-                     out.reshape((m, L, 1)))
-    return out, 0
-
-
-def _gbq(e, g):
-    """The region form of the bound GatherBlockQuantized: 2-d packed uint8 data gathered along axis 0."""
-    bits, bs = g.bits, g.bs
-    if bits not in (4, 8):
-        raise Decline("attributes")
-    if e.dtype(0) != np.uint8 or e.rank(0) != 2 or e.dtype(1).kind not in "iu" or e.dtype(2) != F32 \
-            or e.rank(2) != 2:
-        raise Decline("types")
-    if g.gather_axis not in (0, -2) or g.quantize_axis not in (1, -1):
-        raise Decline("axes")
-    if e.has(3) and (e.dtype(3) != np.uint8 or e.rank(3) != 2):
-        raise Decline("zero points")
-    k = e.use(__name__, "gbq_f32")
-    ri = e.rank(1)
-    zp = "{i3}" if e.has(3) else "np.zeros((1, 1), np.uint8)"
-    e.line(f"{{p}}_y, {{p}}_err = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)).astype(np.int64), {{i2}}, {zp}, "
-           f"{e.has(3)}, {bits}, {bs})")
-    _raise_on(e, "{p}_err", [
-        (1, "ShapeMismatchError", "scales do not match data and block_size"),
-        (2, "IndexOutOfRangeError", "an index is out of range for the gather axis"),
-        (3, "ShapeMismatchError", "zero_points do not match the scales")])
-    shape = [f"{{i1}}.shape[{d}]" for d in range(ri)] + ["{p}_y.shape[1]"]
-    e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(shape)},))")
-
-
-form("GatherBlockQuantized", domain=MS, bind=_cq.bind_gbq)(_gbq)
 
 
 # -- LpNormalization / GatedRMSNorm -----------------------------------------------------------------

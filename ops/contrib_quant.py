@@ -1,4 +1,5 @@
-"""Block-quantized contrib ops (domain com.microsoft): MatMulNBits and GatherBlockQuantized.
+"""Block-quantized contrib ops (domain com.microsoft): MatMulNBits (GatherBlockQuantized is
+``ops/gather_block_quantized.py``).
 
 These are what the onnxruntime-genai model builder emits for int4/int8 packages: every linear layer
 is a ``MatMulNBits`` and a tied embedding is a ``GatherBlockQuantized`` over the lm_head's packed
@@ -35,18 +36,11 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
 Per node, the float scales and unpacked zero points are cached by the identity of the initializer
 arrays (they are constants in every builder package).
 
-GatherBlockQuantized: gathers slices of a block-quantized table along ``gather_axis`` and
-dequantizes them (blocks run along ``quantize_axis``).  uint8 data packs ``8/bits`` codes per byte
-along the last axis (which must then be the quantize axis) with default zero point
-``2**(bits-1)``; int4/uint4 data (one code per element) has default zero point 0.  Indices may be
-negative (counted from the end) and are validated: ``IndexOutOfRangeError``.
-
 Invariants: inputs are never written; outputs are fresh arrays of A's (MatMulNBits) or the scales'
 (GatherBlockQuantized) dtype; 16-bit floats are computed in float32.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numba
@@ -54,13 +48,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidAttributeError
 from . import _simd
-from ._common import F32, check_indices, raise_coded
+from ._common import F32, raise_coded
 from ._fastmath import FAST
 from .registry import op
 
-__all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS", "Gbq", "bind_gbq", "gbq_layout", "gbq_indices"]
+__all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
 
 _ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
@@ -612,150 +606,3 @@ def _matmul_nbits_cpu(m: Mnb, ctx):
     def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
         return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache)
     return run
-
-
-# -- GatherBlockQuantized --------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True)
-def _gbq_dequant(q3, sc3, zf3, has_zp, zdef, bs, out3):
-    """out3[o, t, i] = (q3[o, t, i] - z) * s with s, z from block t // bs of sc3/zf3 [outer, nbq, inner]."""
-    outer, qn, inner = out3.shape
-    for o in range(outer):
-        for t in range(qn):
-            blk = t // bs
-            for i in range(inner):
-                z = zf3[o, blk, i] if has_zp else zdef
-                out3[o, t, i] = (np.float32(q3[o, t, i]) - z) * sc3[o, blk, i]
-
-
-def _unpack_last(x, bits, length):
-    """uint8 codes packed ``8/bits`` per byte along the last axis -> int32 codes, last axis cut to ``length``."""
-    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
-    length = min(length, x2.shape[1] * (8 // bits))
-    out = np.empty((x2.shape[0], length), np.int32)
-    unpack_codes(x2, bits, length, out)
-    return out.reshape(x.shape[:-1] + (length,))
-
-
-class Gbq(NamedTuple):
-    """A GatherBlockQuantized node bound at plan time."""
-
-    gather_axis: int
-    quantize_axis: int
-    bs: int
-    bits: int
-
-
-def bind_gbq(ctx, gather_axis=0, quantize_axis=1, block_size=128, bits=4) -> Gbq:
-    bs = int(block_size)
-    if bs < 16 or bs & (bs - 1):
-        raise InvalidAttributeError(f"GatherBlockQuantized: block_size must be a power of two >= 16, got {bs}")
-    return Gbq(int(gather_axis), int(quantize_axis), bs, int(bits))
-
-
-class GbqLayout(NamedTuple):
-    """One call's layout: the axes, codes per byte, the default zero point, the logical (unpacked) data shape
-    and the quantized extent's blocks."""
-
-    ga: int
-    qa: int
-    per: int
-    zdef: float
-    packed: bool
-    lshape: tuple
-    nbq: int
-
-
-def gbq_layout(g: Gbq, data, scales, zero_points) -> GbqLayout:
-    """The checks every implementation makes on the data, scales and zero points (host or device arrays)."""
-    name = "GatherBlockQuantized"
-    r = data.ndim
-    if r == 0:
-        raise ShapeMismatchError(f"{name}: data must have rank >= 1, got a scalar")
-    ga = g.gather_axis + r if g.gather_axis < 0 else g.gather_axis
-    qa = g.quantize_axis + r if g.quantize_axis < 0 else g.quantize_axis
-    if not (0 <= ga < r and 0 <= qa < r):
-        raise InvalidAttributeError(f"{name}: gather_axis {g.gather_axis} / quantize_axis {g.quantize_axis} out "
-                                    f"of range for data of rank {r}")
-    dt = np.dtype(data.dtype)
-    if dt == np.uint8:
-        if g.bits not in (4, 8):
-            raise InvalidAttributeError(f"{name}: bits must be 4 or 8 for uint8 data, got {g.bits}")
-        if g.bits == 4 and qa != r - 1:
-            raise InvalidAttributeError(f"{name}: packed uint8 data needs quantize_axis = last axis ({r - 1}), "
-                                        f"got {g.quantize_axis}")
-        per, zdef, packed = 8 // g.bits, float(1 << (g.bits - 1)), True
-    elif dt.name in ("int4", "uint4"):
-        per, zdef, packed = 1, 0.0, False
-    else:
-        raise InvalidArgumentError(f"{name}: data must be uint8, int4 or uint4, got {dt}")
-    dshape = tuple(int(v) for v in data.shape)
-    lshape = dshape[:-1] + (dshape[-1] * per,)
-    nbq = (lshape[qa] + g.bs - 1) // g.bs
-    want = lshape[:qa] + (nbq,) + lshape[qa + 1:]
-    sshape = tuple(int(v) for v in scales.shape)
-    if sshape != want:
-        raise ShapeMismatchError(f"{name}: scales must have shape {list(want)}, got {list(sshape)}")
-    if zero_points is not None:
-        zshape = sshape[:-1] + ((sshape[-1] + per - 1) // per,) if packed else sshape
-        if tuple(zero_points.shape) != zshape:
-            raise ShapeMismatchError(f"{name}: zero_points must have shape {list(zshape)}, got "
-                                     f"{list(zero_points.shape)}")
-    return GbqLayout(ga, qa, per, zdef, packed, lshape, nbq)
-
-
-def gbq_indices(lay: GbqLayout, indices) -> np.ndarray:
-    """Host indices checked against the gathered extent and made non-negative (int64, their shape kept)."""
-    idx = np.asarray(indices)
-    if idx.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"GatherBlockQuantized: indices must be int32 or int64, got {idx.dtype}")
-    gn = lay.lshape[lay.ga]
-    check_indices("GatherBlockQuantized", idx, -gn, gn)
-    return np.where(idx < 0, idx + gn, idx).astype(np.int64)
-
-
-@op("GatherBlockQuantized", 1, domain="com.microsoft", bind=bind_gbq)
-def _gbq_cpu(g: Gbq, ctx):
-    def run(data, indices, scales, zero_points=None):
-        return gather_block_quantized(g, data, indices, scales, zero_points)
-    return run
-
-
-def gather_block_quantized(g: Gbq, data, indices, scales, zero_points=None):
-    lay = gbq_layout(g, data, scales, zero_points)
-    ga, qa, packed, lshape, bits, bs = lay.ga, lay.qa, lay.packed, lay.lshape, g.bits, g.bs
-    zdef = np.float32(lay.zdef)
-    idx = gbq_indices(lay, indices)
-
-    def codes(x, length):  # logical int32 codes
-        return _unpack_last(x, bits, length) if packed else x.astype(np.int32)
-
-    if ga != qa:
-        q = codes(np.take(data, idx.reshape(-1), axis=ga), lshape[-1])
-        s = np.take(scales, idx.reshape(-1), axis=ga)
-        zs = None
-        if zero_points is not None:
-            zs = codes(np.take(zero_points, idx.reshape(-1), axis=ga), scales.shape[-1])
-    else:
-        # Gathering along the quantized axis: blocks follow the gathered positions.
-        q = np.take(codes(data, lshape[-1]), idx.reshape(-1), axis=ga)
-        s = np.take(scales, idx.reshape(-1) // bs, axis=ga)
-        zs = None
-        if zero_points is not None:
-            zs = np.take(codes(zero_points, scales.shape[-1]), idx.reshape(-1) // bs, axis=ga)
-        bs = 1
-    odt = scales.dtype
-    outer = int(math.prod(q.shape[:qa]))
-    inner = int(math.prod(q.shape[qa + 1:]))
-    qn2 = q.shape[qa]
-    nb2 = s.shape[qa]
-    q3 = np.ascontiguousarray(q).reshape(outer, qn2, inner)
-    s3 = np.ascontiguousarray(s, dtype=F32).reshape(outer, nb2, inner)
-    has_zp = zs is not None
-    z3 = np.ascontiguousarray(zs, dtype=F32).reshape(outer, nb2, inner) if has_zp else np.zeros((1, 1, 1), F32)
-    out = np.empty((outer, qn2, inner), F32)
-    _gbq_dequant(q3, s3, z3, has_zp, zdef, bs, out)
-    out = out.reshape(q.shape)
-    # q has the gathered (flattened) indices on axis ga: restore the indices' shape.
-    out = out.reshape(lshape[:ga] + tuple(idx.shape) + lshape[ga + 1:])
-    return out if odt == F32 else out.astype(odt)

@@ -33,7 +33,8 @@ import numpy as np
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
-from ops.contrib_quant import Gbq, Mnb, bind_gbq, bind_mnb, check_inputs, gbq_indices, gbq_layout, groups_of
+from ops.contrib_quant import Mnb, bind_mnb, check_inputs, groups_of
+from ops.gather_block_quantized import Gbq, bind_gbq, gbq_indices, gbq_layout
 from ops.registry import op
 from ._common import MAX_ROW_THREADS, check_device, flat, grid1d
 

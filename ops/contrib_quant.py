@@ -36,15 +36,18 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
 Per node, the float scales and unpacked zero points are cached by the identity of the initializer
 arrays (they are constants in every builder package).
 
-Invariants: inputs are never written; outputs are fresh arrays of A's (MatMulNBits) or the scales'
-(GatherBlockQuantized) dtype; 16-bit floats are computed in float32.
+The op is written once: its bind (``bind_mnb``), its checks and messages (``mnb_check``, ``MNB_ERRORS``), its
+CPU wrapper here, its region form in ``ops/compiled_forms_contrib.py`` and its CUDA launch.
+
+Invariants: inputs are never written; outputs are fresh arrays of A's dtype; 16-bit floats are computed in
+float32.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import numba
-
 import numpy as np
 from numba import njit, prange
 
@@ -514,6 +517,60 @@ def groups_of(m: Mnb, g_idx):
     return None if np.array_equal(gi, np.arange(m.K) // m.bs) else gi
 
 
+@contextlib.contextmanager
+def _threads_for(nbytes, chunk=None):
+    """Numba's thread count (and chunk size) for one pass over ``nbytes`` of packed weight: waking threads costs
+    more than a small weight takes to stream, so one thread per ``_BYTES_PER_THREAD``; restored after."""
+    nt_max = numba.get_num_threads()
+    nt = max(1, min(nt_max, nbytes // _BYTES_PER_THREAD))
+    prev = numba.get_parallel_chunksize() if chunk else None
+    if chunk:
+        numba.set_parallel_chunksize(chunk)
+    if nt != nt_max:
+        numba.set_num_threads(nt)
+    try:
+        yield nt
+    finally:
+        if chunk:
+            numba.set_parallel_chunksize(prev)
+        if nt != nt_max:
+            numba.set_num_threads(nt_max)
+
+
+def _rows_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, out):
+    """A few rows of A in one pass over the packed weight (see the module docstring)."""
+    rows_a, nb, bs = a2.shape[0], m.nb, m.bs
+    asum = np.empty((rows_a, nb), F32)
+    ascale = np.empty((rows_a, nb), F32)
+    if m.bits == 4:
+        ae = np.empty((rows_a, nb, bs // 2), F32)
+        ao = np.empty((rows_a, nb, bs // 2), F32)
+        _prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+        _rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
+    else:
+        ap = np.empty((rows_a, nb, bs), F32)
+        _prep_a8(a2, nb, bs, quant, ap, asum, ascale)
+        _rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
+
+
+def _tiles_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, grp, out):
+    """Tiles of weight rows dequantized into float32, each multiplied with every row of A by BLAS."""
+    K, N, bs = m.K, m.N, m.bs
+    af = a2 if a2.dtype == F32 else a2.astype(F32)
+    if quant:
+        fq = np.empty((a2.shape[0], K), F32)
+        _fake_quant_a(np.ascontiguousarray(af), bs, fq)
+        af = fq
+    g = grp if grp is not None else (np.arange(K, dtype=np.int64) // bs)
+    tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
+    w = np.empty((tile, K), F32)
+    for n0 in range(0, N, tile):
+        rows = min(tile, N - n0)
+        wt = w[:rows]
+        _dequant_tile(b3, m.bits, sc, zf, has_zp, zdef, g, n0, wt)
+        np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
+
+
 def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, cache=None):
     """The op on one set of inputs (the node wrapper passes a per-node constant cache)."""
     K, N, bits, bs, nb, blob = m.K, m.N, m.bits, m.bs, m.nb, m.blob
@@ -544,55 +601,14 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         if lay is None or lay[0] is not b or lay[1] is not sc:
             lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
         _, _, qi, sct, zft = lay
-        nt_max = numba.get_num_threads()
-        nt = max(1, min(nt_max, b3.nbytes // _BYTES_PER_THREAD))
-        if nt != nt_max:
-            numba.set_num_threads(nt)
-        try:
+        with _threads_for(b3.nbytes) as nt:
             gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
-        finally:
-            if nt != nt_max:
-                numba.set_num_threads(nt_max)
     elif rows_a <= _ROWS_MAX and grp is None:
-        a2 = np.ascontiguousarray(a2, dtype=F32)
-        asum = np.empty((rows_a, nb), F32)
-        ascale = np.empty((rows_a, nb), F32)
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.
-        # Waking threads costs more than a small weight takes to stream: one thread per 1 MiB packed.
-        nt_max = numba.get_num_threads()
-        nt = max(1, min(nt_max, b3.nbytes // _BYTES_PER_THREAD))
-        prev = numba.get_parallel_chunksize()
-        numba.set_parallel_chunksize(_CHUNK_ROWS)
-        if nt != nt_max:
-            numba.set_num_threads(nt)
-        try:
-            if bits == 4:
-                ae = np.empty((rows_a, nb, bs // 2), F32)
-                ao = np.empty((rows_a, nb, bs // 2), F32)
-                _prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
-                _rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
-            else:
-                ap = np.empty((rows_a, nb, bs), F32)
-                _prep_a8(a2, nb, bs, quant, ap, asum, ascale)
-                _rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
-        finally:
-            numba.set_parallel_chunksize(prev)
-            if nt != nt_max:
-                numba.set_num_threads(nt_max)
+        with _threads_for(b3.nbytes, _CHUNK_ROWS):
+            _rows_pass(m, np.ascontiguousarray(a2, dtype=F32), b3, sc, zf, has_zp, zdef, quant, out)
     else:
-        af = a2 if a2.dtype == F32 else a2.astype(F32)
-        if quant:
-            fq = np.empty((rows_a, K), F32)
-            _fake_quant_a(np.ascontiguousarray(af), bs, fq)
-            af = fq
-        g = grp if grp is not None else (np.arange(K, dtype=np.int64) // bs)
-        tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
-        w = np.empty((tile, K), F32)
-        for n0 in range(0, N, tile):
-            rows = min(tile, N - n0)
-            wt = w[:rows]
-            _dequant_tile(b3, bits, sc, zf, has_zp, zdef, g, n0, wt)
-            np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
+        _tiles_pass(m, a2, b3, sc, zf, has_zp, zdef, quant, grp, out)
     if bias is not None:
         out += bias.reshape(1, N).astype(F32)
     res = out.reshape(a.shape[:-1] + (N,))

@@ -350,10 +350,11 @@ def launch_gqa(g: Gqa, ctx):
     return run
 
 
-def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-         sin_cache, position_ids, attention_bias, head_sink):
+def _checked(g: Gqa, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+             sin_cache, attention_bias, head_sink):
+    """The shared checks (``gqa_geometry``, ``gqa_extras``) and the device ones: (host seqlens_k, total, query
+    shape, geometry)."""
     name = "GroupQueryAttention"
-    H, kvH = g.H, g.kvH
     check_device(name, query=query, key=key, value=value, past_key=past_key, past_value=past_value,
                  cos_cache=cos_cache, sin_cache=sin_cache, attention_bias=attention_bias, head_sink=head_sink)
     seqlens_h = host_array(name, "seqlens_k", seqlens_k)
@@ -361,19 +362,60 @@ def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_s
     if not packed and (key.dtype != query.dtype or value.dtype != query.dtype):
         raise InvalidArgumentError(f"{name}: key/value must have the query dtype {query.dtype}")
     total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-    has_past = past_key is not None
     qs = _shape(query, 3)
-    err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
+    err, *geo = gqa_geometry(
         qs, qs if packed else _shape(key, 3), qs if packed else _shape(value, 3), packed, _shape(past_key, 4),
-        _shape(past_value, 4), has_past, seqlens_h.reshape(-1).astype(np.int64), total, H, kvH, g.windowed,
-        g.window)
+        _shape(past_value, 4), past_key is not None, seqlens_h.reshape(-1).astype(np.int64), total, g.H, g.kvH,
+        g.windowed, g.window)
+    B, S, D, totals = geo[0], geo[1], geo[2], geo[6]
     if not err:
         err = gqa_extras(_shape(attention_bias, 4), attention_bias is not None,
-                         0 if head_sink is None else head_sink.size, head_sink is not None, B, H, S, totals)
+                         0 if head_sink is None else head_sink.size, head_sink is not None, B, g.H, S, totals)
     if err:
         raise_gqa_error(err)
     if D > MAX_HEAD_SIZE:
         raise ShapeMismatchError(f"{name}: head size {D} exceeds the CUDA kernel's limit {MAX_HEAD_SIZE}")
+    return seqlens_h, total, qs, tuple(geo)
+
+
+def _window_rows(g: Gqa, B, S, P, past_b, totals, n_new, kbase):
+    """A windowed cache of capacity P holding the last L(T) positions: the resident past and the new rows are
+    staged (row j = absolute position j + kbase), attended in staged rows, and the last L(T) rows kept.  Returns
+    the staged rows and the per-entry rows the kernels read (resident, staged total, kbase, kept)."""
+    L = int((past_b + S).max()) if B else 0
+    keep = np.array([resident_rows(int(t), P, g.window) for t in totals], np.int64)
+    # The kernels index the past, the staging rows and the present with these: check them before any launch.
+    if (past_b > P).any() or (keep > past_b + n_new).any() or (keep > P).any():
+        raise InvalidArgumentError(f"GroupQueryAttention: windowed cache rows out of range (resident "
+                                   f"{past_b.tolist()}, kept {keep.tolist()}, capacity {P})")
+    return L, np.concatenate([past_b, past_b + n_new, kbase, keep]).astype(np.int64)
+
+
+def _rope_args(g: Gqa, query, cos_cache, sin_cache, position_ids, B, S, D, abs_past, totals):
+    """The rotary arguments of the kernels, the positions checked on the host: (rot, cache width, cache rows,
+    position mode, cos, sin, positions)."""
+    dummy = flat(query)
+    if not g.rotary:
+        return 0, 1, 1, 0, dummy, dummy, dummy
+    crows, cw = int(cos_cache.shape[0]), int(cos_cache.shape[1])
+    ph = None if position_ids is None else host_array("GroupQueryAttention", "position_ids", position_ids)
+    err, _ = gqa_positions(_ZP if ph is None else positions_2d(ph), ph is not None, abs_past, totals, S,
+                           _shape(cos_cache, 2), _shape(sin_cache, 2), D)
+    if err:
+        raise_gqa_error(err)
+    pos_mode = 0 if ph is None else 2 if tuple(ph.shape) == (B, S) else 1
+    pos_f = dummy if ph is None else flat(upload_small(ph))
+    return 2 * cw, cw, crows, pos_mode, flat(cos_cache), flat(sin_cache), pos_f
+
+
+def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+         sin_cache, position_ids, attention_bias, head_sink):
+    H, kvH = g.H, g.kvH
+    seqlens_h, total, qs, (B, S, D, P, L, past_b, totals, n_new, kbase, abs_past) = _checked(
+        g, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+        attention_bias, head_sink)
+    packed = key is None
+    has_past = past_key is not None
     hidden = qs[2]
     if packed:
         ksrc = vsrc = query
@@ -385,32 +427,10 @@ def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_s
     windowed = g.windowed
     first_prompt = S == total
     if windowed:
-        # A cache of capacity P holding the last L(T) positions: the resident past and the new rows are staged
-        # (row j = absolute position j + kbase), attended in staged rows, and the last L(T) rows kept.
-        L = int((past_b + S).max()) if B else 0  # staged rows
-        keep = np.array([resident_rows(int(t), P, g.window) for t in totals], np.int64)
-        # The kernels index the past, the staging rows and the present with these: check them before any launch.
-        if (past_b > P).any() or (keep > past_b + n_new).any() or (keep > P).any():
-            raise InvalidArgumentError(f"{name}: windowed cache rows out of range (resident {past_b.tolist()}, "
-                                       f"kept {keep.tolist()}, capacity {P})")
-        rows = np.concatenate([past_b, past_b + n_new, kbase, keep]).astype(np.int64)
-
+        L, rows = _window_rows(g, B, S, P, past_b, totals, n_new, kbase)
     rotary = g.rotary
-    rot, cw, crows, pos_mode = 0, 1, 1, 0
-    cos_f = sin_f = pos_f = flat(query)
-    if rotary:
-        crows, cw = int(cos_cache.shape[0]), int(cos_cache.shape[1])
-        rot = 2 * cw
-        ph = None if position_ids is None else host_array(name, "position_ids", position_ids)
-        if ph is not None:
-            pos_mode = 2 if tuple(ph.shape) == (B, S) else 1
-        err, _ = gqa_positions(_ZP if ph is None else positions_2d(ph), ph is not None, abs_past, totals, S,
-                               _shape(cos_cache, 2), _shape(sin_cache, 2), D)
-        if err:
-            raise_gqa_error(err)
-        if ph is not None:
-            pos_f = flat(upload_small(ph))
-        cos_f, sin_f = flat(cos_cache), flat(sin_cache)
+    rot, cw, crows, pos_mode, cos_f, sin_f, pos_f = _rope_args(g, query, cos_cache, sin_cache, position_ids, B, S, D,
+                                                               abs_past, totals)
 
     has_bias = attention_bias is not None
     bshape = _shape(attention_bias, 4) if has_bias else (1, 1, 1, 1)
@@ -418,7 +438,6 @@ def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_s
         sink_mode, sink_f = 2, flat(head_sink)
     else:
         sink_mode, sink_f = (1 if g.smooth else 0), flat(query)
-    n_out = g.n_outputs
     sc = g.scale if g.scale else 1.0 / math.sqrt(D)
     window = g.window
 
@@ -458,22 +477,30 @@ def _gqa(g, donated, query, key, value, past_key, past_value, seqlens_k, total_s
                                  flat(attention_bias) if has_bias else flat(query), has_bias, *bshape, sink_f,
                                  sink_mode, rotary, g.interleaved, rot, cos_f, sin_f, cw, crows,
                                  pos_f, pos_mode, fuse_append, k_off, v_off, flat(y))
-    if windowed:
+    return _outputs(g, y, pres_k, pres_v, seq_f, P, L, total)
+
+
+def _outputs(g: Gqa, y, pres_k, pres_v, seq_f, P, L, total):
+    """(output, present_key, present_value[, output_qk]): a windowed cache keeps its last L(T) staged rows in a
+    fresh capacity-P present; a declared output_qk (qk_output=0) is zeros, as on the CPU."""
+    B, S = y.shape[0], y.shape[1]
+    kvH, D = pres_k.shape[1], pres_k.shape[3]
+    if g.windowed:
         stage_k, stage_v = pres_k, pres_v
-        pres_k = rc.device_empty((B, kvH, P, D), dtype)
-        pres_v = rc.device_empty((B, kvH, P, D), dtype)
+        pres_k = rc.device_empty((B, kvH, P, D), y.dtype)
+        pres_v = rc.device_empty((B, kvH, P, D), y.dtype)
         if pres_k.size:
             blocks, threads = grid1d(pres_k.size)
             _window_keep[blocks, threads](flat(stage_k), flat(stage_v), flat(pres_k), flat(pres_v), seq_f, kvH, L,
                                           P, D)
     res = [y, pres_k, pres_v]
-    if n_out > 3:  # output_qk declared with qk_output=0: zeros, as on the CPU
-        qk = rc.device_empty((B, H, S, total), dtype)
+    if g.n_outputs > 3:
+        qk = rc.device_empty((B, g.H, S, total), y.dtype)
         if qk.size:
             blocks, threads = grid1d(qk.size)
             fill0[blocks, threads](flat(qk))
         res.append(qk)
-    return tuple(res[:n_out]) if n_out > 1 else y
+    return tuple(res[:g.n_outputs]) if g.n_outputs > 1 else y
 
 
 op("GroupQueryAttention", 1, domain=_MS, provider=_CUDA, host_inputs=(5, 6, 9), bind=bind_gqa)(launch_gqa)

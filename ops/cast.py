@@ -16,6 +16,8 @@ the input is never written.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import ml_dtypes
 import numpy as np
 from numba import njit
@@ -23,6 +25,7 @@ from onnx import TensorProto
 
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
+from .forms import Decline, _np_type, form
 from .registry import op
 
 F32 = np.dtype(np.float32)
@@ -123,10 +126,28 @@ def _target(to) -> np.dtype:
                                     f"({TensorProto.DataType.Name(int(to)) if int(to) in TensorProto.DataType.values() else 'unknown'})") from None
 
 
-def _cast_factory(ctx, to=None, saturate=1, round_mode="up"):
+class CastOp(NamedTuple):
+    """A Cast node bound at plan time (its CPU wrapper, region form and CUDA launch read this)."""
+
+    dtype: np.dtype
+    saturate: int
+    round_mode: str
+
+
+def bind_cast(ctx, to=None, saturate=1, round_mode="up") -> CastOp:
     if to is None:
         raise InvalidAttributeError("Cast: the 'to' attribute is required")
-    dt = _target(to)
+    return CastOp(_target(to), int(saturate), round_mode)
+
+
+def bind_cast_1(ctx, to=None) -> CastOp:
+    if isinstance(to, str):  # opset 1 spelled the type as a string
+        to = TensorProto.DataType.Value(to.upper())
+    return bind_cast(ctx, to)
+
+
+def _cpu(c: CastOp, ctx):
+    dt = c.dtype
     buf = ctx.out[0] if ctx.out else None
     native = dt in _NATIVE
 
@@ -135,20 +156,23 @@ def _cast_factory(ctx, to=None, saturate=1, round_mode="up"):
                 and buf.dtype == dt:
             np.copyto(buf, input, casting="unsafe")
             return buf
-        return cast_array(input, dt, saturate, round_mode)
+        return cast_array(input, dt, c.saturate, c.round_mode)
     return run
 
 
-@op("Cast", 1, factory=True)
-def Cast_1(ctx, to=None):
-    if isinstance(to, str):  # opset 1 spelled the type as a string
-        to = TensorProto.DataType.Value(to.upper())
-    return _cast_factory(ctx, to)
+def _form(e, c: CastOp):
+    """The region form: numpy's conversion between the numeric dtypes (bool aside)."""
+    src, dst = e.dtype(0), c.dtype
+    _np_type(src)
+    if dst.kind == "b" or src.kind == "b":
+        raise Decline("bool casts")
+    e.line(f"{{o0}} = {{i0}}.astype({_np_type(dst)})")
+    e.declare(0, dst, e.rank(0))
 
 
-@op("Cast", 6, factory=True)
-def Cast(ctx, to=None, saturate=1, round_mode="up"):
-    return _cast_factory(ctx, to, saturate, round_mode)
+for _since, _bind in ((1, bind_cast_1), (6, bind_cast)):
+    op("Cast", _since, bind=_bind)(_cpu)
+    form("Cast", since=_since, bind=_bind)(_form)
 
 
 @op("CastLike", 15)

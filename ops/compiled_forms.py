@@ -133,16 +133,6 @@ def _shape(e):
         e.line(f"{{o0}}[{k}] = {{i0}}.shape[{d}]")
 
 
-@form("Cast")
-def _cast(e):
-    src, dst = e.dtype(0), np.dtype(e.out_dtype(0))
-    _np_type(src)
-    if dst.kind == "b" or src.kind == "b":
-        raise Decline("bool casts")
-    e.line(f"{{o0}} = {{i0}}.astype({_np_type(dst)})")
-    e.declare(0, dst, e.rank(0))
-
-
 @form("Gather")
 def _gather(e):
     rd, ri = e.rank(0), e.rank(1)

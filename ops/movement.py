@@ -285,8 +285,9 @@ def Transpose(data, perm=None, *, ctx=None):
 
 # -- Concat / Split --------------------------------------------------------------------------------
 
-def _concat(inputs, axis, buf):
-    xs = [_contig(x) for x in inputs if x is not None]
+def concat_shape(xs, axis) -> tuple:
+    """(axis, dtype, output shape) of Concat over the present inputs ``xs`` (host or device arrays), after its
+    checks (the CPU and CUDA kernels share them)."""
     if not xs:
         raise InvalidArgumentError("Concat needs at least one input")
     r = xs[0].ndim
@@ -298,9 +299,15 @@ def _concat(inputs, axis, buf):
             raise InvalidArgumentError(f"Concat: inputs must share one dtype, got {[str(a.dtype) for a in xs]}")
         if x.ndim != r or any(x.shape[i] != base[i] for i in range(r) if i != ax):
             raise ShapeMismatchError(f"Concat: input shapes {[list(a.shape) for a in xs]} differ outside axis {ax}")
-    shape = list(base)
-    shape[ax] = sum(x.shape[ax] for x in xs)
-    out = out_buffer(buf, tuple(shape), dt)
+    base[ax] = sum(x.shape[ax] for x in xs)
+    return ax, dt, tuple(base)
+
+
+def _concat(inputs, axis, buf):
+    xs = [_contig(x) for x in inputs if x is not None]
+    ax, dt, shape = concat_shape(xs, axis)
+    r = len(shape)
+    out = out_buffer(buf, shape, dt)
     off = 0
     idx = [slice(None)] * r
     for x in xs:

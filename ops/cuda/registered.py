@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, check_indices, norm_axis
+from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.registry import op
 from ops.shape import _squeeze, _unsqueeze, reshape_target
 from runtime import cuda as rc
@@ -87,19 +88,15 @@ def Where(condition, X, Y):
 
 # -- Cast ------------------------------------------------------------------------------------------
 
-@op("Cast", 1, provider=CUDA)
-def Cast_1(input, to=None):
-    if isinstance(to, str):  # opset 1 spelled the type as a string
-        from onnx import TensorProto
-        to = TensorProto.DataType.Value(to.upper())
-    return Cast(input, to)
+def launch_cast(c: CastOp, ctx=None):
+    """The CUDA implementation of Cast (its bind is ``ops.cast``'s)."""
+    def run(input):
+        return kcast.Cast(input, c.dtype, c.saturate)
+    return run
 
 
-@op("Cast", 6, provider=CUDA)
-def Cast(input, to=None, saturate=1, round_mode="up"):
-    if to is None:
-        raise InvalidAttributeError("Cast: the 'to' attribute is required")
-    return kcast.Cast(input, int(to), saturate)
+for _since, _bind in ((1, bind_cast_1), (6, bind_cast)):
+    op("Cast", _since, provider=CUDA, bind=_bind)(launch_cast)
 
 
 # -- Softmax ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
-from ops.movement import split_sizes
+from ops.movement import concat_shape, split_sizes
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
@@ -131,21 +131,9 @@ def Transpose(data, perm=None):
 
 def _concat(inputs, axis):
     xs = [x for x in inputs if x is not None]
-    if not xs:
-        raise InvalidArgumentError("Concat needs at least one input")
     check_device("Concat", **{f"input{k}": x for k, x in enumerate(xs)})
-    r = xs[0].ndim
-    ax = norm_axis(axis, r)
-    dt = xs[0].dtype
-    base = list(xs[0].shape)
-    for x in xs:
-        if x.dtype != dt:
-            raise InvalidArgumentError(f"Concat: inputs must share one dtype, got {[str(a.dtype) for a in xs]}")
-        if x.ndim != r or any(x.shape[i] != base[i] for i in range(r) if i != ax):
-            raise ShapeMismatchError(f"Concat: input shapes {[list(a.shape) for a in xs]} differ outside axis {ax}")
-    shape = list(base)
-    shape[ax] = sum(x.shape[ax] for x in xs)
-    out = rc.device_empty(tuple(shape), dt)
+    ax, dt, shape = concat_shape(xs, axis)
+    out = rc.device_empty(shape, dt)
     dst = _cstrides(shape)
     off = 0
     for x in xs:

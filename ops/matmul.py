@@ -236,6 +236,36 @@ def _blas_into(a, b, o):
         np.matmul(a, b, out=o)
 
 
+def matmul_shapes(a_shape, b_shape, name="MatMul") -> tuple:
+    """numpy ``matmul``'s shapes (1-d operands promoted, then squeezed; batch dims broadcast), checked:
+    ``(M, K, N, A's batch, B's batch, batch, (batch, M, N), output shape)``.  The CPU and CUDA kernels share
+    them."""
+    a_shape, b_shape = tuple(int(d) for d in a_shape), tuple(int(d) for d in b_shape)
+    if not a_shape or not b_shape:
+        raise ShapeMismatchError(f"{name}: inputs must have rank >= 1, got shapes {list(a_shape)} and "
+                                 f"{list(b_shape)}")
+    A = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    B = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    m, k = A[-2:]
+    k2, n = B[-2:]
+    if k != k2:
+        raise ShapeMismatchError(f"{name}: inner dimensions differ: A has shape {list(a_shape)} (K={k}), B has "
+                                 f"shape {list(b_shape)} (K={k2})")
+    abatch, bbatch = A[:-2], B[:-2]
+    try:
+        batch = broadcast_shape(abatch, bbatch)
+    except Exception:
+        raise ShapeMismatchError(f"{name}: batch dimensions of {list(a_shape)} and {list(b_shape)} do not "
+                                 f"broadcast") from None
+    full = batch + (m, n)
+    out_shape = full
+    if len(a_shape) == 1:
+        out_shape = out_shape[:-2] + out_shape[-1:]
+    if len(b_shape) == 1:
+        out_shape = out_shape[:-1]
+    return m, k, n, abatch, bbatch, batch, full, out_shape
+
+
 def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarray:
     """numpy.matmul semantics: batch broadcasting, 1-d operands promoted then squeezed."""
     if (b.ndim == 2 and a.ndim >= 2 and a.dtype == b.dtype and a.dtype in _FLOATS and a.shape[-1] == b.shape[0]
@@ -257,19 +287,7 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
         raise InvalidArgumentError(f"{name}: expected a numeric dtype, got {dt}")
     A = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
     B = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
-    m, k = A.shape[-2:]
-    k2, n = B.shape[-2:]
-    if k != k2:
-        raise ShapeMismatchError(f"{name}: inner dimensions differ: A has shape {list(a.shape)} "
-                                 f"(K={k}), B has shape {list(b.shape)} (K={k2})")
-    abatch, bbatch = tuple(A.shape[:-2]), tuple(B.shape[:-2])
-    batch = broadcast_shape(abatch, bbatch)
-    full = batch + (m, n)
-    out_shape = full
-    if a.ndim == 1:
-        out_shape = out_shape[:-2] + out_shape[-1:]
-    if b.ndim == 1:
-        out_shape = out_shape[:-1]
+    m, k, n, abatch, bbatch, batch, full, out_shape = matmul_shapes(a.shape, b.shape, name)
     o = out_buffer(buf, out_shape, dt)
     if o.size == 0:
         return o

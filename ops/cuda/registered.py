@@ -23,12 +23,13 @@ import math
 
 import numpy as np
 
-from ops._common import as_int_list, broadcast_shape, check_indices, norm_axis
+from ops._common import as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
+from ops.matmul import matmul_shapes
 from ops.registry import op
 from ops.shape import _squeeze, _unsqueeze, reshape_target
 from runtime import cuda as rc
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
 from . import elementwise as kel
 from . import indexing as kidx
@@ -141,27 +142,8 @@ def MatMul(A, B):
     else the tiled GEMM, in one launch when the batches fold into strides, else one launch per batch.
     """
     check_device("MatMul", A=A, B=B)
-    if A.ndim == 0 or B.ndim == 0:
-        raise ShapeMismatchError(f"MatMul: operands must have rank >= 1, got {list(A.shape)} and {list(B.shape)}")
+    M, K, N, ba, bb, bc, out_shape, final = matmul_shapes(A.shape, B.shape)
     kmm._check_dtypes("MatMul", A, B)
-    a_shape = tuple(A.shape) if A.ndim > 1 else (1,) + tuple(A.shape)
-    b_shape = tuple(B.shape) if B.ndim > 1 else tuple(B.shape) + (1,)
-    M, K = a_shape[-2:]
-    K2, N = b_shape[-2:]
-    if K != K2:
-        raise ShapeMismatchError(f"MatMul: inner dimensions differ: {list(A.shape)} @ {list(B.shape)}")
-    ba, bb = a_shape[:-2], b_shape[:-2]
-    try:
-        bc = broadcast_shape(ba, bb)
-    except Exception:
-        raise ShapeMismatchError(f"MatMul: batch dimensions of {list(A.shape)} and {list(B.shape)} "
-                                 f"do not broadcast") from None
-    out_shape = bc + (M, N)
-    final = out_shape
-    if A.ndim == 1:
-        final = final[:-2] + final[-1:]
-    if B.ndim == 1:
-        final = final[:-1]
     pa, pb, pc = int(math.prod(ba)), int(math.prod(bb)), int(math.prod(bc))
     C = rc.device_empty(out_shape, A.dtype)
     if C.size == 0:

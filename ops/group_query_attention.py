@@ -398,8 +398,9 @@ def _cpu(b: Gqa, ctx):
             D = W // (b.H + 2 * b.kvH) if k is None else W // b.H
             L = max(total, 0 if pk is None else pk.shape[2])
             fk, fv = np.zeros((B, b.kvH, L, D), np.float32), np.zeros((B, b.kvH, L, D), np.float32)
+        qf = _f32(q)
         err, y, pres_k, pres_v, qk = gqa_f32(
-            _f32(q), _f32(q) if k is None else _f32(k), _f32(q) if v is None else _f32(v), k is None,
+            qf, qf if k is None else _f32(k), qf if v is None else _f32(v), k is None,
             _Z4 if pk is None else _f32(pk), _Z4 if pv is None else _f32(pv), pk is not None,
             np.asarray(sl).reshape(-1).astype(np.int64), total, _ZC if cos is None else _f32(cos),
             _ZC if sin is None else _f32(sin), _ZP if pos is None else positions_2d(pos), pos is not None,

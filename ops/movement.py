@@ -1,5 +1,6 @@
-"""Data-movement ops: Transpose, Concat, Split, Slice, Expand, Tile, Pad, ConstantOfShape, Range, Trilu,
-Where, Dropout, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence, CenterCropPad, BitCast.
+"""Data-movement ops: Transpose, Concat, Split, Slice, Expand, Tile, ConstantOfShape, Range, Trilu,
+Where, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence, CenterCropPad, BitCast (Pad, which shares
+``strided_copy`` and the byte views, is ``ops/pad.py``).
 
 Moving data does not depend on what the bytes mean, so every kernel here
 works on unsigned-integer views of the element bytes (uint8/16/32/64; a
@@ -10,12 +11,9 @@ express fall back to numpy.
 Most ops are written as "build a numpy view of the source (transpose, slice,
 broadcast), then copy it": ``strided_copy`` turns the view into element
 offsets and strides, drops unit axes, merges axes that are contiguous in
-both source and destination, and hands a rank-6 loop to ``_copy6``.  Pad
-modes that repeat data (edge/reflect/wrap) gather through per-axis offset
-maps (``_gather6``).
+both source and destination, and hands a rank-6 loop to ``_copy6``.
 
-Invariants: outputs are fresh C-contiguous arrays (Dropout, registered with
-``views=True``, may return its input); inputs are never written; indices
+Invariants: outputs are fresh C-contiguous arrays; inputs are never written; indices
 coming from tensors are validated before a kernel reads memory.
 """
 from __future__ import annotations
@@ -26,7 +24,7 @@ from numba import njit
 from runtime.dtypes import np_dtype
 from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,
                             ShapeMismatchError)
-from ._common import F32, alloc, as_int_list, broadcast_shape, lowp, norm_axis, out_buffer, to4
+from ._common import alloc, as_int_list, broadcast_shape, norm_axis, out_buffer, to4
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -84,32 +82,6 @@ def _copy6(src, soff, ss, dst, doff, ds, n):
                             de = dd + e * d4
                             for f in range(n5):
                                 dst[de + f * d5] = src[se + f * s5]
-
-
-@njit(cache=True)
-def _gather6(src, maps, mstart, n, dst, fill):
-    """dst (C order over box n) = src[sum_k maps[mstart[k] + i_k]], or ``fill`` where any map entry is < 0."""
-    o = 0
-    for a in range(n[0]):
-        ma = maps[mstart[0] + a]
-        for b in range(n[1]):
-            mb = maps[mstart[1] + b]
-            for c in range(n[2]):
-                mc = maps[mstart[2] + c]
-                for d in range(n[3]):
-                    md = maps[mstart[3] + d]
-                    for e in range(n[4]):
-                        me = maps[mstart[4] + e]
-                        neg = ma < 0 or mb < 0 or mc < 0 or md < 0 or me < 0
-                        base = ma + mb + mc + md + me
-                        m5 = mstart[5]
-                        for f in range(n[5]):
-                            mf = maps[m5 + f]
-                            if neg or mf < 0:
-                                dst[o] = fill
-                            else:
-                                dst[o] = src[base + mf]
-                            o += 1
 
 
 @njit(cache=True)
@@ -185,17 +157,9 @@ def _range_i(start, delta, out):
         out[i] = start + i * delta
 
 
-@njit(cache=True)
-def _dropout_apply(x, u, ratio, scale, y, mask):
-    for i in range(x.size):
-        keep = u[i] >= ratio
-        mask[i] = keep
-        y[i] = x[i] * scale if keep else x[i] * 0
-
-
 # -- helpers ---------------------------------------------------------------------------------------
 
-def _uview(a: np.ndarray):
+def uview(a: np.ndarray):
     """(unsigned view, factor) of a C-contiguous array, flat; factor > 1 for 16-byte elements; None for objects."""
     it = a.dtype.itemsize
     if a.dtype == OBJ or a.dtype.hasobject:
@@ -230,8 +194,8 @@ def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarra
         return
     if src_view.shape != dst_view.shape:
         src_view = np.broadcast_to(src_view, dst_view.shape)
-    su = _uview(src_base)
-    du = _uview(dst_base)
+    su = uview(src_base)
+    du = uview(dst_base)
     it = src_base.dtype.itemsize
     if su is None or du is None or dst_base.dtype.itemsize != it:
         dst_view[...] = src_view
@@ -256,7 +220,7 @@ def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarra
     _copy6(sflat, soff, np.array([d[1] for d in dims], I64), dflat, doff, np.array([d[2] for d in dims], I64), n)
 
 
-def _contig(x: np.ndarray) -> np.ndarray:
+def contig(x: np.ndarray) -> np.ndarray:
     return x if x.flags.c_contiguous else np.ascontiguousarray(x)
 
 
@@ -267,7 +231,7 @@ def materialize(src_base: np.ndarray, src_view: np.ndarray, buf=None) -> np.ndar
     return out
 
 
-def _buf(ctx):
+def out_of(ctx):
     return ctx.out[0] if ctx is not None and ctx.out else None
 
 
@@ -275,12 +239,12 @@ def _buf(ctx):
 
 @op("Transpose", 1)
 def Transpose(data, perm=None, *, ctx=None):
-    x = _contig(data)
+    x = contig(data)
     r = x.ndim
     p = list(range(r))[::-1] if perm is None else [norm_axis(a, r, "perm entry") for a in perm]
     if sorted(p) != list(range(r)):
         raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
-    return materialize(x, x.transpose(p), _buf(ctx))
+    return materialize(x, x.transpose(p), out_of(ctx))
 
 
 # -- Concat / Split --------------------------------------------------------------------------------
@@ -304,7 +268,7 @@ def concat_shape(xs, axis) -> tuple:
 
 
 def _concat(inputs, axis, buf):
-    xs = [_contig(x) for x in inputs if x is not None]
+    xs = [contig(x) for x in inputs if x is not None]
     ax, dt, shape = concat_shape(xs, axis)
     r = len(shape)
     out = out_buffer(buf, shape, dt)
@@ -321,14 +285,14 @@ def _concat(inputs, axis, buf):
 
 @op("Concat", 1)
 def Concat_1(*inputs, axis=1, ctx=None):
-    return _concat(inputs, axis, _buf(ctx))
+    return _concat(inputs, axis, out_of(ctx))
 
 
 @op("Concat", 4)
 def Concat(*inputs, axis=None, ctx=None):
     if axis is None:
         raise InvalidAttributeError("Concat: the axis attribute is required")
-    return _concat(inputs, axis, _buf(ctx))
+    return _concat(inputs, axis, out_of(ctx))
 
 
 def split_sizes(d, ax, split, n_out, num_outputs=None) -> list:
@@ -351,7 +315,7 @@ def split_sizes(d, ax, split, n_out, num_outputs=None) -> list:
 
 
 def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
-    x = _contig(x)
+    x = contig(x)
     ax = norm_axis(axis, x.ndim)
     parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
     outs = []
@@ -416,29 +380,29 @@ def _slice_view(x, starts, ends, axes, steps):
 
 @op("Slice", 1)
 def Slice_1(data, axes=None, ends=None, starts=None, *, ctx=None):
-    x = _contig(data)
-    return materialize(x, _slice_view(x, starts, ends, axes, None), _buf(ctx))
+    x = contig(data)
+    return materialize(x, _slice_view(x, starts, ends, axes, None), out_of(ctx))
 
 
 @op("Slice", 10)
 def Slice(data, starts, ends, axes=None, steps=None, *, ctx=None):
-    x = _contig(data)
-    return materialize(x, _slice_view(x, starts, ends, axes, steps), _buf(ctx))
+    x = contig(data)
+    return materialize(x, _slice_view(x, starts, ends, axes, steps), out_of(ctx))
 
 
 # -- Expand / Tile ---------------------------------------------------------------------------------
 
 @op("Expand", 8)
 def Expand(input, shape, *, ctx=None):
-    x = _contig(input)
+    x = contig(input)
     target = as_int_list(shape)
     out_shape = broadcast_shape(x.shape, tuple(target))
-    return materialize(x, np.broadcast_to(x, out_shape), _buf(ctx))
+    return materialize(x, np.broadcast_to(x, out_shape), out_of(ctx))
 
 
 @op("Tile", 1)
 def Tile_1(input, tiles, axis):
-    x = _contig(input)
+    x = contig(input)
     reps = [1] * x.ndim
     reps[norm_axis(int(np.asarray(axis).reshape(-1)[0]), x.ndim)] = int(np.asarray(tiles).reshape(-1)[0])
     return Tile(x, np.array(reps))
@@ -446,7 +410,7 @@ def Tile_1(input, tiles, axis):
 
 @op("Tile", 6)
 def Tile(input, repeats, *, ctx=None):
-    x = _contig(input)
+    x = contig(input)
     reps = as_int_list(repeats)
     if len(reps) != x.ndim or any(r < 0 for r in reps):
         raise InvalidArgumentError(f"Tile: repeats {reps} must be {x.ndim} non-negative counts")
@@ -456,108 +420,9 @@ def Tile(input, repeats, *, ctx=None):
         inter += [1, d]
         bshape += [r, d]
     v = np.broadcast_to(x.reshape(inter), bshape)
-    out = out_buffer(_buf(ctx), tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)
+    out = out_buffer(out_of(ctx), tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)
     strided_copy(out, out.reshape(bshape), x, v)
     return out
-
-
-# -- Pad -------------------------------------------------------------------------------------------
-
-def _pad_map(d, before, after, mode, stride):
-    """Per-axis source offsets (element units) for each output index; -1 marks the constant fill."""
-    n = d + before + after
-    i = np.arange(n, dtype=I64) - before
-    if mode == "constant":
-        m = np.where((i >= 0) & (i < d), i, -1)
-    elif d == 0:
-        if n:
-            raise InvalidArgumentError(f"Pad: mode {mode!r} cannot pad an axis of size 0")
-        m = i
-    elif mode == "edge":
-        m = np.clip(i, 0, d - 1)
-    elif mode == "wrap":
-        m = np.mod(i, d)
-    else:  # reflect
-        if d == 1:
-            m = np.zeros(n, I64)
-        else:
-            period = 2 * (d - 1)
-            j = np.mod(i, period)
-            m = np.where(j < d, j, period - j)
-    return np.where(m >= 0, m * stride, -1).astype(I64)
-
-
-def _pad(x, pads, mode, value, axes=None, buf=None):
-    x = _contig(x)
-    r = x.ndim
-    p = as_int_list(pads)
-    ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in as_int_list(axes)]
-    if len(p) != 2 * len(ax):
-        raise InvalidArgumentError(f"Pad: pads {p} must hold 2 x {len(ax)} entries")
-    if mode not in ("constant", "reflect", "edge", "wrap"):
-        raise InvalidAttributeError(f"Pad: mode must be constant, reflect, edge or wrap, got {mode!r}")
-    before = [0] * r
-    after = [0] * r
-    for k, a in enumerate(ax):
-        before[a] = p[k]
-        after[a] = p[k + len(ax)]
-    for i, (d, b, a) in enumerate(zip(x.shape, before, after)):
-        if d + b + a < 0:
-            raise InvalidArgumentError(f"Pad: pads {before[i]} and {after[i]} on axis {i} remove more than its {d} "
-                                       f"element(s) (the output extent would be {d + b + a})")
-    # Negative pads crop first.
-    crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
-                 for i, (b, a) in enumerate(zip(before, after)))
-    if any(b < 0 or a < 0 for b, a in zip(before, after)):
-        x = np.ascontiguousarray(x[crop])
-        before = [max(b, 0) for b in before]
-        after = [max(a, 0) for a in after]
-    out_shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after))
-    if mode == "reflect":
-        for d, b, a in zip(x.shape, before, after):
-            if d > 0 and (b > d - 1 or a > d - 1) and d > 1:
-                pass  # onnxruntime and numpy reflect repeatedly; so does _pad_map
-    out = out_buffer(buf, out_shape, x.dtype)
-    if out.size == 0:
-        return out
-    if value is None:
-        fill = np.zeros((), x.dtype)
-    else:
-        fill = np.asarray(value).reshape(-1)
-        fill = np.array(fill[0] if fill.size else 0).astype(x.dtype) if x.dtype != OBJ else np.array(fill[0], OBJ)
-    if mode == "constant":
-        out[...] = fill
-        inner = tuple(slice(b, b + d) for b, d in zip(before, x.shape))
-        strided_copy(out, out[inner], x, x)
-        return out
-    u = _uview(x)
-    if u is None or r > MAXR or u[1] != 1:
-        np_mode = {"edge": "edge", "wrap": "wrap", "reflect": "reflect"}[mode]
-        out[...] = np.pad(x, list(zip(before, after)), mode=np_mode)
-        return out
-    strides = [s // x.dtype.itemsize for s in x.strides]
-    maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(x.shape, before, after, strides)]
-    maps = [np.zeros(1, I64)] * (MAXR - r) + maps
-    n = np.array([len(m) for m in maps], I64)
-    mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
-    _gather6(u[0], np.concatenate(maps), mstart, n, out.reshape(-1).view(u[0].dtype),
-             fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
-    return out
-
-
-@op("Pad", 1)
-def Pad_1(data, mode="constant", paddings=None, value=0.0, *, ctx=None):
-    return _pad(data, paddings, mode, value, None, _buf(ctx))
-
-
-@op("Pad", 2)
-def Pad_2(data, mode="constant", pads=None, value=0.0, *, ctx=None):
-    return _pad(data, pads, mode, value, None, _buf(ctx))
-
-
-@op("Pad", 11)
-def Pad(data, pads, constant_value=None, axes=None, mode="constant", *, ctx=None):
-    return _pad(data, pads, mode, constant_value, axes, _buf(ctx))
 
 
 # -- ConstantOfShape / Range / EyeLike -------------------------------------------------------------
@@ -627,7 +492,7 @@ def EyeLike(input, dtype=None, k=0):
 
 @op("Trilu", 14)
 def Trilu(input, k=None, upper=1):
-    x = _contig(input)
+    x = contig(input)
     if x.ndim < 2:
         raise InvalidArgumentError(f"Trilu: input must have rank >= 2, got shape {list(x.shape)}")
     kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
@@ -635,7 +500,7 @@ def Trilu(input, k=None, upper=1):
     if x.size == 0:
         return out
     M, N = x.shape[-2:]
-    u = _uview(x)
+    u = uview(x)
     if u is None or u[1] != 1:
         i = np.arange(M)[:, None]
         j = np.arange(N)[None, :]
@@ -650,16 +515,16 @@ def Trilu(input, k=None, upper=1):
 def _where(condition, X, Y, buf=None):
     if X.dtype != Y.dtype:
         raise InvalidArgumentError(f"Where: X and Y must share one dtype, got {X.dtype} and {Y.dtype}")
-    c = _contig(condition)
+    c = contig(condition)
     if c.dtype != np.bool_:
         c = c.astype(bool)
-    x = _contig(X)
-    y = _contig(Y)
+    x = contig(X)
+    y = contig(Y)
     shape = broadcast_shape(c.shape, x.shape, y.shape)
     out = out_buffer(buf, shape, x.dtype)
     if out.size == 0:
         return out
-    ux, uy = _uview(x), _uview(y)
+    ux, uy = uview(x), uview(y)
     if ux is None or ux[1] != 1:
         out[...] = np.where(c, x, y)
         return out
@@ -683,56 +548,7 @@ def _where(condition, X, Y, buf=None):
 
 @op("Where", 9)
 def Where(condition, X, Y, *, ctx=None):
-    return _where(condition, X, Y, _buf(ctx))
-
-
-# -- Dropout ---------------------------------------------------------------------------------------
-
-def _dropout(x, ratio, training, seed, ctx, mask_dtype):
-    """(output, mask) when the node has a mask output (mask None when unused), else the output alone."""
-    n_out = ctx.n_outputs if ctx is not None else 1
-    want_mask = n_out > 1 and ctx.outputs_used[1]
-    if not training or ratio == 0:
-        if n_out == 1:
-            return x
-        return x, (np.ones(x.shape, mask_dtype) if want_mask else None)
-    if not 0 <= ratio < 1:
-        raise InvalidArgumentError(f"Dropout: ratio must lie in [0, 1), got {ratio}")
-    # With a seed, draw exactly as the ONNX reference does (legacy MT19937 uniform doubles) so seeded runs
-    # are reproducible against it; without one, any fresh stream will do.
-    if seed is not None:
-        u = np.random.RandomState(int(seed)).uniform(0.0, 1.0, x.size)
-    else:
-        u = np.random.default_rng().random(x.size)
-    xf = np.ascontiguousarray(x, dtype=F32) if (lowp(x.dtype) or x.dtype.kind != "f") else _contig(x)
-    y = np.empty(x.shape, xf.dtype)
-    mask = np.empty(x.shape, np.bool_)
-    if x.size:
-        _dropout_apply(xf.reshape(-1), u, float(ratio), xf.dtype.type(1.0 / (1.0 - ratio)), y.reshape(-1),
-                       mask.reshape(-1))
-    if y.dtype != x.dtype:
-        y = y.astype(x.dtype)
-    if n_out == 1:
-        return y
-    return y, (mask.astype(mask_dtype) if want_mask else None)
-
-
-@op("Dropout", 1, views=True)
-def Dropout_1(data, is_test=0, ratio=0.5, consumed_inputs=None, *, ctx):
-    # Old Dropout only ran for training; runtimes treat it as inference (identity).
-    return _dropout(data, ratio, False, None, ctx, data.dtype)
-
-
-@op("Dropout", 10, views=True)
-def Dropout_10(data, ratio=0.5, *, ctx):
-    return _dropout(data, ratio, False, None, ctx, np.bool_)
-
-
-@op("Dropout", 12, views=True)
-def Dropout(data, ratio=None, training_mode=None, seed=None, *, ctx):
-    r = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
-    t = False if training_mode is None else bool(np.asarray(training_mode).reshape(-1)[0])
-    return _dropout(data, r, t, seed, ctx, np.bool_)
+    return _where(condition, X, Y, out_of(ctx))
 
 
 # -- DepthToSpace / SpaceToDepth -------------------------------------------------------------------
@@ -744,7 +560,7 @@ def _check4(x, name):
 
 @op("DepthToSpace", 1)
 def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = _contig(input)
+    x = contig(input)
     _check4(x, "DepthToSpace")
     b = int(blocksize)
     N, C, H, W = x.shape
@@ -757,14 +573,14 @@ def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
         v = x.reshape(N, c, b, b, H, W).transpose(0, 1, 4, 2, 5, 3)
     else:
         raise InvalidAttributeError(f"DepthToSpace: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(_buf(ctx), (N, c, H * b, W * b), x.dtype)
+    out = out_buffer(out_of(ctx), (N, c, H * b, W * b), x.dtype)
     strided_copy(out, out.reshape(v.shape), x, v)
     return out
 
 
 @op("SpaceToDepth", 1)
 def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = _contig(input)
+    x = contig(input)
     _check4(x, "SpaceToDepth")
     b = int(blocksize)
     N, C, H, W = x.shape
@@ -777,7 +593,7 @@ def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
         v = v.transpose(0, 1, 3, 5, 2, 4)
     else:
         raise InvalidAttributeError(f"SpaceToDepth: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(_buf(ctx), (N, C * b * b, H // b, W // b), x.dtype)
+    out = out_buffer(out_of(ctx), (N, C * b * b, H // b, W // b), x.dtype)
     strided_copy(out, out.reshape(v.shape), x, v)
     return out
 
@@ -786,7 +602,7 @@ def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
 
 @op("ReverseSequence", 10)
 def ReverseSequence(input, sequence_lens, batch_axis=1, time_axis=0):
-    x = _contig(input)
+    x = contig(input)
     if x.ndim < 2:
         raise InvalidArgumentError(f"ReverseSequence: input must have rank >= 2, got shape {list(x.shape)}")
     if sorted((batch_axis, time_axis)) != [0, 1]:
@@ -802,7 +618,7 @@ def ReverseSequence(input, sequence_lens, batch_axis=1, time_axis=0):
     out = np.empty(x.shape, x.dtype)
     if x.size == 0:
         return out
-    u = _uview(x)
+    u = uview(x)
     if u is None or u[1] != 1:
         for b in range(B):
             L = int(lens[b])
@@ -822,7 +638,7 @@ def ReverseSequence(input, sequence_lens, batch_axis=1, time_axis=0):
 
 @op("CenterCropPad", 18)
 def CenterCropPad(input_data, shape, axes=None):
-    x = _contig(input_data)
+    x = contig(input_data)
     r = x.ndim
     target = as_int_list(shape)
     ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in axes]
@@ -850,7 +666,7 @@ def BitCast(input, to=None):
     if to is None:
         raise InvalidAttributeError("BitCast: the 'to' attribute is required")
     dt = np_dtype(int(to))
-    x = _contig(input)
+    x = contig(input)
     if dt == OBJ or x.dtype == OBJ:
         raise InvalidArgumentError("BitCast: string tensors cannot be bit-cast")
     if dt.itemsize != x.dtype.itemsize:

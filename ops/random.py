@@ -1,5 +1,5 @@
 """Random generators: RandomUniform, RandomNormal, RandomUniformLike, RandomNormalLike (1, 22),
-Bernoulli (15, 22) and Multinomial (7, 22).
+Bernoulli (15, 22) and Multinomial (7, 22); and Dropout (1, 10, 12), whose training mode draws its mask.
 
 Every node owns its generator: a splitmix64 state (one uint64 in a small
 array) created when the node is bound, seeded from the ``seed`` attribute
@@ -16,7 +16,10 @@ Invariants:
 - Bernoulli returns 1 where u < p (so p <= 0 never and p >= 1 always fires);
 - Multinomial treats each row of its input as unnormalized log-probabilities
   and returns class indices (batch, sample_size) in ``dtype`` (int32/int64);
-- outputs are fresh arrays; the generator state is guarded by the plan's lock.
+- outputs are fresh arrays (Dropout, registered with ``views=True``, may return its input); the generator
+  state is guarded by the plan's lock;
+- Dropout with a seed draws as the ONNX reference does (numpy's legacy MT19937), so seeded runs reproduce it;
+  without one, a fresh stream.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from numba import njit
 
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32
+from ._common import F32, lowp
 from .registry import op
 
 F64 = np.dtype(np.float64)
@@ -253,3 +256,60 @@ def Multinomial(ctx, dtype=6, sample_size=1, seed=None):
             _multinomial_kernel(state, np.ascontiguousarray(x), out, np.empty(C, np.float64))
         return out if out_dt == out.dtype else out.astype(out_dt)
     return run
+
+
+@njit(cache=True)
+def _dropout_apply(x, u, ratio, scale, y, mask):
+    for i in range(x.size):
+        keep = u[i] >= ratio
+        mask[i] = keep
+        y[i] = x[i] * scale if keep else x[i] * 0
+
+
+# -- Dropout ---------------------------------------------------------------------------------------
+
+def _dropout(x, ratio, training, seed, ctx, mask_dtype):
+    """(output, mask) when the node has a mask output (mask None when unused), else the output alone."""
+    n_out = ctx.n_outputs if ctx is not None else 1
+    want_mask = n_out > 1 and ctx.outputs_used[1]
+    if not training or ratio == 0:
+        if n_out == 1:
+            return x
+        return x, (np.ones(x.shape, mask_dtype) if want_mask else None)
+    if not 0 <= ratio < 1:
+        raise InvalidArgumentError(f"Dropout: ratio must lie in [0, 1), got {ratio}")
+    # With a seed, draw exactly as the ONNX reference does (legacy MT19937 uniform doubles) so seeded runs
+    # are reproducible against it; without one, any fresh stream will do.
+    if seed is not None:
+        u = np.random.RandomState(int(seed)).uniform(0.0, 1.0, x.size)
+    else:
+        u = np.random.default_rng().random(x.size)
+    xf = np.ascontiguousarray(x, dtype=F32) if (lowp(x.dtype) or x.dtype.kind != "f") else np.ascontiguousarray(x)
+    y = np.empty(x.shape, xf.dtype)
+    mask = np.empty(x.shape, np.bool_)
+    if x.size:
+        _dropout_apply(xf.reshape(-1), u, float(ratio), xf.dtype.type(1.0 / (1.0 - ratio)), y.reshape(-1),
+                       mask.reshape(-1))
+    if y.dtype != x.dtype:
+        y = y.astype(x.dtype)
+    if n_out == 1:
+        return y
+    return y, (mask.astype(mask_dtype) if want_mask else None)
+
+
+@op("Dropout", 1, views=True)
+def Dropout_1(data, is_test=0, ratio=0.5, consumed_inputs=None, *, ctx):
+    # Old Dropout only ran for training; runtimes treat it as inference (identity).
+    return _dropout(data, ratio, False, None, ctx, data.dtype)
+
+
+@op("Dropout", 10, views=True)
+def Dropout_10(data, ratio=0.5, *, ctx):
+    return _dropout(data, ratio, False, None, ctx, np.bool_)
+
+
+@op("Dropout", 12, views=True)
+def Dropout(data, ratio=None, training_mode=None, seed=None, *, ctx):
+    r = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+    t = False if training_mode is None else bool(np.asarray(training_mode).reshape(-1)[0])
+    return _dropout(data, r, t, seed, ctx, np.bool_)

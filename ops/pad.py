@@ -1,0 +1,144 @@
+"""Pad (opsets 1, 2, 11 and later): constant, edge, reflect and wrap modes, negative pads cropping.
+
+Like the other data-movement ops (``ops/movement.py``, whose ``strided_copy`` and byte views it shares) the
+kernels work on unsigned-integer views of the element bytes, so each compiles at most four times whatever the
+dtype.  The constant mode copies the input into a filled output; the modes that repeat data gather through
+per-axis offset maps (``_gather6``: an entry < 0 reads the fill value).
+
+Invariants: the output is a fresh C-contiguous array; the input is never written; pads and axes coming from
+tensors are validated before a kernel reads memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from runtime.errors import InvalidArgumentError, InvalidAttributeError
+from ._common import as_int_list, norm_axis, out_buffer
+from .movement import I64, MAXR, OBJ, contig, out_of, strided_copy, uview
+from .registry import op
+
+
+@njit(cache=True)
+def _gather6(src, maps, mstart, n, dst, fill):
+    """dst (C order over box n) = src[sum_k maps[mstart[k] + i_k]], or ``fill`` where any map entry is < 0."""
+    o = 0
+    for a in range(n[0]):
+        ma = maps[mstart[0] + a]
+        for b in range(n[1]):
+            mb = maps[mstart[1] + b]
+            for c in range(n[2]):
+                mc = maps[mstart[2] + c]
+                for d in range(n[3]):
+                    md = maps[mstart[3] + d]
+                    for e in range(n[4]):
+                        me = maps[mstart[4] + e]
+                        neg = ma < 0 or mb < 0 or mc < 0 or md < 0 or me < 0
+                        base = ma + mb + mc + md + me
+                        m5 = mstart[5]
+                        for f in range(n[5]):
+                            mf = maps[m5 + f]
+                            if neg or mf < 0:
+                                dst[o] = fill
+                            else:
+                                dst[o] = src[base + mf]
+                            o += 1
+
+
+# -- Pad -------------------------------------------------------------------------------------------
+
+def _pad_map(d, before, after, mode, stride):
+    """Per-axis source offsets (element units) for each output index; -1 marks the constant fill."""
+    n = d + before + after
+    i = np.arange(n, dtype=I64) - before
+    if mode == "constant":
+        m = np.where((i >= 0) & (i < d), i, -1)
+    elif d == 0:
+        if n:
+            raise InvalidArgumentError(f"Pad: mode {mode!r} cannot pad an axis of size 0")
+        m = i
+    elif mode == "edge":
+        m = np.clip(i, 0, d - 1)
+    elif mode == "wrap":
+        m = np.mod(i, d)
+    else:  # reflect
+        if d == 1:
+            m = np.zeros(n, I64)
+        else:
+            period = 2 * (d - 1)
+            j = np.mod(i, period)
+            m = np.where(j < d, j, period - j)
+    return np.where(m >= 0, m * stride, -1).astype(I64)
+
+
+def _pad(x, pads, mode, value, axes=None, buf=None):
+    x = contig(x)
+    r = x.ndim
+    p = as_int_list(pads)
+    ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in as_int_list(axes)]
+    if len(p) != 2 * len(ax):
+        raise InvalidArgumentError(f"Pad: pads {p} must hold 2 x {len(ax)} entries")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise InvalidAttributeError(f"Pad: mode must be constant, reflect, edge or wrap, got {mode!r}")
+    before = [0] * r
+    after = [0] * r
+    for k, a in enumerate(ax):
+        before[a] = p[k]
+        after[a] = p[k + len(ax)]
+    for i, (d, b, a) in enumerate(zip(x.shape, before, after)):
+        if d + b + a < 0:
+            raise InvalidArgumentError(f"Pad: pads {before[i]} and {after[i]} on axis {i} remove more than its {d} "
+                                       f"element(s) (the output extent would be {d + b + a})")
+    # Negative pads crop first.
+    crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
+                 for i, (b, a) in enumerate(zip(before, after)))
+    if any(b < 0 or a < 0 for b, a in zip(before, after)):
+        x = np.ascontiguousarray(x[crop])
+        before = [max(b, 0) for b in before]
+        after = [max(a, 0) for a in after]
+    out_shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after))
+    if mode == "reflect":
+        for d, b, a in zip(x.shape, before, after):
+            if d > 0 and (b > d - 1 or a > d - 1) and d > 1:
+                pass  # onnxruntime and numpy reflect repeatedly; so does _pad_map
+    out = out_buffer(buf, out_shape, x.dtype)
+    if out.size == 0:
+        return out
+    if value is None:
+        fill = np.zeros((), x.dtype)
+    else:
+        fill = np.asarray(value).reshape(-1)
+        fill = np.array(fill[0] if fill.size else 0).astype(x.dtype) if x.dtype != OBJ else np.array(fill[0], OBJ)
+    if mode == "constant":
+        out[...] = fill
+        inner = tuple(slice(b, b + d) for b, d in zip(before, x.shape))
+        strided_copy(out, out[inner], x, x)
+        return out
+    u = uview(x)
+    if u is None or r > MAXR or u[1] != 1:
+        np_mode = {"edge": "edge", "wrap": "wrap", "reflect": "reflect"}[mode]
+        out[...] = np.pad(x, list(zip(before, after)), mode=np_mode)
+        return out
+    strides = [s // x.dtype.itemsize for s in x.strides]
+    maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(x.shape, before, after, strides)]
+    maps = [np.zeros(1, I64)] * (MAXR - r) + maps
+    n = np.array([len(m) for m in maps], I64)
+    mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
+    _gather6(u[0], np.concatenate(maps), mstart, n, out.reshape(-1).view(u[0].dtype),
+             fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
+    return out
+
+
+@op("Pad", 1)
+def Pad_1(data, mode="constant", paddings=None, value=0.0, *, ctx=None):
+    return _pad(data, paddings, mode, value, None, out_of(ctx))
+
+
+@op("Pad", 2)
+def Pad_2(data, mode="constant", pads=None, value=0.0, *, ctx=None):
+    return _pad(data, pads, mode, value, None, out_of(ctx))
+
+
+@op("Pad", 11)
+def Pad(data, pads, constant_value=None, axes=None, mode="constant", *, ctx=None):
+    return _pad(data, pads, mode, constant_value, axes, out_of(ctx))

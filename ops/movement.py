@@ -175,7 +175,9 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _merge(shape, ss, ds):
+def merge_axes(shape, ss, ds):
+    """(extent, src stride, dst stride) per axis of a strided copy: unit axes dropped, neighbours that are
+    contiguous in both source and destination merged (the CPU and CUDA copies share it)."""
     dims = [(n, s, d) for n, s, d in zip(shape, ss, ds) if n != 1]
     out = []
     for n, s, d in dims:
@@ -209,7 +211,7 @@ def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarra
         shape.append(f)
         ss.append(1)
         ds.append(1)
-    dims = _merge(shape, ss, ds)
+    dims = merge_axes(shape, ss, ds)
     if len(dims) > MAXR:
         dst_view[...] = src_view
         return

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
-from ops.movement import concat_shape, split_sizes
+from ops.movement import concat_shape, merge_axes, split_sizes
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
@@ -67,15 +67,7 @@ def _cstrides(shape) -> list:
 
 def _box(op, extents, sstr, dstr) -> list:
     """(extent, src stride, dst stride) per axis: unit axes dropped, mergeable neighbours merged, padded to 6."""
-    dims = [(int(n), int(s), int(d)) for n, s, d in zip(extents, sstr, dstr) if int(n) != 1]
-    merged = []
-    for n, s, d in dims:
-        if merged:
-            pn, ps, pd = merged[-1]
-            if ps == s * n and pd == d * n:
-                merged[-1] = (pn * n, s, d)
-                continue
-        merged.append((n, s, d))
+    merged = merge_axes([int(n) for n in extents], [int(s) for s in sstr], [int(d) for d in dstr])
     if len(merged) > RANK:
         raise ShapeMismatchError(f"{op}: the copy needs {len(merged)} axes after merging, the CUDA kernel supports "
                                  f"at most {RANK}")

@@ -358,16 +358,17 @@ def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
 
 # -- Slice -----------------------------------------------------------------------------------------
 
-def _slice_view(x, starts, ends, axes, steps):
-    r = x.ndim
+def slice_bounds(shape, starts, ends, axes, steps) -> list:
+    """Slice's inputs checked and resolved against ``shape``: ``(axis, begin, end, step)`` per sliced axis, as
+    ``slice.indices`` gives them (the CPU and CUDA kernels share them)."""
+    r = len(shape)
     st = as_int_list(starts)
     en = as_int_list(ends)
     ax = list(range(len(st))) if axes is None or len(as_int_list(axes)) == 0 else as_int_list(axes)
     sp = [1] * len(st) if steps is None or len(as_int_list(steps)) == 0 else as_int_list(steps)
     if not (len(st) == len(en) == len(ax) == len(sp)):
         raise InvalidArgumentError(f"Slice: starts {st}, ends {en}, axes {ax} and steps {sp} differ in length")
-    idx = [slice(None)] * r
-    seen = set()
+    out, seen = [], set()
     for s, e, a, p in zip(st, en, ax, sp):
         a = norm_axis(a, r)
         if a in seen:
@@ -375,7 +376,13 @@ def _slice_view(x, starts, ends, axes, steps):
         seen.add(a)
         if p == 0:
             raise InvalidArgumentError("Slice: steps must be non-zero")
-        b, c, p = slice(s, e, p).indices(x.shape[a])
+        out.append((a,) + slice(s, e, p).indices(int(shape[a])))
+    return out
+
+
+def _slice_view(x, starts, ends, axes, steps):
+    idx = [slice(None)] * x.ndim
+    for a, b, c, p in slice_bounds(x.shape, starts, ends, axes, steps):
         idx[a] = slice(b, c if c >= 0 else None, p)
     return x[tuple(idx)]
 

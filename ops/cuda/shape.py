@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
-from ops.movement import concat_shape, merge_axes, split_sizes
+from ops.movement import concat_shape, merge_axes, slice_bounds, split_sizes
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidAttributeError, ShapeMismatchError
 from ._common import check_device, flat, grid1d
 
 __all__ = ["Transpose", "Concat", "Split", "Slice", "Expand", "strided_copy", "broadcast_to"]
@@ -205,24 +205,10 @@ def _slice(x, starts, ends, axes, steps):
     check_device("Slice", data=x)
     r = x.ndim
     shape = tuple(x.shape)
-    st = as_int_list(starts)
-    en = as_int_list(ends)
-    ax = list(range(len(st))) if axes is None or len(as_int_list(axes)) == 0 else as_int_list(axes)
-    sp = [1] * len(st) if steps is None or len(as_int_list(steps)) == 0 else as_int_list(steps)
-    if not (len(st) == len(en) == len(ax) == len(sp)):
-        raise InvalidArgumentError(f"Slice: starts {st}, ends {en}, axes {ax} and steps {sp} differ in length")
     begin = [0] * r
     step = [1] * r
     oshape = list(shape)
-    seen = set()
-    for s, e, a, p in zip(st, en, ax, sp):
-        a = norm_axis(a, r)
-        if a in seen:
-            raise InvalidArgumentError(f"Slice: axes {ax} repeat axis {a}")
-        seen.add(a)
-        if p == 0:
-            raise InvalidArgumentError("Slice: steps must be non-zero")
-        b, c, p = slice(s, e, p).indices(shape[a])
+    for a, b, c, p in slice_bounds(shape, starts, ends, axes, steps):
         begin[a], step[a], oshape[a] = b, p, len(range(b, c, p))
     xst = _cstrides(shape)
     soff = sum(begin[k] * xst[k] for k in range(r))

@@ -171,7 +171,7 @@ def _form(e, c: CastOp):
 
 
 for _since, _bind in ((1, bind_cast_1), (6, bind_cast)):
-    op("Cast", _since, bind=_bind)(_cpu)
+    op("Cast", _since, bind=_bind, writes_out=True)(_cpu)
     form("Cast", since=_since, bind=_bind)(_form)
 
 

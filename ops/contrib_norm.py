@@ -442,12 +442,12 @@ def _form(e, b: RowNorm):
 
 
 for _dom in ("", MS):
-    op("SimplifiedLayerNormalization", 1, domain=_dom, bind=bind_simplified)(_cpu)
+    op("SimplifiedLayerNormalization", 1, domain=_dom, bind=bind_simplified, writes_out=True)(_cpu)
     form("SimplifiedLayerNormalization", domain=_dom, bind=bind_simplified)(_form)
-op("LayerNormalization", 1, bind=bind_layer_norm)(_cpu)
-op("SkipSimplifiedLayerNormalization", 1, domain=MS, bind=bind_skip_simplified)(_cpu)
+op("LayerNormalization", 1, bind=bind_layer_norm, writes_out=True)(_cpu)
+op("SkipSimplifiedLayerNormalization", 1, domain=MS, bind=bind_skip_simplified, writes_out=True)(_cpu)
 form("SkipSimplifiedLayerNormalization", domain=MS, bind=bind_skip_simplified)(_form)
-op("SkipLayerNormalization", 1, domain=MS, bind=bind_skip_layer_norm)(_cpu)
+op("SkipLayerNormalization", 1, domain=MS, bind=bind_skip_layer_norm, writes_out=True)(_cpu)
 
 
 # -- GatedRMSNorm: the contract ---------------------------------------------------------------------

@@ -33,6 +33,13 @@ class Decline(Exception):
     """The form cannot express this node; it runs through its wrapper instead."""
 
 
+def _known(fact, what):
+    """A static fact a form needs; a form cannot express a node whose fact is unknown."""
+    if fact is None:
+        raise Decline(f"unknown {what}")
+    return fact
+
+
 class _DtypeOnly:
     """An output's type as the region planner knows it: its dtype (or None)."""
     __slots__ = ("dtype",)
@@ -63,28 +70,16 @@ class Emitted:
         return k < len(self.node.inputs) and bool(self.node.inputs[k])
 
     def dtype(self, k):
-        d = self.t.dtype(self.node.inputs[k])
-        if d is None:
-            raise Decline("unknown dtype")
-        return d
+        return _known(self.t.dtype(self.node.inputs[k]), "dtype")
 
     def rank(self, k):
-        r = self.t.rank(self.node.inputs[k])
-        if r is None:
-            raise Decline("unknown rank")
-        return r
+        return _known(self.t.rank(self.node.inputs[k]), "rank")
 
     def out_rank(self, k):
-        r = self.t.rank(self.node.outputs[k])
-        if r is None:
-            raise Decline("unknown output rank")
-        return r
+        return _known(self.t.rank(self.node.outputs[k]), "output rank")
 
     def out_dtype(self, k):
-        d = self.t.dtype(self.node.outputs[k])
-        if d is None:
-            raise Decline("unknown output dtype")
-        return d
+        return _known(self.t.dtype(self.node.outputs[k]), "output dtype")
 
     def const(self, k):
         return self.t.const(self.node.inputs[k]) if self.has(k) else None

@@ -61,6 +61,12 @@ class OpImpl:
     provider: str = "CPUExecutionProvider"
     host_inputs: tuple = ()  # input positions a device kernel reads as host numpy arrays (shapes, axes)
     contract: Callable | None = None  # the op's bind(ctx, **attrs), shared by all its implementations
+    writes_out: bool = False  # a contract implementation that writes its outputs into ``ctx.out`` buffers
+
+    @property
+    def takes_buffers(self) -> bool:
+        """The plan may hand this implementation preallocated output buffers (``ctx.out``)."""
+        return self.factory or self.wants_ctx or self.writes_out
 
     @property
     def signature_fn(self) -> Callable:
@@ -104,18 +110,21 @@ def _norm_domain(d: str) -> str:
 
 
 def op(op_type: str, since: int = 1, domain: str = "", *, factory: bool = False, views: bool = False,
-       provider: str = "CPUExecutionProvider", host_inputs: tuple = (), bind: Callable | None = None):
+       provider: str = "CPUExecutionProvider", host_inputs: tuple = (), bind: Callable | None = None,
+       writes_out: bool = False):
     """Register the decorated wrapper for ``(domain, op_type)`` from version ``since`` on.
 
     ``host_inputs`` (device providers only) lists the input positions the wrapper wants as host numpy
     arrays rather than device arrays: small shape, axis and scalar tensors it reads to size its launch.
     ``bind``: the op's contract (see the module docstring); the wrapper is then ``fn(bound, ctx)``.
+    ``writes_out``: a contract wrapper that writes its outputs into the buffers ``ctx.out`` hands it (the plan
+    gives arena buffers only to wrappers that use them).
     """
 
     def deco(fn):
         wants_ctx = "ctx" in inspect.signature(fn).parameters and not factory and bind is None
         impl = OpImpl(_norm_domain(domain), op_type, since, fn, factory, views, wants_ctx, provider,
-                      tuple(host_inputs), bind)
+                      tuple(host_inputs), bind, writes_out)
         key = (provider, impl.domain, op_type)
         lst = _REG.setdefault(key, [])
         sinces = _SINCE.setdefault(key, [])

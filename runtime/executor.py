@@ -202,7 +202,7 @@ class Plan:
             for blk in release_at.pop(i, ()):
                 arena_free.setdefault(blk.nbytes, []).append(blk)
             bufs = []
-            can_write = preallocate and (impl.factory or impl.wants_ctx or impl.contract is not None) \
+            can_write = preallocate and impl.takes_buffers \
                 and not impl.views and i not in L["in_segment"] and i not in L["in_region"]
             for o in node.outputs:
                 buf = None
@@ -288,7 +288,7 @@ class Plan:
                 continue
             i, bufs = self._plain[k]
             impl, vi = impls[i], graph.value_info.get(name)
-            if not (impl.factory or impl.wants_ctx or impl.contract is not None) or impl.views or vi is None or vi.static_shape is None \
+            if not impl.takes_buffers or impl.views or vi is None or vi.static_shape is None \
                     or tuple(arr.shape) != tuple(vi.static_shape) or vi.dtype is None or arr.dtype != vi.dtype:
                 continue
             bufs = list(bufs if steps[k] is self.steps[k] else self._into_bufs[k])

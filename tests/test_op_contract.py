@@ -71,8 +71,11 @@ def test_attribute_defaults_are_written_once():
         assert len(inspect.signature(cpu.fn).parameters) == 2, (domain, op_type)
 
 
-def test_forms_resolve_by_version():
+def test_forms_resolve_by_version(monkeypatch):
     """Forms live in the versioned registry: a form registered from a later version is not used before it."""
+    # The probe registers into copies of the registry's tables, so no other test ever sees it.
+    monkeypatch.setattr(registry, "_REG", {k: list(v) for k, v in registry._REG.items()})
+    monkeypatch.setattr(registry, "_SINCE", {k: list(v) for k, v in registry._SINCE.items()})
     calls = []
 
     @registry.op("ContractProbe", 5, domain="test.contract", provider=REGION)
@@ -83,3 +86,26 @@ def test_forms_resolve_by_version():
     from runtime.ir import Node
     assert form_of(Node("ContractProbe", ["x"], ["y"], domain="test.contract", opset=4)) is None
     assert form_of(Node("ContractProbe", ["x"], ["y"], domain="test.contract", opset=7)).fn is _probe
+
+
+def test_arena_buffers_go_only_to_wrappers_that_write_into_them():
+    """A contract wrapper gets preallocated output buffers only when it is registered with ``writes_out``
+    (Cast is; the GELU family allocates its own): no arena bytes are spent on buffers nobody writes."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    from runtime import GraphOptimizationLevel, InferenceSession, SessionOptions
+    nodes = [helper.make_node("QuickGelu", ["x"], ["g"], domain=MS),
+             helper.make_node("Cast", ["g"], ["c"], to=TensorProto.DOUBLE),
+             helper.make_node("Neg", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 8])],
+                          value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 8]),
+                                      helper.make_tensor_value_info("c", TensorProto.DOUBLE, [2, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    so = SessionOptions()
+    so.graph_optimization_level = GraphOptimizationLevel.ORT_DISABLE_ALL  # every node its own step
+    sess = InferenceSession(m.SerializeToString(), so)
+    assert sess.plan.arena_bytes == 2 * 8 * 8  # Cast's float64 output only
+    x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)
+    want = -(x / (1 + np.exp(-1.702 * x))).astype(np.float64)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-6)

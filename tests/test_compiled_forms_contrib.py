@@ -354,3 +354,26 @@ def test_package_decode_matches_without_regions(name):
     for a, b in zip(got, want):
         assert np.argmax(a.reshape(-1, a.shape[-1]), -1).tolist() == np.argmax(b.reshape(-1, b.shape[-1]), -1).tolist()
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_group_query_attention_with_bias_and_sink():
+    """GroupQueryAttention's form runs the wrapper's driver, attention_bias and head_sink included."""
+    B, S, H, kvH, D, P = 1, 3, 4, 2, 16, 5
+    T = P + S
+    q = RNG.standard_normal((B, S, H * D)).astype(np.float32)
+    k = RNG.standard_normal((B, S, kvH * D)).astype(np.float32)
+    v = RNG.standard_normal((B, S, kvH * D)).astype(np.float32)
+    pk = RNG.standard_normal((B, kvH, P, D)).astype(np.float32)
+    pv = RNG.standard_normal((B, kvH, P, D)).astype(np.float32)
+    bias = RNG.standard_normal((1, 1, S, T)).astype(np.float32)
+    sink = RNG.standard_normal(H).astype(np.float32)
+    ins = ["q", "k", "v", "pk", "pv", "sl", "tot", "", "", "", "bias", "sink"]
+    nodes = [helper.make_node("GroupQueryAttention", ins, ["y", "pko", "pvo"], domain=MS, num_heads=H,
+                              kv_num_heads=kvH), _then_add("y")]
+    inputs = [_vi("q", F, list(q.shape)), _vi("k", F, list(k.shape)), _vi("v", F, list(v.shape)),
+              _vi("pk", F, list(pk.shape)), _vi("pv", F, list(pv.shape)), _vi("bias", F, list(bias.shape)),
+              _vi("sink", F, [H])]
+    model = _model(nodes, inputs, [_out("y", 3), _out("pko", 4), _out("pvo", 4), _vi("z", F, None)],
+                   [_init("sl", np.array([T - 1], np.int32)), _init("tot", np.array(T, np.int32))])
+    _check(model, {"q": q, "k": k, "v": v, "pk": pk, "pv": pv, "bias": bias, "sink": sink},
+           "GroupQueryAttention")

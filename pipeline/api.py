@@ -131,11 +131,8 @@ class Generator:
             self._last = next(self._iter)
             self._tokens.append(self._last)
         except StopIteration:
-            self._done = True
-            return
-        eos = set(self.model.spec.eos_token_ids or [])
-        if self._last in eos or len(self._prompt) + len(self._tokens) >= self.params.search.max_length:
-            self._done = True
+            pass
+        self._done = self._iter.done  # the pipeline's stop rules: EOS, max_length
 
     def get_next_tokens(self):
         return [self._last]

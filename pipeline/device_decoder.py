@@ -1,6 +1,6 @@
 """The native decoder on the CUDA provider, with its caches and state resident on the device.
 
-``CudaDecoder`` is the ``NativeDecoder`` that ``Pipeline`` picks when the
+``CudaDecoder`` is the native decoder that ``Pipeline`` picks when the
 native device is ``cuda`` or ``cuda:N`` (``ONNX_NUMBA_NATIVE_DEVICE``).  Its
 session is a ``runtime.InferenceSession`` on ``CUDAExecutionProvider``; a
 decoder node without a CUDA kernel makes construction fail with the
@@ -8,14 +8,16 @@ session's ``UnsupportedOpError`` (nothing falls back to the CPU).
 
 What stays on the device for the whole generation:
 
-- KV caches: one static buffer per cache input, sized to ``max_length``
-  along its sequence axis.  When every cache feeds only
-  GroupQueryAttention (and ``SessionOptions.kv_share_buffer`` is not False,
-  nor ``ONNX_NUMBA_KV_SHARE_BUFFER=0``), the whole buffer is bound as
-  ``past`` and donated: the kernel appends the new rows in place and returns
-  the buffer as ``present``, so a step copies no cache row (onnxruntime-genai's
-  past_present_share_buffer).  Otherwise only the new positions of the
-  ``present`` output are copied into it, device to device (``_copy_rows``),
+- KV caches (``kv_cache.KVCache``'s interface): one static buffer per cache
+  input, sized to ``max_length`` along its sequence axis.  When every cache
+  feeds only GroupQueryAttention (``kv_cache.policy_for``; and
+  ``SessionOptions.kv_share_buffer`` is not False, nor
+  ``ONNX_NUMBA_KV_SHARE_BUFFER=0``), the whole buffer is bound as ``past``
+  and donated (``DeviceSharedKV``): the kernel appends the new rows in place
+  and returns the buffer as ``present``, so a step copies no cache row
+  (onnxruntime-genai's past_present_share_buffer).  Otherwise
+  (``DeviceCopiedKV``) only the new positions of the ``present`` output are
+  copied into it, device to device (``copy_rows``),
   and the live prefix is bound as the next run's ``past`` input: a view of
   the buffer when that view is contiguous (batch x heads == 1), else a
   device-to-device compaction into a scratch buffer;
@@ -47,9 +49,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime import cuda as rc
-from runtime import settings
 
-from .components import DecoderComponent, NativeDecoder, Transfers, _np_type
+from .components import DecoderComponent, Transfers, _np_type, decoder_options
+from .kv_cache import KVCache, Rows, SharedKV, policy_for
 from .spec import MetadataError
 
 __all__ = ["CudaDecoder", "DeviceTransfers"]
@@ -145,40 +147,14 @@ def copy_rows(src, s0, dst, d0, n, axis):
                                   dst.reshape(outer, ds[axis], inner), int(d0), int(n))
 
 
-class _DeviceKV:
-    """One KV cache in a static device buffer sized to ``max_length`` along its sequence axis."""
+class DeviceRows(Rows):
+    """``Rows`` in a device buffer: ``live()`` is a C-contiguous device array (the view when it is one, else a
+    device-to-device compaction into a scratch buffer kept for the next time)."""
 
-    def __init__(self, shape, axis, dtype, max_length):
-        full = list(shape)
-        full[axis] = int(max_length)
-        self.buf = rc.device_empty(tuple(full), dtype)  # only the live prefix is ever read
-        self.axis = axis
-        self.length = 0
-        self._scratch = None
-
-    @property
-    def capacity(self) -> int:
-        return int(self.buf.shape[self.axis])
-
-    def check(self, present, name):
-        """Raise (writing nothing) unless ``present`` fits this buffer."""
-        shape, full = tuple(present.shape), tuple(self.buf.shape)
-        ax = self.axis
-        if len(shape) != len(full) or shape[:ax] != full[:ax] or shape[ax + 1:] != full[ax + 1:]:
-            raise MetadataError(f"KV cache {name!r}: the decoder produced shape {list(shape)}, which does not fit "
-                                f"its buffer {list(full)} (sequence axis {ax})")
-        if shape[ax] > self.capacity:
-            raise MetadataError(f"KV cache {name!r} would grow to {shape[ax]} positions, past its maximum of "
-                                f"{self.capacity} (search.max_length)")
-        if np.dtype(present.dtype) != np.dtype(self.buf.dtype):
-            raise MetadataError(f"KV cache {name!r}: the decoder produced {present.dtype}, the buffer holds "
-                                f"{self.buf.dtype}")
+    _scratch = None
 
     def live(self):
-        """The first ``length`` positions as a C-contiguous device array (a view when possible)."""
-        idx = [slice(None)] * self.buf.ndim
-        idx[self.axis] = slice(0, self.length)
-        view = self.buf[tuple(idx)]
+        view = self.buf[self.span(0, self.length)]
         if view.is_c_contiguous():
             return view
         if self._scratch is None:
@@ -189,45 +165,96 @@ class _DeviceKV:
         copy_rows(self.buf, 0, dst, 0, self.length, self.axis)
         return dst
 
-    def write(self, present, new_from: int):
-        total = int(present.shape[self.axis])
-        copy_rows(present, new_from, self.buf, new_from, total - new_from, self.axis)
-        self.length = total
+    def put(self, present, start, stop):
+        copy_rows(present, start, self.buf, start, stop - start, self.axis)
+
+
+class DeviceCopiedKV(KVCache):
+    """Static device buffers of ``max_length`` rows, made at the first store: each step's new rows are copied
+    in, device to device, and the live prefix is the next past."""
+
+    def reserve(self, positions: int):
+        pass  # device caches stay sized to max_length
+
+    def _past(self, name):
+        r = self.rows.get(name)
+        if r is None:
+            s = self.spec(name)
+            return rc.device_empty(s.with_rows(0), s.dtype)
+        return r.live()
+
+    def _store(self, presents, seq_len):
+        self._check(presents, seq_len)
+        total = self.length + seq_len
+        for n, p in presents.items():
+            r = self.rows.get(n)
+            if r is None:
+                s = self.spec(n)
+                r = self.rows[n] = DeviceRows(rc.device_empty(s.with_rows(self.max_length), s.dtype), s.axis)
+            r.put(p, self.length, total)
+            r.length = total
+
+
+class DeviceSharedKV(DeviceCopiedKV):
+    """Static device buffers of ``max_length`` rows, made at the first ``past`` and kept across resets, fed
+    whole: GroupQueryAttention appends the new rows in place (a present that is not the buffer has its new
+    rows copied in)."""
+
+    def _reset(self):
+        for r in self.rows.values():
+            r.length = 0
+
+    def _past(self, name):
+        r = self.rows.get(name)
+        if r is None:
+            s = self.spec(name)
+            r = self.rows[name] = DeviceRows(rc.device_empty(s.with_rows(self.max_length), s.dtype), s.axis,
+                                             self.length)
+        return r.buf
+
+    def _store(self, presents, seq_len):
+        self._check(presents, seq_len)
+        total = self.length + seq_len
+        self.in_place = True
+        for n, p in presents.items():
+            r = self.rows[n]
+            if not rc.same_buffer(r.buf, p):
+                self.in_place = False
+                r.put(p, self.length, total)
+            r.length = total
 
 
 # -- the decoder ------------------------------------------------------------------------------------
 
-class CudaDecoder(NativeDecoder):
+class CudaDecoder(DecoderComponent):
     """Native decoder on ``CUDAExecutionProvider``; caches and state stay on the device (module docstring)."""
 
     backend = "native"
-    _fast = False  # greedy_step runs the plain device step (no direct region call on the device plan)
-    reserve = DecoderComponent.reserve  # device caches stay sized to max_length
-    _make_room = DecoderComponent._make_room
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
-        import copy
-        from runtime import InferenceSession, SessionOptions
+        from runtime import InferenceSession
         from runtime.providers import CUDA_PROVIDER, normalize_providers
         provs = normalize_providers(providers or [CUDA_PROVIDER])
         if provs[0][0] != CUDA_PROVIDER:
             raise ValueError(f"CudaDecoder runs on {CUDA_PROVIDER}, got providers {providers!r}")
         # Attention caches are max-length buffers that past and present share (GroupQueryAttention appends in
         # place) unless the caller's options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
-        options = copy.copy(options) if options is not None else SessionOptions()
-        if not settings.flag("ONNX_NUMBA_KV_SHARE_BUFFER"):
-            options.kv_share_buffer = False
-        elif getattr(options, "kv_share_buffer", None) is None:
-            options.kv_share_buffer = True
+        options = decoder_options(options, "ONNX_NUMBA_KV_SHARE_BUFFER", "kv_share_buffer")
         self._want_shared = bool(options.kv_share_buffer)
-        self._kv_shared = None  # decided at the first run: wanted, and every cache feeds GroupQueryAttention only
-        self._kvbufs = {}       # shared max-length cache buffers, kept across resets
         # The session raises UnsupportedOpError for a node without a CUDA kernel: never caught here.
         sess = InferenceSession(spec.filename, options, providers=providers or [CUDA_PROVIDER])
         self._dev = {}  # persistent device buffers: ("ones", dtype) / ("arange", dtype) / ("pos", dtype) / ...
-        DecoderComponent.__init__(self, spec, pipeline, sess, max_length, batch)
+        super().__init__(spec, pipeline, sess, max_length, batch)
         self.device = str(sess.device)
         self.transfers = DeviceTransfers()
+
+    def _make_cache(self, spec, windows):
+        shared = policy_for(self.session._graph, self.io.kv_inputs, windows, self._want_shared) is SharedKV
+        return (DeviceSharedKV if shared else DeviceCopiedKV)(spec, self.io.kv_inputs, windows, self.max_length,
+                                                              zeros=self._zeros)
+
+    def _zeros(self, shape, dtype):
+        return device_full(tuple(shape), dtype, 0)
 
     # -- device buffers ----------------------------------------------------------------------------
     def _buffer(self, key, make):
@@ -274,39 +301,13 @@ class CudaDecoder(NativeDecoder):
             self._dev[key] = D in wants or H not in wants
         return self._dev[key]
 
-    # -- state ---------------------------------------------------------------------------------------
-    def _init_state(self):
-        for p in self.io.state_pairs:
-            if p.input not in self.state:
-                self.state[p.input] = device_full(self._concrete(p.input), _np_type(self.inputs[p.input].type), 0)
-
-    def _past(self, name):
-        if name in self._window:
-            if name not in self.window_kv:
-                self.window_kv[name] = device_full(self._concrete(name, self._window[name]),
-                                                   _np_type(self.inputs[name].type), 0)
-            return self.window_kv[name]
-        if self._shares_kv():
-            buf = self._kvbufs.get(name)
-            if buf is None:
-                buf = self._kvbufs[name] = _DeviceKV(self._concrete(name, self.max_length), self._seq_axis(name),
-                                                     _np_type(self.inputs[name].type), self.max_length)
-            return buf.buf
-        if self.kv is None:
-            return rc.device_empty(tuple(self._concrete(name, 0)), _np_type(self.inputs[name].type))
-        return self.kv[name].live()
-
-    def _shares_kv(self) -> bool:
-        if self._kv_shared is None:
-            self._kv_shared = self._want_shared and bool(self.io.kv_inputs) and self._gqa_present_is_past()
-        return self._kv_shared
-
     def _extras(self, seq_len, extra, note=True):
         # The base builds every input on the host; replace what can be resident with device views.
         feeds = super()._extras(seq_len, extra)
         given = set(extra or {})
         io = self.io
-        total = self._length + seq_len
+        length = self.cache.length
+        total = length + seq_len
         m = io.attention_mask_input
         if m and m in feeds and m not in given and self._device_read(m):
             feeds[m] = self._mask(_np_type(self.inputs[m].type), total)
@@ -317,7 +318,7 @@ class CudaDecoder(NativeDecoder):
                 if note and self._device_read(pname):
                     self.transfers.note_in(pname, feeds[pname])  # mrope positions: built on the host, uploaded
             elif self._device_read(pname):
-                feeds[pname] = self._positions(_np_type(self.inputs[pname].type), self._length, seq_len)
+                feeds[pname] = self._positions(_np_type(self.inputs[pname].type), length, seq_len)
         for port, absent in (io.optional_inputs or {}).items():
             if port in feeds and port not in given:
                 feeds[port] = self._buffer(("absent", port), lambda a=absent: device_full(a.shape, a.dtype, 0))
@@ -345,27 +346,13 @@ class CudaDecoder(NativeDecoder):
         """The next run's feeds (host token ids or embeddings, device views of the rest) and its length;
         raises before anything is written when the caches would pass ``max_length``.  ``note``: record the
         host inputs in ``transfers`` (a run follows)."""
-        io = self.io
-        feeds = {}
-        if io.sequence_source == "inputs_embeds":
-            if embeds is None:
-                raise ValueError(f"decoder {self.spec.name!r} reads inputs_embeds; pass embeds=")
-            if rc.is_device_array(embeds):
-                raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
-            x = np.ascontiguousarray(embeds)
-            name = io.inputs_embeds_input
-        else:
-            if tokens is None:
-                raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
-            x = np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
-                                     .reshape(self.batch, -1))
-            name = io.token_input
+        if embeds is not None and rc.is_device_array(embeds):
+            raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
+        name, x = self._sequence(tokens, embeds)
         seq_len = x.shape[1]
-        if self._length + seq_len > self.max_length:
-            raise MetadataError(f"the KV cache would hold {self._length + seq_len} positions, past max_length "
-                                f"{self.max_length}")
+        self.cache.make_room(self.cache.length + seq_len)
         # Bound as a host array: the session uploads it once for the device kernels that read it.
-        feeds[name] = x
+        feeds = {name: x}
         feeds.update(self._extras(seq_len, extra, note))
         if note:
             self.transfers.note_in(name, x)
@@ -392,7 +379,7 @@ class CudaDecoder(NativeDecoder):
         for name, arr in feeds.items():
             b.bind_input(name, arr)
         for i in self.io.kv_inputs:
-            b.bind_input(i, self._past(i))
+            b.bind_input(i, self.cache.past(i))
         for name, arr in self.state.items():
             b.bind_input(name, arr)
         for o in self.output_names:
@@ -417,54 +404,18 @@ class CudaDecoder(NativeDecoder):
         b = self._binding(feeds)
         self.session.run_with_iobinding(b)
         res = dict(zip(self.output_names, b.get_output_arrays()))
-        self._store(res, seq_len)
+        self._keep(res, seq_len)
         self.last_results = res  # device arrays, for inspection (nothing is downloaded)
         return res[self.io.logits_output]
-
-    def _store(self, results: dict, seq_len):
-        io = self.io
-        pairs = [(i, o) for i, o in zip(io.kv_inputs, io.kv_outputs) if i not in self._window]
-        kv = self.kv
-        if pairs and self._shares_kv():
-            for i, o in pairs:  # validate everything before writing anything
-                self._kvbufs[i].check(results[o], i)
-            for i, o in pairs:
-                b = self._kvbufs[i]
-                if not rc.same_buffer(b.buf, results[o]):  # not appended in place: copy the new rows over
-                    copy_rows(results[o], self._length, b.buf, self._length, seq_len, b.axis)
-                b.length = self._length + seq_len
-            self.kv = {i: self._kvbufs[i] for i, _ in pairs}
-            pairs = []
-            kv = self.kv
-        elif kv is None:
-            kv = {i: _DeviceKV(results[o].shape, self._seq_axis(i), results[o].dtype, self.max_length)
-                  for i, o in pairs}
-        for i, o in pairs:  # validate everything before writing anything
-            kv[i].check(results[o], i)
-        self.kv = kv
-        for i, o in pairs:
-            kv[i].write(results[o], self._length)
-        for i, o in zip(io.kv_inputs, io.kv_outputs):
-            if i in self._window:
-                self.window_kv[i] = results[o]
-        for p in io.state_pairs:
-            self.state[p.input] = results[p.output]
-        self._length += seq_len
 
     # -- inspection ----------------------------------------------------------------------------------
     def bytes_per_step(self) -> dict:
         """The memory a decode step must read at the current length: ``weights`` (every device-resident
         initializer read in full, ``CudaPlan.weight_bytes_per_run``) and ``kv`` (the live rows of every
         attention cache, keys and values); their sum over a step's time is the bandwidth it achieves."""
-        kv = 0
-        for i in self.io.kv_inputs:
-            if i in self._window:
-                w = self.window_kv.get(i)
-                kv += 0 if w is None else int(w.size) * np.dtype(w.dtype).itemsize
-                continue
-            b = (self.kv or {}).get(i)
-            if b is not None:
-                kv += int(b.buf.size) * np.dtype(b.buf.dtype).itemsize * b.length // max(b.capacity, 1)
+        kv = sum(int(w.size) * np.dtype(w.dtype).itemsize for w in self.cache.window.values())
+        for r in self.cache.rows.values():
+            kv += int(r.buf.size) * np.dtype(r.buf.dtype).itemsize * r.length // max(r.capacity, 1)
         return {"weights": int(self.session.plan.weight_bytes_per_run()), "kv": int(kv)}
 
     def state_to_host(self) -> dict:

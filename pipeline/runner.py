@@ -11,10 +11,17 @@ onnxruntime as chosen) and runs the package's stages:
   or as the embeddings a dataflow edge brings it;
 - ``final_only`` stages run once after decoding, on the last values.
 
-``tokens(prompt_ids, ...)`` is an iterator that streams generated ids; it
-stops at an EOS id or after ``max_new_tokens``.
+``tokens(prompt_ids, ...)`` returns a ``Decoding``: an iterator that streams
+generated ids and stops at an EOS id (in every row) or after
+``max_new_tokens``, whose ``done`` says whether the last id has come.  The
+loop has gpt-fast's three parts: ``prefill`` (prompt stages and the decoder
+over the prompt: the first token), ``decode_one_token`` and
+``decode_n_tokens``; batch-1 greedy decoding over token ids steps with the
+decoder's ``greedy_step``.
 """
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -104,80 +111,125 @@ class Pipeline:
             if st.kind == "single_pass" and st.run_on == run_on and st.model in self.components:
                 yield st
 
-    # -- the loop ----------------------------------------------------------------------------------
+    # -- the loop ---------------------------------------------------------------------------------
     def tokens(self, prompt_ids, max_new_tokens=None, sampler: Sampler | None = None, external=None,
-               search: SearchOptions | None = None, want_argmax=True, with_logits=False):
-        """Yield generated token ids one at a time (with ``with_logits``: (id, last-position logits) pairs)."""
+               search: SearchOptions | None = None, want_argmax=True, with_logits=False) -> "Decoding":
+        """Yield generated token ids one at a time (with ``with_logits``: (id, last-position logits) pairs); the
+        returned ``Decoding``'s ``done`` turns True as the last one is yielded."""
         search = search or self.spec.search
-        sampler = sampler or Sampler(search)
-        external = dict(external or {})
-        prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(self.batch, -1)
-        if prompt.shape[1] == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if prompt.shape[1] >= self.max_length:
-            raise ValueError(f"the prompt has {prompt.shape[1]} tokens, which leaves no room to generate within "
-                             f"max_length {self.max_length} (the package's max_length or context_length)")
-        if max_new_tokens is not None and int(max_new_tokens) < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        limit = max_new_tokens
-        ar = next(st for st in self.spec.stages if st.kind == "autoregressive")
-        if limit is None:
-            limit = ar.max_tokens if ar.max_tokens else self.max_length - prompt.shape[1]
-        limit = min(limit, self.max_length - prompt.shape[1])
+        return Decoding(self, lambda: _Run(self, prompt_ids, max_new_tokens, sampler or Sampler(search),
+                                           dict(external or {}), search, want_argmax, with_logits))
+
+    def prefill(self, run: "_Run"):
+        """The prompt-only stages, then the decoder over the whole prompt: the first new token."""
         self.decoder.reset()
-        self.decoder.reserve(prompt.shape[1] + limit)
+        self.decoder.reserve(run.prompt.shape[1] + run.limit)
         self.values = {}
         for st in self._stages("prompt_only"):
-            self._run_component(st.model, prompt, external)
-        history = [list(r) for r in prompt]
-        greedy = not search.do_sample and search.repetition_penalty == 1.0 and want_argmax and not with_logits
-        cur = prompt
-        eos = set(self.spec.eos_token_ids or [])
-        if greedy and self.batch == 1 and not any(self._stages("every_step")) and \
-                self.spec.components[self.decoder_name].io.sequence_source != "inputs_embeds":
-            yield from self._greedy_tokens(prompt, limit, history[0], eos, external)
-            return
-        for i in range(limit):
-            for st in self._stages("every_step"):
-                self._run_component(st.model, cur, external)
-            fwd = self.decoder.prefill if i == 0 else self.decoder.step
-            logits = None
-            if greedy:
-                nxt = fwd(**self._decoder_input(cur), want="argmax")
-            else:
-                logits = fwd(**self._decoder_input(cur))
-                nxt = sampler.next_tokens(logits, [np.asarray(h, np.int64) for h in history])
-            nxt = np.asarray(nxt, dtype=np.int64).reshape(self.batch)
-            for b in range(self.batch):
-                history[b].append(int(nxt[b]))
-            tok = int(nxt[0]) if self.batch == 1 else nxt
-            yield (tok, logits) if with_logits else tok
-            if all(int(t) in eos for t in nxt):
-                break
-            cur = nxt.reshape(self.batch, 1)
-        for st in self._stages("final_only"):
-            self._run_component(st.model, cur, external)
+            self._run_component(st.model, run.prompt, run.external)
+        return self._next(run, run.prompt, self.decoder.prefill)
 
-    def _greedy_tokens(self, prompt, limit, history, eos, external):
-        """The greedy batch-1 loop over token ids (``tokens``' loop, step for step): after the prefill each step
-        is ``decoder.greedy_step``."""
-        cur = prompt
-        if limit > 0:
-            tok = int(self.decoder.prefill(tokens=prompt, want="argmax")[0])
-            history.append(tok)
-            yield tok
-            step = self.decoder.greedy_step
-            n = 1
-            while tok not in eos:
-                cur = tok
-                if n == limit:
-                    break
-                tok = step(tok)
-                n += 1
-                history.append(tok)
-                yield tok
+    def decode_one_token(self, run: "_Run", cur):
+        """One step over the last token(s): the next."""
+        if run.fast:
+            return self.decoder.greedy_step(cur)
+        return self._next(run, np.asarray(cur, np.int64).reshape(self.batch, 1), self.decoder.step)
+
+    def decode_n_tokens(self, run: "_Run", cur, n: int):
+        """Up to ``n`` more tokens after ``cur``, stopping after an EOS (every row's, with a batch)."""
+        for _ in range(n):
+            if run.finished(cur):
+                return
+            cur = self.decode_one_token(run, cur)
+            yield cur
+
+    def _next(self, run, cur, forward):
+        for st in self._stages("every_step"):
+            self._run_component(st.model, cur, run.external)
+        if run.greedy:
+            nxt = forward(**self._decoder_input(cur), want="argmax")
+            logits = None
+        else:
+            logits = forward(**self._decoder_input(cur))
+            nxt = run.sampler.next_tokens(logits, [np.asarray(h, np.int64) for h in run.history])
+        nxt = np.asarray(nxt, dtype=np.int64).reshape(self.batch)
+        for b in range(self.batch):
+            run.history[b].append(int(nxt[b]))
+        run.logits = logits
+        return int(nxt[0]) if self.batch == 1 else nxt
+
+    def finish(self, run: "_Run", last):
+        """The final-only stages, on the last token fed or generated before an EOS (the prompt if none)."""
         for st in self._stages("final_only"):
-            self._run_component(st.model, np.asarray(cur, np.int64).reshape(1, -1), external)
+            self._run_component(st.model, np.asarray(last, np.int64).reshape(self.batch, -1), run.external)
 
     def generate(self, prompt_ids, max_new_tokens=None, **kw) -> list:
         return list(self.tokens(prompt_ids, max_new_tokens, **kw))
+
+
+class _Run:
+    """One request: its prompt, token limit, sampler and running history (checked here)."""
+
+    def __init__(self, pipe: Pipeline, prompt_ids, max_new_tokens, sampler, external, search, want_argmax,
+                 with_logits):
+        prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(pipe.batch, -1)
+        n = prompt.shape[1]
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if n >= pipe.max_length:
+            raise ValueError(f"the prompt has {n} tokens, which leaves no room to generate within "
+                             f"max_length {pipe.max_length} (the package's max_length or context_length)")
+        if max_new_tokens is not None and int(max_new_tokens) < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        limit = max_new_tokens
+        if limit is None:
+            ar = next(st for st in pipe.spec.stages if st.kind == "autoregressive")
+            limit = ar.max_tokens if ar.max_tokens else pipe.max_length - n
+        self.limit = min(int(limit), pipe.max_length - n)
+        self.prompt, self.sampler, self.external = prompt, sampler, external
+        self.history = [list(r) for r in prompt]
+        self.greedy = not search.do_sample and search.repetition_penalty == 1.0 and want_argmax and not with_logits
+        # Batch-1 greedy decoding over token ids steps with the decoder's greedy_step (ints in, ints out).
+        self.fast = self.greedy and pipe.batch == 1 and not any(pipe._stages("every_step")) and \
+            pipe.spec.components[pipe.decoder_name].io.sequence_source != "inputs_embeds"
+        self.with_logits = with_logits
+        self.eos = set(pipe.spec.eos_token_ids or [])
+        self.logits = None
+
+    def finished(self, tok) -> bool:
+        """``tok`` (an id, or one per row) ends the request: an EOS in every row."""
+        return all(int(t) in self.eos for t in np.asarray(tok).reshape(-1))
+
+
+class Decoding:
+    """The token stream of one request (``Pipeline.tokens``): ``prefill``, ``decode_n_tokens``, then the
+    final-only stages, run as the stream is consumed.  ``done`` turns True as the last token is yielded (an EOS
+    in every row, the token limit or ``max_length``): the one place the stop rules are applied."""
+
+    def __init__(self, pipe: Pipeline, make_run):
+        self.done = False
+        self._it = self._tokens(pipe, make_run)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.done = True
+            raise
+
+    def _tokens(self, pipe, make_run):
+        run = make_run()
+        last = run.prompt
+        if run.limit > 0:
+            first = pipe.prefill(run)
+            for n, tok in enumerate(itertools.chain([first], pipe.decode_n_tokens(run, first, run.limit - 1)), 1):
+                ended = run.finished(tok)
+                if not ended:
+                    last = tok
+                self.done = ended or n == run.limit
+                yield (tok, run.logits) if run.with_logits else tok
+        self.done = True
+        pipe.finish(run, last)

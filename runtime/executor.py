@@ -420,7 +420,7 @@ class Plan:
 
     def _direct_region(self):
         """For a plan that is compiled regions only, reading feeds and initializers (a decoder step), a
-        ``DirectCall``: ``run`` and the pipeline's greedy loop then call it with no slot bookkeeping of theirs."""
+        ``DirectCall``: ``run`` then calls it with no slot bookkeeping."""
         if not self.regions or len(self.steps) != len(self.regions) or self.outer_slots:
             return None
         if len(self.regions) > 1:

@@ -455,20 +455,6 @@ class InferenceSession:
             return fn(*args, **kwargs)
         return call_with_threads(self._nthreads, fn, *args, **kwargs)
 
-    def direct_step(self):
-        """For callers that run this session step after step with feeds they keep valid themselves (the
-        pipeline's greedy decoder): the plan as one ``executor.DirectCall`` (its ``args`` a fresh list the caller
-        may keep and fill), when the plan is compiled regions only.  None when the session picks its plan per
-        feed, the plan is not regions only, or an output aliases a feed or an initializer (``run`` would copy
-        it)."""
-        if self._decode_flag:
-            return None
-        plan = self._plan
-        d = plan._direct
-        if d is None or any(plan.copy_out):
-            return None
-        return d._replace(args=list(d.args))
-
     def run(self, output_names, input_feed, run_options=None):
         """onnxruntime's ``run``: outputs named by ``output_names`` (all when None or empty) as numpy arrays
         (lists for sequences)."""

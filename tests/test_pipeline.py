@@ -166,19 +166,20 @@ def test_decoder_builds_masks_and_rank3_positions(continuation, batch):
                 "position_ids": SimpleNamespace(type="tensor(int64)")}
     d.pipeline = SimpleNamespace(positions=Positions("position_ids", 3, continuation))
     d.batch, d.max_length = batch, 16
-    d._length, d._positions_max, d._ones = 0, None, None
+    d.cache = SimpleNamespace(length=0)
+    d._positions_max, d._ones = None, None
     f = d._extras(4, None)
     assert f["attention_mask"].shape == (batch, 4) and (f["attention_mask"] == 1).all()
     assert f["attention_mask"].flags.c_contiguous and f["position_ids"].flags.c_contiguous
     np.testing.assert_array_equal(f["position_ids"], np.broadcast_to(np.arange(4), (3, batch, 4)))
     # A prompt whose image rows gave larger positions to some streams (fed by the caller): carry_max
     # continues from them, linear_increment from the cache length.
-    d._length, d._positions_max = 4, np.array([3, 9, 6])
+    d.cache.length, d._positions_max = 4, np.array([3, 9, 6])
     f = d._extras(1, None)
     assert f["attention_mask"].shape == (batch, 5)
     want = np.array([4, 10, 7]) if continuation == "carry_max" else np.array([4, 4, 4])
     np.testing.assert_array_equal(f["position_ids"], np.broadcast_to(want[:, None, None], (3, batch, 1)))
-    d._length = 5
+    d.cache.length = 5
     f = d._extras(2, None)
     want = want + 1 if continuation == "carry_max" else np.array([5, 5, 5])
     np.testing.assert_array_equal(f["position_ids"], want[:, None, None] + np.arange(2)[None, None, :]

@@ -46,6 +46,27 @@ def test_one_call_generate_and_stream(package):
     assert streamed == V.EXPECTED
 
 
+def test_the_stream_says_done_with_its_last_token(package):
+    """``Decoding.done`` turns True as the last token is yielded (an EOS here, the limit below), and the
+    ``Generator`` stops on it: the stop rules are applied in one place."""
+    model = og.Model(package, native="none")
+    model.spec.eos_token_ids = [V.EXPECTED[2]]
+    stream = model.pipeline.tokens(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS})
+    seen = [(t, stream.done) for t in stream]
+    assert seen == [(V.EXPECTED[0], False), (V.EXPECTED[1], False), (V.EXPECTED[2], True)]
+    stream = model.pipeline.tokens(V.PROMPT_IDS, 2, external={"pixel_values": V.PIXELS})
+    assert [(t, stream.done) for t in stream] == [(V.EXPECTED[0], False), (V.EXPECTED[1], True)]
+    params = og.GeneratorParams(model)
+    params.set_inputs(pixel_values=V.PIXELS)
+    gen = og.Generator(model, params)
+    gen.append_tokens(V.PROMPT_IDS)
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(gen.get_next_tokens()[0])
+    assert out == V.EXPECTED[:3]
+
+
 def test_unknown_search_option_is_refused(package):
     params = og.GeneratorParams(og.Model(package))
     with pytest.raises(ValueError, match="top_kk"):

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from pipeline.backends import BackendChoice
+from pipeline.kv_cache import CarriedKV, SharedKV
 from pipeline.metadata import load_package
 from pipeline.runner import Pipeline
 from tools.parity_matrix import genai_tokens
@@ -44,34 +45,19 @@ def test_native_backend_matches_onnxruntime(name, prompt):
 
 
 @pytest.mark.parametrize("name", ["qwen35_int4", "llama_fp32"])
-def test_greedy_fast_step_is_the_plain_step(name):
-    """The greedy loop's direct region call (``NativeDecoder.greedy_step``) gives the tokens, cache length,
-    carried state and transfer counts of the plain ``step(..., want="argmax")``, and it is really taken."""
+def test_greedy_step_is_the_plain_step(name):
+    """The pipeline's greedy loop, ``step(..., want="argmax")`` and ``greedy_step`` give the same tokens, and the
+    cache bound holds on every path."""
     import numpy as np
     spec = load_package(os.path.join(HERE, name))
     prompt = PROMPTS[0]
-    fast = Pipeline(spec, BackendChoice(set(), True, "cpu"))
-    ids = fast.generate(prompt, 12)
-    assert callable(fast.decoder._fast)
-    plain = Pipeline(spec, BackendChoice(set(), True, "cpu"))
-    plain.decoder._fast = False  # greedy_step falls back to step()
-    assert plain.generate(prompt, 12) == ids
-    a, b = fast.decoder, plain.decoder
-    assert a.kv_length == b.kv_length == len(prompt) + 11
-    assert (a.transfers.bytes_in, a.transfers.bytes_out, a.transfers.calls, a.transfers.largest_in) == \
-        (b.transfers.bytes_in, b.transfers.bytes_out, b.transfers.calls, b.transfers.largest_in)
-    assert a._live.keys() == b._live.keys() and a.state.keys() == b.state.keys()
-    for k in a._live:
-        np.testing.assert_array_equal(a._live[k], b._live[k])
-    for k in a.state:
-        np.testing.assert_array_equal(a.state[k], b.state[k])
-    # The step-by-step interface agrees with the loop, and the cache bound holds on the fast path too.
+    ids = Pipeline(spec, BackendChoice(set(), True, "cpu")).generate(prompt, 12)
     d = Pipeline(spec, BackendChoice(set(), True, "cpu"), max_length=len(prompt) + 2).decoder
     tok = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
     assert tok == ids[0]
+    tok = int(d.step(tokens=np.array([[tok]]), want="argmax")[0])
     tok = d.greedy_step(tok)
-    tok = d.greedy_step(tok)
-    assert callable(d._fast) and tok == ids[2]
+    assert tok == ids[2]
     with pytest.raises(ValueError, match="max_length"):
         d.greedy_step(tok)
     assert d.kv_length == len(prompt) + 2
@@ -88,16 +74,14 @@ def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
     shared = Pipeline(spec, BackendChoice(set(), True, "cpu"))
     ids = shared.generate(prompt, 12)
     d = shared.decoder
-    assert d._shared is True and d._live
-    for k, v in d._live.items():
-        if k in d._bufs:
-            assert v is d._bufs[k] and v.shape[d._seq_axis(k)] == len(prompt) + 12 < shared.max_length
+    assert isinstance(d.cache, SharedKV) and d.cache.in_place and d.kv
+    for r in d.kv.values():
+        assert r.capacity == len(prompt) + 12 < shared.max_length
     monkeypatch.setenv("ONNX_NUMBA_KV_SHARE_BUFFER", "0")
     copied = Pipeline(spec, BackendChoice(set(), True, "cpu"))
     assert copied.generate(prompt, 12) == ids
-    assert copied.decoder._shared is False
-    assert all(v.shape[copied.decoder._seq_axis(k)] == len(prompt) + 11 for k, v in copied.decoder._live.items()
-               if k in spec.decoder.io.kv_inputs)
+    assert isinstance(copied.decoder.cache, CarriedKV)
+    assert all(r.capacity == len(prompt) + 11 for r in copied.decoder.kv.values())
     if not d.io.state_pairs:  # a recurrent state cannot rewind
         d.reset()
         t0 = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
@@ -130,28 +114,27 @@ def test_shared_cache_buffers_grow_past_the_reserved_reach_keeping_their_rows():
     d.reset()
     d.reserve(len(prompt) + 1)
     ids = [int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])]
-    rows = {k: v.shape[d._seq_axis(k)] for k, v in d._bufs.items()}
-    assert d._bufs and set(rows.values()) == {len(prompt) + 1}
+    assert d.kv and {r.capacity for r in d.kv.values()} == {len(prompt) + 1}
     for _ in range(9):
         ids.append(d.greedy_step(ids[-1]))
     assert ids == ref
     rows = len(prompt) + 1
     while rows < len(prompt) + 9:  # doubled whenever full
         rows *= 2
-    assert {v.shape[d._seq_axis(k)] for k, v in d._bufs.items()} == {rows}
+    assert {r.capacity for r in d.kv.values()} == {rows}
 
 
 def test_a_prompt_longer_than_the_first_cache_size_still_writes_in_place(monkeypatch):
     """Without a reserved reach, the shared caches start at ``KV_START_ROWS`` rows or the prompt, whichever is
     larger, so a long prompt does not drop the decoder to copied caches."""
     import numpy as np
-    import pipeline.components as C
-    monkeypatch.setattr(C, "KV_START_ROWS", 2)
+    import pipeline.kv_cache as K
+    monkeypatch.setattr(K, "KV_START_ROWS", 2)
     spec = load_package(os.path.join(HERE, "llama_fp32"))
     prompt = PROMPTS[0]
     d = Pipeline(spec, BackendChoice(set(), True, "cpu")).decoder
     d.reset()
     tok = int(d.prefill(tokens=np.array([prompt]), want="argmax")[0])
     d.greedy_step(tok)
-    assert d._shared is True
-    assert {v.shape[d._seq_axis(k)] for k, v in d._bufs.items()} == {2 * len(prompt)}
+    assert d.cache.in_place
+    assert {r.capacity for r in d.kv.values()} == {2 * len(prompt)}

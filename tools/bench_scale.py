@@ -47,8 +47,7 @@ prompt = [(7 * k + 3) % 200 + 1 for k in range(n_prompt)]
 first = next(iter(pipe.tokens(prompt, 1)))
 t1 = time.time()
 d = pipe.decoder
-kv = sum(b.nbytes for b in getattr(d, "_bufs", {}).values())
-kv += sum(b.buf.nbytes for b in (d.kv or {}).values()) + sum(v.nbytes for v in d.window_kv.values())
+kv = d.cache.nbytes()
 plan = d.session.plan
 print(json.dumps({"first_token_s": t1 - t0, "token": int(first), "peak_mb": hwm(), "kv_mb": kv / 2**20,
                   "compile_s": sum(plan.compile_seconds.values()), "kinds": len({r.module_name for r in plan.regions}),

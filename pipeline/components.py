@@ -96,7 +96,7 @@ _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 _FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
 
-def _np_type(t: str):
+def np_type(t: str):
     return _INT_TYPES.get(t) or _FLOAT_TYPES.get(t) or np.float32
 
 
@@ -146,7 +146,7 @@ class DecoderComponent:
         return CopiedKV(spec, self.io.kv_inputs, windows, self.max_length)
 
     def _cache_spec(self, name) -> CacheSpec:
-        return CacheSpec(tuple(self._concrete(name, 0)), self._seq_axis(name), _np_type(self.inputs[name].type))
+        return CacheSpec(tuple(self._concrete(name, 0)), self._seq_axis(name), np_type(self.inputs[name].type))
 
     def _zeros(self, shape, dtype):
         return np.zeros(shape, dtype)
@@ -204,7 +204,7 @@ class DecoderComponent:
     def _init_state(self):
         for p in self.io.state_pairs:
             if p.input not in self.state:
-                self.state[p.input] = self._zeros(self._concrete(p.input), _np_type(self.inputs[p.input].type))
+                self.state[p.input] = self._zeros(self._concrete(p.input), np_type(self.inputs[p.input].type))
 
     def _extras(self, seq_len, extra):
         feeds = dict(extra) if extra else {}
@@ -218,7 +218,7 @@ class DecoderComponent:
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in self.inputs and pname not in feeds:
             rank = pos.rank if pos is not None else 1
-            t = _np_type(self.inputs[pname].type)
+            t = np_type(self.inputs[pname].type)
             if rank == 3:
                 start = self._rank3_start(length, seq_len)
                 ids = np.empty((3, b, seq_len), t)
@@ -239,7 +239,7 @@ class DecoderComponent:
         row's prefix is contiguous; with several rows it is copied)."""
         ones = self._ones
         if ones is None or ones.shape[1] < total:
-            t = _np_type(self.inputs[self.io.attention_mask_input].type)
+            t = np_type(self.inputs[self.io.attention_mask_input].type)
             ones = self._ones = np.ones((self.batch, max(total, self.max_length)), t)
         m = ones[:, :total]
         return m if self.batch == 1 else np.ascontiguousarray(m)
@@ -263,7 +263,7 @@ class DecoderComponent:
 
     def greedy_step(self, token: int) -> int:
         """One greedy step for batch 1: feed ``token`` and return the argmax id (``step(..., want="argmax")``)."""
-        x = np.full((1, 1), token, _np_type(self.inputs[self.io.token_input].type))
+        x = np.full((1, 1), token, np_type(self.inputs[self.io.token_input].type))
         return int(self.step(tokens=x, want="argmax")[0])
 
     def _sequence(self, tokens, embeds):
@@ -275,7 +275,7 @@ class DecoderComponent:
             return io.inputs_embeds_input, np.ascontiguousarray(embeds)
         if tokens is None:
             raise ValueError(f"decoder {self.spec.name!r} reads token ids; pass tokens=")
-        return io.token_input, np.ascontiguousarray(np.asarray(tokens, dtype=_np_type(self.inputs[io.token_input].type))
+        return io.token_input, np.ascontiguousarray(np.asarray(tokens, dtype=np_type(self.inputs[io.token_input].type))
                                                     .reshape(self.batch, -1))
 
     def _forward(self, tokens, embeds, extra, want):

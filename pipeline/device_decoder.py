@@ -13,10 +13,10 @@ What stays on the device for the whole generation:
   feeds only GroupQueryAttention (``kv_cache.policy_for``; and
   ``SessionOptions.kv_share_buffer`` is not False, nor
   ``ONNX_NUMBA_KV_SHARE_BUFFER=0``), the whole buffer is bound as ``past``
-  and donated (``DeviceSharedKV``): the kernel appends the new rows in place
+  and donated (``kv_cache.SharedKV`` in ``DEVICE`` memory): the kernel appends the new rows in place
   and returns the buffer as ``present``, so a step copies no cache row
   (onnxruntime-genai's past_present_share_buffer).  Otherwise
-  (``DeviceCopiedKV``) only the new positions of the ``present`` output are
+  (``kv_cache.CopiedKV``) only the new positions of the ``present`` output are
   copied into it, device to device (``copy_rows``),
   and the live prefix is bound as the next run's ``past`` input: a view of
   the buffer when that view is contiguous (batch x heads == 1), else a
@@ -50,8 +50,8 @@ import numpy as np
 
 from runtime import cuda as rc
 
-from .components import DecoderComponent, Transfers, _np_type, decoder_options
-from .kv_cache import KVCache, Rows, SharedKV, policy_for
+from .components import DecoderComponent, Transfers, np_type, decoder_options
+from .kv_cache import CopiedKV, Memory, Rows, SharedKV, policy_for
 from .spec import MetadataError
 
 __all__ = ["CudaDecoder", "DeviceTransfers"]
@@ -169,59 +169,14 @@ class DeviceRows(Rows):
         copy_rows(present, start, self.buf, start, stop - start, self.axis)
 
 
-class DeviceCopiedKV(KVCache):
-    """Static device buffers of ``max_length`` rows, made at the first store: each step's new rows are copied
-    in, device to device, and the live prefix is the next past."""
-
-    def reserve(self, positions: int):
-        pass  # device caches stay sized to max_length
-
-    def _past(self, name):
-        r = self.rows.get(name)
-        if r is None:
-            s = self.spec(name)
-            return rc.device_empty(s.with_rows(0), s.dtype)
-        return r.live()
-
-    def _store(self, presents, seq_len):
-        self._check(presents, seq_len)
-        total = self.length + seq_len
-        for n, p in presents.items():
-            r = self.rows.get(n)
-            if r is None:
-                s = self.spec(n)
-                r = self.rows[n] = DeviceRows(rc.device_empty(s.with_rows(self.max_length), s.dtype), s.axis)
-            r.put(p, self.length, total)
-            r.length = total
+def _device_zeros(shape, dtype):
+    return device_full(tuple(shape), dtype, 0)
 
 
-class DeviceSharedKV(DeviceCopiedKV):
-    """Static device buffers of ``max_length`` rows, made at the first ``past`` and kept across resets, fed
-    whole: GroupQueryAttention appends the new rows in place (a present that is not the buffer has its new
-    rows copied in)."""
-
-    def _reset(self):
-        for r in self.rows.values():
-            r.length = 0
-
-    def _past(self, name):
-        r = self.rows.get(name)
-        if r is None:
-            s = self.spec(name)
-            r = self.rows[name] = DeviceRows(rc.device_empty(s.with_rows(self.max_length), s.dtype), s.axis,
-                                             self.length)
-        return r.buf
-
-    def _store(self, presents, seq_len):
-        self._check(presents, seq_len)
-        total = self.length + seq_len
-        self.in_place = True
-        for n, p in presents.items():
-            r = self.rows[n]
-            if not rc.same_buffer(r.buf, p):
-                self.in_place = False
-                r.put(p, self.length, total)
-            r.length = total
+# Device caches: static buffers of max_length rows (only rows already written are ever read), filled device to
+# device; a present is the buffer itself when the kernel appended into it.
+DEVICE = Memory(_device_zeros, lambda shape, dtype: rc.device_empty(tuple(shape), dtype), DeviceRows,
+                rc.same_buffer, True)
 
 
 # -- the decoder ------------------------------------------------------------------------------------
@@ -250,11 +205,10 @@ class CudaDecoder(DecoderComponent):
 
     def _make_cache(self, spec, windows):
         shared = policy_for(self.session._graph, self.io.kv_inputs, windows, self._want_shared) is SharedKV
-        return (DeviceSharedKV if shared else DeviceCopiedKV)(spec, self.io.kv_inputs, windows, self.max_length,
-                                                              zeros=self._zeros)
+        return (SharedKV if shared else CopiedKV)(spec, self.io.kv_inputs, windows, self.max_length, DEVICE)
 
     def _zeros(self, shape, dtype):
-        return device_full(tuple(shape), dtype, 0)
+        return _device_zeros(shape, dtype)
 
     # -- device buffers ----------------------------------------------------------------------------
     def _buffer(self, key, make):
@@ -310,7 +264,7 @@ class CudaDecoder(DecoderComponent):
         total = length + seq_len
         m = io.attention_mask_input
         if m and m in feeds and m not in given and self._device_read(m):
-            feeds[m] = self._mask(_np_type(self.inputs[m].type), total)
+            feeds[m] = self._mask(np_type(self.inputs[m].type), total)
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in feeds and pname not in given:
@@ -318,7 +272,7 @@ class CudaDecoder(DecoderComponent):
                 if note and self._device_read(pname):
                     self.transfers.note_in(pname, feeds[pname])  # mrope positions: built on the host, uploaded
             elif self._device_read(pname):
-                feeds[pname] = self._positions(_np_type(self.inputs[pname].type), length, seq_len)
+                feeds[pname] = self._positions(np_type(self.inputs[pname].type), length, seq_len)
         for port, absent in (io.optional_inputs or {}).items():
             if port in feeds and port not in given:
                 feeds[port] = self._buffer(("absent", port), lambda a=absent: device_full(a.shape, a.dtype, 0))
@@ -367,8 +321,8 @@ class CudaDecoder(DecoderComponent):
 
         For tools that time or capture one step in isolation (``tools/cuda_graph_probe.py``): running the
         binding computes the step exactly as ``step`` would, but the decoder's length, caches and state do not
-        move (nor do ``transfers``), so the binding can be run again.  Shared caches are written in place at the step's positions,
-        so a second run rewrites the same rows with the same values.  Outputs stay on the device
+        move (nor do ``transfers``), so the binding can be run again.  Shared caches are written in place at the
+        step's positions, so a second run rewrites the same rows with the same values.  Outputs stay on the device
         (``binding.get_output_arrays()``, in ``output_names`` order).
         """
         feeds, _ = self._feeds(tokens, embeds, extra, note=False)

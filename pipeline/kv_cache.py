@@ -1,4 +1,4 @@
-"""A decoder's KV caches: one interface, three host policies (the device ones are in ``device_decoder``).
+"""A decoder's KV caches: one interface, three policies, in host or device memory.
 
 A ``KVCache`` holds, for each KV input of a decoder, the positions the steps
 so far have written, and answers the decoder's four questions:
@@ -28,7 +28,10 @@ once from the graph by ``policy_for``:
   (onnxruntime, and native graphs whose caches feed more than attention).
 
 ``length`` is the live positions of every attention cache; ``rows`` maps
-each made cache to its ``Rows`` (buffer, sequence axis, live length).
+each made cache to its ``Rows`` (buffer, sequence axis, live length).  A
+cache's ``Memory`` says where its buffers live: ``HOST`` (numpy), or the
+device's (``device_decoder.DEVICE``: static buffers of ``max_length`` rows,
+filled by device-to-device copies).
 """
 from __future__ import annotations
 
@@ -38,8 +41,8 @@ import numpy as np
 
 from .spec import MetadataError
 
-__all__ = ["KVCache", "SharedKV", "CarriedKV", "CopiedKV", "CacheSpec", "Rows", "kv_rows", "policy_for",
-           "KV_START_ROWS"]
+__all__ = ["KVCache", "SharedKV", "CarriedKV", "CopiedKV", "CacheSpec", "Rows", "Memory", "HOST", "kv_rows",
+           "policy_for", "KV_START_ROWS"]
 
 KV_START_ROWS = 256  # rows a cache starts with when nothing said how far the request reaches
 
@@ -108,20 +111,38 @@ def policy_for(graph, kv_inputs, windows, want_shared: bool):
     return SharedKV if want_shared and not windowed else CarriedKV
 
 
+def _same_buffer(a, b) -> bool:
+    """``b`` is ``a`` or a view of the same memory with the same shape."""
+    return a is b or (a.shape == b.shape and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+class Memory(NamedTuple):
+    """Where a cache's arrays live: how they are made and told apart."""
+    zeros: Callable      # (shape, dtype) -> zeros (sliding-window caches' first past)
+    empty: Callable      # (shape, dtype) -> a buffer whose rows are read only once written
+    rows: type           # the ``Rows`` class over its arrays
+    same: Callable       # (a, b) -> whether b is a's memory
+    static: bool         # buffers are made with max_length rows and never grow
+
+
+HOST = Memory(np.zeros, np.zeros, Rows, _same_buffer, False)
+
+
 class KVCache:
     """The interface (module docstring) and what every policy shares: the sliding-window caches, the length and
-    its bounds.  Subclasses write ``_past``, ``_store`` and, where they keep rows past the live ones, ``_grow``,
-    ``_rewind``; ``zeros(shape, dtype)`` makes the initial arrays (device zeros for the device caches)."""
+    its bounds, making buffers in ``memory`` (``HOST``; the device's in ``device_decoder``).  Policies write
+    ``_past``, ``_store`` and, where they keep rows past the live ones, ``_grow``, ``_rewind``."""
 
     in_place = False  # SharedKV: whether the last step appended into the buffers (no copy)
 
-    def __init__(self, spec: Callable[[str], CacheSpec], kv_inputs, windows: dict, max_length: int, zeros=np.zeros):
+    def __init__(self, spec: Callable[[str], CacheSpec], kv_inputs, windows: dict, max_length: int,
+                 memory: Memory = HOST):
         self._spec_of = spec
         self._specs = {}
         self.kv_inputs = tuple(kv_inputs)
         self.windows = dict(windows)
         self.max_length = int(max_length)
-        self.zeros = zeros
+        self.memory = memory
         self.reach = None
         self.rows = {}
         self.window = {}
@@ -136,7 +157,7 @@ class KVCache:
     # -- the interface ---------------------------------------------------------------------------------
     def reserve(self, positions: int):
         """The coming request reaches at most ``positions``: new buffers are sized to that (within
-        ``max_length``)."""
+        ``max_length``; static memory is always sized to ``max_length``)."""
         self.reach = max(1, min(int(positions), self.max_length))
 
     def reset(self):
@@ -151,7 +172,7 @@ class KVCache:
         w = self.window.get(name)
         if w is None:
             s = self.spec(name)
-            w = self.window[name] = self.zeros(s.with_rows(cap), s.dtype)
+            w = self.window[name] = self.memory.zeros(s.with_rows(cap), s.dtype)
         return w
 
     def make_room(self, total: int):
@@ -180,7 +201,20 @@ class KVCache:
         arrays = [r.buf for r in self.rows.values()] + list(self.window.values())
         return sum(int(a.size) * np.dtype(a.dtype).itemsize for a in arrays)
 
-    # -- what policies write ---------------------------------------------------------------------------
+    # -- what policies share and write -----------------------------------------------------------------
+    def _capacity(self, total: int) -> int:
+        """Rows of a new buffer that must hold ``total``."""
+        return self.max_length if self.memory.static else kv_rows(total, self.reach, self.max_length)
+
+    def _new_rows(self, name, capacity, length=0) -> Rows:
+        s = self.spec(name)
+        return self.memory.rows(self.memory.empty(s.with_rows(capacity), s.dtype), s.axis, length)
+
+    def _none_yet(self, name):
+        """A past of no rows (before the first step)."""
+        s = self.spec(name)
+        return self.memory.empty(s.with_rows(0), s.dtype)
+
     def _reset(self):
         self.rows = {}
 
@@ -198,9 +232,9 @@ class KVCache:
             shape, ax = tuple(p.shape), s.axis
             if len(shape) != len(s.shape) or shape[:ax] != s.shape[:ax] or shape[ax + 1:] != s.shape[ax + 1:] \
                     or np.dtype(p.dtype) != np.dtype(s.dtype) or shape[ax] < self.length + seq_len:
+                want = list(s.with_rows(self.length + seq_len))
                 raise MetadataError(f"KV cache {n!r}: the decoder produced {p.dtype} of shape {list(shape)}; the "
-                                    f"cache holds {np.dtype(s.dtype)} of shape {list(s.with_rows(self.length + seq_len))}"
-                                    f" (at least, on sequence axis {ax})")
+                                    f"cache holds {np.dtype(s.dtype)} of shape {want} (at least, on sequence axis {ax})")
 
     def _past(self, name):  # pragma: no cover - interface
         raise NotImplementedError
@@ -210,14 +244,12 @@ class KVCache:
 
 
 class CopiedKV(KVCache):
-    """Presents hold every live row: the new ones are copied into a buffer that doubles when full."""
+    """Presents hold every live row: the new ones are copied into a buffer (made at the first store) that
+    doubles when full; its live prefix is the next past."""
 
     def _past(self, name):
         r = self.rows.get(name)
-        if r is None:
-            s = self.spec(name)
-            return self.zeros(s.with_rows(0), s.dtype)
-        return r.live()
+        return self._none_yet(name) if r is None else r.live()
 
     def _store(self, presents, seq_len):
         self._check(presents, seq_len)
@@ -225,18 +257,17 @@ class CopiedKV(KVCache):
         for n, p in presents.items():
             r = self.rows.get(n)
             if r is None:
-                s = self.spec(n)
-                rows = kv_rows(total, self.reach, self.max_length)
-                r = self.rows[n] = Rows(self.zeros(s.with_rows(rows), s.dtype), s.axis)
+                r = self.rows[n] = self._new_rows(n, self._capacity(total))
             if total > r.capacity:
                 self._regrow(r, kv_rows(total, None, self.max_length, r.capacity))
             r.put(p, self.length, total)
             r.length = total
 
     def _regrow(self, r: Rows, rows: int):
+        """Host buffers only (static ones have every row already)."""
         s = list(r.buf.shape)
         s[r.axis] = rows
-        new = self.zeros(tuple(s), r.buf.dtype)
+        new = self.memory.empty(tuple(s), r.buf.dtype)
         new[r.span(0, r.length)] = r.live()
         r.buf = new
 
@@ -246,14 +277,11 @@ class CarriedKV(KVCache):
 
     def _past(self, name):
         r = self.rows.get(name)
-        if r is None:
-            s = self.spec(name)
-            return self.zeros(s.with_rows(0), s.dtype)
-        return r.buf
+        return self._none_yet(name) if r is None else r.buf
 
     def _store(self, presents, seq_len):
         for n, p in presents.items():
-            self.rows[n] = Rows(p, self.spec(n).axis, self.length + seq_len)
+            self.rows[n] = self.memory.rows(p, self.spec(n).axis, self.length + seq_len)
 
     def _rewind(self, length):
         for r in self.rows.values():
@@ -272,7 +300,7 @@ class SharedKV(CopiedKV):
 
     def reserve(self, positions: int):
         super().reserve(positions)
-        if self.length == 0 and self.rows and \
+        if self.length == 0 and self.rows and not self.memory.static and \
                 next(iter(self.rows.values())).capacity != kv_rows(1, self.reach, self.max_length):
             self.rows = {}  # sized afresh for this request at its first step
 
@@ -283,10 +311,8 @@ class SharedKV(CopiedKV):
     def _past(self, name):
         r = self.rows.get(name)
         if r is None:
-            s = self.spec(name)
-            cap = next(iter(self.rows.values())).capacity if self.rows else \
-                kv_rows(self._need, self.reach, self.max_length)
-            r = self.rows[name] = Rows(self.zeros(s.with_rows(cap), s.dtype), s.axis, self.length)
+            cap = next(iter(self.rows.values())).capacity if self.rows else self._capacity(self._need)
+            r = self.rows[name] = self._new_rows(name, cap, self.length)
         return r.buf
 
     def _grow(self, total):
@@ -300,8 +326,8 @@ class SharedKV(CopiedKV):
                 self._regrow(r, rows)
 
     def _store(self, presents, seq_len):
-        rows = self.rows
-        copied = {n: p for n, p in presents.items() if not _same_buffer(rows[n].buf, p)}
+        rows, same = self.rows, self.memory.same
+        copied = {n: p for n, p in presents.items() if not same(rows[n].buf, p)}
         self._check(copied, seq_len)
         self.in_place = not copied
         total = self.length + seq_len
@@ -309,8 +335,3 @@ class SharedKV(CopiedKV):
             rows[n].put(p, self.length, total)
         for n in presents:
             rows[n].length = total
-
-
-def _same_buffer(a, b) -> bool:
-    """``b`` is ``a`` or a view of the same memory with the same shape."""
-    return a is b or (a.shape == b.shape and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])

@@ -1,0 +1,274 @@
+"""Read a ``genai_config.json`` package, as the onnxruntime-genai model builder writes it, into a ``PipelineSpec``.
+
+The config names one decoder whose KV-cache and recurrent-state port names are
+``%d`` templates expanded over the layers.  Hybrid decoders (qwen3.5, lfm2)
+have attention caches on some layers and conv/recurrent states on the others,
+so a template is expanded only for the layer indices that exist in the
+decoder's ONNX graph.  A split VLM config (``vision`` / ``embedding`` /
+``decoder`` sections) becomes a three-component composite run in the stages
+vision (prompt only), embed and decode.
+
+Invariants of the returned spec (besides those ``metadata`` states for every spec):
+- every layer below ``num_hidden_layers`` has a KV cache (key and value) or a
+  recurrent state among the decoder's inputs, once any cache template is given;
+- the head counts, head size and layer count the config declares agree with
+  the decoder graph's cache shapes and attention nodes (``MetadataError`` otherwise);
+- search keys that only matter for beam search are accepted at their neutral
+  values only; other unknown search keys are ignored (the builder writes more);
+- ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
+
+A split VLM whose image preprocessing cannot be represented, or a builder
+``*_vl_text`` decoder, is admitted for text only (see ``text_only``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value, required,
+                             resolve_in_package, search_options)
+from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
+from .text_only import admit_text_only
+
+__all__ = ["load_genai_config", "GENAI_CONFIG"]
+
+GENAI_CONFIG = "genai_config.json"
+
+# genai_config template keys: (input key, output key, kind)
+_KV_TEMPLATES = (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names"))
+_STATE_TEMPLATES = (("past_conv_names", "present_conv_names"), ("past_recurrent_names", "present_recurrent_names"))
+
+
+def _expand(template, n, key):
+    if not isinstance(template, str) or template.count("%d") != 1:
+        raise MetadataError(f"{key}: expected a name template with one %d, got {template!r}")
+    return [template % i for i in range(n)]
+
+
+def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filename: str) -> IOSpec:
+    inputs, outputs = sec.get("inputs") or {}, sec.get("outputs") or {}
+    io = IOSpec()
+    io.token_input = inputs.get("input_ids") if "inputs_embeds" not in inputs else None
+    if "inputs_embeds" in inputs:
+        io.sequence_source, io.inputs_embeds_input = "inputs_embeds", inputs["inputs_embeds"]
+        io.token_input = None
+    io.logits_output = outputs.get("logits")
+    io.attention_mask_input = inputs.get("attention_mask")
+    io.position_ids_input = inputs.get("position_ids")
+
+    covered = [False] * n_layers
+
+    def pairs(in_key, out_key):
+        """Expanded (input, output) names for the layer indices present in the graph."""
+        if in_key not in inputs and out_key not in outputs:
+            return {}
+        if in_key not in inputs or out_key not in outputs:
+            missing = f"{key}.inputs.{in_key}" if in_key not in inputs else f"{key}.outputs.{out_key}"
+            raise MetadataError(f"{missing}: required with its pair template")
+        got = {}
+        for i, (a, b) in enumerate(zip(_expand(inputs[in_key], n_layers, f"{key}.inputs.{in_key}"),
+                                       _expand(outputs[out_key], n_layers, f"{key}.outputs.{out_key}"))):
+            if (a in ins) != (b in outs):
+                raise IncompletePackageError(f"{key}: layer {i} has {a if a in ins else b!r} but not its pair "
+                                             f"{b if a in ins else a!r} in {filename}")
+            if a in ins:
+                got[i] = (a, b)
+                covered[i] = True
+        return got
+
+    keys, values = (pairs(*t) for t in _KV_TEMPLATES)
+    if set(keys) != set(values):
+        raise IncompletePackageError(f"{key}: layers {sorted(set(keys) ^ set(values))} have a key cache without a "
+                                     f"value cache (or the reverse) in {filename}")
+    for i in sorted(keys):
+        io.kv_inputs += [keys[i][0], values[i][0]]
+        io.kv_outputs += [keys[i][1], values[i][1]]
+    conv, rec = (pairs(*t) for t in _STATE_TEMPLATES)
+    for i in range(n_layers):
+        for d in (conv, rec):
+            if i in d:
+                io.state_pairs.append(StatePair(*d[i]))
+    has_cache = any(t[0] in inputs for t in _KV_TEMPLATES + _STATE_TEMPLATES)
+    if has_cache and not all(covered):
+        raise IncompletePackageError(f"{key}: layers {[i for i, c in enumerate(covered) if not c]} have neither "
+                                     f"a KV cache nor a recurrent state among the inputs of {filename}")
+    return io
+
+
+_ATTENTION_OPS = ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention")
+
+
+def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_layers: int, key: str) -> None:
+    """The head counts, head size and layer count the config declares against the decoder graph: its cache
+    inputs (heads at axis 1, head size at axis 3 where static) and its attention nodes' ``num_heads`` and
+    ``kv_num_heads``.  A config that contradicts the graph would otherwise run and decode garbage."""
+    import re
+
+    import onnx
+    kv = int_value(dec.get("num_key_value_heads"), f"{key}.num_key_value_heads")
+    heads = int_value(dec.get("num_attention_heads"), f"{key}.num_attention_heads")
+    hs = int_value(dec.get("head_size"), f"{key}.head_size")
+    caches = decoder.io.kv_inputs
+    for name in caches:
+        shape = ins.get(name, (None,))[0]
+        if not shape or len(shape) != 4:
+            continue
+        if kv is not None and isinstance(shape[1], int) and shape[1] != kv:
+            raise MetadataError(f"{key}.num_key_value_heads is {kv} but the graph's {name!r} has {shape[1]} heads "
+                                f"(shape {shape})")
+        if hs is not None and isinstance(shape[3], int) and shape[3] != hs:
+            raise MetadataError(f"{key}.head_size is {hs} but the graph's {name!r} has head size {shape[3]} "
+                                f"(shape {shape})")
+    template = (((dec.get("inputs") or {}).get("past_key_names")) or "")
+    if "%d" in template:
+        pat = re.compile("^" + re.escape(template).replace("%d", r"(\d+)") + "$")
+        layers = sorted({int(m.group(1)) for n in ins for m in [pat.match(n)] if m})
+        if layers and layers[-1] >= n_layers:
+            raise MetadataError(f"{key}.num_hidden_layers is {n_layers} but the graph has caches for "
+                                f"{layers[-1] + 1} layers ({template % layers[-1]!r})")
+    if heads is None and kv is None:
+        return
+    try:
+        m = onnx.load(decoder.filename, load_external_data=False)
+    except Exception:  # graph_ports read it already; nothing new to say
+        return
+    for n in m.graph.node:
+        if n.op_type not in _ATTENTION_OPS:
+            continue
+        a = {x.name: x.i for x in n.attribute}
+        if heads is not None and "num_heads" in a and a["num_heads"] != heads:
+            raise MetadataError(f"{key}.num_attention_heads is {heads} but node {n.name!r} ({n.op_type}) has "
+                                f"num_heads {a['num_heads']}")
+        if kv is not None and a.get("kv_num_heads") and a["kv_num_heads"] != kv:
+            raise MetadataError(f"{key}.num_key_value_heads is {kv} but node {n.name!r} ({n.op_type}) has "
+                                f"kv_num_heads {a['kv_num_heads']}")
+
+
+def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
+    """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM."""
+    cfg = _read_json(root, name)
+    model, dec = _model_sections(cfg)
+    graphs = Graphs()
+    decoder, n_layers, ins = _load_decoder(root, dec, graphs)
+    components = _side_components(root, model)
+    components["decoder"] = decoder
+    edges = _vlm_edges(model, components, decoder)
+    for comp in components.values():
+        check_io_ports(comp, graphs, f"model.{comp.name}")
+    spec = _genai_spec(root, cfg, model, dec, components, edges, n_layers, ins)
+    check_edges(spec, graphs, "model")
+    _check_decoder_geometry(dec, decoder, ins, n_layers, "model.decoder")
+    _mark_text_only(spec, graphs)
+    return spec
+
+
+def _read_json(root: str, name: str) -> dict:
+    """The config file's top-level JSON object."""
+    try:
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise MetadataError(f"{name}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise MetadataError(f"{name}: expected a JSON object at the top level")
+    return cfg
+
+
+def _model_sections(cfg: dict) -> tuple[dict, dict]:
+    """The ``model`` and ``model.decoder`` mappings, both required."""
+    model = required(cfg, "model", "genai_config")
+    if not isinstance(model, dict):
+        raise MetadataError("genai_config.model: expected a mapping")
+    dec = required(model, "decoder", "model")
+    if not isinstance(dec, dict):
+        raise MetadataError("model.decoder: expected a mapping")
+    return model, dec
+
+
+def _load_decoder(root: str, dec: dict, graphs: Graphs) -> tuple[ComponentSpec, int, dict]:
+    """The decoder component with its io expanded over the layers, its layer count and its graph inputs."""
+    n_layers = int_value(required(dec, "num_hidden_layers", "model.decoder"), "model.decoder.num_hidden_layers",
+                    optional=False, minimum=1)
+    fname = resolve_in_package(root, required(dec, "filename", "model.decoder"), "model.decoder.filename")
+    decoder = ComponentSpec("decoder", fname, "decoder")
+    ins, outs = graphs(decoder)
+    decoder.io = _decoder_io(dec, n_layers, ins, outs, "model.decoder", fname)
+    return decoder, n_layers, ins
+
+
+def _side_components(root: str, model: dict) -> dict:
+    """The ``vision`` and ``embedding`` components a split VLM config declares (a section without a filename is
+    absent)."""
+    components = {}
+    for sec_name, ctype in (("vision", "vision_encoder"), ("embedding", "embedding")):
+        sec = model.get(sec_name)
+        if not isinstance(sec, dict) or not sec.get("filename"):
+            continue
+        comp = ComponentSpec(sec_name, resolve_in_package(root, sec["filename"], f"model.{sec_name}.filename"),
+                             ctype)
+        comp.io.token_input = (sec.get("inputs") or {}).get("input_ids")
+        components[sec_name] = comp
+    return components
+
+
+def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
+    """Dataflow of a split VLM: embedding -> decoder ``inputs_embeds``, vision -> embedding image features."""
+    edges = []
+    if "embedding" in components:
+        emb_in = model["embedding"].get("inputs") or {}
+        emb_out = model["embedding"].get("outputs") or {}
+        if decoder.io.inputs_embeds_input is None:
+            raise MetadataError("model.decoder.inputs.inputs_embeds: required when model.embedding is present")
+        edges.append(Edge("embedding", emb_out.get("inputs_embeds", "inputs_embeds"), "decoder",
+                          decoder.io.inputs_embeds_input))
+        if "vision" in components:
+            vis_out = model["vision"].get("outputs") or {}
+            edges.append(Edge("vision", vis_out.get("image_features", "image_features"), "embedding",
+                              emb_in.get("image_features", "image_features")))
+    elif decoder.io.sequence_source == "inputs_embeds":
+        raise IncompletePackageError("model.decoder.inputs.inputs_embeds: the decoder takes embeddings but the "
+                                     "package has no model.embedding component")
+    return edges
+
+
+def _default_stages(components: dict) -> list:
+    """vision (prompt only), embed (every step) where present, then the autoregressive decode."""
+    stages = []
+    if "vision" in components:
+        stages.append(Stage("vision", "single_pass", "vision", "prompt_only"))
+    if "embedding" in components:
+        stages.append(Stage("embed", "single_pass", "embedding", "every_step"))
+    stages.append(Stage("decode", "autoregressive", "decoder", "every_step", max_tokens=None))
+    return stages
+
+
+def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, edges: list, n_layers: int,
+                ins: dict) -> PipelineSpec:
+    """The spec from the checked components, with the config's run-wide values (search, token ids, geometry)."""
+    decoder = components["decoder"]
+    positions = None
+    if decoder.io.position_ids_input is not None:
+        positions = implicit_positions(decoder, ins)
+    tok = root if os.path.isfile(os.path.join(root, "tokenizer.json")) else None
+    return PipelineSpec(
+        root=root, components=components, dataflow=edges, stages=_default_stages(components), positions=positions,
+        search=search_options(cfg.get("search"), "search", strict=False),
+        eos_token_ids=eos_list(model.get("eos_token_id"), "model.eos_token_id"),
+        bos_token_id=int_value(model.get("bos_token_id"), "model.bos_token_id"),
+        pad_token_id=int_value(model.get("pad_token_id"), "model.pad_token_id"),
+        context_length=int_value(model.get("context_length"), "model.context_length", minimum=1),
+        tokenizer_dir=tok, model_type=model.get("type"), num_layers=n_layers,
+        num_kv_heads=int_value(dec.get("num_key_value_heads"), "model.decoder.num_key_value_heads"),
+        head_size=int_value(dec.get("head_size"), "model.decoder.head_size"), source="genai_config",
+        sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
+        vocab_size=model.get("vocab_size"))
+
+
+def _mark_text_only(spec: PipelineSpec, graphs: Graphs) -> None:
+    """Text-only admission of a split VLM; a builder ``*_vl_text`` decoder is text-only as declared."""
+    if "vision" in spec.components:
+        admit_text_only(spec, graphs, "model")
+    elif isinstance(spec.model_type, str) and spec.model_type.endswith("_vl_text"):
+        # the builder's text half of a VLM: it can only ever decode text
+        spec.text_only = True
+        spec.text_only_reason = f"model.type {spec.model_type!r} is the text decoder of a vision-language model"

@@ -41,7 +41,7 @@ __all__ = ["PANEL", "pack_panels", "panel_threads", "gemv_panels", "gemm_panels"
 PANEL = 16
 _ROWS = 4  # rows per register tile of a several-row product
 _SETS = 4  # partial sums per column of a one-row product
-_BYTES_PER_THREAD = 1 << 21
+BYTES_PER_THREAD = 1 << 21
 _I32, _F32 = ir.IntType(32), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 _V16F = ir.VectorType(_F32, 16)
@@ -228,7 +228,7 @@ block_one = _block(1, 1)
 def panel_threads(P, K, nt_max):
     """Threads for a one-row product over (P, K, 16) panels: waking threads costs more than a small weight
     takes to stream, so one thread per 2 MiB of panels, at most ``nt_max`` and ``P``."""
-    return max(1, min(nt_max, (P * K * PANEL * 4) // _BYTES_PER_THREAD, P))
+    return max(1, min(nt_max, (P * K * PANEL * 4) // BYTES_PER_THREAD, P))
 
 
 @njit(cache=True, nogil=True)
@@ -250,7 +250,7 @@ def _rows_range(a2, wp, out, p0, p1):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _gemv_par(a2, wp, out, nt):
+def gemv_par(a2, wp, out, nt):
     P = wp.shape[0]
     for t in prange(nt):
         tile1(wp, a2, out, 0, t * P // nt, (t + 1) * P // nt)
@@ -262,7 +262,7 @@ def gemv_panels(a2, wp, out, nt):
     if nt <= 1:
         tile1(wp, a2, out, 0, 0, wp.shape[0])
     else:
-        _gemv_par(a2, wp, out, nt)
+        gemv_par(a2, wp, out, nt)
 
 
 @njit(cache=True, nogil=True, inline="always")

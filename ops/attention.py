@@ -37,7 +37,7 @@ _NEG_INF = -np.inf
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
-def _attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, right,
+def attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, right,
                       qk_mode, want_qk, y, qk):
     """q (B,Hq,Sq,D), k (B,Hkv,Skv,D), v (B,Hkv,Skv,Dv), mask (mb,mh,mq,mk) additive,
     offset/valid (B,) int64, params [scale, softcap] in q's dtype; writes y (B,Hq,Sq,Dv) and, if want_qk, qk (B,Hq,Sq,Skv)."""
@@ -183,9 +183,8 @@ def _to4(x, heads, what):
     return np.ascontiguousarray(x.reshape(bsz, seq, heads, hid // heads).transpose(0, 2, 1, 3))
 
 
-def _attention(ctx, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, *, is_causal, kv_num_heads,
-               q_num_heads, qk_matmul_output_mode, scale, softcap, softmax_precision, left_window_size,
-               right_window_size):
+def _check_attention_args(Q, K, V, past_key, past_value, nonpad_kv_seqlen, left_window_size, right_window_size):
+    """Checks that need no layout: one dtype, the past pair, the input ranks and the window sizes."""
     T = Q.dtype
     if K.dtype != T or (past_key is not None and past_key.dtype != T):
         raise InvalidArgumentError(f"Attention: Q, K and past_key must share one dtype, got "
@@ -200,7 +199,10 @@ def _attention(ctx, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, 
     if left_window_size < -1 or right_window_size < -1:
         raise InvalidAttributeError(f"Attention: window sizes must be -1 or nonnegative, got "
                                     f"left={left_window_size}, right={right_window_size}")
-    three_d = Q.ndim == 3
+
+
+def _attention_bhsd(Q, K, V, three_d, q_num_heads, kv_num_heads):
+    """Q, K, V in the canonical (B, H, S, D) layout, their shapes and head counts checked."""
     if three_d:
         if not q_num_heads or not kv_num_heads:
             raise InvalidAttributeError("Attention: 3-d Q/K/V need the q_num_heads and kv_num_heads attributes")
@@ -216,53 +218,90 @@ def _attention(ctx, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, 
                                  f"V {list(v4.shape)}")
     if Hkv == 0 or Hq % Hkv:
         raise ShapeMismatchError(f"Attention: q heads ({Hq}) must be a multiple of kv heads ({Hkv})")
-    if past_key is not None:
-        if past_key.ndim != 4 or past_key.shape[:2] != (B, Hkv) or past_key.shape[3] != D \
-                or past_value.ndim != 4 or past_value.shape[:2] != (B, Hkv) or past_value.shape[3] != v4.shape[3] \
-                or past_value.shape[2] != past_key.shape[2]:
-            raise ShapeMismatchError(f"Attention: past_key {list(past_key.shape)} / past_value "
-                                     f"{list(past_value.shape)} do not match K {list(k4.shape)} / V {list(v4.shape)}")
-        present_k = np.concatenate((past_key, k4), axis=2)
-        present_v = np.concatenate((past_value, v4.astype(past_value.dtype, copy=False)), axis=2)
-        past_len = past_key.shape[2]
-    else:
-        present_k, present_v, past_len = k4, v4, 0
+    return q4, k4, v4
+
+
+def _attention_present(past_key, past_value, k4, v4):
+    """(present_k, present_v, past_len): the past cache (checked against K/V) followed by the new keys/values."""
+    if past_key is None:
+        return k4, v4, 0
+    B, Hkv, _, D = k4.shape
+    if past_key.ndim != 4 or past_key.shape[:2] != (B, Hkv) or past_key.shape[3] != D \
+            or past_value.ndim != 4 or past_value.shape[:2] != (B, Hkv) or past_value.shape[3] != v4.shape[3] \
+            or past_value.shape[2] != past_key.shape[2]:
+        raise ShapeMismatchError(f"Attention: past_key {list(past_key.shape)} / past_value "
+                                 f"{list(past_value.shape)} do not match K {list(k4.shape)} / V {list(v4.shape)}")
+    present_k = np.concatenate((past_key, k4), axis=2)
+    present_v = np.concatenate((past_value, v4.astype(past_value.dtype, copy=False)), axis=2)
+    return present_k, present_v, past_key.shape[2]
+
+
+def _attention_mask(attn_mask, cd, B, Hq, Sq, Skv):
+    """attn_mask as an additive rank-4 bias of dtype ``cd`` (bool -> 0/-inf); zeros when absent."""
+    if attn_mask is None:
+        return np.zeros((1, 1, 1, Skv), cd)
+    m = attn_mask
+    if m.ndim > 4 or m.ndim == 0:
+        raise ShapeMismatchError(f"Attention: attn_mask must have rank 1 to 4, got shape {list(m.shape)}")
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+    for ax, (n, want) in enumerate(zip(m.shape[:3], (B, Hq, Sq))):
+        if n != 1 and n != want:
+            raise ShapeMismatchError(f"Attention: attn_mask shape {list(attn_mask.shape)} does not broadcast "
+                                     f"to (batch {B}, heads {Hq}, q_seq {Sq}, total_seq {Skv})")
+    if m.shape[3] > Skv:
+        raise ShapeMismatchError(f"Attention: attn_mask last axis {m.shape[3]} is longer than the total "
+                                 f"sequence length {Skv}")
+    if m.dtype == np.bool_:
+        return np.where(m, cd.type(0), cd.type(_NEG_INF))
+    return np.ascontiguousarray(m, dtype=cd)
+
+
+def _attention_limits(nonpad_kv_seqlen, B, Sq, Skv, past_len):
+    """(offset, valid) per batch entry: the query rows' key offset and the number of valid keys."""
+    if nonpad_kv_seqlen is None:
+        return np.full(B, past_len, np.int64), np.full(B, Skv, np.int64)
+    nonpad = np.asarray(nonpad_kv_seqlen, dtype=np.int64).reshape(-1)
+    if nonpad.shape[0] != B:
+        raise ShapeMismatchError(f"Attention: nonpad_kv_seqlen must have shape ({B},), got "
+                                 f"{list(nonpad_kv_seqlen.shape)}")
+    return nonpad - Sq, nonpad.copy()
+
+
+def _attention_outputs(ctx, used, want_qk, y, qk, present_k, present_v, T, three_d):
+    """Y (back in Q's layout and dtype), then present_key, present_value and qk_matmul_output as used."""
+    if three_d:
+        B, Hq, Sq, Dv = y.shape
+        y = y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * Dv)
+    y = np.ascontiguousarray(y, dtype=T)
+    n = ctx.n_outputs if ctx is not None else 4
+    res = [y]
+    if n > 1:
+        res.append(np.array(present_k, copy=True) if used[1] else None)
+    if n > 2:
+        res.append(np.array(present_v, copy=True) if used[2] else None)
+    if n > 3:
+        res.append(qk.astype(T) if want_qk else None)
+    return y if n == 1 else tuple(res)
+
+
+def _attention(ctx, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, *, is_causal, kv_num_heads,
+               q_num_heads, qk_matmul_output_mode, scale, softcap, softmax_precision, left_window_size,
+               right_window_size):
+    """The CPU Attention of opsets 23-25: checks, canonical layout, past cache, mask, then the fused kernel."""
+    T = Q.dtype
+    _check_attention_args(Q, K, V, past_key, past_value, nonpad_kv_seqlen, left_window_size, right_window_size)
+    three_d = Q.ndim == 3
+    q4, k4, v4 = _attention_bhsd(Q, K, V, three_d, q_num_heads, kv_num_heads)
+    B, Hq, Sq, D = q4.shape
+    present_k, present_v, past_len = _attention_present(past_key, past_value, k4, v4)
     Skv = present_k.shape[2]
 
     cd = F64 if T == F64 else F32
     qc = np.ascontiguousarray(q4, dtype=cd)
     kc = np.ascontiguousarray(present_k, dtype=cd)
     vc = np.ascontiguousarray(present_v, dtype=cd)
-
-    if attn_mask is not None:
-        m = attn_mask
-        if m.ndim > 4 or m.ndim == 0:
-            raise ShapeMismatchError(f"Attention: attn_mask must have rank 1 to 4, got shape {list(m.shape)}")
-        m = m.reshape((1,) * (4 - m.ndim) + m.shape)
-        for ax, (n, want) in enumerate(zip(m.shape[:3], (B, Hq, Sq))):
-            if n != 1 and n != want:
-                raise ShapeMismatchError(f"Attention: attn_mask shape {list(attn_mask.shape)} does not broadcast "
-                                         f"to (batch {B}, heads {Hq}, q_seq {Sq}, total_seq {Skv})")
-        if m.shape[3] > Skv:
-            raise ShapeMismatchError(f"Attention: attn_mask last axis {m.shape[3]} is longer than the total "
-                                     f"sequence length {Skv}")
-        if m.dtype == np.bool_:
-            mask = np.where(m, cd.type(0), cd.type(_NEG_INF))
-        else:
-            mask = np.ascontiguousarray(m, dtype=cd)
-    else:
-        mask = np.zeros((1, 1, 1, Skv), cd)
-
-    if nonpad_kv_seqlen is not None:
-        nonpad = np.asarray(nonpad_kv_seqlen, dtype=np.int64).reshape(-1)
-        if nonpad.shape[0] != B:
-            raise ShapeMismatchError(f"Attention: nonpad_kv_seqlen must have shape ({B},), got "
-                                     f"{list(nonpad_kv_seqlen.shape)}")
-        offset = nonpad - Sq
-        valid = nonpad.copy()
-    else:
-        offset = np.full(B, past_len, np.int64)
-        valid = np.full(B, Skv, np.int64)
+    mask = _attention_mask(attn_mask, cd, B, Hq, Sq, Skv)
+    offset, valid = _attention_limits(nonpad_kv_seqlen, B, Sq, Skv, past_len)
 
     if scale is None:
         scale = 1.0 / math.sqrt(D)
@@ -275,20 +314,9 @@ def _attention(ctx, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, 
     qk = np.empty((B, Hq, Sq, Skv) if want_qk else (1, 1, 1, 1), cd)
     if y.size:
         params = np.array([scale, softcap or 0.0], cd)
-        _attention_kernel(qc, kc, vc, mask, offset, valid, params,
+        attention_kernel(qc, kc, vc, mask, offset, valid, params,
                           bool(is_causal), int(left_window_size), int(right_window_size), mode, want_qk, y, qk)
-    if three_d:
-        y = y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * v4.shape[3])
-    y = np.ascontiguousarray(y, dtype=T)
-    n = ctx.n_outputs if ctx is not None else 4
-    res = [y]
-    if n > 1:
-        res.append(np.array(present_k, copy=True) if used[1] else None)
-    if n > 2:
-        res.append(np.array(present_v, copy=True) if used[2] else None)
-    if n > 3:
-        res.append(qk.astype(T) if want_qk else None)
-    return y if n == 1 else tuple(res)
+    return _attention_outputs(ctx, used, want_qk, y, qk, present_k, present_v, T, three_d)
 
 
 @op("Attention", 23)

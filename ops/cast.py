@@ -25,7 +25,7 @@ from onnx import TensorProto
 
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
-from .forms import Decline, _np_type, form
+from .forms import Decline, np_type, form
 from .registry import op
 
 F32 = np.dtype(np.float32)
@@ -163,10 +163,10 @@ def _cpu(c: CastOp, ctx):
 def _form(e, c: CastOp):
     """The region form: numpy's conversion between the numeric dtypes (bool aside)."""
     src, dst = e.dtype(0), c.dtype
-    _np_type(src)
+    np_type(src)
     if dst.kind == "b" or src.kind == "b":
         raise Decline("bool casts")
-    e.line(f"{{o0}} = {{i0}}.astype({_np_type(dst)})")
+    e.line(f"{{o0}} = {{i0}}.astype({np_type(dst)})")
     e.declare(0, dst, e.rank(0))
 
 

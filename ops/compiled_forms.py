@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from ._common import serial_twin
-from .forms import Decline, _float_only, _lit, _np_type, _prod, _quote, emit, form
+from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
 from . import matmul as _mm
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
@@ -72,15 +72,15 @@ def gather3(d3, idx):
     for j in range(idx.shape[0]):
         k[j] = idx[j] + n if idx[j] < 0 else idx[j]
     out = np.empty((d3.shape[0], idx.shape[0], d3.shape[2]), d3.dtype)
-    _ix._k_gather(d3, k, out)
+    _ix.k_gather(d3, k, out)
     return out
 
 
-reduce3 = _rd._reduce3
+reduce3 = _rd.reduce3
 
 
-gemv_rows = _mm._gemv_rows
-gemv_par = _mm._gemv_par
+gemv_rows = _mm.gemv_rows
+gemv_par = _mm.gemv_par
 gemv_threads = _mm.gemv_threads
 
 
@@ -138,17 +138,17 @@ def _gather(e):
     rd, ri = e.rank(0), e.rank(1)
     if rd == 0 or e.dtype(1).kind not in "iu":
         raise Decline("gather")
-    _np_type(e.dtype(0))
+    np_type(e.dtype(0))
     axis = int(e.attrs.get("axis", 0))
     axis = axis + rd if axis < 0 else axis
     ok = e.use(__name__, "indices_ok")
     g3 = e.use(__name__, "gather3")
     e.use("runtime.errors", "IndexOutOfRangeError")
-    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(axis)])
-    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)])
+    outer = product_expr([f"{{i0}}.shape[{d}]" for d in range(axis)])
+    inner = product_expr([f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)])
     bad = e.use(__name__, "first_bad_index")
     e.line(f"if not {ok}({{i1}}, {{i0}}.shape[{axis}]):",
-           f"    raise IndexOutOfRangeError__runtime_errors(\"{_quote(e.node)}: index\", "
+           f"    raise IndexOutOfRangeError__runtime_errors(\"{quote(e.node)}: index\", "
            f"{bad}({{i1}}, {{i0}}.shape[{axis}]), \"is out of range for axis {axis} of extent\", "
            f"{{i0}}.shape[{axis}], \"(valid indices are -extent to extent - 1)\")",
            f"{{p}}_g = {g3}({{i0}}.reshape(({outer}, {{i0}}.shape[{axis}], {inner})), "
@@ -184,7 +184,7 @@ def _reshape(e):
         else:
             dims.append(str(d))
     if infer is not None:
-        known = _prod([x for x in dims if x is not None])
+        known = product_expr([x for x in dims if x is not None])
         e.line(f"{{p}}_k = {known}",
                "{p}_n = {i0}.size // {p}_k if {p}_k else 0")
         dims[infer] = "{p}_n"
@@ -221,7 +221,7 @@ def _split(e):
         if len(sizes) != n:
             raise Decline("split count")
         e.line(f"if {{i0}}.shape[{axis}] != {sum(sizes)}:",
-               f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: split sizes {sizes} do not add up to "
+               f"    raise ShapeMismatchError__runtime_errors(\"{quote(e.node)}: split sizes {sizes} do not add up to "
                f"the input's axis {axis}\")")
         e.use("runtime.errors", "ShapeMismatchError")
         offs = [sum(sizes[:k]) for k in range(n + 1)]
@@ -235,7 +235,7 @@ def _split(e):
         if e.attrs.get("num_outputs") is None:
             e.use("runtime.errors", "ShapeMismatchError")
             e.line(f"if {{i0}}.shape[{axis}] % {n}:",
-                   f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the axis does not split "
+                   f"    raise ShapeMismatchError__runtime_errors(\"{quote(e.node)}: the axis does not split "
                    f"evenly\")")
     for k, (a, b) in enumerate(bounds):
         idx = ", ".join([":"] * axis + [f"{a}:{b}"])
@@ -269,10 +269,10 @@ def _reduce_sum(e):
     # The wrapper's kernel and accumulator: float64 for floats, 64-bit integers otherwise.
     red = e.use(__name__, "reduce3")
     acc = "np.float64" if dt.kind == "f" else "np.int64" if dt.kind == "i" else "np.uint64"
-    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(ax)])
-    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
+    outer = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax)])
+    inner = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
     e.line(f"{{p}}_x3 = {{i0}}.reshape(({outer}, {{i0}}.shape[{ax}], {inner}))",
-           f"{{p}}_s = np.empty(({{p}}_x3.shape[0], {{p}}_x3.shape[2]), {_np_type(dt)})",
+           f"{{p}}_s = np.empty(({{p}}_x3.shape[0], {{p}}_x3.shape[2]), {np_type(dt)})",
            "if {p}_x3.shape[1] == 0:",
            "    {p}_s[:] = 0",
            "else:",
@@ -290,7 +290,7 @@ _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 def _operand(e, k, other_dt):
     c = e.const(k)
     if c is not None and np.asarray(c).size == 1 and np.asarray(c).dtype == other_dt:
-        return _lit(np.asarray(c).reshape(-1)[0], other_dt)
+        return lit(np.asarray(c).reshape(-1)[0], other_dt)
     if e.rank(k) == 0:
         return f"{{i{k}}}[()]"
     return f"{{i{k}}}"
@@ -301,10 +301,10 @@ def _binary(e):
     a, b = e.dtype(0), e.dtype(1)
     if a != b or a.kind not in "iuf" or (a.kind != "f" and e.node.op_type == "Div"):
         raise Decline("dtype")
-    _np_type(a)
+    np_type(a)
     x, y = _operand(e, 0, a), _operand(e, 1, a)
     if e.rank(0) == 0 and e.rank(1) == 0:
-        e.line(f"{{o0}} = np.empty((), {_np_type(a)})", f"{{o0}}[()] = {x} {_BIN[e.node.op_type]} {y}")
+        e.line(f"{{o0}} = np.empty((), {np_type(a)})", f"{{o0}}[()] = {x} {_BIN[e.node.op_type]} {y}")
         return
     if not x.startswith("{i") or x.endswith("[()]"):
         if not y.startswith("{i") or y.endswith("[()]"):
@@ -318,7 +318,7 @@ _UNARY = {"Sigmoid": "u_sigmoid", "Tanh": "u_tanh", "Relu": "u_relu", "Exp": "u_
 
 
 def _unary_call(e, kernel, p0=0.0, p1=0.0):
-    _float_only(e, 0)
+    float_only(e, 0)
     k = e.use("ops._elementwise_kernels", kernel)
     e.line("{o0} = np.empty_like({i0})",
            f"{k}({{i0}}.reshape(({{i0}}.size,)), {{o0}}.reshape(({{o0}}.size,)), {float(p0)!r}, {float(p1)!r})")
@@ -340,7 +340,7 @@ def _gelu_onnx(e):
 
 @form("MatMul")
 def _matmul(e):
-    _float_only(e, 0, 1)
+    float_only(e, 0, 1)
     ra, rb = e.rank(0), e.rank(1)
     if rb != 2 or ra < 1:
         raise Decline("batched weights")
@@ -356,12 +356,12 @@ def _matmul(e):
         mm = e.use(__name__, "matmul2")
         weight, inner, ncols = "{i1}", "{i1}.shape[0]", "{i1}.shape[1]"
     e.line(f"if {{i0}}.shape[{ra - 1}] != {inner}:",
-           f"    raise ShapeMismatchError__runtime_errors(\"{_quote(e.node)}: the inner dimensions do not match\")")
+           f"    raise ShapeMismatchError__runtime_errors(\"{quote(e.node)}: the inner dimensions do not match\")")
     e.declare(0, F32, ra)
     if ra == 1:
         e.line(f"{{o0}} = {mm}({{i0}}.reshape((1, {{i0}}.shape[0])), {weight}, nthreads).reshape(({ncols},))")
         return
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
-    e.line(f"{{p}}_m = {_prod(lead)}",
+    e.line(f"{{p}}_m = {product_expr(lead)}",
            f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {weight}, nthreads).reshape(("
            f"{', '.join(lead)}, {ncols}))")

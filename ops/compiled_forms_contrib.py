@@ -14,8 +14,8 @@ the generated code turns the code into the wrapper's error class with the node n
 
 MatMulNBits follows the wrapper's path choice exactly: the int8-activation kernels for any number of
 rows (4 bits at level 4, over ``_cq.int4_layout`` constants prepared at plan time) or the one-pass rows kernels
-for at most ``_ROWS_MAX`` rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
-the wrapper would run it on one thread (packed weight below ``2 * _BYTES_PER_THREAD``), the parallel
+for at most ``ROWS_MAX`` rows of A, the dequantized tiles + BLAS otherwise; the rows kernel runs serially (its serial twin) where
+the wrapper would run it on one thread (packed weight below ``2 * BYTES_PER_THREAD``), the parallel
 kernel above.  Each output element is computed by the same loop either way, so both give the same bits.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from numba import njit, prange
 from . import compiled_forms as _cf
 from . import contrib_quant as _cq
 from .compiled_forms import F32, MS, serial_twin
-from .forms import Decline, _float_only, _prod, _raise_on, form
+from .forms import Decline, float_only, product_expr, raise_on, form
 
 __all__ = ["mnb_f32"]
 
@@ -40,15 +40,15 @@ def _s(x):
 
 # -- MatMulNBits -----------------------------------------------------------------------------------
 
-rows_q4_serial = serial_twin(_cq._rows_q4)
-rows_q8_serial = serial_twin(_cq._rows_q8)
-dequant_tile_serial = serial_twin(_cq._dequant_tile)
-rows_q4_par = _cq._rows_q4
-rows_q8_par = _cq._rows_q8
-dequant_tile_par = _cq._dequant_tile
-_ROWS_MAX = _cq._ROWS_MAX
-_SERIAL_BYTES = 2 * _cq._BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
-_TILE_ELEMS = _cq._TILE_ELEMS
+rows_q4_serial = serial_twin(_cq.rows_q4)
+rows_q8_serial = serial_twin(_cq.rows_q8)
+dequant_tile_serial = serial_twin(_cq.dequant_tile)
+rows_q4_par = _cq.rows_q4
+rows_q8_par = _cq.rows_q8
+dequant_tile_par = _cq.dequant_tile
+ROWS_MAX = _cq.ROWS_MAX
+_SERIAL_BYTES = 2 * _cq.BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
+TILE_ELEMS = _cq.TILE_ELEMS
 
 
 @njit(**_OPTS)
@@ -79,21 +79,21 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
     elif bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
-    elif M <= _ROWS_MAX:
+    elif M <= ROWS_MAX:
         asum = np.empty((M, nb), np.float32)
         ascale = np.empty((M, nb), np.float32)
         serial = b3.size < _SERIAL_BYTES
         if bits == 4:
             ae = np.empty((M, nb, bs // 2), np.float32)
             ao = np.empty((M, nb, bs // 2), np.float32)
-            _cq._prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+            _cq.prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
             if serial:
                 rows_q4_serial(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
             else:
                 rows_q4_par(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
         else:
             ap = np.empty((M, nb, bs), np.float32)
-            _cq._prep_a8(a2, nb, bs, quant, ap, asum, ascale)
+            _cq.prep_a8(a2, nb, bs, quant, ap, asum, ascale)
             if serial:
                 rows_q8_serial(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
             else:
@@ -102,9 +102,9 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
         af = a2
         if quant:
             af = np.empty((M, K), np.float32)
-            _cq._fake_quant_a(a2, bs, af)
+            _cq.fake_quant_a(a2, bs, af)
         g = np.arange(K) // bs
-        tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
+        tile = max(1, min(N, TILE_ELEMS // max(K, 1)))
         for n0 in range(0, N, tile):
             rows = min(tile, N - n0)
             wt = np.empty((rows, K), np.float32)
@@ -121,7 +121,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
 # Decode GEMV over weights repacked at plan time to (n_blocks, blob, N): still the packed 4/8-bit codes, read
 # once, but consecutive bytes belong to consecutive output columns, so the dequantizing loop runs over N
 # (long, vectorised) instead of over one block's 16 bytes.  A's preparation and the per-block arithmetic are
-# the wrapper's (``_prep_a4``/``_prep_a8``): in accuracy_level 4 every block dot is an exact integer, so the
+# the wrapper's (``prep_a4``/``prep_a8``): in accuracy_level 4 every block dot is an exact integer, so the
 # results equal the wrapper's.
 
 _FAST = {"reassoc", "contract", "arcp", "nsz"}
@@ -148,7 +148,7 @@ def _q_block_sum(tot, d, s, sm, sc_row, zf_row, has_zp, zdef):
 
 @njit(fastmath=_FAST, **_OPTS)
 def _qt_cols(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out, n0, n1):
-    """out[n0:n1] for repacked 4-bit (``ae``/``ao`` from ``_prep_a4``) or 8-bit (``ae`` from ``_prep_a8``)
+    """out[n0:n1] for repacked 4-bit (``ae``/``ao`` from ``prep_a4``) or 8-bit (``ae`` from ``prep_a8``)
     codes: per block, the code-by-activation dot of each column, then the block's scale and zero point."""
     nb, rows, _ = bt.shape
     w = n1 - n0
@@ -197,11 +197,11 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
     if bits == 4:
         ae = np.empty((1, nb, bs // 2), np.float32)
         ao = np.empty((1, nb, bs // 2), np.float32)
-        _cq._prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+        _cq.prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
     else:
         ae = np.empty((1, nb, bs), np.float32)
         ao = ae
-        _cq._prep_a8(a2, nb, bs, quant, ae, asum, ascale)
+        _cq.prep_a8(a2, nb, bs, quant, ae, asum, ascale)
     if bt.size < _SERIAL_BYTES:
         _qt_cols(bits, bt, ae, ao, asum, ascale, sct, zft, has_zp, zdef, out[0], 0, N)
     else:
@@ -239,7 +239,7 @@ def _valid(m, b, scales, zp, zp_mode) -> bool:
 
 
 def _zero_points(m, zp, zp_mode):
-    return _cq._unpack_zero_points(np.asarray(zp), m.N, m.nb, m.bits) if zp_mode else None
+    return _cq.unpack_zero_points(np.asarray(zp), m.N, m.nb, m.bits) if zp_mode else None
 
 
 def _repack_int4(m, b, scales, zp, zp_mode):
@@ -264,7 +264,7 @@ def _repack(m, b, scales, zp, zp_mode):
 def _matmul_nbits(e, m):
     """The region form: the bound op's constants repacked at plan time when B, scales and zero points are
     initializers, its codes raised from ``MNB_ERRORS``."""
-    _float_only(e, 0, 2, 5)
+    float_only(e, 0, 2, 5)
     if m.K <= 0 or m.N <= 0 or e.dtype(1) != np.uint8 or e.has(4):
         raise Decline("sizes, B dtype or g_idx")
     K, N, bits, bs = m.K, m.N, m.bits, m.bs
@@ -282,7 +282,7 @@ def _matmul_nbits(e, m):
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
     zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
     bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
-    e.line(f"{{p}}_m = {_prod(lead)}")
+    e.line(f"{{p}}_m = {product_expr(lead)}")
     packed = int4 = None
     if e.const(1) is not None and e.const(2) is not None and (zp_mode == 0 or e.const(3) is not None):
         if _cq.int4_path(bits, bs, quant, None):
@@ -308,7 +308,7 @@ def _matmul_nbits(e, m):
                f"    {{p}}_y, {{p}}_err = {call}")
     else:
         e.line(f"{{p}}_y, {{p}}_err = {call}")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in _cq.MNB_ERRORS.items() if c <= 5])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in _cq.MNB_ERRORS.items() if c <= 5])
     e.line(f"{{o0}} = {{p}}_y.reshape(({', '.join(lead + [str(N)])},))")
 
 
@@ -320,7 +320,7 @@ form("MatMulNBits", domain=MS, bind=_cq.bind_mnb)(_matmul_nbits)
 
 @form("LpNormalization")
 def _lp(e):
-    _float_only(e, 0)
+    float_only(e, 0)
     r = e.rank(0)
     p = int(e.attrs.get("p", 2))
     axis = int(e.attrs.get("axis", -1))
@@ -328,8 +328,8 @@ def _lp(e):
         raise Decline("attributes")
     ax = axis + r if axis < 0 else axis
     k = e.use("ops.normalization", "_lp3")
-    outer = _prod([f"{{i0}}.shape[{d}]" for d in range(ax)])
-    inner = _prod([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
+    outer = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax)])
+    inner = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
     e.line(f"{{p}}_s = ({outer}, {{i0}}.shape[{ax}], {inner})",
            "{o0} = np.empty({i0}.shape, np.float32)",
            "if {i0}.size:",

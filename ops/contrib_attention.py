@@ -264,94 +264,86 @@ def _bnsh(x, B, L, H, D):
     return np.ascontiguousarray(_f32(x).reshape(B, L, H, D).transpose(0, 2, 1, 3))
 
 
-@op("MultiHeadAttention", 1, domain=_MS)
-def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
-                       past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None, *,
-                       ctx=None, num_heads=0, scale=0.0, mask_filter_value=-10000.0, unidirectional=0):
-    name = "MultiHeadAttention"
-    H = int(num_heads)
-    if H <= 0:
-        raise InvalidAttributeError(f"{name}: num_heads must be positive, got {num_heads}")
-    if past_sequence_length is not None or cache_indirection is not None:
-        raise InvalidArgumentError(f"{name}: past_sequence_length/cache_indirection (buffer sharing, beam "
-                                   f"search) are not supported by this kernel")
-    dtype = query.dtype
-    qb = None
+def _mha_packed_qkv(name, query, key, value, bias, H):
+    """Packed QKV query (B,S,H,3,D) -> (q (B,S,H,D), k, v (B,H,S,D), D, Dv), float32 with the bias added."""
+    if key is not None or value is not None:
+        raise InvalidArgumentError(f"{name}: packed QKV query excludes key and value inputs")
+    B, S, _, three, D = query.shape
+    if query.shape[2] != H or three != 3:
+        raise ShapeMismatchError(f"{name}: packed QKV must have shape [B, S, {H}, 3, D], got {list(query.shape)}")
+    qkv = _f32(query)
     if bias is not None:
-        bias = _f32(bias).reshape(-1)
-    cross_bnsh = False
-    if query.ndim == 5:  # packed QKV (B,S,H,3,D)
-        if key is not None or value is not None:
-            raise InvalidArgumentError(f"{name}: packed QKV query excludes key and value inputs")
-        B, S, _, three, D = query.shape
-        if query.shape[2] != H or three != 3:
-            raise ShapeMismatchError(f"{name}: packed QKV must have shape [B, S, {H}, 3, D], got {list(query.shape)}")
-        qkv = _f32(query)
+        qkv = qkv + bias.reshape(3, H, D).transpose(1, 0, 2)
+    q = np.ascontiguousarray(qkv[:, :, :, 0])
+    k = np.ascontiguousarray(qkv[:, :, :, 1].transpose(0, 2, 1, 3))
+    v = np.ascontiguousarray(qkv[:, :, :, 2].transpose(0, 2, 1, 3))
+    return q, k, v, D, D
+
+
+def _mha_query(name, query, key, bias, H):
+    """Unpacked query (B,S,H*D) -> (q (B,S,H,D) float32 with its bias added, D); the key must be given."""
+    if query.ndim != 3 or query.shape[2] % H:
+        raise ShapeMismatchError(f"{name}: query must be (batch, seq, hidden) with hidden a multiple of "
+                                 f"{H}, got {list(query.shape)}")
+    B, S, hq = query.shape
+    D = hq // H
+    if key is None:
+        raise InvalidArgumentError(f"{name}: key is required unless query is packed QKV")
+    qb = bias[:hq] if bias is not None else None
+    q = _f32(query) if qb is None else _f32(query) + qb
+    return np.ascontiguousarray(q).reshape(B, S, H, D), D
+
+
+def _mha_key_value(name, key, value, bias, B, H, D):
+    """key/value (packed KV, BNSH or (B,L,hidden)) -> (k, v (B,H,L,D|Dv) float32, Dv, cross_bnsh)."""
+    hq = H * D
+    if key.ndim == 5:  # packed KV (B,L,H,2,D)
+        if value is not None or key.shape[2] != H or key.shape[3] != 2 or key.shape[4] != D:
+            raise ShapeMismatchError(f"{name}: packed KV must have shape [B, L, {H}, 2, {D}] and no value, "
+                                     f"got {list(key.shape)}")
+        kv = _f32(key)
         if bias is not None:
-            qkv = qkv + bias.reshape(3, H, D).transpose(1, 0, 2)
-        q = np.ascontiguousarray(qkv[:, :, :, 0])
-        k = np.ascontiguousarray(qkv[:, :, :, 1].transpose(0, 2, 1, 3))
-        v = np.ascontiguousarray(qkv[:, :, :, 2].transpose(0, 2, 1, 3))
-        Dv = D
-    else:
-        if query.ndim != 3 or query.shape[2] % H:
-            raise ShapeMismatchError(f"{name}: query must be (batch, seq, hidden) with hidden a multiple of "
-                                     f"{H}, got {list(query.shape)}")
-        B, S, hq = query.shape
-        D = hq // H
-        if key is None:
-            raise InvalidArgumentError(f"{name}: key is required unless query is packed QKV")
-        if bias is not None:
-            qb = bias[:hq]
-        q = _f32(query) if qb is None else _f32(query) + qb
-        q = np.ascontiguousarray(q).reshape(B, S, H, D)
-        if key.ndim == 5:  # packed KV (B,L,H,2,D)
-            if value is not None or key.shape[2] != H or key.shape[3] != 2 or key.shape[4] != D:
-                raise ShapeMismatchError(f"{name}: packed KV must have shape [B, L, {H}, 2, {D}] and no value, "
-                                         f"got {list(key.shape)}")
-            kv = _f32(key)
-            if bias is not None:
-                kv = kv + bias[hq:].reshape(2, H, D).transpose(1, 0, 2)
-            k = np.ascontiguousarray(kv[:, :, :, 0].transpose(0, 2, 1, 3))
-            v = np.ascontiguousarray(kv[:, :, :, 1].transpose(0, 2, 1, 3))
-            Dv = D
-        elif key.ndim == 4:  # already projected BNSH key/value (cross-attention cache)
-            if value is None or key.shape[0] != B or key.shape[1] != H or key.shape[3] != D \
-                    or value.ndim != 4 or value.shape[:3] != key.shape[:3]:
-                raise ShapeMismatchError(f"{name}: BNSH key/value must have shape [{B}, {H}, L, D], got "
-                                         f"{list(key.shape)} and {None if value is None else list(value.shape)}")
-            k = _f32(key)
-            v = _f32(value)
-            Dv = value.shape[3]
-            cross_bnsh = True
-        else:
-            if value is None or key.ndim != 3 or value.ndim != 3 or key.shape[0] != B or key.shape[2] != hq \
-                    or value.shape[:2] != key.shape[:2] or value.shape[2] % H:
-                raise ShapeMismatchError(f"{name}: key/value must be (batch, kv_seq, hidden) with key hidden "
-                                         f"{hq}, got {list(key.shape)} and "
-                                         f"{None if value is None else list(value.shape)}")
-            Lk = key.shape[1]
-            Dv = value.shape[2] // H
-            kf, vf = _f32(key), _f32(value)
-            if bias is not None:
-                kf = kf + bias[hq:2 * hq]
-                vf = vf + bias[2 * hq:]
-            k = _bnsh(kf, B, Lk, H, D)
-            v = _bnsh(vf, B, Lk, H, Dv)
-    P = 0
+            kv = kv + bias[hq:].reshape(2, H, D).transpose(1, 0, 2)
+        k = np.ascontiguousarray(kv[:, :, :, 0].transpose(0, 2, 1, 3))
+        v = np.ascontiguousarray(kv[:, :, :, 1].transpose(0, 2, 1, 3))
+        return k, v, D, False
+    if key.ndim == 4:  # already projected BNSH key/value (cross-attention cache)
+        if value is None or key.shape[0] != B or key.shape[1] != H or key.shape[3] != D \
+                or value.ndim != 4 or value.shape[:3] != key.shape[:3]:
+            raise ShapeMismatchError(f"{name}: BNSH key/value must have shape [{B}, {H}, L, D], got "
+                                     f"{list(key.shape)} and {None if value is None else list(value.shape)}")
+        return _f32(key), _f32(value), value.shape[3], True
+    if value is None or key.ndim != 3 or value.ndim != 3 or key.shape[0] != B or key.shape[2] != hq \
+            or value.shape[:2] != key.shape[:2] or value.shape[2] % H:
+        raise ShapeMismatchError(f"{name}: key/value must be (batch, kv_seq, hidden) with key hidden "
+                                 f"{hq}, got {list(key.shape)} and "
+                                 f"{None if value is None else list(value.shape)}")
+    Lk = key.shape[1]
+    Dv = value.shape[2] // H
+    kf, vf = _f32(key), _f32(value)
+    if bias is not None:
+        kf = kf + bias[hq:2 * hq]
+        vf = vf + bias[2 * hq:]
+    return _bnsh(kf, B, Lk, H, D), _bnsh(vf, B, Lk, H, Dv), Dv, False
+
+
+def _mha_past(name, past_key, past_value, k, v, cross_bnsh, B, H, D, Dv):
+    """(k, v, P): the past cache (P rows) concatenated before the new keys/values; BNSH cross K/V ignore it."""
     if (past_key is None) != (past_value is None):
         raise InvalidArgumentError(f"{name}: past_key and past_value must be given together")
-    if past_key is not None and not cross_bnsh:
-        if past_key.ndim != 4 or past_key.shape[:2] != (B, H) or past_key.shape[3] != D \
-                or past_value.shape[:3] != past_key.shape[:3] or past_value.shape[3] != Dv:
-            raise ShapeMismatchError(f"{name}: past_key/past_value must have shape [{B}, {H}, P, {D}/{Dv}], got "
-                                     f"{list(past_key.shape)} and {list(past_value.shape)}")
-        P = past_key.shape[2]
-        k = np.concatenate([_f32(past_key), k], axis=2)
-        v = np.concatenate([_f32(past_value), v], axis=2)
-    T = k.shape[2]
+    if past_key is None or cross_bnsh:
+        return k, v, 0
+    if past_key.ndim != 4 or past_key.shape[:2] != (B, H) or past_key.shape[3] != D \
+            or past_value.shape[:3] != past_key.shape[:3] or past_value.shape[3] != Dv:
+        raise ShapeMismatchError(f"{name}: past_key/past_value must have shape [{B}, {H}, P, {D}/{Dv}], got "
+                                 f"{list(past_key.shape)} and {list(past_value.shape)}")
+    k = np.concatenate([_f32(past_key), k], axis=2)
+    v = np.concatenate([_f32(past_value), v], axis=2)
+    return k, v, past_key.shape[2]
 
-    # additive bias: attention_bias plus the key padding mask (mask_filter_value where masked)
+
+def _mha_additive_bias(name, attention_bias, key_padding_mask, mask_filter_value, B, H, S, T):
+    """attention_bias plus the key padding mask (mask_filter_value where masked) as float32, or None."""
     add = None
     if attention_bias is not None:
         ab = _f32(attention_bias)
@@ -374,6 +366,13 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
                                      f"[{B}, {S}, {T}], got {list(m.shape)}")
         madd = np.where(keep, np.float32(0), np.float32(mask_filter_value)).astype(np.float32)
         add = madd if add is None else add + madd
+    return add
+
+
+def _mha_attend(ctx, q, k, v, add, P, D, Dv, scale, unidirectional, dtype):
+    """Runs the prefill kernel on q (B,S,H,D), k/v (B,H,T,D|Dv) and returns the node's outputs in ``dtype``."""
+    B, S, H, _ = q.shape
+    T = k.shape[2]
     has_bias = add is not None
     add = np.ascontiguousarray(add, np.float32) if has_bias else _DUMMY4
     sc = float(scale) if scale else 1.0 / math.sqrt(D)
@@ -393,3 +392,31 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
         res.append(qk.astype(dtype))
     n = ctx.n_outputs if ctx is not None else 1
     return tuple(res[:n]) if n > 1 else y
+
+
+@op("MultiHeadAttention", 1, domain=_MS)
+def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                       past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None, *,
+                       ctx=None, num_heads=0, scale=0.0, mask_filter_value=-10000.0, unidirectional=0):
+    """com.microsoft MultiHeadAttention on the CPU: Q/K/V projections, past cache, additive bias, prefill kernel."""
+    name = "MultiHeadAttention"
+    H = int(num_heads)
+    if H <= 0:
+        raise InvalidAttributeError(f"{name}: num_heads must be positive, got {num_heads}")
+    if past_sequence_length is not None or cache_indirection is not None:
+        raise InvalidArgumentError(f"{name}: past_sequence_length/cache_indirection (buffer sharing, beam "
+                                   f"search) are not supported by this kernel")
+    dtype = query.dtype
+    if bias is not None:
+        bias = _f32(bias).reshape(-1)
+    cross_bnsh = False
+    if query.ndim == 5:  # packed QKV (B,S,H,3,D)
+        q, k, v, D, Dv = _mha_packed_qkv(name, query, key, value, bias, H)
+    else:
+        q, D = _mha_query(name, query, key, bias, H)
+        k, v, Dv, cross_bnsh = _mha_key_value(name, key, value, bias, q.shape[0], H, D)
+    B, S = q.shape[:2]
+    k, v, P = _mha_past(name, past_key, past_value, k, v, cross_bnsh, B, H, D, Dv)
+    add = _mha_additive_bias(name, attention_bias, key_padding_mask, mask_filter_value, B, H, S, k.shape[2])
+    return _mha_attend(ctx, q, k, v, add, P, D, Dv, scale, unidirectional, dtype)
+

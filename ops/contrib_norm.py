@@ -30,7 +30,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
 from ._fastmath import FAST, fexp
-from .forms import Decline, _float_only, _raise_on, form
+from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -414,7 +414,7 @@ def _form(e, b: RowNorm):
     """The region form: float32 operands, ``row_norm`` called on them, its codes raised as the wrapper raises
     them, the statistics cast and shaped as the wrapper does."""
     n_in = 2 + (2 if b.skip else 0) + (0 if b.simplified else 1)
-    _float_only(e, *range(n_in))
+    float_only(e, *range(n_in))
     r = e.rank(0)
     if r < 1 or any(e.used(k) and b.stat_dtype(k, F32) != F32 for k in range(1, min(len(e.node.outputs), 3))):
         raise Decline("rank or statistics dtype")
@@ -427,7 +427,7 @@ def _form(e, b: RowNorm):
            f"{{p}}_err, {{p}}_ss, {{p}}_m, {{p}}_inv = {k}({x}, {skip or x}, {scale}.reshape(({scale}.size,)), "
            f"{beta or empty}, {bias or empty}, {{o0}}, {ax}, {b.eps!r}, {b.simplified}, {skip is not None}, "
            f"{beta is not None}, {bias is not None}, {b.want_stats})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in NORM_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in NORM_ERRORS.items()])
     e.declare(0, F32, r)
     stat = "(" + "".join(f"{x}.shape[{d}], " for d in range(ax)) + "1, " * (r - ax) + ")"
     for j in range(1, b.stat_index() + 1):
@@ -518,12 +518,12 @@ def _gated_cpu(g: GatedNorm, ctx):
 
 
 def _gated_form(e, g: GatedNorm):
-    _float_only(e, 0, 1, 2)
+    float_only(e, 0, 1, 2)
     if e.rank(0) < 1 or e.rank(2) != e.rank(0):
         raise Decline("ranks")
     k = e.use(__name__, "gated_rms")
     e.line(f"{{p}}_err, {{p}}_y = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)), {{i2}}, {g.eps!r}, {g.sigmoid})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GATED_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GATED_ERRORS.items()])
     e.line("{o0} = {p}_y.reshape({i0}.shape)")
 
 
@@ -598,13 +598,13 @@ def _gelu_cpu(g: GeluOp, ctx):
 
 
 def _gelu_form(e, g: GeluOp):
-    _float_only(e, 0, 1)
+    float_only(e, 0, 1)
     if e.rank(0) < 1:
         raise Decline("rank")
     k = e.use(__name__, "gelu_rows")
     has = g.has_bias_input and e.has(1)
     e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {'{i1}' if has else '{i0}'}, {has}, {g.mode}, {g.alpha!r})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GELU_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GELU_ERRORS.items()])
     e.declare(0, F32, e.rank(0))
 
 

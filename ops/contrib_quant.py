@@ -11,7 +11,7 @@ MatMulNBits: ``Y = A @ dequant(B)^T (+ bias)`` where ``B`` is uint8 ``[N, n_bloc
 points are absent (``2**(bits-1)``), packed uint8 (``ceil(n_blocks*bits/8)`` bytes per row) or
 floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so do we).  Two paths:
 
-- rows (M <= ``_ROWS_MAX``, decode): one pass over the packed weight, parallel over N; each block's
+- rows (M <= ``ROWS_MAX``, decode): one pass over the packed weight, parallel over N; each block's
   codes are dotted with the matching slice of A (deinterleaved into even/odd halves once per call so
   the nibble loop is two vectorizable FMAs per byte) and the zero point is folded out through the block
   sum of A: ``sum((q - z) a) = sum(q a) - z sum(a)``.  With ``accuracy_level=4`` A is first
@@ -59,16 +59,16 @@ from .registry import op
 
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
 
-_ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
+ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
-_BYTES_PER_THREAD = 1 << 20
-_TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
+BYTES_PER_THREAD = 1 << 20
+TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
 
 
 # -- MatMulNBits kernels ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
+def prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
     """Split A [M, K] per block into ae = even elements and ao = odd - 16*even ([M, nb, bs//2]), so
     that ``byte*ae + (byte >> 4)*ao`` is the block dot with both nibbles; block sums and scales [M, nb].
 
@@ -107,7 +107,7 @@ def _prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
 
 
 @njit(cache=True, nogil=True)
-def _prep_a8(a, nb, bs, quant, ap, asum, ascale):
+def prep_a8(a, nb, bs, quant, ap, asum, ascale):
     """A [M, K] padded per block: ap [M, nb, bs], block sums and scales [M, nb] (int8-quantized if ``quant``)."""
     m_, k_ = a.shape
     for m in range(m_):
@@ -138,7 +138,7 @@ def _prep_a8(a, nb, bs, quant, ap, asum, ascale):
 
 
 @njit(cache=True, nogil=True)
-def _fake_quant_a(a, bs, out):
+def fake_quant_a(a, bs, out):
     """out = A [M, K] int8-quantized per block of ``bs`` along K and scaled back (onnxruntime's level-4 A)."""
     m_, k_ = a.shape
     for m in range(m_):
@@ -156,7 +156,7 @@ def _fake_quant_a(a, bs, out):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
-def _rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
+def rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
     """out[m, n] = sum_blk ascale*sc*(sum_j (lo*a_even + hi*a_odd) - z*asum): one streamed pass over B [N, nb, half]."""
     n_, nb, half = b.shape
     m_ = ae.shape[0]
@@ -168,7 +168,7 @@ def _rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
                 for j in range(half):
                     # High nibble by float floor (exact for 0..255): Numba widens integer ops to
                     # int64, whose conversion to float does not vectorize on AVX2; floor does.  The
-                    # low nibble is folded into ``ao`` (see _prep_a4): 2 FMAs per byte.
+                    # low nibble is folded into ``ao`` (see prep_a4): 2 FMAs per byte.
                     f = np.float32(b[n, blk, j])
                     d += f * ae[m, blk, j] + np.floor(f * np.float32(0.0625)) * ao[m, blk, j]
                 z = zf[n, blk] if has_zp else zdef
@@ -177,8 +177,8 @@ def _rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
-def _rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
-    """8-bit variant of ``_rows_q4``: B [N, nb, bs], one code per byte."""
+def rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
+    """8-bit variant of ``rows_q4``: B [N, nb, bs], one code per byte."""
     n_, nb, bs = b.shape
     m_ = ap.shape[0]
     for n in prange(n_):
@@ -379,7 +379,7 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
+def dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
     """w[r, k] = (q[n0 + r, k] - z) * s for the tile's rows, block of k given by ``grp[k]``."""
     rows, k_ = w.shape
     nb = b.shape[1]
@@ -421,7 +421,7 @@ def unpack_codes(packed, bits, n, out):
             out[r, t] = (np.int32(packed[r, t // per]) >> ((t % per) * bits)) & mask
 
 
-def _unpack_zero_points(zp, n, nb, bits):
+def unpack_zero_points(zp, n, nb, bits):
     """Zero points (checked by ``mnb_check``) as float32 [N, nb]: packed uint8 codes or floats."""
     if zp.dtype == np.uint8:
         z = np.empty((n, nb), F32)
@@ -520,9 +520,9 @@ def groups_of(m: Mnb, g_idx):
 @contextlib.contextmanager
 def _threads_for(nbytes, chunk=None):
     """Numba's thread count (and chunk size) for one pass over ``nbytes`` of packed weight: waking threads costs
-    more than a small weight takes to stream, so one thread per ``_BYTES_PER_THREAD``; restored after."""
+    more than a small weight takes to stream, so one thread per ``BYTES_PER_THREAD``; restored after."""
     nt_max = numba.get_num_threads()
-    nt = max(1, min(nt_max, nbytes // _BYTES_PER_THREAD))
+    nt = max(1, min(nt_max, nbytes // BYTES_PER_THREAD))
     prev = numba.get_parallel_chunksize() if chunk else None
     if chunk:
         numba.set_parallel_chunksize(chunk)
@@ -545,12 +545,12 @@ def _rows_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, out):
     if m.bits == 4:
         ae = np.empty((rows_a, nb, bs // 2), F32)
         ao = np.empty((rows_a, nb, bs // 2), F32)
-        _prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
-        _rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
+        prep_a4(a2, nb, bs, quant, ae, ao, asum, ascale)
+        rows_q4(b3, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out)
     else:
         ap = np.empty((rows_a, nb, bs), F32)
-        _prep_a8(a2, nb, bs, quant, ap, asum, ascale)
-        _rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
+        prep_a8(a2, nb, bs, quant, ap, asum, ascale)
+        rows_q8(b3, ap, asum, ascale, sc, zf, has_zp, zdef, out)
 
 
 def _tiles_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, grp, out):
@@ -559,15 +559,15 @@ def _tiles_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, grp, out):
     af = a2 if a2.dtype == F32 else a2.astype(F32)
     if quant:
         fq = np.empty((a2.shape[0], K), F32)
-        _fake_quant_a(np.ascontiguousarray(af), bs, fq)
+        fake_quant_a(np.ascontiguousarray(af), bs, fq)
         af = fq
     g = grp if grp is not None else (np.arange(K, dtype=np.int64) // bs)
-    tile = max(1, min(N, _TILE_ELEMS // max(K, 1)))
+    tile = max(1, min(N, TILE_ELEMS // max(K, 1)))
     w = np.empty((tile, K), F32)
     for n0 in range(0, N, tile):
         rows = min(tile, N - n0)
         wt = w[:rows]
-        _dequant_tile(b3, m.bits, sc, zf, has_zp, zdef, g, n0, wt)
+        dequant_tile(b3, m.bits, sc, zf, has_zp, zdef, g, n0, wt)
         np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
 
 
@@ -581,7 +581,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
     hit = cache.get("consts")
     if hit is None or any(x is not y for x, y in zip(hit[0], key)):
         sc = np.ascontiguousarray(scales.reshape(N, nb), dtype=F32)
-        zf = _unpack_zero_points(zero_points, N, nb, bits) if has_zp else np.zeros((1, 1), F32)
+        zf = unpack_zero_points(zero_points, N, nb, bits) if has_zp else np.zeros((1, 1), F32)
         hit = cache["consts"] = (key, sc, zf, groups_of(m, g_idx))
     _, sc, zf, grp = hit
     zdef = np.float32(1 << (bits - 1))
@@ -603,7 +603,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         _, _, qi, sct, zft = lay
         with _threads_for(b3.nbytes) as nt:
             gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
-    elif rows_a <= _ROWS_MAX and grp is None:
+    elif rows_a <= ROWS_MAX and grp is None:
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.
         with _threads_for(b3.nbytes, _CHUNK_ROWS):
             _rows_pass(m, np.ascontiguousarray(a2, dtype=F32), b3, sc, zf, has_zp, zdef, quant, out)

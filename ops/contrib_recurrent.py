@@ -23,7 +23,7 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import F32, raise_coded
 from ._fastmath import fsigmoid
-from .forms import Decline, _float_only, _raise_on, form
+from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 MS = "com.microsoft"
@@ -131,14 +131,14 @@ def _la_gate_cpu(_, ctx):
 
 
 def _la_gate_form(e, _):
-    _float_only(e, 0, 1, 2, 3)
+    float_only(e, 0, 1, 2, 3)
     r = e.rank(0)
     if r < 1 or (e.has(3) and e.rank(3) != r):
         raise Decline("ranks")
     k = e.use(__name__, "la_gate_f32")
     b = "{i3}" if e.has(3) else "{i0}"
     e.line(f"{{p}}_err, {{p}}_d, {{p}}_b = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_GATE_ERRORS.items() if c < 4])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_GATE_ERRORS.items() if c < 4])
     e.line("{o0} = {p}_d.reshape({i0}.shape)")
     if e.has(3) and e.used(1):
         e.line("{o1} = {p}_b.reshape({i0}.shape)")
@@ -270,7 +270,7 @@ def _ccws_cpu(c: Ccws, ctx):
 
 
 def _ccws_form(e, c: Ccws):
-    _float_only(e, 0, 1, 2, 3)
+    float_only(e, 0, 1, 2, 3)
     if e.rank(0) != 3 or e.rank(1) != 3 or (e.has(3) and e.rank(3) != 3):
         raise Decline("ranks")
     k = e.use(__name__, "ccws_f32")
@@ -280,7 +280,7 @@ def _ccws_form(e, c: Ccws):
     bias = "{i2}" if e.has(2) else "np.zeros(1, np.float32)"
     e.line(f"{{p}}_err, {{p}}_y, {{p}}_st = {k}({x}, {{i1}}, {bias}, {e.has(2)}, {past}, {e.has(3)}, {c.dilation}, "
            f"{c.silu})")
-    _raise_on(e, "{p}_err", [(code, cls, msg) for code, (cls, msg) in CCWS_ERRORS.items() if code < 4])
+    raise_on(e, "{p}_err", [(code, cls, msg) for code, (cls, msg) in CCWS_ERRORS.items() if code < 4])
     if c.channels_last:
         e.line("{o0} = np.ascontiguousarray(np.transpose({p}_y, (0, 2, 1)))")
         if e.used(1):

@@ -34,7 +34,7 @@ from onnx import TensorProto
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp
-from .attention import _attention_kernel
+from .attention import attention_kernel
 from .registry import op
 
 F64 = np.dtype(np.float64)
@@ -190,7 +190,7 @@ def FlexAttention(ctx, prob_mod=None, scale=None, score_mod=None, softmax_precis
             return y.astype(T)
         if score_p is None and prob_p is None:
             params = np.array([sq * sq, 0.0], cd)
-            _attention_kernel(qc, kc, vc, np.zeros((1, 1, 1, S), cd), np.zeros(B, np.int64),
+            attention_kernel(qc, kc, vc, np.zeros((1, 1, 1, S), cd), np.zeros(B, np.int64),
                               np.full(B, S, np.int64), params, False, -1, -1, 0, False, y,
                               np.empty((1, 1, 1, 1), cd))
             return y.astype(T)

@@ -183,7 +183,7 @@ def emit(node, types, used_after=None):
     return e
 
 
-def _np_type(dt) -> str:
+def np_type(dt) -> str:
     dt = np.dtype(dt)
     names = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
              "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_", "int16": "np.int16",
@@ -193,14 +193,14 @@ def _np_type(dt) -> str:
     return names[dt.name]
 
 
-def _lit(v, dt) -> str:
+def lit(v, dt) -> str:
     """A typed scalar literal that reproduces ``v`` exactly."""
     dt = np.dtype(dt)
     if dt.kind == "f":
-        return f"{_np_type(dt)}({float(v)!r})"
+        return f"{np_type(dt)}({float(v)!r})"
     if dt.kind == "b":
         return "True" if bool(v) else "False"
-    return f"{_np_type(dt)}({int(v)})"
+    return f"{np_type(dt)}({int(v)})"
 
 
 def _shape_tuple(var, rank, dims=None):
@@ -209,26 +209,26 @@ def _shape_tuple(var, rank, dims=None):
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _prod(parts):
+def product_expr(parts):
     return " * ".join(parts) if parts else "1"
 
 
 NODE = "@node@"  # stands for the node's name in generated error messages, so code never depends on names
 
 
-def _quote(node):
+def quote(node):
     return f"node '{NODE}' ({node.op_type})"
 
 
-def _float_only(e, *ks):
+def float_only(e, *ks):
     for k in ks:
         if e.has(k) and e.dtype(k) != F32:
             raise Decline("float32 only")
 
 
-def _raise_on(e, var, table):
+def raise_on(e, var, table):
     """Emit ``if var == code: raise Class("node ...: message")`` for each (code, class name, message)."""
-    who = _quote(e.node).replace("{", "{{").replace("}", "}}").replace("\\", "/")
+    who = quote(e.node).replace("{", "{{").replace("}", "}}").replace("\\", "/")
     for j, (code, cls, msg) in enumerate(table):
         alias = e.use("runtime.errors", cls)
         e.line(f"{'if' if j == 0 else 'elif'} {var} == {code}:",

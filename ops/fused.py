@@ -23,7 +23,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp
 from ._fastmath import fsigmoid
-from .forms import Decline, _float_only, _quote, form
+from .forms import Decline, float_only, quote, form
 from .registry import op
 
 __all__ = ["GatedActivation", "ACTIVATIONS", "DOMAIN", "gated_flat", "gated_halves"]
@@ -110,12 +110,12 @@ def GatedActivation(g, u=None, activation="silu"):
 
 @form("GatedActivation", domain=DOMAIN)
 def _gated_form(e):
-    _float_only(e, 0, 1)
+    float_only(e, 0, 1)
     try:
         act = _activation("GatedActivation", e.attrs.get("activation", "silu"))
     except InvalidAttributeError as err:
         raise Decline(str(err))
-    who = _quote(e.node).replace("{", "{{").replace("}", "}}")
+    who = quote(e.node).replace("{", "{{").replace("}", "}}")
     err = e.use("runtime.errors", "ShapeMismatchError")
     if e.has(1):
         k = e.use(__name__, "gated_flat")

@@ -20,7 +20,7 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices
 from .contrib_quant import unpack_codes
-from .forms import Decline, _raise_on, form
+from .forms import Decline, raise_on, form
 from .registry import op
 
 __all__ = ["Gbq", "bind_gbq", "gbq_layout", "gbq_indices", "gather_block_quantized", "gbq_f32"]
@@ -229,7 +229,7 @@ def _gbq(e, g):
     zp = "{i3}" if e.has(3) else "np.zeros((1, 1), np.uint8)"
     e.line(f"{{p}}_y, {{p}}_err = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)).astype(np.int64), {{i2}}, {zp}, "
            f"{e.has(3)}, {bits}, {bs})")
-    _raise_on(e, "{p}_err", [
+    raise_on(e, "{p}_err", [
         (1, "ShapeMismatchError", "scales do not match data and block_size"),
         (2, "IndexOutOfRangeError", "an index is out of range for the gather axis"),
         (3, "ShapeMismatchError", "zero_points do not match the scales")])

@@ -30,7 +30,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from . import contrib_attention as ca
 from ._common import raise_coded
 from .attention import rope_tok_kernel
-from .forms import Decline, _float_only, _raise_on, form
+from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["Gqa", "bind_gqa", "gqa_inputs", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
@@ -422,7 +422,7 @@ def _cpu(b: Gqa, ctx):
 def _form(e, b: Gqa):
     """The region form: ``gqa_f32`` called on the node's float32 values, its codes raised as the wrapper
     raises them; donated past caches (distinct, not windowed) are shared."""
-    _float_only(e, 0, 1, 2, 3, 4, 7, 8, 10, 11)
+    float_only(e, 0, 1, 2, 3, 4, 7, 8, 10, 11)
     if len(e.node.outputs) > 3 or any(e.has(k) for k in range(12, 17)) or e.rank(0) != 3:
         raise Decline("extra inputs or outputs")
     if (e.has(1) and (not e.has(2) or e.rank(1) != 3 or e.rank(2) != 3)) or (e.has(3) != e.has(4)) \
@@ -448,7 +448,7 @@ def _form(e, b: Gqa):
            f"{'{i10}' if has(10) else z4}, {has(10)}, {'{i11}' if has(11) else z1}, {has(11)}, {b.H}, {b.kvH}, "
            f"{b.scale!r}, {b.softcap!r}, {b.window}, {b.rotary}, {b.interleaved}, {b.smooth}, {b.causal}, "
            f"{b.windowed}, {share}, 0, {z4}, {z4})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GQA_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GQA_ERRORS.items()])
     e.declare(0, F32, 3)
     for k, var in ((1, "{p}_pk"), (2, "{p}_pv")):
         if e.used(k):

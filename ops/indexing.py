@@ -65,7 +65,7 @@ def _strides(shape) -> np.ndarray:
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _k_gather(src, idx, out):
+def k_gather(src, idx, out):
     # src (outer, n, inner), idx (m,), out (outer, m, inner)
     outer, m, inner = out.shape
     for o in range(outer):
@@ -213,7 +213,7 @@ def gather_axis(data: np.ndarray, idx: np.ndarray, axis: int, buf=None) -> np.nd
         o[...] = np.take(data, idx, axis=axis)
         return o
     outer, n, inner = _prod(shp[:axis]), shp[axis], _prod(shp[axis + 1:])
-    _k_gather(src.reshape(outer, n, inner), idx.reshape(-1), o.view(src.dtype).reshape(outer, idx.size, inner))
+    k_gather(src.reshape(outer, n, inner), idx.reshape(-1), o.view(src.dtype).reshape(outer, idx.size, inner))
     return o
 
 

@@ -20,7 +20,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, raise_coded
-from .forms import Decline, _float_only, _raise_on, form
+from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["LinAttn", "bind_linear_attention", "bind_linear_attention_ms", "la_inputs", "la_geometry",
@@ -236,7 +236,7 @@ def _cpu(b: LinAttn, ctx):
 
 
 def _form(e, b: LinAttn):
-    _float_only(e, 0, 1, 2, 3, 4, 5)
+    float_only(e, 0, 1, 2, 3, 4, 5)
     if b.gating != e.has(4) or b.delta != e.has(5):
         raise Decline("decay/beta presence")
     if any(e.rank(i) != 3 for i in (0, 1, 2)) or (e.has(3) and e.rank(3) != 4) or (e.has(4) and e.rank(4) != 3) \
@@ -248,7 +248,7 @@ def _form(e, b: LinAttn):
     bet = "{i5}" if e.has(5) else "np.zeros((1, 1, 1), np.float32)"
     e.line(f"{{p}}_err, {{o0}}, {{p}}_st = {k}({{i0}}, {{i1}}, {{i2}}, {past}, {e.has(3)}, {dec}, {e.has(4)}, "
            f"{bet}, {e.has(5)}, {b.Hq}, {b.Hkv}, {b.scale!r}, {b.gating}, {b.delta})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_ERRORS.items()])
     if e.used(1):
         e.line("{o1} = {p}_st")
 

@@ -60,7 +60,7 @@ def _bmm_generic(a3, b3, ia, ib, out3):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _gemv_rows(a, b, acc, k0, k1):
+def gemv_rows(a, b, acc, k0, k1):
     """acc[:] = sum_{k0 <= k < k1} a[k] * b[k, :]: axpys over contiguous weight rows, four at a time
     (one load/store of ``acc``, which stays in L1, per four streamed rows)."""
     n = b.shape[1]
@@ -83,14 +83,14 @@ def _gemv_rows(a, b, acc, k0, k1):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
-def _gemv_par(a, b, out, part):
+def gemv_par(a, b, out, part):
     """out = a @ b; thread t streams the contiguous rows [t*K/nt, (t+1)*K/nt) of ``b`` into
     ``part[t]`` (nt = part.shape[0]), then the partial rows are summed."""
     nt = part.shape[0]
     kk = b.shape[0]
     n = b.shape[1]
     for t in prange(nt):
-        _gemv_rows(a, b, part[t], t * kk // nt, (t + 1) * kk // nt)
+        gemv_rows(a, b, part[t], t * kk // nt, (t + 1) * kk // nt)
     for j in range(n):
         s = part[0, j]
         for t in range(1, nt):
@@ -206,15 +206,15 @@ def _gemv_run(a, b, out):
     nt_max = numba.get_num_threads()
     nt = gemv_threads(b.shape[0], b.shape[1], b.itemsize, nt_max)
     if nt == 1:
-        _gemv_rows(a, b, out, 0, b.shape[0])
+        gemv_rows(a, b, out, 0, b.shape[0])
         return
     part = np.empty((nt, b.shape[1]), out.dtype)
     if nt == nt_max:
-        _gemv_par(a, b, out, part)
+        gemv_par(a, b, out, part)
         return
     numba.set_num_threads(nt)
     try:
-        _gemv_par(a, b, out, part)
+        gemv_par(a, b, out, part)
     finally:
         numba.set_num_threads(nt_max)
 

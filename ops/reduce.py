@@ -77,7 +77,7 @@ def _row_sum(x, o, n, mode, z):
 
 
 @njit(**_OPTS)
-def _reduce3(x, out, acc, mode):
+def reduce3(x, out, acc, mode):
     """Reduce ``x`` (outer, n, inner) over axis 1 into ``out`` (outer, inner).
 
     ``acc`` is (2, inner) scratch of the accumulator dtype, zeroed by the caller.
@@ -281,7 +281,7 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
     x3 = view3(x, axes)
     float_acc = dt.kind == "f" or mode in (L2, LOGSUM, LOGSUMEXP)
     acc = np.zeros((2, shp3[2]), F64 if float_acc else (np.int64 if dt.kind == "i" else np.uint64))
-    _reduce3(x3, out.reshape(shp3[0], shp3[2]), acc, mode)
+    reduce3(x3, out.reshape(shp3[0], shp3[2]), acc, mode)
     return out
 
 

@@ -166,8 +166,8 @@ def _interp_table(x, n_in, mode, scale, cubic_coeff_a, exclude_outside, antialia
 
 # -- driver ----------------------------------------------------------------------------------------
 
-def resize_nd(X, scales, sizes, roi, *, mode, ctm, nearest_mode, cubic_coeff_a=-0.75, exclude_outside=0,
-              extrapolation_value=0.0, antialias=0, axes=None, keep_aspect_ratio_policy="stretch"):
+def _resize_request(X, scales, sizes, axes, mode):
+    """(ax, sc, sz): the checked mode, the normalized axes and exactly one of the scales / sizes lists."""
     r = X.ndim
     if mode not in ("nearest", "linear", "cubic"):
         raise InvalidAttributeError(f"Resize: mode must be nearest, linear or cubic, got {mode!r}")
@@ -182,73 +182,84 @@ def resize_nd(X, scales, sizes, roi, *, mode, ctm, nearest_mode, cubic_coeff_a=-
     if len(given) != len(ax):
         raise ShapeMismatchError(f"Resize: {'scales' if sc is not None else 'sizes'} has {len(given)} entries, "
                                  f"expected {len(ax)} for input of shape {list(X.shape)}")
-    roi_full = None
-    if roi is not None and np.asarray(roi).size:
-        rv = [float(v) for v in np.asarray(roi).reshape(-1)]
-        if len(rv) != 2 * len(ax):
-            raise ShapeMismatchError(f"Resize: roi has {len(rv)} entries, expected {2 * len(ax)}")
-        roi_full = [0.0] * r + [1.0] * r
-        for i, d in enumerate(ax):
-            roi_full[d], roi_full[r + d] = rv[i], rv[len(ax) + i]
-    scale_f = [1.0] * r
-    out_shape = list(X.shape)
+    return ax, sc, sz
+
+
+def _resize_roi(roi, ax, r):
+    """The roi spread over all ``r`` axes ([starts..., ends...], 0/1 for axes not listed), or None."""
+    if roi is None or not np.asarray(roi).size:
+        return None
+    rv = [float(v) for v in np.asarray(roi).reshape(-1)]
+    if len(rv) != 2 * len(ax):
+        raise ShapeMismatchError(f"Resize: roi has {len(rv)} entries, expected {2 * len(ax)}")
+    roi_full = [0.0] * r + [1.0] * r
+    for i, d in enumerate(ax):
+        roi_full[d], roi_full[r + d] = rv[i], rv[len(ax) + i]
+    return roi_full
+
+
+def _resize_targets(shape, ax, sc, sz, keep_aspect_ratio_policy):
+    """(scale_f, out_shape) per axis from the scales, or from the sizes and the keep_aspect_ratio_policy."""
+    scale_f = [1.0] * len(shape)
+    out_shape = list(shape)
     if sc is not None:
         for i, d in enumerate(ax):
             if sc[i] <= 0:
                 raise InvalidArgumentError(f"Resize: scales must be positive, got {sc}")
             scale_f[d] = sc[i]
-            out_shape[d] = int(X.shape[d] * sc[i])
-    else:
-        for i, d in enumerate(ax):
-            if sz[i] < 0:
-                raise InvalidArgumentError(f"Resize: sizes must be non-negative, got {sz}")
-            scale_f[d] = sz[i] / X.shape[d] if X.shape[d] else 1.0
-            out_shape[d] = sz[i]
-        if keep_aspect_ratio_policy not in ("stretch", "not_larger", "not_smaller"):
-            raise InvalidAttributeError(f"Resize: keep_aspect_ratio_policy must be stretch, not_larger or "
-                                        f"not_smaller, got {keep_aspect_ratio_policy!r}")
-        if keep_aspect_ratio_policy != "stretch":
-            vals = [scale_f[d] for d in ax]
-            s = min(vals) if keep_aspect_ratio_policy == "not_larger" else max(vals)
-            for d in ax:
-                scale_f[d] = s
-                out_shape[d] = int(s * X.shape[d] + 0.5)
-    dt = X.dtype
+            out_shape[d] = int(shape[d] * sc[i])
+        return scale_f, out_shape
+    for i, d in enumerate(ax):
+        if sz[i] < 0:
+            raise InvalidArgumentError(f"Resize: sizes must be non-negative, got {sz}")
+        scale_f[d] = sz[i] / shape[d] if shape[d] else 1.0
+        out_shape[d] = sz[i]
+    if keep_aspect_ratio_policy not in ("stretch", "not_larger", "not_smaller"):
+        raise InvalidAttributeError(f"Resize: keep_aspect_ratio_policy must be stretch, not_larger or "
+                                    f"not_smaller, got {keep_aspect_ratio_policy!r}")
+    if keep_aspect_ratio_policy != "stretch":
+        vals = [scale_f[d] for d in ax]
+        s = min(vals) if keep_aspect_ratio_policy == "not_larger" else max(vals)
+        for d in ax:
+            scale_f[d] = s
+            out_shape[d] = int(s * shape[d] + 0.5)
+    return scale_f, out_shape
+
+
+def _resize_axis(cur, d, n_out, scale, lo, hi, cdt, x_shape, *, mode, ctm, nearest_mode, cubic_coeff_a,
+                 exclude_outside, extrapolation_value, antialias):
+    """``cur`` resized along axis ``d`` to ``n_out`` (in ``cdt``); ``cur`` itself when the axis is unchanged."""
+    n_in = cur.shape[d]
+    if math.isclose(scale, 1.0) and n_out == n_in and (
+            ctm != "tf_crop_and_resize" or (math.isclose(lo, 0.0) and math.isclose(hi, 1.0))):
+        return cur
+    new_shape = list(cur.shape)
+    new_shape[d] = n_out
+    O = int(np.prod(cur.shape[:d]))
+    I = int(np.prod(cur.shape[d + 1:]))
+    out = np.empty(new_shape, cdt)
+    if out.size == 0:
+        return out
+    if n_in == 0:
+        raise InvalidArgumentError(f"Resize: cannot resize an empty axis {d} of shape {list(x_shape)}")
+    x, extrap = _source_coords(ctm, n_in, n_out, scale, lo, hi)
+    x3 = np.ascontiguousarray(cur).reshape((O, n_in, I))
+    o3 = out.reshape((O, n_out, I))
     if mode == "nearest":
-        cur = X
-        cdt = dt
+        _gather_axis(x3, _nearest_index(x, n_in, nearest_mode, scale), o3)
+        if extrap is not None and extrap.any():
+            _fill_axis(o3, extrap, o3.dtype.type(extrapolation_value))
     else:
-        cdt = F32 if (lowp(dt) or dt == F32) else np.dtype(np.float64)
-        cur = X.astype(cdt) if dt != cdt else X
-    for d in ax:
-        n_in, n_out = cur.shape[d], out_shape[d]
-        lo, hi = (roi_full[d], roi_full[r + d]) if roi_full is not None else (0.0, 1.0)
-        if math.isclose(scale_f[d], 1.0) and n_out == n_in and (
-                ctm != "tf_crop_and_resize" or (math.isclose(lo, 0.0) and math.isclose(hi, 1.0))):
-            continue
-        new_shape = list(cur.shape)
-        new_shape[d] = n_out
-        O = int(np.prod(cur.shape[:d]))
-        I = int(np.prod(cur.shape[d + 1:]))
-        out = np.empty(new_shape, cdt)
-        if out.size == 0:
-            cur = out
-            continue
-        if n_in == 0:
-            raise InvalidArgumentError(f"Resize: cannot resize an empty axis {d} of shape {list(X.shape)}")
-        x, extrap = _source_coords(ctm, n_in, n_out, scale_f[d], lo, hi)
-        x3 = np.ascontiguousarray(cur).reshape((O, n_in, I))
-        o3 = out.reshape((O, n_out, I))
-        if mode == "nearest":
-            _gather_axis(x3, _nearest_index(x, n_in, nearest_mode, scale_f[d]), o3)
-            if extrap is not None and extrap.any():
-                _fill_axis(o3, extrap, o3.dtype.type(extrapolation_value))
-        else:
-            idx, w = _interp_table(x, n_in, mode, scale_f[d], cubic_coeff_a, exclude_outside, antialias)
-            ex = extrap if extrap is not None else np.zeros(n_out, np.bool_)
-            _interp_axis(x3, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=cdt), ex,
-                         cdt.type(extrapolation_value), o3)
-        cur = out
+        idx, w = _interp_table(x, n_in, mode, scale, cubic_coeff_a, exclude_outside, antialias)
+        ex = extrap if extrap is not None else np.zeros(n_out, np.bool_)
+        _interp_axis(x3, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=cdt), ex,
+                     cdt.type(extrapolation_value), o3)
+    return out
+
+
+def _resize_result(cur, X):
+    """The result in X's dtype (integers rounded half to even and saturated); a copy when nothing changed."""
+    dt = X.dtype
     if cur is X:
         return X.copy()
     if cur.dtype != dt:
@@ -257,6 +268,28 @@ def resize_nd(X, scales, sizes, roi, *, mode, ctm, nearest_mode, cubic_coeff_a=-
             cur = np.clip(np.rint(cur), info.min, info.max)
         cur = cur.astype(dt)
     return cur
+
+
+def resize_nd(X, scales, sizes, roi, *, mode, ctm, nearest_mode, cubic_coeff_a=-0.75, exclude_outside=0,
+              extrapolation_value=0.0, antialias=0, axes=None, keep_aspect_ratio_policy="stretch"):
+    """Resize X one axis at a time (the driver of Resize and Upsample)."""
+    r = X.ndim
+    ax, sc, sz = _resize_request(X, scales, sizes, axes, mode)
+    roi_full = _resize_roi(roi, ax, r)
+    scale_f, out_shape = _resize_targets(X.shape, ax, sc, sz, keep_aspect_ratio_policy)
+    dt = X.dtype
+    if mode == "nearest":
+        cur = X
+        cdt = dt
+    else:
+        cdt = F32 if (lowp(dt) or dt == F32) else np.dtype(np.float64)
+        cur = X.astype(cdt) if dt != cdt else X
+    for d in ax:
+        lo, hi = (roi_full[d], roi_full[r + d]) if roi_full is not None else (0.0, 1.0)
+        cur = _resize_axis(cur, d, out_shape[d], scale_f[d], lo, hi, cdt, X.shape, mode=mode, ctm=ctm,
+                           nearest_mode=nearest_mode, cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                           extrapolation_value=extrapolation_value, antialias=antialias)
+    return _resize_result(cur, X)
 
 
 @op("Resize", 10)

@@ -23,7 +23,7 @@ from numba import njit
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
 from ._common import raise_coded
 from .attention import rope_tok_kernel
-from .forms import Decline, _float_only, _raise_on, form
+from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["Rope", "bind_rope", "bind_mrope", "rope_inputs", "rope_geometry", "rope_check", "rope_f32",
@@ -217,7 +217,7 @@ def _cpu(b: Rope, ctx):
 
 
 def _form(e, b: Rope):
-    _float_only(e, 0, 2, 3)
+    float_only(e, 0, 2, 3)
     r, rp = e.rank(0), e.rank(1)
     if r not in (3, 4) or e.rank(2) != 2 or e.rank(3) != 2 or e.dtype(1).kind not in "iu":
         raise Decline("ranks")
@@ -228,7 +228,7 @@ def _form(e, b: Rope):
     k = e.use(__name__, "rope_f32")
     e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)).astype(np.int64), {shape}, {{i2}}, "
            f"{{i3}}, {b.H}, {b.rot_attr}, {b.interleaved}, {b.mrope}, {b.s0}, {b.s1}, {b.s2}, {b.layout})")
-    _raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in ROPE_ERRORS.items()])
+    raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in ROPE_ERRORS.items()])
 
 
 for _name, _bind in (("RotaryEmbedding", bind_rope), ("MRotaryEmbedding", bind_mrope)):

@@ -137,7 +137,7 @@ def Size(data):
 
 # -- Squeeze / Unsqueeze / Flatten -----------------------------------------------------------------
 
-def _squeeze(data, axes):
+def squeeze_array(data, axes):
     r = data.ndim
     if axes is None or len(as_int_list(axes)) == 0:
         return data.reshape(tuple(d for d in data.shape if d != 1))
@@ -151,15 +151,15 @@ def _squeeze(data, axes):
 
 @op("Squeeze", 1, views=True)
 def Squeeze_1(data, axes=None):
-    return _squeeze(data, axes)
+    return squeeze_array(data, axes)
 
 
 @op("Squeeze", 13, views=True)
 def Squeeze(data, axes=None):
-    return _squeeze(data, axes)
+    return squeeze_array(data, axes)
 
 
-def _unsqueeze(data, axes):
+def unsqueeze_array(data, axes):
     ax_list = as_int_list(axes)
     r = data.ndim + len(ax_list)
     ax = [norm_axis(a, r) for a in ax_list]
@@ -175,14 +175,14 @@ def _unsqueeze(data, axes):
 def Unsqueeze_1(data, axes=None):
     if axes is None:
         raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
-    return _unsqueeze(data, axes)
+    return unsqueeze_array(data, axes)
 
 
 @op("Unsqueeze", 13, views=True)
 def Unsqueeze(data, axes=None):
     if axes is None:
         raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
-    return _unsqueeze(data, axes)
+    return unsqueeze_array(data, axes)
 
 
 @op("Flatten", 1, views=True)

@@ -21,7 +21,7 @@ import copy
 from . import settings
 from .ir import Graph, ValueInfo
 from .passes import InferShapes, InlineSingleTripScan, simplify
-from .passes.inline_scan import _extent
+from .passes.inline_scan import static_extent
 
 __all__ = ["ENV_FLAG", "TRUTHY", "parse_flag", "route_to_sibling", "find_scan_symbol", "build_sibling"]
 
@@ -75,7 +75,7 @@ def _all_single_trip(graph: Graph) -> bool:
         m = int(n.attrs.get("num_scan_inputs", 0))
         axes = list(n.attrs.get("scan_input_axes") or [0] * m)
         for name, ax in zip(n.inputs[len(n.inputs) - m:], axes):
-            if _extent(graph, name, int(ax)) != 1:
+            if static_extent(graph, name, int(ax)) != 1:
                 return False
     return True
 

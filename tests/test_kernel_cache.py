@@ -41,7 +41,7 @@ _RUN = textwrap.dedent('''
     a = rng.random((1, K)).astype(np.float32)
     asum = np.empty((1, nb), np.float32); ascale = np.empty((1, nb), np.float32)
     ae = np.empty((1, nb, bs // 2), np.float32); ao = np.empty((1, nb, bs // 2), np.float32)
-    cq._prep_a4(a, nb, bs, True, ae, ao, asum, ascale)
+    cq.prep_a4(a, nb, bs, True, ae, ao, asum, ascale)
     ref = np.empty(N, np.float32)
     from ops.compiled_forms_contrib import _qt_cols
     _qt_cols(4, bt, ae, ao, asum, ascale, sct, zft, False, np.float32(8), ref, 0, N)

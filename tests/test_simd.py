@@ -74,9 +74,9 @@ def test_int8_kernels_agree(K, N, bs, zp):
     ao = np.empty_like(ae)
     asum = np.empty((M, nb), np.float32)
     asc = np.empty_like(asum)
-    Q._prep_a4(a, nb, bs, True, ae, ao, asum, asc)
+    Q.prep_a4(a, nb, bs, True, ae, ao, asum, asc)
     ref = np.empty((M, N), np.float32)
-    Q._rows_q4(b3, ae, ao, asum, asc, sc, zf, zp, np.float32(8.0), ref)
+    Q.rows_q4(b3, ae, ao, asum, asc, sc, zf, zp, np.float32(8.0), ref)
     np.testing.assert_allclose(host, ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
     # And the dequantized product (the activations' int8 rounding bounds the difference).
     w = (np.stack([(b3 & 15), (b3 >> 4)], -1).reshape(N, nb, bs).astype(np.float32)

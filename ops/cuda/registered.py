@@ -27,7 +27,7 @@ from ops._common import as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.matmul import matmul_shapes
 from ops.registry import op
-from ops.shape import _squeeze, _unsqueeze, reshape_target
+from ops.shape import squeeze_array, unsqueeze_array, reshape_target
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
@@ -264,26 +264,26 @@ class _Meta:
 
 @op("Squeeze", 1, views=True, provider=CUDA)
 def Squeeze_1(data, axes=None):
-    return reshape_device(data, _squeeze(_Meta(data), axes))
+    return reshape_device(data, squeeze_array(_Meta(data), axes))
 
 
 @op("Squeeze", 13, views=True, provider=CUDA, host_inputs=(1,))
 def Squeeze(data, axes=None):
-    return reshape_device(data, _squeeze(_Meta(data), axes))
+    return reshape_device(data, squeeze_array(_Meta(data), axes))
 
 
 @op("Unsqueeze", 1, views=True, provider=CUDA)
 def Unsqueeze_1(data, axes=None):
     if axes is None:
         raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
-    return reshape_device(data, _unsqueeze(_Meta(data), axes))
+    return reshape_device(data, unsqueeze_array(_Meta(data), axes))
 
 
 @op("Unsqueeze", 13, views=True, provider=CUDA, host_inputs=(1,))
 def Unsqueeze(data, axes=None):
     if axes is None:
         raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
-    return reshape_device(data, _unsqueeze(_Meta(data), as_int_list(axes)))
+    return reshape_device(data, unsqueeze_array(_Meta(data), as_int_list(axes)))
 
 
 @op("Flatten", 1, views=True, provider=CUDA)

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 _CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 
 
-def _extent(graph: Graph, name: str, axis: int):
+def static_extent(graph: Graph, name: str, axis: int):
     if name in graph.initializers:
         shape = graph.initializers[name].shape
     else:
@@ -98,7 +98,7 @@ class InlineSingleTripScan(Pass):
             return "Scan has no state input"
         axes = list(node.attrs.get("scan_input_axes") or [0] * m)
         for name, ax in zip(node.inputs[n_state:], axes):
-            ext = _extent(graph, name, int(ax))
+            ext = static_extent(graph, name, int(ax))
             if ext != 1:
                 return f"scan input {name!r} has extent {ext!r} on axis {ax}, not a static 1"
         for bn in body.node:

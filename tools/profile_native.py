@@ -132,7 +132,8 @@ def _device_report(dec, args, res) -> dict:
     return rep
 
 
-def main(argv=None) -> int:
+def _parse_args(argv):
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--ep", default="cpu")
@@ -150,29 +151,22 @@ def main(argv=None) -> int:
     g.add_argument("--prompt-tokens", type=int)
     ap.add_argument("--pixel-values")
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    from pipeline.backends import BackendChoice, parse_device
-    from pipeline.metadata import load_package
-    from pipeline.runner import Pipeline
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = None
 
-    spec = load_package(args.model)
+def _prompt(args, spec) -> list:
+    """The prompt's token ids: ``--prompt-ids``, ``--prompt`` tokenized, or ``--prompt-tokens`` synthetic ids."""
     if args.prompt_ids:
-        prompt = [int(x) for x in args.prompt_ids.split(",")]
-    elif args.prompt is not None:
+        return [int(x) for x in args.prompt_ids.split(",")]
+    if args.prompt is not None:
         from pipeline.tokenizer import Tokenizer
-        prompt = [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
-    else:
-        n = args.prompt_tokens or 16
-        prompt = [int(x) for x in (np.arange(n) * 7 + 3) % 97 + 1]
-    external = {"pixel_values": np.load(args.pixel_values)} if args.pixel_values else {}
-    device = parse_device(args.ep)
-    dec = spec.decoder.name
-    stateless = [c for c in spec.components if c != dec]
+        return [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
+    n = args.prompt_tokens or 16
+    return [int(x) for x in (np.arange(n) * 7 + 3) % 97 + 1]
+
+
+def _backends(args, spec, device):
+    """The backends to run, in order, and onnxruntime's providers (None: its CPU provider); says what is skipped."""
     backends = ["native", "ort"] if args.backend == "both" else [args.backend]
     on_cuda = device.startswith("cuda")
     ort_providers = None  # onnxruntime's CPU provider
@@ -194,11 +188,14 @@ def main(argv=None) -> int:
         except Exception as e:  # a CPU-only onnxruntime-genai asked for its CUDA provider
             print(f"onnxruntime-genai cannot run this package on {device} ({type(e).__name__}: {e}): its column "
                   f"is skipped")
-    results = {}
-    # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
-    # drift in the machine's speed lands on all of them alike and the medians compare like with like.
-    pipes, create = {}, {}
-    loaded, peak = {}, {}  # MB resident added by loading each backend; the process's peak during its runs
+    return backends, ort_providers
+
+
+def _load_pipelines(spec, backends, device, ort_providers, BackendChoice, Pipeline):
+    """A Pipeline per backend (onnxruntime-genai loads in its first run): pipes, creation seconds, MB loaded."""
+    dec = spec.decoder.name
+    stateless = [c for c in spec.components if c != dec]
+    pipes, create, loaded = {}, {}, {}
     for be in backends:
         if be == "ort-genai":
             continue
@@ -208,13 +205,39 @@ def main(argv=None) -> int:
         pipes[be] = Pipeline(spec, choice, ort_providers=ort_providers)
         create[be] = time.perf_counter() - t0
         loaded[be] = _status_mb("VmRSS") - before
-    runs = {be: [] for be in backends}
-    first_ids = {}
+    return pipes, create, loaded
+
+
+def _run_iter(args, backends):
+    """The run indices (warm-ups included), under a tqdm bar when the runs are long and tqdm is installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
     total = args.warmups + args.runs
     it = range(total)
     if tqdm is not None and args.tokens * total * len(backends) >= 256:
         it = tqdm(it, desc="runs", leave=False)
-    for r in it:
+    return it
+
+
+def _step_ms(args, times):
+    """(prefill ms, median decode ms/token) of one run's per-token times, skipping ``--decode-skip`` with --steady."""
+    skip = args.decode_skip if args.steady else 0
+    steps = times[1:][skip:] or times[1:]
+    pre = times[0] * 1e3
+    dec_ms = statistics.median(steps) * 1e3 if steps else float("nan")
+    return pre, dec_ms
+
+
+def _alternate_runs(args, backends, pipes, prompt, external, device, loaded):
+    """Run r of each backend, then run r + 1 of each, so a drift in the machine's speed lands on all alike.
+
+    Returns ({backend: [(prefill ms, decode ms/token)]}, {backend: first run's ids}, {backend: peak MB}), or
+    None when a backend's tokens differ between its runs (said so)."""
+    runs = {be: [] for be in backends}
+    first_ids, peak = {}, {}
+    for r in _run_iter(args, backends):
         for be in backends:
             time.sleep(0.05)  # let the previous run's worker threads (onnxruntime's spin) go idle first
             _reset_peak()
@@ -229,20 +252,28 @@ def main(argv=None) -> int:
             ref_ids = first_ids.setdefault(be, ids)
             if ids != ref_ids:
                 print(f"tokens differ ({be}, run {r}): {ids} vs {ref_ids}")
-                return 1
+                return None
             if r >= args.warmups:
-                skip = args.decode_skip if args.steady else 0
-                steps = times[1:][skip:] or times[1:]
-                pre = times[0] * 1e3
-                dec_ms = statistics.median(steps) * 1e3 if steps else float("nan")
+                pre, dec_ms = _step_ms(args, times)
                 runs[be].append((pre, dec_ms))
                 print(f"run {r - args.warmups}: backend={be} prefill={pre:.2f} ms decode={dec_ms:.3f} ms/token")
+    return runs, first_ids, peak
+
+
+def _summarise(backends, runs, create, loaded, peak) -> dict:
+    """Per backend: the medians over its counted runs, throughput, session creation and memory."""
+    results = {}
     for be in backends:
         pre = statistics.median(p for p, _ in runs[be])
         dms = statistics.median(d for _, d in runs[be])
         results[be] = {"prefill_ms": pre, "decode_ms_per_token": dms, "tok_per_s": 1e3 / dms,
                        "session_create_ms": create.get(be, 0.0) * 1e3, "load_rss_mb": loaded.get(be),
                        "peak_rss_mb": peak.get(be)}
+    return results
+
+
+def _print_summary(results, backends, first_ids) -> None:
+    """The steady_median, memory, generated_token_ids, token-difference notes and native/other ratio lines."""
     for be, r in results.items():
         print(f"steady_median: backend={be} prefill={r['prefill_ms']:.2f} ms decode={r['decode_ms_per_token']:.3f} "
               f"ms/token throughput={r['tok_per_s']:.1f} tok/s")
@@ -262,7 +293,31 @@ def main(argv=None) -> int:
         if n and o:
             print(f"ratio native/{other}: prefill {n['prefill_ms'] / o['prefill_ms']:.2f}x "
                   f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
-    if on_cuda and "native" in pipes:
+
+
+def main(argv=None) -> int:
+    """Profile the package's backends in alternating runs; 0, or 1 when a backend's tokens differ between runs."""
+    args = _parse_args(argv)
+
+    from pipeline.backends import BackendChoice, parse_device
+    from pipeline.metadata import load_package
+    from pipeline.runner import Pipeline
+
+    spec = load_package(args.model)
+    prompt = _prompt(args, spec)
+    external = {"pixel_values": np.load(args.pixel_values)} if args.pixel_values else {}
+    device = parse_device(args.ep)
+    backends, ort_providers = _backends(args, spec, device)
+    # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
+    # drift in the machine's speed lands on all of them alike and the medians compare like with like.
+    pipes, create, loaded = _load_pipelines(spec, backends, device, ort_providers, BackendChoice, Pipeline)
+    done = _alternate_runs(args, backends, pipes, prompt, external, device, loaded)
+    if done is None:
+        return 1
+    runs, first_ids, peak = done
+    results = _summarise(backends, runs, create, loaded, peak)
+    _print_summary(results, backends, first_ids)
+    if device.startswith("cuda") and "native" in pipes:
         results["native"]["device"] = _device_report(pipes["native"].decoder, args, results["native"])
     if args.json:
         with open(args.json, "w") as f:

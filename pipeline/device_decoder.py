@@ -249,9 +249,7 @@ class CudaDecoder(DecoderComponent):
         key = ("reads", name)
         if key not in self._dev:
             from runtime.cuda_plan import D, H
-            plan = self.session.plan
-            slot = getattr(plan, "slot_of", {}).get(name)
-            wants = {w for step in getattr(plan, "steps", ()) for s, w in zip(step[1], step[2]) if s == slot}
+            wants = self.session.plan.reads_input_on(name)
             self._dev[key] = D in wants or H not in wants
         return self._dev[key]
 

@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from .ir import Graph
 from .planner import Slots, bind_node, frees_of, liveness, node_context, node_inputs, observed, raise_at, store
 from .providers import CUDA_PROVIDER, PROVIDERS
 
-__all__ = ["CudaPlan", "SHAPE_OPS", "CUDA", "CPU_SHAPE", "CPU_ALLOWED"]
+__all__ = ["CudaPlan", "DeviceStep", "SHAPE_OPS", "CUDA", "CPU_SHAPE", "CPU_ALLOWED", "H", "D"]
 
 CUDA, CPU_SHAPE, CPU_ALLOWED = "cuda", "cpu(shape)", "cpu(allowed)"
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -56,6 +57,16 @@ _SHAPE_DTYPES = frozenset({np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.b
 H, D = "h", "d"  # where a step wants an input: host, device (None: either, metadata only)
 # Inputs whose kernels read only the rows the indices pick (weight_bytes_per_run leaves them out).
 _ROW_READS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
+
+
+class DeviceStep(NamedTuple):
+    """One step of a CUDA plan: ``fn`` reads ``in_slots``, each where ``wants`` says (``H`` host, ``D`` device,
+    None either), and writes slot ``out`` (an int, or a tuple of them); ``frees`` are cleared after it."""
+    fn: Callable
+    in_slots: tuple
+    wants: tuple
+    out: Any
+    frees: tuple
 
 
 def _nbytes(a) -> int:
@@ -116,7 +127,7 @@ class CudaPlan:
             for s in outs:
                 self.producer[s] = i
             out = outs[0] if len(outs) == 1 else tuple(outs)
-            self.steps.append((fn, in_slots, wants, out, frees_of(i, step_reads, last_use, self.init_slots)))
+            self.steps.append(DeviceStep(fn, in_slots, wants, out, frees_of(i, step_reads, last_use, self.init_slots)))
             self.step_nodes.append(node)
         self.step_kind = placement
         self.nslots = len(sl.values)
@@ -178,6 +189,12 @@ class CudaPlan:
         return placement, impls
 
     # -- introspection ---------------------------------------------------------------------------
+    def reads_input_on(self, name) -> set:
+        """Where the steps read graph input ``name``: a set of ``H`` (host), ``D`` (device) and None (metadata
+        only); empty when nothing reads it."""
+        slot = self.slot_of.get(name)
+        return {w for step in self.steps for s, w in zip(step.in_slots, step.wants) if s == slot}
+
     def weight_bytes_per_run(self) -> int:
         """Bytes of the device-resident initializers that device kernels read in full on every run, each counted
         once (a weight shared by two nodes, as a tied embedding, is read twice but counted once): the floor of

@@ -30,7 +30,7 @@ import numpy as np
 from ops import registry
 from .errors import UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
-from .planner import KernelError, Slots, bind_node, check_static_sizes, frees_of, liveness, node_context, \
+from .planner import KernelError, Slots, Step, bind_node, check_static_sizes, frees_of, liveness, node_context, \
     node_inputs, observed, raise_at
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
@@ -49,7 +49,7 @@ def _getter(slots):
 def _observed(steps, observer) -> list:
     """``steps`` with each function wrapped to call ``observer.before(k)`` and ``observer.after(k, args, result,
     t0_ns)`` around it (one run's worth: profiling, ``RunOptions.terminate``)."""
-    return [(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
+    return [Step(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
 
 
 def _fused_runs(graph, bound, slot_of, last_use, session_options, provider):
@@ -233,7 +233,7 @@ class Plan:
         fn = run if len(out_slots) != 1 else (lambda *xs, _r=run: _r(*xs)[0])
         frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
                               if i <= last_use[s] < end_i and s not in self.init_slots and s not in keep}))
-        return fn, _getter(in_slots), out, frees
+        return Step(fn, _getter(in_slots), out, frees)
 
     def _read_after(self, i, end_i):
         L = self._layout
@@ -266,7 +266,7 @@ class Plan:
         outs = [slot_of[o] if o else L["discard"] for o in node.outputs]
         out = outs[0] if len(outs) == 1 else tuple(outs)
         frees = frees_of(i, L["step_reads"], L["last_use"], self.init_slots)
-        return fn, _getter(in_slots), out, frees
+        return Step(fn, _getter(in_slots), out, frees)
 
     def _steps_into(self, bound: dict):
         """``steps`` with the kernels that produce the outputs in ``bound`` ({output position: array}) bound to
@@ -382,7 +382,7 @@ class Plan:
                             g.cancel()
                         wait(running)
                         self.raise_at_step(k, e)
-                    out = steps[k][2]
+                    out = steps[k].out
                     if out.__class__ is int:
                         vals[out] = r
                     else:
@@ -500,7 +500,7 @@ class Plan:
         from .regions import CompileProgress
         cold, self._cold = self._cold, None
         progress = CompileProgress(cold or ())
-        steps = [(self._first_call(k, fn, progress), get, out, frees)
+        steps = [Step(self._first_call(k, fn, progress), get, out, frees)
                  for k, (fn, get, out, frees) in enumerate(self.steps)]
         try:
             return self._run_steps(feeds, outer, steps)

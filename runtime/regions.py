@@ -54,6 +54,7 @@ import numpy as np
 from numba import get_num_threads
 
 from ops.forms import NODE as NODE_TOKEN
+from .segments import runs_of
 
 __all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "repair_cache",
            "MIN_NODES", "MAX_NODES"]
@@ -128,18 +129,8 @@ def find_regions(nodes, impls, value_info, initializers, outputs_read_after, min
     that node overwrite."""
     types = _Types(value_info, initializers, donated)
     emitted = _emit_all(nodes, types, outputs_read_after)
-    runs, start = [], None
-    for i, (n, impl, e) in enumerate(zip(nodes, impls, emitted)):
-        ok = e is not None and impl is not None and impl.provider == "CPUExecutionProvider"
-        if ok:
-            if start is None:
-                start = i
-        else:
-            if start is not None and i - start >= min_nodes:
-                runs.append((start, i))
-            start = None
-    if start is not None and len(nodes) - start >= min_nodes:
-        runs.append((start, len(nodes)))
+    runs = runs_of([e is not None and impl is not None and impl.provider == "CPUExecutionProvider"
+                    for impl, e in zip(impls, emitted)], min_nodes)
     pieces = []
     for a, b in runs:
         sigs = _intern([e.signature() for e in emitted[a:b]])

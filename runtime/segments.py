@@ -32,7 +32,7 @@ from numba import njit
 
 from ops._fastmath import fexp, fsigmoid
 
-__all__ = ["OPCODES", "MAX_ELEMENTS", "find_segments", "Segment"]
+__all__ = ["OPCODES", "MAX_ELEMENTS", "find_segments", "runs_of", "Segment"]
 
 OPCODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 4, "Neg": 5, "Exp": 6, "Tanh": 7, "Sigmoid": 8,
            "Abs": 9}
@@ -105,20 +105,25 @@ def _qualifies(node, impl, value_info, initializers) -> bool:
     return True
 
 
-def find_segments(nodes, impls, value_info, initializers, min_length: int = 2) -> list:
-    """Maximal [start, end) runs of qualifying consecutive steps."""
+def runs_of(flags, min_length: int) -> list:
+    """Maximal [start, end) runs of true entries of the list ``flags``, each at least ``min_length`` long."""
     runs, start = [], None
-    for i, (n, impl) in enumerate(zip(nodes, impls)):
-        if _qualifies(n, impl, value_info, initializers):
+    for i, ok in enumerate(flags):
+        if ok:
             if start is None:
                 start = i
         else:
             if start is not None and i - start >= min_length:
                 runs.append((start, i))
             start = None
-    if start is not None and len(nodes) - start >= min_length:
-        runs.append((start, len(nodes)))
+    if start is not None and len(flags) - start >= min_length:
+        runs.append((start, len(flags)))
     return runs
+
+
+def find_segments(nodes, impls, value_info, initializers, min_length: int = 2) -> list:
+    """Maximal [start, end) runs of qualifying consecutive steps."""
+    return runs_of([_qualifies(n, impl, value_info, initializers) for n, impl in zip(nodes, impls)], min_length)
 
 
 class Segment:

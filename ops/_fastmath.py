@@ -69,17 +69,22 @@ def _scale_by_rounded(typingctx, p, t):
     return types.float32(types.float32, types.float32), codegen
 
 
-@intrinsic
-def maxnum(typingctx, a, b):
-    """IEEE maxNum of two floats of one type (returns the other operand when one is NaN)."""
+def _float_binary(name, a, b):
+    """Typing of an intrinsic that calls the LLVM intrinsic ``name`` on two floats of one type."""
     if a != b or not isinstance(a, types.Float):
         return None
 
     def codegen(context, builder, sig, args):
         t = args[0].type
-        fn = builder.module.declare_intrinsic("llvm.maxnum", [t], ir.FunctionType(t, [t, t]))
+        fn = builder.module.declare_intrinsic(name, [t], ir.FunctionType(t, [t, t]))
         return builder.call(fn, args)
     return a(a, b), codegen
+
+
+@intrinsic
+def maxnum(typingctx, a, b):
+    """IEEE maxNum of two floats of one type (returns the other operand when one is NaN)."""
+    return _float_binary("llvm.maxnum", a, b)
 
 
 @intrinsic
@@ -101,14 +106,7 @@ def _add_exponent(typingctx, p, t):
 @intrinsic
 def minnum(typingctx, a, b):
     """IEEE minNum of two floats of one type (returns the other operand when one is NaN)."""
-    if a != b or not isinstance(a, types.Float):
-        return None
-
-    def codegen(context, builder, sig, args):
-        t = args[0].type
-        fn = builder.module.declare_intrinsic("llvm.minnum", [t], ir.FunctionType(t, [t, t]))
-        return builder.call(fn, args)
-    return a(a, b), codegen
+    return _float_binary("llvm.minnum", a, b)
 
 
 _MAGIC = np.float32(12582912.0)       # 1.5 * 2**23: adding it rounds |v| < 2**22 to an integer
@@ -129,15 +127,11 @@ _ONE = np.float32(1.0)
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def exp32(x):
-    """Branch-free float32 ``e**x`` (see the module docstring for range and accuracy)."""
-    x = np.float32(x)
-    # Clamp with comparisons that are false for NaN, so NaN flows through to the polynomial.
-    # Written as ``c < x ? c : x`` and ``c > x ? c : x``, which map to one vminps / vmaxps each.
-    x = _HI if _HI < x else x
-    x = _LO if _LO > x else x
+def _reduce_poly(x):
+    """The common core of ``exp32`` and ``exp32_normal``: ``(p, t)`` with ``x = n*ln2 + r``, ``p = e**r`` by
+    the polynomial and ``t = n + 1.5 * 2**23`` (``n`` in its low mantissa bits); the caller applies ``2**n``."""
     t = x * _LOG2E + _MAGIC
-    fn = t - _MAGIC                           # n = round(x / ln2), in [-150, 128]
+    fn = t - _MAGIC                           # n = round(x / ln2)
     r = x - fn * _LN2_HI
     r = r - fn * _LN2_LO
     q = _Q5 * r + _Q4
@@ -146,6 +140,18 @@ def exp32(x):
     q = q * r + _Q1
     q = q * r + _Q0
     p = q * r + _ONE
+    return p, t
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def exp32(x):
+    """Branch-free float32 ``e**x`` (see the module docstring for range and accuracy)."""
+    x = np.float32(x)
+    # Clamp with comparisons that are false for NaN, so NaN flows through to the polynomial.
+    # Written as ``c < x ? c : x`` and ``c > x ? c : x``, which map to one vminps / vmaxps each.
+    x = _HI if _HI < x else x
+    x = _LO if _LO > x else x
+    p, t = _reduce_poly(x)                    # n = round(x / ln2), in [-150, 128]
     return _scale_by_rounded(p, t)
 
 
@@ -154,20 +160,20 @@ def exp32_normal(x):
     """``exp32`` for a caller that guarantees ``-86 <= x <= 88`` or NaN (e.g. ``x - max`` over a row
     whose spread it has measured): no clamps, and ``2**n`` applied by one integer add, so about
     half the instructions.  Same polynomial, same accuracy on that range; NaN gives NaN."""
-    x = np.float32(x)
-    t = x * _LOG2E + _MAGIC
-    fn = t - _MAGIC
-    r = x - fn * _LN2_HI
-    r = r - fn * _LN2_LO
-    q = _Q5 * r + _Q4
-    q = q * r + _Q3
-    q = q * r + _Q2
-    q = q * r + _Q1
-    q = q * r + _Q0
-    p = q * r + _ONE
+    p, t = _reduce_poly(np.float32(x))
     # ``p - p`` is 0, or NaN for a NaN ``x``: the exponent add alone could turn a NaN whose payload
     # has low bits set into a number.
     return _add_exponent(p, t) + (p - p)
+
+
+def _by_float_type(x, f32, other):
+    """An ``@overload``'s implementation for an argument of type ``x``: ``f32`` for float32, ``other`` for the
+    other floats (the function's pure Python fallback: its body is the same), none for anything else."""
+    if x == types.float32:
+        return f32
+    if isinstance(x, types.Float):
+        return other
+    return None
 
 
 def fexp(x):
@@ -177,11 +183,7 @@ def fexp(x):
 
 @overload(fexp, jit_options={"cache": True})
 def _fexp_impl(x):
-    if x == types.float32:
-        return lambda x: exp32(x)
-    if isinstance(x, types.Float):
-        return lambda x: math.exp(x)
-    return None
+    return _by_float_type(x, lambda x: exp32(x), fexp)
 
 
 def fexp_normal(x):
@@ -191,11 +193,7 @@ def fexp_normal(x):
 
 @overload(fexp_normal, jit_options={"cache": True})
 def _fexp_normal_impl(x):
-    if x == types.float32:
-        return lambda x: exp32_normal(x)
-    if isinstance(x, types.Float):
-        return lambda x: math.exp(x)
-    return None
+    return _by_float_type(x, lambda x: exp32_normal(x), fexp_normal)
 
 
 def fsigmoid(x):
@@ -206,15 +204,11 @@ def fsigmoid(x):
 
 @overload(fsigmoid, jit_options={"cache": True})
 def _fsigmoid_impl(x):
-    if x == types.float32:
-        def f32(x):
-            e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
-            s = _ONE / (_ONE + e)
-            return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
-        return f32
-    if isinstance(x, types.Float):
-        return lambda x: 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
-    return None
+    def f32(x):
+        e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
+        s = _ONE / (_ONE + e)
+        return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
+    return _by_float_type(x, f32, fsigmoid)
 
 
 _GT0 = np.float32(2.0 * 0.7978845608028654)
@@ -228,13 +222,9 @@ def fgelu_tanh(x):
 
 @overload(fgelu_tanh, jit_options={"cache": True})
 def _fgelu_tanh_impl(x):
-    if x == types.float32:
-        def f32(x):
-            # (1 + tanh(z)) / 2 == sigmoid(2 z): one vectorizable exp, no cancellation near tanh = -1.
-            e = exp32(-abs(x * (_GT0 + _GT1 * x * x)))
-            s = _ONE / (_ONE + e)
-            return x * (s if x >= 0 else e * s)   # 2 z has the sign of x
-        return f32
-    if isinstance(x, types.Float):
-        return lambda x: 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-    return None
+    def f32(x):
+        # (1 + tanh(z)) / 2 == sigmoid(2 z): one vectorizable exp, no cancellation near tanh = -1.
+        e = exp32(-abs(x * (_GT0 + _GT1 * x * x)))
+        s = _ONE / (_ONE + e)
+        return x * (s if x >= 0 else e * s)   # 2 z has the sign of x
+    return _by_float_type(x, f32, fgelu_tanh)

@@ -36,6 +36,34 @@ _NEG_INF = -np.inf
 
 # -- kernels ---------------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True)
+def head_task(bh, Hq, group):
+    """(batch, query head, key/value head) of task ``bh`` of a loop over B * Hq (``group`` query heads per kv head)."""
+    h = bh % Hq
+    return bh // Hq, h, h // group
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def row_max(s):
+    """The largest entry of the score row ``s`` by comparison (NaNs never win), -inf when none is above it."""
+    m = -np.inf
+    for j in range(s.shape[0]):
+        if s[j] > m:
+            m = s[j]
+    return m
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def exp_shift(s, m, zero):
+    """s[j] = exp(s[j] - m) in place; returns their sum, accumulated from ``zero`` (0 in s's dtype)."""
+    tot = zero
+    for j in range(s.shape[0]):
+        e = np.exp(s[j] - m)
+        s[j] = e
+        tot += e
+    return tot
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
 def attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, right,
                       qk_mode, want_qk, y, qk):
@@ -53,9 +81,7 @@ def attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, righ
     scale = params[0]
     softcap = params[1]
     for bh in prange(B * Hq):
-        b = bh // Hq
-        h = bh % Hq
-        kh = h // group
+        b, h, kh = head_task(bh, Hq, group)
         ib = b if mb > 1 else 0
         ih = h if mh > 1 else 0
         off = offset[b]
@@ -106,17 +132,10 @@ def attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, righ
             for dd in range(Dv):
                 acc[dd] = 0.0
             if any_ok:
-                m = ninf
-                for j in range(Skv):
-                    if s[j] > m:
-                        m = s[j]
+                m = row_max(s)
                 if m == ninf:
                     m = zero
-                tot = zero
-                for j in range(Skv):
-                    e = np.exp(s[j] - m)
-                    s[j] = e
-                    tot += e
+                tot = exp_shift(s, m, zero)
                 if tot == 0.0:
                     tot = one
                 inv = one / tot

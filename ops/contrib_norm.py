@@ -31,6 +31,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
 from ._fastmath import FAST, fexp
 from .forms import Decline, float_only, raise_on, form
+from .normalization import put_stats, row_stats
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -45,25 +46,12 @@ MS = "com.microsoft"
 
 @njit(fastmath=FAST, **_OPTS)
 def _norm_row(src, r, scale, beta, y, mean_out, inv_out, eps, simplified):
-    """Normalize row ``r`` of ``src`` into ``y``: float64 two-pass statistics, affine step in src's dtype."""
+    """Normalize row ``r`` of ``src`` into ``y``: float64 two-pass statistics (``row_stats``), affine step in
+    src's dtype."""
     n = src.shape[1]
-    mean = 0.0
-    if not simplified:
-        s = 0.0
-        for j in range(n):
-            s += src[r, j]
-        mean = s / n
-    q = 0.0
-    for j in range(n):
-        d = src[r, j] - mean
-        q += d * d
+    mean, q = row_stats(src, r, not simplified)
     inv = 1.0 / math.sqrt(q / n + eps)
-    if mean_out.shape[0]:
-        mean_out[r] = mean
-    if inv_out.shape[0]:
-        inv_out[r] = inv
-    m = src.dtype.type(mean)
-    iv = src.dtype.type(inv)
+    m, iv = put_stats(src, r, mean, inv, mean_out, inv_out)
     if beta.shape[0]:
         for j in range(n):
             y[r, j] = (src[r, j] - m) * iv * scale[j] + beta[j]
@@ -86,26 +74,26 @@ def _skip_row(x, skip, bias, ssum, r):
 
 
 @njit(fastmath=FAST, **_OPTS)
-def _rows(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified):
-    """Row norms of ``x`` (rows, n), or of ``x + skip (+ bias)`` (kept in ``ssum``) when ``skip`` has rows."""
+def _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r):
+    """Row norm ``r`` of ``x`` (rows, n), or of ``x + skip (+ bias)`` (kept in ``ssum``) when ``skip`` has rows."""
     if skip.shape[0]:
-        for r in range(x.shape[0]):
-            _skip_row(x, skip, bias, ssum, r)
-            _norm_row(ssum, r, scale, beta, y, mean_out, inv_out, eps, simplified)
+        _skip_row(x, skip, bias, ssum, r)
+        _norm_row(ssum, r, scale, beta, y, mean_out, inv_out, eps, simplified)
     else:
-        for r in range(x.shape[0]):
-            _norm_row(x, r, scale, beta, y, mean_out, inv_out, eps, simplified)
+        _norm_row(x, r, scale, beta, y, mean_out, inv_out, eps, simplified)
+
+
+@njit(fastmath=FAST, **_OPTS)
+def _rows(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified):
+    """Every row norm of ``x`` (see ``_row``)."""
+    for r in range(x.shape[0]):
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r)
 
 
 @njit(parallel=True, fastmath=FAST, **_OPTS)
 def _rows_par(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified):
-    if skip.shape[0]:
-        for r in prange(x.shape[0]):
-            _skip_row(x, skip, bias, ssum, r)
-            _norm_row(ssum, r, scale, beta, y, mean_out, inv_out, eps, simplified)
-    else:
-        for r in prange(x.shape[0]):
-            _norm_row(x, r, scale, beta, y, mean_out, inv_out, eps, simplified)
+    for r in prange(x.shape[0]):
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r)
 
 
 @njit(fastmath=FAST, **_OPTS)

@@ -68,6 +68,22 @@ TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
 # -- MatMulNBits kernels ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
+def _block_scale(a, m, k0, k1, quant):
+    """(scale, inverse) of the int8 quantization of the block ``a[m, k0:k1]``: ``max|a|/127`` and its inverse
+    (0 for an all-zero block); (1, 1) unless ``quant``."""
+    if not quant:
+        return np.float32(1.0), np.float32(1.0)
+    amax = np.float32(0.0)
+    for k in range(k0, k1):
+        v = abs(np.float32(a[m, k]))
+        if v > amax:
+            amax = v
+    s = amax / np.float32(127.0)
+    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    return s, inv
+
+
+@njit(cache=True, nogil=True)
 def prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
     """Split A [M, K] per block into ae = even elements and ao = odd - 16*even ([M, nb, bs//2]), so
     that ``byte*ae + (byte >> 4)*ao`` is the block dot with both nibbles; block sums and scales [M, nb].
@@ -79,18 +95,7 @@ def prep_a4(a, nb, bs, quant, ae, ao, asum, ascale):
     for m in range(m_):
         for blk in range(nb):
             k0 = blk * bs
-            s = np.float32(1.0)
-            inv = np.float32(1.0)
-            if quant:
-                amax = np.float32(0.0)
-                for t in range(bs):
-                    k = k0 + t
-                    if k < k_:
-                        v = abs(np.float32(a[m, k]))
-                        if v > amax:
-                            amax = v
-                s = amax / np.float32(127.0)
-                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            s, inv = _block_scale(a, m, k0, min(k0 + bs, k_), quant)
             tot = np.float32(0.0)
             for j in range(half):
                 k = k0 + 2 * j
@@ -113,18 +118,7 @@ def prep_a8(a, nb, bs, quant, ap, asum, ascale):
     for m in range(m_):
         for blk in range(nb):
             k0 = blk * bs
-            s = np.float32(1.0)
-            inv = np.float32(1.0)
-            if quant:
-                amax = np.float32(0.0)
-                for t in range(bs):
-                    k = k0 + t
-                    if k < k_:
-                        v = abs(np.float32(a[m, k]))
-                        if v > amax:
-                            amax = v
-                s = amax / np.float32(127.0)
-                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            s, inv = _block_scale(a, m, k0, min(k0 + bs, k_), quant)
             tot = np.float32(0.0)
             for t in range(bs):
                 k = k0 + t
@@ -144,13 +138,7 @@ def fake_quant_a(a, bs, out):
     for m in range(m_):
         for k0 in range(0, k_, bs):
             k1 = min(k0 + bs, k_)
-            amax = np.float32(0.0)
-            for k in range(k0, k1):
-                v = abs(np.float32(a[m, k]))
-                if v > amax:
-                    amax = v
-            s = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            s, inv = _block_scale(a, m, k0, k1, True)
             for k in range(k0, k1):
                 out[m, k] = np.float32(np.rint(np.float32(a[m, k]) * inv)) * s
 

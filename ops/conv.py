@@ -168,6 +168,20 @@ def _blas_ready(a):
     return a if a.flags.writeable else a.copy()
 
 
+def _with_bias(out, b, osp, dt, name):
+    """A convolution's result: ``out`` (N, G, Mg, *spatial) in the compute dtype plus the bias ``b`` [M] (checked),
+    shaped (N, M, *osp) in ``dt``."""
+    N, G, Mg = out.shape[:3]
+    M = G * Mg
+    out = out.reshape((N, M, int(np.prod(out.shape[3:]))))
+    if b is not None and out.size:
+        if b.shape != (M,):
+            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
+        _add_bias(out, np.ascontiguousarray(b, dtype=out.dtype))
+    out = out.reshape((N, M, *osp))
+    return out.astype(dt) if out.dtype != dt else out
+
+
 def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
             name="Conv"):
     """Float convolution; x: (N, C, *S), w: (M, C/group, *K)."""
@@ -214,13 +228,7 @@ def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=No
                            d3)
             else:
                 _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, direct)
-    out = out.reshape((N, M, L))
-    if b is not None and out.size:
-        if b.shape != (M,):
-            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
-        _add_bias(out, np.ascontiguousarray(b, dtype=cdt))
-    out = out.reshape((N, M, *osp))
-    return out.astype(dt) if cdt != dt else out
+    return _with_bias(out, b, osp, dt, name)
 
 
 @op("Conv", 1)
@@ -245,7 +253,6 @@ def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kerne
         raise ShapeMismatchError(f"{name}: X has {C} channels, W has shape {list(w.shape)} and group={group}; "
                                  f"expected W.shape[0] == C, divisible by group")
     G, Cg, Mg = group, C // group, w.shape[1]
-    M = Mg * G
     k = list(w.shape[2:])
     if kernel_shape and list(kernel_shape) != k:
         raise ShapeMismatchError(f"{name}: kernel_shape {list(kernel_shape)} does not match W spatial shape {k}")
@@ -290,13 +297,7 @@ def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kerne
         wt = np.ascontiguousarray(np.ascontiguousarray(w, dtype=cdt).reshape((G, Cg, Mg * K)).transpose(0, 2, 1))
         col = np.empty((Mg * K, L), cdt)
         _convT_run(xc, wt, out, col, pad3(k, 1), pad3(s, 1), pad3(pb, 0), pad3(d, 1), pad3(ins, 1))
-    out = out.reshape((N, M, int(np.prod(o3))))
-    if b is not None and out.size:
-        if b.shape != (M,):
-            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
-        _add_bias(out, np.ascontiguousarray(b, dtype=cdt))
-    out = out.reshape((N, M, *osp))
-    return out.astype(dt) if cdt != dt else out
+    return _with_bias(out, b, osp, dt, name)
 
 
 @op("ConvTranspose", 1)

@@ -34,7 +34,7 @@ from onnx import TensorProto
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp
-from .attention import attention_kernel
+from .attention import attention_kernel, exp_shift, head_task, row_max
 from .registry import op
 
 F64 = np.dtype(np.float64)
@@ -52,9 +52,7 @@ def _flex_scores(q, k, sq, s):
     group = Hq // Hkv
     zero = np.zeros(1, s.dtype)[0]
     for bh in prange(B * Hq):
-        b = bh // Hq
-        h = bh % Hq
-        kh = h // group
+        b, h, kh = head_task(bh, Hq, group)
         for i in range(L):
             qi = q[b, h, i]
             for j in range(S):
@@ -76,26 +74,17 @@ def _flex_softmax_pv(s, v, y, do_softmax, do_pv):
     zero = np.zeros(1, s.dtype)[0]
     one = zero + 1
     for bh in prange(B * Hq):
-        b = bh // Hq
-        h = bh % Hq
-        kh = h // group
+        b, h, kh = head_task(bh, Hq, group)
         for i in range(L):
             row = s[b, h, i]
             if do_softmax:
-                m = ninf
-                for j in range(S):
-                    if row[j] > m:
-                        m = row[j]
+                m = row_max(row)
                 if m == ninf:
                     # every key masked: zeros rather than NaN
                     for j in range(S):
                         row[j] = zero
                 else:
-                    tot = zero
-                    for j in range(S):
-                        e = np.exp(row[j] - m)
-                        row[j] = e
-                        tot += e
+                    tot = exp_shift(row, m, zero)
                     inv = one / tot
                     for j in range(S):
                         row[j] *= inv

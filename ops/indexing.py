@@ -87,6 +87,18 @@ def _k_gather_batched(src, lin, out):
 
 
 @njit(cache=True)
+def _advance(coord, shape):
+    """Step the multi-index ``coord`` to the next element of ``shape`` in row-major order (all zeros after the last)."""
+    d = coord.shape[0] - 1
+    while d >= 0:
+        coord[d] += 1
+        if coord[d] < shape[d]:
+            return
+        coord[d] = 0
+        d -= 1
+
+
+@njit(cache=True)
 def _elem_offsets(dshape, ishape, idx, axis):
     """Flat data offset of every element of ``idx`` (shape ``ishape``) with its own axis coordinate replaced."""
     r = dshape.shape[0]
@@ -102,13 +114,7 @@ def _elem_offsets(dshape, ishape, idx, axis):
             c = idx[e] if d == axis else cnt[d]
             off += c * dst[d]
         offs[e] = off
-        d = r - 1
-        while d >= 0:
-            cnt[d] += 1
-            if cnt[d] < ishape[d]:
-                break
-            cnt[d] = 0
-            d -= 1
+        _advance(cnt, ishape)
     return offs
 
 
@@ -189,13 +195,7 @@ def _k_nonzero(bits, mask, shape):
             for d in range(r):
                 out[d, j] = coord[d]
             j += 1
-        d = r - 1
-        while d >= 0:
-            coord[d] += 1
-            if coord[d] < shape[d]:
-                break
-            coord[d] = 0
-            d -= 1
+        _advance(coord, shape)
     return out
 
 

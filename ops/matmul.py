@@ -42,21 +42,24 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
+def _mm_generic(a, b, o):
+    """o = a @ b for any numeric dtype, accumulating in o's dtype (axpys over the rows of ``b``)."""
+    m, n = o.shape
+    kk = a.shape[1]
+    for i in range(m):
+        for j in range(n):
+            o[i, j] = 0
+        for k in range(kk):
+            aik = a[i, k]
+            for j in range(n):
+                o[i, j] += aik * b[k, j]
+
+
+@njit(cache=True, nogil=True)
 def _bmm_generic(a3, b3, ia, ib, out3):
     """out3[t] = a3[ia[t]] @ b3[ib[t]] for any numeric dtype, accumulating in the output dtype."""
-    nb, m, n = out3.shape
-    kk = a3.shape[2]
-    for t in range(nb):
-        a = a3[ia[t]]
-        b = b3[ib[t]]
-        o = out3[t]
-        for i in range(m):
-            for j in range(n):
-                o[i, j] = 0
-            for k in range(kk):
-                aik = a[i, k]
-                for j in range(n):
-                    o[i, j] += aik * b[k, j]
+    for t in range(out3.shape[0]):
+        _mm_generic(a3[ia[t]], b3[ib[t]], out3[t])
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -116,16 +119,10 @@ def _gemm_epilogue(c2, alpha, beta, out):
 
 @njit(cache=True, nogil=True)
 def _gemm_generic(a, b, c2, alpha, beta, out):
+    _mm_generic(a, b, out)
     m, n = out.shape
-    kk = a.shape[1]
     cm, cn = c2.shape
     for i in range(m):
-        for j in range(n):
-            out[i, j] = 0
-        for k in range(kk):
-            aik = a[i, k]
-            for j in range(n):
-                out[i, j] += aik * b[k, j]
         ci = i if cm > 1 else 0
         for j in range(n):
             out[i, j] = alpha * out[i, j] + beta * c2[ci, j if cn > 1 else 0]

@@ -146,13 +146,8 @@ def _reverse_seq(x, out, lens, time_first):
 
 
 @njit(cache=True)
-def _range_f(start, delta, out):
-    for i in range(out.size):
-        out[i] = start + i * delta
-
-
-@njit(cache=True)
-def _range_i(start, delta, out):
+def _range(start, delta, out):
+    """out[i] = start + i * delta (int64 or float64: compiled once for each)."""
     for i in range(out.size):
         out[i] = start + i * delta
 
@@ -470,7 +465,7 @@ def Range(start, limit, delta, stash_type=1):
             raise InvalidArgumentError("Range: delta must be non-zero")
         n = max(-(-(li - si) // di), 0)
         out = alloc((n,), np.int64)
-        _range_i(si, di, out)
+        _range(si, di, out)
         return out.astype(dt)
     # Like the spec's loop, start + i * delta; evaluated in float64 and rounded once to T.
     sf, lf, df = (float(np.asarray(v).astype(np.float64)) for v in (s, l, d))
@@ -480,7 +475,7 @@ def Range(start, limit, delta, stash_type=1):
     if n < 0:
         raise InvalidArgumentError(f"Range: start {sf}, limit {lf} and delta {df} give no finite number of elements")
     out = alloc((n,), np.float64)
-    _range_f(sf, df, out)
+    _range(sf, df, out)
     return out if dt == np.float64 else out.astype(dt)
 
 

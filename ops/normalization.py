@@ -35,12 +35,12 @@ EMPTY = np.empty(0, F64)
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(fastmath=FAST, **_OPTS)
-def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
-    """Normalize row ``r``: float64 two-pass statistics (vectorized by reassociation), then the
-    affine step in the input dtype (``scale``/``bias`` have the input dtype)."""
+def row_stats(x, r, centered):
+    """(mean, sum of squared deviations from it) of row ``r`` of ``x`` (rows, n): float64, two passes
+    (vectorized by reassociation).  Without ``centered`` (RMS norms) the mean is 0 and not computed."""
     n = x.shape[1]
     mean = 0.0
-    if mode != RMS:
+    if centered:
         s = 0.0
         for j in range(n):
             s += x[r, j]
@@ -49,6 +49,26 @@ def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
     for j in range(n):
         d = x[r, j] - mean
         q += d * d
+    return mean, q
+
+
+@njit(fastmath=FAST, **_OPTS)
+def put_stats(x, r, mean, inv, mean_out, inv_out):
+    """Store row ``r``'s mean and inverse deviation in the statistics outputs that are wanted (non-empty); return
+    both in ``x``'s dtype, for the affine step."""
+    if mean_out.shape[0]:
+        mean_out[r] = mean
+    if inv_out.shape[0]:
+        inv_out[r] = inv
+    return x.dtype.type(mean), x.dtype.type(inv)
+
+
+@njit(fastmath=FAST, **_OPTS)
+def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
+    """Normalize row ``r``: ``row_stats``, then the affine step in the input dtype (``scale``/``bias`` have
+    the input dtype)."""
+    n = x.shape[1]
+    mean, q = row_stats(x, r, mode != RMS)
     var = q / n
     if math.isinf(x.dtype.type(var)):  # past the input type's range: onnxruntime's float32 statistics overflow
         var = math.inf
@@ -56,12 +76,7 @@ def _norm_row(x, r, scale, bias, y, mean_out, inv_out, eps, mode):
         inv = 1.0 / (math.sqrt(var) + eps)
     else:
         inv = 1.0 / math.sqrt(var + eps)
-    if mean_out.shape[0]:
-        mean_out[r] = mean
-    if inv_out.shape[0]:
-        inv_out[r] = inv
-    m = x.dtype.type(mean)
-    iv = x.dtype.type(inv)
+    m, iv = put_stats(x, r, mean, inv, mean_out, inv_out)
     if scale.shape[0] and bias.shape[0]:
         for j in range(n):
             y[r, j] = (x[r, j] - m) * (iv * scale[j]) + bias[j]

@@ -249,6 +249,17 @@ op("MaxUnpool", 11)(MaxUnpool)
 
 # -- RoiAlign --------------------------------------------------------------------------------------
 
+@njit(**_OPTS)
+def _sample_cell(v, size):
+    """A bilinear sample at ``v >= 0`` on an axis of ``size``: (v, its cell's low and high index), with a sample
+    at or past the last index clamped onto it (both indices the last)."""
+    lo = int(v)
+    if lo >= size - 1:
+        lo = size - 1
+        return float(lo), lo, lo
+    return v, lo, lo + 1
+
+
 @njit(parallel=True, **_OPTS)
 def _roi_align(x, rois, bidx, out, scale, sampling_ratio, half_pixel, is_max):
     """x: (N, C, H, W); rois: (R, 4) as x1, y1, x2, y2; out: (R, C, PH, PW); bilinear samples per bin."""
@@ -281,22 +292,8 @@ def _roi_align(x, rois, bidx, out, scale, sampling_ratio, half_pixel, is_max):
                         xx = sw + pw * bw + (ix + 0.5) * bw / gw
                         v = 0.0
                         if not (y0 < -1.0 or y0 > H or xx < -1.0 or xx > W):
-                            y = max(y0, 0.0)
-                            xv = max(xx, 0.0)
-                            yl = int(y)
-                            if yl >= H - 1:
-                                yl = H - 1
-                                yh = yl
-                                y = float(yl)
-                            else:
-                                yh = yl + 1
-                            xl = int(xv)
-                            if xl >= W - 1:
-                                xl = W - 1
-                                xh = xl
-                                xv = float(xl)
-                            else:
-                                xh = xl + 1
+                            y, yl, yh = _sample_cell(max(y0, 0.0), H)
+                            xv, xl, xh = _sample_cell(max(xx, 0.0), W)
                             ly = y - yl
                             lx = xv - xl
                             hy = 1.0 - ly

@@ -52,18 +52,23 @@ def _rint(v):
     return r
 
 
+@njit(inline="always", cache=True)
+def _at(p3, o, b, i):
+    """``p3[o, b, i]`` with broadcasting: an axis of extent 1 is read at 0."""
+    po, pb, pi = p3.shape
+    return p3[o if po > 1 else 0, b if pb > 1 else 0, i if pi > 1 else 0]
+
+
 @njit(cache=True, nogil=True)
 def _quant_int(x3, s3, z3, bs, lo, hi, mask, out3):
     """out = clip(rint(x / s) + z, lo, hi) & mask, with s, z read per (outer, axis // bs, inner)."""
     no, na, ni = x3.shape
-    so, sa, si = s3.shape
-    zo, za, zi = z3.shape
     for o in range(no):
         for a in range(na):
             b = a // bs
             for i in range(ni):
-                s = s3[o if so > 1 else 0, b if sa > 1 else 0, i if si > 1 else 0]
-                z = z3[o if zo > 1 else 0, b if za > 1 else 0, i if zi > 1 else 0]
+                s = _at(s3, o, b, i)
+                z = _at(z3, o, b, i)
                 v = x3[o, a, i] / s
                 if v != v:
                     q = lo
@@ -77,20 +82,17 @@ def _quant_int(x3, s3, z3, bs, lo, hi, mask, out3):
 def _scale_div(x3, s3, bs, out3):
     """out = x / s in float32 (the float8/float4 targets round afterwards)."""
     no, na, ni = x3.shape
-    so, sa, si = s3.shape
     for o in range(no):
         for a in range(na):
             b = a // bs
             for i in range(ni):
-                out3[o, a, i] = x3[o, a, i] / s3[o if so > 1 else 0, b if sa > 1 else 0, i if si > 1 else 0]
+                out3[o, a, i] = x3[o, a, i] / _at(s3, o, b, i)
 
 
 @njit(cache=True, nogil=True)
 def _dequant(x3, bits, signed, s3, z3, bs, out3):
     """out = (decode(x) - z) * s; ``bits`` > 0 decodes that many low bits of a raw byte."""
     no, na, ni = x3.shape
-    so, sa, si = s3.shape
-    zo, za, zi = z3.shape
     m = (1 << bits) - 1
     half = 1 << (bits - 1) if bits > 0 else 0
     for o in range(no):
@@ -104,8 +106,8 @@ def _dequant(x3, bits, signed, s3, z3, bs, out3):
                     v = np.float32(iv)
                 else:
                     v = np.float32(x3[o, a, i])
-                s = s3[o if so > 1 else 0, b if sa > 1 else 0, i if si > 1 else 0]
-                z = z3[o if zo > 1 else 0, b if za > 1 else 0, i if zi > 1 else 0]
+                s = _at(s3, o, b, i)
+                z = _at(z3, o, b, i)
                 out3[o, a, i] = (v - z) * s
 
 

@@ -194,24 +194,25 @@ def _like_dtype(op_name, input, dtype):
     return input.dtype
 
 
+def _draw_like(op_name, kernel, dtype, seed, a, b):
+    """The per-run callable of a ``*Like`` generator: ``kernel``'s draws in the shape (and, without a
+    ``dtype``, the float type) of its input."""
+    if dtype is not None:
+        _float_dtype(op_name, dtype)
+    state = _new_state(seed)
+    return lambda input: _draw(kernel, state, input.shape, _like_dtype(op_name, input, dtype), a, b)
+
+
 @op("RandomUniformLike", 1, factory=True)
 @op("RandomUniformLike", 22, factory=True)
 def RandomUniformLike(ctx, dtype=None, high=1.0, low=0.0, seed=None):
-    if dtype is not None:
-        _float_dtype("RandomUniformLike", dtype)
-    state = _new_state(seed)
-    return lambda input: _draw(_uniform_kernel, state, input.shape,
-                               _like_dtype("RandomUniformLike", input, dtype), low, high)
+    return _draw_like("RandomUniformLike", _uniform_kernel, dtype, seed, low, high)
 
 
 @op("RandomNormalLike", 1, factory=True)
 @op("RandomNormalLike", 22, factory=True)
 def RandomNormalLike(ctx, dtype=None, mean=0.0, scale=1.0, seed=None):
-    if dtype is not None:
-        _float_dtype("RandomNormalLike", dtype)
-    state = _new_state(seed)
-    return lambda input: _draw(_normal_kernel, state, input.shape,
-                               _like_dtype("RandomNormalLike", input, dtype), mean, scale)
+    return _draw_like("RandomNormalLike", _normal_kernel, dtype, seed, mean, scale)
 
 
 @op("Bernoulli", 15, factory=True)

@@ -30,6 +30,17 @@ _OPTS = dict(cache=True, nogil=True)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
+@njit(**_OPTS)
+def _extrapolate(out, o, j, extrap, ev):
+    """Fill the row out[o, j, :] with ``ev`` if output position ``j`` lies outside the input (``extrap[j]``);
+    whether it did."""
+    if extrap[j]:
+        for i in range(out.shape[2]):
+            out[o, j, i] = ev
+        return True
+    return False
+
+
 @njit(parallel=True, **_OPTS)
 def _interp_axis(x, idx, w, extrap, ev, out):
     """out[o, j, i] = sum_t w[j, t] * x[o, idx[j, t], i], or ev where extrap[j]."""
@@ -38,9 +49,7 @@ def _interp_axis(x, idx, w, extrap, ev, out):
     for oj in prange(O * J):
         o = oj // J
         j = oj - o * J
-        if extrap[j]:
-            for i in range(I):
-                out[o, j, i] = ev
+        if _extrapolate(out, o, j, extrap, ev):
             continue
         for i in range(I):
             out[o, j, i] = 0
@@ -68,13 +77,10 @@ def _gather_axis(x, idx, out):
 
 @njit(**_OPTS)
 def _fill_axis(out, extrap, ev):
-    O, J, I = out.shape
+    O, J, _ = out.shape
     for oj in range(O * J):
         o = oj // J
-        j = oj - o * J
-        if extrap[j]:
-            for i in range(I):
-                out[o, j, i] = ev
+        _extrapolate(out, o, oj - o * J, extrap, ev)
 
 
 # -- per-axis tables -------------------------------------------------------------------------------

@@ -64,12 +64,27 @@ def _act(code, a, b, clip, x):
 
 
 @njit(cache=True, nogil=True)
-def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh):
+def _input_proj(X, WT, d):
+    """X [seq, batch, nin] times direction ``d``'s transposed input weights: [seq * batch, G * H], row t * batch + b."""
     seq, batch, nin = X.shape
+    return np.dot(X.reshape(seq * batch, nin), WT[d])
+
+
+@njit(cache=True, nogil=True)
+def _time_of(s, L, rev):
+    """The time index of step ``s`` over a sequence of ``L`` valid steps, run backwards when ``rev``; -1 when
+    ``s`` is past them (the step is skipped)."""
+    if s >= L:
+        return -1
+    return L - 1 - s if rev else s
+
+
+@njit(cache=True, nogil=True)
+def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh):
+    seq, batch, _ = X.shape
     D, H, _ = RT.shape
-    X2 = X.reshape(seq * batch, nin)
     for d in range(D):
-        xw = np.dot(X2, WT[d])
+        xw = _input_proj(X, WT, d)
         h = h0[d].copy()
         c0 = acts[d, 0]
         a0 = alphas[d, 0]
@@ -77,10 +92,9 @@ def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh
         for s in range(seq):
             hr = np.dot(h, RT[d])
             for b in range(batch):
-                L = seqlens[b]
-                if s >= L:
+                t = _time_of(s, seqlens[b], rev[d])
+                if t < 0:
                     continue
-                t = L - 1 - s if rev[d] else s
                 row = t * batch + b
                 for j in range(H):
                     v = xw[row, j] + hr[b, j] + B[d, j] + B[d, H + j]
@@ -91,13 +105,12 @@ def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh
 
 @njit(cache=True, nogil=True)
 def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip, lbr, Y, Yh):
-    seq, batch, nin = X.shape
+    seq, batch, _ = X.shape
     D, H, _ = RhT.shape
-    X2 = X.reshape(seq * batch, nin)
     z = np.empty((batch, H), X.dtype)
     rh = np.zeros((batch, H), X.dtype)
     for d in range(D):
-        xw = np.dot(X2, WT[d])
+        xw = _input_proj(X, WT, d)
         h = h0[d].copy()
         cf, ag, bg = acts[d, 0], alphas[d, 0], betas[d, 0]
         cg, ah, bh = acts[d, 1], alphas[d, 1], betas[d, 1]
@@ -106,10 +119,10 @@ def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip
             if lbr:
                 hh = np.dot(h, RhT[d])
             for b in range(batch):
-                L = seqlens[b]
-                if s >= L:
+                t = _time_of(s, seqlens[b], rev[d])
+                if t < 0:
                     continue
-                row = ((L - 1 - s) if rev[d] else s) * batch + b
+                row = t * batch + b
                 for j in range(H):
                     z[b, j] = _act(cf, ag, bg, clip, xw[row, j] + hzr[b, j] + B[d, j] + B[d, 3 * H + j])
                     r = _act(cf, ag, bg, clip, xw[row, H + j] + hzr[b, H + j] + B[d, H + j] + B[d, 4 * H + j])
@@ -120,10 +133,9 @@ def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip
             if not lbr:
                 hh = np.dot(rh, RhT[d])
             for b in range(batch):
-                L = seqlens[b]
-                if s >= L:
+                t = _time_of(s, seqlens[b], rev[d])
+                if t < 0:
                     continue
-                t = L - 1 - s if rev[d] else s
                 row = t * batch + b
                 for j in range(H):
                     pre = xw[row, 2 * H + j] + B[d, 2 * H + j]
@@ -139,12 +151,11 @@ def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip
 
 @njit(cache=True, nogil=True)
 def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
-    seq, batch, nin = X.shape
+    seq, batch, _ = X.shape
     D, H, _ = RT.shape
-    X2 = X.reshape(seq * batch, nin)
     G = 4 * H
     for d in range(D):
-        xw = np.dot(X2, WT[d])
+        xw = _input_proj(X, WT, d)
         h = h0[d].copy()
         c = c0[d].copy()
         cf, af, bf = acts[d, 0], alphas[d, 0], betas[d, 0]
@@ -153,10 +164,9 @@ def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, cli
         for s in range(seq):
             hr = np.dot(h, RT[d])
             for b in range(batch):
-                L = seqlens[b]
-                if s >= L:
+                t = _time_of(s, seqlens[b], rev[d])
+                if t < 0:
                     continue
-                t = L - 1 - s if rev[d] else s
                 row = t * batch + b
                 for j in range(H):
                     cp = c[b, j]

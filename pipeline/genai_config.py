@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import os
 
-from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value, required,
-                             resolve_in_package, search_options)
+from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value,
+                             read_document, required, resolve_in_package, search_options)
 from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
 from .text_only import admit_text_only
 
@@ -164,14 +164,7 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
 
 def _read_json(root: str, name: str) -> dict:
     """The config file's top-level JSON object."""
-    try:
-        with open(os.path.join(root, name), encoding="utf-8") as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise MetadataError(f"{name}: not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise MetadataError(f"{name}: expected a JSON object at the top level")
-    return cfg
+    return read_document(root, name, json.load, json.JSONDecodeError, "JSON", "a JSON object")
 
 
 def _model_sections(cfg: dict) -> tuple[dict, dict]:

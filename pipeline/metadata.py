@@ -35,8 +35,8 @@ import os
 
 from .genai_config import GENAI_CONFIG, load_genai_config
 from .package_checks import (Graphs, check_edges, check_io_ports, check_keys, eos_list, find_tokenizer_dir,
-                             graph_ports, implicit_positions, int_value, position_rank, required, resolve_in_package,
-                             search_options, str_value)
+                             graph_ports, implicit_positions, int_value, position_rank, read_document, required,
+                             resolve_in_package, search_options, str_value)
 from .spec import (AbsentValue, ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec,
                    Positions, Stage, StatePair)
 from .text_only import admit_text_only, is_vision, preprocessing_unrepresentable
@@ -218,14 +218,7 @@ def load_inference_metadata(root: str, name: str = INFERENCE_METADATA) -> Pipeli
 def _read_yaml(root: str, name: str) -> dict:
     """The metadata file's top-level YAML mapping."""
     import yaml
-    try:
-        with open(os.path.join(root, name), encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise MetadataError(f"{name}: not valid YAML ({e})") from e
-    if not isinstance(doc, dict):
-        raise MetadataError(f"{name}: expected a mapping at the top level")
-    return doc
+    return read_document(root, name, yaml.safe_load, yaml.YAMLError, "YAML", "a mapping")
 
 
 def _pipeline_section(doc: dict) -> dict:

@@ -6,6 +6,8 @@
 - ``resolve_in_package`` turns a package-relative path into an absolute one and
   refuses absolute paths and ``..``/symlink escapes (``IncompletePackageError``,
   also for a missing file or folder);
+- ``read_document`` loads a package's top-level config file (JSON or YAML) and
+  requires a mapping at its top;
 - ``graph_ports`` reads an ONNX file's inputs and outputs without its external
   data; ``Graphs`` caches them per component file for one package;
 - the ``check_keys`` / ``required`` / ``str_value`` / ``int_value`` / ``search_options`` family
@@ -23,7 +25,7 @@ import re
 
 from .spec import ComponentSpec, IncompletePackageError, MetadataError, PipelineSpec, Positions, SearchOptions
 
-__all__ = ["resolve_in_package", "graph_ports", "Graphs", "check_keys", "required", "str_value", "int_value",
+__all__ = ["resolve_in_package", "read_document", "graph_ports", "Graphs", "check_keys", "required", "str_value", "int_value",
            "search_options", "eos_list", "find_tokenizer_dir", "position_rank", "implicit_positions", "check_io_ports",
            "check_edges"]
 
@@ -50,6 +52,19 @@ def resolve_in_package(root: str, rel, key: str, *, must_exist: bool = True, kin
         if not ok:
             raise IncompletePackageError(f"{key}: {kind} {rel!r} is missing from the package folder {root}")
     return full
+
+
+def read_document(root: str, name: str, load, errors, fmt: str, top: str) -> dict:
+    """The mapping at the top of the package's config file ``name``, parsed by ``load``; ``errors`` are its
+    parse errors (reported as not valid ``fmt``), ``top`` names the mapping in the message when it is not one."""
+    try:
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            doc = load(f)
+    except errors as e:
+        raise MetadataError(f"{name}: not valid {fmt} ({e})") from e
+    if not isinstance(doc, dict):
+        raise MetadataError(f"{name}: expected {top} at the top level")
+    return doc
 
 
 def _dtype_name(elem_type: int) -> str:

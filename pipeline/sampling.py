@@ -92,6 +92,28 @@ def _worse(va, ia, vb, ib):
 
 
 @njit(**_OPTS)
+def _swap(hv, hi, a, b):
+    """Exchange candidates ``a`` and ``b`` (value in ``hv``, id in ``hi``)."""
+    tv = hv[a]
+    ti = hi[a]
+    hv[a] = hv[b]
+    hi[a] = hi[b]
+    hv[b] = tv
+    hi[b] = ti
+
+
+@njit(**_OPTS)
+def _sift_up(hv, hi, pos):
+    """Restore the min-heap ``hv``/``hi`` above a candidate just placed at ``pos``."""
+    while pos > 0:
+        par = (pos - 1) // 2
+        if not _worse(hv[pos], hi[pos], hv[par], hi[par]):
+            return
+        _swap(hv, hi, par, pos)
+        pos = par
+
+
+@njit(**_OPTS)
 def _sift_down(hv, hi, pos, n):
     while True:
         c = 2 * pos + 1
@@ -100,12 +122,7 @@ def _sift_down(hv, hi, pos, n):
         if c + 1 < n and _worse(hv[c + 1], hi[c + 1], hv[c], hi[c]):
             c += 1
         if _worse(hv[c], hi[c], hv[pos], hi[pos]):
-            tv = hv[c]
-            ti = hi[c]
-            hv[c] = hv[pos]
-            hi[c] = hi[pos]
-            hv[pos] = tv
-            hi[pos] = ti
+            _swap(hv, hi, c, pos)
             pos = c
         else:
             return
@@ -123,36 +140,18 @@ def _top_k(x, k, vals, idxs):
         v = x[i]
         if v != v:
             v = -np.inf
-        if m < k:
-            # push and sift up
-            pos = m
-            vals[pos] = v
-            idxs[pos] = i
+        if m < k:  # push
+            vals[m] = v
+            idxs[m] = i
+            _sift_up(vals, idxs, m)
             m += 1
-            while pos > 0:
-                par = (pos - 1) // 2
-                if _worse(vals[pos], idxs[pos], vals[par], idxs[par]):
-                    tv = vals[par]
-                    ti = idxs[par]
-                    vals[par] = vals[pos]
-                    idxs[par] = idxs[pos]
-                    vals[pos] = tv
-                    idxs[pos] = ti
-                    pos = par
-                else:
-                    break
         elif _worse(vals[0], idxs[0], v, i):
             vals[0] = v
             idxs[0] = i
             _sift_down(vals, idxs, 0, k)
     # heap sort in place: repeatedly move the worst to the end, so the array ends best first
     for end in range(k - 1, 0, -1):
-        tv = vals[0]
-        ti = idxs[0]
-        vals[0] = vals[end]
-        idxs[0] = idxs[end]
-        vals[end] = tv
-        idxs[end] = ti
+        _swap(vals, idxs, 0, end)
         _sift_down(vals, idxs, 0, end)
 
 

@@ -11,12 +11,12 @@ the Adds.  Prints the median microseconds per node of each and their ratio;
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
 from onnx import TensorProto, helper
+
+from tools._timing import median_seconds
 
 
 def chain_model(nodes: int, size: int):
@@ -32,14 +32,7 @@ def chain_model(nodes: int, size: int):
 
 
 def median_s(fn, runs):
-    for _ in range(10):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return median_seconds(fn, runs, warmup=10)
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools._timing import median_seconds  # noqa: E402  (needs the path above when run as a script)
 
 
 def _bandwidth(nbytes=1 << 28, reps=5):
@@ -48,14 +49,7 @@ def _model(K, N, bs, level, rng):
 
 
 def _median(fn, reps):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    return median_seconds(fn, reps, warmup=3)
 
 
 def main(argv=None):

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from tools._timing import median_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,13 +81,7 @@ def _mlp(runs: int) -> bool:
     out_n, out_o = native.run(None, feeds), rt.run(None, feeds)
 
     def med(fn):
-        fn()
-        ts = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(ts)
+        return 1e3 * median_seconds(fn, runs, warmup=1)
 
     ok = True
     print("mlp_block fixture model (closed-form reference)")

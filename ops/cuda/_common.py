@@ -1,4 +1,4 @@
-"""Launch geometry and argument checks shared by the CUDA kernel wrappers.
+"""Launch geometry, argument checks, small kernels and block reductions shared by the CUDA kernel wrappers.
 
 Grids are sized for a real GPU (256-thread blocks, grid-stride loops) but shrink to a few threads under the
 simulator, where every thread is a Python thread; kernels never assume a particular grid size, only that row
@@ -16,7 +16,7 @@ from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
 
 __all__ = ["grid1d", "row_threads", "check_device", "upload_small", "host_array", "MAX_ROW_THREADS", "F32", "F16",
-           "FLOATS", "unravel4", "fill0"]
+           "FLOATS", "unravel4", "fill0", "copy_cast"]
 
 MAX_ROW_THREADS = 256  # shared scratch length of the row-reduction kernels
 F32 = np.dtype(np.float32)
@@ -98,9 +98,9 @@ def flat(a):
     return a.reshape(a.size) if a.ndim != 1 else a
 
 
-# -- block reductions (device functions) -----------------------------------------------------------
-# Every thread of the block must call these with the same ``nt`` (a power of two <= MAX_ROW_THREADS);
-# ``sh`` is the block's float32 shared scratch.  The result is returned to every thread.
+# -- shared kernels; block reductions (device functions) ---------------------------------------------
+# Every thread of the block must call the reductions with the same ``nt`` (a power of two <= MAX_ROW_THREADS);
+# ``sh`` / ``sv`` is the block's float32 shared scratch.  The result is returned to every thread.
 
 from runtime.cuda import cuda, jit  # noqa: E402  (kept below the host helpers, which need no CUDA)
 
@@ -114,6 +114,15 @@ def fill0(a):
         a[i] = 0
 
 
+@jit
+def copy_cast(src, dst):
+    """dst[:] = src (converted to dst's dtype) over flat device arrays of one size, grid-stride."""
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, dst.size, step):
+        dst[i] = src[i]
+
+
 @jit(device=True)
 def unravel4(i, n1, n2, n3):
     """(i0, i1, i2, i3): flat index ``i`` over the C-order extents (., n1, n2, n3)."""
@@ -124,33 +133,40 @@ def unravel4(i, n1, n2, n3):
     return t // n1, t % n1, i2, i3
 
 
+SUM, MAX, ARGMAX = 0, 1, 2  # ``block_fold`` modes
+
+
 @jit(device=True)
-def block_sum(sh, tid, nt, v):
-    sh[tid] = v
+def block_fold(sv, si, tid, nt, mode):
+    """Fold slots ``[0, nt)`` of the scratch into slot 0 (each thread has written its own slot) and return
+    ``sv[0]``: ``SUM`` adds, ``MAX`` keeps the larger value (a NaN already in the lower slot stays),
+    ``ARGMAX`` keeps the larger value with its index in ``si`` and, on ties, the smaller index.  ``SUM`` and
+    ``MAX`` never touch ``si`` (pass ``sv``)."""
     cuda.syncthreads()
     s = nt // 2
     while s > 0:
         if tid < s:
-            sh[tid] += sh[tid + s]
+            o = sv[tid + s]
+            if mode == SUM:
+                sv[tid] += o
+            elif o > sv[tid] or (mode == ARGMAX and o == sv[tid] and si[tid + s] < si[tid]):
+                sv[tid] = o
+                if mode == ARGMAX:
+                    si[tid] = si[tid + s]
         cuda.syncthreads()
         s //= 2
-    r = sh[0]
+    r = sv[0]
     cuda.syncthreads()  # so the scratch can be reused right away
     return r
 
 
 @jit(device=True)
+def block_sum(sh, tid, nt, v):
+    sh[tid] = v
+    return block_fold(sh, sh, tid, nt, SUM)
+
+
+@jit(device=True)
 def block_max(sh, tid, nt, v):
     sh[tid] = v
-    cuda.syncthreads()
-    s = nt // 2
-    while s > 0:
-        if tid < s:
-            o = sh[tid + s]
-            if o > sh[tid]:
-                sh[tid] = o
-        cuda.syncthreads()
-        s //= 2
-    r = sh[0]
-    cuda.syncthreads()
-    return r
+    return block_fold(sh, sh, tid, nt, MAX)

@@ -12,21 +12,13 @@ import numpy as np
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
-from ._common import F16, F32, check_device, flat, grid1d
+from ._common import check_device, copy_cast, flat, grid1d
 
 __all__ = ["Cast"]
 
 _NUMERIC = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
                                    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
 _BOOL = np.dtype(np.bool_)
-
-
-@jit
-def _convert(x, out):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, x.size, step):
-        out[i] = x[i]
 
 
 @jit
@@ -51,5 +43,5 @@ def Cast(input, to, saturate=1, *, out=None):
     y = rc.device_empty(tuple(input.shape), dst) if out is None else out
     if input.size:
         blocks, threads = grid1d(input.size)
-        (_to_bool if dst == _BOOL and src != _BOOL else _convert)[blocks, threads](flat(input), flat(y))
+        (_to_bool if dst == _BOOL and src != _BOOL else copy_cast)[blocks, threads](flat(input), flat(y))
     return y

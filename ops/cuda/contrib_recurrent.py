@@ -34,7 +34,7 @@ from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
-from ._common import FLOATS, check_device, fill0, flat, grid1d, row_threads
+from ._common import FLOATS, check_device, copy_cast, fill0, flat, grid1d, row_threads
 
 __all__ = ["launch_linattn", "launch_la_gate", "launch_ccws"]
 
@@ -44,14 +44,6 @@ F32 = np.dtype(np.float32)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@jit
-def _copy_cast(src, dst):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, dst.size, step):
-        dst[i] = src[i]
-
 
 @jit
 def _la_scan(q, k, v, decay, beta, S, out, T, Hq, Hk, Hkv, Hout, dk, dv, nd, nb, group, krep,
@@ -128,6 +120,14 @@ def _at(a, b, c, t, C, n, cl):
 
 
 @jit(device=True)
+def _unravel(i, C, n, cl):
+    """(batch b, channel c, position t) of flat index ``i`` in a (B, C, n) or channels-last (B, n, C) tensor."""
+    if cl:
+        return i // (C * n), i % C, (i // C) % n
+    return i // (C * n), (i // n) % C, i % n
+
+
+@jit(device=True)
 def _padded(x, past, has_past, b, c, p, C, L, P, cl):
     """Position ``p`` of ``past ++ x`` (zeros for a missing past) along the length axis."""
     if p < P:
@@ -142,13 +142,7 @@ def _cconv(x, w, bias, has_bias, past, has_past, out, C, L, K, P, dil, silu, cl)
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     for i in range(start, out.size, step):
-        if cl:
-            c = i % C
-            t = (i // C) % L
-        else:
-            t = i % L
-            c = (i // L) % C
-        b = i // (C * L)
+        b, c, t = _unravel(i, C, L, cl)
         acc = np.float32(bias[c]) if has_bias else np.float32(0.0)
         for j in range(K):
             acc += np.float32(w[c * K + j]) * _padded(x, past, has_past, b, c, t + j * dil, C, L, P, cl)
@@ -162,13 +156,7 @@ def _cconv_state(x, past, has_past, present, C, L, P, cl):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     for i in range(start, present.size, step):
-        if cl:
-            c = i % C
-            j = (i // C) % P
-        else:
-            j = i % P
-            c = (i // P) % C
-        b = i // (C * P)
+        b, c, j = _unravel(i, C, P, cl)
         present[i] = _padded(x, past, has_past, b, c, L + j, C, L, P, cl)
 
 
@@ -204,7 +192,7 @@ def launch_linattn(la: LinAttn, ctx=None):
         present = rc.device_empty(sshape, sdt)
         S = present if sdt == F32 else rc.device_empty(sshape, F32)
         if past_state is not None:
-            _launch1d(_copy_cast, S.size, flat(past_state), flat(S))
+            _launch1d(copy_cast, S.size, flat(past_state), flat(S))
         else:
             _launch1d(fill0, S.size, flat(S))
         out = rc.device_empty((B, T, Hout * dv), query.dtype)
@@ -218,7 +206,7 @@ def launch_linattn(la: LinAttn, ctx=None):
                 int(key.shape[2]) // dk, Hkv, Hout, dk, dv, nd, nb, Hout // Hkv, krep, la.gating, la.delta,
                 np.float32(la.scale if la.scale else 1.0 / math.sqrt(dk)))
         if S is not present:
-            _launch1d(_copy_cast, S.size, flat(S), flat(present))
+            _launch1d(copy_cast, S.size, flat(S), flat(present))
         return out, present
     return run
 

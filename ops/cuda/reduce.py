@@ -18,7 +18,7 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ops._common import norm_axis
-from ._common import FLOATS, MAX_ROW_THREADS, check_device, flat, row_threads
+from ._common import ARGMAX, FLOATS, MAX_ROW_THREADS, block_fold, check_device, flat, row_threads
 
 __all__ = ["ArgMax"]
 
@@ -40,17 +40,7 @@ def _argmax_rows(x, out, n):
             bi = j
     sv[tid] = best
     si[tid] = bi
-    cuda.syncthreads()
-    s = nt // 2
-    while s > 0:
-        if tid < s:
-            ov = sv[tid + s]
-            oi = si[tid + s]
-            if ov > sv[tid] or (ov == sv[tid] and oi < si[tid]):
-                sv[tid] = ov
-                si[tid] = oi
-        cuda.syncthreads()
-        s //= 2
+    block_fold(sv, si, tid, nt, ARGMAX)
     if tid == 0:
         out[row] = si[0] if si[0] < n else 0
 

@@ -23,7 +23,7 @@ __all__ = ["fingerprint", "refresh"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _RUNTIME = os.path.join(os.path.dirname(_HERE), "runtime")
-# Compiled code outside ops/ that calls the package's kernels (the fused segments call ``_fastmath``).
+# Compiled code outside ops/ that calls the package's kernels (the fused segments call ``_elementwise_kernels``).
 _CALLERS = [os.path.join(_RUNTIME, "segments.py")]
 _FP = None
 

@@ -4,6 +4,8 @@ Each unary kernel ``u_<op>(x, out, p0, p1)`` maps a flat contiguous array
 into ``out`` (p0, p1: the op's float attributes).  Each binary op has a flat
 kernel ``b_<op>(x, y, out)`` for equal shapes and ``b4_<op>(x, y, out)`` for
 4-d broadcasting, where an input axis of extent 1 is read at index 0.
+``segment_op(op, x, y, out, o)`` is the fused segments' row op number ``op``
+(``SEGMENT`` names them), with the expression of that op's kernel.
 """
 import math
 
@@ -1130,3 +1132,30 @@ def b4_prelu(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x if x >= 0 else x * y
+
+
+SEGMENT = ('add', 'sub', 'mul', 'div_f', 'relu', 'neg', 'exp', 'tanh', 'sigmoid', 'abs')
+
+
+@njit(inline="always", **_OPTS)
+def segment_op(op, x, y, out, o):
+    if op == 0:  # add
+        out[o] = x + y
+    elif op == 1:  # sub
+        out[o] = x - y
+    elif op == 2:  # mul
+        out[o] = x * y
+    elif op == 3:  # div_f
+        out[o] = x / y
+    elif op == 4:  # relu
+        out[o] = x if x > 0 or x != x else False
+    elif op == 5:  # neg
+        out[o] = -x
+    elif op == 6:  # exp
+        out[o] = fexp(x)
+    elif op == 7:  # tanh
+        out[o] = math.tanh(x)
+    elif op == 8:  # sigmoid
+        out[o] = fsigmoid(x)
+    elif op == 9:  # abs
+        out[o] = abs(x)

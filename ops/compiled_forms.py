@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from ._common import serial_twin
+from .elementwise import BINARY
 from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
 from . import matmul as _mm
@@ -296,8 +297,7 @@ def _operand(e, k, other_dt):
     return f"{{i{k}}}"
 
 
-@form(*_BIN)
-def _binary(e):
+def _binary(e, bound):
     a, b = e.dtype(0), e.dtype(1)
     if a != b or a.kind not in "iuf" or (a.kind != "f" and e.node.op_type == "Div"):
         raise Decline("dtype")
@@ -313,27 +313,9 @@ def _binary(e):
     e.declare(0, a, max(e.rank(0), e.rank(1)))
 
 
-_UNARY = {"Sigmoid": "u_sigmoid", "Tanh": "u_tanh", "Relu": "u_relu", "Exp": "u_exp", "Neg": "u_neg",
-          "Sqrt": "u_sqrt", "Erf": "u_erf", "Abs": "u_abs", "Reciprocal": "u_reciprocal"}
-
-
-def _unary_call(e, kernel, p0=0.0, p1=0.0):
-    float_only(e, 0)
-    k = e.use("ops._elementwise_kernels", kernel)
-    e.line("{o0} = np.empty_like({i0})",
-           f"{k}({{i0}}.reshape(({{i0}}.size,)), {{o0}}.reshape(({{o0}}.size,)), {float(p0)!r}, {float(p1)!r})")
-    e.declare(0, F32, e.rank(0))
-
-
-@form(*_UNARY)
-def _unary(e):
-    _unary_call(e, _UNARY[e.node.op_type])
-
-
-@form("Gelu")
-def _gelu_onnx(e):
-    approx = e.attrs.get("approximate", "none")
-    _unary_call(e, "u_gelu_tanh" if approx == "tanh" else "u_gelu")
+for _name in _BIN:  # the binds of ops.elementwise: the wrappers' and the CUDA launches'
+    for _v in BINARY[_name][1]:
+        form(_name, since=_v, bind=BINARY[_name][0])(_binary)
 
 
 # -- matmul and norms ------------------------------------------------------------------------------

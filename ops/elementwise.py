@@ -6,12 +6,15 @@ floats are computed in float32 and rounded back.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import _elementwise_kernels as K
 from ._common import F32, broadcast_shape, lowp, out_buffer, to4
+from .forms import float_only, form
 from .registry import op
 
 BOOL = np.dtype(bool)
@@ -77,74 +80,134 @@ def _run_object(flat, a, b, name):
     return np.asarray(f(a, b), dtype=bool)
 
 
-def _unary(kern, float_only=False, out_dtype=None, p0=0.0, p1=0.0, name=""):
-    # ONNX float attributes are float32: a default written in a signature (alpha=0.01) is rounded as the model's
-    # own value would be, so float64 inputs see the same constant as onnxruntime's kernels
-    p0, p1 = float(np.float32(p0)), float(np.float32(p1))
-
-    def factory(ctx, **attrs):
-        buf = ctx.out[0] if ctx.out else None
-
-        def run(x):
-            if float_only and x.dtype.kind != "f" and not lowp(x.dtype):
-                raise InvalidArgumentError(f"{ctx.op_type} expects a floating-point input, got {x.dtype}")
-            return run_unary(kern, x, buf, p0, p1, out_dtype)
-        return run
-    return factory
-
-
-def _binary(flat, nd, out_dtype=None):
-    def factory(ctx):
-        buf = ctx.out[0] if ctx.out else None
-        name = ctx.op_type
-
-        def run(a, b):
-            return run_binary(flat, nd, a, b, buf, out_dtype, name)
-        return run
-    return factory
-
-
 # -- unary math ------------------------------------------------------------------------------------
 
-def _reg_unary(onnx_name, versions, kern, **kw):
-    f = _unary(kern, **kw)
-    for v in versions:
-        op(onnx_name, v, factory=True)(f)
+class Unary(NamedTuple):
+    """A unary elementwise op bound to its node: ``kernel`` names ``_elementwise_kernels.u_<kernel>`` (the CUDA
+    implementations map it to their device code); ``p0``/``p1`` its float attributes; ``check``: ``"no_int"``
+    refuses integer inputs; ``out_dtype``: the result's dtype when it is not the input's."""
+    op: str
+    kernel: str
+    p0: float = 0.0
+    p1: float = 0.0
+    check: str = ""
+    out_dtype: Any = None
 
 
-_reg_unary("Abs", (6, 13), K.u_abs)
-_reg_unary("Neg", (6, 13), K.u_neg)
-for _n, _k, _v in [("Exp", K.u_exp, (6, 13)), ("Log", K.u_log, (6, 13)), ("Sqrt", K.u_sqrt, (6, 13)),
-                   ("Tanh", K.u_tanh, (6, 13)), ("Sigmoid", K.u_sigmoid, (6, 13)), ("Erf", K.u_erf, (9, 13)),
-                   ("Sin", K.u_sin, (7,)), ("Cos", K.u_cos, (7,)), ("Tan", K.u_tan, (7,)),
-                   ("Asin", K.u_asin, (7,)), ("Acos", K.u_acos, (7,)), ("Atan", K.u_atan, (7,)),
-                   ("Sinh", K.u_sinh, (9,)), ("Cosh", K.u_cosh, (9,)), ("Asinh", K.u_asinh, (9,)),
-                   ("Acosh", K.u_acosh, (9,)), ("Atanh", K.u_atanh, (9,)),
-                   ("Floor", K.u_floor, (6, 13)), ("Ceil", K.u_ceil, (6, 13)), ("Round", K.u_round, (11,)),
-                   ("Softplus", K.u_softplus, (1,)), ("Softsign", K.u_softsign, (1,)), ("Mish", K.u_mish, (18,))]:
-    _reg_unary(_n, _v, _k)
+def _unary(op_type, kernel, p0=0.0, p1=0.0, **kw) -> Unary:
+    # ONNX float attributes are float32: a default written in a signature (alpha=0.01) is rounded as the model's
+    # own value would be, so float64 inputs see the same constant as onnxruntime's kernels
+    return Unary(op_type, kernel, float(np.float32(p0)), float(np.float32(p1)), **kw)
 
 
-@op("HardSwish", 14, factory=True)
-def HardSwish(ctx):
+def _plain(op_type, kernel, **kw):
+    """The bind of a unary op without attributes."""
+    def bind(ctx):
+        return _unary(op_type, kernel, **kw)
+    bind.__name__ = f"bind_{kernel}"
+    return bind
+
+
+def bind_hardswish(ctx):
     """x * HardSigmoid(x) with alpha 1/6 (as a float32 attribute) and beta 0.5, as the spec defines it."""
-    return _unary(K.u_hardswish, p0=1 / 6, p1=0.5)(ctx)
+    return _unary("HardSwish", "hardswish", 1 / 6, 0.5)
 
 
-@op("Reciprocal", 6, factory=True)
-def Reciprocal(ctx):
+def bind_isinf(ctx, detect_negative=1, detect_positive=1):
+    return _unary("IsInf", "isinf", float(detect_positive), float(detect_negative), out_dtype=BOOL)
+
+
+def bind_elu(ctx, alpha=1.0):
+    return _unary("Elu", "elu", alpha)
+
+
+def bind_selu(ctx, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    return _unary("Selu", "selu", alpha, gamma)
+
+
+def bind_celu(ctx, alpha=1.0):
+    return _unary("Celu", "celu", alpha)
+
+
+def bind_leakyrelu(ctx, alpha=0.01):
+    return _unary("LeakyRelu", "leakyrelu", alpha)
+
+
+def bind_hardsigmoid(ctx, alpha=0.2, beta=0.5):
+    return _unary("HardSigmoid", "hardsigmoid", alpha, beta)
+
+
+def bind_thresholdedrelu(ctx, alpha=1.0):
+    return _unary("ThresholdedRelu", "thresholdedrelu", alpha)
+
+
+def bind_shrink(ctx, bias=0.0, lambd=0.5):
+    return _unary("Shrink", "shrink", bias, lambd)
+
+
+def bind_gelu(ctx, approximate="none"):
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    if approximate not in ("none", "tanh"):
+        raise InvalidAttributeError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _unary("Gelu", "gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+def bind_swish(ctx, alpha=1.0):
+    return _unary("Swish", "swish", alpha)
+
+
+# op type -> (its bind, the versions it is registered at): every implementation of a unary op (the CPU wrapper
+# here, its region form, its CUDA launch) registers with this bind.
+UNARY = {
+    **{name: (_plain(name, kernel), vers) for name, kernel, vers in [
+        ("Abs", "abs", (6, 13)), ("Neg", "neg", (6, 13)), ("Exp", "exp", (6, 13)), ("Log", "log", (6, 13)),
+        ("Sqrt", "sqrt", (6, 13)), ("Tanh", "tanh", (6, 13)), ("Sigmoid", "sigmoid", (6, 13)),
+        ("Erf", "erf", (9, 13)), ("Sin", "sin", (7,)), ("Cos", "cos", (7,)), ("Tan", "tan", (7,)),
+        ("Asin", "asin", (7,)), ("Acos", "acos", (7,)), ("Atan", "atan", (7,)), ("Sinh", "sinh", (9,)),
+        ("Cosh", "cosh", (9,)), ("Asinh", "asinh", (9,)), ("Acosh", "acosh", (9,)), ("Atanh", "atanh", (9,)),
+        ("Floor", "floor", (6, 13)), ("Ceil", "ceil", (6, 13)), ("Round", "round", (11,)),
+        ("Softplus", "softplus", (1,)), ("Softsign", "softsign", (1,)), ("Mish", "mish", (18,)),
+        ("Relu", "relu", (6,)), ("Not", "not_", (1,)), ("BitwiseNot", "bitwise_not", (18,))]},
+    "Reciprocal": (_plain("Reciprocal", "reciprocal", check="no_int"), (6,)),
+    "IsNaN": (_plain("IsNaN", "isnan", out_dtype=BOOL), (9,)),
+    "HardSwish": (bind_hardswish, (14,)), "IsInf": (bind_isinf, (10,)), "Elu": (bind_elu, (6,)),
+    "Selu": (bind_selu, (6,)), "Celu": (bind_celu, (12,)), "LeakyRelu": (bind_leakyrelu, (6,)),
+    "HardSigmoid": (bind_hardsigmoid, (6,)), "ThresholdedRelu": (bind_thresholdedrelu, (10,)),
+    "Shrink": (bind_shrink, (9,)), "Gelu": (bind_gelu, (20,)), "Swish": (bind_swish, (24,)),
+}
+
+
+def unary_cpu(u: Unary, ctx):
+    """The CPU implementation of every unary op: its ``_elementwise_kernels`` kernel over the flat input, into
+    the plan's buffer when it has one."""
     buf = ctx.out[0] if ctx.out else None
+    kern = getattr(K, "u_" + u.kernel)
+    no_int = u.check == "no_int"
 
     def run(x):
-        if x.dtype.kind in "iu":
-            raise InvalidArgumentError(f"Reciprocal expects a floating-point input, got {x.dtype}")
-        return run_unary(K.u_reciprocal, x, buf)
+        if no_int and x.dtype.kind in "iu":
+            raise InvalidArgumentError(f"{u.op} expects a floating-point input, got {x.dtype}")
+        return run_unary(kern, x, buf, u.p0, u.p1, u.out_dtype)
     return run
 
 
-@op("Relu", 6, factory=True)
-def Relu(ctx):
-    return _unary(K.u_relu)(ctx)
+# The unary ops a compiled region runs (float32): the same kernels, called from the generated code.
+FORM_UNARY = ("Sigmoid", "Tanh", "Relu", "Exp", "Neg", "Sqrt", "Erf", "Abs", "Reciprocal", "Gelu")
+
+
+def unary_form(e, u: Unary):
+    float_only(e, 0)
+    k = e.use("ops._elementwise_kernels", "u_" + u.kernel)
+    e.line("{o0} = np.empty_like({i0})",
+           f"{k}({{i0}}.reshape(({{i0}}.size,)), {{o0}}.reshape(({{o0}}.size,)), {u.p0!r}, {u.p1!r})")
+    e.declare(0, F32, e.rank(0))
+
+
+for _name, (_bind, _vers) in UNARY.items():
+    for _v in _vers:
+        op(_name, _v, bind=_bind, writes_out=True)(unary_cpu)
+        if _name in FORM_UNARY:
+            form(_name, since=_v, bind=_bind)(unary_form)
 
 
 @op("Sign", 9, factory=True)
@@ -160,79 +223,44 @@ def Sign(ctx):
     return run
 
 
-@op("Not", 1, factory=True)
-def Not(ctx):
-    return _unary(K.u_not_)(ctx)
-
-
-@op("BitwiseNot", 18, factory=True)
-def BitwiseNot(ctx):
-    return _unary(K.u_bitwise_not)(ctx)
-
-
-@op("IsNaN", 9, factory=True)
-def IsNaN(ctx):
-    return _unary(K.u_isnan, out_dtype=BOOL)(ctx)
-
-
-@op("IsInf", 10, factory=True)
-def IsInf(ctx, detect_negative=1, detect_positive=1):
-    return _unary(K.u_isinf, out_dtype=BOOL, p0=float(detect_positive), p1=float(detect_negative))(ctx)
-
-
-@op("Elu", 6, factory=True)
-def Elu(ctx, alpha=1.0):
-    return _unary(K.u_elu, p0=alpha)(ctx)
-
-
-@op("Selu", 6, factory=True)
-def Selu(ctx, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
-    return _unary(K.u_selu, p0=alpha, p1=gamma)(ctx)
-
-
-@op("Celu", 12, factory=True)
-def Celu(ctx, alpha=1.0):
-    return _unary(K.u_celu, p0=alpha)(ctx)
-
-
-@op("LeakyRelu", 6, factory=True)
-def LeakyRelu(ctx, alpha=0.01):
-    return _unary(K.u_leakyrelu, p0=alpha)(ctx)
-
-
-@op("HardSigmoid", 6, factory=True)
-def HardSigmoid(ctx, alpha=0.2, beta=0.5):
-    return _unary(K.u_hardsigmoid, p0=alpha, p1=beta)(ctx)
-
-
-@op("ThresholdedRelu", 10, factory=True)
-def ThresholdedRelu(ctx, alpha=1.0):
-    return _unary(K.u_thresholdedrelu, p0=alpha)(ctx)
-
-
-@op("Shrink", 9, factory=True)
-def Shrink(ctx, bias=0.0, lambd=0.5):
-    return _unary(K.u_shrink, p0=bias, p1=lambd)(ctx)
-
-
-@op("Gelu", 20, factory=True)
-def Gelu(ctx, approximate="none"):
-    if approximate not in ("none", "tanh"):
-        raise InvalidAttributeError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _unary(K.u_gelu_tanh if approximate == "tanh" else K.u_gelu)(ctx)
-
-
-@op("Swish", 24, factory=True)
-def Swish(ctx, alpha=1.0):
-    return _unary(K.u_swish, p0=alpha)(ctx)
-
-
 # -- binary ----------------------------------------------------------------------------------------
 
-for _name, _fl, _nd, _vers in [("Add", K.b_add, K.b4_add, (7, 13, 14)), ("Sub", K.b_sub, K.b4_sub, (7, 13, 14)),
-                               ("Mul", K.b_mul, K.b4_mul, (7, 13, 14))]:
+class Binary(NamedTuple):
+    """A binary elementwise op bound to its node: ``kernel`` names the flat and 4-d broadcasting kernels
+    ``_elementwise_kernels.b_<kernel>`` / ``b4_<kernel>`` (Div and Pow pick theirs by dtype); ``out_dtype``: the
+    result's dtype when it is not the inputs'."""
+    op: str
+    kernel: str
+    out_dtype: Any = None
+
+
+def _plain_binary(op_type, kernel, out_dtype=None):
+    def bind(ctx):
+        return Binary(op_type, kernel, out_dtype)
+    bind.__name__ = f"bind_{kernel}"
+    return bind
+
+
+def binary_cpu(b: Binary, ctx):
+    """The CPU implementation of the binary ops with one kernel: flat for equal shapes, else 4-d broadcasting."""
+    buf = ctx.out[0] if ctx.out else None
+    flat, nd = getattr(K, "b_" + b.kernel), getattr(K, "b4_" + b.kernel)
+
+    def run(a, c):
+        return run_binary(flat, nd, a, c, buf, b.out_dtype, b.op)
+    return run
+
+
+BINARY = {name: (_plain_binary(name, kernel, out), vers) for name, kernel, out, vers in [
+    ("Add", "add", None, (7, 13, 14)), ("Sub", "sub", None, (7, 13, 14)), ("Mul", "mul", None, (7, 13, 14)),
+    ("Equal", "equal", BOOL, (7, 11, 13, 19)), ("Less", "less", BOOL, (7, 9, 13)),
+    ("LessOrEqual", "less_equal", BOOL, (12, 16)), ("Greater", "greater", BOOL, (7, 9, 13)),
+    ("GreaterOrEqual", "greater_equal", BOOL, (12, 16)), ("And", "and_", BOOL, (7,)), ("Or", "or_", BOOL, (7,)),
+    ("Xor", "xor", BOOL, (7,)), ("BitwiseAnd", "bitwise_and", None, (18,)), ("BitwiseOr", "bitwise_or", None, (18,)),
+    ("BitwiseXor", "bitwise_xor", None, (18,))]}
+for _name, (_bind, _vers) in BINARY.items():
     for _v in _vers:
-        op(_name, _v, factory=True)(_binary(_fl, _nd))
+        op(_name, _v, bind=_bind, writes_out=True)(binary_cpu)
 
 
 def _no_zero_divisor(b, op_type):
@@ -244,19 +272,21 @@ def _no_zero_divisor(b, op_type):
                                    f"is 0 at index {[int(i) for i in at]}")
 
 
-def _div_factory(ctx):
+def div_cpu(b: Binary, ctx):
+    """Div: integer division (refusing a zero divisor) or IEEE float division, by the inputs' dtype."""
     buf = ctx.out[0] if ctx.out else None
 
-    def run(a, b):
+    def run(a, c):
         if a.dtype.kind in "iu":
-            _no_zero_divisor(b, "Div")
-            return run_binary(K.b_div_i, K.b4_div_i, a, b, buf, None, "Div")
-        return run_binary(K.b_div_f, K.b4_div_f, a, b, buf, None, "Div")
+            _no_zero_divisor(c, "Div")
+            return run_binary(K.b_div_i, K.b4_div_i, a, c, buf, None, "Div")
+        return run_binary(K.b_div_f, K.b4_div_f, a, c, buf, None, "Div")
     return run
 
 
-for _v in (7, 13, 14):
-    op("Div", _v, factory=True)(_div_factory)
+BINARY["Div"] = (_plain_binary("Div", "div"), (7, 13, 14))
+for _v in BINARY["Div"][1]:
+    op("Div", _v, bind=BINARY["Div"][0], writes_out=True)(div_cpu)
 
 
 @op("Mod", 10, factory=True)
@@ -280,47 +310,32 @@ def Mod(ctx, fmod=0):
 op("Mod", 13, factory=True)(Mod)
 
 
-@op("Pow", 7, factory=True)
-def Pow(ctx):
+def pow_cpu(b: Binary, ctx):
+    """Pow: in the base's dtype (an integer base through float64, a mixed exponent converted first)."""
     buf = ctx.out[0] if ctx.out else None
 
-    def run(a, b):
-        if b.dtype != a.dtype:
-            b = b.astype(a.dtype if a.dtype.kind == "f" or lowp(a.dtype) else np.float64)
-            if b.dtype != a.dtype:
-                r = run_binary(K.b_pow, K.b4_pow, a.astype(np.float64), b, None, None, "Pow")
+    def run(a, c):
+        if c.dtype != a.dtype:
+            c = c.astype(a.dtype if a.dtype.kind == "f" or lowp(a.dtype) else np.float64)
+            if c.dtype != a.dtype:
+                r = run_binary(K.b_pow, K.b4_pow, a.astype(np.float64), c, None, None, "Pow")
                 return r.astype(a.dtype)
         if a.dtype.kind in "iu":
-            r = run_binary(K.b_pow, K.b4_pow, a.astype(np.float64), b.astype(np.float64), None, None, "Pow")
+            r = run_binary(K.b_pow, K.b4_pow, a.astype(np.float64), c.astype(np.float64), None, None, "Pow")
             return r.astype(a.dtype)
-        return run_binary(K.b_pow, K.b4_pow, a, b, buf, None, "Pow")
+        return run_binary(K.b_pow, K.b4_pow, a, c, buf, None, "Pow")
     return run
 
 
-for _v in (12, 13, 15):
-    op("Pow", _v, factory=True)(Pow)
-
-for _name, _fl, _nd, _vers in [
-        ("Equal", K.b_equal, K.b4_equal, (7, 11, 13, 19)), ("Less", K.b_less, K.b4_less, (7, 9, 13)),
-        ("LessOrEqual", K.b_less_equal, K.b4_less_equal, (12, 16)),
-        ("Greater", K.b_greater, K.b4_greater, (7, 9, 13)),
-        ("GreaterOrEqual", K.b_greater_equal, K.b4_greater_equal, (12, 16)),
-        ("And", K.b_and_, K.b4_and_, (7,)), ("Or", K.b_or_, K.b4_or_, (7,)), ("Xor", K.b_xor, K.b4_xor, (7,))]:
-    for _v in _vers:
-        op(_name, _v, factory=True)(_binary(_fl, _nd, BOOL))
-
-for _name, _fl, _nd in [("BitwiseAnd", K.b_bitwise_and, K.b4_bitwise_and),
-                        ("BitwiseOr", K.b_bitwise_or, K.b4_bitwise_or),
-                        ("BitwiseXor", K.b_bitwise_xor, K.b4_bitwise_xor)]:
-    op(_name, 18, factory=True)(_binary(_fl, _nd))
-
+BINARY["Pow"] = (_plain_binary("Pow", "pow"), (7, 12, 13, 15))
+for _v in BINARY["Pow"][1]:
+    op("Pow", _v, bind=BINARY["Pow"][0], writes_out=True)(pow_cpu)
 
 @op("BitShift", 11, factory=True)
 def BitShift(ctx, direction=""):
     if direction not in ("LEFT", "RIGHT"):
         raise InvalidAttributeError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    k = (K.b_shl, K.b4_shl) if direction == "LEFT" else (K.b_shr, K.b4_shr)
-    return _binary(*k)(ctx)
+    return binary_cpu(Binary("BitShift", "shl" if direction == "LEFT" else "shr"), ctx)
 
 
 @op("PRelu", 7, factory=True)

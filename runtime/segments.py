@@ -30,12 +30,15 @@ import math
 import numpy as np
 from numba import njit
 
-from ops._fastmath import fexp, fsigmoid
+from ops import _elementwise_kernels as K
 
 __all__ = ["OPCODES", "MAX_ELEMENTS", "find_segments", "runs_of", "Segment"]
 
-OPCODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 4, "Neg": 5, "Exp": 6, "Tanh": 7, "Sigmoid": 8,
-           "Abs": 9}
+# ONNX op -> its opcode: the index of its kernel in the generated ``SEGMENT``, whose ``segment_op`` computes it
+# with the expression of that kernel (tools/gen_elementwise.py holds both).
+OPCODES = {name: K.SEGMENT.index(kernel) for name, kernel in (
+    ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div_f"), ("Relu", "relu"), ("Neg", "neg"),
+    ("Exp", "exp"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"), ("Abs", "abs"))}
 BINARY = {"Add", "Sub", "Mul", "Div"}
 MAX_ELEMENTS = 4096
 F32 = np.dtype(np.float32)
@@ -52,29 +55,7 @@ def _run_segment(arena, code):
         o = code[r, 5]
         n = code[r, 6]
         for i in range(n):
-            x = arena[a + i * sa]
-            y = arena[b + i * sb]
-            if op == 0:
-                v = x + y
-            elif op == 1:
-                v = x - y
-            elif op == 2:
-                v = x * y
-            elif op == 3:
-                v = x / y
-            elif op == 4:
-                v = x if x > 0 or x != x else np.float32(0.0)
-            elif op == 5:
-                v = -x
-            elif op == 6:
-                v = fexp(x)
-            elif op == 7:
-                v = math.tanh(x)
-            elif op == 8:
-                v = fsigmoid(x)
-            else:
-                v = abs(x)
-            arena[o + i] = v
+            K.segment_op(op, arena[a + i * sa], arena[b + i * sb], arena, o + i)
 
 
 def _qualifies(node, impl, value_info, initializers) -> bool:

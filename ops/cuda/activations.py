@@ -17,14 +17,14 @@ import math
 import numpy as np
 
 from ops.contrib_norm import GeluOp, bind_bias_gelu, bind_fast_gelu, bind_gelu, bind_quick_gelu, gelu_check
+from ops.elementwise import UNARY, Unary
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError
+from runtime.errors import InvalidArgumentError
 from ._common import FLOATS, check_device, flat, grid1d
 
-__all__ = ["launch_gelu", "Gelu_20", "Softplus", "Softsign", "HardSigmoid",
-           "LeakyRelu"]
+__all__ = ["launch_gelu", "launch_activation"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
@@ -92,29 +92,23 @@ for _name, _bind in (("Gelu", bind_gelu), ("BiasGelu", bind_bias_gelu), ("FastGe
     op(_name, 1, domain=MS, provider=CUDA, bind=_bind)(launch_gelu)
 
 
-@op("Gelu", 20, provider=CUDA)
-def Gelu_20(X, approximate="none"):
-    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
-    if approximate not in ("none", "tanh"):
-        raise InvalidAttributeError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _run("Gelu", X, None, GELU_TANH if approximate == "tanh" else GELU_ERF)
+# The default-domain activations this kernel computes: the ``_elementwise_kernels`` name of each (its bound
+# ``Unary.kernel``) -> the kernel's mode.
+_MODES = {"gelu": GELU_ERF, "gelu_tanh": GELU_TANH, "softplus": SOFTPLUS, "softsign": SOFTSIGN,
+          "hardsigmoid": HARDSIGMOID, "leakyrelu": LEAKYRELU}
 
 
-@op("Softplus", 1, provider=CUDA)
-def Softplus(X):
-    return _run("Softplus", X, None, SOFTPLUS)
+def launch_activation(u: Unary, ctx=None):
+    """The CUDA implementation of Gelu (opset 20), Softplus, Softsign, HardSigmoid and LeakyRelu (their bind is
+    ``ops.elementwise``'s: attribute defaults and checks written once there)."""
+    mode = _MODES[u.kernel]
+
+    def run(X):
+        return _run(u.op, X, None, mode, u.p0, u.p1)
+    return run
 
 
-@op("Softsign", 1, provider=CUDA)
-def Softsign(input):
-    return _run("Softsign", input, None, SOFTSIGN)
-
-
-@op("HardSigmoid", 6, provider=CUDA)
-def HardSigmoid(X, alpha=0.2, beta=0.5):
-    return _run("HardSigmoid", X, None, HARDSIGMOID, alpha, beta)
-
-
-@op("LeakyRelu", 6, provider=CUDA)
-def LeakyRelu(X, alpha=0.01):
-    return _run("LeakyRelu", X, None, LEAKYRELU, alpha)
+for _name in ("Gelu", "Softplus", "Softsign", "HardSigmoid", "LeakyRelu"):
+    _bind, _vers = UNARY[_name]
+    for _v in _vers:
+        op(_name, _v, provider=CUDA, bind=_bind)(launch_activation)

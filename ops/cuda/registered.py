@@ -25,9 +25,10 @@ import numpy as np
 
 from ops._common import as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
+from ops.elementwise import BINARY, UNARY, Binary, Unary
 from ops.matmul import matmul_shapes
 from ops.registry import op
-from ops.shape import squeeze_array, unsqueeze_array, reshape_target
+from ops.shape import reshape_target, squeeze_array, unsqueeze_array
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
@@ -54,32 +55,31 @@ def reshape_device(a, shape):
 
 # -- elementwise -----------------------------------------------------------------------------------
 
-def _binary_fn(name):
-    def fn(A, B):
-        return kel.binary(name, A, B)
-    fn.__name__ = name
-    return fn
+def launch_binary(b: Binary, ctx=None):
+    """The CUDA implementation of Add, Sub, Mul, Div and Pow (their bind is ``ops.elementwise``'s)."""
+    def run(A, B):
+        return kel.binary(b.op, A, B)
+    return run
 
 
-for _name in ("Add", "Sub", "Mul", "Div"):
-    for _v in (7, 13, 14):
-        op(_name, _v, provider=CUDA)(_binary_fn(_name))
-for _v in (7, 12, 13, 15):
-    op("Pow", _v, provider=CUDA)(_binary_fn("Pow"))
-
-
-def _unary_fn(name):
-    def fn(X):
-        return kel.unary(name, X)
-    fn.__name__ = name
-    return fn
-
-
-for _name, _vers in (("Neg", (6, 13)), ("Exp", (6, 13)), ("Sigmoid", (6, 13)), ("Tanh", (6, 13)), ("Relu", (6,)),
-                     ("Sqrt", (6, 13)), ("Erf", (9, 13)), ("Abs", (6, 13)), ("Log", (6, 13)),
-                     ("Reciprocal", (6, 13)), ("Sin", (7,)), ("Cos", (7,)), ("Floor", (6, 13)), ("Ceil", (6, 13))):
+for _name in kel.BINARY_OPS:
+    _bind, _vers = BINARY[_name]
     for _v in _vers:
-        op(_name, _v, provider=CUDA)(_unary_fn(_name))
+        op(_name, _v, provider=CUDA, bind=_bind)(launch_binary)
+
+
+def launch_unary(u: Unary, ctx=None):
+    """The CUDA implementation of the unary ops ``ops.cuda.elementwise`` computes (their bind is
+    ``ops.elementwise``'s)."""
+    def run(X):
+        return kel.unary(u.op, X)
+    return run
+
+
+for _name in kel.UNARY_OPS:
+    _bind, _vers = UNARY[_name]
+    for _v in _vers:
+        op(_name, _v, provider=CUDA, bind=_bind)(launch_unary)
 
 
 @op("Where", 9, provider=CUDA)

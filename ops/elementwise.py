@@ -3,6 +3,14 @@
 Wrappers flatten same-shape operands and canonicalize broadcasts to 4-d, so
 each kernel in ``_elementwise_kernels`` compiles once per dtype.  16-bit
 floats are computed in float32 and rounded back.
+
+``UNARY`` and ``BINARY`` are the one table of the elementwise ops: op type ->
+(its bind, its versions).  A bind takes the node's attributes (defaults
+written there only) and returns a ``Unary`` / ``Binary`` record naming the
+generated kernel; the CPU wrapper here, the region form (``unary_form`` here,
+the binary one in ``compiled_forms``) and the CUDA launches
+(``ops/cuda/registered.py``, ``ops/cuda/activations.py``) all register with
+that bind.
 """
 from __future__ import annotations
 

@@ -191,11 +191,12 @@ def unary_cpu(u: Unary, ctx):
     buf = ctx.out[0] if ctx.out else None
     kern = getattr(K, "u_" + u.kernel)
     no_int = u.check == "no_int"
+    name, p0, p1, out_dtype = u.op, u.p0, u.p1, u.out_dtype  # closure cells: read once per call
 
     def run(x):
         if no_int and x.dtype.kind in "iu":
-            raise InvalidArgumentError(f"{u.op} expects a floating-point input, got {x.dtype}")
-        return run_unary(kern, x, buf, u.p0, u.p1, u.out_dtype)
+            raise InvalidArgumentError(f"{name} expects a floating-point input, got {x.dtype}")
+        return run_unary(kern, x, buf, p0, p1, out_dtype)
     return run
 
 
@@ -253,9 +254,10 @@ def binary_cpu(b: Binary, ctx):
     """The CPU implementation of the binary ops with one kernel: flat for equal shapes, else 4-d broadcasting."""
     buf = ctx.out[0] if ctx.out else None
     flat, nd = getattr(K, "b_" + b.kernel), getattr(K, "b4_" + b.kernel)
+    out_dtype, name = b.out_dtype, b.op  # closure cells: read once per call
 
     def run(a, c):
-        return run_binary(flat, nd, a, c, buf, b.out_dtype, b.op)
+        return run_binary(flat, nd, a, c, buf, out_dtype, name)
     return run
 
 

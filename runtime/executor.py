@@ -4,7 +4,11 @@
 an integer slot, every kernel bound to its attributes and plan-time context,
 buffers of statically shaped intermediates assigned from an arena whose
 blocks are recycled once the value (and every view of it) is dead.  ``run``
-is then a short loop over tuples with no dictionary look-ups.
+is then a short loop over tuples with no dictionary look-ups.  A step is the
+plain tuple ``(fn, get, out, frees)``: ``fn(*get(values))`` writes slot
+``out`` (an int, or a tuple of them), then the slots in ``frees`` are cleared
+(a plain tuple, not a named one: the run loop unpacks it once per node, and
+CPython unpacks only exact tuples on its fast path).
 
 Invariants:
 - slot 0 always holds None and stands for absent optional inputs; results of
@@ -30,7 +34,7 @@ import numpy as np
 from ops import registry
 from .errors import UnsupportedOpError
 from .ir import Graph, free_names, subgraphs
-from .planner import KernelError, Slots, Step, bind_node, check_static_sizes, frees_of, liveness, node_context, \
+from .planner import KernelError, Slots, bind_node, check_static_sizes, frees_of, liveness, node_context, \
     node_inputs, observed, raise_at
 from .providers import PROVIDERS
 from .segments import Segment, find_segments
@@ -49,7 +53,7 @@ def _getter(slots):
 def _observed(steps, observer) -> list:
     """``steps`` with each function wrapped to call ``observer.before(k)`` and ``observer.after(k, args, result,
     t0_ns)`` around it (one run's worth: profiling, ``RunOptions.terminate``)."""
-    return [Step(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
+    return [(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
 
 
 def _fused_runs(graph, bound, slot_of, last_use, session_options, provider):
@@ -233,7 +237,7 @@ class Plan:
         fn = run if len(out_slots) != 1 else (lambda *xs, _r=run: _r(*xs)[0])
         frees = tuple(sorted({s for k in range(i, end_i) for s in step_reads[k]
                               if i <= last_use[s] < end_i and s not in self.init_slots and s not in keep}))
-        return Step(fn, _getter(in_slots), out, frees)
+        return fn, _getter(in_slots), out, frees
 
     def _read_after(self, i, end_i):
         L = self._layout
@@ -266,7 +270,7 @@ class Plan:
         outs = [slot_of[o] if o else L["discard"] for o in node.outputs]
         out = outs[0] if len(outs) == 1 else tuple(outs)
         frees = frees_of(i, L["step_reads"], L["last_use"], self.init_slots)
-        return Step(fn, _getter(in_slots), out, frees)
+        return fn, _getter(in_slots), out, frees
 
     def _steps_into(self, bound: dict):
         """``steps`` with the kernels that produce the outputs in ``bound`` ({output position: array}) bound to
@@ -382,7 +386,7 @@ class Plan:
                             g.cancel()
                         wait(running)
                         self.raise_at_step(k, e)
-                    out = steps[k].out
+                    out = steps[k][2]
                     if out.__class__ is int:
                         vals[out] = r
                     else:
@@ -500,7 +504,7 @@ class Plan:
         from .regions import CompileProgress
         cold, self._cold = self._cold, None
         progress = CompileProgress(cold or ())
-        steps = [Step(self._first_call(k, fn, progress), get, out, frees)
+        steps = [(self._first_call(k, fn, progress), get, out, frees)
                  for k, (fn, get, out, frees) in enumerate(self.steps)]
         try:
             return self._run_steps(feeds, outer, steps)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -65,15 +64,6 @@ def store(vals, out, r) -> None:
     else:
         for o, x in zip(out, r):
             vals[o] = x
-
-
-class Step(NamedTuple):
-    """One step of a CPU plan: ``fn(*get(values))`` writes slot ``out`` (an int, or a tuple of them for several
-    outputs); the slots in ``frees`` are cleared after it (their last reader)."""
-    fn: Callable
-    get: Callable
-    out: Any
-    frees: tuple
 
 
 class Slots:

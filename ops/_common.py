@@ -11,6 +11,7 @@ import contextvars
 import math
 import os
 import types as _pytypes
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -18,7 +19,7 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 
 __all__ = ["window_geometry", "pad3", "broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
-           "check_same_dtype", "check_indices"]
+           "check_same_dtype", "check_indices", "Plain", "bind_plain"]
 
 F32 = np.dtype(np.float32)
 _LOWP_NAMES = {"float16", "bfloat16"}
@@ -227,6 +228,19 @@ def serial_twin(dispatcher, suffix="_serial"):
     g.__module__ = f.__module__
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
     return njit(cache=True, **opts)(g)
+
+
+class Plain(NamedTuple):
+    """An op without attributes, bound: its implementations need only its type."""
+    op: str
+
+
+def bind_plain(op_type: str):
+    """The bind of an op without attributes (each implementation registers this same function)."""
+    def bind(ctx):
+        return Plain(op_type)
+    bind.__name__ = f"bind_{op_type.lower()}"
+    return bind
 
 
 def raise_coded(table: dict, code: int, op: str, detail: str = ""):

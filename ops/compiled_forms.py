@@ -25,7 +25,10 @@ import numpy as np
 from numba import njit
 
 from ._common import serial_twin
+from runtime.errors import InvalidAttributeError
 from .elementwise import BINARY
+from .movement import bind_transpose, transpose_perm
+from .shape import bind_shape, bind_shape_1, shape_dims
 from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
 from . import matmul as _mm
@@ -122,16 +125,16 @@ def matmul2(a2, w, nthreads):
 
 # -- shape and index ops ---------------------------------------------------------------------------
 
-@form("Shape")
-def _shape(e):
-    r = e.rank(0)
-    start = int(e.attrs.get("start", 0))
-    end = e.attrs.get("end")
-    dims = list(range(r))[slice(start, None if end is None else int(end))]
+def _shape(e, b):
+    dims = list(shape_dims(e.rank(0), b))
     e.line(f"{{o0}} = np.empty({len(dims)}, np.int64)")
     e.declare(0, np.int64, 1)
     for k, d in enumerate(dims):
         e.line(f"{{o0}}[{k}] = {{i0}}.shape[{d}]")
+
+
+form("Shape", since=1, bind=bind_shape_1)(_shape)
+form("Shape", since=15, bind=bind_shape)(_shape)
 
 
 @form("Gather")
@@ -193,15 +196,17 @@ def _reshape(e):
     e.declare(0, e.dtype(0), len(dims))
 
 
-@form("Transpose")
-def _transpose(e):
+def _transpose(e, b):
     r = e.rank(0)
-    perm = e.attrs.get("perm")
-    perm = list(range(r))[::-1] if perm is None else [int(x) for x in perm]
-    if sorted(perm) != list(range(r)):
-        raise Decline("perm")
+    try:
+        perm = transpose_perm(r, b)
+    except InvalidAttributeError:  # the wrapper reports it, naming the node
+        raise Decline("perm") from None
     e.line(f"{{o0}} = np.ascontiguousarray(np.transpose({{i0}}, ({', '.join(map(str, perm))},)))")
     e.declare(0, e.dtype(0), r)
+
+
+form("Transpose", bind=bind_transpose)(_transpose)
 
 
 @form("Split")

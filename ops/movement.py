@@ -18,13 +18,15 @@ coming from tensors are validated before a kernel reads memory.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 from numba import njit
 
 from runtime.dtypes import np_dtype
 from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,
                             ShapeMismatchError)
-from ._common import alloc, as_int_list, broadcast_shape, norm_axis, out_buffer, to4
+from ._common import Plain, alloc, as_int_list, bind_plain, broadcast_shape, norm_axis, out_buffer, to4
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -234,14 +236,32 @@ def out_of(ctx):
 
 # -- Transpose -------------------------------------------------------------------------------------
 
-@op("Transpose", 1)
-def Transpose(data, perm=None, *, ctx=None):
-    x = contig(data)
-    r = x.ndim
-    p = list(range(r))[::-1] if perm is None else [norm_axis(a, r, "perm entry") for a in perm]
-    if sorted(p) != list(range(r)):
-        raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
-    return materialize(x, x.transpose(p), out_of(ctx))
+class TransposeOp(NamedTuple):
+    perm: Any  # a tuple of axes, or None: reversed
+
+
+def bind_transpose(ctx, perm=None):
+    return TransposeOp(None if perm is None else tuple(int(a) for a in perm))
+
+
+def transpose_perm(rank: int, b: TransposeOp) -> list:
+    """The permutation of a rank-``rank`` input (negative entries counted from the end)."""
+    p = list(range(rank))[::-1] if b.perm is None else [norm_axis(a, rank, "perm entry") for a in b.perm]
+    if sorted(p) != list(range(rank)):
+        raise InvalidAttributeError(f"Transpose: perm {list(b.perm)} is not a permutation of range({rank})")
+    return p
+
+
+def transpose_cpu(b: TransposeOp, ctx):
+    out = out_of(ctx)
+
+    def run(data):
+        x = contig(data)
+        return materialize(x, x.transpose(transpose_perm(x.ndim, b)), out)
+    return run
+
+
+op("Transpose", 1, bind=bind_transpose, writes_out=True)(transpose_cpu)
 
 
 # -- Concat / Split --------------------------------------------------------------------------------
@@ -550,9 +570,18 @@ def _where(condition, X, Y, buf=None):
     return out
 
 
-@op("Where", 9)
-def Where(condition, X, Y, *, ctx=None):
-    return _where(condition, X, Y, out_of(ctx))
+bind_where = bind_plain("Where")
+
+
+def where_cpu(b: Plain, ctx):
+    out = out_of(ctx)
+
+    def run(condition, X, Y):
+        return _where(condition, X, Y, out)
+    return run
+
+
+op("Where", 9, bind=bind_where, writes_out=True)(where_cpu)
 
 
 # -- DepthToSpace / SpaceToDepth -------------------------------------------------------------------

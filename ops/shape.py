@@ -10,11 +10,12 @@ mutates a returned graph output never mutates the model.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import as_int_list, norm_axis
+from ._common import Plain, as_int_list, bind_plain, norm_axis
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -61,10 +62,20 @@ def Constant(ctx, value=None, value_float=None, value_floats=None, value_int=Non
 
 # -- Identity --------------------------------------------------------------------------------------
 
-@op("Identity", 1, views=True)
-def Identity(x):
+bind_identity = bind_plain("Identity")
+
+
+def _same(x):
     # Tensors, sequences (lists) and optionals (None or a value) all pass through unchanged.
     return x
+
+
+def identity(b: Plain, ctx=None):
+    """Identity on any provider: the input itself (a view, as the registration says)."""
+    return _same
+
+
+op("Identity", 1, views=True, bind=bind_identity)(identity)
 
 
 # -- Reshape ---------------------------------------------------------------------------------------
@@ -115,19 +126,36 @@ def Reshape(data, shape, allowzero=0):
 
 # -- Shape and Size --------------------------------------------------------------------------------
 
-@op("Shape", 1)
-def Shape_1(data):
-    return np.array(data.shape, dtype=I64)
+class ShapeOp(NamedTuple):
+    """Shape bound: the dims [start, end) it returns (end None: to the last), negatives from the end."""
+    start: int
+    end: Any
 
 
-@op("Shape", 15)
-def Shape(data, start=0, end=None):
-    r = data.ndim
-    s = start + r if start < 0 else start
-    e = r if end is None else (end + r if end < 0 else end)
-    s = min(max(s, 0), r)
-    e = min(max(e, 0), r)
-    return np.array(data.shape[s:e] if e > s else (), dtype=I64)
+def bind_shape_1(ctx):
+    return ShapeOp(0, None)
+
+
+def bind_shape(ctx, start=0, end=None):
+    return ShapeOp(int(start), None if end is None else int(end))
+
+
+def shape_dims(rank: int, b: ShapeOp) -> range:
+    """The axes Shape returns for an input of ``rank``: [start, end) clamped to [0, rank], as the spec says."""
+    s = b.start + rank if b.start < 0 else b.start
+    e = rank if b.end is None else (b.end + rank if b.end < 0 else b.end)
+    return range(min(max(s, 0), rank), min(max(e, 0), rank))
+
+
+def shape_cpu(b: ShapeOp, ctx=None):
+    def run(data):
+        shape = data.shape
+        return np.array([shape[d] for d in shape_dims(data.ndim, b)], dtype=I64)
+    return run
+
+
+op("Shape", 1, bind=bind_shape_1)(shape_cpu)
+op("Shape", 15, bind=bind_shape)(shape_cpu)
 
 
 @op("Size", 1)
@@ -185,11 +213,27 @@ def Unsqueeze(data, axes=None):
     return unsqueeze_array(data, axes)
 
 
-@op("Flatten", 1, views=True)
-def Flatten(input, axis=1):
-    r = input.ndim
+class FlattenOp(NamedTuple):
+    axis: int
+
+
+def bind_flatten(ctx, axis=1):
+    return FlattenOp(int(axis))
+
+
+def flatten_shape(shape: tuple, axis: int) -> tuple:
+    """Flatten's 2-d output shape for an input of ``shape``: the dims before ``axis`` and from it on."""
+    r = len(shape)
     a = axis + r if axis < 0 else axis
     if a < 0 or a > r:
         raise InvalidAttributeError(f"Flatten: axis {axis} is out of range for rank {r}; expected [-{r}, {r}]")
-    outer = int(math.prod(input.shape[:a]))
-    return input.reshape(outer, int(math.prod(input.shape[a:])))
+    return int(math.prod(shape[:a])), int(math.prod(shape[a:]))
+
+
+def flatten_cpu(b: FlattenOp, ctx=None):
+    def run(input):
+        return input.reshape(flatten_shape(input.shape, b.axis))
+    return run
+
+
+op("Flatten", 1, views=True, bind=bind_flatten)(flatten_cpu)

@@ -20,10 +20,10 @@ CPU, CUDA, REGION = "CPUExecutionProvider", "CUDAExecutionProvider", registry.RE
 MS = "com.microsoft"
 
 NOT_YET = {
-    ("", "ArgMax"), ("", "Concat"), ("", "Expand"), ("", "Flatten"), ("", "Gather"), ("", "Identity"),
+    ("", "ArgMax"), ("", "Concat"), ("", "Expand"), ("", "Gather"),
     ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
-    ("", "LpNormalization"), ("", "MatMul"), ("", "ReduceSum"), ("", "Reshape"), ("", "Shape"), ("", "Slice"),
-    ("", "Softmax"), ("", "Split"), ("", "Squeeze"), ("", "Transpose"), ("", "Unsqueeze"), ("", "Where"),
+    ("", "LpNormalization"), ("", "MatMul"), ("", "ReduceSum"), ("", "Reshape"), ("", "Slice"), ("", "Softmax"),
+    ("", "Split"), ("", "Squeeze"), ("", "Unsqueeze"),
     ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),
 }
 

@@ -23,12 +23,14 @@ import math
 
 import numpy as np
 
-from ops._common import as_int_list, check_indices, norm_axis
+from ops._common import Plain, as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
 from ops.matmul import matmul_shapes
 from ops.registry import op
-from ops.shape import reshape_target, squeeze_array, unsqueeze_array
+from ops.movement import bind_where
+from ops.shape import (FlattenOp, bind_flatten, bind_identity, flatten_shape, identity, reshape_target,
+                       squeeze_array, unsqueeze_array)
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
@@ -82,9 +84,12 @@ for _name in kel.UNARY_OPS:
         op(_name, _v, provider=CUDA, bind=_bind)(launch_unary)
 
 
-@op("Where", 9, provider=CUDA)
-def Where(condition, X, Y):
-    return kel.Where(condition, X, Y)
+def launch_where(b: Plain, ctx=None):
+    """The CUDA implementation of Where (its bind is ``ops.movement``'s)."""
+    return kel.Where
+
+
+op("Where", 9, provider=CUDA, bind=bind_where)(launch_where)
 
 
 # -- Cast ------------------------------------------------------------------------------------------
@@ -236,9 +241,7 @@ def ArgMax(data, axis=0, keepdims=1, select_last_index=0):
 
 # -- views -----------------------------------------------------------------------------------------
 
-@op("Identity", 1, views=True, provider=CUDA)
-def Identity(x):
-    return x
+op("Identity", 1, views=True, provider=CUDA, bind=bind_identity)(identity)  # ops.shape's, on any array
 
 
 @op("Reshape", 1, views=True, provider=CUDA)
@@ -286,11 +289,11 @@ def Unsqueeze(data, axes=None):
     return reshape_device(data, unsqueeze_array(_Meta(data), as_int_list(axes)))
 
 
-@op("Flatten", 1, views=True, provider=CUDA)
-def Flatten(input, axis=1):
-    r = input.ndim
-    a = axis + r if axis < 0 else axis
-    if a < 0 or a > r:
-        raise InvalidAttributeError(f"Flatten: axis {axis} is out of range for rank {r}; expected [-{r}, {r}]")
-    shape = tuple(input.shape)
-    return reshape_device(input, (int(math.prod(shape[:a])), int(math.prod(shape[a:]))))
+def launch_flatten(b: FlattenOp, ctx=None):
+    """The CUDA implementation of Flatten (its bind and shape are ``ops.shape``'s)."""
+    def run(input):
+        return reshape_device(input, flatten_shape(tuple(input.shape), b.axis))
+    return run
+
+
+op("Flatten", 1, views=True, provider=CUDA, bind=bind_flatten)(launch_flatten)

@@ -22,14 +22,15 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
-from ops.movement import concat_shape, merge_axes, slice_bounds, split_sizes
+from ops.movement import (TransposeOp, bind_transpose, concat_shape, merge_axes, slice_bounds, split_sizes,
+                          transpose_perm)
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
 from ._common import check_device, flat, grid1d
 
-__all__ = ["Transpose", "Concat", "Split", "Slice", "Expand", "strided_copy", "broadcast_to"]
+__all__ = ["transpose", "launch_transpose", "Concat", "Split", "Slice", "Expand", "strided_copy", "broadcast_to"]
 
 CUDA = "CUDAExecutionProvider"
 RANK = 6
@@ -101,13 +102,16 @@ def broadcast_to(op, x, shape):
 
 # -- Transpose -------------------------------------------------------------------------------------
 
-@op("Transpose", 1, views=True, provider=CUDA)
-def Transpose(data, perm=None):
+def launch_transpose(b: TransposeOp, ctx=None):
+    """The CUDA implementation of Transpose (its bind and permutation are ``ops.movement``'s)."""
+    def run(data):
+        return transpose(data, b)
+    return run
+
+
+def transpose(data, b: TransposeOp):
     check_device("Transpose", data=data)
-    r = data.ndim
-    p = list(range(r))[::-1] if perm is None else [norm_axis(a, r, "perm entry") for a in perm]
-    if sorted(p) != list(range(r)):
-        raise InvalidAttributeError(f"Transpose: perm {perm} is not a permutation of range({r})")
+    p = transpose_perm(data.ndim, b)
     shape = tuple(data.shape)
     oshape = tuple(shape[a] for a in p)
     moved = [a for a in p if shape[a] != 1]
@@ -117,6 +121,9 @@ def Transpose(data, perm=None):
     sst = _cstrides(shape)
     strided_copy("Transpose", data, 0, [sst[a] for a in p], out, 0, _cstrides(oshape), oshape)
     return out
+
+
+op("Transpose", 1, views=True, provider=CUDA, bind=bind_transpose)(launch_transpose)
 
 
 # -- Concat / Split --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ axes reduces over nothing, i.e. applies the op's elementwise part only.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -312,31 +313,47 @@ for _name, _mode, _vers in [("ReduceSum", SUM, (1, 13)), ("ReduceMean", MEAN, (1
         op(_name, _v, factory=True)(_reduce_factory(_mode))
 
 
-def _arg_factory(is_max: bool):
-    def factory(ctx, axis=0, keepdims=1, select_last_index=0):
-        buf = ctx.out[0] if ctx.out else None
-        name = ctx.op_type
+class ArgOp(NamedTuple):
+    """ArgMax or ArgMin bound."""
+    op: str
+    is_max: bool
+    axis: int
+    keepdims: int
+    select_last_index: bool
 
-        def run(data):
-            ax = norm_axis(axis, data.ndim)
-            x = data
-            if x.dtype == BOOL:
-                x = x.view(np.uint8)
-            elif lowp(x.dtype):
-                x = x.astype(F32)
-            oshape = reduce_shape(data.shape, (ax,), keepdims)
-            out = out_buffer(buf, oshape, np.dtype(np.int64))
-            if out.size == 0:
-                return out
-            if data.shape[ax] == 0:
-                raise InvalidArgumentError(f"{name}: axis {axis} has extent 0; there is no element to select")
-            outer = int(math.prod(data.shape[:ax]))
-            x3 = np.ascontiguousarray(x).reshape(outer, data.shape[ax], -1)
-            _arg3(x3, out.reshape(outer, -1), is_max, bool(select_last_index))
+
+def bind_argmax(ctx, axis=0, keepdims=1, select_last_index=0):
+    return ArgOp("ArgMax", True, int(axis), int(keepdims), bool(select_last_index))
+
+
+def bind_argmin(ctx, axis=0, keepdims=1, select_last_index=0):
+    return ArgOp("ArgMin", False, int(axis), int(keepdims), bool(select_last_index))
+
+
+def arg_cpu(b: ArgOp, ctx):
+    """ArgMax and ArgMin on the CPU (the CUDA ArgMax shares the bind: ``ops/cuda/registered.py``)."""
+    buf = ctx.out[0] if ctx.out else None
+    name, axis, keepdims, is_max, last = b.op, b.axis, b.keepdims, b.is_max, b.select_last_index
+
+    def run(data):
+        ax = norm_axis(axis, data.ndim)
+        x = data
+        if x.dtype == BOOL:
+            x = x.view(np.uint8)
+        elif lowp(x.dtype):
+            x = x.astype(F32)
+        oshape = reduce_shape(data.shape, (ax,), keepdims)
+        out = out_buffer(buf, oshape, np.dtype(np.int64))
+        if out.size == 0:
             return out
-        return run
-    return factory
+        if data.shape[ax] == 0:
+            raise InvalidArgumentError(f"{name}: axis {axis} has extent 0; there is no element to select")
+        outer = int(math.prod(data.shape[:ax]))
+        x3 = np.ascontiguousarray(x).reshape(outer, data.shape[ax], -1)
+        _arg3(x3, out.reshape(outer, -1), is_max, last)
+        return out
+    return run
 
 
-op("ArgMax", 1, factory=True)(_arg_factory(True))
-op("ArgMin", 1, factory=True)(_arg_factory(False))
+op("ArgMax", 1, bind=bind_argmax, writes_out=True)(arg_cpu)
+op("ArgMin", 1, bind=bind_argmin, writes_out=True)(arg_cpu)

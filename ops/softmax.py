@@ -19,6 +19,7 @@ row makes the whole row NaN, as in the reference.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -158,49 +159,64 @@ def _check(name, x):
         raise InvalidArgumentError(f"{name} expects a floating-point input, got {x.dtype}")
 
 
-def _softmax_factory(log: bool, coerce_2d: bool):
-    def factory(ctx, axis=1 if coerce_2d else -1):
-        buf = ctx.out[0] if ctx.out else None
-        name = ctx.op_type
+class SoftmaxOp(NamedTuple):
+    """Softmax, LogSoftmax or Hardmax bound: its axis and, before opset 13, whether it runs over the flattened
+    trailing block [axis:] (``coerce_2d``) rather than along the axis alone."""
+    op: str
+    axis: int
+    coerce_2d: bool
 
-        def run(x):
-            _check(name, x)
-            shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
-            dt = x.dtype
-            if lowp(dt):
-                xf = x.astype(F32)
-                out = np.empty(x.shape, F32)
+
+def bind_softmax_1(ctx, axis=1):
+    return SoftmaxOp(ctx.op_type, int(axis), True)
+
+
+def bind_softmax(ctx, axis=-1):
+    return SoftmaxOp(ctx.op_type, int(axis), False)
+
+
+def softmax_cpu(b: SoftmaxOp, ctx):
+    """Softmax and LogSoftmax on the CPU (the CUDA launch shares the bind: ``ops/cuda/registered.py``)."""
+    buf = ctx.out[0] if ctx.out else None
+    name, axis, coerce_2d, log = b.op, b.axis, b.coerce_2d, b.op == "LogSoftmax"
+
+    def run(x):
+        _check(name, x)
+        shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
+        dt = x.dtype
+        if lowp(dt):
+            xf = x.astype(F32)
+            out = np.empty(x.shape, F32)
+        else:
+            xf = x
+            out = out_buffer(buf, x.shape, dt)
+        if out.size:
+            if x.size >= _PARALLEL_MIN and shp3[0] > 1 and shp3[2] == 1:
+                _softmax_rows_par(xf.reshape(shp3[:2]), out.reshape(shp3[:2]), log)
             else:
-                xf = x
-                out = out_buffer(buf, x.shape, dt)
-            if out.size:
-                if x.size >= _PARALLEL_MIN and shp3[0] > 1 and shp3[2] == 1:
-                    _softmax_rows_par(xf.reshape(shp3[:2]), out.reshape(shp3[:2]), log)
-                else:
-                    _softmax3(xf.reshape(shp3), out.reshape(shp3), log)
-            return out.astype(dt) if out.dtype != dt else out
-        return run
-    return factory
+                _softmax3(xf.reshape(shp3), out.reshape(shp3), log)
+        return out.astype(dt) if out.dtype != dt else out
+    return run
 
 
-def _hardmax_factory(coerce_2d: bool):
-    def factory(ctx, axis=1 if coerce_2d else -1):
-        buf = ctx.out[0] if ctx.out else None
+def hardmax_cpu(b: SoftmaxOp, ctx):
+    buf = ctx.out[0] if ctx.out else None
+    axis, coerce_2d = b.axis, b.coerce_2d
 
-        def run(x):
-            _check("Hardmax", x)
-            shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
-            dt = x.dtype
-            xf = x.astype(F32) if lowp(dt) else x
-            out = out_buffer(buf, x.shape, xf.dtype) if xf is x else np.empty(x.shape, F32)
-            if out.size:
-                _hardmax3(xf.reshape(shp3), out.reshape(shp3))
-            return out.astype(dt) if out.dtype != dt else out
-        return run
-    return factory
+    def run(x):
+        _check("Hardmax", x)
+        shp3 = _shape3(x.shape, axis, coerce_2d) if x.ndim else (1, 1, 1)
+        dt = x.dtype
+        xf = x.astype(F32) if lowp(dt) else x
+        out = out_buffer(buf, x.shape, xf.dtype) if xf is x else np.empty(x.shape, F32)
+        if out.size:
+            _hardmax3(xf.reshape(shp3), out.reshape(shp3))
+        return out.astype(dt) if out.dtype != dt else out
+    return run
 
 
-for _v, _coerce in ((1, True), (13, False)):
-    op("Softmax", _v, factory=True)(_softmax_factory(False, _coerce))
-    op("LogSoftmax", _v, factory=True)(_softmax_factory(True, _coerce))
-    op("Hardmax", _v, factory=True)(_hardmax_factory(_coerce))
+SOFTMAX_BINDS = ((1, bind_softmax_1), (13, bind_softmax))
+for _v, _bind in SOFTMAX_BINDS:
+    op("Softmax", _v, bind=_bind, writes_out=True)(softmax_cpu)
+    op("LogSoftmax", _v, bind=_bind, writes_out=True)(softmax_cpu)
+    op("Hardmax", _v, bind=_bind, writes_out=True)(hardmax_cpu)

@@ -27,10 +27,12 @@ from ops._common import Plain, as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
 from ops.matmul import matmul_shapes
+from ops.reduce import ArgOp, bind_argmax
 from ops.registry import op
 from ops.movement import bind_where
 from ops.shape import (FlattenOp, bind_flatten, bind_identity, flatten_shape, identity, reshape_target,
                        squeeze_array, unsqueeze_array)
+from ops.softmax import SOFTMAX_BINDS, SoftmaxOp
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
@@ -128,14 +130,15 @@ def _softmax(input, axis, coerce_2d):
     return y.reshape(shape)
 
 
-@op("Softmax", 1, provider=CUDA)
-def Softmax_1(input, axis=1):
-    return _softmax(input, axis, True)
+def launch_softmax(b: SoftmaxOp, ctx=None):
+    """The CUDA implementation of Softmax (its bind is ``ops.softmax``'s)."""
+    def run(input):
+        return _softmax(input, b.axis, b.coerce_2d)
+    return run
 
 
-@op("Softmax", 13, provider=CUDA)
-def Softmax(input, axis=-1):
-    return _softmax(input, axis, False)
+for _since, _bind in SOFTMAX_BINDS:
+    op("Softmax", _since, provider=CUDA, bind=_bind)(launch_softmax)
 
 
 # -- MatMul ----------------------------------------------------------------------------------------
@@ -226,8 +229,14 @@ for _v in (1, 11, 13):
 
 # -- ArgMax ----------------------------------------------------------------------------------------
 
-@op("ArgMax", 1, provider=CUDA)
-def ArgMax(data, axis=0, keepdims=1, select_last_index=0):
+def launch_argmax(b: ArgOp, ctx=None):
+    """The CUDA implementation of ArgMax (its bind is ``ops.reduce``'s)."""
+    def run(data):
+        return argmax(data, b.axis, b.keepdims, int(b.select_last_index))
+    return run
+
+
+def argmax(data, axis, keepdims, select_last_index):
     check_device("ArgMax", data=data)
     if data.ndim:
         ax = norm_axis(axis, data.ndim)
@@ -237,6 +246,9 @@ def ArgMax(data, axis=0, keepdims=1, select_last_index=0):
             y = kred.ArgMax(data.reshape(shape[:ax + 1]), -1, keepdims, select_last_index)
             return reshape_device(y, shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:])
     return kred.ArgMax(data, axis, keepdims, select_last_index)
+
+
+op("ArgMax", 1, provider=CUDA, bind=bind_argmax)(launch_argmax)
 
 
 # -- views -----------------------------------------------------------------------------------------

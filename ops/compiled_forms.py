@@ -32,6 +32,7 @@ from .shape import bind_shape, bind_shape_1, shape_dims
 from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
 from . import matmul as _mm
+from .matmul import bind_matmul
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
 
@@ -325,8 +326,7 @@ for _name in _BIN:  # the binds of ops.elementwise: the wrappers' and the CUDA l
 
 # -- matmul and norms ------------------------------------------------------------------------------
 
-@form("MatMul")
-def _matmul(e):
+def _matmul(e, b):
     float_only(e, 0, 1)
     ra, rb = e.rank(0), e.rank(1)
     if rb != 2 or ra < 1:
@@ -352,3 +352,7 @@ def _matmul(e):
     e.line(f"{{p}}_m = {product_expr(lead)}",
            f"{{o0}} = {mm}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {weight}, nthreads).reshape(("
            f"{', '.join(lead)}, {ncols}))")
+
+
+for _v in (1, 9, 13):
+    form("MatMul", since=_v, bind=bind_matmul)(_matmul)

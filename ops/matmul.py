@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, broadcast_shape, lowp, out_buffer
+from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, out_buffer
 from ._fastmath import FAST
 from ._panels import gemv_panels, pack_panels, panel_threads
 from .registry import op
@@ -344,8 +344,16 @@ def _matmul_factory(ctx):
     return run_packed
 
 
+bind_matmul = bind_plain("MatMul")
+
+
+def matmul_cpu(b: Plain, ctx):
+    """MatMul on the CPU: numpy's semantics, a constant float32 weight packed into panels at its first run."""
+    return _matmul_factory(ctx)
+
+
 for _v in (1, 9, 13):
-    op("MatMul", _v, factory=True)(_matmul_factory)
+    op("MatMul", _v, bind=bind_matmul, writes_out=True)(matmul_cpu)
 
 
 # -- Gemm ------------------------------------------------------------------------------------------

@@ -300,16 +300,33 @@ def _concat(inputs, axis, buf):
     return out
 
 
-@op("Concat", 1)
-def Concat_1(*inputs, axis=1, ctx=None):
-    return _concat(inputs, axis, out_of(ctx))
+class ConcatOp(NamedTuple):
+    axis: int
 
 
-@op("Concat", 4)
-def Concat(*inputs, axis=None, ctx=None):
+def bind_concat_1(ctx, axis=1):
+    return ConcatOp(int(axis))
+
+
+def bind_concat(ctx, axis=None):
     if axis is None:
         raise InvalidAttributeError("Concat: the axis attribute is required")
-    return _concat(inputs, axis, out_of(ctx))
+    return ConcatOp(int(axis))
+
+
+CONCAT_BINDS = ((1, bind_concat_1), (4, bind_concat))
+
+
+def concat_cpu(b: ConcatOp, ctx):
+    out, axis = out_of(ctx), b.axis
+
+    def run(*inputs):
+        return _concat(inputs, axis, out)
+    return run
+
+
+for _v, _bind in CONCAT_BINDS:
+    op("Concat", _v, bind=_bind, writes_out=True)(concat_cpu)
 
 
 def split_sizes(d, ax, split, n_out, num_outputs=None) -> list:
@@ -416,12 +433,19 @@ def Slice(data, starts, ends, axes=None, steps=None, *, ctx=None):
 
 # -- Expand / Tile ---------------------------------------------------------------------------------
 
-@op("Expand", 8)
-def Expand(input, shape, *, ctx=None):
-    x = contig(input)
-    target = as_int_list(shape)
-    out_shape = broadcast_shape(x.shape, tuple(target))
-    return materialize(x, np.broadcast_to(x, out_shape), out_of(ctx))
+bind_expand = bind_plain("Expand")
+
+
+def expand_cpu(b: Plain, ctx):
+    out = out_of(ctx)
+
+    def run(input, shape):
+        x = contig(input)
+        return materialize(x, np.broadcast_to(x, broadcast_shape(x.shape, tuple(as_int_list(shape)))), out)
+    return run
+
+
+op("Expand", 8, bind=bind_expand, writes_out=True)(expand_cpu)
 
 
 @op("Tile", 1)

@@ -20,9 +20,9 @@ CPU, CUDA, REGION = "CPUExecutionProvider", "CUDAExecutionProvider", registry.RE
 MS = "com.microsoft"
 
 NOT_YET = {
-    ("", "Concat"), ("", "Expand"), ("", "Gather"),
+    ("", "Gather"),
     ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
-    ("", "LpNormalization"), ("", "MatMul"), ("", "ReduceSum"), ("", "Reshape"), ("", "Slice"),
+    ("", "LpNormalization"), ("", "ReduceSum"), ("", "Reshape"), ("", "Slice"),
     ("", "Split"), ("", "Squeeze"), ("", "Unsqueeze"),
     ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),
 }

@@ -26,7 +26,7 @@ import numpy as np
 from ops._common import Plain, as_int_list, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
-from ops.matmul import matmul_shapes
+from ops.matmul import bind_matmul, matmul_shapes
 from ops.reduce import ArgOp, bind_argmax
 from ops.registry import op
 from ops.movement import bind_where
@@ -143,6 +143,11 @@ for _since, _bind in SOFTMAX_BINDS:
 
 # -- MatMul ----------------------------------------------------------------------------------------
 
+def launch_matmul(b: Plain, ctx=None):
+    """The CUDA implementation of MatMul (its bind is ``ops.matmul``'s)."""
+    return MatMul
+
+
 def MatMul(A, B):
     """numpy ``matmul`` semantics: 1-d operands promoted and squeezed, leading (batch) dims broadcast.
 
@@ -183,7 +188,7 @@ def _gemm(a, b, c, M, N, K, a_stride, b_stride, batch):
 
 
 for _v in (1, 9, 13):
-    op("MatMul", _v, provider=CUDA)(MatMul)
+    op("MatMul", _v, provider=CUDA, bind=bind_matmul)(launch_matmul)
 
 
 # -- Gather ----------------------------------------------------------------------------------------

@@ -22,15 +22,17 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import as_int_list, broadcast_shape, norm_axis
-from ops.movement import (TransposeOp, bind_transpose, concat_shape, merge_axes, slice_bounds, split_sizes,
-                          transpose_perm)
+from ops._common import Plain
+from ops.movement import (CONCAT_BINDS, ConcatOp, TransposeOp, bind_expand, bind_transpose, concat_shape, merge_axes,
+                          slice_bounds, split_sizes, transpose_perm)
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
 from ._common import check_device, flat, grid1d
 
-__all__ = ["transpose", "launch_transpose", "Concat", "Split", "Slice", "Expand", "strided_copy", "broadcast_to"]
+__all__ = ["transpose", "launch_transpose", "launch_concat", "launch_expand", "Split", "Slice", "strided_copy",
+           "broadcast_to"]
 
 CUDA = "CUDAExecutionProvider"
 RANK = 6
@@ -143,16 +145,15 @@ def _concat(inputs, axis):
     return out
 
 
-@op("Concat", 1, provider=CUDA)
-def Concat_1(*inputs, axis=1):
-    return _concat(inputs, axis)
+def launch_concat(b: ConcatOp, ctx=None):
+    """The CUDA implementation of Concat (its bind is ``ops.movement``'s)."""
+    def run(*inputs):
+        return _concat(inputs, b.axis)
+    return run
 
 
-@op("Concat", 4, provider=CUDA)
-def Concat(*inputs, axis=None):
-    if axis is None:
-        raise InvalidAttributeError("Concat: the axis attribute is required")
-    return _concat(inputs, axis)
+for _v, _bind in CONCAT_BINDS:
+    op("Concat", _v, provider=CUDA, bind=_bind)(launch_concat)
 
 
 def _window(x, off, oshape):
@@ -241,9 +242,12 @@ def Slice(data, starts, ends, axes=None, steps=None):
 
 # -- Expand ----------------------------------------------------------------------------------------
 
-@op("Expand", 8, provider=CUDA, host_inputs=(1,))
-def Expand(input, shape):
-    check_device("Expand", input=input)
-    target = as_int_list(shape)
-    out_shape = broadcast_shape(tuple(input.shape), tuple(target))
-    return broadcast_to("Expand", input, out_shape)
+def launch_expand(b: Plain, ctx=None):
+    """The CUDA implementation of Expand (its bind is ``ops.movement``'s)."""
+    def run(input, shape):
+        check_device("Expand", input=input)
+        return broadcast_to("Expand", input, broadcast_shape(tuple(input.shape), tuple(as_int_list(shape))))
+    return run
+
+
+op("Expand", 8, provider=CUDA, host_inputs=(1,), bind=bind_expand)(launch_expand)

@@ -28,7 +28,7 @@ from ._common import serial_twin
 from runtime.errors import InvalidAttributeError
 from .elementwise import BINARY
 from .movement import bind_transpose, transpose_perm
-from .shape import bind_shape, bind_shape_1, shape_dims
+from .shape import VIEW_BINDS, bind_shape, bind_shape_1, shape_dims
 from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
 from . import matmul as _mm
@@ -164,11 +164,10 @@ def _gather(e):
     e.declare(0, e.dtype(0), len(shape))
 
 
-@form("Reshape")
-def _reshape(e):
+def _reshape(e, b):
     rout = e.out_rank(0)
-    allowzero = int(e.attrs.get("allowzero", 0))
-    c = e.const(1)
+    allowzero = b.allowzero
+    c = e.const(1) if b.from_input else (None if b.given is None else np.asarray(b.given, np.int64))
     if c is None or c.ndim != 1 or len(c) != rout:
         raise Decline("runtime shape")
     rin = e.rank(0)
@@ -195,6 +194,10 @@ def _reshape(e):
         dims[infer] = "{p}_n"
     e.line(f"{{o0}} = {{i0}}.reshape(({', '.join(dims)}{',' if len(dims) == 1 else ''}))")
     e.declare(0, e.dtype(0), len(dims))
+
+
+for _v, _bind in VIEW_BINDS["Reshape"]:
+    form("Reshape", since=_v, bind=_bind)(_reshape)
 
 
 def _transpose(e, b):

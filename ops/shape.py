@@ -114,14 +114,67 @@ def reshape_target(in_shape: tuple, shape, allowzero: int = 0) -> tuple:
     return tuple(out)
 
 
-@op("Reshape", 1, views=True)
-def Reshape_1(data, shape=None, consumed_inputs=None):
-    return data.reshape(reshape_target(data.shape, shape))
+class ViewOp(NamedTuple):
+    """Reshape, Squeeze or Unsqueeze bound.  Before opsets 5 (Reshape) and 13 (Squeeze, Unsqueeze) the shape or
+    axes are an attribute (``given``); from then on they are the second input (``from_input``)."""
+    op: str
+    given: Any
+    from_input: bool
+    allowzero: int = 0
 
 
-@op("Reshape", 5, views=True)
-def Reshape(data, shape, allowzero=0):
-    return data.reshape(reshape_target(data.shape, shape, allowzero))
+def _ints(v):
+    return None if v is None else tuple(int(d) for d in v)
+
+
+def bind_reshape_1(ctx, shape=None, consumed_inputs=None):
+    return ViewOp("Reshape", _ints(shape), False)
+
+
+def bind_reshape(ctx, allowzero=0):
+    return ViewOp("Reshape", None, True, int(allowzero))
+
+
+def bind_squeeze_1(ctx, axes=None):
+    return ViewOp("Squeeze", _ints(axes), False)
+
+
+def bind_squeeze(ctx):
+    return ViewOp("Squeeze", None, True)
+
+
+def bind_unsqueeze_1(ctx, axes=None):
+    if axes is None:
+        raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
+    return ViewOp("Unsqueeze", _ints(axes), False)
+
+
+def bind_unsqueeze(ctx):
+    return ViewOp("Unsqueeze", None, True)
+
+
+VIEW_BINDS = {"Reshape": ((1, bind_reshape_1), (5, bind_reshape)),
+              "Squeeze": ((1, bind_squeeze_1), (13, bind_squeeze)),
+              "Unsqueeze": ((1, bind_unsqueeze_1), (13, bind_unsqueeze))}
+
+
+def view_shape(b: ViewOp, in_shape: tuple, second=None) -> tuple:
+    """The output shape of a Reshape, Squeeze or Unsqueeze of an input of ``in_shape`` (``second``: its second
+    input, when the op takes one): shared by the CPU views and the CUDA ones."""
+    arg = second if b.from_input else b.given
+    if b.op == "Reshape":
+        return reshape_target(in_shape, arg, b.allowzero)
+    if b.op == "Squeeze":
+        return squeeze_shape(in_shape, arg)
+    if arg is None:
+        raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
+    return unsqueeze_shape(in_shape, arg)
+
+
+def view_cpu(b: ViewOp, ctx=None):
+    def run(data, second=None):
+        return data.reshape(view_shape(b, data.shape, second))
+    return run
 
 
 # -- Shape and Size --------------------------------------------------------------------------------
@@ -165,52 +218,34 @@ def Size(data):
 
 # -- Squeeze / Unsqueeze / Flatten -----------------------------------------------------------------
 
-def squeeze_array(data, axes):
-    r = data.ndim
+def squeeze_shape(shape: tuple, axes) -> tuple:
+    """Squeeze's output shape: the given extent-1 axes dropped (every extent-1 axis when none are given)."""
+    shape = tuple(shape)
     if axes is None or len(as_int_list(axes)) == 0:
-        return data.reshape(tuple(d for d in data.shape if d != 1))
-    ax = sorted({norm_axis(a, r) for a in as_int_list(axes)})
+        return tuple(d for d in shape if d != 1)
+    ax = sorted({norm_axis(a, len(shape)) for a in as_int_list(axes)})
     for a in ax:
-        if data.shape[a] != 1:
-            raise ShapeMismatchError(f"Squeeze: axis {a} of shape {list(data.shape)} has size {data.shape[a]}, "
-                                     f"expected 1")
-    return data.reshape(tuple(d for i, d in enumerate(data.shape) if i not in ax))
+        if shape[a] != 1:
+            raise ShapeMismatchError(f"Squeeze: axis {a} of shape {list(shape)} has size {shape[a]}, expected 1")
+    return tuple(d for i, d in enumerate(shape) if i not in ax)
 
 
-@op("Squeeze", 1, views=True)
-def Squeeze_1(data, axes=None):
-    return squeeze_array(data, axes)
-
-
-@op("Squeeze", 13, views=True)
-def Squeeze(data, axes=None):
-    return squeeze_array(data, axes)
-
-
-def unsqueeze_array(data, axes):
+def unsqueeze_shape(shape: tuple, axes) -> tuple:
+    """Unsqueeze's output shape: extent-1 axes inserted at ``axes`` (of the output's rank)."""
     ax_list = as_int_list(axes)
-    r = data.ndim + len(ax_list)
+    r = len(shape) + len(ax_list)
     ax = [norm_axis(a, r) for a in ax_list]
     if len(set(ax)) != len(ax):
         raise InvalidArgumentError(f"Unsqueeze: axes {ax_list} repeat an axis")
-    shape = list(data.shape)
+    out = list(shape)
     for a in sorted(ax):
-        shape.insert(a, 1)
-    return data.reshape(tuple(shape))
+        out.insert(a, 1)
+    return tuple(out)
 
 
-@op("Unsqueeze", 1, views=True)
-def Unsqueeze_1(data, axes=None):
-    if axes is None:
-        raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
-    return unsqueeze_array(data, axes)
-
-
-@op("Unsqueeze", 13, views=True)
-def Unsqueeze(data, axes=None):
-    if axes is None:
-        raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
-    return unsqueeze_array(data, axes)
+for _name, _binds in VIEW_BINDS.items():
+    for _v, _bind in _binds:
+        op(_name, _v, views=True, bind=_bind)(view_cpu)
 
 
 class FlattenOp(NamedTuple):

@@ -22,8 +22,7 @@ MS = "com.microsoft"
 NOT_YET = {
     ("", "Gather"),
     ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
-    ("", "LpNormalization"), ("", "ReduceSum"), ("", "Reshape"), ("", "Slice"),
-    ("", "Split"), ("", "Squeeze"), ("", "Unsqueeze"),
+    ("", "LpNormalization"), ("", "ReduceSum"), ("", "Slice"), ("", "Split"),
     ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),
 }
 

@@ -23,18 +23,17 @@ import math
 
 import numpy as np
 
-from ops._common import Plain, as_int_list, check_indices, norm_axis
+from ops._common import Plain, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
 from ops.matmul import bind_matmul, matmul_shapes
 from ops.reduce import ArgOp, bind_argmax
 from ops.registry import op
 from ops.movement import bind_where
-from ops.shape import (FlattenOp, bind_flatten, bind_identity, flatten_shape, identity, reshape_target,
-                       squeeze_array, unsqueeze_array)
+from ops.shape import VIEW_BINDS, FlattenOp, ViewOp, bind_flatten, bind_identity, flatten_shape, identity, view_shape
 from ops.softmax import SOFTMAX_BINDS, SoftmaxOp
 from runtime import cuda as rc
-from runtime.errors import InvalidArgumentError, InvalidAttributeError
+from runtime.errors import InvalidArgumentError
 from . import cast as kcast
 from . import elementwise as kel
 from . import indexing as kidx
@@ -261,49 +260,18 @@ op("ArgMax", 1, provider=CUDA, bind=bind_argmax)(launch_argmax)
 op("Identity", 1, views=True, provider=CUDA, bind=bind_identity)(identity)  # ops.shape's, on any array
 
 
-@op("Reshape", 1, views=True, provider=CUDA)
-def Reshape_1(data, shape=None, consumed_inputs=None):
-    return reshape_device(data, reshape_target(tuple(data.shape), shape))
+def launch_view(b: ViewOp, ctx=None):
+    """The CUDA implementation of Reshape, Squeeze and Unsqueeze: a view of the device array with the shape
+    ``ops.shape.view_shape`` computes (their binds are ``ops.shape``'s); the shape or axes input is read on the
+    host."""
+    def run(data, second=None):
+        return reshape_device(data, view_shape(b, tuple(data.shape), second))
+    return run
 
 
-@op("Reshape", 5, views=True, provider=CUDA, host_inputs=(1,))
-def Reshape(data, shape, allowzero=0):
-    return reshape_device(data, reshape_target(tuple(data.shape), shape, allowzero))
-
-
-class _Meta:
-    """Shape-only stand-in so the CPU shape helpers compute a target shape without touching data."""
-
-    def __init__(self, a):
-        self.shape = tuple(a.shape)
-        self.ndim = len(self.shape)
-
-    def reshape(self, shape):
-        return tuple(shape)
-
-
-@op("Squeeze", 1, views=True, provider=CUDA)
-def Squeeze_1(data, axes=None):
-    return reshape_device(data, squeeze_array(_Meta(data), axes))
-
-
-@op("Squeeze", 13, views=True, provider=CUDA, host_inputs=(1,))
-def Squeeze(data, axes=None):
-    return reshape_device(data, squeeze_array(_Meta(data), axes))
-
-
-@op("Unsqueeze", 1, views=True, provider=CUDA)
-def Unsqueeze_1(data, axes=None):
-    if axes is None:
-        raise InvalidAttributeError("Unsqueeze: the axes attribute is required before opset 13")
-    return reshape_device(data, unsqueeze_array(_Meta(data), axes))
-
-
-@op("Unsqueeze", 13, views=True, provider=CUDA, host_inputs=(1,))
-def Unsqueeze(data, axes=None):
-    if axes is None:
-        raise InvalidArgumentError("Unsqueeze: the axes input is required from opset 13")
-    return reshape_device(data, unsqueeze_array(_Meta(data), as_int_list(axes)))
+for _name, _binds in VIEW_BINDS.items():
+    for _v, _bind in _binds:
+        op(_name, _v, views=True, provider=CUDA, host_inputs=(1,) if _v > 1 else (), bind=_bind)(launch_view)
 
 
 def launch_flatten(b: FlattenOp, ctx=None):

@@ -31,6 +31,7 @@ from .movement import bind_transpose, transpose_perm
 from .shape import VIEW_BINDS, bind_shape, bind_shape_1, shape_dims
 from .forms import Decline, float_only, lit, np_type, product_expr, quote, emit, form
 from . import indexing as _ix
+from .indexing import GATHER_VERSIONS, bind_gather
 from . import matmul as _mm
 from .matmul import bind_matmul
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
@@ -138,14 +139,12 @@ form("Shape", since=1, bind=bind_shape_1)(_shape)
 form("Shape", since=15, bind=bind_shape)(_shape)
 
 
-@form("Gather")
-def _gather(e):
+def _gather(e, b):
     rd, ri = e.rank(0), e.rank(1)
     if rd == 0 or e.dtype(1).kind not in "iu":
         raise Decline("gather")
     np_type(e.dtype(0))
-    axis = int(e.attrs.get("axis", 0))
-    axis = axis + rd if axis < 0 else axis
+    axis = b.axis + rd if b.axis < 0 else b.axis
     ok = e.use(__name__, "indices_ok")
     g3 = e.use(__name__, "gather3")
     e.use("runtime.errors", "IndexOutOfRangeError")
@@ -162,6 +161,10 @@ def _gather(e):
         [f"{{i0}}.shape[{d}]" for d in range(axis + 1, rd)]
     e.line(f"{{o0}} = {{p}}_g.reshape(({', '.join(shape)}{',' if len(shape) == 1 else ''}))")
     e.declare(0, e.dtype(0), len(shape))
+
+
+for _v in GATHER_VERSIONS:
+    form("Gather", since=_v, bind=bind_gather)(_gather)
 
 
 def _reshape(e, b):

@@ -15,6 +15,8 @@ Invariants:
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -217,9 +219,18 @@ def gather_axis(data: np.ndarray, idx: np.ndarray, axis: int, buf=None) -> np.nd
     return o
 
 
-@op("Gather", 1, factory=True)
-def Gather(ctx, axis=0):
+class GatherOp(NamedTuple):
+    axis: int
+
+
+def bind_gather(ctx, axis=0):
+    return GatherOp(int(axis))
+
+
+def gather_cpu(b: GatherOp, ctx):
+    """Gather on the CPU (the region form and the CUDA launch share the bind)."""
     buf = ctx.out[0] if ctx.out else None
+    axis = b.axis
 
     def run(data, indices):
         if data.ndim == 0:
@@ -230,8 +241,9 @@ def Gather(ctx, axis=0):
     return run
 
 
-op("Gather", 11, factory=True)(Gather)
-op("Gather", 13, factory=True)(Gather)
+GATHER_VERSIONS = (1, 11, 13)
+for _v in GATHER_VERSIONS:
+    op("Gather", _v, bind=bind_gather, writes_out=True)(gather_cpu)
 
 
 def _elem_prepare(opname, data, indices, axis):

@@ -20,7 +20,6 @@ CPU, CUDA, REGION = "CPUExecutionProvider", "CUDAExecutionProvider", registry.RE
 MS = "com.microsoft"
 
 NOT_YET = {
-    ("", "Gather"),
     ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
     ("", "LpNormalization"), ("", "ReduceSum"), ("", "Slice"), ("", "Split"),
     ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),

@@ -26,6 +26,7 @@ import numpy as np
 from ops._common import Plain, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
+from ops.indexing import GATHER_VERSIONS, GatherOp, bind_gather
 from ops.matmul import bind_matmul, matmul_shapes
 from ops.reduce import ArgOp, bind_argmax
 from ops.registry import op
@@ -192,9 +193,10 @@ for _v in (1, 9, 13):
 
 # -- Gather ----------------------------------------------------------------------------------------
 
-def _gather_factory(ctx, axis=0):
-    """Gather with host indices; indices that are an initializer are checked and uploaded once."""
-    node, graph = ctx.node, ctx.graph
+def launch_gather(b: GatherOp, ctx):
+    """The CUDA implementation of Gather (its bind is ``ops.indexing``'s), with host indices; indices that are an
+    initializer are checked and uploaded once."""
+    node, graph, axis = ctx.node, ctx.graph, b.axis
     const = node is not None and graph is not None and len(node.inputs) > 1 and \
         node.inputs[1] in getattr(graph, "initializers", {})
     cache = {}
@@ -227,8 +229,8 @@ def _gather_factory(ctx, axis=0):
     return run
 
 
-for _v in (1, 11, 13):
-    op("Gather", _v, factory=True, provider=CUDA, host_inputs=(1,))(_gather_factory)
+for _v in GATHER_VERSIONS:
+    op("Gather", _v, provider=CUDA, host_inputs=(1,), bind=bind_gather)(launch_gather)
 
 
 # -- ArgMax ----------------------------------------------------------------------------------------

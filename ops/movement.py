@@ -1,6 +1,6 @@
 """Data-movement ops: Transpose, Concat, Split, Slice, Expand, Tile, ConstantOfShape, Range, Trilu,
-Where, EyeLike, DepthToSpace, SpaceToDepth, ReverseSequence, CenterCropPad, BitCast (Pad, which shares
-``strided_copy`` and the byte views, is ``ops/pad.py``).
+Where, EyeLike, ReverseSequence, CenterCropPad, BitCast (Pad and DepthToSpace/SpaceToDepth, which share
+``strided_copy`` and the byte views, are ``ops/pad.py`` and ``ops/depth_space.py``).
 
 Moving data does not depend on what the bytes mean, so every kernel here
 works on unsigned-integer views of the element bytes (uint8/16/32/64; a
@@ -606,53 +606,6 @@ def where_cpu(b: Plain, ctx):
 
 
 op("Where", 9, bind=bind_where, writes_out=True)(where_cpu)
-
-
-# -- DepthToSpace / SpaceToDepth -------------------------------------------------------------------
-
-def _check4(x, name):
-    if x.ndim != 4:
-        raise InvalidArgumentError(f"{name}: input must be 4-D (N, C, H, W), got shape {list(x.shape)}")
-
-
-@op("DepthToSpace", 1)
-def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = contig(input)
-    _check4(x, "DepthToSpace")
-    b = int(blocksize)
-    N, C, H, W = x.shape
-    if b <= 0 or C % (b * b):
-        raise InvalidArgumentError(f"DepthToSpace: channels {C} are not divisible by blocksize^2 = {b * b}")
-    c = C // (b * b)
-    if mode == "DCR":
-        v = x.reshape(N, b, b, c, H, W).transpose(0, 3, 4, 1, 5, 2)
-    elif mode == "CRD":
-        v = x.reshape(N, c, b, b, H, W).transpose(0, 1, 4, 2, 5, 3)
-    else:
-        raise InvalidAttributeError(f"DepthToSpace: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(out_of(ctx), (N, c, H * b, W * b), x.dtype)
-    strided_copy(out, out.reshape(v.shape), x, v)
-    return out
-
-
-@op("SpaceToDepth", 1)
-def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = contig(input)
-    _check4(x, "SpaceToDepth")
-    b = int(blocksize)
-    N, C, H, W = x.shape
-    if b <= 0 or H % b or W % b:
-        raise InvalidArgumentError(f"SpaceToDepth: H={H} and W={W} must be divisible by blocksize {b}")
-    v = x.reshape(N, C, H // b, b, W // b, b)
-    if mode == "DCR":
-        v = v.transpose(0, 3, 5, 1, 2, 4)
-    elif mode == "CRD":
-        v = v.transpose(0, 1, 3, 5, 2, 4)
-    else:
-        raise InvalidAttributeError(f"SpaceToDepth: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(out_of(ctx), (N, C * b * b, H // b, W // b), x.dtype)
-    strided_copy(out, out.reshape(v.shape), x, v)
-    return out
 
 
 # -- ReverseSequence / CenterCropPad / BitCast ----------------------------------------------------

@@ -66,12 +66,6 @@ def launch_binary(b: Binary, ctx=None):
     return run
 
 
-for _name in kel.BINARY_OPS:
-    _bind, _vers = BINARY[_name]
-    for _v in _vers:
-        op(_name, _v, provider=CUDA, bind=_bind)(launch_binary)
-
-
 def launch_unary(u: Unary, ctx=None):
     """The CUDA implementation of the unary ops ``ops.cuda.elementwise`` computes (their bind is
     ``ops.elementwise``'s)."""
@@ -80,10 +74,11 @@ def launch_unary(u: Unary, ctx=None):
     return run
 
 
-for _name in kel.UNARY_OPS:
-    _bind, _vers = UNARY[_name]
-    for _v in _vers:
-        op(_name, _v, provider=CUDA, bind=_bind)(launch_unary)
+for _table, _names, _launch in ((BINARY, kel.BINARY_OPS, launch_binary), (UNARY, kel.UNARY_OPS, launch_unary)):
+    for _name in _names:
+        _bind, _vers = _table[_name]
+        for _v in _vers:
+            op(_name, _v, provider=CUDA, bind=_bind)(_launch)
 
 
 def launch_where(b: Plain, ctx=None):

@@ -12,15 +12,24 @@ from ._common import out_buffer
 from .movement import contig, out_of, strided_copy
 from .registry import op
 
-def _check4(x, name):
+def _blocks(input, name):
+    """The contiguous 4-D input, or the error naming ``name``."""
+    x = contig(input)
     if x.ndim != 4:
         raise InvalidArgumentError(f"{name}: input must be 4-D (N, C, H, W), got shape {list(x.shape)}")
+    return x
+
+
+def _moved(x, v, shape, ctx):
+    """The view ``v`` of ``x`` copied into a fresh (or the plan's) array of ``shape``."""
+    out = out_buffer(out_of(ctx), shape, x.dtype)
+    strided_copy(out, out.reshape(v.shape), x, v)
+    return out
 
 
 @op("DepthToSpace", 1)
 def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = contig(input)
-    _check4(x, "DepthToSpace")
+    x = _blocks(input, "DepthToSpace")
     b = int(blocksize)
     N, C, H, W = x.shape
     if b <= 0 or C % (b * b):
@@ -32,15 +41,12 @@ def DepthToSpace(input, blocksize=None, mode="DCR", *, ctx=None):
         v = x.reshape(N, c, b, b, H, W).transpose(0, 1, 4, 2, 5, 3)
     else:
         raise InvalidAttributeError(f"DepthToSpace: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(out_of(ctx), (N, c, H * b, W * b), x.dtype)
-    strided_copy(out, out.reshape(v.shape), x, v)
-    return out
+    return _moved(x, v, (N, c, H * b, W * b), ctx)
 
 
 @op("SpaceToDepth", 1)
 def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
-    x = contig(input)
-    _check4(x, "SpaceToDepth")
+    x = _blocks(input, "SpaceToDepth")
     b = int(blocksize)
     N, C, H, W = x.shape
     if b <= 0 or H % b or W % b:
@@ -52,6 +58,4 @@ def SpaceToDepth(input, blocksize=None, mode="DCR", *, ctx=None):
         v = v.transpose(0, 1, 3, 5, 2, 4)
     else:
         raise InvalidAttributeError(f"SpaceToDepth: mode must be 'DCR' or 'CRD', got {mode!r}")
-    out = out_buffer(out_of(ctx), (N, C * b * b, H // b, W // b), x.dtype)
-    strided_copy(out, out.reshape(v.shape), x, v)
-    return out
+    return _moved(x, v, (N, C * b * b, H // b, W // b), ctx)

@@ -1,7 +1,7 @@
 """A decoder's KV caches: one interface, three policies, in host or device memory.
 
 A ``KVCache`` holds, for each KV input of a decoder, the positions the steps
-so far have written, and answers the decoder's four questions:
+so far have written, behind six methods:
 
 - ``make_room(total)`` before a step that brings the caches to ``total``
   positions: refuses past ``max_length`` (nothing is written), grows buffers

@@ -1,4 +1,4 @@
-"""CUDA kernels of ops/cuda/{shape,norm,contrib_recurrent,activations}.py against the CPU provider's registered
+"""CUDA kernels of ops/cuda/{shape,norm,contrib_recurrent,activations,elementwise}.py against the CPU provider's
 kernels, both resolved and bound through ``ops.registry`` on the same inputs (device inputs uploaded with
 ``runtime.cuda.to_device``, except each CUDA registration's ``host_inputs``).
 
@@ -24,6 +24,7 @@ import ops  # noqa: E402,F401  (registers the CPU kernels)
 import ops.cuda.activations  # noqa: E402,F401
 import ops.cuda.contrib_recurrent  # noqa: E402,F401
 import ops.cuda.norm  # noqa: E402,F401
+import ops.cuda.registered  # noqa: E402,F401  (the elementwise ops)
 import ops.cuda.shape  # noqa: E402,F401
 from ops import registry  # noqa: E402
 from ops.registry import OpContext  # noqa: E402
@@ -243,6 +244,25 @@ def test_activations(dtype):
     check("HardSigmoid", [xs], alpha=0.5, beta=0.1)
     check("LeakyRelu", [xs])
     check("LeakyRelu", [xs], alpha=0.3)
+
+
+def test_every_generated_unary_op_matches_the_cpu():
+    """Each default-domain unary op the CUDA provider registers (its device function generated from the CPU
+    kernels' table) on edge values: signed zeros, infinities, NaN, halves, the edges of each op's domain."""
+    from ops.cuda.elementwise import UNARY_OPS
+    edges = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 0.999, 1.001, 1e-3, 60.0, -60.0, np.inf, -np.inf,
+             np.nan]
+    x = np.concatenate([np.linspace(-4, 4, 23), edges]).astype(np.float32)
+    assert {"Neg", "Sigmoid", "Gelu", "Softplus", "Round", "Asin", "Selu", "HardSwish"} <= set(UNARY_OPS)
+    finite = x[np.isfinite(x) | np.isnan(x)]
+    with np.errstate(all="ignore"):
+        for name in UNARY_OPS:
+            # the simulator computes with Python's math, which raises on sin(inf) where a device gives NaN
+            check(name, [finite if rc.simulator() and name in ("Sin", "Cos", "Tan") else x], opset=24)
+    check("Elu", [x], alpha=0.5)
+    check("Celu", [x], alpha=2.0)
+    check("Shrink", [x], bias=0.25, lambd=1.0)
+    check("Swish", [x], opset=24, alpha=0.75)
 
 
 def test_activation_errors():

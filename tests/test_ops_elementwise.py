@@ -67,3 +67,15 @@ def test_integer_div_and_mod_follow_onnxruntime():
     for op, attrs in [("Div", None), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})]:
         ours, theirs = _run_both(op, [a, b], attrs)
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_generated_modules_are_what_the_generator_writes():
+    """The CPU kernels, the segment row op and the CUDA device functions come from one table
+    (tools/gen_elementwise.py): the committed modules must be what it writes now."""
+    import os
+
+    from tools import gen_elementwise as gen
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    for rel, make in gen.OUTPUTS.items():
+        with open(os.path.join(root, rel)) as f:
+            assert f.read() == make(), f"{rel} is stale: run python tools/gen_elementwise.py"

@@ -1,10 +1,13 @@
-"""CUDA elementwise kernels: Add, Sub, Mul, Div, Pow, the float unary ops (Neg, Exp, Sigmoid, Tanh, Relu, Sqrt,
-Erf, Abs, Log, Reciprocal, Sin, Cos, Floor, Ceil), Where.
+"""CUDA elementwise kernels: the binary ops Add, Sub, Mul, Div, Pow; every float unary op and activation of
+``ops._elementwise_kernels`` the device table holds (``CUDA_UNARY``: Neg, Exp, Sigmoid, Tanh, Relu, Sqrt, Erf,
+Gelu, ...); Where.
 
-Binary ops and Where broadcast through the CPU family's 4-d canonical form (``ops._common.to4``): operands
-are read flat with per-axis element strides, a broadcast axis having stride 0, so one kernel per dtype covers
-every rank.  The op is a run-time code, uniform across the grid, which keeps one compiled kernel per dtype
-instead of one per op.
+The per-element arithmetic is generated (``ops/cuda/_elementwise_device.py``, by ``tools/gen_elementwise.py``)
+from the table that generates the CPU kernels, so each op computes the expression of its CPU kernel.  Binary
+ops and Where broadcast through the CPU family's 4-d canonical form (``ops._common.to4``): operands are read
+flat with per-axis element strides, a broadcast axis having stride 0, so one kernel per dtype covers every
+rank.  The op is a run-time code, uniform across the grid, which keeps one compiled kernel per dtype instead of
+one per op.
 
 Invariants:
 - inputs and outputs are C-contiguous device arrays; outputs are freshly allocated (or the ``out`` given);
@@ -14,42 +17,44 @@ Invariants:
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ops._common import broadcast_shape, to4
+from ops.elementwise import BINARY, UNARY
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ._common import FLOATS, check_device, flat, grid1d, unravel4
+from ._elementwise_device import CUDA_BINARY, CUDA_UNARY, binary_store, unary_store
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary",
-           "UNARY_OPS", "BINARY_OPS"]
+           "unary_code", "UNARY_OPS", "BINARY_OPS"]
 
-ADD, SUB, MUL, DIV, POW = 0, 1, 2, 3, 4
-NEG, EXP, SIGMOID, TANH, RELU, SQRT, ERF, ABS, LOG, RECIP, SIN, COS, FLOOR, CEIL = range(14)
-_BINARY = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV, "Pow": POW}
-_UNARY = {"Neg": NEG, "Exp": EXP, "Sigmoid": SIGMOID, "Tanh": TANH, "Relu": RELU, "Sqrt": SQRT, "Erf": ERF,
-          "Abs": ABS, "Log": LOG, "Reciprocal": RECIP, "Sin": SIN, "Cos": COS, "Floor": FLOOR, "Ceil": CEIL}
-UNARY_OPS = tuple(_UNARY)
-BINARY_OPS = tuple(_BINARY)
+# The generated binary kernel the CUDA provider runs for each Binary kernel (Div: the float one only).
+_DEVICE_BINARY = {"div": "div_f"}
+
+
+def _kernel(table, name) -> str:
+    """The generated kernel of ``name`` with its attributes at their defaults."""
+    k = table[name][0](None).kernel
+    return _DEVICE_BINARY.get(k, k) if table is BINARY else k
+
+
+# The default-domain ops these kernels compute: those whose generated kernel the device table holds.
+UNARY_OPS = tuple(name for name in UNARY if _kernel(UNARY, name) in CUDA_UNARY)
+BINARY_OPS = tuple(name for name in BINARY if _kernel(BINARY, name) in CUDA_BINARY)
+_FLOAT_ONLY = ("div_f", "pow")
+
+
+def unary_code(kernel: str) -> int:
+    """The run-time code of the generated unary ``kernel`` (a ``Unary.kernel``) in the device table."""
+    if kernel not in CUDA_UNARY:
+        raise InvalidArgumentError(f"the CUDA kernels do not compute the elementwise op {kernel!r} "
+                                   f"(they compute {', '.join(CUDA_UNARY)})")
+    return CUDA_UNARY.index(kernel)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@jit(device=True)
-def _bin(op, x, y):
-    if op == ADD:
-        return x + y
-    if op == SUB:
-        return x - y
-    if op == MUL:
-        return x * y
-    if op == POW:
-        return x ** y
-    return x / y
-
 
 @jit(device=True)
 def _off(i, n1, n2, n3, s0, s1, s2, s3):
@@ -65,7 +70,7 @@ def _binary4(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
     for i in range(start, out.size, step):
         x = a[_off(i, n1, n2, n3, a0, a1, a2, a3)]
         y = b[_off(i, n1, n2, n3, b0, b1, b2, b3)]
-        out[i] = _bin(op, x, y)
+        binary_store(op, x, y, out, i)
 
 
 @jit
@@ -79,54 +84,12 @@ def _where4(c, x, y, out, n1, n2, n3, c0, c1, c2, c3, x0, x1, x2, x3, y0, y1, y2
             out[i] = y[_off(i, n1, n2, n3, y0, y1, y2, y3)]
 
 
-@jit(device=True)
-def _un(op, v):
-    if op == NEG:
-        return -v
-    if op == EXP:
-        return math.exp(v)
-    if op == SIGMOID:
-        # Two branches so exp never overflows.
-        one = np.float32(1.0)
-        if v >= 0:
-            return one / (one + math.exp(-v))
-        e = math.exp(v)
-        return e / (one + e)
-    if op == TANH:
-        return math.tanh(v)
-    if op == SQRT:
-        return math.sqrt(v) if v >= 0 else np.float32(math.nan)
-    if op == ERF:
-        return math.erf(v)
-    if op == ABS:
-        return abs(v)
-    if op == LOG:
-        if v > 0:
-            return math.log(v)
-        if v == 0:
-            return np.float32(-math.inf)
-        return np.float32(math.nan)
-    if op == RECIP:
-        return np.float32(1.0) / v if v != 0 else np.float32(math.copysign(math.inf, v))
-    if op == SIN:
-        return math.sin(v)
-    if op == COS:
-        return math.cos(v)
-    if op == FLOOR:  # from 2**23 every float32 is whole (math.floor would convert it to int64)
-        return math.floor(v) if abs(v) < np.float32(8388608.0) else v
-    if op == CEIL:
-        return math.ceil(v) if abs(v) < np.float32(8388608.0) else v
-    if v > 0 or v != v:  # NaN passes through, like max(x, 0) on the CPU
-        return v
-    return np.float32(0.0)
-
-
 @jit
-def _unary_f32(op, x, out):
+def _unary_f32(op, x, out, p0, p1):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
     for i in range(start, x.size, step):
-        out[i] = _un(op, np.float32(x[i]))
+        unary_store(op, np.float32(x[i]), p0, p1, out, i)
 
 
 # -- wrappers --------------------------------------------------------------------------------------
@@ -162,31 +125,37 @@ def _out(op, out, shape, dtype):
 
 
 def binary(op: str, A, B, *, out=None):
-    """``op`` in Add/Sub/Mul/Div over two device arrays with numpy broadcasting."""
-    code = _BINARY[op]
+    """``op`` (one of ``BINARY_OPS``) over two device arrays with numpy broadcasting."""
+    kernel = _kernel(BINARY, op)
     check_device(op, A=A, B=B)
     if A.dtype != B.dtype:
         raise InvalidArgumentError(f"{op}: inputs must share one dtype, got {A.dtype} and {B.dtype}")
-    if code in (DIV, POW) and np.dtype(A.dtype) not in FLOATS:
+    if kernel in _FLOAT_ONLY and np.dtype(A.dtype) not in FLOATS:
         raise InvalidArgumentError(f"{op}: the CUDA kernel takes float operands only, got {A.dtype}")
     out_shape, out4, (sa, sb) = _plan(op, (A, B))
     y = _out(op, out, out_shape, A.dtype)
     n = int(np.prod(out_shape, dtype=np.int64))
     if n:
         blocks, threads = grid1d(n)
-        _binary4[blocks, threads](code, flat(A), flat(B), flat(y), out4[1], out4[2], out4[3], *sa, *sb)
+        _binary4[blocks, threads](CUDA_BINARY.index(kernel), flat(A), flat(B), flat(y), out4[1], out4[2], out4[3],
+                                  *sa, *sb)
     return y
 
 
-def unary(op: str, X, *, out=None):
-    """``op`` (one of ``UNARY_OPS``) over a float device array (computed in float32)."""
+def unary(op: str, X, *, out=None, kernel=None, p0=0.0, p1=0.0):
+    """``op`` (one of ``UNARY_OPS``) over a float device array (computed in float32): the generated ``kernel``
+    with float attributes p0, p1 (a bound ``Unary``'s), by default the op's with its attributes' defaults."""
+    if kernel is None:
+        u = UNARY[op][0](None)
+        kernel, p0, p1 = u.kernel, u.p0, u.p1
+    code = unary_code(kernel)
     check_device(op, X=X)
     if np.dtype(X.dtype) not in FLOATS:
         raise InvalidArgumentError(f"{op}: the CUDA kernel takes float tensors, got {X.dtype}")
     y = _out(op, out, tuple(X.shape), X.dtype)
     if X.size:
         blocks, threads = grid1d(X.size)
-        _unary_f32[blocks, threads](_UNARY[op], flat(X), flat(y))
+        _unary_f32[blocks, threads](code, flat(X), flat(y), np.float32(p0), np.float32(p1))
     return y
 
 

@@ -67,10 +67,12 @@ def launch_binary(b: Binary, ctx=None):
 
 
 def launch_unary(u: Unary, ctx=None):
-    """The CUDA implementation of the unary ops ``ops.cuda.elementwise`` computes (their bind is
-    ``ops.elementwise``'s)."""
+    """The CUDA implementation of the unary ops and activations ``ops.cuda.elementwise`` computes (their bind is
+    ``ops.elementwise``'s: attribute defaults and checks written once there)."""
+    kel.unary_code(u.kernel)  # a kernel the device table lacks is refused at plan time
+
     def run(X):
-        return kel.unary(u.op, X)
+        return kel.unary(u.op, X, kernel=u.kernel, p0=u.p0, p1=u.p1)
     return run
 
 

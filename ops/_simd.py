@@ -104,6 +104,187 @@ def _broadcast(builder, s):
     return _shuffle(builder, v, ir.Constant(_V8F, None), [0] * 8)
 
 
+class _Emitter:
+    """The IR of one call of a ``_make`` intrinsic: ``codegen``'s context, builder and arguments with the
+    factory's flags.  The constructor emits the prologue (array pointers, row pointers, accumulator slots);
+    ``emit`` the loops over column groups, each group through ``run``."""
+
+    def __init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, groups):
+        self.context, self.builder, self.sig, self.args = context, builder, sig, args
+        self.has_zp, self.portable, self.vnni, self.rows, self.groups = has_zp, portable, vnni, rows, groups
+        qi_a = self.arr(0)
+        shape = cgutils.unpack_tuple(builder, qi_a.shape, 4)
+        self.nb, self.nj = nb, nj = shape[1], shape[2]
+        self.intp = nb.type
+        self.qp, self.sp = qi_a.data, self.arr(5).data
+        if has_zp:
+            self.zp_ptr = self.arr(4).data
+        else:
+            self.zdef = _broadcast(builder, args[4])
+        self.aps, self.asps, self.ssps, self.ops_ = [self.row_ptrs(k) for k in (1, 2, 3, 6)]
+        self.c4, self.c8 = c4, c8 = self.const(4), self.const(8)
+        self.m15, self.four = _splat(_V32I8, 15), _splat(_V32I8, 4)
+        self.accp = [[cgutils.alloca_once(builder, _V8F) for _ in range(rows)] for _ in range(groups)]
+        self.s32p = [[cgutils.alloca_once(builder, _V8I32) for _ in range(rows)] for _ in range(groups)]
+        self.nq = builder.udiv(nj, c4)
+        self.bs = builder.mul(nj, c8)
+
+    def arr(self, k):
+        return self.context.make_array(self.sig.args[k])(self.context, self.builder, self.args[k])
+
+    def const(self, v):
+        return ir.Constant(self.intp, v)
+
+    def row_ptrs(self, k):
+        """Row r's data pointer of argument ``k``, for r < rows."""
+        builder = self.builder
+        a = self.arr(k)
+        if self.rows == 1:
+            return [a.data]
+        width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+        return [builder.gep(a.data, [builder.mul(self.const(r), width)]) for r in range(self.rows)]
+
+    def vload(self, ptr, off, ty, align):
+        builder = self.builder
+        return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+
+    def splat4(self, ap, off):
+        """The 4 activations at ``ap[off:off + 4]`` in every 32-bit lane."""
+        builder = self.builder
+        x = builder.load(builder.bitcast(builder.gep(ap, [off]), _I32.as_pointer()), align=1)
+        v = builder.insert_element(ir.Constant(_V8I32, None), x, ir.Constant(_I32, 0))
+        return builder.bitcast(_shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8), _V32I8)
+
+    def codes(self, vec):
+        """The vector of codes ``vec``: its low and its high nibbles."""
+        builder, m15 = self.builder, self.m15
+        w = self.vload(self.qp, builder.mul(vec, self.const(32)), _V32I8, 1)
+        return builder.and_(w, m15), builder.and_(builder.lshr(w, self.four), m15)
+
+    def products(self, lo, hi, ap, k):
+        """Codes ``lo``/``hi`` against row ``ap``'s activations from ``k``: <16 x i16> pair sums (AVX2)
+        or <8 x i32> lane sums (portable)."""
+        builder = self.builder
+        alo, ahi = self.splat4(ap, k), self.splat4(ap, builder.add(k, self.c4))
+        if not self.portable:
+            mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+            return builder.add(builder.call(mub, [lo, alo]), builder.call(mub, [hi, ahi]))
+        p = builder.add(builder.mul(builder.zext(lo, _V32I32), builder.sext(alo, _V32I32)),
+                        builder.mul(builder.zext(hi, _V32I32), builder.sext(ahi, _V32I32)))
+        parts = [_shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
+        return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+    def dpbusd(self, acc, lo, hi, ap, k):
+        """``acc`` plus the code-by-activation dots, four products per 32-bit lane added in one
+        ``vpdpbusd`` per nibble half (the same exact integers as the pair sums)."""
+        builder = self.builder
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
+        alo = builder.bitcast(self.splat4(ap, k), _V8I32)
+        ahi = builder.bitcast(self.splat4(ap, builder.add(k, self.c4)), _V8I32)
+        acc = builder.call(dp, [acc, builder.bitcast(lo, _V8I32), alo])
+        return builder.call(dp, [acc, builder.bitcast(hi, _V8I32), ahi])
+
+    def widen(self, s):
+        if self.portable:
+            return s
+        builder = self.builder
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+        return builder.call(mwd, [s, _splat(_V16I16, 1)])
+
+    def emit(self):
+        """Column groups [g0, g1): ``groups`` of them side by side while that many remain, then one at a time."""
+        builder, groups, const = self.builder, self.groups, self.const
+        g0, g1 = self.args[7], self.args[8]
+        full = builder.sdiv(builder.sub(g1, g0), const(groups)) if groups > 1 else None
+        tail0 = g0
+        if groups > 1:
+            with cgutils.for_range(builder, full, intp=self.intp) as lt:
+                gb = builder.add(g0, builder.mul(lt.index, const(groups)))
+                self.run([builder.add(gb, const(gi)) for gi in range(groups)])
+            tail0 = builder.add(g0, builder.mul(full, const(groups)))
+        with cgutils.for_range_slice(builder, tail0, g1, const(1), intp=self.intp) as (g, _):
+            self.run([g])
+
+    def run(self, gs):
+        """The column groups ``gs`` (IR indices) through every block: one accumulator chain each."""
+        builder, rows, accp, c8 = self.builder, self.rows, self.accp, self.c8
+        G = len(gs)
+        for gi in range(G):
+            for r in range(rows):
+                builder.store(_splat(_V8F, 0.0), accp[gi][r])
+        with cgutils.for_range(builder, self.nb, intp=self.intp) as lb:
+            self.block(gs, lb.index)
+        for gi in range(G):
+            for r in range(rows):
+                optr = builder.bitcast(builder.gep(self.ops_[r], [builder.mul(gs[gi], c8)]), _V8F.as_pointer())
+                builder.store(builder.load(accp[gi][r]), optr, align=4)
+
+    def block(self, gs, blk):
+        """Block ``blk`` of the column groups ``gs``: the exact integer dots, then the float update."""
+        builder, nb, nj = self.builder, self.nb, self.nj
+        for gi in range(len(gs)):
+            for r in range(self.rows):
+                builder.store(_splat(_V8I32, 0), self.s32p[gi][r])
+        vbase = [builder.mul(builder.add(builder.mul(g, nb), blk), nj) for g in gs]
+        kb = builder.mul(blk, self.bs)
+        if self.vnni:
+            self.dots_vnni(vbase, kb)
+        else:
+            self.dots_pairs(vbase, kb)
+        self.update(gs, blk)
+
+    def dots_vnni(self, vbase, kb):
+        """The block's dots by ``vpdpbusd``, one vector of codes at a time."""
+        builder, c8, s32p = self.builder, self.c8, self.s32p
+        with cgutils.for_range(builder, self.nj, intp=self.intp) as lj:
+            j = lj.index
+            k = builder.add(kb, builder.mul(j, c8))
+            for gi in range(len(vbase)):
+                lo, hi = self.codes(builder.add(vbase[gi], j))
+                for r in range(self.rows):
+                    s32 = self.dpbusd(builder.load(s32p[gi][r]), lo, hi, self.aps[r], k)
+                    builder.store(s32, s32p[gi][r])
+
+    def dots_pairs(self, vbase, kb):
+        """The block's dots by pair sums (or the portable lane sums), widened to 32 bits every 4 vectors."""
+        builder, rows, c4, c8, s32p, aps = self.builder, self.rows, self.c4, self.c8, self.s32p, self.aps
+        nq, const = self.nq, self.const
+        with cgutils.for_range(builder, nq, intp=self.intp) as lq:  # 4 vectors, widened once
+            j0 = builder.mul(lq.index, c4)
+            for gi in range(len(vbase)):
+                sums = [None] * rows
+                for u in range(4):
+                    j = builder.add(j0, const(u))
+                    lo, hi = self.codes(builder.add(vbase[gi], j))
+                    k = builder.add(kb, builder.mul(j, c8))
+                    for r in range(rows):
+                        d = self.products(lo, hi, aps[r], k)
+                        sums[r] = d if sums[r] is None else builder.add(sums[r], d)
+                for r in range(rows):
+                    builder.store(builder.add(builder.load(s32p[gi][r]), self.widen(sums[r])), s32p[gi][r])
+        with cgutils.for_range_slice(builder, builder.mul(nq, c4), self.nj, const(1), intp=self.intp) as (j, _):
+            k = builder.add(kb, builder.mul(j, c8))
+            for gi in range(len(vbase)):
+                lo, hi = self.codes(builder.add(vbase[gi], j))
+                for r in range(rows):
+                    d = self.products(lo, hi, aps[r], k)
+                    builder.store(builder.add(builder.load(s32p[gi][r]), self.widen(d)), s32p[gi][r])
+
+    def update(self, gs, blk):
+        """``acc += (ascale[blk] * scale) * (dot - zero * asum[blk])`` for block ``blk`` of the groups ``gs``."""
+        builder, nb, c8, accp = self.builder, self.nb, self.c8, self.accp
+        for gi in range(len(gs)):
+            col = builder.mul(builder.add(builder.mul(gs[gi], nb), blk), c8)
+            wsc = self.vload(self.sp, col, _V8F, 4)
+            z = self.vload(self.zp_ptr, col, _V8F, 4) if self.has_zp else self.zdef
+            for r in range(self.rows):
+                dot = builder.sitofp(builder.load(self.s32p[gi][r]), _V8F)
+                a_s = _broadcast(builder, builder.load(builder.gep(self.asps[r], [blk])))
+                a_sum = _broadcast(builder, builder.load(builder.gep(self.ssps[r], [blk])))
+                term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
+                builder.store(builder.fadd(builder.load(accp[gi][r]), term), accp[gi][r])
+
+
 def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, groups: int = 1):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1):
         """zero: the default zero point (float32 scalar), or zero points [G, nb, 8] when ``has_zp``.  With
@@ -124,149 +305,7 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, group
         sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp)
 
         def codegen(context, builder, sig, args):
-            def arr(k):
-                return context.make_array(sig.args[k])(context, builder, args[k])
-
-            qi_a = arr(0)
-            shape = cgutils.unpack_tuple(builder, qi_a.shape, 4)
-            nb, nj = shape[1], shape[2]
-            intp = nb.type
-            qp, sp = qi_a.data, arr(5).data
-            if has_zp:
-                zp_ptr = arr(4).data
-            else:
-                zdef = _broadcast(builder, args[4])
-
-            def const(v):
-                return ir.Constant(intp, v)
-
-            def row_ptrs(k):
-                """Row r's data pointer of argument ``k``, for r < rows."""
-                a = arr(k)
-                if rows == 1:
-                    return [a.data]
-                width = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-                return [builder.gep(a.data, [builder.mul(const(r), width)]) for r in range(rows)]
-
-            aps, asps, ssps, ops_ = row_ptrs(1), row_ptrs(2), row_ptrs(3), row_ptrs(6)
-            c4, c8 = const(4), const(8)
-            m15, four = _splat(_V32I8, 15), _splat(_V32I8, 4)
-
-            def vload(ptr, off, ty, align):
-                return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
-
-            def splat4(ap, off):
-                """The 4 activations at ``ap[off:off + 4]`` in every 32-bit lane."""
-                x = builder.load(builder.bitcast(builder.gep(ap, [off]), _I32.as_pointer()), align=1)
-                v = builder.insert_element(ir.Constant(_V8I32, None), x, ir.Constant(_I32, 0))
-                return builder.bitcast(_shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8), _V32I8)
-
-            def codes(vec):
-                w = vload(qp, builder.mul(vec, const(32)), _V32I8, 1)
-                return builder.and_(w, m15), builder.and_(builder.lshr(w, four), m15)
-
-            def products(lo, hi, ap, k):
-                """Codes ``lo``/``hi`` against row ``ap``'s activations from ``k``: <16 x i16> pair sums (AVX2)
-                or <8 x i32> lane sums (portable)."""
-                alo, ahi = splat4(ap, k), splat4(ap, builder.add(k, c4))
-                if not portable:
-                    mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
-                    return builder.add(builder.call(mub, [lo, alo]), builder.call(mub, [hi, ahi]))
-                p = builder.add(builder.mul(builder.zext(lo, _V32I32), builder.sext(alo, _V32I32)),
-                                builder.mul(builder.zext(hi, _V32I32), builder.sext(ahi, _V32I32)))
-                parts = [_shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
-                return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
-
-            def dpbusd(acc, lo, hi, ap, k):
-                """``acc`` plus the code-by-activation dots, four products per 32-bit lane added in one
-                ``vpdpbusd`` per nibble half (the same exact integers as the pair sums)."""
-                dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
-                alo = builder.bitcast(splat4(ap, k), _V8I32)
-                ahi = builder.bitcast(splat4(ap, builder.add(k, c4)), _V8I32)
-                acc = builder.call(dp, [acc, builder.bitcast(lo, _V8I32), alo])
-                return builder.call(dp, [acc, builder.bitcast(hi, _V8I32), ahi])
-
-            def widen(s):
-                if portable:
-                    return s
-                mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
-                return builder.call(mwd, [s, _splat(_V16I16, 1)])
-
-            accp = [[cgutils.alloca_once(builder, _V8F) for _ in range(rows)] for _ in range(groups)]
-            s32p = [[cgutils.alloca_once(builder, _V8I32) for _ in range(rows)] for _ in range(groups)]
-            nq = builder.udiv(nj, c4)
-            bs = builder.mul(nj, c8)
-
-            def run(gs):
-                """The column groups ``gs`` (IR indices) through every block: one accumulator chain each."""
-                G = len(gs)
-                for gi in range(G):
-                    for r in range(rows):
-                        builder.store(_splat(_V8F, 0.0), accp[gi][r])
-                with cgutils.for_range(builder, nb, intp=intp) as lb:
-                    blk = lb.index
-                    for gi in range(G):
-                        for r in range(rows):
-                            builder.store(_splat(_V8I32, 0), s32p[gi][r])
-                    vbase = [builder.mul(builder.add(builder.mul(g, nb), blk), nj) for g in gs]
-                    kb = builder.mul(blk, bs)
-                    if vnni:
-                        with cgutils.for_range(builder, nj, intp=intp) as lj:
-                            j = lj.index
-                            k = builder.add(kb, builder.mul(j, c8))
-                            for gi in range(G):
-                                lo, hi = codes(builder.add(vbase[gi], j))
-                                for r in range(rows):
-                                    s32 = dpbusd(builder.load(s32p[gi][r]), lo, hi, aps[r], k)
-                                    builder.store(s32, s32p[gi][r])
-                    else:
-                        with cgutils.for_range(builder, nq, intp=intp) as lq:  # 4 vectors, widened once
-                            j0 = builder.mul(lq.index, c4)
-                            for gi in range(G):
-                                sums = [None] * rows
-                                for u in range(4):
-                                    j = builder.add(j0, const(u))
-                                    lo, hi = codes(builder.add(vbase[gi], j))
-                                    k = builder.add(kb, builder.mul(j, c8))
-                                    for r in range(rows):
-                                        d = products(lo, hi, aps[r], k)
-                                        sums[r] = d if sums[r] is None else builder.add(sums[r], d)
-                                for r in range(rows):
-                                    builder.store(builder.add(builder.load(s32p[gi][r]), widen(sums[r])),
-                                                  s32p[gi][r])
-                        with cgutils.for_range_slice(builder, builder.mul(nq, c4), nj, const(1),
-                                                     intp=intp) as (j, _):
-                            k = builder.add(kb, builder.mul(j, c8))
-                            for gi in range(G):
-                                lo, hi = codes(builder.add(vbase[gi], j))
-                                for r in range(rows):
-                                    d = products(lo, hi, aps[r], k)
-                                    builder.store(builder.add(builder.load(s32p[gi][r]), widen(d)), s32p[gi][r])
-                    for gi in range(G):
-                        col = builder.mul(builder.add(builder.mul(gs[gi], nb), blk), c8)
-                        wsc = vload(sp, col, _V8F, 4)
-                        z = vload(zp_ptr, col, _V8F, 4) if has_zp else zdef
-                        for r in range(rows):
-                            dot = builder.sitofp(builder.load(s32p[gi][r]), _V8F)
-                            a_s = _broadcast(builder, builder.load(builder.gep(asps[r], [blk])))
-                            a_sum = _broadcast(builder, builder.load(builder.gep(ssps[r], [blk])))
-                            term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
-                            builder.store(builder.fadd(builder.load(accp[gi][r]), term), accp[gi][r])
-                for gi in range(G):
-                    for r in range(rows):
-                        optr = builder.bitcast(builder.gep(ops_[r], [builder.mul(gs[gi], c8)]), _V8F.as_pointer())
-                        builder.store(builder.load(accp[gi][r]), optr, align=4)
-
-            g0, g1 = args[7], args[8]
-            full = builder.sdiv(builder.sub(g1, g0), const(groups)) if groups > 1 else None
-            tail0 = g0
-            if groups > 1:
-                with cgutils.for_range(builder, full, intp=intp) as lt:
-                    gb = builder.add(g0, builder.mul(lt.index, const(groups)))
-                    run([builder.add(gb, const(gi)) for gi in range(groups)])
-                tail0 = builder.add(g0, builder.mul(full, const(groups)))
-            with cgutils.for_range_slice(builder, tail0, g1, const(1), intp=intp) as (g, _):
-                run([g])
+            _Emitter(context, builder, sig, args, has_zp, portable, vnni, rows, groups).emit()
             return context.get_dummy_value()
 
         return sig, codegen

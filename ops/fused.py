@@ -1,4 +1,5 @@
-"""CPU kernels of the fusion passes (``runtime/passes/cuda_fusions.py``), domain ``onnx_numba``.
+"""CPU kernels of the fusion passes (``runtime/passes/cuda_fusions.py``), domain ``onnx_numba``, and the
+contract the CUDA kernels (``ops/cuda/fused.py``) share.
 
 ``GatedActivation(g, u, activation)`` is a feed-forward gate ``act(g) * u`` in one pass, where the export has
 two or three elementwise nodes (``Sigmoid``, ``Mul``, ``Mul`` for SiLU): one output array instead of three and
@@ -6,16 +7,28 @@ one walk over memory instead of three, split over the threads.  A prefill makes 
 tokens by 4864 columns is 40 MB each), so the three passes and their fresh pages cost more than the gate's
 arithmetic.  With one input ``gu`` of last axis ``2N`` it is ``act(gu[..., :N]) * gu[..., N:]``.
 
+``GatedMatMul(x, Wg, Wu, activation)`` is ``act(x @ Wg) * (x @ Wu)`` for ``x (..., K)`` and two ``(K, N)``
+weights.  The pass creates it for CUDA plans only; this CPU twin (the two products in float32, then the
+gate's kernel) is the reference its CUDA kernel is held to.
+
 ``activation``: ``silu`` (``v * sigmoid(v)``, with the Sigmoid kernel's ``fsigmoid``, so a float32 gate gives
 the bits of the three nodes it replaces), ``gelu`` (erf) or ``gelu_tanh``.  Values are computed in float32 and
-stored in the operands' dtype.  The wrapper and the region form call the same kernels.
+stored in the operands' dtype.
 
-Invariants: ``g`` and ``u`` have one shape (the pass fuses only such pairs; the wrapper and the form check it
-again before a kernel reads memory); results are fresh arrays.
+The one op contract (``ops/registry.py``): both ops bind with ``bind_gated`` (the ``activation`` attribute and
+its default, checked once at plan time) into a ``GatedOp``; the CPU wrappers, the region form and the CUDA
+launches are called with that record.  The run-time checks every implementation makes are the public helpers
+``gated_out_shape`` (the gate's shapes) and ``gated_matmul_shape`` / ``same_float`` (GatedMatMul's shapes
+and dtypes), which take host or device arrays.
+
+Invariants: ``g`` and ``u`` have one shape (the pass fuses only such pairs; the wrappers and the form check it
+again before a kernel reads memory); GatedMatMul's operands share float32 or float16, as on CUDA; results are
+fresh arrays.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -26,12 +39,14 @@ from ._fastmath import fsigmoid
 from .forms import Decline, float_only, quote, form
 from .registry import op
 
-__all__ = ["GatedActivation", "ACTIVATIONS", "DOMAIN", "gated_flat", "gated_halves"]
+__all__ = ["GatedOp", "bind_gated", "gated_cpu", "gated_matmul_cpu", "gated_out_shape", "gated_matmul_shape",
+           "same_float", "ACTIVATIONS", "SILU", "GELU", "GELU_TANH", "DOMAIN", "gated_flat", "gated_halves"]
 
 DOMAIN = "onnx_numba"
 SILU, GELU, GELU_TANH = 0, 1, 2
 ACTIVATIONS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
 _CHUNK = 1 << 14  # elements per task
+F16 = np.dtype(np.float16)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -72,12 +87,60 @@ def gated_halves(gu, y, act):
             y[r, j] = _act(gu[r, j], act) * gu[r, n + j]
 
 
-def _activation(name, activation):
+# -- the contract ----------------------------------------------------------------------------------
+
+class GatedOp(NamedTuple):
+    """A GatedActivation or GatedMatMul node bound at plan time."""
+
+    op: str   # the node's op type, for messages
+    act: int  # SILU, GELU or GELU_TANH
+
+
+def bind_gated(ctx, activation="silu") -> GatedOp:
+    """The bind of both ops: ``activation`` must name one of ``ACTIVATIONS`` (``InvalidAttributeError``)."""
+    name = ctx.op_type
     a = activation.decode() if isinstance(activation, bytes) else str(activation)
     if a not in ACTIVATIONS:
         raise InvalidAttributeError(f"{name}: activation must be one of {sorted(ACTIVATIONS)}, got {a!r}")
-    return ACTIVATIONS[a]
+    return GatedOp(name, ACTIVATIONS[a])
 
+
+def gated_out_shape(b: GatedOp, g, u) -> tuple:
+    """GatedActivation's output shape after its shape checks (host or device arrays; ``u`` None for the one
+    input ``gu`` whose last axis holds the gate and the value)."""
+    if u is None:
+        n2 = tuple(g.shape)[-1] if g.ndim else 1
+        if g.ndim == 0 or n2 % 2:
+            raise ShapeMismatchError(f"{b.op}: a single input must have an even last axis (gate, value), got "
+                                     f"shape {list(g.shape)}")
+        return tuple(g.shape)[:-1] + (n2 // 2,)
+    if tuple(g.shape) != tuple(u.shape):
+        raise ShapeMismatchError(f"{b.op}: the gate and the value must have one shape, got {list(g.shape)} "
+                                 f"and {list(u.shape)}")
+    return tuple(g.shape)
+
+
+def same_float(name, *arrays) -> None:
+    """The operands (host or device arrays) share float32 or float16 (``InvalidArgumentError``)."""
+    dt = np.dtype(arrays[0].dtype)
+    if dt not in (F32, F16) or any(np.dtype(a.dtype) != dt for a in arrays):
+        raise InvalidArgumentError(f"{name}: operands must share float32 or float16, got "
+                                   f"{[str(a.dtype) for a in arrays]}")
+
+
+def gated_matmul_shape(b: GatedOp, x, wg, wu) -> tuple:
+    """``(rows, K, N, lead)`` of GatedMatMul after its dtype and shape checks (host or device arrays): ``x``
+    is ``lead + (K,)``, the weights ``(K, N)``, the result ``lead + (N,)`` with ``rows = prod(lead)``."""
+    same_float(b.op, x, wg, wu)
+    if wg.ndim != 2 or tuple(wu.shape) != tuple(wg.shape) or x.ndim < 1 or tuple(x.shape)[-1] != wg.shape[0]:
+        raise ShapeMismatchError(f"{b.op}: expected x (..., K) and two (K, N) weights, got {list(x.shape)}, "
+                                 f"{list(wg.shape)} and {list(wu.shape)}")
+    K, N = (int(v) for v in wg.shape)
+    lead = tuple(x.shape)[:-1]
+    return int(np.prod(lead, dtype=np.int64)), K, N, lead
+
+
+# -- the CPU wrappers and the region form ----------------------------------------------------------
 
 def _f32(name, x):
     if x.dtype != F32 and not (x.dtype.kind == "f" or lowp(x.dtype)):
@@ -85,36 +148,40 @@ def _f32(name, x):
     return np.ascontiguousarray(x, dtype=F32)
 
 
-@op("GatedActivation", 1, domain=DOMAIN)
-def GatedActivation(g, u=None, activation="silu"):
-    name = "GatedActivation"
-    act = _activation(name, activation)
-    dt = g.dtype
-    if u is None:
-        n2 = g.shape[-1] if g.ndim else 1
-        if g.ndim == 0 or n2 % 2:
-            raise ShapeMismatchError(f"{name}: a single input must have an even last axis (gate, value), got "
-                                     f"shape {list(g.shape)}")
-        gu = _f32(name, g)
-        y = np.empty(g.shape[:-1] + (n2 // 2,), F32)
-        gated_halves(gu.reshape(-1, n2), y.reshape(-1, n2 // 2), act)
-    else:
-        if g.shape != u.shape:
-            raise ShapeMismatchError(f"{name}: the gate and the value must have one shape, got {list(g.shape)} "
-                                     f"and {list(u.shape)}")
-        gf, uf = _f32(name, g), _f32(name, u)
-        y = np.empty(g.shape, F32)
-        gated_flat(gf.reshape(-1), uf.reshape(-1), y.reshape(-1), act)
-    return y if dt == F32 else y.astype(dt)
+def gated_cpu(b: GatedOp, ctx):
+    """GatedActivation on the CPU: ``act(g) * u``, or ``act(gu[..., :N]) * gu[..., N:]`` with one input."""
+
+    def run(g, u=None):
+        dt = g.dtype
+        shape = gated_out_shape(b, g, u)
+        y = np.empty(shape, F32)
+        if u is None:
+            n2 = g.shape[-1]
+            gated_halves(_f32(b.op, g).reshape(-1, n2), y.reshape(-1, n2 // 2), b.act)
+        else:
+            gf, uf = _f32(b.op, g), _f32(b.op, u)
+            gated_flat(gf.reshape(-1), uf.reshape(-1), y.reshape(-1), b.act)
+        return y if dt == F32 else y.astype(dt)
+    return run
 
 
-@form("GatedActivation", domain=DOMAIN)
-def _gated_form(e):
+def gated_matmul_cpu(b: GatedOp, ctx):
+    """GatedMatMul on the CPU: the two products in float32 (as the CUDA kernel accumulates), then the gate."""
+
+    def run(x, wg, wu):
+        rows, K, N, lead = gated_matmul_shape(b, x, wg, wu)
+        a = np.ascontiguousarray(x, dtype=F32).reshape(rows, K)
+        g = a @ np.ascontiguousarray(wg, dtype=F32)
+        u = a @ np.ascontiguousarray(wu, dtype=F32)
+        y = np.empty(lead + (N,), F32)
+        gated_flat(g.reshape(-1), u.reshape(-1), y.reshape(-1), b.act)  # matmul results are C-contiguous
+        return y if x.dtype == F32 else y.astype(x.dtype)
+    return run
+
+
+def _gated_form(e, b: GatedOp):
     float_only(e, 0, 1)
-    try:
-        act = _activation("GatedActivation", e.attrs.get("activation", "silu"))
-    except InvalidAttributeError as err:
-        raise Decline(str(err))
+    act = b.act  # an unknown activation failed the bind: the node runs through its wrapper, which reports it
     who = quote(e.node).replace("{", "{{").replace("}", "}}")
     err = e.use("runtime.errors", "ShapeMismatchError")
     if e.has(1):
@@ -138,3 +205,8 @@ def _gated_form(e):
            f"{k}(np.ascontiguousarray({{i0}}).reshape(({{i0}}.size // max({{p}}_n2, 1), {{p}}_n2)), "
            f"{{o0}}.reshape(({{o0}}.size // max({{p}}_n2 // 2, 1), {{p}}_n2 // 2)), {act})")
     e.declare(0, F32, r)
+
+
+op("GatedActivation", 1, domain=DOMAIN, bind=bind_gated)(gated_cpu)
+form("GatedActivation", domain=DOMAIN, bind=bind_gated)(_gated_form)
+op("GatedMatMul", 1, domain=DOMAIN, bind=bind_gated)(gated_matmul_cpu)

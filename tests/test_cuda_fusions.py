@@ -1,6 +1,6 @@
 """The CUDA plan's fusions (runtime/passes/cuda_fusions.py, kernels in ops/cuda/fused.py): GatedActivation and
-GatedMatMul against float64 references, the launches they save, and a CUDA session running a fused
-feed-forward gate against the CPU session of the same model.
+GatedMatMul against float64 references and their CPU twins (ops/fused.py, the same bind), the launches they
+save, and a CUDA session running a fused feed-forward gate against the CPU session of the same model.
 
 Without a GPU the kernels run on Numba's CUDA simulator, so shapes are tiny.  When numba-cuda is missing (or
 finds no GPU and the simulator is off) the module is skipped, unless ``ONNX_NUMBA_REQUIRE_CUDA=1``, in which
@@ -18,7 +18,9 @@ from cuda_target import use_cuda_or_skip  # noqa: E402
 
 use_cuda_or_skip("CUDA fusions")
 
-import ops.cuda.fused as kf  # noqa: E402
+import ops.cuda.fused as kf  # noqa: E402  (importing it registers the CUDA launches)
+from ops import registry  # noqa: E402
+from ops.fused import DOMAIN  # noqa: E402
 from runtime import InferenceSession, SessionOptions  # noqa: E402
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError  # noqa: E402
 
@@ -34,13 +36,28 @@ def _rand(*shape, dt=np.float32):
     return (RNG.standard_normal(shape) * 2).astype(dt)
 
 
+def _bound(op_type, activation, provider="CUDAExecutionProvider", n_inputs=2):
+    """The ``provider``'s implementation of ``op_type`` bound as a plan binds it (one bind for CPU and CUDA)."""
+    ctx = registry.OpContext(name="n", op_type=op_type, domain=DOMAIN, opset=1, attrs={"activation": activation},
+                             n_inputs=n_inputs, n_outputs=1, outputs_used=[True], provider=provider)
+    return registry.bind(registry.resolve(DOMAIN, op_type, 1, provider), ctx)
+
+
+def _gated(g, u, activation):
+    return _bound("GatedActivation", activation, n_inputs=1 if u is None else 2)(g, u)
+
+
+def _gated_matmul(x, wg, wu, activation):
+    return _bound("GatedMatMul", activation, n_inputs=3)(x, wg, wu)
+
+
 @pytest.mark.parametrize("act", sorted(REF))
 @pytest.mark.parametrize("dt", [np.float32, np.float16])
 def test_gated_activation(act, dt):
     g, u = _rand(2, 3, 5, dt=dt), _rand(2, 3, 5, dt=dt)
     g[0, 0, :3] = [-90.0, 0.0, 60.0]  # exp must not overflow either way
     with rc.TransferCounter() as tc:
-        y = kf.GatedActivation(rc.to_device(g), rc.to_device(u), act)
+        y = _gated(rc.to_device(g), rc.to_device(u), act)
     assert tc.kernels == {"fused._gated": 1}
     want = REF[act](g.astype(np.float64)) * u.astype(np.float64)
     got = rc.to_host(y)
@@ -55,26 +72,40 @@ def test_gated_matmul(act, rows, launches):
     K, N = 20, 13  # N is not a multiple of the simulator's block, K crosses a GEMM tile
     x, wg, wu = _rand(1, rows, K) / 4, _rand(K, N) / 4, _rand(K, N) / 4
     with rc.TransferCounter() as tc:
-        y = kf.GatedMatMul(rc.to_device(x), rc.to_device(wg), rc.to_device(wu), act)
+        y = _gated_matmul(rc.to_device(x), rc.to_device(wg), rc.to_device(wu), act)
     assert tc.kernels == launches
     x64 = x.astype(np.float64)
     want = REF[act](x64 @ wg.astype(np.float64)) * (x64 @ wu.astype(np.float64))
     np.testing.assert_allclose(rc.to_host(y), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("act", sorted(REF))
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gated_matmul_matches_its_cpu_twin(act, rows):
+    """The CUDA GatedMatMul (GEMV for one row, GEMMs and the gate for several) gives the CPU wrapper's result."""
+    assert registry.resolve(DOMAIN, "GatedMatMul", 1, "CUDAExecutionProvider").fn is kf.launch_gated_matmul
+    x, wg, wu = _rand(rows, 9) / 4, _rand(9, 5) / 4, _rand(9, 5) / 4
+    want = _bound("GatedMatMul", act, "CPUExecutionProvider", 3)(x, wg, wu)
+    got = rc.to_host(_gated_matmul(rc.to_device(x), rc.to_device(wg), rc.to_device(wu), act))
+    assert got.dtype == want.dtype and got.shape == want.shape == (rows, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_errors():
     g, u = rc.to_device(_rand(2, 3)), rc.to_device(_rand(2, 3))
     with pytest.raises(InvalidAttributeError, match="activation"):
-        kf.GatedActivation(g, u, "relu")
+        _gated(g, u, "relu")
     with pytest.raises(ShapeMismatchError, match="one shape"):
-        kf.GatedActivation(g, rc.to_device(_rand(1, 3)), "silu")
+        _gated(g, rc.to_device(_rand(1, 3)), "silu")
     with pytest.raises(InvalidArgumentError, match="float32 or float16"):
-        kf.GatedActivation(g, rc.to_device(_rand(2, 3, dt=np.float16)), "silu")
+        _gated(g, rc.to_device(_rand(2, 3, dt=np.float16)), "silu")
     w = rc.to_device(_rand(3, 4))
     with pytest.raises(ShapeMismatchError, match="two"):
-        kf.GatedMatMul(rc.to_device(_rand(1, 5)), w, w, "silu")
+        _gated_matmul(rc.to_device(_rand(1, 5)), w, w, "silu")
     with pytest.raises(ShapeMismatchError, match="two"):
-        kf.GatedMatMul(rc.to_device(_rand(1, 3)), w, rc.to_device(_rand(3, 5)), "silu")
+        _gated_matmul(rc.to_device(_rand(1, 3)), w, rc.to_device(_rand(3, 5)), "silu")
+    with pytest.raises(InvalidAttributeError, match="activation"):
+        _gated_matmul(rc.to_device(_rand(1, 3)), w, w, "relu")
 
 
 def _mlp_model(K=12, N=10):
@@ -168,9 +199,9 @@ def test_session_runs_an_int4_gate_as_one_product(zp):
 
 def test_gated_halves_errors():
     with pytest.raises(ShapeMismatchError, match="even last axis"):
-        kf.GatedActivation(rc.to_device(_rand(2, 5)), None, "silu")
+        _gated(rc.to_device(_rand(2, 5)), None, "silu")
     gu = _rand(2, 3, 8)
-    got = rc.to_host(kf.GatedActivation(rc.to_device(gu), None, "gelu"))
+    got = rc.to_host(_gated(rc.to_device(gu), None, "gelu"))
     want = REF["gelu"](gu[..., :4].astype(np.float64)) * gu[..., 4:]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

@@ -22,7 +22,6 @@ MS = "com.microsoft"
 NOT_YET = {
     ("", "LayerNormalization"),  # opset 17 (broadcasting scale); the contrib form from opset 1 is converted
     ("", "LpNormalization"), ("", "ReduceSum"), ("", "Slice"), ("", "Split"),
-    ("onnx_numba", "GatedActivation"), ("onnx_numba", "GatedMatMul"),
 }
 
 

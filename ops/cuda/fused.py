@@ -15,8 +15,13 @@ numba-cuda), so the feed-forward gate ``act(x @ Wg) * (x @ Wu)``, five launches 
 ``activation``: ``silu`` (``v * sigmoid(v)``), ``gelu`` (erf) or ``gelu_tanh``.  Values are computed in float32
 (the products accumulate in float32 as the GEMV does) and stored in the operands' dtype.
 
+The one op contract: both launches are registered with their CPU twins' bind, ``ops.fused.bind_gated`` (the
+``activation`` attribute, checked at plan time), receive its ``GatedOp`` and make the run-time checks through
+that module's public helpers (``gated_out_shape``, ``gated_matmul_shape``, ``same_float``), so the CPU and CUDA
+implementations raise the same errors with the same messages.
+
 Invariants: operands are C-contiguous device arrays of one float dtype (float32 or float16); ``g`` and ``u`` have
-one shape (the pass fuses only such pairs; the wrapper checks it again); results are fresh device arrays.
+one shape (the pass fuses only such pairs; the launch checks it again); results are fresh device arrays.
 """
 from __future__ import annotations
 
@@ -24,19 +29,16 @@ import math
 
 import numpy as np
 
+from ops.fused import DOMAIN, GELU, SILU, GatedOp, bind_gated, gated_matmul_shape, gated_out_shape, same_float
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F16, F32, check_device, flat, grid1d
+from ._common import check_device, flat, grid1d
 from . import matmul as kmm
 
-__all__ = ["GatedActivation", "GatedMatMul", "ACTIVATIONS", "DOMAIN"]
+__all__ = ["launch_gated", "launch_gated_matmul", "gated"]
 
-DOMAIN = "onnx_numba"
 CUDA = "CUDAExecutionProvider"
-SILU, GELU, GELU_TANH = 0, 1, 2
-ACTIVATIONS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
 
 
 @jit(device=True)
@@ -84,20 +86,6 @@ def _gemv_gated(x, wg, wu, y, K, N, act):
             y[n] = _gate(ag, act) * au
 
 
-def _activation(name, activation) -> int:
-    a = activation.decode() if isinstance(activation, bytes) else str(activation)
-    if a not in ACTIVATIONS:
-        raise InvalidAttributeError(f"{name}: activation must be one of {sorted(ACTIVATIONS)}, got {a!r}")
-    return ACTIVATIONS[a]
-
-
-def _float_dtype(name, *arrays):
-    dt = np.dtype(arrays[0].dtype)
-    if dt not in (F32, F16) or any(np.dtype(a.dtype) != dt for a in arrays):
-        raise InvalidArgumentError(f"{name}: operands must share float32 or float16, got "
-                                   f"{[str(a.dtype) for a in arrays]}")
-
-
 def gated(g, u, act: int):
     """``act(g) * u`` for device arrays of one shape (no broadcasting)."""
     y = rc.device_empty(tuple(g.shape), g.dtype)
@@ -107,47 +95,42 @@ def gated(g, u, act: int):
     return y
 
 
-@op("GatedActivation", 1, domain=DOMAIN, provider=CUDA)
-def GatedActivation(g, u=None, activation="silu"):
-    name = "GatedActivation"
-    act = _activation(name, activation)
-    if u is None:  # one product holding the gate and the value as the halves of its last axis
-        check_device(name, gate_and_value=g)
-        _float_dtype(name, g)
-        n2 = tuple(g.shape)[-1] if g.ndim else 1
-        if g.ndim == 0 or n2 % 2:
-            raise ShapeMismatchError(f"{name}: a single input must have an even last axis (gate, value), got "
-                                     f"shape {list(g.shape)}")
-        y = rc.device_empty(tuple(g.shape)[:-1] + (n2 // 2,), g.dtype)
-        if y.size:
-            blocks, threads = grid1d(y.size)
-            _gated_halves[blocks, threads](flat(g), flat(y), n2 // 2, act)
+def launch_gated(b: GatedOp, ctx=None):
+    """The CUDA implementation of GatedActivation (its bind is ``ops.fused``'s)."""
+
+    def run(g, u=None):
+        if u is None:  # one product holding the gate and the value as the halves of its last axis
+            check_device(b.op, gate_and_value=g)
+            same_float(b.op, g)
+            y = rc.device_empty(gated_out_shape(b, g, None), g.dtype)
+            if y.size:
+                blocks, threads = grid1d(y.size)
+                _gated_halves[blocks, threads](flat(g), flat(y), tuple(y.shape)[-1], b.act)
+            return y
+        check_device(b.op, g=g, u=u)
+        same_float(b.op, g, u)
+        gated_out_shape(b, g, u)
+        return gated(g, u, b.act)
+    return run
+
+
+def launch_gated_matmul(b: GatedOp, ctx=None):
+    """The CUDA implementation of GatedMatMul (its bind is ``ops.fused``'s): one GEMV launch for one row, the
+    two tiled GEMMs and the gate for several."""
+
+    def run(x, wg, wu):
+        check_device(b.op, x=x, wg=wg, wu=wu)
+        rows, K, N, lead = gated_matmul_shape(b, x, wg, wu)
+        if rows != 1:
+            a = x.reshape((rows, K))
+            return gated(kmm.gemm(a, wg), kmm.gemm(a, wu), b.act).reshape(lead + (N,))
+        y = rc.device_empty(lead + (N,), x.dtype)
+        if N:
+            blocks, threads = kmm.gemv_geometry(N)
+            _gemv_gated[blocks, threads](flat(x), flat(wg), flat(wu), flat(y), K, N, b.act)
         return y
-    check_device(name, g=g, u=u)
-    _float_dtype(name, g, u)
-    if tuple(g.shape) != tuple(u.shape):
-        raise ShapeMismatchError(f"{name}: the gate and the value must have one shape, got {list(g.shape)} and "
-                                 f"{list(u.shape)}")
-    return gated(g, u, act)
+    return run
 
 
-@op("GatedMatMul", 1, domain=DOMAIN, provider=CUDA)
-def GatedMatMul(x, wg, wu, activation="silu"):
-    name = "GatedMatMul"
-    act = _activation(name, activation)
-    check_device(name, x=x, wg=wg, wu=wu)
-    _float_dtype(name, x, wg, wu)
-    if wg.ndim != 2 or tuple(wu.shape) != tuple(wg.shape) or x.ndim < 1 or tuple(x.shape)[-1] != wg.shape[0]:
-        raise ShapeMismatchError(f"{name}: expected x (..., K) and two (K, N) weights, got {list(x.shape)}, "
-                                 f"{list(wg.shape)} and {list(wu.shape)}")
-    K, N = (int(v) for v in wg.shape)
-    lead = tuple(x.shape)[:-1]
-    rows = int(np.prod(lead, dtype=np.int64))
-    if rows != 1:
-        a = x.reshape((rows, K))
-        return gated(kmm.gemm(a, wg), kmm.gemm(a, wu), act).reshape(lead + (N,))
-    y = rc.device_empty(lead + (N,), x.dtype)
-    if N:
-        blocks, threads = kmm.gemv_geometry(N)
-        _gemv_gated[blocks, threads](flat(x), flat(wg), flat(wu), flat(y), K, N, act)
-    return y
+op("GatedActivation", 1, domain=DOMAIN, provider=CUDA, bind=bind_gated)(launch_gated)
+op("GatedMatMul", 1, domain=DOMAIN, provider=CUDA, bind=bind_gated)(launch_gated_matmul)

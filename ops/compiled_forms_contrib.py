@@ -1,11 +1,10 @@
-"""Compiled forms of the contrib ops GenAI decoders use beyond attention and the norms.
+"""The compiled (region) form of com.microsoft MatMulNBits, the contrib op whose form needs kernels of its own.
 
-Forms (see ``ops/forms.py`` for the emitter and ``runtime/regions.py`` for the invariants) for
-MatMulNBits, GatherBlockQuantized (com.microsoft), LpNormalization,
-GatedRMSNorm, CausalConvWithState, LinearAttentionGate and LinearAttention (com.microsoft).  Each form's
-kernel here is the op wrapper's Python logic translated into an ``@njit`` function that allocates its
-outputs and calls the same typed kernels the wrapper calls, so a region computes bit for bit what the
-per-node plan computes.
+The other contrib ops keep their forms beside their wrappers (``contrib_norm``, ``group_query_attention``,
+``rotary_embedding``, ``gather_block_quantized``, ``contrib_recurrent``, ``linear_attention``); see
+``ops/forms.py`` for the emitter and ``runtime/regions.py`` for the invariants.  The kernels here are the
+wrapper's Python logic translated into ``@njit`` functions that allocate their outputs and call the same typed
+kernels the wrapper calls, so a region computes bit for bit what the per-node plan computes.
 
 Forms cover the float32 configurations the model builder emits and decline the rest (other dtypes, g_idx,
 attribute values the wrapper rejects, unknown ranks); a declined node runs through its wrapper.  Bad inputs
@@ -314,26 +313,6 @@ def _matmul_nbits(e, m):
 
 
 form("MatMulNBits", domain=MS, bind=_cq.bind_mnb)(_matmul_nbits)
-
-
-# -- LpNormalization / GatedRMSNorm -----------------------------------------------------------------
-
-@form("LpNormalization")
-def _lp(e):
-    float_only(e, 0)
-    r = e.rank(0)
-    p = int(e.attrs.get("p", 2))
-    axis = int(e.attrs.get("axis", -1))
-    if p not in (1, 2) or r < 1 or not -r <= axis < r:
-        raise Decline("attributes")
-    ax = axis + r if axis < 0 else axis
-    k = e.use("ops.normalization", "_lp3")
-    outer = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax)])
-    inner = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
-    e.line(f"{{p}}_s = ({outer}, {{i0}}.shape[{ax}], {inner})",
-           "{o0} = np.empty({i0}.shape, np.float32)",
-           "if {i0}.size:",
-           f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {p}, np.empty({{p}}_s[2], np.float64))")
 
 
 # -- LinearAttentionGate / CausalConvWithState / LinearAttention -------------------------------------

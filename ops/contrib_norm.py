@@ -31,7 +31,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
 from ._fastmath import FAST, fexp
 from .forms import Decline, float_only, raise_on, form
-from .normalization import put_stats, row_stats
+from .normalization import declared_dtype, output_used, put_stats, row_stats
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -234,39 +234,28 @@ class RowNorm(NamedTuple):
         return 1 if self.simplified and not self.skip else 2
 
 
-def _declared(ctx, k):
-    vi = ctx.output_types[k] if len(ctx.output_types) > k else None
-    dt = getattr(vi, "dtype", None) if vi is not None else None
-    return None if dt is None else np.dtype(dt)
-
-
-def _used(ctx, k) -> bool:
-    used = ctx.outputs_used
-    return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
-
-
 def bind_simplified(ctx, axis=-1, epsilon=1e-5, stash_type=1) -> RowNorm:
     """SimplifiedLayerNormalization (default domain and com.microsoft): ``(X, scale) -> (Y[, inv_std_var])``."""
     return RowNorm("SimplifiedLayerNormalization", True, False, int(axis), float(epsilon), ctx.n_outputs,
-                   _used(ctx, 1), False, (_declared(ctx, 1),), int(stash_type))
+                   output_used(ctx, 1), False, (declared_dtype(ctx, 1),), int(stash_type))
 
 
 def bind_layer_norm(ctx, axis=-1, epsilon=1e-5, stash_type=1) -> RowNorm:
     """onnxruntime's pre-opset-17 contrib LayerNormalization: ``(X, Scale[, B]) -> (Y[, mean, inv_std_var])``."""
     return RowNorm("LayerNormalization", False, False, int(axis), float(epsilon), ctx.n_outputs,
-                   _used(ctx, 1) or _used(ctx, 2), False, (_declared(ctx, 1), _declared(ctx, 2)), int(stash_type))
+                   output_used(ctx, 1) or output_used(ctx, 2), False, (declared_dtype(ctx, 1), declared_dtype(ctx, 2)), int(stash_type))
 
 
 def bind_skip_simplified(ctx, epsilon=1e-12) -> RowNorm:
     """``(input, skip, gamma[, bias]) -> (output[, mean, inv_std_var, input_skip_bias_sum])``."""
     return RowNorm("SkipSimplifiedLayerNormalization", True, True, -1, float(epsilon), ctx.n_outputs,
-                   _used(ctx, 1) or _used(ctx, 2), _used(ctx, 3), (), 1)
+                   output_used(ctx, 1) or output_used(ctx, 2), output_used(ctx, 3), (), 1)
 
 
 def bind_skip_layer_norm(ctx, epsilon=1e-12) -> RowNorm:
     """``(input, skip, gamma[, beta][, bias]) -> (output[, mean, inv_std_var, input_skip_bias_sum])``."""
     return RowNorm("SkipLayerNormalization", False, True, -1, float(epsilon), ctx.n_outputs,
-                   _used(ctx, 1) or _used(ctx, 2), _used(ctx, 3), (), 1)
+                   output_used(ctx, 1) or output_used(ctx, 2), output_used(ctx, 3), (), 1)
 
 
 # The error codes of ``row_geometry``: (exception class name, message), written once for every implementation.

@@ -11,10 +11,18 @@ the channel ops, the compute dtype for the row ops, whose affine step runs in
 the input dtype.  Large row ops use a ``parallel=True`` kernel over rows.
 Reduction kernels are compiled with ``FAST`` (reassociation and contraction,
 never nnan/ninf) so their sums vectorize.
+
+LayerNormalization (opset 17) and LpNormalization are written to the one op contract (``ops/registry.py``):
+one bind each (``bind_layer_norm17``, ``bind_lp``: the attributes with their defaults, the plan-time checks)
+returns the record (``LayerNorm``, ``LpNorm``) that the CPU wrapper here, LpNormalization's region form here
+and the CUDA launches (``ops/cuda/norm.py``) all read; ``row_view`` and ``lp_view`` are the one geometry (and
+axis check) of both providers.  (The contrib LayerNormalization onnxruntime registers from opset 1 is
+``ops.contrib_norm``'s: scale of exactly the normalized size, its own kernels.)
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -22,6 +30,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, as_int_list, lowp, norm_axes, norm_axis, out_buffer
 from ._fastmath import FAST
+from .forms import Decline, float_only, form, product_expr
 from .reduce import canon3
 from .registry import op
 
@@ -237,19 +246,32 @@ def _ncs(x) -> tuple:
     return x.shape[0], x.shape[1], int(math.prod(x.shape[2:]))
 
 
-def _stat_dtype(ctx, k, stash_type, x_dtype):
+def declared_dtype(ctx, k):
+    """The dtype the graph declares for output ``k`` of the node, or None."""
     vi = ctx.output_types[k] if len(ctx.output_types) > k else None
-    if vi is not None and vi.dtype is not None:
-        return np.dtype(vi.dtype)
-    return F32 if stash_type == 1 else np.dtype(x_dtype)
+    dt = getattr(vi, "dtype", None) if vi is not None else None
+    return None if dt is None else np.dtype(dt)
+
+
+def output_used(ctx, k) -> bool:
+    """Output ``k`` exists and is read (every output counts as read when the context does not say)."""
+    used = ctx.outputs_used
+    return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
+
+
+def row_view(shape, axis) -> tuple:
+    """``(ax, rows, n, stat_shape)`` of a row norm over axes ``axis``.. of ``shape``: the first normalized axis
+    (checked to be in range), the canonical ``(rows, n)`` view, and the statistics' shape
+    ``shape[:ax] + (1,) * (rank - ax)``."""
+    shape = tuple(shape)
+    ax = norm_axis(axis, len(shape))
+    return ax, int(math.prod(shape[:ax])), int(math.prod(shape[ax:])), shape[:ax] + (1,) * (len(shape) - ax)
 
 
 def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None):
     """Row normalization over axes ``axis..`` of ``x``; returns (y, mean, inv) (stats None unless asked)."""
     _check_float(name, x)
-    ax = norm_axis(axis, x.ndim)
-    rows = int(math.prod(x.shape[:ax]))
-    n = int(math.prod(x.shape[ax:]))
+    ax, rows, n, stat_shape = row_view(x.shape, axis)
     xc, dt = _compute(x)
     norm_shape = x.shape[ax:]
     # Scale and bias in the compute dtype: the affine step runs in it (one specialization per dtype).
@@ -257,7 +279,6 @@ def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None)
     sc = np.empty(0, cdt) if scale is None else _vec(name, "scale", scale, norm_shape).astype(cdt)
     bi = np.empty(0, cdt) if bias is None else _vec(name, "bias", bias, norm_shape).astype(cdt)
     y = out_buffer(buf, x.shape, dt) if xc is x else np.empty(x.shape, xc.dtype)
-    stat_shape = x.shape[:ax] + (1,) * (x.ndim - ax)
     # Statistics are produced in float64 (one kernel specialization per input dtype) and cast after.
     m64 = np.full(rows, np.nan) if stat_dtypes is not None else EMPTY
     i64 = np.full(rows, np.nan) if stat_dtypes is not None else EMPTY
@@ -275,21 +296,43 @@ def _run_rows(name, x, axis, scale, bias, eps, mode, buf=None, stat_dtypes=None)
 
 # -- row ops ---------------------------------------------------------------------------------------
 
-@op("LayerNormalization", 17, factory=True)
-def LayerNormalization(ctx, axis=-1, epsilon=1e-5, stash_type=1):
+class LayerNorm(NamedTuple):
+    """A LayerNormalization (opset 17) node bound at plan time: ``(X, Scale[, B]) -> (Y[, Mean, InvStdDev])``
+    over axes ``axis``.., Scale and B broadcast to the normalized shape."""
+
+    axis: int             # the first normalized axis, as given (negative counts from the end)
+    eps: float
+    n_outputs: int
+    want_stats: bool      # Mean or InvStdDev is read
+    stat_types: tuple     # (Mean, InvStdDev): the dtype the graph declares, or None
+    stash_type: int
+
+    def stat_dtypes(self, x_dtype) -> tuple:
+        """The dtypes of (Mean, InvStdDev) for an input of ``x_dtype``: the declared ones, else float32
+        (``stash_type`` 1) or the input's."""
+        rule = F32 if self.stash_type == 1 else np.dtype(x_dtype)
+        return tuple(rule if d is None else d for d in self.stat_types)
+
+
+def bind_layer_norm17(ctx, axis=-1, epsilon=1e-5, stash_type=1) -> LayerNorm:
+    return LayerNorm(int(axis), float(epsilon), ctx.n_outputs, output_used(ctx, 1) or output_used(ctx, 2),
+                     (declared_dtype(ctx, 1), declared_dtype(ctx, 2)), int(stash_type))
+
+
+def layer_norm_cpu(b: LayerNorm, ctx):
+    """LayerNormalization (opset 17) on the CPU; the statistics outputs are None when nothing reads them."""
     buf = ctx.out[0] if ctx.out else None
-    used = ctx.outputs_used
-    want_stats = len(used) > 1 and any(used[1:])
 
     def run(X, Scale, B=None):
-        sd = None
-        if want_stats:
-            sd = (_stat_dtype(ctx, 1, stash_type, X.dtype), _stat_dtype(ctx, 2, stash_type, X.dtype))
-        y, mean, inv = _run_rows("LayerNormalization", X, axis, Scale, B, epsilon, LAYER, buf, sd)
-        if ctx.n_outputs == 1:
+        sd = b.stat_dtypes(X.dtype) if b.want_stats else None
+        y, mean, inv = _run_rows("LayerNormalization", X, b.axis, Scale, B, b.eps, LAYER, buf, sd)
+        if b.n_outputs == 1:
             return y
-        return (y, mean, inv)[:ctx.n_outputs]
+        return (y, mean, inv)[:b.n_outputs]
     return run
+
+
+op("LayerNormalization", 17, bind=bind_layer_norm17, writes_out=True)(layer_norm_cpu)
 
 
 @op("RMSNormalization", 23, factory=True)
@@ -321,26 +364,63 @@ op("MeanVarianceNormalization", 9, factory=True)(_mvn_factory)
 op("MeanVarianceNormalization", 13, factory=True)(_mvn_factory)
 
 
-def _lp_factory(ctx, axis=-1, p=2):
+class LpNorm(NamedTuple):
+    """An LpNormalization node bound at plan time: ``y = x / ||x||_p`` along ``axis`` (0 where the norm is 0)."""
+
+    axis: int             # as given (negative counts from the end)
+    p: int                # 1 or 2
+
+
+LP_VERSIONS = (1, 22)
+
+
+def bind_lp(ctx, axis=-1, p=2) -> LpNorm:
     if p not in (1, 2):
         raise InvalidAttributeError(f"LpNormalization: p must be 1 or 2, got {p}")
+    return LpNorm(int(axis), int(p))
+
+
+def lp_view(shape, axis) -> tuple:
+    """The ``(outer, n, inner)`` view of an input of ``shape`` normalized along ``axis`` (checked in range)."""
+    shape = tuple(shape)
+    ax = norm_axis(axis, len(shape))
+    return int(math.prod(shape[:ax])), shape[ax], int(math.prod(shape[ax + 1:]))
+
+
+def lp_cpu(b: LpNorm, ctx):
+    """LpNormalization on the CPU."""
     buf = ctx.out[0] if ctx.out else None
 
     def run(input):
         _check_float("LpNormalization", input)
-        ax = norm_axis(axis, input.ndim)
+        shp3 = lp_view(input.shape, b.axis)
         xc, dt = _compute(input)
-        shp3 = (int(math.prod(input.shape[:ax])), input.shape[ax],
-                int(math.prod(input.shape[ax + 1:])))
         y = out_buffer(buf, input.shape, dt) if xc is input else np.empty(input.shape, xc.dtype)
         if input.size:
-            _lp3(xc.reshape(shp3), y.reshape(shp3), p, np.empty(shp3[2], F64))
+            _lp3(xc.reshape(shp3), y.reshape(shp3), b.p, np.empty(shp3[2], F64))
         return y.astype(dt) if y.dtype != dt else y
     return run
 
 
-op("LpNormalization", 1, factory=True)(_lp_factory)
-op("LpNormalization", 22, factory=True)(_lp_factory)
+def _lp_form(e, b: LpNorm):
+    """The region form: float32 input of known rank, ``_lp3`` on its (outer, n, inner) view."""
+    float_only(e, 0)
+    r = e.rank(0)
+    if r < 1 or not -r <= b.axis < r:
+        raise Decline("rank or axis")
+    ax = b.axis + r if b.axis < 0 else b.axis
+    k = e.use(__name__, "_lp3")
+    outer = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax)])
+    inner = product_expr([f"{{i0}}.shape[{d}]" for d in range(ax + 1, r)])
+    e.line(f"{{p}}_s = ({outer}, {{i0}}.shape[{ax}], {inner})",
+           "{o0} = np.empty({i0}.shape, np.float32)",
+           "if {i0}.size:",
+           f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {b.p}, np.empty({{p}}_s[2], np.float64))")
+
+
+for _v in LP_VERSIONS:
+    op("LpNormalization", _v, bind=bind_lp, writes_out=True)(lp_cpu)
+    form("LpNormalization", since=_v, bind=bind_lp)(_lp_form)
 
 
 # -- channel ops -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from runtime import InferenceSession
 from runtime.dtypes import onnx_type
-from runtime.errors import InvalidArgumentError, OnnxNumbaError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, OnnxNumbaError
 
 RNG = np.random.default_rng(0)
 TOL = {np.float32: (1e-5, 1e-5), np.float64: (1e-12, 1e-12), np.float16: (2e-3, 2e-3)}
@@ -129,6 +129,25 @@ def test_lrn_lp_mvn():
     _compare("LpNormalization", {"x": x}, axis=1, p=2, opset=18)
     _compare("LpNormalization", {"x": x}, axis=-1, p=1, opset=18)
     _compare("MeanVarianceNormalization", {"x": x}, opset=13, rtol=1e-4, atol=1e-4)
+
+
+def test_norm_binds_plan_time_facts():
+    """What the binds decide at plan time: LayerNormalization-17 computes InvStdDev when only it is read (Mean
+    unnamed); LpNormalization rejects a p other than 1 or 2 when the session is built."""
+    x = RNG.standard_normal((3, 5, 16), dtype=np.float32)
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y", "", "inv"], axis=-1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx_type(x.dtype), list(x.shape))],
+                          [helper.make_empty_tensor_value_info("y"), helper.make_empty_tensor_value_info("inv")],
+                          [numpy_helper.from_array(RNG.standard_normal(16, dtype=np.float32), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    ours = InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for a, r in zip(ours, ref):
+        assert a.dtype == r.dtype and a.shape == r.shape
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidAttributeError, match="p must be 1 or 2, got 3"):
+        _run_ours("LpNormalization", {"x": x}, p=3)
 
 
 # -- reductions ------------------------------------------------------------------------------------

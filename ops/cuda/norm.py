@@ -2,6 +2,11 @@
 LpNormalization.  (The contrib row norms, and the row kernel LayerNormalization runs, are
 ``ops/cuda/contrib_norm.py``.)
 
+Each op here is written once, to the one op contract, in its CPU module: these launches are registered with
+the CPU wrapper's bind and read its record (``ops.normalization``'s ``LayerNorm`` and ``LpNorm``,
+``ops.contrib_norm``'s ``GatedNorm``), and share the CPU's geometry and checks (``row_view``, ``lp_view``,
+``gated_geometry``).
+
 LayerNormalization sees the canonical ``(rows, n)`` view (``contrib_norm.launch_rows``: a two-pass mean and
 centred variance, like the CPU, then the affine step).  GatedRMSNorm sees ``(rows * groups, C)`` (C = scale
 length; the last axis may hold several groups) and multiplies by ``act(gate)`` (silu or sigmoid).
@@ -9,7 +14,7 @@ LpNormalization sees ``(outer, n, inner)``, one block per (outer, inner) column;
 
 Invariants (match ``ops/normalization.py`` / ``ops/contrib_norm.py``):
 - ``Y`` has the input dtype; statistics have shape ``x.shape[:axis] + (1,) * (rank - axis)`` and float32
-  dtype (stash_type 1) unless the graph declares another;
+  dtype (stash_type 1) unless the graph declares another; statistics nothing reads are zeros, not computed;
 - LayerNormalization's scale / bias that broadcast to the normalized shape are expanded on the device
   (``shape.broadcast_to``);
 - everything is computed in float32 (float64 inputs too); all tensors are device arrays, nothing is read back.
@@ -20,22 +25,21 @@ import math
 
 import numpy as np
 
-from ops._common import norm_axis
 from ops.contrib_norm import GatedNorm, bind_gated_rms, gated_geometry
+from ops.normalization import LP_VERSIONS, LayerNorm, LpNorm, bind_layer_norm17, bind_lp, lp_view, row_view
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from .contrib_norm import launch_rows, zeros
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, row_threads
 from .shape import broadcast_to
 
-__all__ = ["LayerNormalization", "launch_gated", "LpNormalization"]
+__all__ = ["launch_layer_norm", "launch_gated", "launch_lp"]
 
 CUDA = "CUDAExecutionProvider"
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
-F64 = np.dtype(np.float64)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -106,45 +110,31 @@ def _vec(name, what, p, shape):
                                  f"{list(shape)}") from None
 
 
-def _stat_dtype(ctx, k, stash_type, x_dtype):
-    vi = ctx.output_types[k] if ctx is not None and len(ctx.output_types) > k else None
-    if vi is not None and getattr(vi, "dtype", None) is not None:
-        return np.dtype(vi.dtype)
-    return F32 if stash_type == 1 else np.dtype(x_dtype)
-
-
-def _used(ctx, k) -> bool:
-    used = ctx.outputs_used
-    return ctx.n_outputs > k and (not used or len(used) <= k or bool(used[k]))
-
-
 # -- LayerNormalization ----------------------------------------------------------------------------
 
-def _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type):
+def launch_layer_norm(b: LayerNorm, ctx=None):
+    """The CUDA implementation of LayerNormalization (opset 17), its bind ``ops.normalization``'s."""
     name = "LayerNormalization"
-    check_device(name, X=X, Scale=Scale, B=B)
-    _check_float(name, X)
-    ax = norm_axis(axis, X.ndim)
-    shape = tuple(X.shape)
-    rows = int(np.prod(shape[:ax], dtype=np.int64))
-    n = int(np.prod(shape[ax:], dtype=np.int64))
-    sc = _vec(name, "scale", Scale, shape[ax:])
-    be = None if B is None else _vec(name, "bias", B, shape[ax:])
-    want_stats = ctx.n_outputs > 1 and (_used(ctx, 1) or _used(ctx, 2))
-    sd = (_stat_dtype(ctx, 1, stash_type, X.dtype), _stat_dtype(ctx, 2, stash_type, X.dtype)) if want_stats else None
-    y, _, mean, inv = launch_rows(X, rows, n, sc, be, None, 1, None, X.dtype, epsilon, False, sd, False)
-    if ctx.n_outputs == 1:
-        return y
-    ss = shape[:ax] + (1,) * (X.ndim - ax)
-    if not want_stats:
-        mean = zeros(ss, _stat_dtype(ctx, 1, stash_type, X.dtype))
-        inv = zeros(ss, _stat_dtype(ctx, 2, stash_type, X.dtype))
-    return (y, mean.reshape(ss), inv.reshape(ss))[:ctx.n_outputs]
+
+    def run(X, Scale, B=None):
+        check_device(name, X=X, Scale=Scale, B=B)
+        _check_float(name, X)
+        shape = tuple(X.shape)
+        ax, rows, n, ss = row_view(shape, b.axis)
+        sc = _vec(name, "scale", Scale, shape[ax:])
+        be = None if B is None else _vec(name, "bias", B, shape[ax:])
+        sd = b.stat_dtypes(X.dtype)
+        y, _, mean, inv = launch_rows(X, rows, n, sc, be, None, 1, None, X.dtype, b.eps, False,
+                                      sd if b.want_stats else None, False)
+        if b.n_outputs == 1:
+            return y
+        if not b.want_stats:
+            mean, inv = zeros(ss, sd[0]), zeros(ss, sd[1])
+        return (y, mean.reshape(ss), inv.reshape(ss))[:b.n_outputs]
+    return run
 
 
-@op("LayerNormalization", 17, provider=CUDA)
-def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, *, ctx):
-    return _layer_norm(ctx, X, Scale, B, axis, epsilon, stash_type)
+op("LayerNormalization", 17, provider=CUDA, bind=bind_layer_norm17)(launch_layer_norm)
 
 
 # -- GatedRMSNorm ----------------------------------------------------------------------------------
@@ -171,27 +161,19 @@ op("GatedRMSNorm", 1, domain=MS, provider=CUDA, bind=bind_gated_rms)(launch_gate
 
 # -- LpNormalization -------------------------------------------------------------------------------
 
-def _lp(input, axis, p):
-    if p not in (1, 2):
-        raise InvalidAttributeError(f"LpNormalization: p must be 1 or 2, got {p}")
-    check_device("LpNormalization", input=input)
-    _check_float("LpNormalization", input)
-    ax = norm_axis(axis, input.ndim)
-    shape = tuple(input.shape)
-    outer = int(np.prod(shape[:ax], dtype=np.int64))
-    n = shape[ax]
-    inner = int(np.prod(shape[ax + 1:], dtype=np.int64))
-    y = rc.device_empty(shape, input.dtype)
-    if input.size:
-        _lp_cols[outer * inner, row_threads(n)](flat(input), flat(y), n, inner, int(p))
-    return y
+def launch_lp(b: LpNorm, ctx=None):
+    """The CUDA implementation of LpNormalization, its bind (and the check of ``p``) ``ops.normalization``'s."""
+
+    def run(input):
+        check_device("LpNormalization", input=input)
+        _check_float("LpNormalization", input)
+        outer, n, inner = lp_view(input.shape, b.axis)
+        y = rc.device_empty(tuple(input.shape), input.dtype)
+        if input.size:
+            _lp_cols[outer * inner, row_threads(n)](flat(input), flat(y), n, inner, b.p)
+        return y
+    return run
 
 
-@op("LpNormalization", 1, provider=CUDA)
-def LpNormalization_1(input, axis=-1, p=2):
-    return _lp(input, axis, p)
-
-
-@op("LpNormalization", 22, provider=CUDA)
-def LpNormalization(input, axis=-1, p=2):
-    return _lp(input, axis, p)
+for _v in LP_VERSIONS:
+    op("LpNormalization", _v, provider=CUDA, bind=bind_lp)(launch_lp)

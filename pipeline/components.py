@@ -4,7 +4,8 @@
   returns a dict of outputs.
 - ``DecoderComponent`` (stateful): ``prefill`` and ``step`` take token ids or
   embeddings plus extra inputs and return the next-token logits (or, with
-  ``want="argmax"``, the greedy token ids); ``kv_length`` is the live cache
+  ``want="argmax"``, the greedy token ids; with ``want="all"``, every new
+  position's logits); ``kv_length`` is the live cache
   length; ``rewind(n)`` drops everything after the first ``n`` positions;
   ``greedy_step(token)`` is one batch-1 greedy step (ints in and out).
 
@@ -177,6 +178,21 @@ class DecoderComponent:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         self.cache.rewind(length)
 
+    def output_value(self, name):
+        """A host copy of what the decoder keeps of its last run's output ``name``: a present (the cache's live
+        rows) or a recurrent state; None for anything else."""
+        for i, o in self._kv_pairs:
+            if o == name:
+                r = self.cache.rows.get(i)
+                return None if r is None else np.ascontiguousarray(self._host(r.buf)[r.span(0, r.length)])
+        for p in self.io.state_pairs:
+            if p.output == name and p.input in self.state:
+                return np.array(self._host(self.state[p.input]), copy=True)
+        return None
+
+    def _host(self, array):
+        return np.asarray(array)
+
     def _seq_axis(self, name):
         shape = self.inputs[name].shape
         axes = [k for k, d in enumerate(shape) if k > 0 and not isinstance(d, int) and not _is_head_dim(d)]
@@ -293,6 +309,8 @@ class DecoderComponent:
         last = logits[:, -1, :] if logits.ndim == 3 else logits
         if want == "argmax":
             out = np.argmax(last, axis=-1).astype(np.int64)
+        elif want == "all":
+            out = np.ascontiguousarray(logits)
         else:
             out = np.ascontiguousarray(last)
         self.transfers.note_out(out)

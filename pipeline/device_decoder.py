@@ -34,7 +34,8 @@ embeddings), any ``extra`` inputs the caller passes and, for rank-3 (mrope)
 positions, the position ids built on the host (3 x batch x seq integers,
 uploaded by the session and noted in ``transfers.largest_in``); only the
 last position's logits (batch x vocab) or, with ``want="argmax"``, the
-argmax computed on the device (batch int64) come back.  Every copy goes
+argmax computed on the device (batch int64) come back (with ``want="all"``,
+which ``og.Generator.get_output`` asks for, every new position's logits).  Every copy goes
 through ``runtime.cuda.to_device``/``to_host``; ``transfers`` (a
 ``DeviceTransfers``) records the bytes each call moved as counted by a
 ``runtime.cuda.TransferCounter``.
@@ -277,9 +278,12 @@ class CudaDecoder(DecoderComponent):
         return feeds
 
     # -- running -------------------------------------------------------------------------------------
+    def _host(self, array):
+        return rc.to_host(array) if rc.is_device_array(array) else np.asarray(array)
+
     def _forward(self, tokens, embeds, extra, want):
-        if want not in ("logits", "argmax"):
-            raise ValueError(f"want must be 'logits' or 'argmax', got {want!r}")
+        if want not in ("logits", "argmax", "all"):
+            raise ValueError(f"want must be 'logits', 'argmax' or 'all', got {want!r}")
         with rc.TransferCounter() as tc:
             feeds, seq_len = self._feeds(tokens, embeds, extra)
             logits = self._run(feeds, seq_len)
@@ -288,6 +292,8 @@ class CudaDecoder(DecoderComponent):
             if want == "argmax":
                 from ops.cuda.reduce import ArgMax
                 out = rc.to_host(ArgMax(last, -1, 0))
+            elif want == "all":
+                out = rc.to_host(logits)
             else:
                 out = rc.to_host(last)
             self.transfers.note_out(out)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .backends import BackendChoice, choice_from_environment, native_providers
 from .components import NativeComponent, NativeDecoder, OrtComponent, OrtDecoder
-from .sampling import Sampler
+from .sampling import Sampler, without_ids
 from .spec import IncompletePackageError, PipelineSpec, SearchOptions
 
 __all__ = ["Pipeline"]
@@ -120,20 +120,34 @@ class Pipeline:
         return Decoding(self, lambda: _Run(self, prompt_ids, max_new_tokens, sampler or Sampler(search),
                                            dict(external or {}), search, want_argmax, with_logits))
 
-    def prefill(self, run: "_Run"):
-        """The prompt-only stages, then the decoder over the whole prompt: the first new token."""
+    def begin(self, prompt, external, positions: int):
+        """Start a sequence: reset the decoder (caches sized for ``positions``), then the prompt-only stages
+        over ``prompt`` [batch, n]."""
         self.decoder.reset()
-        self.decoder.reserve(run.prompt.shape[1] + run.limit)
+        self.decoder.reserve(positions)
         self.values = {}
         for st in self._stages("prompt_only"):
-            self._run_component(st.model, run.prompt, run.external)
-        return self._next(run, run.prompt, self.decoder.prefill)
+            self._run_component(st.model, prompt, external)
+
+    def forward(self, cur, external, first: bool, want="logits"):
+        """The every-step stages and the decoder over the new ids ``cur`` [batch, n], appended to what the
+        decoder has seen (``first``: the sequence's first run, its prefill): what ``want`` asks of the decoder
+        (the last position's logits, their argmax, or ``"all"`` positions' logits)."""
+        for st in self._stages("every_step"):
+            self._run_component(st.model, cur, external)
+        fwd = self.decoder.prefill if first else self.decoder.step
+        return fwd(**self._decoder_input(cur), want=want)
+
+    def prefill(self, run: "_Run"):
+        """The prompt-only stages, then the decoder over the whole prompt: the first new token."""
+        self.begin(run.prompt, run.external, run.prompt.shape[1] + run.limit)
+        return self._next(run, run.prompt, True)
 
     def decode_one_token(self, run: "_Run", cur):
         """One step over the last token(s): the next."""
-        if run.fast:
+        if run.fast and not run.suppress_eos():
             return self.decoder.greedy_step(cur)
-        return self._next(run, np.asarray(cur, np.int64).reshape(self.batch, 1), self.decoder.step)
+        return self._next(run, np.asarray(cur, np.int64).reshape(self.batch, 1), False)
 
     def decode_n_tokens(self, run: "_Run", cur, n: int):
         """Up to ``n`` more tokens after ``cur``, stopping after an EOS (every row's, with a batch)."""
@@ -143,14 +157,15 @@ class Pipeline:
             cur = self.decode_one_token(run, cur)
             yield cur
 
-    def _next(self, run, cur, forward):
-        for st in self._stages("every_step"):
-            self._run_component(st.model, cur, run.external)
-        if run.greedy:
-            nxt = forward(**self._decoder_input(cur), want="argmax")
+    def _next(self, run, cur, first):
+        suppress = run.suppress_eos()
+        if run.greedy and not suppress:
+            nxt = self.forward(cur, run.external, first, want="argmax")
             logits = None
         else:
-            logits = forward(**self._decoder_input(cur))
+            logits = self.forward(cur, run.external, first)
+            if suppress:
+                logits = without_ids(logits, run.eos)
             nxt = run.sampler.next_tokens(logits, [np.asarray(h, np.int64) for h in run.history])
         nxt = np.asarray(nxt, dtype=np.int64).reshape(self.batch)
         for b in range(self.batch):
@@ -194,7 +209,12 @@ class _Run:
             pipe.spec.components[pipe.decoder_name].io.sequence_source != "inputs_embeds"
         self.with_logits = with_logits
         self.eos = set(pipe.spec.eos_token_ids or [])
+        self.min_length = int(search.min_length)
         self.logits = None
+
+    def suppress_eos(self) -> bool:
+        """The sequence (prompt included) is shorter than ``min_length``: no EOS may come next."""
+        return bool(self.eos) and len(self.history[0]) < self.min_length
 
     def finished(self, tok) -> bool:
         """``tok`` (an id, or one per row) ends the request: an EOS in every row."""

@@ -40,13 +40,24 @@ from numba import njit
 
 from .spec import SearchOptions
 
-__all__ = ["Sampler", "greedy_argmax"]
+__all__ = ["Sampler", "greedy_argmax", "without_ids"]
 
 _OPTS = dict(cache=True, nogil=True)
 # top-p without a top-k limit first tries the best _NUCLEUS_PROBE tokens (heap, no sort); when they do
 # not reach top_p, a value histogram bounds the nucleus and only the tokens above that bound are sorted.
 _NUCLEUS_PROBE = 1024
 _NUCLEUS_BINS = 4096  # value bins of the wide-nucleus gather
+
+
+def without_ids(logits, ids):
+    """A copy of ``logits`` [..., vocab] with the ids (those inside the vocabulary) at ``-inf``: what
+    ``min_length`` does to the EOS ids before the sequence is long enough."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    vocab = out.shape[-1]
+    for i in ids:
+        if 0 <= int(i) < vocab:
+            out[..., int(i)] = -np.inf
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """GenAI pipelines: run genai_config.json and inference_metadata.yaml packages natively or on onnxruntime.
 
-The API follows onnxruntime-genai: ``Model``, ``Tokenizer``, ``GeneratorParams``,
-``Generator`` and a one-call ``generate``.  ``python -m pipeline parity|generate``
+The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``,
+``GeneratorParams``, ``Generator``, ``Tensor``, ``NamedTensors`` and a one-call
+``generate``.  ``python -m pipeline parity|generate``
 are the command-line entry points.  Submodules load on first use, so
 ``import pipeline.spec`` stays light.
 """
-__all__ = ["Model", "Tokenizer", "GeneratorParams", "Generator", "generate"]
+__all__ = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors",
+           "generate"]
 
 
 def __getattr__(name):

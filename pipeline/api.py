@@ -1,7 +1,7 @@
-"""A Python API modeled on onnxruntime-genai's.
+"""onnxruntime-genai's Python API over the pipeline, with its names, types and semantics.
 
     import pipeline as og
-    model = og.Model("path/to/package")                 # backends from the environment, or native=/device=
+    model = og.Model("path/to/package")                 # or og.Model(og.Config(path)); backends: native=/device=
     tokenizer = og.Tokenizer(model)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=64, do_sample=False)
@@ -11,36 +11,108 @@
         generator.generate_next_token()
         print(generator.get_next_tokens()[0])
 
-or in one call: ``og.generate(model, prompt_ids, max_new_tokens=16)``.
+or in one call: ``og.generate(model, prompt_ids, max_new_tokens=16)``.  ``Generator`` lives in
+``pipeline/generator.py``.
+
+As in onnxruntime-genai: token ids come back as int32 arrays, a batch of encodings as a ``Tensor`` (right-padded
+with the pad id), search options as floats and bools (``get_search_options``); an unknown search option or a
+mistake onnxruntime-genai reports is a ``RuntimeError`` with its wording.  ``Config`` holds the package's
+``genai_config.json`` with ``overlay`` mappings merged in and the providers to use (``cuda`` runs the native
+components on the CUDA provider).  Which components run natively comes from ``native=`` or the environment
+(``pipeline/backends.py``).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import numpy as np
 
 from .backends import choice_from_environment, choice_from_names
+from .generator import Generator
 from .runner import Pipeline
 from .sampling import Sampler
-from .spec import SearchOptions
 
-__all__ = ["Model", "Tokenizer", "GeneratorParams", "Generator", "generate"]
+__all__ = ["Config", "Model", "Tokenizer", "Tensor", "NamedTensors", "GeneratorParams", "Generator", "generate",
+           "SEARCH_KEYS"]
+
+_PROVIDERS = {"cpu": "cpu", "cuda": "cuda", "CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"}
+
+
+class Config:
+    """A package's configuration before loading: ``overlay(json)`` merges a JSON object into its
+    genai_config.json; ``clear_providers`` / ``append_provider(name)`` choose the device (``cpu`` or
+    ``cuda``); ``set_provider_option`` records a provider's options."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.overlays = []
+        self.providers = None  # None: the package's own choice (the CPU unless the caller says)
+        self.provider_options = {}
+
+    def overlay(self, json_text: str):
+        try:
+            d = json.loads(json_text)
+        except json.JSONDecodeError as exc:
+            raise RuntimeError(f"Config.overlay: invalid JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise RuntimeError(f"Config.overlay: expected a JSON object, got {type(d).__name__}")
+        self.overlays.append(d)
+
+    def clear_providers(self):
+        self.providers = []
+
+    def append_provider(self, name: str):
+        if name not in _PROVIDERS:
+            raise RuntimeError(f"Unknown provider name \"{name}\" (this runtime has {', '.join(sorted(_PROVIDERS))})")
+        self.providers = (self.providers or []) + [name]
+        self.provider_options.setdefault(name, {})
+
+    def set_provider_option(self, provider: str, key: str, value: str):
+        self.provider_options.setdefault(provider, {})[str(key)] = str(value)
+
+    @property
+    def device(self) -> str | None:
+        """``cuda`` when a CUDA provider was appended, ``cpu`` when only the CPU, None when not said."""
+        if not self.providers:
+            return None
+        return "cuda" if any(_PROVIDERS[p] == "cuda" for p in self.providers) else "cpu"
+
+    def merged_overlay(self) -> dict:
+        from .genai_config import merged
+        out = {}
+        for d in self.overlays:
+            out = merged(out, d)
+        return out
 
 
 class Model:
-    """A loaded package.  ``native``: component names, 'all' or 'none' (default: the environment)."""
+    """A loaded package (a path or a ``Config``).  ``native``: component names, 'all' or 'none' (default: the
+    environment); ``device``: 'cpu' or 'cuda' (default: the config's providers)."""
 
-    def __init__(self, path, native=None, device=None, max_length=None):
+    def __init__(self, path_or_config, native=None, device=None, max_length=None):
         from .metadata import load_package
-        self.path = str(path)
-        self.spec = load_package(self.path)
+        config = path_or_config if isinstance(path_or_config, Config) else Config(path_or_config)
+        self.config = config
+        self.path = config.path
+        self.spec = load_package(self.path, config.merged_overlay() or None)
+        device = device or (config.device if config.device == "cuda" else None)
         dec = self.spec.decoder.name
         if native is None and device is None:
             self.choice = choice_from_environment([n for n in self.spec.components if n != dec], dec)
         else:
-            self.choice = choice_from_names(self.spec, native, device)
+            self.choice = choice_from_names(self.spec, native if native is not None else "all", device)
         self.max_length = max_length
         self._pipeline = None
+
+    @property
+    def type(self) -> str:
+        return self.spec.model_type or ""
+
+    @property
+    def device_type(self) -> str:
+        return "CUDA" if self.choice.device.startswith("cuda") else "CPU"
 
     @property
     def pipeline(self) -> Pipeline:
@@ -48,22 +120,102 @@ class Model:
             self._pipeline = Pipeline(self.spec, self.choice, self.max_length)
         return self._pipeline
 
+    def pipeline_for(self, max_length: int) -> Pipeline:
+        """The pipeline, rebuilt when its decoder's caches cannot hold ``max_length`` positions."""
+        if self.pipeline.max_length < max_length:
+            self._pipeline = Pipeline(self.spec, self.choice, int(max_length))
+        return self._pipeline
+
+
+class Tensor:
+    """A tensor as onnxruntime-genai hands it over: ``shape()``, ``as_numpy()``."""
+
+    def __init__(self, array):
+        self._a = np.asarray(array)
+
+    def shape(self) -> list:
+        return list(self._a.shape)
+
+    def as_numpy(self) -> np.ndarray:
+        return self._a
+
+    def __array__(self, dtype=None, copy=None):
+        return self._a if dtype is None else self._a.astype(dtype)
+
+
+class NamedTensors(dict):
+    """Named inputs for ``Generator.set_inputs`` (a dict of name -> array)."""
+
 
 class Tokenizer:
+    """The package's tokenizer with onnxruntime-genai's calls (ids as int32 arrays)."""
+
     def __init__(self, model: Model):
         from .tokenizer import Tokenizer as _Tok
         if not model.spec.tokenizer_dir:
             raise FileNotFoundError(f"package {model.path!r} has no tokenizer.json")
         self._tok = _Tok(model.spec.tokenizer_dir)
+        spec = model.spec
+        self.bos_token_id = _first(spec.bos_token_id, self._tok.bos_token_id, -1)
+        self.pad_token_id = _first(spec.pad_token_id, self._tok.pad_token_id, -1)
+        eos = list(spec.eos_token_ids or []) or ([self._tok.eos_token_id] if self._tok.eos_token_id is not None else [])
+        self.eos_token_ids = np.asarray(eos, np.int32)
 
     def encode(self, text: str) -> np.ndarray:
-        return self._tok.encode(text)
+        return self._tok.encode(text).astype(np.int32)
+
+    def encode_batch(self, texts) -> Tensor:
+        """The encodings of ``texts`` as one [n, longest] int32 ``Tensor``, right-padded with the pad id."""
+        rows = self._tok.encode_batch(list(texts))
+        out = np.full((len(rows), max((len(r) for r in rows), default=0)), max(self.pad_token_id, 0), np.int32)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return Tensor(out)
 
     def decode(self, ids) -> str:
         return self._tok.decode(ids)
 
+    def decode_batch(self, tokens) -> list:
+        a = np.asarray(tokens.as_numpy() if isinstance(tokens, Tensor) else tokens)
+        if a.ndim != 2:
+            raise RuntimeError(f"decode_batch expects a 2-D batch of token ids, got shape {list(a.shape)}")
+        return [self._tok.decode(row) for row in a]
+
+    def to_token_id(self, text: str) -> int:
+        """The id of the vocabulary entry ``text``, -1 when it is not one."""
+        t = self._tok.token_to_id(text)
+        return -1 if t is None else int(t)
+
+    def apply_chat_template(self, messages, *, template_str=None, tools=None, add_generation_prompt=True) -> str:
+        """``messages`` (JSON text or a list of {role, content}) rendered by ``template_str`` or the package's
+        chat template (``pipeline/chat_template.py``)."""
+        from .chat_template import SPECIAL_TOKEN_KEYS, find_template, render
+        from .tokenizer import token_text
+        template = template_str or find_template(os.path.dirname(self._tok.path), self._tok.config)
+        if not template:
+            raise RuntimeError("Empty chat template.")
+        special = {k: token_text(self._tok.config.get(k)) for k in SPECIAL_TOKEN_KEYS}
+        return render(template, messages, tools, add_generation_prompt,
+                      {k: v for k, v in special.items() if v is not None})
+
     def create_stream(self):
         return self._tok.create_stream()
+
+
+def _first(*values):
+    return next(int(v) for v in values if v is not None)
+
+
+# onnxruntime-genai's search options: name -> (SearchOptions field, type).
+SEARCH_KEYS = {"batch_size": ("batch_size", int), "chunk_size": ("chunk_size", int),
+               "diversity_penalty": ("diversity_penalty", float), "do_sample": ("do_sample", bool),
+               "early_stopping": ("early_stopping", bool), "length_penalty": ("length_penalty", float),
+               "max_length": ("max_length", int), "min_length": ("min_length", int), "min_p": ("min_p", float),
+               "no_repeat_ngram_size": ("no_repeat_ngram_size", int), "num_beams": ("num_beams", int),
+               "num_return_sequences": ("num_return_sequences", int),
+               "past_present_share_buffer": ("past_present_share_buffer", bool), "random_seed": ("seed", int),
+               "repetition_penalty": ("repetition_penalty", float), "temperature": ("temperature", float),
+               "top_k": ("top_k", int), "top_p": ("top_p", float)}
 
 
 class GeneratorParams:
@@ -73,82 +225,27 @@ class GeneratorParams:
         self.extra_inputs = {}
 
     def set_search_options(self, **options):
-        fields = {f.name for f in dataclasses.fields(SearchOptions)}
+        """onnxruntime-genai's search options (``SEARCH_KEYS``); an unknown name is a ``RuntimeError``."""
+        for k in options:
+            if k not in SEARCH_KEYS:
+                raise RuntimeError(f"Unknown value \"{k}\" (the search options are {', '.join(sorted(SEARCH_KEYS))})")
         for k, v in options.items():
-            if k not in fields:
-                raise ValueError(f"unknown search option {k!r}; expected one of {sorted(fields)}")
-            setattr(self.search, k, v)
+            field, t = SEARCH_KEYS[k]
+            setattr(self.search, field, t(v))
 
-    def set_inputs(self, **named):
+    def get_search_options(self) -> dict:
+        """Every option as onnxruntime-genai reports it: bools as bools, numbers as floats."""
+        out = {}
+        for k, (field, t) in sorted(SEARCH_KEYS.items()):
+            v = getattr(self.search, field)
+            if k == "random_seed" and v is None:
+                v = -1
+            out[k] = bool(v) if t is bool else float(v)
+        return out
+
+    def set_inputs(self, named=None, **more):
         """Extra inputs of prompt-only components, e.g. pixel_values=..."""
-        self.extra_inputs.update(named)
-
-
-class Generator:
-    def __init__(self, model: Model, params: GeneratorParams):
-        ml = int(params.search.max_length)
-        if ml <= 0:  # onnxruntime-genai's wording
-            raise RuntimeError(f"search max_length is {ml}")
-        ctx = model.spec.context_length
-        if ctx and ml > int(ctx):
-            raise RuntimeError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
-        self.model = model
-        self.params = params
-        self.pipe = model.pipeline
-        self._prompt = []
-        self._tokens = []
-        self._iter = None
-        self._done = False
-        self._last = None
-
-    def append_tokens(self, ids):
-        ids = [int(t) for t in np.asarray(ids).reshape(-1)]
-        if self._iter is not None:
-            raise RuntimeError("append_tokens after generation started is not supported; use rewind_to first")
-        ml = int(self.params.search.max_length)
-        if len(self._prompt) + len(ids) > ml:
-            raise RuntimeError(f"input_ids size ({len(ids)}) + current sequence length ({len(self._prompt)}) exceeds "
-                               f"max length ({ml})")
-        self._prompt.extend(ids)
-
-    def _start(self):
-        s = self.params.search
-        max_new = max(0, int(s.max_length) - len(self._prompt))
-        self._iter = self.pipe.tokens(self._prompt, max_new, Sampler(s), self.params.extra_inputs, s)
-
-    def is_done(self) -> bool:
-        return self._done
-
-    def generate_next_token(self):
-        if self._done:
-            return
-        ml = int(self.params.search.max_length)
-        if len(self._prompt) + len(self._tokens) >= ml:
-            raise RuntimeError(f"GenerateNextToken called with sequence length already at max_length ({ml})")
-        if self._iter is None:
-            self._start()
-        try:
-            self._last = next(self._iter)
-            self._tokens.append(self._last)
-        except StopIteration:
-            pass
-        self._done = self._iter.done  # the pipeline's stop rules: EOS, max_length
-
-    def get_next_tokens(self):
-        return [self._last]
-
-    def get_sequence(self, index=0):
-        return list(self._prompt) + list(self._tokens)
-
-    def rewind_to(self, length: int):
-        """Keep the first ``length`` tokens of the sequence and regenerate from there."""
-        seq = self.get_sequence()
-        if length > len(seq):
-            raise ValueError(f"cannot rewind to {length}: the sequence holds {len(seq)} tokens")
-        self._prompt = seq[:length]
-        self._tokens = []
-        self._iter = None
-        self._done = False
+        self.extra_inputs.update(dict(named or {}), **more)
 
 
 def generate(model: Model, prompt_ids, max_new_tokens=None, inputs=None, **search) -> list:
@@ -158,3 +255,4 @@ def generate(model: Model, prompt_ids, max_new_tokens=None, inputs=None, **searc
         params.set_search_options(**search)
     s = params.search
     return model.pipeline.generate(prompt_ids, max_new_tokens, sampler=Sampler(s), search=s, external=inputs)
+

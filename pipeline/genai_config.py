@@ -30,7 +30,7 @@ from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, impl
 from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
 from .text_only import admit_text_only
 
-__all__ = ["load_genai_config", "GENAI_CONFIG"]
+__all__ = ["load_genai_config", "merged", "GENAI_CONFIG"]
 
 GENAI_CONFIG = "genai_config.json"
 
@@ -144,9 +144,13 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
                                 f"kv_num_heads {a['kv_num_heads']}")
 
 
-def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
-    """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM."""
+def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None = None) -> PipelineSpec:
+    """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM.  ``overlay``:
+    a mapping merged into the file's (``og.Config.overlay``): its mappings merge key by key, other values
+    replace the file's."""
     cfg = _read_json(root, name)
+    if overlay:
+        cfg = merged(cfg, overlay)
     model, dec = _model_sections(cfg)
     graphs = Graphs()
     decoder, n_layers, ins = _load_decoder(root, dec, graphs)
@@ -160,6 +164,14 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG) -> PipelineSpec:
     _check_decoder_geometry(dec, decoder, ins, n_layers, "model.decoder")
     _mark_text_only(spec, graphs)
     return spec
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` merged in (mappings recursively, anything else replaced); neither is changed."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _read_json(root: str, name: str) -> dict:

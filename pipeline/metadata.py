@@ -54,8 +54,9 @@ _SEQUENCE_SOURCES = ("token_ids", "inputs_embeds")
 
 # ----------------------------------------------------------------------------------------------- entry point
 
-def load_package(path) -> PipelineSpec:
-    """Read the package at ``path`` (a folder, or its genai_config.json / inference_metadata.yaml)."""
+def load_package(path, overlay: dict | None = None) -> PipelineSpec:
+    """Read the package at ``path`` (a folder, or its genai_config.json / inference_metadata.yaml); ``overlay``:
+    a mapping merged into a genai_config.json (``og.Config.overlay``)."""
     path = os.fspath(path)
     if os.path.isfile(path):
         root, name = os.path.split(os.path.abspath(path))
@@ -71,9 +72,11 @@ def load_package(path) -> PipelineSpec:
             raise IncompletePackageError(f"package folder {path!r} holds neither {INFERENCE_METADATA} nor "
                                          f"{GENAI_CONFIG}")
     if name.endswith((".yaml", ".yml")):
+        if overlay:
+            raise MetadataError(f"{path!r}: an overlay applies to a {GENAI_CONFIG}, not to {name}")
         return load_inference_metadata(root, name)
     if name.endswith(".json"):
-        return load_genai_config(root, name)
+        return load_genai_config(root, name, overlay)
     raise MetadataError(f"{path!r}: expected a {GENAI_CONFIG} or {INFERENCE_METADATA} file")
 
 

@@ -163,6 +163,7 @@ def search_options(d, key: str, strict: bool) -> SearchOptions:
             if neutral is not None and v != neutral:
                 raise MetadataError(f"{key}.{k}: only {neutral!r} is supported (no beam search), got {v!r}")
             continue
+        k = "seed" if k == "random_seed" else k  # onnxruntime-genai's name of the seed
         if k not in _SEARCH_FIELDS:
             if strict:
                 raise MetadataError(f"{key}.{k}: unknown key (expected one of {', '.join(sorted(_SEARCH_FIELDS))})")

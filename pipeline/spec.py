@@ -107,6 +107,15 @@ class SearchOptions:
     repetition_penalty: float = 1.0
     past_present_share_buffer: bool = False
     seed: int | None = None
+    # onnxruntime-genai's batch and beam options: og.Generator refuses values other than these
+    batch_size: int = 1
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = True
+    no_repeat_ngram_size: int = 0
+    diversity_penalty: float = 0.0
+    chunk_size: int = 0
 
 
 @dataclass

@@ -31,13 +31,13 @@ import numpy as np
 
 from .spec import IncompletePackageError
 
-__all__ = ["Tokenizer", "TokenizerStream"]
+__all__ = ["Tokenizer", "TokenizerStream", "token_text"]
 
 _REPLACEMENT = "\ufffd"
 _MAX_PENDING = 4  # tokens a stream waits for a character to complete (a UTF-8 character has at most 4 bytes)
 
 
-def _token_text(value):
+def token_text(value):
     """The text of a ``bos_token``-style entry of tokenizer_config.json (a string or an AddedToken dict)."""
     if isinstance(value, dict):
         return value.get("content")
@@ -75,7 +75,7 @@ class Tokenizer:
         self._add_eos = bool(self.config.get("add_eos_token", False)) and self.eos_token_id is not None
 
     def _config_token_id(self, key):
-        text = _token_text(self.config.get(key))
+        text = token_text(self.config.get(key))
         return None if text is None else self._tok.token_to_id(text)
 
     @property

@@ -1,4 +1,8 @@
-"""The onnxruntime-genai-shaped API over the composite VLM fixture."""
+"""The onnxruntime-genai API: over the composite VLM fixture, and side by side with onnxruntime-genai itself on
+the bundled llama package."""
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -27,7 +31,7 @@ def test_generator_loop(package, native):
         gen.generate_next_token()
         out.append(gen.get_next_tokens()[0])
     assert out == V.EXPECTED
-    assert gen.get_sequence(0) == V.PROMPT_IDS + V.EXPECTED
+    assert gen.get_sequence(0).tolist() == V.PROMPT_IDS + V.EXPECTED
     assert tok.decode(out) == "t0 t5 t6 <image>"
     gen.rewind_to(3)  # keep [3, 7, 0] and regenerate
     gen.generate_next_token()
@@ -67,9 +71,19 @@ def test_the_stream_says_done_with_its_last_token(package):
     assert out == V.EXPECTED[:3]
 
 
+def test_min_length_keeps_eos_out_of_the_stream(package):
+    """The stream's EOS rule waits for ``min_length`` (prompt included): EOS is not picked before it."""
+    import dataclasses
+    model = og.Model(package, native="none")
+    model.spec.eos_token_ids = [V.EXPECTED[2]]
+    search = dataclasses.replace(model.spec.search, min_length=len(V.PROMPT_IDS) + 4)
+    out = list(model.pipeline.tokens(V.PROMPT_IDS, 4, external={"pixel_values": V.PIXELS}, search=search))
+    assert out[:2] == V.EXPECTED[:2] and len(out) == 4 and V.EXPECTED[2] not in out
+
+
 def test_unknown_search_option_is_refused(package):
     params = og.GeneratorParams(og.Model(package))
-    with pytest.raises(ValueError, match="top_kk"):
+    with pytest.raises(RuntimeError, match='Unknown value "top_kk"'):
         params.set_search_options(top_kk=3)
 
 
@@ -104,3 +118,125 @@ def test_command_line_refuses_negative_token_counts(package, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["generate", package, "--max-new-tokens", "-3"])
     assert exit_.value.code == 2 and "expected a count >= 0, got -3" in capsys.readouterr().err
+
+
+# -- side by side with onnxruntime-genai -------------------------------------------------------------
+
+LLAMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "packages", "llama_fp32")
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<a>{% endif %}{{ eos_token }}")
+
+
+@pytest.fixture(scope="module")
+def ort_genai():
+    return pytest.importorskip("onnxruntime_genai")
+
+
+def _session(api, **kw):
+    """One walk through the API: every value onnxruntime-genai reports along the way."""
+    m = api.Model(api.Config(LLAMA), **kw)
+    tok = api.Tokenizer(m)
+    ids = tok.encode("hello world")
+    batch = tok.encode_batch(["hello", "hello world foo"])
+    out = {"model": (m.type, m.device_type), "ids": (ids.dtype.name, ids.tolist()),
+           "batch": (batch.shape(), batch.as_numpy().tolist(), tok.decode_batch(batch)),
+           "special": (tok.to_token_id("hello"), tok.to_token_id("<s>"), tok.bos_token_id,
+                       tok.eos_token_ids.tolist(), tok.pad_token_id),
+           "chat": tok.apply_chat_template(json.dumps([{"role": "user", "content": "hi"}]), template_str=TEMPLATE)}
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=24)
+    g = api.Generator(m, params)
+    g.append_tokens(ids)
+    lg = g.get_logits()
+    out["prefill"] = (g.token_count(), lg.shape, lg.dtype.name, int(lg.argmax()), g.get_output("logits").shape)
+    steer = np.zeros_like(lg)
+    steer[..., 7] = 1
+    g.set_logits(steer)  # the next pick is 7
+    g.generate_next_token()
+    g.generate_next_token()
+    nxt = g.get_next_tokens()
+    g.append_tokens([5, 6])  # a second turn on top of the cached sequence
+    for _ in range(3):
+        g.generate_next_token()
+    out["turns"] = (nxt.dtype.name, g.token_count(), g.get_sequence(0).dtype.name, g.get_sequence(0).tolist())
+    g.rewind_to(5)
+    g.append_tokens([79, 71])
+    g.generate_next_token()
+    out["rewound"] = g.get_sequence(0).tolist()
+    return out
+
+
+def test_the_api_reports_what_onnxruntime_genai_reports(ort_genai):
+    want = _session(ort_genai)
+    got = _session(og, native="all")
+    assert got == want
+
+
+def test_rewind_keeps_the_prefix_and_continues_as_a_fresh_sequence():
+    model = og.Model(LLAMA, native="all")
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16)
+    g = og.Generator(model, params)
+    g.append_tokens([285, 79, 339, 321, 272, 79, 71])
+    for _ in range(3):
+        g.generate_next_token()
+    g.rewind_to(5)
+    assert g.token_count() == 5
+    for _ in range(3):
+        g.generate_next_token()
+    fresh = og.Generator(model, params)
+    fresh.append_tokens([285, 79, 339, 321, 272])
+    for _ in range(3):
+        fresh.generate_next_token()
+    assert g.get_sequence(0).tolist() == fresh.get_sequence(0).tolist()
+    assert g.get_output("present.0.key").shape[2] == 7  # the cache's live rows: 8 tokens, the last one unfed
+
+
+def test_search_options_as_onnxruntime_genai_reports_them(ort_genai):
+    want = ort_genai.GeneratorParams(ort_genai.Model(LLAMA)).get_search_options()
+    got = og.GeneratorParams(og.Model(LLAMA)).get_search_options()
+    assert {k: v for k, v in got.items() if k in want} == want
+    assert set(got) - set(want) == {"min_p"}  # this runtime's own option beside onnxruntime-genai's
+
+
+def test_overlay_min_length_seed_and_what_one_sequence_refuses():
+    cfg = og.Config(LLAMA)
+    cfg.overlay(json.dumps({"search": {"max_length": 11}}))
+    model = og.Model(cfg, native="all")
+    params = og.GeneratorParams(model)
+    assert params.search.max_length == 11
+    params.set_search_options(min_length=12, max_length=24)
+    g = og.Generator(model, params)
+    g.append_tokens([285, 79, 339, 321, 272])
+    lg = g.get_logits()
+    lg[..., 2] = 100.0  # EOS on top: min_length must keep it out (onnxruntime-genai then picks 174)
+    g.set_logits(lg)
+    g.generate_next_token()
+    assert g.get_next_tokens().tolist() == [174] and not g.is_done()
+
+    def sample(seed):
+        p = og.GeneratorParams(model)
+        p.set_search_options(max_length=16, do_sample=True, random_seed=seed)
+        gen = og.Generator(model, p)
+        gen.append_tokens([285, 79, 339])
+        while not gen.is_done():
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist()
+    assert sample(3) == sample(3) and sample(3) != sample(4)
+    for option in ({"num_beams": 2}, {"batch_size": 2}):
+        p = og.GeneratorParams(model)
+        p.set_search_options(**option)
+        with pytest.raises(NotImplementedError, match=next(iter(option))):
+            og.Generator(model, p)
+
+
+def test_chat_templates_render_as_hugging_face_does():
+    from pipeline.chat_template import render
+    msgs = [{"role": "user", "content": "h\u00e9"}]
+    t = "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}{{ tools | length }}"
+    assert render(t, json.dumps(msgs), json.dumps([{"name": "f"}]), True, {"bos_token": "<s>"}) == \
+        '<s>{"role": "user", "content": "h\u00e9"}1'
+    with pytest.raises(ValueError, match="only user turns"):
+        render("{{ raise_exception('only user turns') }}", msgs)
+    with pytest.raises(ValueError, match="list of objects"):
+        render(t, json.dumps({"role": "user"}))

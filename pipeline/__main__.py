@@ -6,7 +6,12 @@ tokens, each side's top-2 logit gap there (a near-tie is flagged), and the
 largest absolute logit difference of every step up to it.  Exit status 0
 only when the token lists are identical.
 
-generate: decode a prompt and print the text and the token ids.
+generate: decode a prompt, streaming the text as it is produced, then print the token ids; ``--chat`` wraps the
+prompt in the package's chat template (and converses, line by line, when no prompt is given: each turn
+continues on the cached conversation); ``--batch-file`` decodes each prompt of a file in turn.
+
+A user's mistake (a folder without a package, a prompt past ``max_length``, ``max_length`` past the model's
+context, an unknown option value) prints one line and exits with status 2.
 
 warm: compile everything the package's native components need, so that later starts load it from the caches.
 """
@@ -22,19 +27,28 @@ import numpy as np
 NEAR_TIE = 1e-3
 
 
+def _user_errors() -> tuple:
+    from runtime.errors import ModelLoadError, UnsupportedOpError
+    from .spec import IncompletePackageError, MetadataError, RequestError
+    from .backends import BackendConfigError
+    return (MetadataError, IncompletePackageError, RequestError, BackendConfigError, ModelLoadError,
+            UnsupportedOpError, FileNotFoundError, NotImplementedError)
+
+
 def _choice(spec, native: str, device: str):
     from .backends import choice_from_names
     return choice_from_names(spec, native, device, "--native")
 
 
 def _prompt(args, spec):
+    from .spec import RequestError
     if args.prompt_ids:
         return [int(x) for x in args.prompt_ids.split(",")]
     if args.prompt is None:
-        raise SystemExit("give --prompt TEXT or --prompt-ids IDS")
+        raise RequestError("give --prompt TEXT or --prompt-ids IDS")
     from .tokenizer import Tokenizer
     if not spec.tokenizer_dir:
-        raise SystemExit("this package has no tokenizer.json: use --prompt-ids")
+        raise RequestError("this package has no tokenizer.json: use --prompt-ids")
     return [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
 
 
@@ -94,24 +108,94 @@ def cmd_parity(args) -> int:
     return 0 if same else 1
 
 
+def _params(args, model):
+    from . import api as og
+    params = og.GeneratorParams(model)
+    options = {k: getattr(args, k) for k in ("max_length", "do_sample", "top_k", "top_p", "min_p", "temperature",
+                                             "repetition_penalty") if getattr(args, k) is not None}
+    if args.seed is not None:
+        options["random_seed"] = args.seed
+    params.set_search_options(**options)
+    return params
+
+
+def _decode_into(gen, n: int, tok, out) -> list:
+    """Up to ``n`` new tokens of ``gen``, their text written to ``out`` as each one completes it (what the stream
+    still holds at the end, an incomplete character, is written then)."""
+    ids, written = [], ""
+    stream = tok.create_stream() if tok is not None else None
+    while len(ids) < n and not gen.is_done():
+        gen.generate_next_token()
+        t = int(gen.get_next_tokens()[0])
+        ids.append(t)
+        if stream is not None:
+            piece = stream.decode(t)
+            written += piece
+            out.write(piece)
+            out.flush()
+    if tok is not None:
+        full = tok.decode(ids)
+        out.write(full[len(written):] if full.startswith(written) else "")
+    return ids
+
+
+def _continue(gen, ids):
+    """Feed ``ids`` (the whole conversation so far) on top of what ``gen`` holds: only what differs from its
+    sequence runs (the common prefix stays cached)."""
+    seq = gen.get_sequence(0).tolist()
+    p = 0
+    while p < min(len(seq), len(ids)) and seq[p] == ids[p]:
+        p += 1
+    if p < len(seq):
+        gen.rewind_to(p)
+    gen.append_tokens(ids[p:])
+
+
+def _chat(args, model, tok, params, out) -> int:
+    from . import api as og
+    gen = og.Generator(model, params)
+    messages = []
+    turns = [args.prompt] if args.prompt is not None else iter(lambda: input("> "), None)
+    try:
+        for text in turns:
+            messages.append({"role": "user", "content": text})
+            _continue(gen, [int(t) for t in tok.encode(tok.apply_chat_template(messages))])
+            ids = _decode_into(gen, args.max_new_tokens, tok, out)
+            out.write("\n")
+            messages.append({"role": "assistant", "content": tok.decode(ids)})
+            if args.prompt is not None:
+                print(f"token_ids: {ids}", file=out)
+    except EOFError:
+        pass
+    return 0
+
+
 def cmd_generate(args) -> int:
-    from .metadata import load_package
-    from .runner import Pipeline
-    from .sampling import Sampler
-    from .spec import SearchOptions
-    spec = load_package(args.package)
-    prompt = _prompt(args, spec)
-    s = SearchOptions(**{**spec.search.__dict__})
-    for k in ("do_sample", "top_k", "top_p", "min_p", "temperature", "repetition_penalty", "seed"):
-        v = getattr(args, k)
-        if v is not None:
-            setattr(s, k, v)
-    pipe = Pipeline(spec, _choice(spec, args.native, args.device))
-    ids = pipe.generate(prompt, args.max_new_tokens, sampler=Sampler(s), external=_external(args, spec), search=s)
-    if spec.tokenizer_dir:
-        from .tokenizer import Tokenizer
-        print(Tokenizer(spec.tokenizer_dir).decode(ids))
-    print(f"token_ids: {ids}")
+    from . import api as og
+    from .spec import RequestError
+    out = sys.stdout
+    model = og.Model(args.package, native=args.native, device=args.device)
+    tok = og.Tokenizer(model) if model.spec.tokenizer_dir else None
+    params = _params(args, model)
+    params.set_inputs(_external(args, model.spec))
+    if args.chat:
+        if tok is None:
+            raise RequestError("--chat needs the package's tokenizer.json")
+        return _chat(args, model, tok, params, out)
+    if args.batch_file:
+        with open(args.batch_file, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+    else:
+        prompts = [None]
+    for k, text in enumerate(prompts):
+        if text is not None:
+            args.prompt = text
+            out.write(f"[{k}] ")
+        gen = og.Generator(model, params)
+        gen.append_tokens(_prompt(args, model.spec))
+        ids = _decode_into(gen, args.max_new_tokens, tok, out)
+        out.write("\n")
+        print(f"token_ids: {ids}", file=out)
     return 0
 
 
@@ -131,36 +215,49 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("parity", "generate"):
-        p = sub.add_parser(name)
-        p.add_argument("package")
-        p.add_argument("--prompt")
-        p.add_argument("--prompt-ids")
+        p = sub.add_parser(name, help=("onnxruntime against the native runtime, step by step" if name == "parity"
+                                       else "decode a prompt and stream its text"))
+        p.add_argument("package", help="the package folder (genai_config.json or inference_metadata.yaml)")
+        p.add_argument("--prompt", help="the prompt text (tokenized with the package's tokenizer.json)")
+        p.add_argument("--prompt-ids", help="the prompt as comma-separated token ids")
         p.add_argument("--pixel-values", help="a .npy array fed to the vision component's pixel_values")
         p.add_argument("--image", help="an image file, through the package's declared preprocessing")
-        p.add_argument("--native", default="all" if name == "parity" else "none",
-                       help="component names, 'all' or 'none'")
-        p.add_argument("--device", default="cpu")
+        _backend_options(p)
         if name == "parity":
-            p.add_argument("--tokens", type=_count, default=16)
+            p.add_argument("--tokens", type=_count, default=16, help="greedy tokens to compare (default 16)")
         else:
-            p.add_argument("--max-new-tokens", type=_count, default=32)
-            p.add_argument("--do-sample", action="store_true", default=None)
-            p.add_argument("--top-k", type=int)
-            p.add_argument("--top-p", type=float)
-            p.add_argument("--min-p", type=float)
-            p.add_argument("--temperature", type=float)
-            p.add_argument("--repetition-penalty", type=float)
-            p.add_argument("--seed", type=int)
+            p.add_argument("--max-new-tokens", type=_count, default=32, help="tokens to generate (default 32)")
+            p.add_argument("--max-length", type=_count, help="prompt plus generated tokens at most (default: the "
+                           "package's search.max_length)")
+            p.add_argument("--chat", action="store_true", help="wrap the prompt in the package's chat template; "
+                           "without --prompt, converse line by line on standard input")
+            p.add_argument("--batch-file", help="a text file of prompts, one per line, each decoded in turn")
+            p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
+            p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+            p.add_argument("--top-p", type=float, help="sample within this cumulative probability")
+            p.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
+            p.add_argument("--temperature", type=float, help="divide the logits by this before sampling")
+            p.add_argument("--repetition-penalty", type=float, help="penalize tokens already in the sequence")
+            p.add_argument("--seed", type=int, help="the sampling seed (the same seed gives the same tokens)")
     w = sub.add_parser("warm", help="compile everything the package needs ahead of time (cached for later starts)")
-    w.add_argument("package")
-    w.add_argument("--native", default="all", help="component names, 'all' or 'none'")
-    w.add_argument("--device", default="cpu")
+    w.add_argument("package", help="the package folder")
+    _backend_options(w)
     args = ap.parse_args(argv)
-    if args.cmd == "warm":
-        from .warm import warm
-        print(warm(args.package, args.native, args.device).summary())
-        return 0
-    return cmd_parity(args) if args.cmd == "parity" else cmd_generate(args)
+    try:
+        if args.cmd == "warm":
+            from .warm import warm
+            print(warm(args.package, args.native, args.device).summary())
+            return 0
+        return cmd_parity(args) if args.cmd == "parity" else cmd_generate(args)
+    except _user_errors() as exc:
+        print(f"python -m pipeline {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _backend_options(p):
+    p.add_argument("--native", default="all", help="the components that run natively: their names, 'all' (the "
+                   "default) or 'none' (all on onnxruntime)")
+    p.add_argument("--device", default="cpu", help="where the native components run: cpu (default), cuda, cuda:N")
 
 
 if __name__ == "__main__":

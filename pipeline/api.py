@@ -33,6 +33,7 @@ from .backends import choice_from_environment, choice_from_names
 from .generator import Generator
 from .runner import Pipeline
 from .sampling import Sampler
+from .spec import RequestError
 
 __all__ = ["Config", "Model", "Tokenizer", "Tensor", "NamedTensors", "GeneratorParams", "Generator", "generate",
            "SEARCH_KEYS"]
@@ -55,9 +56,9 @@ class Config:
         try:
             d = json.loads(json_text)
         except json.JSONDecodeError as exc:
-            raise RuntimeError(f"Config.overlay: invalid JSON: {exc}") from None
+            raise RequestError(f"Config.overlay: invalid JSON: {exc}") from None
         if not isinstance(d, dict):
-            raise RuntimeError(f"Config.overlay: expected a JSON object, got {type(d).__name__}")
+            raise RequestError(f"Config.overlay: expected a JSON object, got {type(d).__name__}")
         self.overlays.append(d)
 
     def clear_providers(self):
@@ -65,7 +66,7 @@ class Config:
 
     def append_provider(self, name: str):
         if name not in _PROVIDERS:
-            raise RuntimeError(f"Unknown provider name \"{name}\" (this runtime has {', '.join(sorted(_PROVIDERS))})")
+            raise RequestError(f"Unknown provider name \"{name}\" (this runtime has {', '.join(sorted(_PROVIDERS))})")
         self.providers = (self.providers or []) + [name]
         self.provider_options.setdefault(name, {})
 
@@ -178,7 +179,7 @@ class Tokenizer:
     def decode_batch(self, tokens) -> list:
         a = np.asarray(tokens.as_numpy() if isinstance(tokens, Tensor) else tokens)
         if a.ndim != 2:
-            raise RuntimeError(f"decode_batch expects a 2-D batch of token ids, got shape {list(a.shape)}")
+            raise RequestError(f"decode_batch expects a 2-D batch of token ids, got shape {list(a.shape)}")
         return [self._tok.decode(row) for row in a]
 
     def to_token_id(self, text: str) -> int:
@@ -193,7 +194,7 @@ class Tokenizer:
         from .tokenizer import token_text
         template = template_str or find_template(os.path.dirname(self._tok.path), self._tok.config)
         if not template:
-            raise RuntimeError("Empty chat template.")
+            raise RequestError("Empty chat template.")
         special = {k: token_text(self._tok.config.get(k)) for k in SPECIAL_TOKEN_KEYS}
         return render(template, messages, tools, add_generation_prompt,
                       {k: v for k, v in special.items() if v is not None})
@@ -228,7 +229,7 @@ class GeneratorParams:
         """onnxruntime-genai's search options (``SEARCH_KEYS``); an unknown name is a ``RuntimeError``."""
         for k in options:
             if k not in SEARCH_KEYS:
-                raise RuntimeError(f"Unknown value \"{k}\" (the search options are {', '.join(sorted(SEARCH_KEYS))})")
+                raise RequestError(f"Unknown value \"{k}\" (the search options are {', '.join(sorted(SEARCH_KEYS))})")
         for k, v in options.items():
             field, t = SEARCH_KEYS[k]
             setattr(self.search, field, t(v))

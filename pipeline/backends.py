@@ -90,12 +90,12 @@ def choice_from_names(spec, native, device=None, what="native") -> BackendChoice
     dec = spec.decoder.name
     stateless = [n for n in spec.components if n != dec]
     if native in (None, "none"):
-        return BackendChoice(set(), False, parse_device(device))
+        return BackendChoice(set(), False, parse_device(device, "device"))
     if native == "all":
-        return BackendChoice(set(stateless), True, parse_device(device))
+        return BackendChoice(set(stateless), True, parse_device(device, "device"))
     names = [n.strip() for n in (native.split(",") if isinstance(native, str) else native) if n.strip()]
     return BackendChoice(parse_components([n for n in names if n != dec], stateless, what), dec in names,
-                         parse_device(device))
+                         parse_device(device, "device"))
 
 
 def native_providers(device: str) -> list:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .sampling import Sampler, without_ids
+from .spec import RequestError
 
 __all__ = ["Generator"]
 
@@ -37,10 +38,10 @@ class Generator:
         s = params.search
         ml = int(s.max_length)
         if ml <= 0:  # onnxruntime-genai's wording
-            raise RuntimeError(f"search max_length is {ml}")
+            raise RequestError(f"search max_length is {ml}")
         ctx = model.spec.context_length
         if ctx and ml > int(ctx):
-            raise RuntimeError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
+            raise RequestError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
         for k, v in _ONE_SEQUENCE.items():
             if int(getattr(s, k)) != v:
                 raise NotImplementedError(f"search option {k}={getattr(s, k)}: this generator runs one sequence "
@@ -84,7 +85,7 @@ class Generator:
     def append_tokens(self, ids):
         ids = [int(t) for t in np.asarray(ids).reshape(-1)]
         if len(self._seq) + len(ids) > self.max_length:
-            raise RuntimeError(f"input_ids size ({len(ids)}) + current sequence length ({len(self._seq)}) exceeds "
+            raise RequestError(f"input_ids size ({len(ids)}) + current sequence length ({len(self._seq)}) exceeds "
                                f"max length ({self.max_length})")
         if not ids:
             return
@@ -96,10 +97,10 @@ class Generator:
 
     def generate_next_token(self):
         if len(self._seq) >= self.max_length:
-            raise RuntimeError(f"GenerateNextToken called with sequence length already at max_length "
+            raise RequestError(f"GenerateNextToken called with sequence length already at max_length "
                                f"({self.max_length})")
         if not self._seq:
-            raise RuntimeError("append_tokens must come before generate_next_token: the sequence is empty")
+            raise RequestError("append_tokens must come before generate_next_token: the sequence is empty")
         logits = self._current_logits()[:, -1, :]
         if self._eos and len(self._seq) < int(self.search.min_length):
             logits = without_ids(logits, self._eos)
@@ -113,7 +114,7 @@ class Generator:
 
     def get_sequence(self, index: int = 0) -> np.ndarray:
         if index != 0:
-            raise RuntimeError(f"get_sequence({index}): the batch holds one sequence (index 0)")
+            raise RequestError(f"get_sequence({index}): the batch holds one sequence (index 0)")
         return np.asarray(self._seq, np.int32)
 
     def token_count(self) -> int:
@@ -128,7 +129,7 @@ class Generator:
         cur = self._current_logits()
         a = np.asarray(logits, np.float32)
         if a.size != cur.size:
-            raise RuntimeError(f"set_logits: expected {cur.size} logits (shape {list(cur.shape)}), got shape "
+            raise RequestError(f"set_logits: expected {cur.size} logits (shape {list(cur.shape)}), got shape "
                                f"{list(a.shape)}")
         self._logits = np.ascontiguousarray(a.reshape(cur.shape))
 
@@ -139,7 +140,7 @@ class Generator:
             return self._outputs[name].copy()
         value = self.pipe.decoder.output_value(name)
         if value is None:
-            raise RuntimeError(f"get_output: the model has no output {name!r} (it has logits and "
+            raise RequestError(f"get_output: the model has no output {name!r} (it has logits and "
                                f"{', '.join(self.pipe.decoder.output_names)})")
         return value
 
@@ -150,7 +151,7 @@ class Generator:
         dec = self.pipe.decoder
         if name == dec.io.token_input and self._last_ids is not None:
             return self._last_ids.astype(np.int64)
-        raise RuntimeError(f"get_input: no input {name!r} to report (the token input is {dec.io.token_input!r})")
+        raise RequestError(f"get_input: no input {name!r} to report (the token input is {dec.io.token_input!r})")
 
     def set_inputs(self, named=None, **more):
         """Inputs of the prompt-only components (e.g. pixel_values), for the sequence's first run."""
@@ -163,7 +164,7 @@ class Generator:
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""
         length = int(length)
         if not 0 <= length <= len(self._seq):
-            raise RuntimeError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
+            raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
         keep = length - 1  # the last kept token is fed again: its logits are the next position's
         dec = self.pipe.decoder
         if keep <= 0 or keep > min(self._fed, dec.kv_length) or dec.io.state_pairs:

@@ -28,7 +28,7 @@ import numpy as np
 from .backends import BackendChoice, choice_from_environment, native_providers
 from .components import NativeComponent, NativeDecoder, OrtComponent, OrtDecoder
 from .sampling import Sampler, without_ids
-from .spec import IncompletePackageError, PipelineSpec, SearchOptions
+from .spec import IncompletePackageError, PipelineSpec, RequestError, SearchOptions
 
 __all__ = ["Pipeline"]
 
@@ -190,12 +190,12 @@ class _Run:
         prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(pipe.batch, -1)
         n = prompt.shape[1]
         if n == 0:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise RequestError("the prompt is empty: give at least one token")
         if n >= pipe.max_length:
-            raise ValueError(f"the prompt has {n} tokens, which leaves no room to generate within "
+            raise RequestError(f"the prompt has {n} tokens, which leaves no room to generate within "
                              f"max_length {pipe.max_length} (the package's max_length or context_length)")
         if max_new_tokens is not None and int(max_new_tokens) < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+            raise RequestError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         limit = max_new_tokens
         if limit is None:
             ar = next(st for st in pipe.spec.stages if st.kind == "autoregressive")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["StatePair", "AbsentValue", "IOSpec", "ComponentSpec", "Edge", "Stage", "Positions", "SearchOptions",
-           "PipelineSpec", "MetadataError", "IncompletePackageError"]
+           "PipelineSpec", "MetadataError", "IncompletePackageError", "RequestError"]
 
 
 class MetadataError(ValueError):
@@ -29,6 +29,11 @@ class MetadataError(ValueError):
 
 class IncompletePackageError(ValueError):
     """The package lacks something it declares: a component file, a dataflow endpoint, a tokenizer."""
+
+
+class RequestError(ValueError, RuntimeError):
+    """A request the package cannot serve as asked (a prompt past ``max_length``, an unknown search option):
+    a ``RuntimeError`` where onnxruntime-genai raises one, with its wording, and a ``ValueError``."""
 
 
 @dataclass

@@ -240,3 +240,62 @@ def test_chat_templates_render_as_hugging_face_does():
         render("{{ raise_exception('only user turns') }}", msgs)
     with pytest.raises(ValueError, match="list of objects"):
         render(t, json.dumps({"role": "user"}))
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+def _chat_package(tmp_path):
+    """The llama package with a chat template in its tokenizer_config.json."""
+    import shutil
+    pkg = tmp_path / "chat"
+    shutil.copytree(LLAMA, pkg)
+    cfg = json.loads((pkg / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE
+    (pkg / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return str(pkg)
+
+
+def test_generate_streams_the_text_of_its_tokens(capsys):
+    from pipeline.__main__ import main
+    assert main(["generate", LLAMA, "--prompt", "hello world", "--max-new-tokens", "6", "--native", "none"]) == 0
+    text, ids = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+    ids = json.loads(ids.split(": ", 1)[1])
+    assert len(ids) == 6 and text == og.Tokenizer(og.Model(LLAMA, native="none")).decode(ids)
+
+
+def test_chat_continues_the_cached_conversation(tmp_path, capsys, monkeypatch):
+    """``--chat`` renders the template; without a prompt it converses, each turn fed on top of the last."""
+    from pipeline import __main__ as cli
+    pkg = _chat_package(tmp_path)
+    assert cli.main(["generate", pkg, "--chat", "--prompt", "hi", "--max-new-tokens", "3", "--native", "none"]) == 0
+    first = json.loads(capsys.readouterr().out.rsplit("token_ids: ", 1)[1])
+    fed = []
+    real = og.Generator.append_tokens
+    monkeypatch.setattr(og.Generator, "append_tokens", lambda g, ids: (fed.append(len(ids)), real(g, ids))[1])
+    turns = iter(["hi", "more"])
+
+    def user(prompt=""):
+        line = next(turns, None)
+        if line is None:
+            raise EOFError
+        return line
+    monkeypatch.setattr("builtins.input", user)
+    assert cli.main(["generate", pkg, "--chat", "--max-new-tokens", "3", "--native", "none"]) == 0
+    tok = og.Tokenizer(og.Model(pkg, native="none"))
+    whole = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": tok.decode(first)},
+                                                {"role": "user", "content": "more"}]))
+    assert fed[0] == len(tok.encode("<user>hi<a></s>")) and fed[1] < len(whole)  # the second turn: only what is new
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--max-length", "4"], "exceeds max length (4)"),
+    (["--max-length", "99999"], "cannot be greater than model context_length"),
+    (["--chat"], "Empty chat template."),
+    (["--device", "tpu"], "device='tpu'"),
+])
+def test_command_line_mistakes_are_one_line_and_status_2(argv, words, capsys):
+    from pipeline.__main__ import main
+    assert main(["generate", LLAMA, "--prompt", "hello world", "--native", "none"] + argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err

@@ -36,6 +36,8 @@ from . import matmul as _mm
 from .matmul import bind_matmul
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
+from .reduce import REDUCE_BINDS
+from .split_slice import SPLIT_BINDS
 
 __all__ = ["Decline", "emit", "form", "serial_twin"]
 
@@ -216,51 +218,49 @@ def _transpose(e, b):
 form("Transpose", bind=bind_transpose)(_transpose)
 
 
-@form("Split")
-def _split(e):
+def _split(e, b):
     r = e.rank(0)
-    axis = int(e.attrs.get("axis", 0))
-    axis = axis + r if axis < 0 else axis
-    n = len(e.node.outputs)
+    axis = b.axis + r if b.axis < 0 else b.axis
+    n = b.n_out
     sizes = None
     if e.has(1):
         c = e.const(1)
         if c is None:
             raise Decline("runtime split")
         sizes = [int(v) for v in c]
-    elif e.attrs.get("split") is not None:
-        sizes = [int(v) for v in e.attrs["split"]]
+    elif b.sizes is not None:
+        sizes = list(b.sizes)
+    e.use("runtime.errors", "InvalidArgumentError")
     if sizes is not None:
-        if len(sizes) != n:
-            raise Decline("split count")
+        if len(sizes) != n or min(sizes, default=0) < 0:
+            raise Decline("split sizes")  # the wrapper reports them
         e.line(f"if {{i0}}.shape[{axis}] != {sum(sizes)}:",
-               f"    raise ShapeMismatchError__runtime_errors(\"{quote(e.node)}: split sizes {sizes} do not add up to "
-               f"the input's axis {axis}\")")
-        e.use("runtime.errors", "ShapeMismatchError")
+               f"    raise InvalidArgumentError__runtime_errors(\"{quote(e.node)}: Split: split {sizes} must be {n} "
+               f"non-negative sizes summing to \", {{i0}}.shape[{axis}])")
         offs = [sum(sizes[:k]) for k in range(n + 1)]
         bounds = [(str(offs[k]), str(offs[k + 1])) for k in range(n)]
-    else:
-        if e.attrs.get("num_outputs") is not None and int(e.attrs["num_outputs"]) != n:
-            raise Decline("num_outputs")
+    else:  # the bind checked num_outputs against the outputs
         e.line(f"{{p}}_c = -(-{{i0}}.shape[{axis}] // {n})")
         bounds = [(f"min({k} * {{p}}_c, {{i0}}.shape[{axis}])", f"min({k + 1} * {{p}}_c, {{i0}}.shape[{axis}])")
                   for k in range(n)]
-        if e.attrs.get("num_outputs") is None:
-            e.use("runtime.errors", "ShapeMismatchError")
+        if not b.ceil:
             e.line(f"if {{i0}}.shape[{axis}] % {n}:",
-                   f"    raise ShapeMismatchError__runtime_errors(\"{quote(e.node)}: the axis does not split "
-                   f"evenly\")")
-    for k, (a, b) in enumerate(bounds):
-        idx = ", ".join([":"] * axis + [f"{a}:{b}"])
+                   f"    raise InvalidArgumentError__runtime_errors(\"{quote(e.node)}: Split: axis {axis} of size\", "
+                   f"{{i0}}.shape[{axis}], \"cannot be split into {n} equal parts\")")
+    for k, (lo, hi) in enumerate(bounds):
+        idx = ", ".join([":"] * axis + [f"{lo}:{hi}"])
         e.line(f"{{o{k}}} = np.ascontiguousarray({{i0}}[{idx}])")
         e.declare(k, e.dtype(0), r)
 
 
-@form("ReduceSum")
-def _reduce_sum(e):
+for _v, _bind in SPLIT_BINDS:
+    form("Split", since=_v, bind=_bind)(_split)
+
+
+def _reduce_sum(e, b):
     r = e.rank(0)
-    keep = int(e.attrs.get("keepdims", 1))
-    if e.node.opset >= 13:
+    keep = b.keepdims
+    if b.from_input:
         if not e.has(1):
             raise Decline("all axes")
         c = e.const(1)
@@ -268,10 +268,9 @@ def _reduce_sum(e):
             raise Decline("runtime axes")
         axes = [int(v) for v in np.asarray(c).reshape(-1)]
     else:
-        axes = e.attrs.get("axes")
-        if axes is None:
+        if b.axes is None:
             raise Decline("all axes")
-        axes = [int(v) for v in axes]
+        axes = list(b.axes)
     axes = sorted(a + r if a < 0 else a for a in axes)
     if len(axes) != 1:
         raise Decline("one axis")
@@ -293,6 +292,10 @@ def _reduce_sum(e):
     shape = [f"{{i0}}.shape[{d}]" if d != ax else "1" for d in range(r) if keep or d != ax]
     e.line(f"{{o0}} = {{p}}_s.reshape(({', '.join(shape)}{',' if len(shape) == 1 else ''}))")
     e.declare(0, dt, len(shape))
+
+
+for _v, _bind in REDUCE_BINDS["ReduceSum"]:
+    form("ReduceSum", since=_v, bind=_bind)(_reduce_sum)
 
 
 # -- elementwise -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Data-movement ops: Transpose, Concat, Split, Slice, Expand, Tile, ConstantOfShape, Range, Trilu,
-Where, EyeLike, ReverseSequence, CenterCropPad, BitCast (Pad and DepthToSpace/SpaceToDepth, which share
-``strided_copy`` and the byte views, are ``ops/pad.py`` and ``ops/depth_space.py``).
+"""Data-movement ops: Transpose, Concat, Expand, Tile, ConstantOfShape, Range, Trilu, Where, EyeLike,
+ReverseSequence, CenterCropPad, BitCast (Pad, DepthToSpace/SpaceToDepth and Split/Slice, which share
+``strided_copy``, ``materialize`` and the byte views, are ``ops/pad.py``, ``ops/depth_space.py`` and
+``ops/split_slice.py``).
 
 Moving data does not depend on what the bytes mean, so every kernel here
 works on unsigned-integer views of the element bytes (uint8/16/32/64; a
@@ -264,7 +265,7 @@ def transpose_cpu(b: TransposeOp, ctx):
 op("Transpose", 1, bind=bind_transpose, writes_out=True)(transpose_cpu)
 
 
-# -- Concat / Split --------------------------------------------------------------------------------
+# -- Concat ----------------------------------------------------------------------------------------
 
 def concat_shape(xs, axis) -> tuple:
     """(axis, dtype, output shape) of Concat over the present inputs ``xs`` (host or device arrays), after its
@@ -327,108 +328,6 @@ def concat_cpu(b: ConcatOp, ctx):
 
 for _v, _bind in CONCAT_BINDS:
     op("Concat", _v, bind=_bind, writes_out=True)(concat_cpu)
-
-
-def split_sizes(d, ax, split, n_out, num_outputs=None) -> list:
-    """Split's part sizes along an axis of extent ``d``: the ``split`` input/attribute, ``num_outputs``
-    (ceil-sized parts, the last one shorter) or equal parts; shared with the CUDA kernel."""
-    if split is not None and len(as_int_list(split)):
-        parts = as_int_list(split)
-        if len(parts) != n_out or sum(parts) != d or min(parts) < 0:
-            raise InvalidArgumentError(f"Split: split {parts} must be {n_out} non-negative sizes summing to {d}")
-    elif num_outputs is not None:
-        if num_outputs != n_out:
-            raise InvalidAttributeError(f"Split: num_outputs={num_outputs} but the node has {n_out} outputs")
-        c = -(-d // n_out)
-        parts = [min(c, max(d - i * c, 0)) for i in range(n_out)]
-    else:
-        if d % n_out:
-            raise InvalidArgumentError(f"Split: axis {ax} of size {d} cannot be split into {n_out} equal parts")
-        parts = [d // n_out] * n_out
-    return parts
-
-
-def _split(x, axis, split, n_out, num_outputs=None, ctx=None):
-    x = contig(x)
-    ax = norm_axis(axis, x.ndim)
-    parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
-    outs = []
-    off = 0
-    idx = [slice(None)] * x.ndim
-    for i, n in enumerate(parts):
-        idx[ax] = slice(off, off + n)
-        v = x[tuple(idx)]
-        buf = ctx.out[i] if ctx is not None and i < len(ctx.out) else None
-        outs.append(materialize(x, v, buf))
-        off += n
-    return outs[0] if n_out == 1 else tuple(outs)
-
-
-@op("Split", 1)
-def Split_1(input, split_in=None, axis=0, split=None, *, ctx):
-    return _split(input, axis, split_in if split_in is not None else split, ctx.n_outputs, ctx=ctx)
-
-
-@op("Split", 2)
-def Split_2(input, axis=0, split=None, *, ctx):
-    return _split(input, axis, split, ctx.n_outputs, ctx=ctx)
-
-
-@op("Split", 13)
-def Split_13(input, split=None, axis=0, *, ctx):
-    return _split(input, axis, split, ctx.n_outputs, ctx=ctx)
-
-
-@op("Split", 18)
-def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
-    if split is not None and num_outputs is not None:
-        raise InvalidAttributeError("Split: give either the split input or num_outputs, not both")
-    if split is None and num_outputs is None:
-        raise InvalidAttributeError("Split: one of the split input or the num_outputs attribute is required")
-    return _split(input, axis, split, ctx.n_outputs, num_outputs, ctx=ctx)
-
-
-# -- Slice -----------------------------------------------------------------------------------------
-
-def slice_bounds(shape, starts, ends, axes, steps) -> list:
-    """Slice's inputs checked and resolved against ``shape``: ``(axis, begin, end, step)`` per sliced axis, as
-    ``slice.indices`` gives them (the CPU and CUDA kernels share them)."""
-    r = len(shape)
-    st = as_int_list(starts)
-    en = as_int_list(ends)
-    ax = list(range(len(st))) if axes is None or len(as_int_list(axes)) == 0 else as_int_list(axes)
-    sp = [1] * len(st) if steps is None or len(as_int_list(steps)) == 0 else as_int_list(steps)
-    if not (len(st) == len(en) == len(ax) == len(sp)):
-        raise InvalidArgumentError(f"Slice: starts {st}, ends {en}, axes {ax} and steps {sp} differ in length")
-    out, seen = [], set()
-    for s, e, a, p in zip(st, en, ax, sp):
-        a = norm_axis(a, r)
-        if a in seen:
-            raise InvalidArgumentError(f"Slice: axes {ax} repeat axis {a}")
-        seen.add(a)
-        if p == 0:
-            raise InvalidArgumentError("Slice: steps must be non-zero")
-        out.append((a,) + slice(s, e, p).indices(int(shape[a])))
-    return out
-
-
-def _slice_view(x, starts, ends, axes, steps):
-    idx = [slice(None)] * x.ndim
-    for a, b, c, p in slice_bounds(x.shape, starts, ends, axes, steps):
-        idx[a] = slice(b, c if c >= 0 else None, p)
-    return x[tuple(idx)]
-
-
-@op("Slice", 1)
-def Slice_1(data, axes=None, ends=None, starts=None, *, ctx=None):
-    x = contig(data)
-    return materialize(x, _slice_view(x, starts, ends, axes, None), out_of(ctx))
-
-
-@op("Slice", 10)
-def Slice(data, starts, ends, axes=None, steps=None, *, ctx=None):
-    x = contig(data)
-    return materialize(x, _slice_view(x, starts, ends, axes, steps), out_of(ctx))
 
 
 # -- Expand / Tile ---------------------------------------------------------------------------------

@@ -13,11 +13,17 @@ computed in float32; floats accumulate in float64 and integers in their own
 Axes arrive as an attribute up to opset 12 (ReduceSum) / 17 (the others) and
 as an optional int64 input from 13 / 18; ``noop_with_empty_axes`` with no
 axes reduces over nothing, i.e. applies the op's elementwise part only.
+
+The reductions, ArgMax and ArgMin are written to the one op contract
+(``ops/registry.py``): one bind per group of versions (``REDUCE_BINDS``:
+``bind_reduce_1`` with the axes attribute, ``bind_reduce`` with the axes input
+and ``noop_with_empty_axes``), shared by the CPU wrapper and, for ReduceSum,
+the region form in ``ops/compiled_forms.py``.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -26,7 +32,7 @@ from runtime.errors import InvalidArgumentError
 from ._common import F32, as_int_list, lowp, norm_axis, norm_axes, out_buffer
 from .registry import op
 
-__all__ = ["canon3", "reduce_shape"]
+__all__ = ["canon3", "reduce_shape", "REDUCE_BINDS", "REDUCE_MODES", "ReduceOp", "reduce_axes", "reduce_cpu"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -288,29 +294,55 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
 
 # -- wrappers --------------------------------------------------------------------------------------
 
-def _reduce_factory(mode: int):
-    def factory(ctx, axes=None, keepdims=1, noop_with_empty_axes=0):
-        attr_axes = axes
-        buf = ctx.out[0] if ctx.out else None
-
-        def run(data, axes=None):
-            given = as_int_list(attr_axes if axes is None else axes)
-            if not given:
-                red = () if noop_with_empty_axes else tuple(range(data.ndim))
-            else:
-                red = norm_axes(given, data.ndim)
-            return run_reduce(mode, data, red, keepdims, buf)
-        return run
-    return factory
+REDUCE_MODES = {"ReduceSum": SUM, "ReduceMean": MEAN, "ReduceMax": MAX, "ReduceMin": MIN, "ReduceProd": PROD,
+                "ReduceL1": L1, "ReduceL2": L2, "ReduceLogSum": LOGSUM, "ReduceLogSumExp": LOGSUMEXP,
+                "ReduceSumSquare": SUMSQ}
 
 
-for _name, _mode, _vers in [("ReduceSum", SUM, (1, 13)), ("ReduceMean", MEAN, (1, 18)),
-                            ("ReduceMax", MAX, (1, 18)), ("ReduceMin", MIN, (1, 18)),
-                            ("ReduceProd", PROD, (1, 18)), ("ReduceL1", L1, (1, 18)),
-                            ("ReduceL2", L2, (1, 18)), ("ReduceLogSum", LOGSUM, (1, 18)),
-                            ("ReduceLogSumExp", LOGSUMEXP, (1, 18)), ("ReduceSumSquare", SUMSQ, (1, 18))]:
-    for _v in _vers:
-        op(_name, _v, factory=True)(_reduce_factory(_mode))
+class ReduceOp(NamedTuple):
+    """A reduction bound: its mode, keepdims, and where its axes come from: the ``axes`` attribute (None: all
+    axes) before the version that takes them as an input (``from_input``), whose ``noop_with_empty_axes`` makes
+    no axes mean none rather than all."""
+    mode: int
+    axes: Any
+    from_input: bool
+    keepdims: int
+    noop_with_empty_axes: int
+
+
+def bind_reduce_1(ctx, axes=None, keepdims=1):
+    return ReduceOp(REDUCE_MODES[ctx.op_type], None if axes is None else tuple(as_int_list(axes)), False,
+                    int(keepdims), 0)
+
+
+def bind_reduce(ctx, keepdims=1, noop_with_empty_axes=0):
+    return ReduceOp(REDUCE_MODES[ctx.op_type], None, True, int(keepdims), int(noop_with_empty_axes))
+
+
+# The axes become an input at ReduceSum-13 and at 18 for the others.
+REDUCE_BINDS = {name: ((1, bind_reduce_1), (13 if name == "ReduceSum" else 18, bind_reduce)) for name in REDUCE_MODES}
+
+
+def reduce_axes(b: ReduceOp, rank: int, axes=None) -> tuple:
+    """The sorted, normalized axes a reduction of a rank-``rank`` input reduces (``axes``: its axes input)."""
+    given = as_int_list(b.axes if axes is None else axes)
+    if not given:
+        return () if b.noop_with_empty_axes else tuple(range(rank))
+    return norm_axes(given, rank)
+
+
+def reduce_cpu(b: ReduceOp, ctx):
+    """The reductions on the CPU (ReduceSum's region form shares the bind)."""
+    buf = ctx.out[0] if ctx.out else None
+
+    def run(data, axes=None):
+        return run_reduce(b.mode, data, reduce_axes(b, data.ndim, axes), b.keepdims, buf)
+    return run
+
+
+for _name, _binds in REDUCE_BINDS.items():
+    for _v, _bind in _binds:
+        op(_name, _v, bind=_bind, writes_out=True)(reduce_cpu)
 
 
 class ArgOp(NamedTuple):

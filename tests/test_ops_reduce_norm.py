@@ -175,6 +175,7 @@ def test_reduce_attribute_axes_opset11():
     x = RNG.standard_normal((6, 10, 12), dtype=np.float32)
     _compare("ReduceMean", {"x": x}, opset=11, axes=[0, 2], keepdims=0)
     _compare("ReduceProd", {"x": x}, opset=11, axes=[1], rtol=1e-4)
+    _compare("ReduceSum", {"x": x}, opset=11, axes=[-1], keepdims=0)
 
 
 def test_argmax_vocab_and_ties():

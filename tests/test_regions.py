@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime import InferenceSession, SessionOptions
-from runtime.errors import IndexOutOfRangeError
+from runtime.errors import IndexOutOfRangeError, InvalidArgumentError
 
 RNG = np.random.default_rng(0)
 F = TensorProto.FLOAT
@@ -84,6 +84,22 @@ def test_gather_index_out_of_range_names_the_node():
     # the node once, the index and the extent (a vocabulary size, for an embedding)
     assert str(err.value) == ("node 'embed' (Gather, domain 'ai.onnx', opset 17): index 5 is out of range for axis 0 "
                               "of extent 5 (valid indices are -extent to extent - 1)")
+
+
+def test_a_split_that_does_not_fit_raises_as_the_wrapper_does():
+    """The Split form's run-time checks raise the wrapper's error class, naming the node."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r", "sizes"], ["a", "b"], axis=1, name="cut"),
+             helper.make_node("Split", ["r"], ["c", "d"], axis=1, name="halves")]
+    model = _model(nodes, [_vi("x", F, [2, "n"])], [_vi(o, F, None) for o in "abcd"],
+                   [numpy_helper.from_array(np.array([1, 2], np.int64), "sizes")])
+    fused, plain = _sessions(model)
+    assert _covered(fused) == 3
+    for sess in (fused, plain):
+        with pytest.raises(InvalidArgumentError, match="'cut'.*must be 2 non-negative sizes summing to"):
+            sess.run(None, {"x": np.ones((2, 4), np.float32)})
+        with pytest.raises(InvalidArgumentError, match="'halves'.*cannot be split into 2 equal parts"):
+            sess.run(None, {"x": np.ones((2, 3), np.float32)})
 
 
 def test_shapes_reshape_transpose_split_matmul():

@@ -6,7 +6,7 @@ Expand broadcast).  The wrapper drops unit axes, merges axes that are contiguous
 the box on the left to the canonical rank 6, so ``_copy6`` compiles once per dtype.  Concat launches one copy
 per input into its window of the output; Split one per output.
 
-Invariants (match ``ops/movement.py``):
+Invariants (match ``ops/movement.py`` and ``ops/split_slice.py``, whose binds these launches share):
 - Slice's starts/ends/axes/steps, Split's ``split`` input and Expand's ``shape`` are host inputs
   (``host_inputs``): they size the launch, so they are read on the host, never from the device;
 - clamping and negative steps follow Python's ``slice.indices`` exactly like the CPU wrapper; errors are the
@@ -24,15 +24,16 @@ import numpy as np
 from ops._common import as_int_list, broadcast_shape, norm_axis
 from ops._common import Plain
 from ops.movement import (CONCAT_BINDS, ConcatOp, TransposeOp, bind_expand, bind_transpose, concat_shape, merge_axes,
-                          slice_bounds, split_sizes, transpose_perm)
+                          transpose_perm)
+from ops.split_slice import SLICE_BINDS, SPLIT_BINDS, SliceOp, SplitOp, slice_bounds, split_sizes
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidAttributeError, ShapeMismatchError
+from runtime.errors import ShapeMismatchError
 from ._common import check_device, flat, grid1d
 
-__all__ = ["transpose", "launch_transpose", "launch_concat", "launch_expand", "Split", "Slice", "strided_copy",
-           "broadcast_to"]
+__all__ = ["transpose", "launch_transpose", "launch_concat", "launch_split", "launch_slice", "launch_expand",
+           "strided_copy", "broadcast_to"]
 
 CUDA = "CUDAExecutionProvider"
 RANK = 6
@@ -162,10 +163,10 @@ def _window(x, off, oshape):
     return flat(x)[off:off + n].reshape(tuple(oshape))
 
 
-def _split(x, axis, split, n_out, num_outputs=None):
+def _split(x, b: SplitOp, split):
     check_device("Split", input=x)
-    ax = norm_axis(axis, x.ndim)
-    parts = split_sizes(x.shape[ax], ax, split, n_out, num_outputs)
+    ax = norm_axis(b.axis, x.ndim)
+    parts = split_sizes(b, x.shape[ax], ax, split)
     shape = tuple(x.shape)
     sst = _cstrides(shape)
     as_views = all(d == 1 for d in shape[:ax])  # every part is one contiguous run of x
@@ -180,43 +181,32 @@ def _split(x, axis, split, n_out, num_outputs=None):
             strided_copy("Split", x, off * sst[ax], sst, o, 0, _cstrides(oshape), oshape)
         outs.append(o)
         off += n
-    return outs[0] if n_out == 1 else tuple(outs)
+    return outs[0] if b.n_out == 1 else tuple(outs)
 
 
-@op("Split", 1, views=True, provider=CUDA, host_inputs=(1,))
-def Split_1(input, split_in=None, axis=0, split=None, *, ctx):
-    return _split(input, axis, split_in if split_in is not None else split, ctx.n_outputs)
+def launch_split(b: SplitOp, ctx=None):
+    """The CUDA implementation of Split (its binds and part sizes are ``ops.split_slice``'s); the split input is
+    read on the host."""
+    def run(input, split=None):
+        return _split(input, b, split)
+    return run
 
 
-@op("Split", 2, views=True, provider=CUDA)
-def Split_2(input, axis=0, split=None, *, ctx):
-    return _split(input, axis, split, ctx.n_outputs)
-
-
-@op("Split", 13, views=True, provider=CUDA, host_inputs=(1,))
-def Split_13(input, split=None, axis=0, *, ctx):
-    return _split(input, axis, split, ctx.n_outputs)
-
-
-@op("Split", 18, views=True, provider=CUDA, host_inputs=(1,))
-def Split(input, split=None, axis=0, num_outputs=None, *, ctx):
-    if split is not None and num_outputs is not None:
-        raise InvalidAttributeError("Split: give either the split input or num_outputs, not both")
-    if split is None and num_outputs is None:
-        raise InvalidAttributeError("Split: one of the split input or the num_outputs attribute is required")
-    return _split(input, axis, split, ctx.n_outputs, num_outputs)
+for _v, _bind in SPLIT_BINDS:  # Split-2 takes no split input
+    op("Split", _v, views=True, provider=CUDA, host_inputs=() if _v == 2 else (1,), bind=_bind)(launch_split)
 
 
 # -- Slice -----------------------------------------------------------------------------------------
 
-def _slice(x, starts, ends, axes, steps):
-    check_device("Slice", data=x)
+def _slice(x, bounds):
+    """``x`` sliced by ``bounds`` (``ops.split_slice.slice_bounds``): a view when the result is one contiguous
+    run of ``x``, else a strided copy."""
     r = x.ndim
     shape = tuple(x.shape)
     begin = [0] * r
     step = [1] * r
     oshape = list(shape)
-    for a, b, c, p in slice_bounds(shape, starts, ends, axes, steps):
+    for a, b, c, p in bounds:
         begin[a], step[a], oshape[a] = b, p, len(range(b, c, p))
     xst = _cstrides(shape)
     soff = sum(begin[k] * xst[k] for k in range(r))
@@ -230,14 +220,17 @@ def _slice(x, starts, ends, axes, steps):
     return out
 
 
-@op("Slice", 1, views=True, provider=CUDA)
-def Slice_1(data, axes=None, ends=None, starts=None):
-    return _slice(data, starts, ends, axes, None)
+def launch_slice(b: SliceOp, ctx=None):
+    """The CUDA implementation of Slice (its binds and bounds are ``ops.split_slice``'s); from opset 10 the starts,
+    ends, axes and steps inputs are read on the host."""
+    def run(data, starts=None, ends=None, axes=None, steps=None):
+        check_device("Slice", data=data)
+        return _slice(data, slice_bounds(b, tuple(data.shape), starts, ends, axes, steps))
+    return run
 
 
-@op("Slice", 10, views=True, provider=CUDA, host_inputs=(1, 2, 3, 4))
-def Slice(data, starts, ends, axes=None, steps=None):
-    return _slice(data, starts, ends, axes, steps)
+for _v, _bind in SLICE_BINDS:
+    op("Slice", _v, views=True, provider=CUDA, host_inputs=(1, 2, 3, 4) if _v > 1 else (), bind=_bind)(launch_slice)
 
 
 # -- Expand ----------------------------------------------------------------------------------------

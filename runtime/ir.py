@@ -62,7 +62,10 @@ def valueinfo_from_proto(vi) -> ValueInfo:
             dims = []
             for d in t.tensor_type.shape.dim:
                 w = d.WhichOneof("value")
-                dims.append(d.dim_value if w == "dim_value" else (d.dim_param or None) if w == "dim_param" else None)
+                if w == "dim_value":  # a negative extent (-1 as some exporters write) is dynamic, as in onnxruntime
+                    dims.append(d.dim_value if d.dim_value >= 0 else None)
+                else:
+                    dims.append((d.dim_param or None) if w == "dim_param" else None)
             shape = tuple(dims)
         return ValueInfo(vi.name, dtype, shape, et, "tensor", t)
     return ValueInfo(vi.name, None, None, 0, which or "unknown", t)

@@ -55,6 +55,21 @@ def test_bad_feeds_are_refused_with_a_named_message(feed, match):
     assert "'x'" in str(e.value) or "'w'" in str(e.value)
 
 
+def test_a_negative_declared_extent_is_dynamic_as_in_onnxruntime():
+    """``dim_value: -1`` (as some exporters write) accepts any extent and reports None; 0 stays a fixed 0."""
+    import onnxruntime as ort
+    x = _vi("x", [1, 4])
+    x.type.tensor_type.shape.dim[0].dim_value = -1
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [_vi("y", None)])
+    feed = {"x": -np.ones((3, 4), np.float32)}
+    s = InferenceSession(m)
+    assert s.get_inputs()[0].shape == ort.InferenceSession(m.SerializeToString()).get_inputs()[0].shape == [None, 4]
+    np.testing.assert_array_equal(s.run(None, feed)[0], np.zeros((3, 4), np.float32))
+    x.type.tensor_type.shape.dim[0].dim_value = 0
+    with pytest.raises(InvalidFeedError, match="axis 0: expected 0, got 3"):
+        InferenceSession(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [_vi("y", None)])).run(None, feed)
+
+
 def test_unknown_output_name_is_refused():
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])])
     with pytest.raises(InvalidFeedError, match="'nope'"):

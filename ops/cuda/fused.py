@@ -75,9 +75,12 @@ def _gated_halves(gu, y, N, act):
         y[i] = _gate(np.float32(gu[r * 2 * N + n]), act) * np.float32(gu[r * 2 * N + N + n])
 
 
+_SCRATCH = kmm.GEMV_SCRATCH  # a global of this module: a compile-time constant in the kernel
+
+
 @jit
 def _gemv_gated(x, wg, wu, y, K, N, act):
-    sh = cuda.shared.array((2 * kmm.GEMV_SLICES, kmm.GEMV_COLS), np.float32)
+    sh = cuda.shared.array(_SCRATCH, np.float32)
     for n0 in range(cuda.blockIdx.x * cuda.blockDim.x, N, cuda.gridDim.x * cuda.blockDim.x):  # block-uniform
         n = n0 + cuda.threadIdx.x
         ag = kmm.gemv_column_sums(x, wg, n, N, K, sh, 0)

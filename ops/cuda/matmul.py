@@ -19,13 +19,18 @@ from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 from ._common import F16, F32, check_device, flat
 
-__all__ = ["gemv", "gemm", "MatMul", "TILE", "launch_gemv", "gemv_geometry", "gemv_column_sums"]
+__all__ = ["gemv", "gemm", "MatMul", "TILE", "launch_gemv", "gemv_geometry", "gemv_column_sums", "GEMV_COLS",
+           "GEMV_SLICES", "GEMV_SCRATCH"]
 
 TILE = 16
 _MATMUL_DTYPES = (F32, F16)
 
 
 GEMV_COLS, GEMV_SLICES = 32, 8  # a block's columns (threadIdx.x) and K slices (threadIdx.y) on a GPU
+# The shape of the GEMV kernels' shared scratch.  A shared array's shape must be a compile-time constant: a
+# global of the kernel's own module is one; a product written inside the kernel, or another module's attribute,
+# is typed as a run-time int64 and fails to compile for a GPU (the simulator does not type it).
+GEMV_SCRATCH = (2 * GEMV_SLICES, GEMV_COLS)
 
 
 def gemv_geometry(N: int) -> tuple:
@@ -63,7 +68,7 @@ def gemv_column_sums(x, w, n, N, K, sh, part):
 
 @jit
 def _gemv(x, w, bias, has_bias, y, K, N):
-    sh = cuda.shared.array((2 * GEMV_SLICES, GEMV_COLS), np.float32)
+    sh = cuda.shared.array(GEMV_SCRATCH, np.float32)
     for n0 in range(cuda.blockIdx.x * cuda.blockDim.x, N, cuda.gridDim.x * cuda.blockDim.x):  # block-uniform
         n = n0 + cuda.threadIdx.x
         acc = gemv_column_sums(x, w, n, N, K, sh, 0)

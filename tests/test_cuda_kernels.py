@@ -369,3 +369,20 @@ def test_skip_norm_leaves_an_unnamed_mean_out():
     assert tc.launches == 2 and not H(mean2).any() and H(mean2).shape == (2, 1)
     np.testing.assert_array_equal(H(y), H(y2))
     np.testing.assert_array_equal(H(s), H(s2))
+
+
+@pytest.mark.skipif(not rc.simulator(), reason="records the simulator's launches")
+def test_the_ptx_check_records_each_host_launch_with_its_numba_types(monkeypatch):
+    """``tools/cuda_ptx_check``'s first half: a launch from the host is recorded with the types a GPU launch
+    would give its arguments (device functions called inside the kernel are not launches), and the kernel is
+    found again by name for the second half to compile."""
+    import numba
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+    from tools import cuda_ptx_check as chk
+    monkeypatch.setattr(FakeCUDAKernel, "__call__", chk._recording(FakeCUDAKernel.__call__))
+    monkeypatch.setattr(chk, "_seen", set())
+    kel.unary("Sigmoid", D(np.zeros(5, np.float32)))
+    f32 = numba.types.Array(numba.float32, 1, "C")
+    assert chk._seen == {("ops.cuda.elementwise", "_unary_f32", (numba.int64, f32, f32, numba.float32, numba.float32))}
+    assert chk._kernel_function("ops.cuda.elementwise", "_unary_f32") is kel._unary_f32.dispatcher.py_func
+    assert chk._kernel_function("ops.cuda.elementwise", "make.<locals>.k") is None

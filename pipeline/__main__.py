@@ -8,7 +8,8 @@ only when the token lists are identical.
 
 generate: decode a prompt, streaming the text as it is produced, then print the token ids; ``--chat`` wraps the
 prompt in the package's chat template (and converses, line by line, when no prompt is given: each turn
-continues on the cached conversation); ``--batch-file`` decodes each prompt of a file in turn.
+continues on the cached conversation); ``--batch-file`` decodes the prompts of a file as one padded batch
+(each in turn where the decoder cannot run rows of different lengths).
 
 A user's mistake (a folder without a package, a prompt past ``max_length``, ``max_length`` past the model's
 context, an unknown option value) prints one line and exits with status 2.
@@ -185,9 +186,11 @@ def cmd_generate(args) -> int:
     if args.batch_file:
         with open(args.batch_file, encoding="utf-8") as f:
             prompts = [line.rstrip("\n") for line in f if line.strip()]
+        if tok is not None and len(prompts) > 1 and model.pipeline.decoder.runs_ragged:
+            return _batch(args, model, tok, params, prompts, out)
     else:
         prompts = [None]
-    for k, text in enumerate(prompts):
+    for k, text in enumerate(prompts):  # each in turn: one prompt, or a decoder that runs rows of one length
         if text is not None:
             args.prompt = text
             out.write(f"[{k}] ")
@@ -196,6 +199,24 @@ def cmd_generate(args) -> int:
         ids = _decode_into(gen, args.max_new_tokens, tok, out)
         out.write("\n")
         print(f"token_ids: {ids}", file=out)
+    return 0
+
+
+def _batch(args, model, tok, params, prompts, out) -> int:
+    """The prompts as one right-padded batch: each row's text and ids once the batch is done."""
+    from . import api as og
+    params.set_search_options(batch_size=len(prompts))
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode_batch(prompts))
+    start, eos = gen.token_count(), set(int(t) for t in tok.eos_token_ids)
+    for _ in range(args.max_new_tokens):
+        if gen.is_done():
+            break
+        gen.generate_next_token()
+    for k in range(len(prompts)):
+        ids = [int(t) for t in gen.get_sequence(k)[start:]]
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))  # a finished row's pads dropped
+        print(f"[{k}] {tok.decode(ids[:end])}\ntoken_ids: {ids[:end]}", file=out)
     return 0
 
 
@@ -231,7 +252,7 @@ def main(argv=None) -> int:
                            "package's search.max_length)")
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the package's chat template; "
                            "without --prompt, converse line by line on standard input")
-            p.add_argument("--batch-file", help="a text file of prompts, one per line, each decoded in turn")
+            p.add_argument("--batch-file", help="a text file of prompts, one per line, decoded as one batch")
             p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
             p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
             p.add_argument("--top-p", type=float, help="sample within this cumulative probability")

@@ -121,10 +121,12 @@ class Model:
             self._pipeline = Pipeline(self.spec, self.choice, self.max_length)
         return self._pipeline
 
-    def pipeline_for(self, max_length: int) -> Pipeline:
-        """The pipeline, rebuilt when its decoder's caches cannot hold ``max_length`` positions."""
-        if self.pipeline.max_length < max_length:
-            self._pipeline = Pipeline(self.spec, self.choice, int(max_length))
+    def pipeline_for(self, max_length: int, batch: int = 1) -> Pipeline:
+        """The pipeline for ``batch`` rows, rebuilt when it runs another batch size or its decoder's caches cannot
+        hold ``max_length`` positions."""
+        p = self.pipeline
+        if p.batch != batch or p.max_length < max_length:
+            self._pipeline = Pipeline(self.spec, self.choice, max(int(max_length), p.max_length), batch=batch)
         return self._pipeline
 
 

@@ -163,6 +163,8 @@ class DecoderComponent:
         self.state = {}         # state input name -> array
         self._positions_max = None
         self._ones = None       # a (batch, max_length) row of ones whose prefixes are the attention masks
+        self.row_lengths = None  # a right-padded batch: each row's live positions (None: all rows at length)
+        self.cache.ragged = False
 
     @property
     def kv_length(self) -> int:
@@ -174,6 +176,11 @@ class DecoderComponent:
         return dict(self.cache.rows) or None
 
     def rewind(self, length: int):
+        if self.row_lengths is not None:
+            if length != 0:
+                raise ValueError("a batch of rows of different lengths can only rewind to 0")
+            self.reset()
+            return
         if self.io.state_pairs and length != self.cache.length:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         self.cache.rewind(length)
@@ -222,14 +229,19 @@ class DecoderComponent:
             if p.input not in self.state:
                 self.state[p.input] = self._zeros(self._concrete(p.input), np_type(self.inputs[p.input].type))
 
-    def _extras(self, seq_len, extra):
+    def _extras(self, seq_len, extra, lengths=None):
         feeds = dict(extra) if extra else {}
         io = self.io
         b = self.batch
         length = self.cache.length
         total = length + seq_len
+        rows = self.row_lengths
         if io.attention_mask_input and io.attention_mask_input in self.inputs and io.attention_mask_input not in feeds:
-            feeds[io.attention_mask_input] = self._mask_prefix(total)
+            if rows is None:
+                feeds[io.attention_mask_input] = self._mask_prefix(total)
+            else:
+                t = np_type(self.inputs[io.attention_mask_input].type)
+                feeds[io.attention_mask_input] = (np.arange(total)[None, :] < (rows + lengths)[:, None]).astype(t)
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in self.inputs and pname not in feeds:
@@ -271,11 +283,44 @@ class DecoderComponent:
         return start
 
     # -- running -----------------------------------------------------------------------------------
-    def prefill(self, tokens=None, embeds=None, extra=None, want="logits"):
-        return self._forward(tokens, embeds, extra, want)
+    def prefill(self, tokens=None, embeds=None, extra=None, want="logits", lengths=None):
+        return self._forward(tokens, embeds, extra, want, lengths)
 
-    def step(self, tokens=None, embeds=None, extra=None, want="logits"):
-        return self._forward(tokens, embeds, extra, want)
+    def step(self, tokens=None, embeds=None, extra=None, want="logits", lengths=None):
+        return self._forward(tokens, embeds, extra, want, lengths)
+
+    @property
+    def runs_ragged(self) -> bool:
+        """Rows of a batch may have different lengths: the decoder has attention caches and a mask, and no
+        recurrent state, sliding windows or position ids (whose per-row values are not built yet)."""
+        io = self.io
+        pos = self.pipeline.positions
+        pname = io.position_ids_input or (pos.input if pos is not None else None)
+        return bool(io.attention_mask_input in self.inputs and not io.state_pairs and not self._window
+                    and not (pname and pname in self.inputs))
+
+    def _ragged(self, lengths, seq_len):
+        """``lengths``: how many of the ``seq_len`` new positions of each row are real (a right-padded batch,
+        onnxruntime-genai's layout); the per-row counts once rows differ, else None.  From then on every row
+        keeps its own length: its mask covers its live positions, so GroupQueryAttention (which reads each
+        row's length from the mask) writes each row's new keys at its own end, and its logits are read at its
+        last real position."""
+        if lengths is None and self.row_lengths is None:
+            return None
+        n = np.full(self.batch, seq_len, np.int64) if lengths is None else \
+            np.asarray(lengths, np.int64).reshape(self.batch)
+        if n.min() < 1 or n.max() > seq_len:
+            raise ValueError(f"lengths {n.tolist()}: each row takes 1 to {seq_len} of the new positions")
+        if self.row_lengths is None:
+            if (n == seq_len).all():
+                return None
+            if not self.runs_ragged:
+                raise NotImplementedError(f"decoder {self.spec.name!r}: rows of different lengths are run for "
+                                          f"decoders with attention caches and a mask only (no recurrent state, "
+                                          f"sliding windows or position ids)")
+            self.row_lengths = np.full(self.batch, self.cache.length, np.int64)
+            self.cache.ragged = True
+        return n
 
     def greedy_step(self, token: int) -> int:
         """One greedy step for batch 1: feed ``token`` and return the argmax id (``step(..., want="argmax")``)."""
@@ -294,19 +339,24 @@ class DecoderComponent:
         return io.token_input, np.ascontiguousarray(np.asarray(tokens, dtype=np_type(self.inputs[io.token_input].type))
                                                     .reshape(self.batch, -1))
 
-    def _forward(self, tokens, embeds, extra, want):
+    def _forward(self, tokens, embeds, extra, want, lengths=None):
         name, x = self._sequence(tokens, embeds)
         seq_len = x.shape[1]
         self.cache.make_room(self.cache.length + seq_len)
+        n = self._ragged(lengths, seq_len)
         self.transfers.note_in(name, x)
         feeds = {name: x}
-        feeds.update(self._extras(seq_len, extra))
+        feeds.update(self._extras(seq_len, extra, n))
         for k, v in (extra or {}).items():
             self.transfers.note_in(k, v)
         self._init_state()
         logits = self._run(feeds, seq_len)
         self.transfers.calls += 1
-        last = logits[:, -1, :] if logits.ndim == 3 else logits
+        if n is None:
+            last = logits[:, -1, :] if logits.ndim == 3 else logits
+        else:  # each row's last real position
+            self.row_lengths += n
+            last = logits[np.arange(self.batch), n - 1, :]
         if want == "argmax":
             out = np.argmax(last, axis=-1).astype(np.int64)
         elif want == "all":

@@ -30,7 +30,15 @@ from .spec import RequestError
 __all__ = ["Generator"]
 
 # the search options whose other values this generator does not implement, with the value it runs
-_ONE_SEQUENCE = {"batch_size": 1, "num_beams": 1, "num_return_sequences": 1}
+_ONE_SEQUENCE = {"num_beams": 1, "num_return_sequences": 1}
+
+
+def _unpadded(ids: np.ndarray, pad: int) -> np.ndarray:
+    """Each row's ids before its trailing pads (a right-padded [rows, n] block)."""
+    if ids.shape[1] == 0:
+        return np.zeros(ids.shape[0], np.int64)
+    real = ids != pad
+    return np.where(real.any(axis=1), ids.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
 
 
 class Generator:
@@ -44,52 +52,76 @@ class Generator:
             raise RequestError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
         for k, v in _ONE_SEQUENCE.items():
             if int(getattr(s, k)) != v:
-                raise NotImplementedError(f"search option {k}={getattr(s, k)}: this generator runs one sequence "
-                                          f"with greedy search or sampling ({k} must be {v})")
+                raise NotImplementedError(f"search option {k}={getattr(s, k)}: this generator runs greedy search or "
+                                          f"sampling ({k} must be {v}; beam search is not implemented yet)")
+        if int(s.batch_size) < 1:
+            raise RequestError(f"batch_size must be >= 1, got {s.batch_size}")
         self.model, self.params, self.search = model, params, s
         self.max_length = ml
-        self.pipe = model.pipeline_for(ml)
+        self.batch = int(s.batch_size)
+        self.pipe = model.pipeline_for(ml, self.batch)
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
         self._eos = [int(t) for t in (model.spec.eos_token_ids or [])]
-        self._seq = []        # the sequence's token ids
-        self._fed = 0         # how many of them the decoder has seen
-        self._logits = None   # [1, 1, vocab] float32 for the position after the sequence, None when stale
-        self._outputs = {}    # the last run's logits, every position it ran
+        pad = model.spec.pad_token_id
+        self._pad = int(pad) if pad is not None else (self._eos[0] if self._eos else 0)
+        self._rows = [[] for _ in range(self.batch)]  # each row's token ids (a padded row keeps its pads)
+        self._fed = 0          # how many of them the decoder has seen (the same for every row)
+        self._logits = None    # [batch, 1, vocab] float32 for the position after the sequence, None when stale
+        self._outputs = {}     # the last run's logits, every position it ran
         self._last_ids = None
+        self._finished = [False] * self.batch
         self._done = False
 
+    @property
+    def _seq(self) -> list:
+        return self._rows[0]
+
     # -- feeding the model -------------------------------------------------------------------------
-    def _run(self, ids: list):
-        """The model over the unfed tokens plus ``ids``; the current logits become the last position's."""
-        cur = np.asarray(self._seq[self._fed:] + ids, np.int64).reshape(1, -1)
+    def _run(self, new: np.ndarray):
+        """The model over the unfed tokens plus ``new`` [batch, n]; the current logits become each row's last
+        real position's.  A batch's rows may end in pads (right-padded, as ``Tokenizer.encode_batch`` gives)."""
+        unfed = np.asarray([r[self._fed:] for r in self._rows], np.int64).reshape(self.batch, -1)
+        cur = np.concatenate([unfed, new], axis=1)
+        lengths = None
+        if self.batch > 1:  # each row's real ids: the unfed token and the new ids before the padding
+            lengths = unfed.shape[1] + _unpadded(new, self._pad)
         first = self._fed == 0
         if first:
             self.pipe.begin(cur, self.external, self.max_length)
-        logits = self.pipe.forward(cur, self.external, first, want="all")
-        self._seq.extend(ids)
-        self._fed = len(self._seq)
-        all_logits = np.asarray(logits, np.float32)
-        if all_logits.ndim == 2:  # a decoder whose logits have no sequence axis
-            all_logits = all_logits[:, None, :]
-        self._outputs = {"logits": all_logits}
-        self._logits = np.ascontiguousarray(all_logits[:, -1:, :])
+        logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths), np.float32)
+        if logits.ndim == 2:  # a decoder whose logits have no sequence axis
+            logits = logits[:, None, :]
+        for r, ids in zip(self._rows, new.tolist()):
+            r.extend(ids)
+        self._fed = len(self._rows[0])
+        self._outputs = {"logits": logits}
+        at = np.full(self.batch, cur.shape[1] - 1) if lengths is None else lengths - 1
+        self._logits = np.ascontiguousarray(logits[np.arange(self.batch), at][:, None, :])
         self._last_ids = cur
 
     def _current_logits(self):
         if self._logits is None:
-            self._run([])
+            self._run(np.zeros((self.batch, 0), np.int64))
         return self._logits
 
     # -- onnxruntime-genai's calls -----------------------------------------------------------------
     def append_tokens(self, ids):
-        ids = [int(t) for t in np.asarray(ids).reshape(-1)]
-        if len(self._seq) + len(ids) > self.max_length:
-            raise RequestError(f"input_ids size ({len(ids)}) + current sequence length ({len(self._seq)}) exceeds "
+        """Token ids for every row: [n] with one row, else [batch, n] (a ``Tensor`` from ``encode_batch``:
+        right-padded with the pad id)."""
+        a = np.asarray(ids.as_numpy() if hasattr(ids, "as_numpy") else ids, np.int64)
+        if a.ndim <= 1:
+            a = a.reshape(1, -1)
+        if a.ndim != 2 or a.shape[0] != self.batch:
+            raise RequestError(f"append_tokens: expected token ids for {self.batch} row(s), got shape {list(a.shape)}")
+        n = len(self._seq)
+        if n + a.shape[1] > self.max_length:
+            raise RequestError(f"input_ids size ({a.shape[1]}) + current sequence length ({n}) exceeds "
                                f"max length ({self.max_length})")
-        if not ids:
+        if not a.shape[1]:
             return
-        self._run(ids)
+        self._run(a)
+        self._finished = [False] * self.batch
         self._done = False
 
     def is_done(self) -> bool:
@@ -104,24 +136,29 @@ class Generator:
         logits = self._current_logits()[:, -1, :]
         if self._eos and len(self._seq) < int(self.search.min_length):
             logits = without_ids(logits, self._eos)
-        tok = int(self.sampler.next_tokens(logits, [np.asarray(self._seq, np.int64)])[0])
-        self._seq.append(tok)
+        picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
+        for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
+            if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
+                tok = self._pad
+            elif tok in self._eos:
+                self._finished[b] = True
+            self._rows[b].append(int(tok))
         self._logits = None
-        self._done = tok in self._eos or len(self._seq) >= self.max_length
+        self._done = all(self._finished) or len(self._seq) >= self.max_length
 
     def get_next_tokens(self) -> np.ndarray:
-        return np.asarray(self._seq[-1:], np.int32)
+        return np.asarray([r[-1] for r in self._rows] if self._seq else [], np.int32)
 
     def get_sequence(self, index: int = 0) -> np.ndarray:
-        if index != 0:
-            raise RequestError(f"get_sequence({index}): the batch holds one sequence (index 0)")
-        return np.asarray(self._seq, np.int32)
+        if not 0 <= index < self.batch:
+            raise RequestError(f"get_sequence({index}): the batch holds {self.batch} sequence(s)")
+        return np.asarray(self._rows[index], np.int32)
 
     def token_count(self) -> int:
         return len(self._seq)
 
     def get_logits(self) -> np.ndarray:
-        """The logits of the next position, [1, 1, vocab] float32 (the model runs first if they are stale)."""
+        """The logits of the next position, [batch, 1, vocab] float32 (the model runs first if they are stale)."""
         return self._current_logits().copy()
 
     def set_logits(self, logits):
@@ -165,6 +202,8 @@ class Generator:
         length = int(length)
         if not 0 <= length <= len(self._seq):
             raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
+        if self.batch > 1 and length != 0:  # onnxruntime-genai's rule and wording
+            raise RequestError("RewindToLength must be called with new_length=0 when batch_size > 1")
         keep = length - 1  # the last kept token is fed again: its logits are the next position's
         dec = self.pipe.decoder
         if keep <= 0 or keep > min(self._fed, dec.kv_length) or dec.io.state_pairs:
@@ -172,6 +211,8 @@ class Generator:
         else:
             dec.rewind(keep)
             self._fed = keep
-        del self._seq[length:]
+        for r in self._rows:
+            del r[length:]
         self._logits = None
+        self._finished = [False] * self.batch
         self._done = False

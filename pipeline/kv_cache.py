@@ -25,7 +25,9 @@ once from the graph by ``policy_for``:
   array and is fed back as the next step's past as it is;
 - ``CopiedKV``: each present holds every live row; the new rows are copied
   into a buffer that grows by doubling, whose live prefix is the next past
-  (onnxruntime, and native graphs whose caches feed more than attention).
+  (onnxruntime, and native graphs whose caches feed more than attention);
+  with ``ragged`` rows (a padded batch, each row at its own length) the
+  whole present is copied, since each row's new positions sit at its end.
 
 ``length`` is the live positions of every attention cache; ``rows`` maps
 each made cache to its ``Rows`` (buffer, sequence axis, live length).  A
@@ -134,6 +136,7 @@ class KVCache:
     ``_past``, ``_store`` and, where they keep rows past the live ones, ``_grow``, ``_rewind``."""
 
     in_place = False  # SharedKV: whether the last step appended into the buffers (no copy)
+    ragged = False    # rows of a batch hold different lengths: a present's new rows sit at each row's own end
 
     def __init__(self, spec: Callable[[str], CacheSpec], kv_inputs, windows: dict, max_length: int,
                  memory: Memory = HOST):
@@ -260,7 +263,8 @@ class CopiedKV(KVCache):
                 r = self.rows[n] = self._new_rows(n, self._capacity(total))
             if total > r.capacity:
                 self._regrow(r, kv_rows(total, None, self.max_length, r.capacity))
-            r.put(p, self.length, total)
+            # ragged rows: each row's new positions sit at its own end, so the present is kept whole
+            r.put(p, 0 if self.ragged else self.length, total)
             r.length = total
 
     def _regrow(self, r: Rows, rows: int):
@@ -332,6 +336,6 @@ class SharedKV(CopiedKV):
         self.in_place = not copied
         total = self.length + seq_len
         for n, p in copied.items():
-            rows[n].put(p, self.length, total)
+            rows[n].put(p, 0 if self.ragged else self.length, total)
         for n in presents:
             rows[n].length = total

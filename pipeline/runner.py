@@ -129,14 +129,15 @@ class Pipeline:
         for st in self._stages("prompt_only"):
             self._run_component(st.model, prompt, external)
 
-    def forward(self, cur, external, first: bool, want="logits"):
+    def forward(self, cur, external, first: bool, want="logits", lengths=None):
         """The every-step stages and the decoder over the new ids ``cur`` [batch, n], appended to what the
         decoder has seen (``first``: the sequence's first run, its prefill): what ``want`` asks of the decoder
-        (the last position's logits, their argmax, or ``"all"`` positions' logits)."""
+        (the last position's logits, their argmax, or ``"all"`` positions' logits).  ``lengths``: each row's
+        real new ids in a right-padded batch (``DecoderComponent.prefill``)."""
         for st in self._stages("every_step"):
             self._run_component(st.model, cur, external)
         fwd = self.decoder.prefill if first else self.decoder.step
-        return fwd(**self._decoder_input(cur), want=want)
+        return fwd(**self._decoder_input(cur), want=want, lengths=lengths)
 
     def prefill(self, run: "_Run"):
         """The prompt-only stages, then the decoder over the whole prompt: the first new token."""

@@ -167,7 +167,7 @@ def test_decoder_builds_masks_and_rank3_positions(continuation, batch):
     d.pipeline = SimpleNamespace(positions=Positions("position_ids", 3, continuation))
     d.batch, d.max_length = batch, 16
     d.cache = SimpleNamespace(length=0)
-    d._positions_max, d._ones = None, None
+    d._positions_max, d._ones, d.row_lengths = None, None, None
     f = d._extras(4, None)
     assert f["attention_mask"].shape == (batch, 4) and (f["attention_mask"] == 1).all()
     assert f["attention_mask"].flags.c_contiguous and f["position_ids"].flags.c_contiguous

@@ -172,6 +172,29 @@ def test_the_api_reports_what_onnxruntime_genai_reports(ort_genai):
     assert got == want
 
 
+def _batch(api, **kw):
+    """Three prompts of different lengths, right-padded, in one batch; the first row ends at once."""
+    m = api.Model(LLAMA, **kw)
+    tok = api.Tokenizer(m)
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=20, batch_size=3)
+    g = api.Generator(m, params)
+    g.append_tokens(tok.encode_batch(["hello", "hello world foo", "wor"]))
+    lg = g.get_logits()
+    lg[0, 0, 2] = 100.0  # EOS for the first row: it takes pads from then on
+    g.set_logits(lg)
+    while not g.is_done():
+        g.generate_next_token()
+    return [lg.shape] + [g.get_sequence(i).tolist() for i in range(3)]
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+def test_a_padded_batch_decodes_as_onnxruntime_genai_does(ort_genai, native):
+    """Each row of a right-padded batch keeps its own length (mask, positions, cache rows): its tokens are the
+    ones onnxruntime-genai gives, which are the ones the prompt gives alone."""
+    assert _batch(og, native=native) == _batch(ort_genai)
+
+
 def test_rewind_keeps_the_prefix_and_continues_as_a_fresh_sequence():
     model = og.Model(LLAMA, native="all")
     params = og.GeneratorParams(model)
@@ -223,7 +246,7 @@ def test_overlay_min_length_seed_and_what_one_sequence_refuses():
             gen.generate_next_token()
         return gen.get_sequence(0).tolist()
     assert sample(3) == sample(3) and sample(3) != sample(4)
-    for option in ({"num_beams": 2}, {"batch_size": 2}):
+    for option in ({"num_beams": 2}, {"num_return_sequences": 2}):
         p = og.GeneratorParams(model)
         p.set_search_options(**option)
         with pytest.raises(NotImplementedError, match=next(iter(option))):
@@ -261,6 +284,23 @@ def test_generate_streams_the_text_of_its_tokens(capsys):
     text, ids = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
     ids = json.loads(ids.split(": ", 1)[1])
     assert len(ids) == 6 and text == og.Tokenizer(og.Model(LLAMA, native="none")).decode(ids)
+
+
+def test_a_batch_file_decodes_as_one_batch_with_each_prompts_tokens(tmp_path, capsys, monkeypatch):
+    from pipeline.__main__ import main
+    prompts = ["hello", "hello world foo", "wor"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    base = ["generate", LLAMA, "--max-new-tokens", "4", "--native", "none"]
+    alone = []
+    for p in prompts:
+        assert main(base + ["--prompt", p]) == 0
+        alone.append(capsys.readouterr().out.rsplit("token_ids: ", 1)[1].strip())
+    calls = []
+    real = og.Generator.append_tokens
+    monkeypatch.setattr(og.Generator, "append_tokens", lambda g, ids: (calls.append(g.batch), real(g, ids))[1])
+    assert main(base + ["--batch-file", str(tmp_path / "p.txt")]) == 0
+    out = capsys.readouterr().out
+    assert calls == [3] and [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("token_ids")] == alone
 
 
 def test_chat_continues_the_cached_conversation(tmp_path, capsys, monkeypatch):

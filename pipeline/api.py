@@ -209,7 +209,9 @@ def _first(*values):
     return next(int(v) for v in values if v is not None)
 
 
-# onnxruntime-genai's search options: name -> (SearchOptions field, type).
+# onnxruntime-genai's search options: name -> (SearchOptions field, type).  ``diversity_penalty`` and
+# ``chunk_size`` are accepted and change no result, as in onnxruntime-genai 0.18 (which ignores the first and
+# uses the second only to split a long prefill).
 SEARCH_KEYS = {"batch_size": ("batch_size", int), "chunk_size": ("chunk_size", int),
                "diversity_penalty": ("diversity_penalty", float), "do_sample": ("do_sample", bool),
                "early_stopping": ("early_stopping", bool), "length_penalty": ("length_penalty", float),

@@ -185,6 +185,13 @@ class DecoderComponent:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         self.cache.rewind(length)
 
+    def reorder(self, rows):
+        """Row ``b`` of every cache and recurrent state becomes what row ``rows[b]`` held (beam search)."""
+        self.cache.reorder(rows)
+        idx = np.asarray(rows, np.int64)
+        for k, v in self.state.items():
+            self.state[k] = np.ascontiguousarray(self._host(v)[idx])
+
     def output_value(self, name):
         """A host copy of what the decoder keeps of its last run's output ``name``: a present (the cache's live
         rows) or a recurrent state; None for anything else."""

@@ -1,7 +1,9 @@
-"""onnxruntime-genai's ``Generator`` over a ``Pipeline``: one sequence that grows by appended and generated tokens.
+"""onnxruntime-genai's ``Generator`` over a ``Pipeline``: sequences that grow by appended and generated tokens.
 
-The decoder has seen the first ``_fed`` tokens of the sequence; the ones after (the token just generated) go
-in with the next model run.  ``_logits`` are the logits of the position after the whole sequence, or None
+The decoder runs the sequences as the rows of one batch: the batch's prompts (``batch_size``), or one prompt
+on every beam (``num_beams``, ``pipeline/beam_search.py``: each step reorders the caches between beams).  It
+has seen the first ``_fed`` tokens of every row; the ones after (the token just generated) go in with the next
+model run.  ``_logits`` are the logits of the position after the whole sequence, or None
 until a run computes them:
 
 - ``append_tokens(ids)`` runs the model at once over the unfed tokens and ``ids`` (the first run is the
@@ -15,23 +17,21 @@ until a run computes them:
 - ``get_output(name)`` is the last run's output: ``logits`` for every position it ran, a cache's present
   (the rows so far) or a recurrent state.
 
-As in onnxruntime-genai: token ids come back as int32 arrays, logits as float32 ``[batch, 1, vocab]``; the
+As in onnxruntime-genai: token ids come back as int32 arrays, logits as float32 ``[rows, 1, vocab]``; the
 sequence never passes ``max_length`` (checked before a run, with its messages); ``min_length`` keeps the EOS
-ids from being picked until the sequence is that long.  One sequence (``batch_size`` 1) with greedy search or
-sampling: batches and beam search are refused with an error that says so.
+ids from being picked until the sequence is that long.  A batch is right-padded (``Tokenizer.encode_batch``):
+each row keeps its own length in the decoder, a finished row takes pads, and ``rewind_to`` takes 0 only.  Beam
+search runs one prompt with greedy scores; ``get_sequence(i)`` is then the i-th best hypothesis.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .sampling import Sampler, without_ids
+from .beam_search import BeamSearch
+from .sampling import Sampler, repeated_ngram_ends, without_ids
 from .spec import RequestError
 
 __all__ = ["Generator"]
-
-# the search options whose other values this generator does not implement, with the value it runs
-_ONE_SEQUENCE = {"num_beams": 1, "num_return_sequences": 1}
-
 
 def _unpadded(ids: np.ndarray, pad: int) -> np.ndarray:
     """Each row's ids before its trailing pads (a right-padded [rows, n] block)."""
@@ -50,21 +50,24 @@ class Generator:
         ctx = model.spec.context_length
         if ctx and ml > int(ctx):
             raise RequestError(f"max_length ({ml}) cannot be greater than model context_length ({ctx})")
-        for k, v in _ONE_SEQUENCE.items():
-            if int(getattr(s, k)) != v:
-                raise NotImplementedError(f"search option {k}={getattr(s, k)}: this generator runs greedy search or "
-                                          f"sampling ({k} must be {v}; beam search is not implemented yet)")
+        nb, nrs = int(s.num_beams), int(s.num_return_sequences)
+        if nb < 1 or not 1 <= nrs <= nb:
+            raise RequestError(f"num_beams ({nb}) must be >= 1 and num_return_sequences ({nrs}) from 1 to num_beams")
         if int(s.batch_size) < 1:
             raise RequestError(f"batch_size must be >= 1, got {s.batch_size}")
+        if nb > 1 and (int(s.batch_size) > 1 or s.do_sample):
+            raise NotImplementedError(f"beam search (num_beams={nb}) runs one prompt with greedy scores "
+                                      f"(batch_size 1, do_sample off) in this generator")
         self.model, self.params, self.search = model, params, s
         self.max_length = ml
-        self.batch = int(s.batch_size)
+        self.beams = None if nb == 1 else BeamSearch(nb, s.length_penalty, s.early_stopping,
+                                                     model.spec.eos_token_ids or [], self._pad_id(model))
+        self.batch = nb if self.beams else int(s.batch_size)  # the decoder's rows: the beams, or the batch
         self.pipe = model.pipeline_for(ml, self.batch)
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
         self._eos = [int(t) for t in (model.spec.eos_token_ids or [])]
-        pad = model.spec.pad_token_id
-        self._pad = int(pad) if pad is not None else (self._eos[0] if self._eos else 0)
+        self._pad = self._pad_id(model)
         self._rows = [[] for _ in range(self.batch)]  # each row's token ids (a padded row keeps its pads)
         self._fed = 0          # how many of them the decoder has seen (the same for every row)
         self._logits = None    # [batch, 1, vocab] float32 for the position after the sequence, None when stale
@@ -72,6 +75,11 @@ class Generator:
         self._last_ids = None
         self._finished = [False] * self.batch
         self._done = False
+
+    @staticmethod
+    def _pad_id(model) -> int:
+        pad, eos = model.spec.pad_token_id, model.spec.eos_token_ids
+        return int(pad) if pad is not None else (int(eos[0]) if eos else 0)
 
     @property
     def _seq(self) -> list:
@@ -112,6 +120,10 @@ class Generator:
         a = np.asarray(ids.as_numpy() if hasattr(ids, "as_numpy") else ids, np.int64)
         if a.ndim <= 1:
             a = a.reshape(1, -1)
+        if self.beams is not None:  # one prompt, on every beam's row
+            if a.shape[0] != 1 or self._seq:
+                raise NotImplementedError("beam search takes one prompt, appended once before generating")
+            a = np.repeat(a, self.batch, axis=0)
         if a.ndim != 2 or a.shape[0] != self.batch:
             raise RequestError(f"append_tokens: expected token ids for {self.batch} row(s), got shape {list(a.shape)}")
         n = len(self._seq)
@@ -136,6 +148,14 @@ class Generator:
         logits = self._current_logits()[:, -1, :]
         if self._eos and len(self._seq) < int(self.search.min_length):
             logits = without_ids(logits, self._eos)
+        n = int(self.search.no_repeat_ngram_size)
+        if n > 0:
+            logits = np.array(logits, np.float32)
+            for b, row in enumerate(self._rows):
+                logits[b] = without_ids(logits[b], repeated_ngram_ends(row, n))
+        if self.beams is not None:
+            self._beam_step(logits)
+            return
         picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
         for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
             if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
@@ -146,10 +166,25 @@ class Generator:
         self._logits = None
         self._done = all(self._finished) or len(self._seq) >= self.max_length
 
+    def _beam_step(self, logits):
+        """One beam-search step: the new beams continue their parents' rows, caches reordered to match."""
+        tokens, parents = self.beams.step(logits, self._rows)
+        if parents != list(range(self.batch)):
+            self.pipe.decoder.reorder(parents)
+        self._rows = [self._rows[p] + [t] for p, t in zip(parents, tokens)]
+        self._logits = None
+        self._done = self.beams.done or len(self._seq) >= self.max_length
+
     def get_next_tokens(self) -> np.ndarray:
         return np.asarray([r[-1] for r in self._rows] if self._seq else [], np.int32)
 
     def get_sequence(self, index: int = 0) -> np.ndarray:
+        if self.beams is not None:  # the index-th best hypothesis (the open beams count once the search ends)
+            if not 0 <= index < int(self.search.num_return_sequences):
+                raise RequestError(f"get_sequence({index}): beam search returns "
+                                   f"{self.search.num_return_sequences} sequence(s)")
+            self.beams.finish(self._rows)
+            return np.asarray(self.beams.hypothesis(index), np.int32)
         if not 0 <= index < self.batch:
             raise RequestError(f"get_sequence({index}): the batch holds {self.batch} sequence(s)")
         return np.asarray(self._rows[index], np.int32)
@@ -202,6 +237,8 @@ class Generator:
         length = int(length)
         if not 0 <= length <= len(self._seq):
             raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
+        if self.beams is not None:
+            raise RequestError("RewindToLength is not supported with beam search")
         if self.batch > 1 and length != 0:  # onnxruntime-genai's rule and wording
             raise RequestError("RewindToLength must be called with new_length=0 when batch_size > 1")
         keep = length - 1  # the last kept token is fed again: its logits are the next position's

@@ -1,7 +1,7 @@
 """A decoder's KV caches: one interface, three policies, in host or device memory.
 
 A ``KVCache`` holds, for each KV input of a decoder, the positions the steps
-so far have written, behind six methods:
+so far have written, behind seven methods:
 
 - ``make_room(total)`` before a step that brings the caches to ``total``
   positions: refuses past ``max_length`` (nothing is written), grows buffers
@@ -10,7 +10,8 @@ so far have written, behind six methods:
 - ``store(presents, seq_len)`` after the step: keep its presents
   (``{input name: present}``), every one checked before any is written;
 - ``rewind(length)``, ``reset()``, ``reserve(positions)`` (how far the
-  coming request reaches: what new buffers are sized to).
+  coming request reaches: what new buffers are sized to), ``reorder(rows)``
+  (beam search: each row takes another row's contents, in place).
 
 Sliding-window caches (``windows``: input name -> capacity) are common to
 every policy: zeros of their capacity at first, then each step's present,
@@ -198,6 +199,17 @@ class KVCache:
             raise ValueError("a decoder with sliding-window caches cannot rewind (they keep no history)")
         self._rewind(length)
         self.length = length
+
+    def reorder(self, rows):
+        """Row ``b`` (batch axis 0) of every cache becomes what row ``rows[b]`` held (beam search), in the same
+        buffers; host memory only."""
+        idx = np.asarray(rows, np.int64)
+        for r in self.rows.values():
+            if not isinstance(r.buf, np.ndarray):
+                raise NotImplementedError("reordering device caches between beams is not implemented yet")
+            r.buf[...] = r.buf[idx]
+        for n, w in self.window.items():
+            self.window[n] = np.ascontiguousarray(np.asarray(w)[idx])
 
     def nbytes(self) -> int:
         """Bytes held by every cache buffer (live or not)."""

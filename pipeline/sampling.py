@@ -40,7 +40,7 @@ from numba import njit
 
 from .spec import SearchOptions
 
-__all__ = ["Sampler", "greedy_argmax", "without_ids"]
+__all__ = ["Sampler", "greedy_argmax", "without_ids", "repeated_ngram_ends"]
 
 _OPTS = dict(cache=True, nogil=True)
 # top-p without a top-k limit first tries the best _NUCLEUS_PROBE tokens (heap, no sort); when they do
@@ -58,6 +58,15 @@ def without_ids(logits, ids):
         if 0 <= int(i) < vocab:
             out[..., int(i)] = -np.inf
     return out
+
+
+def repeated_ngram_ends(row, n: int) -> list:
+    """The ids that would end an ``n``-gram already in ``row`` (``no_repeat_ngram_size``): those that follow,
+    somewhere in the row, the row's last ``n - 1`` ids."""
+    if n <= 0 or len(row) < n - 1:
+        return []
+    tail = list(row[len(row) - (n - 1):]) if n > 1 else []
+    return sorted({int(row[i + n - 1]) for i in range(len(row) - n + 1) if list(row[i:i + n - 1]) == tail})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pipeline as og
+from pipeline.spec import RequestError
 from fixtures import composite_vlm as V
 
 
@@ -195,6 +196,54 @@ def test_a_padded_batch_decodes_as_onnxruntime_genai_does(ort_genai, native):
     assert _batch(og, native=native) == _batch(ort_genai)
 
 
+def _beams(api, nb, nrs, early, penalty, eos_at=(), **kw):
+    """Beam search on one prompt: each step's beam tokens, then the returned sequences.  At the steps in
+    ``eos_at`` the first and last beams' logits are steered to EOS, so hypotheses end early."""
+    m = api.Model(LLAMA, **kw)
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=18, num_beams=nb, num_return_sequences=nrs, early_stopping=early,
+                              length_penalty=penalty)
+    g = api.Generator(m, params)
+    g.append_tokens(api.Tokenizer(m).encode("hello world"))
+    steps = []
+    while not g.is_done():
+        if len(steps) + 1 in eos_at:
+            lg = g.get_logits()
+            lg[0, 0, 2] = lg[0, 0].max() + 0.5
+            lg[-1, 0, 2] = lg[-1, 0].max() + 3.0
+            g.set_logits(lg)
+        g.generate_next_token()
+        steps.append(g.get_next_tokens().tolist())
+    return steps, [g.get_sequence(i).tolist() for i in range(nrs)]
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+@pytest.mark.parametrize("case", [(4, 4, False, 0.5, ()), (3, 2, False, 1.0, (3, 5, 6)), (4, 4, False, 3.0, (2, 6))])
+def test_beam_search_scores_as_onnxruntime_genai_does(ort_genai, native, case):
+    """Beams, their caches reordered each step, hypotheses ended by EOS and scored with the length penalty,
+    early stopping and num_return_sequences: the tokens of every step and the sequences are onnxruntime-genai's."""
+    got = _beams(og, *case[:4], eos_at=case[4], native=native)
+    assert got == _beams(ort_genai, *case[:4], eos_at=case[4])
+    assert len(got[0]) <= 18 - 7
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_no_repeat_ngram_size_as_onnxruntime_genai_applies_it(ort_genai, beams):
+    def run(api, **kw):
+        m = api.Model(LLAMA, **kw)
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=30, no_repeat_ngram_size=2, num_beams=beams)
+        g = api.Generator(m, params)
+        g.append_tokens([285, 79, 339])
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    got = run(og, native="all")
+    assert got == run(ort_genai)
+    pairs = list(zip(got, got[1:]))
+    assert len(pairs) == len(set(pairs))  # greedy alone repeats (482, 482) on this package
+
+
 def test_rewind_keeps_the_prefix_and_continues_as_a_fresh_sequence():
     model = og.Model(LLAMA, native="all")
     params = og.GeneratorParams(model)
@@ -246,11 +295,13 @@ def test_overlay_min_length_seed_and_what_one_sequence_refuses():
             gen.generate_next_token()
         return gen.get_sequence(0).tolist()
     assert sample(3) == sample(3) and sample(3) != sample(4)
-    for option in ({"num_beams": 2}, {"num_return_sequences": 2}):
-        p = og.GeneratorParams(model)
-        p.set_search_options(**option)
-        with pytest.raises(NotImplementedError, match=next(iter(option))):
-            og.Generator(model, p)
+    p = og.GeneratorParams(model)
+    p.set_search_options(num_beams=2, do_sample=True)
+    with pytest.raises(NotImplementedError, match="beam search"):
+        og.Generator(model, p)
+    p.set_search_options(num_beams=2, do_sample=False, num_return_sequences=3)
+    with pytest.raises(RequestError, match="num_return_sequences"):
+        og.Generator(model, p)
 
 
 def test_chat_templates_render_as_hugging_face_does():

@@ -106,6 +106,20 @@ class Model:
             self.choice = choice_from_names(self.spec, native if native is not None else "all", device)
         self.max_length = max_length
         self._pipeline = None
+        self._pad = None
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id that pads a batch's rows, one rule for the tokenizer and the generator: the package's, else
+        the tokenizer's, else the first EOS id, else 0."""
+        if self._pad is None:
+            pad = self.spec.pad_token_id
+            if pad is None and self.spec.tokenizer_dir:
+                from .tokenizer import Tokenizer as _Tok
+                pad = _Tok(self.spec.tokenizer_dir).pad_token_id
+            eos = self.spec.eos_token_ids
+            self._pad = int(pad) if pad is not None else (int(eos[0]) if eos else 0)
+        return self._pad
 
     @property
     def type(self) -> str:
@@ -161,6 +175,7 @@ class Tokenizer:
         spec = model.spec
         self.bos_token_id = _first(spec.bos_token_id, self._tok.bos_token_id, -1)
         self.pad_token_id = _first(spec.pad_token_id, self._tok.pad_token_id, -1)
+        self._fill = model.pad_token_id  # what encode_batch pads with: the id the generator takes for padding
         eos = list(spec.eos_token_ids or []) or ([self._tok.eos_token_id] if self._tok.eos_token_id is not None else [])
         self.eos_token_ids = np.asarray(eos, np.int32)
 
@@ -170,7 +185,7 @@ class Tokenizer:
     def encode_batch(self, texts) -> Tensor:
         """The encodings of ``texts`` as one [n, longest] int32 ``Tensor``, right-padded with the pad id."""
         rows = self._tok.encode_batch(list(texts))
-        out = np.full((len(rows), max((len(r) for r in rows), default=0)), max(self.pad_token_id, 0), np.int32)
+        out = np.full((len(rows), max((len(r) for r in rows), default=0)), self._fill, np.int32)
         for i, r in enumerate(rows):
             out[i, :len(r)] = r
         return Tensor(out)

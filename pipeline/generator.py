@@ -61,13 +61,13 @@ class Generator:
         self.model, self.params, self.search = model, params, s
         self.max_length = ml
         self.beams = None if nb == 1 else BeamSearch(nb, s.length_penalty, s.early_stopping,
-                                                     model.spec.eos_token_ids or [], self._pad_id(model))
+                                                     model.spec.eos_token_ids or [], model.pad_token_id)
         self.batch = nb if self.beams else int(s.batch_size)  # the decoder's rows: the beams, or the batch
         self.pipe = model.pipeline_for(ml, self.batch)
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
         self._eos = [int(t) for t in (model.spec.eos_token_ids or [])]
-        self._pad = self._pad_id(model)
+        self._pad = model.pad_token_id
         self._rows = [[] for _ in range(self.batch)]  # each row's token ids (a padded row keeps its pads)
         self._fed = 0          # how many of them the decoder has seen (the same for every row)
         self._logits = None    # [batch, 1, vocab] float32 for the position after the sequence, None when stale
@@ -75,11 +75,6 @@ class Generator:
         self._last_ids = None
         self._finished = [False] * self.batch
         self._done = False
-
-    @staticmethod
-    def _pad_id(model) -> int:
-        pad, eos = model.spec.pad_token_id, model.spec.eos_token_ids
-        return int(pad) if pad is not None else (int(eos[0]) if eos else 0)
 
     @property
     def _seq(self) -> list:
@@ -94,6 +89,9 @@ class Generator:
         lengths = None
         if self.batch > 1:  # each row's real ids: the unfed token and the new ids before the padding
             lengths = unfed.shape[1] + _unpadded(new, self._pad)
+            if lengths.min() < 1:
+                raise RequestError(f"append_tokens: row {int(np.argmin(lengths))} holds only pads "
+                                   f"({self._pad}); each row needs at least one token")
         first = self._fed == 0
         if first:
             self.pipe.begin(cur, self.external, self.max_length)

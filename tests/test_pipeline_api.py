@@ -244,6 +244,34 @@ def test_no_repeat_ngram_size_as_onnxruntime_genai_applies_it(ort_genai, beams):
     assert len(pairs) == len(set(pairs))  # greedy alone repeats (482, 482) on this package
 
 
+def test_a_batch_pads_with_the_id_the_generator_reads_as_padding(tmp_path):
+    """Without a pad id in genai_config.json, encode_batch and the generator still agree on one (the
+    tokenizer's): each row decodes as its prompt does alone.  A row of nothing but pads is refused."""
+    import shutil
+    pkg = tmp_path / "nopad"
+    shutil.copytree(LLAMA, pkg)
+    cfg = json.loads((pkg / "genai_config.json").read_text())
+    del cfg["model"]["pad_token_id"]
+    (pkg / "genai_config.json").write_text(json.dumps(cfg))
+    model = og.Model(str(pkg), native="none")
+    tok = og.Tokenizer(model)
+    prompts = ["hello", "hello world foo"]
+
+    def run(batch, ids):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=16, batch_size=batch)
+        g = og.Generator(model, params)
+        g.append_tokens(ids)
+        for _ in range(4):
+            g.generate_next_token()
+        return g
+    g = run(2, tok.encode_batch(prompts))
+    assert [g.get_sequence(i).tolist()[-4:] for i in range(2)] == \
+        [run(1, tok.encode(p)).get_sequence(0).tolist()[-4:] for p in prompts]
+    with pytest.raises(RequestError, match="row 0 holds only pads"):
+        run(2, np.full((2, 3), model.pad_token_id, np.int32))
+
+
 def test_rewind_keeps_the_prefix_and_continues_as_a_fresh_sequence():
     model = og.Model(LLAMA, native="all")
     params = og.GeneratorParams(model)

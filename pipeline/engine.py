@@ -1,0 +1,473 @@
+"""The serving engine: many requests share one decoder, joining and leaving the running batch between steps.
+
+    engine = Engine("path/to/package", max_batch=8)
+    req = engine.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.7, seed=1))
+    engine.run()                        # or engine.start() to step on a thread of its own
+    print(req.output, req.finish_reason)
+
+Each step (``step``): new requests are admitted while the batch has room and the pool has the blocks for
+their prompt (first come, first served); one prefill chunk of at most ``prefill_chunk`` tokens runs for the
+oldest request still in its prompt, alone; then one decode step runs for every request past its prompt,
+together, one new token each.  Requests are sampled each with its own ``Sampler`` (their own seed, so a seeded
+request gives the same tokens whatever else runs).
+
+The KV cache is paged (``pipeline/paged.py``, ``pipeline/paged_kv.py``): a request's blocks are allocated as its
+positions need them and returned when it finishes or is cancelled.  With the prefix cache on, a prompt's
+leading full blocks that an earlier request computed (a shared system prompt, an earlier turn) are reused and
+only the rest is computed.  When a decode step needs a block and none is free, the most recently admitted
+request is preempted: its blocks are returned and it waits to be computed again from its tokens so far
+(it resumes with the tokens it already streamed, none repeated).
+
+Hybrid decoders (recurrent or convolution state pairs) keep each request's state beside its blocks; their
+prefix cache is off (a block's keys would not restore the state), and the engine says so in its log.
+
+Greedy output of a request does not depend on its batch: every kernel computes a row from that row alone.
+
+Invariants: blocks in use are exactly the blocks of running requests (``pool.in_use()`` is 0 once every request
+has ended); a request's token stream never repeats or skips a token; errors in a step fail the requests
+that were in it (``finish_reason == "error"``, the error kept in ``error``), never the engine.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .paged import PagedDecoder
+from .paged_kv import BlockPool, PoolExhausted, chain_keys
+from .sampling import Sampler
+from .spec import RequestError, SearchOptions
+
+__all__ = ["Engine", "Request", "SamplingParams", "WAITING", "RUNNING", "FINISHED"]
+
+log = logging.getLogger(__name__)
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass
+class SamplingParams:
+    """A request's generation options (OpenAI's names): ``temperature`` 0 is greedy; ``top_k`` 0 is no limit;
+    ``stop_token_ids`` end the request besides the package's EOS ids (unless ``ignore_eos``)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple = ()
+    ignore_eos: bool = False
+
+    def check(self):
+        if int(self.max_tokens) < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not (float(self.temperature) >= 0):
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 < float(self.top_p) <= 1):
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if int(self.top_k) < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not (float(self.repetition_penalty) > 0):
+            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    def search_options(self) -> SearchOptions:
+        sample = float(self.temperature) > 0
+        return SearchOptions(do_sample=sample, temperature=float(self.temperature) if sample else 1.0,
+                             top_p=float(self.top_p), top_k=int(self.top_k), seed=self.seed,
+                             repetition_penalty=float(self.repetition_penalty))
+
+
+class Request:
+    """One request: its tokens (prompt, then output), its blocks and its stream.  ``output`` grows as tokens
+    are sampled; ``stream()`` yields them as they come; ``wait()`` blocks until the request ends."""
+
+    def __init__(self, rid, prompt, params: SamplingParams, eos: tuple):
+        self.id = rid
+        self.prompt = [int(t) for t in prompt]
+        self.params = params
+        self.tokens = list(self.prompt)
+        self.output = []
+        self.status = WAITING
+        self.finish_reason = None   # "stop", "length", "cancelled", "error"
+        self.error = None
+        self.blocks = []            # block table
+        self.keys = []              # chain keys of the full blocks computed so far
+        self.computed = 0           # positions in the cache
+        self.prefilled = False
+        self.state = None           # a hybrid decoder's recurrent state (batch 1)
+        self.cancelled = False
+        self.preemptions = 0
+        self.reused = 0             # prompt positions taken from the prefix cache at the last admission
+        self.sampler = Sampler(params.search_options())
+        self._stop = set(int(t) for t in params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
+        self.arrival = time.perf_counter()
+        self.first_token_at = None
+        self.finished_at = None
+        self._cond = threading.Condition()
+        self._listeners = []
+
+    # -- for the engine ----------------------------------------------------------------------------
+    def _emit(self, token: int):
+        with self._cond:
+            self.tokens.append(token)
+            self.output.append(token)
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+            self._cond.notify_all()
+        self._notify()
+
+    def _end(self, reason: str, error=None):
+        with self._cond:
+            self.status = FINISHED
+            self.finish_reason = reason
+            self.error = error
+            self.finished_at = time.perf_counter()
+            self._cond.notify_all()
+        self._notify()
+
+    def _notify(self):
+        for fn in list(self._listeners):
+            fn()
+
+    def _done_after(self, token: int) -> str | None:
+        if token in self._stop:
+            return "stop"
+        if len(self.output) >= int(self.params.max_tokens):
+            return "length"
+        return None
+
+    # -- for the caller ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.status == FINISHED
+
+    def add_listener(self, fn):
+        """``fn()`` is called (on the engine's thread) after each new token and when the request ends."""
+        self._listeners.append(fn)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.status == FINISHED, timeout)
+
+    def stream(self, timeout: float | None = None):
+        """The output tokens as they are sampled, until the request ends."""
+        k = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self.output) > k or self.status == FINISHED, timeout)
+                new = self.output[k:]
+                ended = self.status == FINISHED
+            yield from new
+            k += len(new)
+            if ended and k == len(self.output):
+                return
+
+    def __repr__(self):
+        return f"Request({self.id!r}, {self.status}, prompt={len(self.prompt)}, output={len(self.output)})"
+
+
+class Engine:
+    """Continuous batching over a paged KV cache for one GenAI package's decoder (run natively).
+
+    ``block_size`` positions per block; ``num_blocks`` (default: ``max_batch`` full contexts of at most
+    ``max_model_len`` positions); ``max_batch`` requests decode together; ``prefill_chunk`` prompt tokens at
+    most per step; ``max_model_len`` (default the package's context length, capped at 4096) bounds prompt plus
+    ``max_tokens``."""
+
+    def __init__(self, package, *, block_size: int = 16, num_blocks: int | None = None, max_batch: int = 8,
+                 prefix_cache: bool = True, prefill_chunk: int = 512, max_model_len: int | None = None,
+                 providers=None, session_options=None):
+        from .metadata import load_package
+        self.spec = package if hasattr(package, "decoder") else load_package(package)
+        spec = self.spec
+        if max_batch < 1 or prefill_chunk < 1 or block_size < 1:
+            raise ValueError("max_batch, prefill_chunk and block_size must be positive")
+        ctx = int(spec.context_length or spec.search.max_length or 4096)
+        self.max_model_len = int(max_model_len or min(ctx, 4096))
+        self.block_size = int(block_size)
+        self.max_batch = int(max_batch)
+        self.prefill_chunk = int(prefill_chunk)
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+        if num_blocks is None:
+            num_blocks = self.max_batch * self.max_blocks
+        self.decoder = PagedDecoder(spec, num_blocks, self.block_size, providers, session_options)
+        hybrid = bool(self.decoder.state_inputs)
+        if hybrid and prefix_cache:
+            log.info("prefix cache off: decoder %r carries recurrent state (%s), which cached blocks cannot "
+                     "restore", spec.decoder.name, ", ".join(self.decoder.state_inputs))
+            prefix_cache = False
+        self.hybrid = hybrid
+        self.pool = BlockPool(int(num_blocks), self.block_size, prefix_cache)
+        self.eos = tuple(int(t) for t in (spec.eos_token_ids or ()))
+        self.vocab = spec.vocab_size
+        self.waiting = deque()
+        self.running = []
+        self.requests = {}
+        self._ids = itertools.count()
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._thread = None
+        self._stop = False
+        self.counters = dict(requests=0, finished=0, cancelled=0, errors=0, preemptions=0, prompt_tokens=0,
+                             computed_prompt_tokens=0, generated_tokens=0, steps=0)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, prompt, params: SamplingParams | None = None, request_id=None) -> Request:
+        """Queue a request; ``RequestError`` when it cannot be served (nothing is queued then)."""
+        params = params or SamplingParams()
+        params.check()
+        prompt = [int(t) for t in np.asarray(prompt, np.int64).reshape(-1)]
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        if self.vocab and (min(prompt) < 0 or max(prompt) >= self.vocab):
+            bad = [t for t in prompt if t < 0 or t >= self.vocab][:3]
+            raise RequestError(f"prompt token ids {bad} are outside the vocabulary [0, {self.vocab})")
+        if len(prompt) + int(params.max_tokens) > self.max_model_len:
+            raise RequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                               f"the model's context of {self.max_model_len} tokens")
+        need = -(-(len(prompt) + int(params.max_tokens)) // self.block_size)
+        if need > self.pool.num_blocks:
+            raise RequestError(f"the request needs {need} KV blocks; the pool has {self.pool.num_blocks}")
+        with self._lock:
+            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+            if rid in self.requests and not self.requests[rid].done:
+                raise RequestError(f"request id {rid!r} is already running")
+            r = Request(rid, prompt, params, self.eos)
+            self.requests[rid] = r
+            self.waiting.append(r)
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += len(prompt)
+            self._wake.notify_all()
+        return r
+
+    def cancel(self, request) -> bool:
+        """End a request (a ``Request`` or its id) now: its blocks go back to the pool before the next step.
+        False when it had already ended or is unknown."""
+        with self._lock:
+            r = request if isinstance(request, Request) else self.requests.get(request)
+            if r is None or r.done:
+                return False
+            if r in self.waiting:
+                self.waiting.remove(r)
+            if r in self.running:
+                self.running.remove(r)
+            self._free(r)
+            self.counters["cancelled"] += 1
+            r.cancelled = True
+            r._end("cancelled")
+            self._wake.notify_all()
+            return True
+
+    def _free(self, r: Request):
+        self.pool.release(r.blocks)
+        r.blocks = []
+        r.keys = []
+        r.computed = 0
+        r.prefilled = False
+        r.state = None
+
+    # -- scheduling --------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _admit(self, r: Request) -> bool:
+        """Give ``r`` the blocks of its tokens so far (reusing cached prefix blocks); False when the pool is
+        short (nothing is held then)."""
+        bs = self.block_size
+        keys = chain_keys(r.tokens[:len(r.tokens) - 1], bs) if self.pool.prefix_cache else []
+        hit = self.pool.match(keys)
+        need = -(-len(r.tokens) // bs) - len(hit)
+        if need > self.pool.free_blocks():
+            self.pool.release(hit)
+            return False
+        r.blocks = hit + [self.pool.allocate() for _ in range(need)]
+        r.keys = keys[:len(hit)]
+        r.computed = len(hit) * bs
+        r.reused = r.computed
+        r.state = self.decoder.state_zeros() if self.hybrid else None
+        return True
+
+    def _register(self, r: Request):
+        """Key the request's newly full blocks, so later prompts that share them can reuse them."""
+        if not self.pool.prefix_cache:
+            return
+        full = r.computed // self.block_size
+        if full > len(r.keys):
+            start = r.keys[-1] if r.keys else b""
+            new = chain_keys(r.tokens, self.block_size, start, len(r.keys), full - len(r.keys))
+            for i, k in enumerate(new, start=len(r.keys)):
+                self.pool.register(r.blocks[i], k)
+            r.keys.extend(new)
+
+    def _preempt_one(self, keep: Request) -> bool:
+        """Return the blocks of the most recently admitted running request other than ``keep``; it waits at
+        the head of the queue to be computed again."""
+        for victim in reversed(self.running):
+            if victim is not keep:
+                self.running.remove(victim)
+                self._free(victim)
+                victim.status = WAITING
+                victim.preemptions += 1
+                self.counters["preemptions"] += 1
+                self.waiting.appendleft(victim)
+                log.info("preempted %s: the KV pool is full", victim.id)
+                return True
+        return False
+
+    def _slot(self, r: Request) -> bool:
+        """A block for position ``r.computed``, preempting others if needed; False when ``r`` itself had to go."""
+        if r.computed < len(r.blocks) * self.block_size:
+            return True
+        while True:
+            try:
+                r.blocks.append(self.pool.allocate())
+                return True
+            except PoolExhausted:
+                if not self._preempt_one(r):
+                    return False
+
+    # -- stepping ----------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One engine step (admission, one prefill chunk, one decode step); False when there was nothing to do."""
+        with self._lock:
+            while self.waiting and len(self.running) < self.max_batch:
+                r = self.waiting[0]
+                if not self._admit(r):
+                    break
+                self.waiting.popleft()
+                r.status = RUNNING
+                self.running.append(r)
+                self.counters["computed_prompt_tokens"] += len(r.tokens) - r.computed
+            pre = next((r for r in self.running if not r.prefilled), None)
+            work = pre is not None
+            if pre is not None:
+                self._guarded([pre], self._prefill_chunk)
+            dec = [r for r in self.running if r.prefilled]
+            if dec:
+                work = True
+                self._guarded(dec, self._decode)
+            if work:
+                self.counters["steps"] += 1
+            return work
+
+    def _guarded(self, rows, fn):
+        try:
+            fn(rows)
+        except Exception as exc:  # the rows' requests fail; the engine and the other requests go on
+            log.exception("engine step failed for %s", [r.id for r in rows])
+            for r in rows:
+                if r in self.running:
+                    self.running.remove(r)
+                    self._free(r)
+                    self.counters["errors"] += 1
+                    r._end("error", exc)
+
+    def _table(self, rows):
+        width = max(len(r.blocks) for r in rows)
+        t = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            t[i, :len(r.blocks)] = r.blocks
+        return t
+
+    def _prefill_chunk(self, rows):
+        r = rows[0]
+        n = min(len(r.tokens) - r.computed, self.prefill_chunk)
+        toks = np.asarray(r.tokens[r.computed:r.computed + n], np.int64)[None, :]
+        logits, states = self.decoder.run(toks, [r.computed + n], self._table([r]), r.state)
+        if states:
+            r.state = states
+        r.computed += n
+        self._register(r)
+        if r.computed == len(r.tokens):
+            r.prefilled = True
+            self._sample([r], logits)
+
+    def _decode(self, rows):
+        for r in rows:
+            if r in self.running and not self._slot(r):  # nothing else to preempt: ``r`` waits its turn
+                self.running.remove(r)
+                self._free(r)
+                r.status = WAITING
+                self.waiting.appendleft(r)
+        rows = [r for r in rows if r in self.running]  # a later slot may have preempted an earlier row
+        if not rows:
+            return
+        toks = np.asarray([[r.tokens[-1]] for r in rows], np.int64)
+        totals = [r.computed + 1 for r in rows]
+        states = None
+        if self.hybrid:
+            states = {k: np.concatenate([r.state[k] for r in rows], axis=0) for k in self.decoder.state_inputs}
+        logits, new_states = self.decoder.run(toks, totals, self._table(rows), states)
+        for i, r in enumerate(rows):
+            r.computed += 1
+            if new_states:
+                r.state = {k: np.ascontiguousarray(v[i:i + 1]) for k, v in new_states.items()}
+            self._register(r)
+        self._sample(rows, logits)
+
+    def _sample(self, rows, logits):
+        for i, r in enumerate(rows):
+            tok = int(r.sampler.next_token(logits[i], r.tokens if r.params.repetition_penalty != 1 else None))
+            r._emit(tok)
+            self.counters["generated_tokens"] += 1
+            reason = r._done_after(tok)
+            if reason is None and len(r.tokens) >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.running.remove(r)
+                self._free(r)
+                self.counters["finished"] += 1
+                r._end(reason)
+
+    # -- driving -----------------------------------------------------------------------------------
+    def run(self):
+        """Step until every submitted request has ended (on the calling thread)."""
+        while self.step():
+            pass
+
+    def generate(self, prompts, params: SamplingParams | None = None) -> list:
+        """Submit ``prompts`` (lists of ids), run them to the end, return each one's output ids."""
+        reqs = [self.submit(p, params) for p in prompts]
+        self.run()
+        return [r.output for r in reqs]
+
+    def start(self):
+        """Step on a thread of this engine's own until ``shutdown``."""
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="onnx-numba-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            with self._lock:
+                while not self._stop and not self.has_work:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.step()
+
+    def shutdown(self):
+        """Stop the stepping thread; requests still queued or running are cancelled."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for r in list(self.waiting) + list(self.running):
+            self.cancel(r)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self.counters, waiting=len(self.waiting), running=len(self.running),
+                        kv_blocks_total=self.pool.num_blocks, kv_blocks_in_use=self.pool.in_use(),
+                        kv_blocks_cached=self.pool.cached(), prefix_hit_blocks=self.pool.hits,
+                        kv_evictions=self.pool.evictions)

@@ -1,0 +1,218 @@
+"""A decoder over a paged KV cache: its GroupQueryAttention nodes read and write pools of fixed-size blocks.
+
+``MakePaged`` is a graph pass over the decoder's IR: every com.microsoft GroupQueryAttention whose past caches
+are graph inputs becomes ``onnx_numba::PagedGroupQueryAttention`` (``ops/paged_attention.py``), reading the
+same input names as pools ``(num_blocks, kv_num_heads, block_size, head_size)`` and one new graph input
+``block_table`` ``(batch, max_blocks)``; the present outputs are dropped (the op writes the pools in place).
+A decoder it cannot serve raises ``PagedUnsupportedError`` saying which node and why: a cache read by
+anything but GroupQueryAttention, a windowed cache, position ids or an attention bias fed to the attention.
+
+``PagedDecoder`` runs the rewritten graph natively: ``run(tokens, totals, tables, states)`` takes a batch of
+rows, each with its own number of positions after the step (``totals``) and its own block table, and returns
+the logits of each row's last position (and the recurrent state outputs of a hybrid decoder).  The attention
+mask it feeds is what the graph derives ``seqlens_k`` and ``total_sequence_length`` from: row ``b`` has
+``totals[b]`` ones.  The rows of one call are all prefill (one row, any number of new tokens) or all decode
+(one new token each): ``tokens`` is ``(batch, new)``.
+
+Invariants: the pools are allocated once (``np.zeros``: pages are touched as blocks fill) and fed whole,
+never copied; every block id and position is checked by the op before it reads or writes memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.passes.base import Pass, PassResult
+
+from .components import decoder_options, np_type
+from .spec import MetadataError
+
+__all__ = ["MakePaged", "PagedDecoder", "PagedUnsupportedError", "BLOCK_TABLE"]
+
+BLOCK_TABLE = "block_table"
+_MS = "com.microsoft"
+_GQA_INPUTS = 12  # query .. head_sink; past those (quantized caches, qk norms) are refused
+
+
+class PagedUnsupportedError(MetadataError):
+    """The decoder has something the paged cache cannot serve; the message names the node and what."""
+
+
+class MakePaged(Pass):
+    """GroupQueryAttention nodes over graph-input caches become paged; ``kv_pairs``: (past input, present output)
+    of every attention cache.  Records ``layers``: past key name -> (kv heads, head size)."""
+
+    name = "make_paged"
+
+    def __init__(self, kv_pairs, head_size: int | None = None):
+        self.kv_pairs = list(kv_pairs)
+        self.head_size = head_size
+        self.layers = {}
+
+    def call(self, graph) -> PassResult:
+        from ops.paged_attention import DOMAIN, OP, bind_paged
+        from ops.registry import OpContext
+        inputs = {v.name: v for v in graph.inputs}
+        past = {i for i, _ in self.kv_pairs}
+        presents = {o for _, o in self.kv_pairs}
+        readers = graph.consumers()
+        for name in past:
+            if name not in inputs:
+                raise PagedUnsupportedError(f"cache {name!r} is not an input of the decoder")
+            for n in readers.get(name, ()):
+                if n.op_type != "GroupQueryAttention" or n.domain != _MS or name not in n.inputs[3:5]:
+                    raise PagedUnsupportedError(f"cache {name!r} is read by node {n.name!r} ({n.domain or 'ai.onnx'}"
+                                                f"::{n.op_type}); the paged cache serves caches that only "
+                                                f"GroupQueryAttention reads")
+        changed = False
+        for k, n in enumerate(graph.nodes):
+            if n.op_type != "GroupQueryAttention" or n.domain != _MS:
+                continue
+            ins = list(n.inputs) + [""] * (_GQA_INPUTS - len(n.inputs))
+            where = f"node {n.name!r} (GroupQueryAttention)"
+            if ins[3] not in past or ins[4] not in past:
+                raise PagedUnsupportedError(f"{where}: its past caches {ins[3:5]} are not the decoder's cache "
+                                            f"inputs")
+            if any(ins[9:]) or len(n.inputs) > _GQA_INPUTS:
+                raise PagedUnsupportedError(f"{where}: position_ids, attention_bias, head_sink and the inputs "
+                                            f"after them are not supported by the paged attention")
+            if any(o for o in n.outputs[3:]):
+                raise PagedUnsupportedError(f"{where}: the output_qk output is not supported")
+            for o in n.outputs[1:3]:
+                if o and (o not in presents or readers.get(o)):
+                    raise PagedUnsupportedError(f"{where}: present {o!r} is read inside the graph")
+            ctx = OpContext(name=n.name, op_type=OP, domain=DOMAIN, opset=1, attrs=n.attrs, n_inputs=10,
+                            n_outputs=1, outputs_used=[True], node=n, output_types=[None])
+            try:
+                b = bind_paged(ctx, **n.attrs)
+            except Exception as exc:
+                raise PagedUnsupportedError(f"{where}: {exc}") from None
+            d = self._head_size(inputs[ins[3]], b, graph, ins[0])
+            self.layers[ins[3]] = (b.kvH, d)
+            self.layers[ins[4]] = (b.kvH, d)
+            n.op_type, n.domain, n.opset = OP, DOMAIN, 1
+            n.inputs = ins[:3] + [ins[3], ins[4], BLOCK_TABLE] + ins[5:9]
+            n.outputs = n.outputs[:1]
+            n.attr_protos = None
+            graph.nodes[k] = n
+            changed = True
+        missing = past - set(self.layers)
+        if missing:
+            raise PagedUnsupportedError(f"caches {sorted(missing)} are read by no GroupQueryAttention")
+        if changed:
+            self._retype(graph, presents)
+        return PassResult(changed)
+
+    def _head_size(self, past_vi, b, graph, query) -> int:
+        shape = past_vi.shape or ()
+        if len(shape) == 4 and isinstance(shape[3], int):
+            return int(shape[3])
+        if self.head_size:
+            return int(self.head_size)
+        raise PagedUnsupportedError(f"cache {past_vi.name!r}: its head size is not static and the package does "
+                                    f"not say it")
+
+    def _retype(self, graph, presents):
+        from runtime.ir import ValueInfo
+        from ops.paged_attention import DOMAIN
+        for v in graph.inputs:
+            if v.name in self.layers:
+                kvh, d = self.layers[v.name]
+                v.shape, v.dtype, v.elem_type, v.type_proto = ("num_blocks", kvh, "block_size", d), \
+                    np.dtype(np.float32), 1, None
+                graph.value_info.pop(v.name, None)
+        graph.inputs.append(ValueInfo(BLOCK_TABLE, np.dtype(np.int32), ("batch_size", "max_blocks"), 6))
+        graph.outputs = [v for v in graph.outputs if v.name not in presents]
+        for p in presents:
+            graph.value_info.pop(p, None)
+        graph.opsets[DOMAIN] = 1
+        if hasattr(graph, "_taken"):
+            graph._taken.add(BLOCK_TABLE)
+
+
+class PagedDecoder:
+    """The package's decoder, rewritten by ``MakePaged`` and planned natively, with its pools."""
+
+    def __init__(self, spec, num_blocks: int, block_size: int, providers=None, options=None):
+        from runtime import InferenceSession
+        from runtime.loader import load_graph
+        dec = spec.decoder
+        io = dec.io
+        self.spec = spec
+        self.io = io
+        if io.sequence_source != "token_ids" or not io.token_input:
+            raise PagedUnsupportedError(f"decoder {dec.name!r} reads inputs_embeds: the engine feeds token ids")
+        if not io.attention_mask_input:
+            raise PagedUnsupportedError(f"decoder {dec.name!r} has no attention mask input")
+        self.block_size = int(block_size)
+        self.num_blocks = int(num_blocks)
+        graph = load_graph(dec.filename)
+        pas = MakePaged(zip(io.kv_inputs, io.kv_outputs), spec.head_size)
+        pas(graph)
+        options = decoder_options(options, "ONNX_NUMBA_COMPILED_REGIONS", "compiled_regions")
+        options.kv_share_buffer = True  # the pools are donated to the one node that writes them
+        self.session = InferenceSession(graph, options, providers=providers)
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self._order = [i.name for i in self.session.get_inputs()]
+        outs = [o.name for o in self.session.get_outputs()]
+        self._logits_at = outs.index(io.logits_output)
+        self._state_at = {p.input: outs.index(p.output) for p in io.state_pairs}
+        self.pools = {name: np.zeros((self.num_blocks, kvh, self.block_size, d), np.float32)
+                      for name, (kvh, d) in pas.layers.items()}
+        self.bytes_per_block = sum(p[0].nbytes for p in self.pools.values())
+        pos = spec.positions
+        self._pos_name = io.position_ids_input or (pos.input if pos is not None else None)
+        if self._pos_name not in self.inputs:
+            self._pos_name = None
+        elif pos is not None and pos.rank == 3:
+            raise PagedUnsupportedError(f"decoder {dec.name!r} takes rank-3 (mrope) positions")
+        self.state_inputs = [p.input for p in io.state_pairs]
+        self._token_type = np_type(self.inputs[io.token_input].type)
+        self._mask_type = np_type(self.inputs[io.attention_mask_input].type)
+        self._ones = np.ones((1, 1), self._mask_type)
+
+    def state_zeros(self):
+        """One sequence's recurrent state (batch 1), zeros: input name -> array."""
+        out = {}
+        for name in self.state_inputs:
+            shape = [1 if k == 0 else d for k, d in enumerate(self.inputs[name].shape)]
+            if any(not isinstance(d, int) for d in shape):
+                raise PagedUnsupportedError(f"state input {name!r} has shape {self.inputs[name].shape}: only its "
+                                            f"batch axis may be symbolic")
+            out[name] = np.zeros(shape, np_type(self.inputs[name].type))
+        return out
+
+    def run(self, tokens, totals, tables, states=None):
+        """``tokens`` (B, S) ids, ``totals`` (B,) positions after the step, ``tables`` (B, M) block ids: the last
+        position's logits of each row (B, vocab) and the state outputs (input name -> (B, ...)), or {}."""
+        tokens = np.ascontiguousarray(tokens, dtype=self._token_type)
+        B, S = tokens.shape
+        totals = np.asarray(totals, np.int64)
+        width = int(totals.max())
+        if self._ones.shape[1] < width:
+            self._ones = np.ones((1, max(width, 2 * self._ones.shape[1])), self._mask_type)
+        if B == 1:
+            mask = self._ones[:, :width]
+        else:
+            mask = (np.arange(width)[None, :] < totals[:, None]).astype(self._mask_type)
+        feeds = {self.io.token_input: tokens, self.io.attention_mask_input: mask,
+                 BLOCK_TABLE: np.ascontiguousarray(tables, dtype=np.int32)}
+        if self._pos_name:
+            t = np_type(self.inputs[self._pos_name].type)
+            feeds[self._pos_name] = ((totals - S)[:, None] + np.arange(S)[None, :]).astype(t)
+        feeds.update(self.pools)
+        if states:
+            feeds.update(states)
+        opt = self.io.optional_inputs or {}
+        vals = []
+        for n in self._order:
+            v = feeds.get(n)
+            if v is None:
+                absent = opt.get(n)
+                if absent is None:
+                    raise MetadataError(f"decoder input {n!r}: nothing provides it")
+                v = np.zeros(absent.shape, absent.dtype)
+            vals.append(v)
+        outs = self.session.run_prepared(vals)
+        logits = outs[self._logits_at]
+        last = logits[:, -1, :] if logits.ndim == 3 else logits
+        return np.ascontiguousarray(last, dtype=np.float32), {n: outs[k] for n, k in self._state_at.items()}

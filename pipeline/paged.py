@@ -163,8 +163,8 @@ class PagedDecoder:
         self._pos_name = io.position_ids_input or (pos.input if pos is not None else None)
         if self._pos_name not in self.inputs:
             self._pos_name = None
-        elif pos is not None and pos.rank == 3:
-            raise PagedUnsupportedError(f"decoder {dec.name!r} takes rank-3 (mrope) positions")
+        # rank-3 (mrope) positions: text only, each of the three streams at the token's position
+        self._pos_rank = pos.rank if pos is not None and self._pos_name == pos.input else 2
         self.state_inputs = [p.input for p in io.state_pairs]
         self._token_type = np_type(self.inputs[io.token_input].type)
         self._mask_type = np_type(self.inputs[io.attention_mask_input].type)
@@ -198,7 +198,9 @@ class PagedDecoder:
                  BLOCK_TABLE: np.ascontiguousarray(tables, dtype=np.int32)}
         if self._pos_name:
             t = np_type(self.inputs[self._pos_name].type)
-            feeds[self._pos_name] = ((totals - S)[:, None] + np.arange(S)[None, :]).astype(t)
+            ids = ((totals - S)[:, None] + np.arange(S)[None, :]).astype(t)
+            feeds[self._pos_name] = np.ascontiguousarray(np.broadcast_to(ids, (3, B, S))) if self._pos_rank == 3 \
+                else ids
         feeds.update(self.pools)
         if states:
             feeds.update(states)

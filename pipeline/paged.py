@@ -14,7 +14,12 @@ mask it feeds is what the graph derives ``seqlens_k`` and ``total_sequence_lengt
 ``totals[b]`` ones.  The rows of one call are all prefill (one row, any number of new tokens) or all decode
 (one new token each): ``tokens`` is ``(batch, new)``.
 
-Invariants: the pools are allocated once (``np.zeros``: pages are touched as blocks fill) and fed whole,
+On ``CUDAExecutionProvider`` the pools are device arrays, bound whole every step and written in place by the
+op's CUDA kernel (``ops/cuda/paged_attention.py``); a step uploads the ids, the mask and the block table and
+downloads the last position's logits only.  A hybrid decoder is refused there (its per-request state would
+have to cross to the host).
+
+Invariants: the pools are allocated once (``np.zeros`` on the host, pages touched as blocks fill) and fed whole,
 never copied; every block id and position is checked by the op before it reads or writes memory.
 """
 from __future__ import annotations
@@ -156,9 +161,17 @@ class PagedDecoder:
         outs = [o.name for o in self.session.get_outputs()]
         self._logits_at = outs.index(io.logits_output)
         self._state_at = {p.input: outs.index(p.output) for p in io.state_pairs}
-        self.pools = {name: np.zeros((self.num_blocks, kvh, self.block_size, d), np.float32)
-                      for name, (kvh, d) in pas.layers.items()}
-        self.bytes_per_block = sum(p[0].nbytes for p in self.pools.values())
+        self.device = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        if self.device and io.state_pairs:
+            raise PagedUnsupportedError(f"decoder {dec.name!r} carries recurrent state: the CUDA engine serves "
+                                        f"decoders whose whole cache is attention blocks")
+        if self.device:
+            from .device_decoder import device_full
+            zeros = lambda shape: device_full(shape, np.float32, 0)  # noqa: E731
+        else:
+            zeros = lambda shape: np.zeros(shape, np.float32)  # noqa: E731
+        self.pools = {name: zeros((self.num_blocks, kvh, self.block_size, d)) for name, (kvh, d) in pas.layers.items()}
+        self.bytes_per_block = sum(4 * kvh * self.block_size * d for kvh, d in pas.layers.values())
         pos = spec.positions
         self._pos_name = io.position_ids_input or (pos.input if pos is not None else None)
         if self._pos_name not in self.inputs:
@@ -214,7 +227,27 @@ class PagedDecoder:
                     raise MetadataError(f"decoder input {n!r}: nothing provides it")
                 v = np.zeros(absent.shape, absent.dtype)
             vals.append(v)
+        if self.device:
+            return self._run_device(dict(zip(self._order, vals)), B), {}
         outs = self.session.run_prepared(vals)
         logits = outs[self._logits_at]
         last = logits[:, -1, :] if logits.ndim == 3 else logits
         return np.ascontiguousarray(last, dtype=np.float32), {n: outs[k] for n, k in self._state_at.items()}
+
+    def _run_device(self, feeds, B):
+        """A step on the device: the pools stay there (bound, written in place); the step's ids, mask and block
+        table go up, and only the last position's logits come down."""
+        from runtime import cuda as rc
+        from .device_decoder import copy_rows
+        b = self.session.io_binding()
+        for name, arr in feeds.items():
+            b.bind_input(name, arr)
+        for o in self.session.get_outputs():
+            b.bind_output(o.name, "cuda")
+        self.session.run_with_iobinding(b)
+        logits = b.get_output_arrays()[self._logits_at]
+        if logits.ndim == 3 and int(logits.shape[1]) > 1:
+            last = rc.device_empty((B, 1, int(logits.shape[2])), logits.dtype)
+            copy_rows(logits, int(logits.shape[1]) - 1, last, 0, 1, 1)
+            logits = last
+        return np.ascontiguousarray(rc.to_host(logits).reshape(B, -1), dtype=np.float32)

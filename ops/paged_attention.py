@@ -298,8 +298,10 @@ def paged_inputs(b: Gqa, args) -> tuple:
     if q is None or kp is None or vp is None or table is None or sl is None or tot is None:
         raise InvalidArgumentError(f"{OP}: query, key_pool, value_pool, block_table, seqlens_k and "
                                    f"total_sequence_length are required")
-    if q.ndim != 3 or (k is None) != (v is None) or (k is not None and (k.ndim != 3 or v.ndim != 3)):
-        raise_paged_error(3 if k is not None else 2, f", got query {list(q.shape)}")
+    if q.ndim != 3:
+        raise InvalidArgumentError(f"{OP}: query must be 3-d (batch, sequence, hidden), got shape {list(q.shape)}")
+    if (k is None) != (v is None) or (k is not None and (k.ndim != 3 or v.ndim != 3)):
+        raise_paged_error(3, f", got {None if k is None else list(k.shape)} and {None if v is None else list(v.shape)}")
     for name, pool in (("key_pool", kp), ("value_pool", vp)):
         if pool.ndim != 4 or pool.dtype != np.float32 or not pool.flags.c_contiguous or not pool.flags.writeable:
             raise InvalidArgumentError(f"{OP}: {name} must be a writable C-contiguous float32 array of rank 4 "

@@ -1,4 +1,4 @@
-"""Command line: ``python -m pipeline parity|generate|warm PACKAGE ...``.
+"""Command line: ``python -m pipeline parity|generate|warm|serve PACKAGE ...``.
 
 parity: run the onnxruntime baseline and the requested native mix side by
 side, greedily, and compare step by step: the first divergent step, both
@@ -15,6 +15,9 @@ A user's mistake (a folder without a package, a prompt past ``max_length``, ``ma
 context, an unknown option value) prints one line and exits with status 2.
 
 warm: compile everything the package's native components need, so that later starts load it from the caches.
+
+serve: an OpenAI-compatible HTTP server (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
+``/metrics``) over the serving engine, which batches the requests it receives (``pipeline/server.py``).
 """
 from __future__ import annotations
 
@@ -231,6 +234,49 @@ def _count(text: str) -> int:
     return n
 
 
+def _positive(text: str) -> int:
+    """A size for the command line: an integer >= 1."""
+    n = _count(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1, got {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    n = _count(text)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {n}")
+    return n
+
+
+def cmd_serve(args) -> int:
+    from .server import serve
+    template = None
+    if args.chat_template:
+        with open(args.chat_template, encoding="utf-8") as f:
+            template = f.read()
+    serve(args.package, args.host, args.port, model_name=args.model_name, chat_template=template,
+          max_batch=args.max_batch, block_size=args.block_size, num_blocks=args.num_blocks,
+          prefix_cache=not args.no_prefix_cache, max_model_len=args.max_model_len)
+    return 0
+
+
+def _serve_options(s):
+    s.add_argument("package", help="the package folder (genai_config.json or inference_metadata.yaml)")
+    s.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=8000, help="the port to listen on (default 8000)")
+    s.add_argument("--model-name", help="the model name clients give (default: the package folder's name)")
+    s.add_argument("--max-batch", type=_positive, default=8, help="requests decoded together (default 8)")
+    s.add_argument("--block-size", type=_positive, default=16, help="positions per KV cache block (default 16)")
+    s.add_argument("--num-blocks", type=_positive, help="KV cache blocks in the pool (default: --max-batch full "
+                   "contexts)")
+    s.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV blocks of shared prompt "
+                   "prefixes")
+    s.add_argument("--max-model-len", type=_positive, help="prompt plus generated tokens at most (default: the "
+                   "package's context length, capped at 4096)")
+    s.add_argument("--chat-template", help="a Jinja2 chat template file used instead of the package's")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -263,12 +309,15 @@ def main(argv=None) -> int:
     w = sub.add_parser("warm", help="compile everything the package needs ahead of time (cached for later starts)")
     w.add_argument("package", help="the package folder")
     _backend_options(w)
+    _serve_options(sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine"))
     args = ap.parse_args(argv)
     try:
         if args.cmd == "warm":
             from .warm import warm
             print(warm(args.package, args.native, args.device).summary())
             return 0
+        if args.cmd == "serve":
+            return cmd_serve(args)
         return cmd_parity(args) if args.cmd == "parity" else cmd_generate(args)
     except _user_errors() as exc:
         print(f"python -m pipeline {args.cmd}: error: {exc}", file=sys.stderr)

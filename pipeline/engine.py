@@ -33,7 +33,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +47,7 @@ __all__ = ["Engine", "Request", "SamplingParams", "WAITING", "RUNNING", "FINISHE
 
 log = logging.getLogger(__name__)
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+HISTORY = 1024  # ended requests ``Engine.requests`` keeps, most recent
 
 
 @dataclass
@@ -132,7 +133,10 @@ class Request:
 
     def _notify(self):
         for fn in list(self._listeners):
-            fn()
+            try:
+                fn()
+            except Exception:  # a listener's failure is its own, never the step's
+                log.exception("listener of %s failed", self.id)
 
     def _done_after(self, token: int) -> str | None:
         if token in self._stop:
@@ -207,10 +211,12 @@ class Engine:
         self.vocab = spec.vocab_size
         self.waiting = deque()
         self.running = []
-        self.requests = {}
+        self.requests = OrderedDict()  # id -> Request: those not ended, then the last ``HISTORY`` ended ones
         self._ids = itertools.count()
-        self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.RLock()           # held for a whole step
+        self._inbox_lock = threading.Lock()      # held for moments: what submit and cancel hand over
+        self._inbox = deque()                    # ("submit" | "cancel", request), taken at the next step
+        self._wake = threading.Condition(self._inbox_lock)
         self._thread = None
         self._stop = False
         self.counters = dict(requests=0, finished=0, cancelled=0, errors=0, preemptions=0, prompt_tokens=0,
@@ -233,35 +239,62 @@ class Engine:
         need = -(-(len(prompt) + int(params.max_tokens)) // self.block_size)
         if need > self.pool.num_blocks:
             raise RequestError(f"the request needs {need} KV blocks; the pool has {self.pool.num_blocks}")
-        with self._lock:
+        with self._inbox_lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             if rid in self.requests and not self.requests[rid].done:
                 raise RequestError(f"request id {rid!r} is already running")
             r = Request(rid, prompt, params, self.eos)
+            self.requests.pop(rid, None)
             self.requests[rid] = r
-            self.waiting.append(r)
-            self.counters["requests"] += 1
-            self.counters["prompt_tokens"] += len(prompt)
+            self._inbox.append(("submit", r))
             self._wake.notify_all()
         return r
 
     def cancel(self, request) -> bool:
-        """End a request (a ``Request`` or its id) now: its blocks go back to the pool before the next step.
-        False when it had already ended or is unknown."""
-        with self._lock:
-            r = request if isinstance(request, Request) else self.requests.get(request)
-            if r is None or r.done:
-                return False
+        """End a request (a ``Request`` or its id): at once when no step is running, else as soon as the running
+        step ends; its blocks go back to the pool then.  False when it had already ended or is unknown."""
+        r = request if isinstance(request, Request) else self.requests.get(request)
+        if r is None or r.done or r.cancelled:
+            return False
+        r.cancelled = True
+        with self._inbox_lock:
+            self._inbox.append(("cancel", r))
+            self._wake.notify_all()
+        if self._lock.acquire(blocking=False):  # no step running: take it now
+            try:
+                self._take_inbox()
+            finally:
+                self._lock.release()
+        return True
+
+    def _take_inbox(self):
+        """Queue what was submitted and end what was cancelled since the last step (the step lock held)."""
+        with self._inbox_lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, r in items:
+            if kind == "submit":
+                if not r.cancelled:
+                    self.waiting.append(r)
+                    self.counters["requests"] += 1
+                    self.counters["prompt_tokens"] += len(r.prompt)
+                continue
+            if r.done:
+                continue
             if r in self.waiting:
                 self.waiting.remove(r)
             if r in self.running:
                 self.running.remove(r)
             self._free(r)
             self.counters["cancelled"] += 1
-            r.cancelled = True
-            r._end("cancelled")
-            self._wake.notify_all()
-            return True
+            self._ended(r, "cancelled")
+
+    def _ended(self, r: Request, reason: str, error=None):
+        r._end(reason, error)
+        with self._inbox_lock:  # keep the not-ended and the most recent HISTORY ended requests
+            ended = [k for k, q in self.requests.items() if q.done]
+            for k in ended[:max(0, len(ended) - HISTORY)]:
+                del self.requests[k]
 
     def _free(self, r: Request):
         self.pool.release(r.blocks)
@@ -274,7 +307,12 @@ class Engine:
     # -- scheduling --------------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inbox)
+
+    @property
+    def alive(self) -> bool:
+        """The stepping thread (``start``) is running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _admit(self, r: Request) -> bool:
         """Give ``r`` the blocks of its tokens so far (reusing cached prefix blocks); False when the pool is
@@ -336,6 +374,7 @@ class Engine:
     def step(self) -> bool:
         """One engine step (admission, one prefill chunk, one decode step); False when there was nothing to do."""
         with self._lock:
+            self._take_inbox()
             while self.waiting and len(self.running) < self.max_batch:
                 r = self.waiting[0]
                 if not self._admit(r):
@@ -366,7 +405,7 @@ class Engine:
                     self.running.remove(r)
                     self._free(r)
                     self.counters["errors"] += 1
-                    r._end("error", exc)
+                    self._ended(r, "error", exc)
 
     def _table(self, rows):
         width = max(len(r.blocks) for r in rows)
@@ -423,7 +462,7 @@ class Engine:
                 self.running.remove(r)
                 self._free(r)
                 self.counters["finished"] += 1
-                r._end(reason)
+                self._ended(r, reason)
 
     # -- driving -----------------------------------------------------------------------------------
     def run(self):
@@ -447,8 +486,8 @@ class Engine:
 
     def _loop(self):
         while True:
-            with self._lock:
-                while not self._stop and not self.has_work:
+            with self._inbox_lock:
+                while not self._stop and not (self._inbox or self.waiting or self.running):
                     self._wake.wait()
                 if self._stop:
                     return
@@ -456,18 +495,22 @@ class Engine:
 
     def shutdown(self):
         """Stop the stepping thread; requests still queued or running are cancelled."""
-        with self._lock:
+        with self._inbox_lock:
             self._stop = True
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for r in list(self.waiting) + list(self.running):
-            self.cancel(r)
+        with self._lock:
+            self._take_inbox()
+            for r in list(self.waiting) + list(self.running):
+                self.cancel(r)
+            self._take_inbox()
 
     def stats(self) -> dict:
-        with self._lock:
-            return dict(self.counters, waiting=len(self.waiting), running=len(self.running),
-                        kv_blocks_total=self.pool.num_blocks, kv_blocks_in_use=self.pool.in_use(),
-                        kv_blocks_cached=self.pool.cached(), prefix_hit_blocks=self.pool.hits,
-                        kv_evictions=self.pool.evictions)
+        """Counters and gauges; read without waiting for a running step (each value is current, together they
+        may straddle a step)."""
+        return dict(self.counters, waiting=len(self.waiting) + len(self._inbox), running=len(self.running),
+                    kv_blocks_total=self.pool.num_blocks, kv_blocks_in_use=self.pool.in_use(),
+                    kv_blocks_cached=self.pool.cached(), prefix_hit_blocks=self.pool.hits,
+                    kv_evictions=self.pool.evictions)

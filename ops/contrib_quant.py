@@ -25,7 +25,8 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   16): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
   repacked once per node into 8-column groups (``int4_layout``), each block dot an exact integer sum of
   code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32;
-  ``_simd.ROWS`` rows of A share each pass over the codes.  Per row this costs about what the tiles +
+  ``_simd.ROWS`` rows of A share each pass over the codes (from ``PAD_ROWS_MIN`` rows left, a pass runs with
+  the last row repeated: a decode batch of 3 to 7 rows streams the codes once, not once per row).  Per row this costs about what the tiles +
   BLAS cost (K=896, N=4864: 18 against 14 ms at 256 rows, 148 against 169 ms at 2048, before rows shared
   a pass), and a prefill over the repacked codes never reads the original weight again.
 - tiles (other configurations with more rows, or a non-trivial g_idx): a tile of weight rows is dequantized
@@ -60,6 +61,9 @@ from .registry import op
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
 
 ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go through dequantized tiles + BLAS
+# The int8 kernel's passes take ``_simd.ROWS`` rows at once; from this many rows left a pass runs padded (the last
+# row repeated) rather than row by row: one pass over the codes costs less than three (a batch of decode rows).
+PAD_ROWS_MIN = 3
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
 BYTES_PER_THREAD = 1 << 20
 TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
@@ -336,22 +340,23 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
     R = _simd.ROWS
     M = a2.shape[0]
     done = 0
-    if M >= R:
+    if M >= PAD_ROWS_MIN:
         aqr = np.empty((R, nb * bs), np.int8)
         ascr = np.empty((R, nb), np.float32)
         asur = np.empty((R, nb), np.float32)
         yr = np.empty((R, 8 * G), np.float32)
-        while done + R <= M:
+        while M - done >= PAD_ROWS_MIN:
+            take = min(R, M - done)  # fewer than R rows: the last one repeated fills the pass
             for r in range(R):
-                _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
+                _prep_a_i8(a2[done + min(r, take - 1)], bs, aqr[r], ascr[r], asur[r])
             if parallel:
                 _q4i8_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
             else:
                 _q4i8_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
-            for r in range(R):
+            for r in range(take):
                 for n in range(N):
                     out[done + r, n] = yr[r, n]
-            done += R
+            done += take
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
@@ -589,7 +594,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         if lay is None or lay[0] is not b or lay[1] is not sc:
             lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
         _, _, qi, sct, zft = lay
-        with _threads_for(b3.nbytes) as nt:
+        with _threads_for(b3.nbytes * min(rows_a, _simd.ROWS)) as nt:  # a pass of more rows: more work per byte
             gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
     elif rows_a <= ROWS_MAX and grp is None:
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.

@@ -24,7 +24,6 @@ from numba import njit, prange
 
 
 from . import compiled_forms as _cf
-from . import _simd
 from . import contrib_quant as _cq
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, float_only, product_expr, raise_on, form
@@ -47,8 +46,7 @@ rows_q4_par = _cq.rows_q4
 rows_q8_par = _cq.rows_q8
 dequant_tile_par = _cq.dequant_tile
 ROWS_MAX = _cq.ROWS_MAX
-_SERIAL_BYTES = 2 * _cq.BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes (times rows)
-_ROWS = _simd.ROWS  # rows of A one pass of the int8 kernel takes
+_SERIAL_BYTES = 2 * _cq.BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
 TILE_ELEMS = _cq.TILE_ELEMS
 
 

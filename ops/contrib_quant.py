@@ -594,7 +594,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         if lay is None or lay[0] is not b or lay[1] is not sc:
             lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
         _, _, qi, sct, zft = lay
-        with _threads_for(b3.nbytes * min(rows_a, _simd.ROWS)) as nt:  # a pass of more rows: more work per byte
+        with _threads_for(b3.nbytes) as nt:
             gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
     elif rows_a <= ROWS_MAX and grp is None:
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.

@@ -46,7 +46,7 @@ rows_q4_par = _cq.rows_q4
 rows_q8_par = _cq.rows_q8
 dequant_tile_par = _cq.dequant_tile
 ROWS_MAX = _cq.ROWS_MAX
-_SERIAL_BYTES = 2 * _cq.BYTES_PER_THREAD   # the wrapper runs one thread below this many packed bytes
+_SERIAL_BYTES = 2 * _cq.BYTES_PER_THREAD   # one thread below this many packed bytes times rows (up to ROWS_MAX)
 TILE_ELEMS = _cq.TILE_ELEMS
 
 
@@ -220,7 +220,7 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias):
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
     out = np.empty((a2.shape[0], N), np.float32)
-    _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, qi.size >= _SERIAL_BYTES)
+    _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES)
     if has_bias:
         if bias.size != N:
             return np.empty((0, 0), np.float32), 5

@@ -37,11 +37,10 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import raise_coded, serial_twin
-from ._fastmath import fexp
-from ._prefill_attention import key_range
+from ._prefill_attention import key_range, normalize
 from .attention import rope_tok_kernel
 from .forms import Decline, float_only, form, raise_on
-from .group_query_attention import Gqa, bind_gqa
+from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa
 from .registry import op
 
 __all__ = ["DOMAIN", "OP", "bind_paged", "paged_geometry", "paged_f32", "PAGED_ERRORS", "raise_paged_error",
@@ -64,9 +63,7 @@ def bind_paged(ctx, **attrs) -> Gqa:
 
 
 PAGED_ERRORS = {
-    1: ("ShapeMismatchError", "the packed QKV width is not a multiple of num_heads + 2 * kv_num_heads"),
-    2: ("ShapeMismatchError", "the query width is not a multiple of num_heads"),
-    3: ("ShapeMismatchError", "key and value must both have shape (batch, sequence, kv_num_heads * head_size)"),
+    **{k: GQA_ERRORS[k] for k in (1, 2, 3)},  # the query, key and value shapes, as GroupQueryAttention
     4: ("ShapeMismatchError", "key_pool and value_pool must both have shape (num_blocks, kv_num_heads, "
                               "block_size, head_size)"),
     5: ("ShapeMismatchError", "block_table must have shape (batch, max_blocks) and seqlens_k batch entries"),
@@ -195,24 +192,8 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
                     if x > mx[g]:
                         mx[g] = x
             j = stop
-        for g in range(group):
-            m = mx[g]
-            tot = np.float32(0.0)
-            if smooth:
-                if m < 0:
-                    m = np.float32(0.0)
-                tot = math.exp(-m)
-            if mx[g] == -np.inf:
-                for t in range(n):
-                    sc[g, t] = 0.0
-            else:
-                for t in range(n):
-                    ex = fexp(sc[g, t] - m)
-                    sc[g, t] = ex
-                    tot += ex
-            inv = np.float32(0.0) if tot == 0 else np.float32(1.0) / tot
-            for t in range(n):
-                sc[g, t] *= inv
+        for g in range(group):  # smooth softmax: a zero logit joins the maximum and the sum
+            normalize(sc[g, :n], mx[g], 1 if smooth else 0, np.float32(0.0))
         acc_v = np.zeros((group, D), np.float32)
         j = lo
         while j < hi:

@@ -170,3 +170,22 @@ def block_sum(sh, tid, nt, v):
 def block_max(sh, tid, nt, v):
     sh[tid] = v
     return block_fold(sh, sh, tid, nt, MAX)
+
+
+@jit(device=True)
+def online_tile(red, ps, tid, nt, x, live, m, lsum):
+    """One tile of an online softmax over a thread block: thread ``tid`` holds the score ``x`` of a key (``live``:
+    the key is in range), ``m``/``lsum`` are the running maximum and sum.  Returns the new maximum, the factor the
+    accumulators are rescaled by and the new sum; each thread's weight lands in ``ps[tid]`` (published by the
+    barriers of the sum)."""
+    tmax = block_max(red, tid, nt, x)
+    m_new = m if m > tmax else tmax
+    pv = np.float32(0.0)
+    alpha = np.float32(1.0)
+    if m_new != np.float32(-np.inf):
+        if live:
+            pv = math.exp(x - m_new)
+        alpha = math.exp(m - m_new)
+    ps[tid] = pv
+    tsum = block_sum(red, tid, nt, pv)
+    return m_new, alpha, lsum * alpha + tsum

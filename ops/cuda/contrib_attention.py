@@ -59,7 +59,7 @@ from ops.group_query_attention import (Gqa, bind_gqa, gqa_extras, gqa_geometry, 
 from ops.registry import op
 from ops.rotary_embedding import (Rope, bind_mrope, bind_rope, positions_of, raise_rope_error, rope_check,
                                   rope_geometry, rope_inputs)
-from ._common import (MAX_ROW_THREADS, block_max, block_sum, check_device, fill0, flat, grid1d, host_array,
+from ._common import (MAX_ROW_THREADS, check_device, fill0, flat, grid1d, host_array, online_tile,
                       row_threads, unravel4, upload_small)
 
 __all__ = ["launch_gqa", "launch_rope", "MAX_HEAD_SIZE"]
@@ -273,17 +273,7 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
                 x = softcap * math.tanh(x / softcap)
             if has_bias and j + k0 < bk:
                 x += np.float32(bias[brow + j + k0])
-        tmax = block_max(red, tid, nt, x)
-        m_new = m if m > tmax else tmax
-        pv = np.float32(0.0)
-        alpha = np.float32(1.0)
-        if m_new != np.float32(-np.inf):
-            if j < hi:
-                pv = math.exp(x - m_new)
-            alpha = math.exp(m - m_new)
-        ps[tid] = pv
-        tsum = block_sum(red, tid, nt, pv)  # its barriers also publish ps
-        lsum = lsum * alpha + tsum
+        m, alpha, lsum = online_tile(red, ps, tid, nt, x, j < hi, m, lsum)
         cnt = hi - t0
         if cnt > nt:
             cnt = nt
@@ -296,7 +286,6 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
                     a += ps[t] * np.float32(pres_v[(kv0 + t0 + t) * D + d])
             acc[d] = a
         cuda.syncthreads()
-        m = m_new
     f = np.float32(1.0)
     if sink_mode > 0:
         sk = np.float32(0.0)

@@ -43,7 +43,7 @@ from ops.group_query_attention import Gqa
 from ops.paged_attention import (DOMAIN, OP, bind_paged, paged_geometry, paged_inputs, paged_positions,
                                  raise_paged_error)
 from ops.registry import op
-from ._common import (F32, MAX_ROW_THREADS, block_max, block_sum, check_device, flat, grid1d, host_array,
+from ._common import (F32, MAX_ROW_THREADS, check_device, flat, grid1d, host_array, online_tile,
                       row_threads, unravel4, upload_small)
 from .contrib_attention import MAX_HEAD_SIZE, _rot_elem
 
@@ -143,17 +143,7 @@ def _paged_attn(qsrc, q_stride, kpool, vpool, table, M, rows, S, H, kvH, D, bs, 
             x = dot * scale
             if softcap > 0:
                 x = softcap * math.tanh(x / softcap)
-        tmax = block_max(red, tid, nt, x)  # its barriers also publish ko
-        m_new = m if m > tmax else tmax
-        pv = np.float32(0.0)
-        alpha = np.float32(1.0)
-        if m_new != np.float32(-np.inf):
-            if j < hi:
-                pv = math.exp(x - m_new)
-            alpha = math.exp(m - m_new)
-        ps[tid] = pv
-        tsum = block_sum(red, tid, nt, pv)  # its barriers also publish ps
-        lsum = lsum * alpha + tsum
+        m, alpha, lsum = online_tile(red, ps, tid, nt, x, j < hi, m, lsum)  # its barriers also publish ko
         cnt = hi - t0
         if cnt > nt:
             cnt = nt
@@ -163,7 +153,6 @@ def _paged_attn(qsrc, q_stride, kpool, vpool, table, M, rows, S, H, kvH, D, bs, 
                 a += ps[t] * vpool[ko[t] + d]
             acc[d] = a
         cuda.syncthreads()
-        m = m_new
     f = np.float32(1.0)
     if smooth:  # a zero logit joins the max and the sum (ops/paged_attention.paged_attend_par)
         m2 = m if m > 0 else np.float32(0.0)

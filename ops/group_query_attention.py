@@ -34,7 +34,7 @@ from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["Gqa", "bind_gqa", "gqa_inputs", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
-           "GQA_ERRORS", "raise_gqa_error"]
+           "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk"]
 
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
@@ -294,6 +294,43 @@ def _evict(wk, wv, past_b, n_new, totals, P, window):
 
 
 @njit(**_OPTS)
+def qkv_rows(query, key, value, packed, H, kvH, D):
+    """The step's query, key and value as contiguous (B, S, heads, D) arrays; ``query`` holds all three when
+    ``packed``."""
+    B, S = query.shape[0], query.shape[1]
+    if packed:
+        q3 = query[:, :, :H * D]
+        k3 = query[:, :, H * D:(H + kvH) * D]
+        v3 = query[:, :, (H + kvH) * D:]
+    else:
+        q3, k3, v3 = query, key, value
+    q4 = np.ascontiguousarray(q3).reshape((B, S, H, D))
+    k4 = np.ascontiguousarray(k3).reshape((B, S, kvH, D))
+    v4 = np.ascontiguousarray(v3).reshape((B, S, kvH, D))
+    return q4, k4, v4
+
+
+@njit(**_OPTS)
+def rotate_qk(q4, k4, pos, cosc, sinc, interleaved):
+    """Copies of q4 and k4 (B, S, heads, D) rotated at the positions ``pos`` (B, S), checked by the caller against
+    the cos/sin caches (the inputs may be views of the caller's arrays, so they are not rotated in place)."""
+    B, S = q4.shape[0], q4.shape[1]
+    q4 = q4.copy()
+    k4 = k4.copy()
+    half = cosc.shape[1]
+    cos_t = np.empty((B, S, half), np.float32)
+    sin_t = np.empty((B, S, half), np.float32)
+    for b in range(B):
+        for s in range(S):
+            for t in range(half):
+                cos_t[b, s, t] = cosc[pos[b, s], t]
+                sin_t[b, s, t] = sinc[pos[b, s], t]
+    rope_tok_kernel(q4, cos_t, sin_t, q4, True, interleaved, 2 * half)
+    rope_tok_kernel(k4, cos_t, sin_t, k4, True, interleaved, 2 * half)
+    return q4, k4
+
+
+@njit(**_OPTS)
 def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, sinc, pos_ids, has_pos, bias,
             has_bias, sink, has_sink, H, kvH, scale, softcap, window, rotary, interleaved, smooth, causal, windowed,
             share, qk_mode, fresh_k, fresh_v):
@@ -312,31 +349,12 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         err = gqa_extras(bias.shape, has_bias, sink.size, has_sink, B, H, S, totals)
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
-    if packed:
-        q3 = query[:, :, :H * D]
-        k3 = query[:, :, H * D:(H + kvH) * D]
-        v3 = query[:, :, (H + kvH) * D:]
-    else:
-        q3, k3, v3 = query, key, value
-    q4 = np.ascontiguousarray(q3).reshape((B, S, H, D))
-    k4 = np.ascontiguousarray(k3).reshape((B, S, kvH, D))
-    v4 = np.ascontiguousarray(v3).reshape((B, S, kvH, D))
+    q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
     if rotary:
         err, pos = gqa_positions(pos_ids, has_pos, abs_past, totals, S, cosc.shape, sinc.shape, D)
         if err:
             return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
-        q4 = q4.copy()  # the rotation is in place, and q4/k4 may be views of the caller's arrays
-        k4 = k4.copy()
-        half = cosc.shape[1]
-        cos_t = np.empty((B, S, half), np.float32)
-        sin_t = np.empty((B, S, half), np.float32)
-        for b in range(B):
-            for s in range(S):
-                for t in range(half):
-                    cos_t[b, s, t] = cosc[pos[b, s], t]
-                    sin_t[b, s, t] = sinc[pos[b, s], t]
-        rope_tok_kernel(q4, cos_t, sin_t, q4, True, interleaved, 2 * half)
-        rope_tok_kernel(k4, cos_t, sin_t, k4, True, interleaved, 2 * half)
+        q4, k4 = rotate_qk(q4, k4, pos, cosc, sinc, interleaved)
     rows = L
     if windowed:  # staged: the resident past, then the new rows
         rows = 0

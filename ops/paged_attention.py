@@ -38,9 +38,8 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import raise_coded, serial_twin
 from ._prefill_attention import key_range, normalize
-from .attention import rope_tok_kernel
 from .forms import Decline, float_only, form, raise_on
-from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa
+from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa, qkv_rows, rotate_qk
 from .registry import op
 
 __all__ = ["DOMAIN", "OP", "bind_paged", "paged_geometry", "paged_f32", "PAGED_ERRORS", "raise_paged_error",
@@ -224,31 +223,12 @@ def paged_f32(query, key, value, packed, kpool, vpool, table, seqlens, total, co
                                                 table, seqlens, total, H, kvH)
     if err:
         return err, np.empty((0, 0, 0), np.float32)
-    if packed:
-        q3 = query[:, :, :H * D]
-        k3 = query[:, :, H * D:(H + kvH) * D]
-        v3 = query[:, :, (H + kvH) * D:]
-    else:
-        q3, k3, v3 = query, key, value
-    q4 = np.ascontiguousarray(q3).reshape((B, S, H, D))
-    k4 = np.ascontiguousarray(k3).reshape((B, S, kvH, D))
-    v4 = np.ascontiguousarray(v3).reshape((B, S, kvH, D))
+    q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
     if rotary:
         err, pos = paged_positions(past, S, cosc.shape, sinc.shape, D)
         if err:
             return err, np.empty((0, 0, 0), np.float32)
-        q4 = q4.copy()  # rotated in place; q4/k4 may be views of the caller's arrays
-        k4 = k4.copy()
-        half = cosc.shape[1]
-        cos_t = np.empty((B, S, half), np.float32)
-        sin_t = np.empty((B, S, half), np.float32)
-        for b in range(B):
-            for s in range(S):
-                for t in range(half):
-                    cos_t[b, s, t] = cosc[pos[b, s], t]
-                    sin_t[b, s, t] = sinc[pos[b, s], t]
-        rope_tok_kernel(q4, cos_t, sin_t, q4, True, interleaved, 2 * half)
-        rope_tok_kernel(k4, cos_t, sin_t, k4, True, interleaved, 2 * half)
+        q4, k4 = rotate_qk(q4, k4, pos, cosc, sinc, interleaved)
     _write(table, past, k4, kpool)
     _write(table, past, v4, vpool)
     params = np.empty(2, np.float32)

@@ -189,3 +189,17 @@ def online_tile(red, ps, tid, nt, x, live, m, lsum):
     ps[tid] = pv
     tsum = block_sum(red, tid, nt, pv)
     return m_new, alpha, lsum * alpha + tsum
+
+
+@jit(device=True)
+def key_span(p, T, causal, window):
+    """The keys ``[lo, hi)`` the query at position ``p`` sees among ``T`` (``ops/_prefill_attention.key_range``)."""
+    hi = T
+    if causal and p + 1 < hi:
+        hi = p + 1
+    lo = np.int64(0)
+    if window > 0 and p + 1 - window > 0:
+        lo = p + 1 - window
+    if hi < lo:
+        hi = lo
+    return lo, hi

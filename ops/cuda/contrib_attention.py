@@ -59,7 +59,7 @@ from ops.group_query_attention import (Gqa, bind_gqa, gqa_extras, gqa_geometry, 
 from ops.registry import op
 from ops.rotary_embedding import (Rope, bind_mrope, bind_rope, positions_of, raise_rope_error, rope_check,
                                   rope_geometry, rope_inputs)
-from ._common import (MAX_ROW_THREADS, check_device, fill0, flat, grid1d, host_array, online_tile,
+from ._common import (MAX_ROW_THREADS, check_device, fill0, flat, grid1d, host_array, key_span, online_tile,
                       row_threads, unravel4, upload_small)
 
 __all__ = ["launch_gqa", "launch_rope", "MAX_HEAD_SIZE"]
@@ -219,14 +219,7 @@ def _gqa_attn(qsrc, q_stride, pres_k, pres_v, seqlens, seq_inline, first_prompt,
     kh = h // (H // kvH)
     pb, T, k0 = _rows(seqlens, seq_inline, b, cuda.gridDim.x // (H * S), S, first_prompt, P, L)
     p = pb + s
-    hi = T
-    if causal and p + 1 < hi:
-        hi = p + 1
-    lo = np.int64(0)
-    if window > 0 and p + 1 - window > 0:
-        lo = p + 1 - window
-    if hi < lo:
-        hi = lo
+    lo, hi = key_span(p, T, causal, window)
     qbase = (b * S + s) * q_stride + h * D
     crow = np.int64(0)
     if rotary:

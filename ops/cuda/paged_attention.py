@@ -43,7 +43,7 @@ from ops.group_query_attention import Gqa
 from ops.paged_attention import (DOMAIN, OP, bind_paged, paged_geometry, paged_inputs, paged_positions,
                                  raise_paged_error)
 from ops.registry import op
-from ._common import (F32, MAX_ROW_THREADS, check_device, flat, grid1d, host_array, online_tile,
+from ._common import (F32, MAX_ROW_THREADS, check_device, flat, grid1d, host_array, key_span, online_tile,
                       row_threads, unravel4, upload_small)
 from .contrib_attention import MAX_HEAD_SIZE, _rot_elem
 
@@ -111,15 +111,7 @@ def _paged_attn(qsrc, q_stride, kpool, vpool, table, M, rows, S, H, kvH, D, bs, 
     nb = rows.size // 2
     T = np.int64(rows[nb + b])
     p = np.int64(rows[b]) + s
-    # ops/_prefill_attention.key_range
-    hi = T
-    if causal and p + 1 < hi:
-        hi = p + 1
-    lo = np.int64(0)
-    if window > 0 and p + 1 - window > 0:
-        lo = p + 1 - window
-    if hi < lo:
-        hi = lo
+    lo, hi = key_span(p, T, causal, window)
     qbase = (b * S + s) * q_stride + h * D
     crow = p if p < crows else crows - 1
     for d in range(tid, D, nt):

@@ -188,3 +188,39 @@ def test_every_form_of_the_rows_pass_gives_each_rows_bits(form):
     one = np.empty((_simd.ROWS, N), np.float32)
     _portable_rows(a, qi, sct, zft, False, 8.0, bs, one)
     np.testing.assert_array_equal(yr[:, :N], one)
+
+
+@njit(cache=True)
+def _rows_wide_or_not(wide, has_zp, qi, aqr, ascr, asur, zdef, zft, sct, yr):
+    G = qi.shape[0]
+    if wide and has_zp:
+        _simd.dot_q4_zp_rows(qi, aqr, ascr, asur, zft, sct, yr, 0, G)
+    elif wide:
+        _simd.dot_q4_rows(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+    elif has_zp:
+        _simd.dot_q4_zp_rows_vnni256(qi, aqr, ascr, asur, zft, sct, yr, 0, G)
+    else:
+        _simd.dot_q4_rows_vnni256(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+
+
+@pytest.mark.parametrize("K,N,zp", [(64 * 32 + 40, 40, False), (64 * 32, 72, True), (96, 24, False)])
+def test_the_512_bit_rows_pass_gives_the_256_bit_bits(K, N, zp):
+    """Two column groups per 512-bit vector (from WIDE_MIN_BLOCKS blocks; an odd group count leaves one to the
+    256-bit path) against the 256-bit pass: every output equal, bit for bit."""
+    if not _simd.VNNI512:
+        pytest.skip("the 512-bit pass needs AVX512-VNNI")
+    bs = 32
+    a, b3, sc, zf = _case(K, N, bs, zp, M=_simd.ROWS)
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
+    nb = qi.shape[1]
+    aqr = np.empty((_simd.ROWS, nb * bs), np.int8)
+    ascr = np.empty((_simd.ROWS, nb), np.float32)
+    asur = np.empty((_simd.ROWS, nb), np.float32)
+    for r in range(_simd.ROWS):
+        Q._prep_a_i8(a[r], bs, aqr[r], ascr[r], asur[r])
+    wide = np.full((_simd.ROWS, 8 * qi.shape[0]), np.nan, np.float32)
+    narrow = np.full_like(wide, np.nan)
+    _rows_wide_or_not(True, zp, qi, aqr, ascr, asur, 8.0, zft, sct, wide)
+    _rows_wide_or_not(False, zp, qi, aqr, ascr, asur, 8.0, zft, sct, narrow)
+    assert not np.isnan(wide).any()
+    np.testing.assert_array_equal(wide, narrow)

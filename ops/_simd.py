@@ -64,27 +64,26 @@ def _host_has_vnni() -> bool:
         return False
 
 
-def _host_has_avx512() -> bool:
-    """The host runs 512-bit float vectors natively (AVX-512 F with DQ, BW and VL, as every AVX-512 core since
-    Skylake-SP has): the blocked float32 products of ``_panels`` keep 16 of them as accumulators."""
+def _host_has_all(*features) -> bool:
+    """The host has AVX2 and every one of the LLVM ``features``."""
     if not _host_has_avx2():
         return False
     try:
         f = _llb.get_host_cpu_features()
-        return all(f.get(x, False) for x in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
+        return all(f.get(x, False) for x in features)
     except Exception:  # pragma: no cover - a host LLVM cannot describe
         return False
+
+
+def _host_has_avx512() -> bool:
+    """The host runs 512-bit float vectors natively (AVX-512 F with DQ, BW and VL, as every AVX-512 core since
+    Skylake-SP has): the blocked float32 products of ``_panels`` keep 16 of them as accumulators."""
+    return _host_has_all("avx512f", "avx512dq", "avx512bw", "avx512vl")
 
 
 def _host_has_vnni512() -> bool:
     """The host has ``vpdpbusd`` on 512-bit vectors (AVX512-VNNI with AVX-512 F, BW and VL)."""
-    if not _host_has_avx2():
-        return False
-    try:
-        f = _llb.get_host_cpu_features()
-        return all(f.get(x, False) for x in ("avx512vnni", "avx512f", "avx512bw", "avx512vl"))
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
+    return _host_has_all("avx512vnni", "avx512f", "avx512bw", "avx512vl")
 
 
 AVX2 = _host_has_avx2()

@@ -168,6 +168,16 @@ def _rows_pass(kernel_id, qi, aqr, ascr, asur, zdef, sct, yr):
         _simd.dot_q4_rows_avx2(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
 
 
+def _quantized_rows(a, nb, bs):
+    """``_simd.ROWS`` rows of A quantized as the kernels take them: codes, scales and block sums."""
+    aqr = np.empty((_simd.ROWS, nb * bs), np.int8)
+    ascr = np.empty((_simd.ROWS, nb), np.float32)
+    asur = np.empty((_simd.ROWS, nb), np.float32)
+    for r in range(_simd.ROWS):
+        Q._prep_a_i8(a[r], bs, aqr[r], ascr[r], asur[r])
+    return aqr, ascr, asur
+
+
 @pytest.mark.parametrize("form", ["portable", "avx2"])
 def test_every_form_of_the_rows_pass_gives_each_rows_bits(form):
     """The several-row pass in its portable and pair-sum forms (the host runs only one of the three) equals the
@@ -177,12 +187,7 @@ def test_every_form_of_the_rows_pass_gives_each_rows_bits(form):
     K, N, bs = 200, 48, 32
     a, b3, sc, zf = _case(K, N, bs, False, M=_simd.ROWS)
     qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
-    nb = qi.shape[1]
-    aqr = np.empty((_simd.ROWS, nb * bs), np.int8)
-    ascr = np.empty((_simd.ROWS, nb), np.float32)
-    asur = np.empty((_simd.ROWS, nb), np.float32)
-    for r in range(_simd.ROWS):
-        Q._prep_a_i8(a[r], bs, aqr[r], ascr[r], asur[r])
+    aqr, ascr, asur = _quantized_rows(a, qi.shape[1], bs)
     yr = np.empty((_simd.ROWS, 8 * qi.shape[0]), np.float32)
     _rows_pass(0 if form == "portable" else 1, qi, aqr, ascr, asur, 8.0, sct, yr)
     one = np.empty((_simd.ROWS, N), np.float32)
@@ -212,12 +217,7 @@ def test_the_512_bit_rows_pass_gives_the_256_bit_bits(K, N, zp):
     bs = 32
     a, b3, sc, zf = _case(K, N, bs, zp, M=_simd.ROWS)
     qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
-    nb = qi.shape[1]
-    aqr = np.empty((_simd.ROWS, nb * bs), np.int8)
-    ascr = np.empty((_simd.ROWS, nb), np.float32)
-    asur = np.empty((_simd.ROWS, nb), np.float32)
-    for r in range(_simd.ROWS):
-        Q._prep_a_i8(a[r], bs, aqr[r], ascr[r], asur[r])
+    aqr, ascr, asur = _quantized_rows(a, qi.shape[1], bs)
     wide = np.full((_simd.ROWS, 8 * qi.shape[0]), np.nan, np.float32)
     narrow = np.full_like(wide, np.nan)
     _rows_wide_or_not(True, zp, qi, aqr, ascr, asur, 8.0, zft, sct, wide)

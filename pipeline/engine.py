@@ -323,6 +323,7 @@ class Engine:
         need = -(-len(r.tokens) // bs) - len(hit)
         if need > self.pool.free_blocks():
             self.pool.release(hit)
+            self.pool.hits -= len(hit)  # not reused after all
             return False
         r.blocks = hit + [self.pool.allocate() for _ in range(need)]
         r.keys = keys[:len(hit)]

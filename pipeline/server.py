@@ -16,7 +16,9 @@ value; other unknown fields are ignored.
 
 Invariants:
 - a choice's streamed text deltas concatenate to the text the same request gets unstreamed: each delta is what
-  ``decode(all output so far)`` adds to the text already sent, holding back a trailing incomplete character
+  ``decode(all output so far)`` adds to the text already sent (decoded a window at a time: the text of the
+  tokens past the settled text, read after a few tokens of context, so a token costs the same late in a long
+  output as early), holding back a trailing incomplete character
   (U+FFFD while its bytes are split over tokens) and any tail that could begin a stop string; this rests on the
   decode of a token prefix being a prefix of the decode of the whole, as it is for byte-level BPE;
 - a stop string ends a choice at the first place any stop string completes: its text is cut just before that
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _REPLACEMENT = "\ufffd"
 _DISCONNECT_POLL_S = 0.25  # how often a call waiting for a whole answer checks that its client is still there
+_LOOKBACK = 6  # tokens decoded before the unsettled ones, so that their text is read in context
 _MAX_N = 128
 
 # OpenAI options this server does not implement: accepted only with one of these no-op values.
@@ -225,11 +228,12 @@ def _messages(body: dict) -> list:
 
 
 # -- incremental decoding ---------------------------------------------------------------------------------
-def _first_stop(text: str, stops) -> int | None:
-    """Where ``text`` is cut for the stop string that completes first (ties: the one that starts first)."""
+def _first_stop(text: str, stops, start: int = 0) -> int | None:
+    """Where ``text`` is cut for the stop string that completes first (ties: the one that starts first), among
+    those that begin at ``start`` or later."""
     best = None
     for s in stops:
-        p = text.find(s)
+        p = text.find(s, start)
         if p >= 0 and (best is None or (p + len(s), p) < best):
             best = (p + len(s), p)
     return None if best is None else best[1]
@@ -268,11 +272,30 @@ class _Choice:
         self.completion_tokens = 0
         self.finish_reason = None
         self.stopped = False        # a stop string ended it (its engine request may still be running)
+        self._prefix = 0            # tokens whose text is settled (no later token changes it) ...
+        self._done = ""             # ... and that text
 
     @property
     def pending(self) -> bool:
         """Output (or the end) is there that ``advance`` has not taken yet."""
         return self.finish_reason is None and (self.request.done or len(self.request.output) > self.seen)
+
+    def _decoded(self, ids) -> str:
+        """``decode(ids)``, decoding only the tokens past the settled text (and ``_LOOKBACK`` before them, whose
+        text is subtracted): a step's work does not grow with the output.  Text ending in an incomplete
+        character is not settled.  A tokenizer whose window text does not extend the text of the tokens before
+        is decoded whole."""
+        n0 = self._prefix
+        w0 = max(0, n0 - _LOOKBACK)
+        head = self.tokenizer.decode(ids[w0:n0]) if n0 > w0 else ""
+        window = self.tokenizer.decode(ids[w0:])
+        if not window.startswith(head):
+            self._done, self._prefix = "", 0
+            return self.tokenizer.decode(ids)
+        text = self._done + window[len(head):]
+        if len(text) > len(self._done) and not text.endswith(_REPLACEMENT):
+            self._done, self._prefix = text, len(ids)
+        return text
 
     def advance(self, one: bool = False) -> _Delta | None:
         """What the engine produced since the last call (``one``: its next token only)."""
@@ -285,8 +308,12 @@ class _Choice:
             ids, done = ids[:self.seen + 1], False
         if len(ids) == self.seen and not done:
             return None
-        text = self.tokenizer.decode(ids)
-        if self.stops and _first_stop(text, self.stops) is not None:
+        before = self._done
+        text = self._decoded(ids)
+        # Stops wholly inside the settled text were looked for already: only those reaching past it can be new.
+        start = max(0, len(before) - max((len(x) for x in self.stops), default=1) + 1) \
+            if text.startswith(before) else 0
+        if self.stops and _first_stop(text, self.stops, start) is not None:
             for k in range(min(self.seen + 1, len(ids)), len(ids) + 1):  # the fewest tokens whose text holds it
                 t = text if k == len(ids) else self.tokenizer.decode(ids[:k])
                 cut = _first_stop(t, self.stops)

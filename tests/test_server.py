@@ -243,6 +243,40 @@ def test_incremental_decoding_holds_split_characters_and_stop_prefixes(server):
             assert any(s in tok.decode(ids[:k]) for s in stops) and not any(s in tok.decode(ids[:k - 1]) for s in stops)
 
 
+
+class _CountingTokenizer:
+    def __init__(self, tok):
+        self.tok, self.decoded = tok, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        return self.tok.decode(ids)
+
+
+def test_incremental_decoding_work_does_not_grow_with_the_output(server):
+    """A long output is decoded a window at a time (linear work in its length, not quadratic), the text is the
+    whole decode, and a stop string late in it is still found where it completes."""
+    base = "héllo ☃ 😀 ok, "
+    text = base * 40 + "STOP here"
+    ids = _ids(server.tok, text)
+    for stops, want in (((), text), (("STOP",), base * 40)):
+        tok = _CountingTokenizer(server.tok)
+        req = _FakeRequest()
+        choice = _Choice(0, req, tok, stops)
+        pieces = []
+        for t in ids:
+            req.output.append(t)
+            d = choice.advance()
+            if d is not None:
+                pieces.append(d.text)
+            if choice.finish_reason:
+                break
+        if not choice.finish_reason:
+            req.done, req.finish_reason = True, "length"
+            pieces.append(choice.advance().text)
+        assert "".join(pieces) == want == choice.text
+        assert tok.decoded < 20 * len(ids), (tok.decoded, len(ids))  # a whole decode per token: ~len(ids)**2 / 2
+
 # -- chat -----------------------------------------------------------------------------------------------
 def test_chat_completion_uses_the_template(server, reference):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]

@@ -349,8 +349,12 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
         yr = np.empty((R, 8 * G), np.float32)
         while M - done >= PAD_ROWS_MIN:
             take = min(R, M - done)  # fewer than R rows: the last one repeated fills the pass
-            for r in range(R):
-                _prep_a_i8(a2[done + min(r, take - 1)], bs, aqr[r], ascr[r], asur[r])
+            for r in range(take):
+                _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
+            for r in range(take, R):
+                aqr[r] = aqr[take - 1]
+                ascr[r] = ascr[take - 1]
+                asur[r] = asur[take - 1]
             if parallel:
                 _q4i8_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
             else:

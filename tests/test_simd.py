@@ -224,3 +224,18 @@ def test_the_512_bit_rows_pass_gives_the_256_bit_bits(K, N, zp):
     _rows_wide_or_not(False, zp, qi, aqr, ascr, asur, 8.0, zft, sct, narrow)
     assert not np.isnan(wide).any()
     np.testing.assert_array_equal(wide, narrow)
+
+
+@pytest.mark.parametrize("M", [3, 5, 8, 11])
+def test_a_batch_of_rows_gives_each_rows_bits_alone(M):
+    """gemv_q4i8 over M rows (a full pass, a padded pass of 3 to 7, or both) equals each row run alone, bit for
+    bit: a decode batch's tokens do not depend on what else is in it."""
+    K, N, bs = 64 * 32 + 40, 48, 32
+    a, b3, sc, zf = _case(K, N, bs, False, M=M)
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
+    together = np.empty((M, N), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, False, np.float32(8), bs, together, False)
+    for m in range(M):
+        alone = np.empty((1, N), np.float32)
+        Q.gemv_q4i8(a[m:m + 1], qi, sct, zft, False, np.float32(8), bs, alone, False)
+        np.testing.assert_array_equal(together[m], alone[0])

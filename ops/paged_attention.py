@@ -70,7 +70,7 @@ PAGED_ERRORS = {
                                 "total_sequence_length"),
     7: ("IndexOutOfRangeError", "a row's positions reach past its block table"),
     8: ("IndexOutOfRangeError", "a block id is outside the pool"),
-    9: ("ShapeMismatchError", "cos_cache and sin_cache must be alike and rotate at most head_size dims"),
+    9: GQA_ERRORS[9],  # the cos/sin caches' shapes
     10: ("IndexOutOfRangeError", "a position is outside the cos/sin caches"),
 }
 
@@ -310,10 +310,11 @@ def _form(e, b: Gqa):
         raise Decline("integer inputs")
     zc = "np.zeros((1, 1), np.float32)"
     total = "{i7}[()]" if e.rank(7) == 0 else "{i7}[0]"
+    table = "{i5}" if e.dtype(5) == np.int32 else "{i5}.astype(np.int32)"  # no copy per layer of an int32 table
     g = e.use(__name__, "paged_f32")
     has = e.has
     e.line(f"{{p}}_err, {{o0}} = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, {'{i2}' if has(2) else '{i0}'}, "
-           f"{not has(1)}, {{i3}}, {{i4}}, {{i5}}.astype(np.int32), {{i6}}.reshape(({{i6}}.size,)).astype(np.int64), "
+           f"{not has(1)}, {{i3}}, {{i4}}, {table}, {{i6}}.reshape(({{i6}}.size,)), "
            f"np.int64({total}), {'{i8}' if has(8) else zc}, {'{i9}' if has(9) else zc}, {b.H}, {b.kvH}, "
            f"{b.scale!r}, {b.softcap!r}, {b.window}, {b.rotary}, {b.interleaved}, {b.smooth}, {b.causal})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in PAGED_ERRORS.items()])

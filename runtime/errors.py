@@ -18,6 +18,7 @@ __all__ = [
     "ModelLoadError",
     "ExternalDataPathError",
     "ExternalDataRangeError",
+    "ExternalDataDamagedError",
     "UnsupportedOpError",
     "InvalidFeedError",
     "ShapeMismatchError",
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidArgumentError",
     "ModelFileNotFoundError",
     "ModelParseError",
+    "OnnxCrashError",
     "NotSupportedError",
     "RunTerminatedError",
 ]
@@ -48,12 +50,21 @@ class ModelParseError(ModelLoadError, _ort.InvalidProtobuf):
     """The bytes are not a valid ONNX ``ModelProto``."""
 
 
+class OnnxCrashError(ModelLoadError):
+    """onnx's C++ code (shape inference, the function inliner or body builder) crashed or hung on the model; it ran in an
+    isolated child process (``runtime.isolate``), so only the load failed."""
+
+
 class ExternalDataPathError(ModelLoadError):
     """An external-data location resolves outside the model's folder."""
 
 
 class ExternalDataRangeError(ModelLoadError):
     """An external-data offset/length reaches past the end of its file."""
+
+
+class ExternalDataDamagedError(ModelLoadError):
+    """External data holds values weights never hold (NaN in float weights): the file is damaged."""
 
 
 class UnsupportedOpError(OnnxNumbaError, NotImplementedError, _ort.NotImplemented):

@@ -2,10 +2,14 @@
 
 Invariants:
 - External data is memory-mapped, one read-only map per file, and handed out
-  as zero-copy numpy views; nothing is read into memory up front.
+  as zero-copy numpy views; nothing is copied up front (float weights are
+  read once, by the NaN scan).
 - A location that is absolute, climbs out of the model's folder (``..``, a
   symlink) or reaches past the end of its file is refused with
-  ``ExternalDataPathError`` / ``ExternalDataRangeError``.
+  ``ExternalDataPathError`` / ``ExternalDataRangeError``; float weights that
+  hold NaN (a damaged file) with ``ExternalDataDamagedError``.
+- onnx's C++ (the inliner here, shape inference in its pass) runs isolated
+  (``runtime.isolate``), after the checks of nodes it is known to crash on.
 - Model-local functions are inlined before the IR is built.
 """
 from __future__ import annotations
@@ -18,9 +22,11 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto, numpy_helper
 
+from . import isolate
 from .dtypes import np_dtype
-from .errors import ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
+from .errors import ExternalDataDamagedError, ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
 from .ir import Graph, graph_from_proto
+from .settings import flag
 
 __all__ = ["load_model_proto", "load_graph", "resolve_external_path", "model_meta", "newest_opsets"]
 
@@ -113,7 +119,26 @@ class _ExternalData:
         arr = raw.view(dtype=dtype, type=np.ndarray)
         if not arr.flags.aligned:
             arr = arr.copy()
+        if dtype.kind == "f" and flag("ONNX_NUMBA_CHECK_WEIGHTS"):
+            _refuse_nan(arr, t.name, location, offset)
         return arr.reshape(dims)
+
+
+_SCAN = 1 << 20  # elements per chunk of the NaN scan: no temporary grows with the tensor
+
+
+def _refuse_nan(flat: np.ndarray, name: str, location: str, offset: int) -> None:
+    """Float weights hold no NaN; a data file overwritten midway (random bytes are NaN one float in 256, so any
+    damaged stretch of more than a few hundred bytes holds one) or a bad download does.  Zeros written over
+    weights, or damage to packed integer weights, cannot be told from data without checksums."""
+    for start in range(0, flat.shape[0], _SCAN):
+        bad = np.isnan(flat[start:start + _SCAN])
+        if bad.any():
+            k = start + int(np.argmax(bad))
+            raise ExternalDataDamagedError(
+                f"tensor {name!r}: element {k} (byte {offset + k * flat.dtype.itemsize} of {location!r}) is NaN; "
+                f"float weights hold no NaN, so the data file is damaged or was overwritten (set "
+                f"ONNX_NUMBA_CHECK_WEIGHTS=0 to load it anyway)")
 
 
 def _map_of(a):
@@ -331,6 +356,34 @@ def _tensors_of(g):
                 yield from _tensors_of(sg)
 
 
+def _inline_functions(proto: ModelProto) -> ModelProto:
+    """``proto`` with its model-local functions inlined by onnx, run isolated (``runtime.isolate``).  The child
+    gets the model without initializer data (the inliner never reads it), which is then put back by name."""
+    from onnx import inliner
+    bare = ModelProto()
+    bare.CopyFrom(proto)
+    bare.graph.ClearField("initializer")
+    bare.graph.initializer.extend(_bare_tensor(t) for t in proto.graph.initializer)
+    try:
+        out = isolate.call(lambda: inliner.inline_local_functions(bare).SerializeToString(), "function inliner")
+    except isolate.IsolatedStepError as e:
+        raise ModelLoadError(f"could not inline model-local functions: {e}") from None
+    inlined = ModelProto()
+    inlined.ParseFromString(out)
+    data = {t.name: t for t in proto.graph.initializer}
+    kept = [data.get(t.name, t) for t in inlined.graph.initializer]
+    inlined.graph.ClearField("initializer")
+    inlined.graph.initializer.extend(kept)
+    return inlined
+
+
+def _bare_tensor(t: TensorProto) -> TensorProto:
+    bare = TensorProto()
+    bare.name, bare.data_type = t.name, t.data_type
+    bare.dims.extend(t.dims)
+    return bare
+
+
 def load_graph(model, initializers: dict | None = None) -> Graph:
     """Load ``model`` into an IR graph (external data mapped, local functions inlined).
 
@@ -341,11 +394,7 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
     if not proto.HasField("graph"):
         raise ModelLoadError("model has no graph")
     if proto.functions:
-        try:
-            from onnx import inliner
-            proto = inliner.inline_local_functions(proto)
-        except Exception as e:  # pragma: no cover - depends on onnx build
-            raise ModelLoadError(f"could not inline model-local functions: {e}") from None
+        proto = _inline_functions(proto)
     _check_versions(proto)
     opsets = {}
     for o in proto.opset_import:

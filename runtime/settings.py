@@ -13,9 +13,12 @@ them between sessions.
 | ``ONNX_NUMBA_DECODE_INLINE_SCAN`` | off | single-token steps of Scan decoders run on the inlined sibling plan |
 | ``ONNX_NUMBA_PROGRESS`` | on | a progress bar while a first run compiles region kinds |
 | ``ONNX_NUMBA_REQUIRE_CUDA`` | off | a missing CUDA target fails instead of skipping |
+| ``ONNX_NUMBA_ISOLATE_ONNX`` | on | onnx's C++ shape inference and inliner run in a forked child (``runtime.isolate``) |
+| ``ONNX_NUMBA_CHECK_WEIGHTS`` | on | float weights read from external data are scanned for NaN (a damaged data file) |
 
-Paths (``ONNX_NUMBA_REGION_DIR``) and the pipeline's backend choice (``ONNX_NUMBA_NATIVE_*``, parsed with
-their own errors in ``pipeline.backends``) are read through ``text``.
+Paths (``ONNX_NUMBA_REGION_DIR``), the isolated step's deadline (``ONNX_NUMBA_ISOLATE_TIMEOUT``, seconds)
+and the pipeline's backend choice (``ONNX_NUMBA_NATIVE_*``, parsed with their own errors in
+``pipeline.backends``) are read through ``text``.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ FLAGS = {  # variable -> default
     "ONNX_NUMBA_DECODE_INLINE_SCAN": False,
     "ONNX_NUMBA_PROGRESS": True,
     "ONNX_NUMBA_REQUIRE_CUDA": False,
+    "ONNX_NUMBA_ISOLATE_ONNX": True,
+    "ONNX_NUMBA_CHECK_WEIGHTS": True,
 }
 
 

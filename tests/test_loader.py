@@ -185,3 +185,82 @@ def test_nodes_that_crash_onnx_shape_inference_are_refused_before_it(node, input
                               "g", [cond] + ins, outs)
     with pytest.raises(ModelLoadError, match=why):
         load_graph(helper.make_model(outer, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+# -- onnx's C++ runs isolated: a model that crashes or hangs it fails its own load, nothing else ---------------
+
+def test_isolated_steps_report_each_way_a_step_can_end():
+    import signal
+    import time
+    from runtime import isolate
+    from runtime.errors import OnnxCrashError
+    assert isolate.call(lambda: b"answer", "step") == b"answer"
+    assert isolate.call(lambda: None, "step") is None
+    with pytest.raises(isolate.IsolatedStepError, match="ZeroDivisionError: integer division") as e:
+        isolate.call(lambda: 1 // 0, "step")
+    assert e.value.kind == "ZeroDivisionError"
+    with pytest.raises(OnnxCrashError, match=r"onnx's step crashed on this model \(SIGABRT\)"):
+        isolate.call(os.abort, "step")
+    with pytest.raises(OnnxCrashError, match=r"onnx's step did not finish within 0.5 s"):
+        isolate.call(lambda: time.sleep(30), "step", timeout=0.5)
+    assert signal.getsignal(signal.SIGINT) is not None  # the caller carries on
+    assert isolate.call(lambda: b"after", "step") == b"after"
+
+
+@pytest.mark.parametrize("node,inputs,how", [
+    (helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-2),
+     [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [2, 1])], r"crashed on this model \(SIGSEGV\)"),
+    (helper.make_node("Einsum", ["x"], ["y"], equation="..nii ->...i"), [("x", TensorProto.FLOAT, [2, 3, 3])],
+     "did not finish within 1 s"),
+])
+def test_a_model_that_crashes_or_hangs_onnx_fails_only_its_load(monkeypatch, node, inputs, how):
+    """With the loader's own checks of these nodes turned off, onnx's shape inference meets them: it segfaults
+    on the first and never returns on the second, in a child process; the load fails with a named error and
+    this process goes on loading and running models."""
+    import runtime.loader
+    from runtime.errors import OnnxCrashError
+    monkeypatch.setattr(runtime.loader, "_node_defects", lambda n, opsets: None)
+    monkeypatch.setenv("ONNX_NUMBA_ISOLATE_TIMEOUT", "1")
+    ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output]
+    m = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(OnnxCrashError, match=f"onnx's shape inference {how}"):
+        InferenceSession(m)
+    out = InferenceSession(_model()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_inlining_keeps_the_initializers_data():
+    """The inliner runs isolated on the model without initializer data; the data is put back by name."""
+    f = helper.make_function("local", "AddTwice", ["a", "b"], ["c"],
+                             [helper.make_node("Add", ["a", "b"], ["t"]), helper.make_node("Add", ["t", "b"], ["c"])],
+                             [helper.make_opsetid("", 17)])
+    w = numpy_helper.from_array(np.array([10, 20], np.float32), "W")
+    g = helper.make_graph([helper.make_node("AddTwice", ["x", "W"], ["y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                          functions=[f])
+    out = InferenceSession(m).run(None, {"x": np.array([1, 2], np.float32)})[0]
+    np.testing.assert_array_equal(out, [21, 42])
+
+
+def test_weights_overwritten_midway_are_reported(tmp_path, monkeypatch):
+    """Random bytes over the middle of a data file hold NaN as floats; the load names the tensor and the byte."""
+    from runtime.errors import ExternalDataDamagedError
+    weight = np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)
+    m = _model(weight)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 64
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 64
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 64
+    m.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
+    path = _save_external(m, str(tmp_path))
+    InferenceSession(path)  # intact: loads
+    data = tmp_path / "w.bin"
+    raw = bytearray(data.read_bytes())
+    raw[8000:9024] = np.random.default_rng(0).integers(0, 256, 1024, dtype=np.uint8).tobytes()
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ExternalDataDamagedError, match=r"tensor 'W': element \d+ \(byte \d+ of 'w.bin'\) is NaN"):
+        InferenceSession(path)
+    monkeypatch.setenv("ONNX_NUMBA_CHECK_WEIGHTS", "0")  # the user's way out, named in the message
+    InferenceSession(path)

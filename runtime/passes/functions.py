@@ -19,6 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, FunctionProto, GraphProto, TypeProto, helper
 
+from .. import isolate
 from ..ir import Graph, Node, attr_value, valueinfo_to_proto
 from .base import Pass, PassResult
 
@@ -59,10 +60,11 @@ def function_body(node: Node, graph: Graph) -> FunctionProto | None:
             if vi is not None:
                 tp.CopyFrom(valueinfo_to_proto(vi).type)
             types.append(tp.SerializeToString())
-        try:
-            b = s.get_context_dependent_function_with_opset_version(max(ctxdep), node.to_proto().SerializeToString(),
-                                                                     types)
-        except Exception:
+        proto = node.to_proto().SerializeToString()
+        try:  # onnx's C++ builds the body from an untrusted node: isolated (runtime.isolate)
+            b = isolate.call(lambda: s.get_context_dependent_function_with_opset_version(max(ctxdep), proto, types),
+                             f"function builder for {node.op_type}")
+        except isolate.IsolatedStepError:
             return None
         if not b:
             return None

@@ -9,6 +9,9 @@ are computed in the graph still resolve) and writes what it learns into
 - ``strict=False`` (permissive): contradictions and ops without a schema
   (contrib ops) leave their outputs unknown; planning goes on.
 
+onnx runs in a forked child (``runtime.isolate``): a model that crashes or hangs its C++ fails the load with
+``OnnxCrashError`` and leaves the caller running.
+
 Large initializers travel to the engine as typed inputs rather than data, so
 inference never copies weights.
 """
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import onnx
 
+from .. import isolate
 from ..errors import ShapeInferenceError
+from ..isolate import IsolatedStepError
 from ..ir import Graph, model_to_proto, valueinfo_from_proto
 from .base import Pass, PassResult
 
@@ -33,17 +38,16 @@ class InferShapes(Pass):
 
     def call(self, graph: Graph) -> PassResult:
         model = model_to_proto(graph, small_init_limit=_SMALL)
-        # Values we already know stay as hints; onnx refines them.
+        # Values we already know stay as hints; onnx refines them.  onnx runs isolated (runtime.isolate): a model
+        # that crashes or hangs it fails this load with OnnxCrashError and nothing else.
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=self.strict, strict_mode=self.strict,
-                                                         data_prop=True)
-        except Exception as e:
+            inferred = _infer(model, strict=self.strict, data_prop=True)
+        except IsolatedStepError as e:
             if self.strict:
                 raise ShapeInferenceError(f"shape inference failed: {e}") from None
             try:
-                inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                             data_prop=False)
-            except Exception:
+                inferred = _infer(model, strict=False, data_prop=False)
+            except IsolatedStepError:
                 return PassResult(False, ["inference unavailable"])
         modified = False
         g = inferred.graph
@@ -62,6 +66,16 @@ class InferShapes(Pass):
             if name not in graph.value_info and arr.dtype != object:
                 graph.value_info[name] = ValueInfo(name, arr.dtype, tuple(arr.shape), onnx_type(arr.dtype))
         return PassResult(modified)
+
+
+def _infer(model: onnx.ModelProto, strict: bool, data_prop: bool) -> onnx.ModelProto:
+    def step():
+        return onnx.shape_inference.infer_shapes(model, check_type=strict, strict_mode=strict,
+                                                 data_prop=data_prop).SerializeToString()
+
+    out = onnx.ModelProto()
+    out.ParseFromString(isolate.call(step, "shape inference"))
+    return out
 
 
 def _rank_known(v):

@@ -1,8 +1,8 @@
 """onnxruntime-genai's ``Generator`` over a ``Pipeline``: sequences that grow by appended and generated tokens.
 
-The decoder runs the sequences as the rows of one batch: the batch's prompts (``batch_size``), or one prompt
-on every beam (``num_beams``, ``pipeline/beam_search.py``: each step reorders the caches between beams).  It
-has seen the first ``_fed`` tokens of every row; the ones after (the token just generated) go in with the next
+The decoder runs the sequences as the rows of one batch: the batch's prompts (``batch_size``), each on
+``num_beams`` rows with beam search (``pipeline/beam_search.py``: each step reorders the caches between
+beams).  It has seen the first ``_fed`` tokens of every row; the ones after (the token just generated) go in with the next
 model run.  ``_logits`` are the logits of the position after the whole sequence, or None
 until a run computes them:
 
@@ -21,7 +21,10 @@ As in onnxruntime-genai: token ids come back as int32 arrays, logits as float32 
 sequence never passes ``max_length`` (checked before a run, with its messages); ``min_length`` keeps the EOS
 ids from being picked until the sequence is that long.  A batch is right-padded (``Tokenizer.encode_batch``):
 each row keeps its own length in the decoder, a finished row takes pads, and ``rewind_to`` takes 0 only.  Beam
-search runs one prompt with greedy scores; ``get_sequence(i)`` is then the i-th best hypothesis.
+search runs each prompt of the batch on ``num_beams`` rows with greedy scores (sampling options are refused,
+as onnxruntime-genai refuses them, except ``top_k`` 1); ``get_sequence(i)`` is then prompt
+``i // num_return_sequences``'s ``i % num_return_sequences``-th best hypothesis, pads kept where the padded
+batch put them.
 """
 from __future__ import annotations
 
@@ -55,14 +58,16 @@ class Generator:
             raise RequestError(f"num_beams ({nb}) must be >= 1 and num_return_sequences ({nrs}) from 1 to num_beams")
         if int(s.batch_size) < 1:
             raise RequestError(f"batch_size must be >= 1, got {s.batch_size}")
-        if nb > 1 and (int(s.batch_size) > 1 or s.do_sample):
-            raise NotImplementedError(f"beam search (num_beams={nb}) runs one prompt with greedy scores "
-                                      f"(batch_size 1, do_sample off) in this generator")
+        if nb > 1 and s.do_sample and int(s.top_k) != 1:  # onnxruntime-genai's rule and wording
+            raise RequestError("TopK and TopP cannot be used with a beam search")
         self.model, self.params, self.search = model, params, s
         self.max_length = ml
-        self.beams = None if nb == 1 else BeamSearch(nb, s.length_penalty, s.early_stopping,
-                                                     model.spec.eos_token_ids or [], model.pad_token_id)
-        self.batch = nb if self.beams else int(s.batch_size)  # the decoder's rows: the beams, or the batch
+        self.prompts = int(s.batch_size)
+        # one search per prompt, over its num_beams rows (prompt b's beams are rows b * nb .. b * nb + nb - 1)
+        self.beams = None if nb == 1 else [
+            BeamSearch(nb, s.length_penalty, s.early_stopping, model.spec.eos_token_ids or [], model.pad_token_id)
+            for _ in range(self.prompts)]
+        self.batch = self.prompts * nb  # the decoder's rows
         self.pipe = model.pipeline_for(ml, self.batch)
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
@@ -118,10 +123,13 @@ class Generator:
         a = np.asarray(ids.as_numpy() if hasattr(ids, "as_numpy") else ids, np.int64)
         if a.ndim <= 1:
             a = a.reshape(1, -1)
-        if self.beams is not None:  # one prompt, on every beam's row
-            if a.shape[0] != 1 or self._seq:
-                raise NotImplementedError("beam search takes one prompt, appended once before generating")
-            a = np.repeat(a, self.batch, axis=0)
+        if self.beams is not None:  # each prompt on every one of its beams' rows
+            if self._seq:
+                raise RequestError("beam search takes its prompts once, before generating")
+            if a.shape[0] != self.prompts:
+                raise RequestError(f"append_tokens: expected token ids for {self.prompts} prompt(s), got shape "
+                                   f"{list(a.shape)}")
+            a = np.repeat(a, self.search.num_beams, axis=0)
         if a.ndim != 2 or a.shape[0] != self.batch:
             raise RequestError(f"append_tokens: expected token ids for {self.batch} row(s), got shape {list(a.shape)}")
         n = len(self._seq)
@@ -165,24 +173,33 @@ class Generator:
         self._done = all(self._finished) or len(self._seq) >= self.max_length
 
     def _beam_step(self, logits):
-        """One beam-search step: the new beams continue their parents' rows, caches reordered to match."""
-        tokens, parents = self.beams.step(logits, self._rows)
+        """One beam-search step of every prompt: the new beams continue their parents' rows (within the
+        prompt's rows), caches reordered to match."""
+        nb = int(self.search.num_beams)
+        tokens, parents = [], []
+        for b, search in enumerate(self.beams):
+            at = slice(b * nb, (b + 1) * nb)
+            t, p = search.step(logits[at], self._rows[at])
+            tokens += t
+            parents += [b * nb + q for q in p]
         if parents != list(range(self.batch)):
             self.pipe.decoder.reorder(parents)
         self._rows = [self._rows[p] + [t] for p, t in zip(parents, tokens)]
         self._logits = None
-        self._done = self.beams.done or len(self._seq) >= self.max_length
+        self._done = all(search.done for search in self.beams) or len(self._seq) >= self.max_length
 
     def get_next_tokens(self) -> np.ndarray:
         return np.asarray([r[-1] for r in self._rows] if self._seq else [], np.int32)
 
     def get_sequence(self, index: int = 0) -> np.ndarray:
-        if self.beams is not None:  # the index-th best hypothesis (the open beams count once the search ends)
-            if not 0 <= index < int(self.search.num_return_sequences):
-                raise RequestError(f"get_sequence({index}): beam search returns "
-                                   f"{self.search.num_return_sequences} sequence(s)")
-            self.beams.finish(self._rows)
-            return np.asarray(self.beams.hypothesis(index), np.int32)
+        if self.beams is not None:  # prompt index // nrs's (index % nrs)-th best (open beams count at the end)
+            nrs, nb = int(self.search.num_return_sequences), int(self.search.num_beams)
+            if not 0 <= index < nrs * self.prompts:
+                raise RequestError(f"get_sequence({index}): beam search returns {nrs} sequence(s) for each of "
+                                   f"{self.prompts} prompt(s)")
+            b = index // nrs
+            self.beams[b].finish(self._rows[b * nb:(b + 1) * nb])
+            return np.asarray(self.beams[b].hypothesis(index % nrs), np.int32)
         if not 0 <= index < self.batch:
             raise RequestError(f"get_sequence({index}): the batch holds {self.batch} sequence(s)")
         return np.asarray(self._rows[index], np.int32)

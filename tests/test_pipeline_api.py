@@ -227,6 +227,47 @@ def test_beam_search_scores_as_onnxruntime_genai_does(ort_genai, native, case):
     assert len(got[0]) <= 18 - 7
 
 
+def _batch_beams(api, **kw):
+    """Beam search over a right-padded batch of three prompts, 3 beams each; EOS steered into the first beam
+    of the first two prompts and the last beam of the last at steps 2 and 4."""
+    m = api.Model(LLAMA, **kw)
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=20, num_beams=3, num_return_sequences=2, length_penalty=2.0,
+                              batch_size=3)
+    g = api.Generator(m, params)
+    g.append_tokens(api.Tokenizer(m).encode_batch(["hello world", "wor", "hello world foo"]))
+    steps = []
+    while not g.is_done():
+        if len(steps) + 1 in (2, 4):
+            lg = g.get_logits()
+            for row, lift in ((0, 0.5), (3, 1.0), (8, 3.0)):
+                lg[row, 0, 2] = lg[row, 0].max() + lift
+            g.set_logits(lg)
+        g.generate_next_token()
+        steps.append(g.get_next_tokens().tolist())
+    return steps, [g.get_sequence(i).tolist() for i in range(6)]
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+def test_beam_search_over_a_padded_batch_as_onnxruntime_genai_does(ort_genai, native):
+    """Each prompt's beams are rows of one batch, reordered within the prompt's rows; every step's tokens and
+    each prompt's sequences (pads where the batch put them) are onnxruntime-genai's."""
+    got = _batch_beams(og, native=native)
+    assert got == _batch_beams(ort_genai)
+    assert len(got[0][0]) == 9
+
+
+def test_sampling_with_beams_is_refused_as_onnxruntime_genai_refuses_it(ort_genai):
+    for api in (og, ort_genai):
+        m = api.Model(LLAMA, **({"native": "none"} if api is og else {}))
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=20, num_beams=3, do_sample=True)
+        with pytest.raises(RuntimeError, match="TopK and TopP cannot be used with a beam search"):
+            api.Generator(m, params)
+        params.set_search_options(top_k=1)  # a top-k of 1 is allowed: the beams then score greedily
+        api.Generator(m, params)
+
+
 @pytest.mark.parametrize("beams", [1, 3])
 def test_no_repeat_ngram_size_as_onnxruntime_genai_applies_it(ort_genai, beams):
     def run(api, **kw):

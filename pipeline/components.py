@@ -254,10 +254,15 @@ class DecoderComponent:
         if pname and pname in self.inputs and pname not in feeds:
             rank = pos.rank if pos is not None else 1
             t = np_type(self.inputs[pname].type)
-            if rank == 3:
+            if rank == 3 and rows is not None:  # text positions of each row, the same in every stream
+                ids = np.empty((3, b, seq_len), t)
+                ids[...] = (rows[:, None] + np.arange(seq_len, dtype=np.int64)[None, :])[None]
+            elif rank == 3:
                 start = self._rank3_start(length, seq_len)
                 ids = np.empty((3, b, seq_len), t)
                 ids[...] = (start[:, None] + np.arange(seq_len, dtype=np.int64)[None, :])[:, None, :]
+            elif rows is not None:  # each row from its own length (a pad's position is never attended)
+                ids = (rows[:, None] + np.arange(seq_len, dtype=np.int64)[None, :]).astype(t)
             else:
                 ids = np.empty((b, seq_len), t)
                 ids[...] = np.arange(length, total, dtype=np.int64)
@@ -299,12 +304,16 @@ class DecoderComponent:
     @property
     def runs_ragged(self) -> bool:
         """Rows of a batch may have different lengths: the decoder has attention caches and a mask, and no
-        recurrent state, sliding windows or position ids (whose per-row values are not built yet)."""
+        recurrent state (a row's padding would run through it: the graphs do not mask it), sliding-window
+        caches or positions that carry an image's maxima (``carry_max``).  Position ids (rank 2, or rank 3
+        with the same text positions in each stream) are built per row."""
         io = self.io
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
+        carried = bool(pname and pname in self.inputs and pos is not None and pos.rank == 3
+                       and pos.continuation == "carry_max")
         return bool(io.attention_mask_input in self.inputs and not io.state_pairs and not self._window
-                    and not (pname and pname in self.inputs))
+                    and not carried)
 
     def _ragged(self, lengths, seq_len):
         """``lengths``: how many of the ``seq_len`` new positions of each row are real (a right-padded batch,
@@ -324,7 +333,7 @@ class DecoderComponent:
             if not self.runs_ragged:
                 raise NotImplementedError(f"decoder {self.spec.name!r}: rows of different lengths are run for "
                                           f"decoders with attention caches and a mask only (no recurrent state, "
-                                          f"sliding windows or position ids)")
+                                          f"sliding-window caches or positions that carry an image's maxima)")
             self.row_lengths = np.full(self.batch, self.cache.length, np.int64)
             self.cache.ragged = True
         return n

@@ -196,6 +196,61 @@ def test_a_padded_batch_decodes_as_onnxruntime_genai_does(ort_genai, native):
     assert _batch(og, native=native) == _batch(ort_genai)
 
 
+def _with_position_ids(dst):
+    """The llama package with learned absolute positions (GPT-2's): a ``position_ids`` input whose rows of a
+    table are added to the token embeddings, so a row fed the wrong positions decodes differently."""
+    import shutil
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    shutil.copytree(LLAMA, dst)
+    path = os.path.join(dst, "model.onnx")
+    m = onnx.load(path, load_external_data=False)
+    g = m.graph
+    emb = next(n for n in g.node if n.op_type == "Gather" and n.input[1] == "input_ids")
+    hidden = next(t for t in g.initializer if t.name == emb.input[0]).dims[1]
+    for n in g.node:
+        n.input[:] = ["emb_plus_pos" if i == emb.output[0] else i for i in n.input]
+    table = np.random.default_rng(0).standard_normal((64, hidden)).astype(np.float32)
+    g.initializer.append(numpy_helper.from_array(table, "pos_table"))
+    at = list(g.node).index(emb) + 1
+    g.node.insert(at, helper.make_node("Gather", ["pos_table", "position_ids"], ["pos_emb"], name="pos_gather"))
+    g.node.insert(at + 1, helper.make_node("Add", [emb.output[0], "pos_emb"], ["emb_plus_pos"], name="pos_add"))
+    g.input.insert(2, helper.make_tensor_value_info("position_ids", TensorProto.INT64,
+                                                    ["batch_size", "sequence_length"]))
+    onnx.save(m, path)
+    cfg = json.loads(open(os.path.join(dst, "genai_config.json")).read())
+    cfg["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
+    open(os.path.join(dst, "genai_config.json"), "w").write(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+def test_a_padded_batch_feeds_each_row_its_own_position_ids(ort_genai, native, tmp_path, monkeypatch):
+    """A decoder with a position_ids input: each row of a right-padded batch is fed its own positions, so its
+    tokens are onnxruntime-genai's and the ones its prompt gives alone (per-node plan: no region to compile)."""
+    monkeypatch.setenv("ONNX_NUMBA_COMPILED_REGIONS", "0")
+    pkg = _with_position_ids(str(tmp_path / "llama_pos"))
+    prompts = ["hello", "hello world foo bar baz", "wor"]
+
+    def run(api, batch, **kw):
+        m = api.Model(pkg, **kw)
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=22, batch_size=len(batch))
+        g = api.Generator(m, params)
+        g.append_tokens(api.Tokenizer(m).encode_batch(batch))
+        while not g.is_done():
+            g.generate_next_token()
+        return [g.get_sequence(i).tolist() for i in range(len(batch))]
+
+    got = run(og, prompts, native=native)
+    assert got == run(ort_genai, prompts)
+    pad = og.Model(pkg, native="none").pad_token_id
+    for row, prompt in zip(got, prompts):
+        alone = run(og, [prompt], native=native)[0]
+        real = [t for t in row if t != pad]
+        assert real == alone[:len(real)]
+
+
 def _beams(api, nb, nrs, early, penalty, eos_at=(), **kw):
     """Beam search on one prompt: each step's beam tokens, then the returned sequences.  At the steps in
     ``eos_at`` the first and last beams' logits are steered to EOS, so hypotheses end early."""
@@ -366,7 +421,7 @@ def test_overlay_min_length_seed_and_what_one_sequence_refuses():
     assert sample(3) == sample(3) and sample(3) != sample(4)
     p = og.GeneratorParams(model)
     p.set_search_options(num_beams=2, do_sample=True)
-    with pytest.raises(NotImplementedError, match="beam search"):
+    with pytest.raises(RequestError, match="TopK and TopP cannot be used with a beam search"):
         og.Generator(model, p)
     p.set_search_options(num_beams=2, do_sample=False, num_return_sequences=3)
     with pytest.raises(RequestError, match="num_return_sequences"):

@@ -1,4 +1,5 @@
-"""Recurrent ops: RNN, GRU, LSTM (opset 7 and 14, the latter adding ``layout``).
+"""Recurrent ops: RNN, GRU, LSTM (opset 7 and 14, the latter adding ``layout``), and com.microsoft's
+DynamicQuantizeLSTM (int8/uint8 weights, activations quantized to uint8 on the fly).
 
 The wrapper canonicalizes everything to layout 0 (X [seq, batch, input]),
 pre-transposes the weights so every matrix product inside the kernels is a
@@ -13,6 +14,13 @@ backwards from step ``sequence_lens[b] - 1``); Y is zero past that length and
 Y_h/Y_c hold the state after the last valid step.  ``clip`` bounds every gate
 pre-activation.  Activation alpha/beta lists are consumed in activation
 order, only by the activations that take them.
+
+DynamicQuantizeLSTM reproduces onnxruntime's integer arithmetic: X quantized to uint8 once (all steps), the
+hidden state again at every step (range widened to hold 0, scale (max - min) / 255, round half to even), the
+products exact, or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent pairs by
+``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import); each product
+scaled per column in float32.  Its sigmoid and tanh are exact where onnxruntime's are MLAS approximations, so
+a hidden value can round to the neighbouring uint8 code at a later step.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from ._common import F32, lowp
 from .registry import op
 
-__all__ = ["RNN", "GRU", "LSTM"]
+__all__ = ["RNN", "GRU", "LSTM"]  # and com.microsoft DynamicQuantizeLSTM (registered at the end)
 
 # name -> (code, default alpha or None, default beta or None)
 _ACTS = {
@@ -150,38 +158,131 @@ def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip
 
 
 @njit(cache=True, nogil=True)
-def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
-    seq, batch, _ = X.shape
-    D, H, _ = RT.shape
+def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y):
+    """Step ``s`` of direction ``d`` for every batch row: gates from the input projection ``xw`` and the
+    recurrence ``hr`` (bias and peepholes added here), then the new cell ``c`` and hidden ``h``."""
+    batch, H = h.shape
     G = 4 * H
+    cf, af, bf = acts[d, 0], alphas[d, 0], betas[d, 0]
+    cg, ag, bg = acts[d, 1], alphas[d, 1], betas[d, 1]
+    ch, ah, bh = acts[d, 2], alphas[d, 2], betas[d, 2]
+    for b in range(batch):
+        t = _time_of(s, seqlens[b], rev[d])
+        if t < 0:
+            continue
+        row = t * batch + b
+        for j in range(H):
+            cp = c[b, j]
+            gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
+            go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
+            gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] \
+                + P[d, 2 * H + j] * cp
+            gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
+            i = _act(cf, af, bf, clip, gi)
+            f = 1.0 - i if input_forget else _act(cf, af, bf, clip, gf)
+            cn = f * cp + i * _act(cg, ag, bg, clip, gc)
+            o = _act(cf, af, bf, clip, go + P[d, H + j] * cn)
+            c[b, j] = cn
+            h[b, j] = o * _act(ch, ah, bh, 0.0, cn)
+            Y[t, d, b, j] = h[b, j]
+
+
+@njit(cache=True, nogil=True)
+def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
+    seq = X.shape[0]
+    D = RT.shape[0]
     for d in range(D):
         xw = _input_proj(X, WT, d)
         h = h0[d].copy()
         c = c0[d].copy()
-        cf, af, bf = acts[d, 0], alphas[d, 0], betas[d, 0]
-        cg, ag, bg = acts[d, 1], alphas[d, 1], betas[d, 1]
-        ch, ah, bh = acts[d, 2], alphas[d, 2], betas[d, 2]
         for s in range(seq):
             hr = np.dot(h, RT[d])
-            for b in range(batch):
-                t = _time_of(s, seqlens[b], rev[d])
-                if t < 0:
-                    continue
-                row = t * batch + b
-                for j in range(H):
-                    cp = c[b, j]
-                    gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
-                    go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
-                    gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] \
-                        + P[d, 2 * H + j] * cp
-                    gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
-                    i = _act(cf, af, bf, clip, gi)
-                    f = 1.0 - i if input_forget else _act(cf, af, bf, clip, gf)
-                    cn = f * cp + i * _act(cg, ag, bg, clip, gc)
-                    o = _act(cf, af, bf, clip, go + P[d, H + j] * cn)
-                    c[b, j] = cn
-                    h[b, j] = o * _act(ch, ah, bh, 0.0, cn)
-                    Y[t, d, b, j] = h[b, j]
+            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
+        Yh[d] = h
+        Yc[d] = c
+
+
+@njit(cache=True, nogil=True)
+def _quantize_u8(x, q):
+    """onnxruntime's dynamic uint8 quantization of ``x`` (2-d float32) as its quantized RNN products take it:
+    the range widened to hold 0, scale (max - min) / 255 (1 when the range is empty), zero point the rounded
+    -min / scale, each value round-half-even(x / scale) kept within the codes.  ``q`` receives the codes minus
+    the zero point (as float64, so that a BLAS product of them is the exact integer sum); returns the scale."""
+    mn = np.float32(0.0)
+    mx = np.float32(0.0)
+    for i in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            v = x[i, k]
+            mn = min(mn, v)
+            mx = max(mx, v)
+    scale = np.float32(1.0) if mx == mn else np.float32((mx - mn) / np.float32(255.0))
+    zp = np.rint(min(np.float32(255.0), max(np.float32(0.0), np.float32(0.0) - mn / scale)))
+    lo, hi = -zp, np.float32(255.0) - zp
+    for i in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            q[i, k] = min(max(np.rint(x[i, k] / scale), lo), hi)
+    return scale, zp
+
+
+@njit(cache=True, nogil=True)
+def _saturating_dot(q, zp, Wd, colsum, out):
+    """out = the products of codes ``q + zp`` (uint8) and int8 codes ``Wd`` as MLAS sums them on x86 hosts
+    without VNNI: each adjacent pair of k (0-1, 2-3, ...) multiplied and added into 16 bits with saturation
+    (``vpmaddubsw``), the pairs added in 32 bits, then ``zp`` times the column sums taken off."""
+    M, K = q.shape
+    N = Wd.shape[1]
+    a = np.empty(K + 1, np.int32)
+    z = np.int32(zp)
+    for i in range(M):
+        for k in range(K):
+            a[k] = np.int32(q[i, k]) + z
+        a[K] = 0
+        for j in range(N):
+            acc = np.int32(0)
+            for k in range(0, K, 2):
+                b1 = np.int32(Wd[k + 1, j]) if k + 1 < K else np.int32(0)
+                pair = a[k] * np.int32(Wd[k, j]) + a[k + 1] * b1
+                acc += min(max(pair, np.int32(-32768)), np.int32(32767))
+            out[i, j] = np.float64(acc - z * colsum[j])
+
+
+@njit(cache=True, nogil=True)
+def _qproduct(q, zp, Wd, colsum, saturate, scale, wscale, out):
+    """out = float32(q @ Wd) * float32(scale * wscale[col]): the integer product of quantized codes (exact in
+    float64, or summed as ``_saturating_dot`` does when ``saturate``) scaled per output column, as
+    onnxruntime's quantized GEMM writes it."""
+    if saturate:
+        acc = np.empty((q.shape[0], Wd.shape[1]), np.float64)
+        _saturating_dot(q, zp, Wd, colsum, acc)
+    else:
+        acc = np.dot(q, Wd)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = np.float32(acc[i, j]) * np.float32(scale * wscale[j])
+
+
+@njit(cache=True, nogil=True)
+def _qlstm_kernel(X, Wd, wcol, wsat, wscale, Rd, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts, alphas,
+                  betas, clip, input_forget, Y, Yh, Yc):
+    """LSTM with int8/uint8 weights (``Wd`` [D, nin, 4H], ``Rd`` [D, H, 4H]: codes minus zero point, float64)
+    as onnxruntime's DynamicQuantizeLSTM runs it: X quantized once per direction (all steps together), the
+    hidden state quantized again at every step, each product scaled per column."""
+    seq, batch, nin = X.shape
+    D, H, G = Rd.shape
+    x2 = X.reshape(seq * batch, nin)
+    xq = np.empty((seq * batch, nin), np.float64)
+    xw = np.empty((seq * batch, G), np.float32)
+    hq = np.empty((batch, H), np.float64)
+    hr = np.empty((batch, G), np.float32)
+    sx, zx = _quantize_u8(x2, xq)
+    for d in range(D):
+        _qproduct(xq, zx, Wd[d], wcol[d], wsat, sx, wscale[d], xw)
+        h = h0[d].copy()
+        c = c0[d].copy()
+        for s in range(seq):
+            sh, zh = _quantize_u8(h, hq)
+            _qproduct(hq, zh, Rd[d], rcol[d], rsat, sh, rscale[d], hr)
+            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
         Yh[d] = h
         Yc[d] = c
 
@@ -222,7 +323,8 @@ def _activations(op_name, activations, alpha, beta, defaults, D):
 class _Prep:
     """Canonical (layout 0, contiguous, compute-dtype) operands shared by the three cells."""
 
-    def __init__(self, op_name, G, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout):
+    def __init__(self, op_name, G, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout,
+                 quantized=False):
         dirs = {"forward": (0,), "reverse": (1,), "bidirectional": (0, 1)}
         direction = direction.decode() if isinstance(direction, bytes) else direction
         if direction not in dirs:
@@ -241,13 +343,16 @@ class _Prep:
             X = X.transpose(1, 0, 2)
         self.X = np.ascontiguousarray(X, dt)
         seq, batch, nin = self.X.shape
-        H = int(hidden_size) if hidden_size else R.shape[-1]
-        if W.shape != (D, G * H, nin) or R.shape != (D, G * H, H):
-            raise ShapeMismatchError(f"{op_name}: expected W {[D, G * H, nin]} and R {[D, G * H, H]}, "
+        H = int(hidden_size) if hidden_size else R.shape[1 if quantized else -1]
+        # quantized weights (DynamicQuantizeLSTM) are laid out [D, nin, G * H] and [D, H, G * H]
+        want_w, want_r = ((D, nin, G * H), (D, H, G * H)) if quantized else ((D, G * H, nin), (D, G * H, H))
+        if W.shape != want_w or R.shape != want_r:
+            raise ShapeMismatchError(f"{op_name}: expected W {list(want_w)} and R {list(want_r)}, "
                                      f"got {list(W.shape)} and {list(R.shape)}")
         self.D, self.H, self.seq, self.batch, self.layout = D, H, seq, batch, layout
-        self.WT = np.ascontiguousarray(W.astype(dt, copy=False).transpose(0, 2, 1))
-        self.R = R.astype(dt, copy=False)
+        if not quantized:
+            self.WT = np.ascontiguousarray(W.astype(dt, copy=False).transpose(0, 2, 1))
+            self.R = R.astype(dt, copy=False)
         if B is None:
             self.B = np.zeros((D, 2 * G * H), dt)
         else:
@@ -268,6 +373,13 @@ class _Prep:
         self.h0 = self.state(op_name, initial_h, "initial_h")
         self.Y = np.zeros((seq, D, batch, H), dt)
         self.Yh = np.empty((D, batch, H), dt)
+
+    def peepholes(self, op_name, P):
+        if P is None:
+            return np.zeros((self.D, 3 * self.H), self.dt)
+        if P.shape != (self.D, 3 * self.H):
+            raise ShapeMismatchError(f"{op_name}: expected P {[self.D, 3 * self.H]}, got {list(P.shape)}")
+        return np.ascontiguousarray(P, self.dt)
 
     def state(self, op_name, s, what):
         shape = (self.D, self.batch, self.H)
@@ -323,12 +435,7 @@ def LSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=
     codes, al, be = _activations("LSTM", activations, activation_alpha, activation_beta,
                                  ("Sigmoid", "Tanh", "Tanh"), p.D)
     c0 = p.state("LSTM", initial_c, "initial_c")
-    if P is None:
-        Pm = np.zeros((p.D, 3 * p.H), p.dt)
-    else:
-        if P.shape != (p.D, 3 * p.H):
-            raise ShapeMismatchError(f"LSTM: expected P {[p.D, 3 * p.H]}, got {list(P.shape)}")
-        Pm = np.ascontiguousarray(P, p.dt)
+    Pm = p.peepholes("LSTM", P)
     RT = np.ascontiguousarray(p.R.transpose(0, 2, 1))
     Yc = np.empty_like(p.Yh)
     _lstm_kernel(p.X, p.WT, RT, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, _clip(clip),
@@ -340,3 +447,87 @@ for _v in (7, 14):
     op("RNN", _v)(RNN)
     op("GRU", _v)(GRU)
     op("LSTM", _v)(LSTM)
+
+
+# -- com.microsoft DynamicQuantizeLSTM -------------------------------------------------------------------
+
+def _quantized_weights(name, Wq, scale, zero, D, N):
+    """Codes minus zero point as float64 [D, K, N] and the scale per output column float32 [D, N], checked as
+    onnxruntime checks them: scale and zero point of shape [D] (per tensor) or [D, N] (per column), the zero
+    point 0 for int8 codes and one value per direction for uint8."""
+    if Wq.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name} must be int8 or uint8, got {Wq.dtype}")
+    for what, t in (("scale", scale), ("zero point", zero)):
+        if t.shape not in ((D,), (D, N)):
+            raise ShapeMismatchError(f"DynamicQuantizeLSTM: {name}'s {what} must have shape {[D]} (per tensor) or "
+                                     f"{[D, N]} (per column), got {list(t.shape)}")
+    if zero.dtype != Wq.dtype:
+        raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point is {zero.dtype}, its codes {Wq.dtype}")
+    z = zero.reshape(D, -1).astype(np.float64)
+    if Wq.dtype == np.int8 and np.any(z != 0):
+        raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point must be 0 for int8 codes, got "
+                                   f"{zero.tolist()}")
+    if np.any(z != z[:, :1]):
+        raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point must be one value per direction")
+    codes = Wq.astype(np.float64) - z[:, :1, None]
+    sc = np.ascontiguousarray(np.broadcast_to(scale.reshape(D, -1).astype(F32), (D, N)))
+    colsum = np.ascontiguousarray(codes.sum(axis=1).astype(np.int32))
+    return np.ascontiguousarray(codes), colsum, bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES), sc
+
+
+def _mlas_u8s8_saturates() -> bool:
+    """Whether onnxruntime's uint8 x int8 products saturate here: MLAS sums them by ``vpmaddubsw`` (adjacent
+    pairs into 16 bits, with saturation) on x86 hosts with AVX2 and without VNNI, and exactly elsewhere
+    (``vpdpbusd`` with VNNI, widened products on other hosts, and for uint8 weights)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import llvmlite.binding as llb
+        f = llb.get_host_cpu_features()
+    except Exception:  # pragma: no cover - a host LLVM cannot describe
+        return False
+    return bool(f.get("avx2", False) and not (f.get("avxvnni", False) or f.get("avx512vnni", False)))
+
+
+MLAS_U8S8_SATURATES = _mlas_u8s8_saturates()
+
+
+def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=None, activations=None, clip=None,
+                                   direction="forward", hidden_size=None, input_forget=0):
+    memo = {}  # the weights' prepared forms, kept while the same arrays come in (initializers: every run)
+
+    def prepared(W, R, ws, wz, rs, rz, D, N):
+        key = (W, R, ws, wz, rs, rz)
+        got = memo.get("key")
+        if got is None or any(a is not b for a, b in zip(got, key)):
+            memo["w"] = _quantized_weights("W", W, ws, wz, D, N)
+            memo["r"] = _quantized_weights("R", R, rs, rz, D, N)
+            memo["key"] = key
+        return memo["w"], memo["r"]
+
+    def run(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, W_scale=None,
+            W_zero_point=None, R_scale=None, R_zero_point=None):
+        if X.dtype != F32:
+            raise InvalidArgumentError(f"DynamicQuantizeLSTM expects float32 X, got {X.dtype}")
+        for name, v in (("W_scale", W_scale), ("W_zero_point", W_zero_point), ("R_scale", R_scale),
+                        ("R_zero_point", R_zero_point)):
+            if v is None:
+                raise InvalidArgumentError(f"DynamicQuantizeLSTM: input {name} is required")
+        p = _Prep("DynamicQuantizeLSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, 0,
+                  quantized=True)
+        (Wd, wcol, wsat, wsc), (Rd, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
+                                                                R_zero_point, p.D, 4 * p.H)
+        codes, al, be = _activations("DynamicQuantizeLSTM", activations, activation_alpha, activation_beta,
+                                     ("Sigmoid", "Tanh", "Tanh"), p.D)
+        c0 = p.state("DynamicQuantizeLSTM", initial_c, "initial_c")
+        Pm = p.peepholes("DynamicQuantizeLSTM", P)
+        Yc = np.empty_like(p.Yh)
+        _qlstm_kernel(p.X, Wd, wcol, wsat, wsc, Rd, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, _clip(clip),
+                      bool(input_forget), p.Y, p.Yh, Yc)
+        return p.finish(ctx, p.Yh, Yc)
+
+    return run
+
+
+op("DynamicQuantizeLSTM", 1, "com.microsoft", factory=True)(_dynamic_quantize_lstm_factory)

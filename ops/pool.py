@@ -21,6 +21,20 @@ _OPTS = dict(cache=True, nogil=True)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
+@njit(**_OPTS)
+def _taps(o0, dil, k, n, pe):
+    """For a window from ``o0`` along an axis of ``n`` with ``pe`` padding at its end: the taps [t0, t1) that land
+    inside the axis, and how many land before the padding's end (the taps an average with pads counts).  The
+    loops then visit only real elements, in the same order, however large the kernel."""
+    if o0 >= n + pe:
+        upto = 0
+    else:
+        upto = min(k, (n + pe - o0 + dil - 1) // dil)
+    t0 = 0 if o0 >= 0 else (-o0 + dil - 1) // dil
+    t1 = 0 if o0 >= n else min(upto, (n - o0 + dil - 1) // dil)
+    return t0, max(t0, t1), upto
+
+
 @njit(parallel=True, **_OPTS)
 def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
     """mode 0: max (writes idx if want_idx), 1: average excluding pad, 2: average including pad, 3: Lp."""
@@ -30,44 +44,36 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
     for nc in prange(NC):
         for zo in range(OD):
             z0 = zo * st[0] - pb[0]
+            a0, a1, na = _taps(z0, dil[0], ksz[0], D, pe[0])
             for yo in range(OH):
                 y0 = yo * st[1] - pb[1]
+                b0, b1, nb = _taps(y0, dil[1], ksz[1], H, pe[1])
                 for xo in range(OW):
                     x0 = xo * st[2] - pb[2]
+                    e0, e1, ne = _taps(x0, dil[2], ksz[2], W, pe[2])
                     acc = 0.0
                     best = x[nc, 0, 0, 0]
                     bi = -1
-                    cnt = 0
-                    cntp = 0
-                    for a in range(ksz[0]):
+                    cnt = (a1 - a0) * (b1 - b0) * (e1 - e0)
+                    cntp = na * nb * ne
+                    for a in range(a0, a1):
                         zi = z0 + a * dil[0]
-                        if zi >= D + pe[0]:
-                            break
-                        zin = zi >= 0 and zi < D
-                        for b in range(ksz[1]):
+                        for b in range(b0, b1):
                             yi = y0 + b * dil[1]
-                            if yi >= H + pe[1]:
-                                break
-                            yin = zin and yi >= 0 and yi < H
-                            for e in range(ksz[2]):
+                            for e in range(e0, e1):
                                 xi = x0 + e * dil[2]
-                                if xi >= W + pe[2]:
-                                    break
-                                cntp += 1
-                                if yin and xi >= 0 and xi < W:
-                                    v = x[nc, zi, yi, xi]
-                                    cnt += 1
-                                    if mode == 0:
-                                        if bi < 0 or v > best:
-                                            best = v
-                                            if storage_order == 0:
-                                                bi = (zi * H + yi) * W + xi
-                                            else:
-                                                bi = zi + yi * D + xi * D * H
-                                    elif mode == 3:  # each |v|**p in the input type: it over- or
-                                        acc += x.dtype.type(abs(v) ** p)  # underflows there, as onnxruntime's
-                                    else:
-                                        acc += v
+                                v = x[nc, zi, yi, xi]
+                                if mode == 0:
+                                    if bi < 0 or v > best:
+                                        best = v
+                                        if storage_order == 0:
+                                            bi = (zi * H + yi) * W + xi
+                                        else:
+                                            bi = zi + yi * D + xi * D * H
+                                elif mode == 3:  # each |v|**p in the input type: it over- or
+                                    acc += x.dtype.type(abs(v) ** p)  # underflows there, as onnxruntime's
+                                else:
+                                    acc += v
                     if mode == 0:
                         out[nc, zo, yo, xo] = best
                         if want_idx:

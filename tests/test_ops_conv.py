@@ -144,6 +144,16 @@ def test_averagepool(cip):
              count_include_pad=cip)
 
 
+@pytest.mark.parametrize("op,kw", [("MaxPool", {"n_out": 2}), ("AveragePool", {"count_include_pad": 0}),
+                                     ("AveragePool", {"count_include_pad": 1}), ("LpPool", {"p": 3})])
+def test_windows_larger_than_the_input_visit_only_its_elements(op, kw):
+    """Kernels wider than the input, dilated, with padding on both sides: the loops take only the taps that land
+    inside the input (a kernel of a million taps costs what the input does); results and counts unchanged."""
+    x = _randn(1, 2, 5, 6)
+    _compare(op, {"x": x}, kernel_shape=[9, 4], dilations=[2, 3], pads=[7, 3, 6, 2], strides=[3, 2], **kw)
+    _compare(op, {"x": x}, kernel_shape=[11, 7], auto_pad="SAME_LOWER", **kw)
+
+
 def test_lppool_and_globals():
     x = _randn(2, 64, 14, 14)
     _compare("LpPool", {"x": x}, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], p=2, rtol=1e-4)

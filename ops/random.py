@@ -134,7 +134,12 @@ def _multinomial_kernel(state, logits, out, cdf):
 # -- helpers ---------------------------------------------------------------------------------------
 
 def _new_state(seed) -> np.ndarray:
-    """A one-word generator state: from ``seed`` (a float attribute) when given, else fresh entropy."""
+    """A one-word generator state: from ``seed`` (a float attribute) when given, else from the process-wide
+    seed of ``runtime.set_seed`` when one was set (every unseeded node then starts from it, as in onnxruntime),
+    else fresh entropy."""
+    if seed is None:
+        from runtime.environment import seed as global_seed
+        seed = global_seed()
     if seed is None:
         word = np.random.SeedSequence().generate_state(1, np.uint64)[0]
     else:

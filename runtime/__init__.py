@@ -2,15 +2,22 @@
 
 ``import runtime as ort`` is a drop-in for onnxruntime's Python module: ``InferenceSession``,
 ``SessionOptions``, ``RunOptions``, ``OrtValue``, ``IOBinding``, ``NodeArg``, ``ModelMetadata``, the option
-enums, the provider queries and the exception classes (which also derive from onnxruntime's).
+enums, the device and memory descriptions (``OrtDevice``, ``OrtMemoryInfo``), ``SparseTensor``, the
+process-wide settings (logger callback, seed, global thread pools), the provider queries and the exception
+classes (which also derive from onnxruntime's).
 """
 from . import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .options import ExecutionMode, ExecutionOrder, GraphOptimizationLevel, RunOptions, SessionOptions
+from .devices import (OrtAllocatorType, OrtDevice, OrtDeviceMemoryType, OrtDeviceVendorId, OrtMemoryInfo,
+                      OrtMemoryInfoDeviceType, OrtMemType)
+from .environment import (set_default_logger_callback, set_default_logger_verbosity, set_global_thread_pool_sizes,
+                          set_seed)
 from .ortvalue import OrtValue
 from .providers import ONNXRUNTIME_PROVIDERS as _ALL_PROVIDERS, available_providers as _available
 from .session import InferenceSession, IOBinding, ModelMetadata, NodeArg, build_graph, set_default_logger_severity
+from .sparse import OrtSparseFormat, SparseTensor
 
 __version__ = "0.1.0"
 
@@ -53,4 +60,7 @@ __all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "RunOpt
            "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "get_available_providers",
            "get_all_providers", "get_device", "get_version_string", "get_build_info", "disable_telemetry_events",
            "enable_telemetry_events", "set_default_logger_severity", "__version__",
+           "OrtDevice", "OrtMemoryInfo", "OrtAllocatorType", "OrtMemType", "OrtDeviceMemoryType", "OrtDeviceVendorId",
+           "OrtMemoryInfoDeviceType", "SparseTensor", "OrtSparseFormat", "set_default_logger_callback",
+           "set_default_logger_verbosity", "set_seed", "set_global_thread_pool_sizes",
            "build_graph", *_errors_all]

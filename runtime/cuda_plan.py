@@ -27,7 +27,12 @@ Invariants:
 - feeds may be numpy or device arrays; a value slot (and its copy on the other side) is cleared right after
   the last step that reads it;
 - ``run`` returns numpy arrays except for the outputs named in ``device_outputs``, which stay (or are put)
-  on the device; an output that is an initializer or a feed, or a view of one, is copied first.
+  on the device; an output that is an initializer or a feed, or a view of one, is copied first;
+- runs of one plan overlap, with no lock around a run: every CUDA kernel allocates its outputs (none is bound
+  to a plan buffer), so a run's values and the copies it makes across are its own, and the initializers'
+  device copies, which every run reads, are never written.  Only the ``round_trips`` counts are shared (a lock
+  of their own), and on Numba's CUDA simulator, which can run one kernel at a time per process, each CUDA step
+  holds a process-wide lock: runs there interleave step by step.
 """
 from __future__ import annotations
 
@@ -81,6 +86,20 @@ def upload(a):
     return d
 
 
+# Numba's CUDA simulator runs one kernel at a time in the whole process (a launch made while another kernel runs
+# is taken for a device-function call, and fails), so there a CUDA step holds this lock while it runs; runs still
+# overlap between steps.  A GPU takes launches from any thread, and nothing is locked.  Re-entrant: a step may
+# run a child plan.
+_SIMULATOR_LOCK = threading.RLock()
+
+
+def _one_kernel_at_a_time(fn):
+    def call(*args):
+        with _SIMULATOR_LOCK:
+            return fn(*args)
+    return call
+
+
 def _device_copy(d):
     c = rc.device_empty(tuple(d.shape), d.dtype)
     rc.copy_device(c, d)  # device to device: no host transfer
@@ -112,6 +131,7 @@ class CudaPlan:
         self.producer = [None] * len(sl.values)  # slot -> step index of the node that writes it
         self.steps, self.step_nodes, device_readers = [], [], set()
         donated_names = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
+        simulated = rc.simulator()
         for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
             ins, captured, in_slots = node_inputs(node, sl.slot_of)
             if kind == CUDA:
@@ -123,6 +143,8 @@ class CudaPlan:
                                session_options=session_options,
                                donated=(k for k, x in enumerate(ins) if x in donated_names and kind == CUDA))
             fn = bind_node(impl, ctx, node)
+            if kind == CUDA and simulated:
+                fn = _one_kernel_at_a_time(fn)
             outs = [sl.slot_of[o] if o else discard for o in node.outputs]
             for s in outs:
                 self.producer[s] = i
@@ -141,7 +163,7 @@ class CudaPlan:
                 self.shadow_template[s] = upload(v)
                 self.init_upload_bytes += _nbytes(v)
         self.round_trips: dict = {}
-        self._lock = threading.Lock()
+        self._trips_lock = threading.Lock()  # overlapping runs count into one round_trips
 
     def _place(self, graph, sl, allow) -> tuple[list, list]:
         """Each node's placement (``CUDA``, ``CPU_SHAPE``, ``CPU_ALLOWED``) and kernel, and its output slots;
@@ -214,6 +236,10 @@ class CudaPlan:
         return dict(self.placement)
 
     def _trip(self, step_index: int, what: str, nbytes: int) -> None:
+        with self._trips_lock:
+            self._count_trip(step_index, what, nbytes)
+
+    def _count_trip(self, step_index: int, what: str, nbytes: int) -> None:
         node = self.step_nodes[step_index]
         key = node.name or f"#{step_index}"
         rt = self.round_trips.get(key)
@@ -240,64 +266,65 @@ class CudaPlan:
 
         Returns values aligned to ``output_names``: numpy arrays, except the output positions in
         ``device_outputs``, which are device arrays.  ``observer`` is ``Plan.run``'s (its times are of the
-        launches: kernels run asynchronously).  Runs of one plan take turns (its buffers are shared).
+        launches: kernels run asynchronously).  Runs may overlap (several threads): what a run writes (its value
+        list, the copies it makes across, every kernel's outputs) is its own, and what runs share (the plan's
+        steps, the initializers' device copies) is only read.
         """
-        with self._lock:
-            vals = self.template[:]
-            other = self.shadow_template[:]  # the copy of a value on the other side, made at most once per run
-            for s, v in zip(self.input_slots, feeds):
-                vals[s] = v
-            for s, v in zip(self.outer_slots, outer):
-                vals[s] = v
-            ndarray = np.ndarray
-            producer, kinds = self.producer, self.step_kind
-            k = -1
-            try:
-                for k, (fn, in_slots, wants, out, frees) in enumerate(self.steps):
-                    args = []
-                    for s, w in zip(in_slots, wants):
-                        v = vals[s]
-                        if v is None or w is None:
-                            pass
-                        elif w == D:
-                            if isinstance(v, ndarray):
-                                d = other[s]
-                                if d is None:
-                                    d = other[s] = upload(v)
-                                    p = producer[s]
-                                    if p is not None and kinds[p] == CPU_ALLOWED:
-                                        self._trip(p, "up", _nbytes(v))
-                                v = d
-                        elif not isinstance(v, ndarray) and rc.is_device_array(v):
-                            h = other[s]
-                            if h is None:
-                                h = other[s] = rc.to_host(v)
-                                self._trip(k, "down", _nbytes(h))
-                            v = h
-                        args.append(v)
-                    if kinds[k] == CPU_ALLOWED:
-                        self._trip(k, "call", 0)
-                    store(vals, out, fn(*args) if observer is None else observed(k, fn, observer)(*args))
-                    for f in frees:
-                        vals[f] = None
-                        other[f] = None
-            except Exception as e:
-                if k < 0:
-                    raise
-                raise_at(self.step_nodes[k], e, f", on {self.step_kind[k]}")
-            keep = set(device_outputs)
-            res = []
-            for j, s in enumerate(self.output_slots):
-                v = vals[s]
-                on_host = isinstance(v, ndarray)
-                if j in keep:
-                    if on_host:
-                        v = other[s] if other[s] is not None and s not in self.init_slots else upload(v)
-                    elif self.copy_out[j]:
-                        v = _device_copy(v)
-                elif not on_host and rc.is_device_array(v):
-                    v = other[s] if other[s] is not None else rc.to_host(v)
-                elif on_host and self.copy_out[j]:
-                    v = v.copy()
-                res.append(v)
-            return res
+        vals = self.template[:]
+        other = self.shadow_template[:]  # the copy of a value on the other side, made at most once per run
+        for s, v in zip(self.input_slots, feeds):
+            vals[s] = v
+        for s, v in zip(self.outer_slots, outer):
+            vals[s] = v
+        ndarray = np.ndarray
+        producer, kinds = self.producer, self.step_kind
+        k = -1
+        try:
+            for k, (fn, in_slots, wants, out, frees) in enumerate(self.steps):
+                args = []
+                for s, w in zip(in_slots, wants):
+                    v = vals[s]
+                    if v is None or w is None:
+                        pass
+                    elif w == D:
+                        if isinstance(v, ndarray):
+                            d = other[s]
+                            if d is None:
+                                d = other[s] = upload(v)
+                                p = producer[s]
+                                if p is not None and kinds[p] == CPU_ALLOWED:
+                                    self._trip(p, "up", _nbytes(v))
+                            v = d
+                    elif not isinstance(v, ndarray) and rc.is_device_array(v):
+                        h = other[s]
+                        if h is None:
+                            h = other[s] = rc.to_host(v)
+                            self._trip(k, "down", _nbytes(h))
+                        v = h
+                    args.append(v)
+                if kinds[k] == CPU_ALLOWED:
+                    self._trip(k, "call", 0)
+                store(vals, out, fn(*args) if observer is None else observed(k, fn, observer)(*args))
+                for f in frees:
+                    vals[f] = None
+                    other[f] = None
+        except Exception as e:
+            if k < 0:
+                raise
+            raise_at(self.step_nodes[k], e, f", on {self.step_kind[k]}")
+        keep = set(device_outputs)
+        res = []
+        for j, s in enumerate(self.output_slots):
+            v = vals[s]
+            on_host = isinstance(v, ndarray)
+            if j in keep:
+                if on_host:
+                    v = other[s] if other[s] is not None and s not in self.init_slots else upload(v)
+                elif self.copy_out[j]:
+                    v = _device_copy(v)
+            elif not on_host and rc.is_device_array(v):
+                v = other[s] if other[s] is not None else rc.to_host(v)
+            elif on_host and self.copy_out[j]:
+                v = v.copy()
+            res.append(v)
+        return res

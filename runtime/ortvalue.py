@@ -3,20 +3,35 @@
 A tensor value wraps a numpy array (CPU) or a numba device array (CUDA, ``runtime.cuda``) without copying it:
 ``numpy()`` of a CPU value is the array itself, so ``update_inplace`` and a session writing into a bound
 output change what the caller sees.  A sequence value wraps a list of arrays, an optional one None, a map a
-dict.  The element type spellings are onnxruntime's (``tensor(float)``, ``seq(tensor(int64))``).
+dict, a sparse value a ``SparseTensor`` (``runtime.sparse``).  The element type spellings are onnxruntime's
+(``tensor(float)``, ``seq(tensor(int64))``, ``sparse_tensor(float)``).
+
+Invariants:
+- the factories' ``device_type``/``device_id``/``vendor_id`` mean what ``OrtDevice.make`` makes of them
+  (``runtime.devices``): ``cpu`` (any id, as onnxruntime), ``cuda`` or an NVIDIA ``gpu`` (device ``device_id``);
+  another device raises ``NotSupportedError`` naming it;
+- a sparse value is not a tensor: ``is_tensor()`` is False and ``numpy``, ``data_ptr``,
+  ``tensor_size_in_bytes`` refuse it, while ``shape`` and ``element_type`` report its dense shape and element
+  type, as onnxruntime's do.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
+from .devices import OrtDevice, runtime_device
 from .dtypes import np_dtype, onnx_type, type_string
 from .errors import InvalidFeedError
+from .sparse import SparseTensor
 
 __all__ = ["OrtValue", "value_type_string"]
 
 
 def value_type_string(v) -> str:
-    """onnxruntime's type string of a run-time value (a tensor, a list of tensors, a dict, None)."""
+    """onnxruntime's type string of a run-time value (a tensor, a list of tensors, a dict, a sparse tensor, None)."""
+    if isinstance(v, SparseTensor):
+        return v.data_type()
     if isinstance(v, dict):
         k = next(iter(v), None)
         key = "string" if isinstance(k, str) or k is None else "int64"
@@ -40,10 +55,10 @@ class OrtValue:
     def ortvalue_from_numpy(numpy_obj, device_type: str = "cpu", device_id: int = 0, vendor_id: int = -1):
         """Wrap ``numpy_obj`` (no copy on the CPU; a copy to the device for ``device_type='cuda'``)."""
         arr = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
-        kind = _device_kind(device_type)
-        if kind == "cuda":
-            from . import cuda as rc
-            return OrtValue(rc.to_device(np.ascontiguousarray(arr)))
+        dev = _device(device_type, device_id, vendor_id)
+        if dev.kind == "cuda":
+            with _on(dev) as rc:
+                return OrtValue(rc.to_device(np.ascontiguousarray(arr)))
         return OrtValue(arr)
 
     @staticmethod
@@ -63,10 +78,26 @@ class OrtValue:
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
             raise InvalidFeedError(f"shape {list(shape)}: dimensions must be >= 0")
-        if _device_kind(device_type) == "cuda":
-            from . import cuda as rc
-            return OrtValue(rc.device_empty(shape, dt))
+        dev = _device(device_type, device_id, vendor_id)
+        if dev.kind == "cuda":
+            with _on(dev) as rc:
+                return OrtValue(rc.device_empty(shape, dt))
         return OrtValue(np.empty(shape, dt))
+
+    @staticmethod
+    def ort_value_from_sparse_tensor(sparse_tensor: SparseTensor) -> "OrtValue":
+        """An OrtValue holding ``sparse_tensor`` (not copied)."""
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise InvalidFeedError(f"ort_value_from_sparse_tensor: expected a runtime.SparseTensor, got "
+                                   f"{type(sparse_tensor).__name__}")
+        return OrtValue(sparse_tensor)
+
+    def as_sparse_tensor(self) -> SparseTensor:
+        """The ``SparseTensor`` this value holds."""
+        if not isinstance(self._value, SparseTensor):
+            raise InvalidFeedError(f"OrtValue.as_sparse_tensor: this OrtValue does not hold a sparse tensor; it "
+                                   f"holds {self.data_type()}")
+        return self._value
 
     # -- reading -------------------------------------------------------------------------------------------------
     def numpy(self):
@@ -74,6 +105,9 @@ class OrtValue:
         v = self._value
         if isinstance(v, np.ndarray) or v is None or isinstance(v, (list, dict)):
             return v
+        if isinstance(v, SparseTensor):
+            raise InvalidFeedError(f"OrtValue.numpy: the value is a sparse tensor ({v.data_type()}), not a tensor; "
+                                   f"read it with as_sparse_tensor() (to_dense() gives the dense array)")
         from . import cuda as rc
         return rc.to_host(v)
 
@@ -89,13 +123,13 @@ class OrtValue:
         return self._value
 
     def is_tensor(self) -> bool:
-        return self._value is not None and not isinstance(self._value, (list, dict))
+        return self._value is not None and not isinstance(self._value, (list, dict, SparseTensor))
 
     def is_tensor_sequence(self) -> bool:
         return isinstance(self._value, list)
 
     def is_sparse_tensor(self) -> bool:
-        return False
+        return isinstance(self._value, SparseTensor)
 
     def has_value(self) -> bool:
         return self._value is not None
@@ -106,6 +140,8 @@ class OrtValue:
         return self._value
 
     def shape(self) -> list:
+        if isinstance(self._value, SparseTensor):
+            return self._value.dense_shape()
         return list(self._tensor("shape").shape)
 
     def data_type(self) -> str:
@@ -114,9 +150,13 @@ class OrtValue:
         return value_type_string(self._value)
 
     def element_type(self) -> int:
+        if isinstance(self._value, SparseTensor):
+            return onnx_type(self._value.values().dtype)
         return onnx_type(np.dtype(self._tensor("element_type").dtype))
 
     def device_name(self) -> str:
+        if isinstance(self._value, SparseTensor):
+            return self._value.device_name()
         return "cpu" if isinstance(self._value, (np.ndarray, list, dict)) or self._value is None else "cuda"
 
     def tensor_size_in_bytes(self) -> int:
@@ -147,10 +187,20 @@ class OrtValue:
         return f"OrtValue({self.data_type()}, device={self.device_name()})"
 
 
-def _device_kind(device_type) -> str:
-    kind = str(device_type or "cpu").lower()
-    if kind == "gpu":
-        kind = "cuda"
-    if kind not in ("cpu", "cuda"):
-        raise InvalidFeedError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
-    return kind
+def _device(device_type, device_id, vendor_id):
+    """The runtime device (``providers.Device``) that onnxruntime's factory arguments name."""
+    return runtime_device(OrtDevice.make(device_type or "cpu", device_id, vendor_id), "OrtValue")
+
+
+@contextmanager
+def _on(dev):
+    """``runtime.cuda`` with CUDA device ``dev.index`` current (numba's device context) while the block runs."""
+    from . import cuda as rc
+    if dev.index == 0:
+        yield rc
+        return
+    gpus = rc.cuda.gpus
+    if dev.index >= len(gpus):
+        raise rc.CudaUnavailableError(f"OrtValue: CUDA device {dev.index} does not exist; {len(gpus)} found")
+    with gpus[dev.index]:
+        yield rc

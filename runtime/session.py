@@ -19,8 +19,10 @@ onnxruntime's options are honoured where they mean something here (see
 session's kernels use (Numba's thread count is per calling thread, so other
 sessions keep theirs), the optimization level, the optimized-model file,
 initializer and free-dimension overrides, logging, profiling and
-``RunOptions.terminate``.  Runs of one session from several threads overlap;
-each overlapping run gets buffers of its own (``Plan.run``).
+``RunOptions.terminate``; a session with ``use_per_session_threads = False``
+takes its thread counts from ``set_global_thread_pool_sizes`` (``runtime/environment.py``).  Runs of one
+session from several threads overlap; each overlapping run gets buffers of its own (``Plan.run``,
+``CudaPlan.run``).  A sparse tensor fed where a tensor is expected is refused (``InvalidFeedError``).
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
 from .options import CURRENT_RUN_OPTIONS, HONOURED_CONFIG, RunOptions, SessionOptions, severity_to_logging
+from .environment import global_thread_pool_sizes
 from .ortvalue import OrtValue
+from .sparse import SparseTensor
 from .passes import ExpandFunctions, InferShapes, simplify
 from .profiling import Profiler, RunObserver
 from .threads import call_with_threads
@@ -192,6 +196,9 @@ class InferenceSession:
         self._disabled = list(kwargs.get("disabled_optimizers") or ())
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         n = int(getattr(self._options, "intra_op_num_threads", 0) or 0)
+        inter = int(getattr(self._options, "inter_op_num_threads", 0) or 0)
+        if not getattr(self._options, "use_per_session_threads", True):
+            n, inter = global_thread_pool_sizes()  # onnxruntime's global pools replace the session's own
         if n < 0:
             raise ValueError(f"intra_op_num_threads must be >= 0, got {n}")
         self._nthreads = min(n, numba.config.NUMBA_NUM_THREADS) if n else 0
@@ -201,7 +208,6 @@ class InferenceSession:
         self._max_output = limit or None  # None: the process default (half the machine's memory)
         # ExecutionMode.ORT_PARALLEL: independent nodes run on inter_op_num_threads threads (0: one per core).
         parallel = int(getattr(self._options, "execution_mode", 0) or 0) == 1
-        inter = int(getattr(self._options, "inter_op_num_threads", 0) or 0)
         if inter < 0:
             raise ValueError(f"inter_op_num_threads must be >= 0, got {inter}")
         self._parallel = (inter or os.cpu_count() or 1) if parallel else 0
@@ -327,6 +333,10 @@ class InferenceSession:
         vi = self._input_info[name]
         if isinstance(value, OrtValue):
             value = value.value()
+        if isinstance(value, SparseTensor):
+            raise InvalidFeedError(f"input {name!r}: expected {_arg(vi).type}, got a sparse tensor "
+                                   f"({value.data_type()}); no input of this runtime takes one, feed its dense "
+                                   f"form (SparseTensor.to_dense)")
         if vi.kind != "tensor":
             return value
         if not isinstance(value, np.ndarray) and rc.is_device_array(value):

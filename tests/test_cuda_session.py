@@ -1,6 +1,7 @@
 """``InferenceSession(..., providers=["CUDAExecutionProvider"])``: the CUDA plan (runtime/cuda_plan.py) against
 the CPU session on small graphs, placement (device kernels, host shape subgraphs, allowed CPU nodes), the
-no-silent-fallback rules, IO binding with device arrays and transfer accounting.
+no-silent-fallback rules, IO binding with device arrays, transfer accounting, runs of one session from several
+threads (which overlap) and ``OrtValue``'s CUDA factories.
 
 Without a GPU the kernels run on Numba's CUDA simulator, where every CUDA thread is a Python thread, so
 shapes are tiny.
@@ -356,3 +357,90 @@ def test_weight_bytes_per_run_counts_each_weight_read_in_full_once():
                                 outs + [helper.make_tensor_value_info("t", F, None)],
                                 [("table", table), ("w", w)]), providers=CUDA)
     assert s._plan.weight_bytes_per_run() == w.nbytes + table.nbytes
+
+
+# -- overlapping runs ------------------------------------------------------------------------------------------------
+def _tiny():
+    """y = relu(x * w), both nodes on the device."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["a"], name="mul"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [2, 4])],
+                  [helper.make_tensor_value_info("y", F, [2, 4])], [("w", np.arange(4, dtype=np.float32) - 1)])
+
+
+def test_four_threads_give_the_serial_results():
+    """Device steps and a host round trip (TopK allowed on the CPU) from four threads at once: each run gets the
+    results of a run alone, and the round trips are all counted."""
+    import threading
+    opts = SessionOptions()
+    opts.cuda_cpu_ops = {"TopK"}
+    s = InferenceSession(_topk_model(), opts, providers=CUDA)
+    xs = [RNG.standard_normal((2, 8)).astype(np.float32) for _ in range(4)]
+    want = [s.run(None, {"x": x}) for x in xs]
+    bad, errors = [], []
+
+    def worker(k):
+        try:
+            for _ in range(20):
+                got = s.run(None, {"x": xs[k]})
+                if not all(np.array_equal(g, w) for g, w in zip(got, want[k])):
+                    bad.append(k)
+        except Exception as e:  # reported below: an exception in a thread would not fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not bad
+    assert s.cpu_round_trips()["topk_node"]["calls"] == 4 + 4 * 20
+
+
+def test_runs_overlap_instead_of_waiting_for_each_other(monkeypatch):
+    """Two runs that each wait, inside the run, for the other to have started can only finish side by side."""
+    import threading
+    from runtime import RunOptions
+    from runtime.profiling import RunObserver
+    s = InferenceSession(_tiny(), providers=CUDA)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    want = s.run(None, {"x": x})[0]
+    both = threading.Barrier(2, timeout=5)
+    seen, got, errors = [], [], []
+    real = RunObserver.before
+
+    def before(self, k):
+        real(self, k)
+        if k == 0:
+            seen.append(threading.current_thread().name)
+            both.wait()  # runs that take turns wait here until the barrier breaks (BrokenBarrierError after 5 s)
+
+    def one():
+        try:
+            got.append(s.run(None, {"x": x}, RunOptions())[0])
+        except Exception as e:
+            errors.append(e)
+
+    monkeypatch.setattr(RunObserver, "before", before)
+    threads = [threading.Thread(target=one, name=f"run-{k}") for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert sorted(seen) == ["run-0", "run-1"] and len(got) == 2
+    for g in got:
+        np.testing.assert_array_equal(g, want)
+
+
+def test_ortvalue_factories_place_cuda_devices_as_ort_device_names_them():
+    from runtime import OrtValue
+    a = np.arange(6, dtype=np.float32)
+    for args in [("cuda", 0), ("gpu", 0, 0x10DE)]:  # an NVIDIA GPU, by name or by vendor
+        v = OrtValue.ortvalue_from_numpy(a, *args)
+        assert v.device_name() == "cuda" and rc.is_device_array(v.value())
+        np.testing.assert_array_equal(v.numpy(), a)
+    assert OrtValue.ortvalue_from_shape_and_type([2, 3], np.float32, "cuda", 0).device_name() == "cuda"
+    n = len(rc.cuda.gpus)
+    with pytest.raises(CudaUnavailableError, match=f"CUDA device {n} does not exist; {n} found"):
+        OrtValue.ortvalue_from_numpy(a, "cuda", n)

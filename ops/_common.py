@@ -220,6 +220,20 @@ def window_geometry(name, xshape, kernel, auto_pad="NOTSET", dilations=None, pad
     return k, s, d, pb, pe, out
 
 
+@njit(cache=True, nogil=True)
+def window_taps(o0, dil, k, n, pe):
+    """For a window from ``o0`` along an axis of ``n`` with ``pe`` padding at its end: the taps [t0, t1) that land
+    inside the axis, and how many land before the padding's end (the taps an average with pads counts).  The
+    loops then visit only real elements, in the same order, however large the kernel."""
+    if o0 >= n + pe:
+        upto = 0
+    else:
+        upto = min(k, (n + pe - o0 + dil - 1) // dil)
+    t0 = 0 if o0 >= 0 else (-o0 + dil - 1) // dil
+    t1 = 0 if o0 >= n else min(upto, (n - o0 + dil - 1) // dil)
+    return t0, max(t0, t1), upto
+
+
 def serial_twin(dispatcher, suffix="_serial"):
     """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
     f = dispatcher.py_func

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, lowp, pad3, window_geometry
+from ._common import F32, as_int_list, lowp, pad3, window_geometry, window_taps
 from .registry import op
 
 __all__ = ["conv_nd", "conv_transpose_nd"]
@@ -96,30 +96,32 @@ def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
                 np.dot(w[g], col, out[n, g])
 
 
-@njit(**_OPTS)
+@njit(parallel=True, **_OPTS)
 def _depthwise(x, w, out, ksz, st, pb, dil):
-    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel."""
+    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel.  Channels run
+    in parallel; each window visits only its taps inside the input, in order (``window_taps``)."""
     N, C, OD, OH, OW = out.shape
     ID, IH, IW = x.shape[2], x.shape[3], x.shape[4]
-    for n in range(N):
-        for c in range(C):
-            for od in range(OD):
-                for oh in range(OH):
-                    for ow in range(OW):
-                        acc = out.dtype.type(0)
-                        for a in range(ksz[0]):
-                            zi = od * st[0] - pb[0] + a * dil[0]
-                            if zi < 0 or zi >= ID:
-                                continue
-                            for b in range(ksz[1]):
-                                yi = oh * st[1] - pb[1] + b * dil[1]
-                                if yi < 0 or yi >= IH:
-                                    continue
-                                for e in range(ksz[2]):
-                                    xi = ow * st[2] - pb[2] + e * dil[2]
-                                    if xi >= 0 and xi < IW:
-                                        acc += x[n, c, zi, yi, xi] * w[c, a, b, e]
-                        out[n, c, od, oh, ow] = acc
+    for nc in prange(N * C):
+        n = nc // C
+        c = nc - n * C
+        for od in range(OD):
+            z0 = od * st[0] - pb[0]
+            a0, a1, _ = window_taps(z0, dil[0], ksz[0], ID, 0)
+            for oh in range(OH):
+                y0 = oh * st[1] - pb[1]
+                b0, b1, _ = window_taps(y0, dil[1], ksz[1], IH, 0)
+                for ow in range(OW):
+                    x0 = ow * st[2] - pb[2]
+                    e0, e1, _ = window_taps(x0, dil[2], ksz[2], IW, 0)
+                    acc = out.dtype.type(0)
+                    for a in range(a0, a1):
+                        zi = z0 + a * dil[0]
+                        for b in range(b0, b1):
+                            yi = y0 + b * dil[1]
+                            for e in range(e0, e1):
+                                acc += x[n, c, zi, yi, x0 + e * dil[2]] * w[c, a, b, e]
+                    out[n, c, od, oh, ow] = acc
 
 
 @njit(parallel=True, **_OPTS)

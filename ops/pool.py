@@ -13,27 +13,13 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, check_indices, lowp, pad3, window_geometry
+from ._common import F32, as_int_list, check_indices, lowp, pad3, window_geometry, window_taps
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-
-@njit(**_OPTS)
-def _taps(o0, dil, k, n, pe):
-    """For a window from ``o0`` along an axis of ``n`` with ``pe`` padding at its end: the taps [t0, t1) that land
-    inside the axis, and how many land before the padding's end (the taps an average with pads counts).  The
-    loops then visit only real elements, in the same order, however large the kernel."""
-    if o0 >= n + pe:
-        upto = 0
-    else:
-        upto = min(k, (n + pe - o0 + dil - 1) // dil)
-    t0 = 0 if o0 >= 0 else (-o0 + dil - 1) // dil
-    t1 = 0 if o0 >= n else min(upto, (n - o0 + dil - 1) // dil)
-    return t0, max(t0, t1), upto
-
 
 @njit(parallel=True, **_OPTS)
 def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
@@ -44,13 +30,13 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
     for nc in prange(NC):
         for zo in range(OD):
             z0 = zo * st[0] - pb[0]
-            a0, a1, na = _taps(z0, dil[0], ksz[0], D, pe[0])
+            a0, a1, na = window_taps(z0, dil[0], ksz[0], D, pe[0])
             for yo in range(OH):
                 y0 = yo * st[1] - pb[1]
-                b0, b1, nb = _taps(y0, dil[1], ksz[1], H, pe[1])
+                b0, b1, nb = window_taps(y0, dil[1], ksz[1], H, pe[1])
                 for xo in range(OW):
                     x0 = xo * st[2] - pb[2]
-                    e0, e1, ne = _taps(x0, dil[2], ksz[2], W, pe[2])
+                    e0, e1, ne = window_taps(x0, dil[2], ksz[2], W, pe[2])
                     acc = 0.0
                     best = x[nc, 0, 0, 0]
                     bi = -1

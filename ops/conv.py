@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, lowp, pad3, window_geometry, window_taps
+from ._common import F32, as_int_list, lowp, pad3, window_geometry
 from .registry import op
 
 __all__ = ["conv_nd", "conv_transpose_nd"]
@@ -99,29 +99,52 @@ def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
 @njit(parallel=True, **_OPTS)
 def _depthwise(x, w, out, ksz, st, pb, dil):
     """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel.  Channels run
-    in parallel; each window visits only its taps inside the input, in order (``window_taps``)."""
+    in parallel; each output row takes its taps in order (depth, height, width), each tap over the run of
+    outputs whose input lies inside the row, so every output sums the taps it had alone, in the same order,
+    and the inner loop is a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would
+    count references on the shared array from every thread; unsigned, so that Numba adds no negative-index
+    wraparound, which keeps the inner loop from vectorizing (each index is in range by construction)."""
     N, C, OD, OH, OW = out.shape
     ID, IH, IW = x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW = ksz[0], ksz[1], ksz[2]
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    wf = w.reshape(-1)
+    s2 = st[2]
+    los = np.empty(KW, np.int64)  # per width tap: the outputs whose input column lies inside the row
+    his = np.empty(KW, np.int64)
+    for e in range(KW):
+        off = e * dil[2] - pb[2]  # input column of output 0's tap
+        los[e] = max(0, -(off // s2))
+        his[e] = min(OW, (IW - 1 - off) // s2 + 1) if IW - 1 - off >= 0 else 0
     for nc in prange(N * C):
-        n = nc // C
-        c = nc - n * C
+        c = nc % C
+        xb = nc * ID * IH * IW
         for od in range(OD):
-            z0 = od * st[0] - pb[0]
-            a0, a1, _ = window_taps(z0, dil[0], ksz[0], ID, 0)
             for oh in range(OH):
-                y0 = oh * st[1] - pb[1]
-                b0, b1, _ = window_taps(y0, dil[1], ksz[1], IH, 0)
+                ob = ((nc * OD + od) * OH + oh) * OW
                 for ow in range(OW):
-                    x0 = ow * st[2] - pb[2]
-                    e0, e1, _ = window_taps(x0, dil[2], ksz[2], IW, 0)
-                    acc = out.dtype.type(0)
-                    for a in range(a0, a1):
-                        zi = z0 + a * dil[0]
-                        for b in range(b0, b1):
-                            yi = y0 + b * dil[1]
-                            for e in range(e0, e1):
-                                acc += x[n, c, zi, yi, x0 + e * dil[2]] * w[c, a, b, e]
-                    out[n, c, od, oh, ow] = acc
+                    of[np.uint64(ob + ow)] = 0
+                for a in range(KD):
+                    zi = od * st[0] - pb[0] + a * dil[0]
+                    if zi < 0 or zi >= ID:
+                        continue
+                    for b in range(KH):
+                        yi = oh * st[1] - pb[1] + b * dil[1]
+                        if yi < 0 or yi >= IH:
+                            continue
+                        rb = xb + (zi * IH + yi) * IW
+                        for e in range(KW):
+                            off = e * dil[2] - pb[2]
+                            lo, hi = los[e], his[e]
+                            wv = wf[np.uint64(((c * KD + a) * KH + b) * KW + e)]
+                            if s2 == 1:
+                                xo = rb + off
+                                for ow in range(lo, hi):
+                                    of[np.uint64(ob + ow)] += xf[np.uint64(xo + ow)] * wv
+                            else:
+                                for ow in range(lo, hi):
+                                    of[np.uint64(ob + ow)] += xf[np.uint64(rb + ow * s2 + off)] * wv
 
 
 @njit(parallel=True, **_OPTS)

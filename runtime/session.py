@@ -49,7 +49,7 @@ from .options import CURRENT_RUN_OPTIONS, HONOURED_CONFIG, RunOptions, SessionOp
 from .environment import global_thread_pool_sizes
 from .ortvalue import OrtValue
 from .sparse import SparseTensor
-from .passes import ExpandFunctions, InferShapes, simplify
+from .passes import EliminateDeadNodes, ExpandFunctions, InferShapes, simplify
 from .profiling import Profiler, RunObserver
 from .threads import call_with_threads
 from .providers import CUDA_PROVIDER, choose_provider
@@ -167,6 +167,9 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     if getattr(options, "graph_optimization_level", 99):
         if simplify(disabled)(graph).modified:
             InferShapes(strict=False)(graph)
+        from .passes.conv_fusions import FuseConvBatchNorm
+        if not disabled & {"ConvBNFusion", "FuseConvBatchNorm"} and FuseConvBatchNorm()(graph).modified:
+            EliminateDeadNodes()(graph)  # the unfused weights, unless another node reads them
     if int(getattr(options, "graph_optimization_level", 99)) >= 2:
         # The feed-forward gate as one kernel (runtime/passes/cuda_fusions.py): on the CPU one pass over memory
         # where the export has three; on a GPU also the gate and value products merged (launch-bound steps).

@@ -147,3 +147,52 @@ def test_gated_fusions_leave_what_they_cannot_prove():
     # u broadcast against the gate (another shape): not fused.
     g = _mlp_graph("silu", u_shape=[1, 1, 6])
     assert not FuseGatedActivation()(g).modified
+
+
+def _conv_bn(conv_bias: bool, second_reader: bool = False):
+    """Conv (3x3, 4 -> 6 channels) then an inference BatchNormalization; optionally a Relu also reading the Conv."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "w")]
+    conv_in = ["x", "w"]
+    if conv_bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b"))
+        conv_in.append("b")
+    for name, v in (("scale", rng.random(6) + 0.5), ("bias", rng.standard_normal(6)), ("mean", rng.standard_normal(6)),
+                    ("var", rng.random(6) + 0.1)):
+        inits.append(numpy_helper.from_array(v.astype(np.float32), name))
+    nodes = [helper.make_node("Conv", conv_in, ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"], name="bn",
+                              epsilon=1e-3)]
+    outs = [_vi("y", [1, 6, 5, 5])]
+    if second_reader:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        outs.append(_vi("r", [1, 6, 5, 5]))
+    g = helper.make_graph(nodes, "g", [_vi("x", [1, 4, 5, 5])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("conv_bias", [True, False])
+def test_batchnorm_folds_into_the_conv_as_onnxruntime_folds_it(conv_bias):
+    """The fused Conv gives onnxruntime's fused result (the same float steps: ConvBNFusion) within the
+    convolution's own rounding, and the BatchNormalization and the unfused weights are gone."""
+    import onnxruntime as ort
+    from runtime.passes.conv_fusions import FuseConvBatchNorm
+    m = _conv_bn(conv_bias)
+    x = np.random.default_rng(4).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    sess = InferenceSession(m)
+    assert [n.op_type for n in sess._graph.nodes] == ["Conv"] and sess._graph.nodes[0].name == "conv"
+    assert not {"w", "b"} & set(sess._graph.initializers)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-5, atol=1e-5)
+    off = InferenceSession(m, disabled_optimizers=["ConvBNFusion"])
+    assert [n.op_type for n in off._graph.nodes] == ["Conv", "BatchNormalization"]
+    g = graph_from_proto(__import__("onnx").load_from_string(m).graph, {"": 17})
+    assert FuseConvBatchNorm()(g).modified and not FuseConvBatchNorm()(g).modified
+
+
+def test_batchnorm_stays_when_the_conv_output_has_another_reader():
+    from runtime.passes.conv_fusions import FuseConvBatchNorm
+    import onnx
+    g = graph_from_proto(onnx.load_from_string(_conv_bn(True, second_reader=True)).graph, {"": 17})
+    assert not FuseConvBatchNorm()(g).modified
+    assert [n.op_type for n in g.nodes] == ["Conv", "BatchNormalization", "Relu"]

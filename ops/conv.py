@@ -29,11 +29,15 @@ _OPTS = dict(cache=True, nogil=True)
 
 @njit(parallel=True, **_OPTS)
 def _im2col(x, col, ksz, st, pb, dil, osz):
-    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0."""
+    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0.  Flat unsigned indices (no
+    view reference counts across threads, no negative-index wraparound in the copy loops)."""
     Cg, D, H, W = x.shape
     kd, kh, kw = ksz[0], ksz[1], ksz[2]
     od, oh, ow = osz[0], osz[1], osz[2]
     nrow = Cg * kd * kh * kw
+    L = od * oh * ow
+    xf = x.reshape(-1)
+    cf = col.reshape(-1)
     for r in prange(nrow):
         c = r // (kd * kh * kw)
         rem = r - c * (kd * kh * kw)
@@ -50,22 +54,27 @@ def _im2col(x, col, ksz, st, pb, dil, osz):
         if W - off > 0:
             hi = min((W - off + st[2] - 1) // st[2], ow)
         hi = max(hi, lo)
-        j = 0
+        j = r * L
         for zo in range(od):
             zi = zo * st[0] - pb[0] + a * dil[0]
             zok = zi >= 0 and zi < D
             for yo in range(oh):
                 yi = yo * st[1] - pb[1] + b * dil[1]
                 if zok and yi >= 0 and yi < H:
+                    src = ((c * D + zi) * H + yi) * W + off
                     for xo in range(lo):
-                        col[r, j + xo] = 0
-                    for xo in range(lo, hi):
-                        col[r, j + xo] = x[c, zi, yi, xo * st[2] + off]
+                        cf[np.uint64(j + xo)] = 0
+                    if st[2] == 1:
+                        for xo in range(lo, hi):
+                            cf[np.uint64(j + xo)] = xf[np.uint64(src + xo)]
+                    else:
+                        for xo in range(lo, hi):
+                            cf[np.uint64(j + xo)] = xf[np.uint64(src + xo * st[2])]
                     for xo in range(hi, ow):
-                        col[r, j + xo] = 0
+                        cf[np.uint64(j + xo)] = 0
                 else:
                     for xo in range(ow):
-                        col[r, j + xo] = 0
+                        cf[np.uint64(j + xo)] = 0
                 j += ow
 
 

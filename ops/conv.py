@@ -216,61 +216,95 @@ def _with_bias(out, b, osp, dt, name):
     return out.astype(dt) if out.dtype != dt else out
 
 
-def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
-            name="Conv"):
-    """Float convolution; x: (N, C, *S), w: (M, C/group, *K)."""
-    if x.ndim != w.ndim:
-        raise ShapeMismatchError(f"{name}: X has rank {x.ndim} but W has rank {w.ndim}")
-    N, C = x.shape[:2]
-    M = w.shape[0]
-    group = int(group)
-    if group < 1 or C != w.shape[1] * group or M % group:
-        raise ShapeMismatchError(f"{name}: X has {C} channels, W has shape {list(w.shape)} and group={group}; "
-                                 f"expected C == W.shape[1]*group and M divisible by group")
-    ks = kernel_shape if kernel_shape else w.shape[2:]
-    if list(ks) != list(w.shape[2:]):
-        raise ShapeMismatchError(f"{name}: kernel_shape {list(ks)} does not match W spatial shape {list(w.shape[2:])}")
-    k, s, d, pb, pe, osp = window_geometry(name, x.shape, ks, auto_pad, dilations, pads, strides)
-    dt = x.dtype
-    cdt = F32 if lowp(dt) else dt
-    if cdt.kind != "f":
-        cdt = np.dtype(np.float64)
-    G, Cg, Mg = group, C // group, M // group
-    k3, s3, d3, pb3, o3 = pad3(k, 1), pad3(s, 1), pad3(d, 1), pad3(pb, 0), pad3(osp, 1)
-    i3 = pad3(x.shape[2:], 1)
-    L = int(np.prod(o3))
-    out = np.empty((N, G, Mg, L), cdt)
-    if out.size:
-        xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, *i3))
-        wc = _blas_ready(w.astype(cdt, copy=False)).reshape((G, Mg, -1))
-        direct = bool(np.all(k3 == 1) and np.all(s3 == 1) and not any(pb) and not any(pe))
-        col = np.empty((0, 0) if direct else (wc.shape[2], L), cdt)
-        if Cg * int(np.prod(k3)) == 0:
-            out[...] = 0
-        else:
-            if G == 1:
+class _ConvPlan:
+    """What a convolution of one input shape and dtype by one weight needs, worked out once: the window geometry
+    (3-d), the path (1x1 product, im2col product, depthwise, grouped), the weights in the compute dtype,
+    ready for BLAS, and the bias checked.  ``Conv`` keeps the plan of its last input shape, so a run with the
+    same shape pays only the kernels."""
+
+    def __init__(self, xshape, xdtype, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, name):
+        if len(xshape) != w.ndim:
+            raise ShapeMismatchError(f"{name}: X has rank {len(xshape)} but W has rank {w.ndim}")
+        N, C = xshape[:2]
+        M = w.shape[0]
+        group = int(group)
+        if group < 1 or C != w.shape[1] * group or M % group:
+            raise ShapeMismatchError(f"{name}: X has {C} channels, W has shape {list(w.shape)} and group={group}; "
+                                     f"expected C == W.shape[1]*group and M divisible by group")
+        ks = kernel_shape if kernel_shape else w.shape[2:]
+        if list(ks) != list(w.shape[2:]):
+            raise ShapeMismatchError(f"{name}: kernel_shape {list(ks)} does not match W spatial shape "
+                                     f"{list(w.shape[2:])}")
+        k, s, d, pb, pe, osp = window_geometry(name, xshape, ks, auto_pad, dilations, pads, strides)
+        self.dt = dt = np.dtype(xdtype)
+        cdt = F32 if lowp(dt) else dt
+        if cdt.kind != "f":
+            cdt = np.dtype(np.float64)
+        self.cdt, self.name, self.osp = cdt, name, tuple(osp)
+        self.N, self.C, self.G, self.Cg, self.Mg = N, C, group, C // group, M // group
+        self.k3, self.s3, self.d3 = pad3(k, 1), pad3(s, 1), pad3(d, 1)
+        self.pb3, self.o3, self.i3 = pad3(pb, 0), pad3(osp, 1), pad3(xshape[2:], 1)
+        self.L = int(np.prod(self.o3))
+        self.wc = _blas_ready(w.astype(cdt, copy=False)).reshape((group, M // group, -1))
+        self.direct = bool(np.all(self.k3 == 1) and np.all(self.s3 == 1) and not any(pb) and not any(pe))
+        self.empty = self.Cg * int(np.prod(self.k3)) == 0
+        if b is not None and b.shape != (M,):
+            raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
+        self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)
+
+    def __call__(self, x):
+        N, G, Cg, Mg, L, cdt = self.N, self.G, self.Cg, self.Mg, self.L, self.cdt
+        k3, s3, pb3, d3, o3, i3, wc = self.k3, self.s3, self.pb3, self.d3, self.o3, self.i3, self.wc
+        out = np.empty((N, G, Mg, L), cdt)
+        if out.size:
+            xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, *i3))
+            col = np.empty((0, 0) if self.direct else (wc.shape[2], L), cdt)
+            if self.empty:
+                out[...] = 0
+            elif G == 1:
                 # numpy's BLAS runs its own thread pool and beats numba's np.dot binding here
                 for n in range(N):
-                    if direct:
+                    if self.direct:
                         np.matmul(wc[0], xc[n, 0].reshape((Cg, L)), out=out[n, 0])
                     else:
                         _im2col(xc[n, 0], col, k3, s3, pb3, d3, o3)
                         np.matmul(wc[0], col, out=out[n, 0])
             elif Cg == 1 and Mg == 1:
                 # Depthwise: one direct loop; per-group im2col + matmul would pay C parallel launches.
-                _depthwise(xc.reshape((N, C, *i3)), wc.reshape((C, *k3)), out.reshape((N, C, *o3)), k3, s3, pb3,
-                           d3)
+                _depthwise(xc.reshape((N, self.C, *i3)), wc.reshape((self.C, *k3)), out.reshape((N, self.C, *o3)),
+                           k3, s3, pb3, d3)
             else:
-                _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, direct)
-    return _with_bias(out, b, osp, dt, name)
+                _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, self.direct)
+        out = out.reshape((N, G * Mg, L))
+        if self.b is not None and out.size:
+            _add_bias(out, self.b)
+        out = out.reshape((N, G * Mg, *self.osp))
+        return out.astype(self.dt) if out.dtype != self.dt else out
 
 
-@op("Conv", 1)
-def Conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    return conv_nd(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+            name="Conv"):
+    """Float convolution; x: (N, C, *S), w: (M, C/group, *K)."""
+    return _ConvPlan(x.shape, x.dtype, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, name)(x)
 
 
-op("Conv", 11)(Conv)
+def _conv_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    last = [None]  # (x shape, dtype, W, B, plan): the weights are the node's initializers, the same every run
+
+    def run(X, W, B=None):
+        entry = last[0]  # read once: a concurrent run may replace it
+        if entry is None or entry[0] != X.shape or entry[1] != X.dtype or entry[2] is not W or entry[3] is not B:
+            entry = (X.shape, X.dtype, W, B, _ConvPlan(X.shape, X.dtype, W, B, auto_pad, dilations, group,
+                                                        kernel_shape, pads, strides, "Conv"))
+            last[0] = entry
+        return entry[4](X)
+
+    return run
+
+
+op("Conv", 1, factory=True)(_conv_factory)
+op("Conv", 11, factory=True)(_conv_factory)
+
 
 
 def conv_transpose_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,

@@ -280,3 +280,21 @@ def test_depthwise_conv_matches_onnxruntime(shape, k, attrs):
     ours = InferenceSession(m).run(None, {"x": x})[0]
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_session_follows_its_input_shape_from_run_to_run():
+    """The Conv keeps the plan of its last input shape: a run of another shape plans again, and going back
+    gives the first shape's result again."""
+    w = _randn(6, 4, 3, 3)
+    b = _randn(6)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx_type(np.dtype(np.float32)),
+                                                                      ["n", 4, "h", "w"])],
+                          [helper.make_empty_tensor_value_info("y")],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    ours = InferenceSession(m)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for shape in [(1, 4, 8, 8), (2, 4, 5, 7), (1, 4, 8, 8)]:
+        x = _randn(*shape)
+        np.testing.assert_allclose(ours.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)

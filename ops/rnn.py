@@ -224,36 +224,54 @@ def _quantize_u8(x, q):
     return scale, zp
 
 
+_PAIRS_EXACT = 256  # pair sums (each within 16 bits) a float32 holds exactly: 256 * 32767 < 2 ** 24
+
+
 @njit(cache=True, nogil=True)
-def _saturating_dot(q, zp, Wd, colsum, out):
-    """out = the products of codes ``q + zp`` (uint8) and int8 codes ``Wd`` as MLAS sums them on x86 hosts
-    without VNNI: each adjacent pair of k (0-1, 2-3, ...) multiplied and added into 16 bits with saturation
-    (``vpmaddubsw``), the pairs added in 32 bits, then ``zp`` times the column sums taken off."""
+def _saturating_dot(q, zp, Wf, colsum, out):
+    """out = the products of codes ``q + zp`` (uint8) and int8 codes ``Wf`` ([K, N], as float32) as MLAS sums
+    them on x86 hosts without VNNI: each adjacent pair of k (0-1, 2-3, ...) multiplied and added into 16 bits
+    with saturation (``vpmaddubsw``), the pairs added in 32 bits, then ``zp`` times the column sums taken off.
+    Every value here is an integer a float32 holds exactly (products below 2 ** 15, a run of up to
+    ``_PAIRS_EXACT`` pair sums below 2 ** 24, then added into float64), so the float lanes give the integers;
+    the loop runs along the output columns innermost (contiguous rows of ``Wf``) and vectorizes."""
     M, K = q.shape
-    N = Wd.shape[1]
-    a = np.empty(K + 1, np.int32)
-    z = np.int32(zp)
+    N = Wf.shape[1]
+    part = np.empty(N, np.float32)
+    total = np.empty(N, np.float64)
+    z = np.float32(zp)
+    lo, hi = np.float32(-32768.0), np.float32(32767.0)
     for i in range(M):
-        for k in range(K):
-            a[k] = np.int32(q[i, k]) + z
-        a[K] = 0
+        total[:] = 0
+        part[:] = 0
+        pairs = 0
+        for k in range(0, K, 2):
+            a0 = np.float32(q[i, k]) + z
+            if k + 1 < K:
+                a1 = np.float32(q[i, k + 1]) + z
+                for j in range(N):
+                    part[j] += min(max(a0 * Wf[k, j] + a1 * Wf[k + 1, j], lo), hi)
+            else:  # the last k pairs with a zero
+                for j in range(N):
+                    part[j] += min(max(a0 * Wf[k, j], lo), hi)
+            pairs += 1
+            if pairs == _PAIRS_EXACT:
+                for j in range(N):
+                    total[j] += part[j]
+                    part[j] = 0
+                pairs = 0
         for j in range(N):
-            acc = np.int32(0)
-            for k in range(0, K, 2):
-                b1 = np.int32(Wd[k + 1, j]) if k + 1 < K else np.int32(0)
-                pair = a[k] * np.int32(Wd[k, j]) + a[k + 1] * b1
-                acc += min(max(pair, np.int32(-32768)), np.int32(32767))
-            out[i, j] = np.float64(acc - z * colsum[j])
+            out[i, j] = total[j] + part[j] - zp * colsum[j]
 
 
 @njit(cache=True, nogil=True)
-def _qproduct(q, zp, Wd, colsum, saturate, scale, wscale, out):
+def _qproduct(q, zp, Wd, Wi, colsum, saturate, scale, wscale, out):
     """out = float32(q @ Wd) * float32(scale * wscale[col]): the integer product of quantized codes (exact in
-    float64, or summed as ``_saturating_dot`` does when ``saturate``) scaled per output column, as
-    onnxruntime's quantized GEMM writes it."""
+    float64, or summed as ``_saturating_dot`` does over the float32 codes ``Wi`` when ``saturate``) scaled per
+    output column, as onnxruntime's quantized GEMM writes it."""
     if saturate:
         acc = np.empty((q.shape[0], Wd.shape[1]), np.float64)
-        _saturating_dot(q, zp, Wd, colsum, acc)
+        _saturating_dot(q, zp, Wi, colsum, acc)
     else:
         acc = np.dot(q, Wd)
     for i in range(out.shape[0]):
@@ -262,8 +280,8 @@ def _qproduct(q, zp, Wd, colsum, saturate, scale, wscale, out):
 
 
 @njit(cache=True, nogil=True)
-def _qlstm_kernel(X, Wd, wcol, wsat, wscale, Rd, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts, alphas,
-                  betas, clip, input_forget, Y, Yh, Yc):
+def _qlstm_kernel(X, Wd, Wi, wcol, wsat, wscale, Rd, Ri, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
+                  alphas, betas, clip, input_forget, Y, Yh, Yc):
     """LSTM with int8/uint8 weights (``Wd`` [D, nin, 4H], ``Rd`` [D, H, 4H]: codes minus zero point, float64)
     as onnxruntime's DynamicQuantizeLSTM runs it: X quantized once per direction (all steps together), the
     hidden state quantized again at every step, each product scaled per column."""
@@ -276,12 +294,12 @@ def _qlstm_kernel(X, Wd, wcol, wsat, wscale, Rd, rcol, rsat, rscale, B, seqlens,
     hr = np.empty((batch, G), np.float32)
     sx, zx = _quantize_u8(x2, xq)
     for d in range(D):
-        _qproduct(xq, zx, Wd[d], wcol[d], wsat, sx, wscale[d], xw)
+        _qproduct(xq, zx, Wd[d], Wi[d], wcol[d], wsat, sx, wscale[d], xw)
         h = h0[d].copy()
         c = c0[d].copy()
         for s in range(seq):
             sh, zh = _quantize_u8(h, hq)
-            _qproduct(hq, zh, Rd[d], rcol[d], rsat, sh, rscale[d], hr)
+            _qproduct(hq, zh, Rd[d], Ri[d], rcol[d], rsat, sh, rscale[d], hr)
             _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
         Yh[d] = h
         Yc[d] = c
@@ -472,7 +490,9 @@ def _quantized_weights(name, Wq, scale, zero, D, N):
     codes = Wq.astype(np.float64) - z[:, :1, None]
     sc = np.ascontiguousarray(np.broadcast_to(scale.reshape(D, -1).astype(F32), (D, N)))
     colsum = np.ascontiguousarray(codes.sum(axis=1).astype(np.int32))
-    return np.ascontiguousarray(codes), colsum, bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES), sc
+    saturate = bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES)
+    ints = np.ascontiguousarray(codes.astype(np.float32)) if saturate else np.zeros((D, 0, 0), np.float32)
+    return np.ascontiguousarray(codes), ints, colsum, saturate, sc
 
 
 def _mlas_u8s8_saturates() -> bool:
@@ -516,15 +536,15 @@ def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=N
                 raise InvalidArgumentError(f"DynamicQuantizeLSTM: input {name} is required")
         p = _Prep("DynamicQuantizeLSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, 0,
                   quantized=True)
-        (Wd, wcol, wsat, wsc), (Rd, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
-                                                                R_zero_point, p.D, 4 * p.H)
+        (Wd, Wi, wcol, wsat, wsc), (Rd, Ri, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
+                                                                        R_zero_point, p.D, 4 * p.H)
         codes, al, be = _activations("DynamicQuantizeLSTM", activations, activation_alpha, activation_beta,
                                      ("Sigmoid", "Tanh", "Tanh"), p.D)
         c0 = p.state("DynamicQuantizeLSTM", initial_c, "initial_c")
         Pm = p.peepholes("DynamicQuantizeLSTM", P)
         Yc = np.empty_like(p.Yh)
-        _qlstm_kernel(p.X, Wd, wcol, wsat, wsc, Rd, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, _clip(clip),
-                      bool(input_forget), p.Y, p.Yh, Yc)
+        _qlstm_kernel(p.X, Wd, Wi, wcol, wsat, wsc, Rd, Ri, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
+                      codes, al, be, _clip(clip), bool(input_forget), p.Y, p.Yh, Yc)
         return p.finish(ctx, p.Yh, Yc)
 
     return run

@@ -100,3 +100,25 @@ def test_weights_onnxruntime_refuses_are_refused_by_name():
     bad = dict(inits, R_scale=np.ones((1, 5), np.float32))
     with pytest.raises(ShapeMismatchError, match=r"R's scale must have shape \[1\] \(per tensor\) or \[1, 16\]"):
         _run(node, bad, feeds, reference=False)
+
+
+@pytest.mark.parametrize("K,full", [(7, False), (600, False), (1101, True)])
+def test_saturating_pairs_are_the_exact_integers(K, full):
+    """The float lanes of ``_saturating_dot`` give exactly the integers of the pairwise 16-bit saturating sum
+    (an odd K pairs its last code with a zero; with every pair at the 16-bit limit, 1101 codes sum past what
+    a float32 holds exactly, 2 ** 24)."""
+    rng = np.random.default_rng(K)
+    zp = 201.0
+    q = rng.integers(-201, 55, (3, K)).astype(np.float64)  # codes 0..255 minus the zero point
+    w = rng.integers(-127, 128, (K, 40))
+    if full:
+        q[:] = 255 - zp
+        w[:] = 127
+    colsum = w.sum(0).astype(np.int32)
+    out = np.empty((3, 40))
+    rnn._saturating_dot(q, zp, w.astype(np.float32), colsum, out)
+    a = np.concatenate([q + zp, np.zeros((3, K % 2))], axis=1).astype(np.int64)
+    wp = np.concatenate([w, np.zeros((K % 2, 40), np.int64)])
+    pairs = a[:, 0::2, None] * wp[None, 0::2] + a[:, 1::2, None] * wp[None, 1::2]
+    assert (np.abs(pairs) > 32767).any()
+    np.testing.assert_array_equal(out, np.clip(pairs, -32768, 32767).sum(1) - zp * colsum)

@@ -21,3 +21,19 @@ def _order_independent_random_data(request):
             setattr(mod, name, np.random.default_rng(seed))
     np.random.seed(seed)
     yield
+
+
+@pytest.fixture
+def numba_threads_seen(monkeypatch):
+    """The Numba thread count each ``Plan.run`` of the test ran with, in order."""
+    import numba
+    from runtime.executor import Plan
+    seen = []
+    real = Plan.run
+
+    def spy(self, *a, **k):
+        seen.append(numba.get_num_threads())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Plan, "run", spy)
+    return seen

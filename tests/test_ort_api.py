@@ -115,16 +115,8 @@ def test_errors_are_onnxruntimes_exception_classes(tmp_path):
 
 # -- options that do what they say -----------------------------------------------------------------------------------
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two Numba threads to tell 1 from the default")
-def test_intra_op_num_threads_is_per_session(monkeypatch):
-    seen = []
-    from runtime.executor import Plan
-    real = Plan.run
-
-    def spy(self, *a, **k):
-        seen.append(numba.get_num_threads())
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Plan, "run", spy)
+def test_intra_op_num_threads_is_per_session(numba_threads_seen):
+    seen = numba_threads_seen
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     one = ort.InferenceSession(_mul().SerializeToString(), so)

@@ -254,16 +254,8 @@ def test_set_seed_makes_unseeded_random_ops_repeat(monkeypatch):
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two Numba threads to tell 1 from the default")
-def test_global_thread_pool_sizes_apply_to_sessions_without_their_own(monkeypatch, _restore_environment):
-    seen = []
-    from runtime.executor import Plan
-    real = Plan.run
-
-    def spy(self, *a, **k):
-        seen.append(numba.get_num_threads())
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Plan, "run", spy)
+def test_global_thread_pool_sizes_apply_to_sessions_without_their_own(numba_threads_seen, _restore_environment):
+    seen = numba_threads_seen
     ort.set_global_thread_pool_sizes(intra_op_num_threads=1)
     shared = ort.SessionOptions()
     shared.use_per_session_threads = False

@@ -29,16 +29,24 @@ _OPTS = dict(cache=True, nogil=True)
 
 @njit(parallel=True, **_OPTS)
 def _im2col(x, col, ksz, st, pb, dil, osz):
-    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0.  Flat unsigned indices (no
-    view reference counts across threads, no negative-index wraparound in the copy loops)."""
+    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0.  Rows in parallel."""
+    nrow = col.shape[0]
+    nt = min(nrow, 64)
+    for t in prange(nt):
+        _im2col_rows(x, col, ksz, st, pb, dil, osz, t * nrow // nt, (t + 1) * nrow // nt)
+
+
+@njit(**_OPTS)
+def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1):
+    """Rows [r0, r1) of ``_im2col``.  Flat unsigned indices (no view reference counts across threads, no
+    negative-index wraparound in the copy loops)."""
     Cg, D, H, W = x.shape
     kd, kh, kw = ksz[0], ksz[1], ksz[2]
     od, oh, ow = osz[0], osz[1], osz[2]
-    nrow = Cg * kd * kh * kw
     L = od * oh * ow
     xf = x.reshape(-1)
     cf = col.reshape(-1)
-    for r in prange(nrow):
+    for r in range(r0, r1):
         c = r // (kd * kh * kw)
         rem = r - c * (kd * kh * kw)
         a = rem // (kh * kw)
@@ -76,6 +84,17 @@ def _im2col(x, col, ksz, st, pb, dil, osz):
                     for xo in range(ow):
                         cf[np.uint64(j + xo)] = 0
                 j += ow
+
+
+_BATCH_COL_BYTES = 64 << 20  # a batch's im2col columns are made at once below this size
+
+
+@njit(parallel=True, **_OPTS)
+def _im2col_batch(x, cols, ksz, st, pb, dil, osz):
+    """x: (N, Cg, D, H, W) -> cols: (N, Cg*kd*kh*kw, od*oh*ow), each image as ``_im2col`` lays it out; one
+    parallel task per image (``_im2col_rows`` over all its rows)."""
+    for n in prange(x.shape[0]):
+        _im2col_rows(x[n], cols[n], ksz, st, pb, dil, osz, 0, cols.shape[1])
 
 
 @njit(**_OPTS)
@@ -261,7 +280,7 @@ class _ConvPlan:
             col = np.empty((0, 0) if self.direct else (wc.shape[2], L), cdt)
             if self.empty:
                 out[...] = 0
-            elif G == 1:
+            elif G == 1 and (self.direct or N == 1 or N * col.size * cdt.itemsize > _BATCH_COL_BYTES):
                 # numpy's BLAS runs its own thread pool and beats numba's np.dot binding here
                 for n in range(N):
                     if self.direct:
@@ -269,6 +288,13 @@ class _ConvPlan:
                     else:
                         _im2col(xc[n, 0], col, k3, s3, pb3, d3, o3)
                         np.matmul(wc[0], col, out=out[n, 0])
+            elif G == 1:
+                # a batch of small images: every image's columns in one parallel pass, then one batched product,
+                # instead of alternating Numba's threads and BLAS's N times (each switch can stall on the other
+                # pool's spinning threads)
+                cols = np.empty((N,) + col.shape, cdt)
+                _im2col_batch(xc[:, 0], cols, k3, s3, pb3, d3, o3)
+                np.matmul(wc[0], cols, out=out[:, 0])
             elif Cg == 1 and Mg == 1:
                 # Depthwise: one direct loop; per-group im2col + matmul would pay C parallel launches.
                 _depthwise(xc.reshape((N, self.C, *i3)), wc.reshape((self.C, *k3)), out.reshape((N, self.C, *o3)),

@@ -90,6 +90,7 @@ AVX2 = _host_has_avx2()
 AVX512 = _host_has_avx512()
 VNNI = _host_has_vnni()
 VNNI512 = _host_has_vnni512()
+AVX512F = _host_has_all("avx512f")  # onnxruntime's MLAS then takes its AVX-512 kernels
 
 _I8, _I16, _I32, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _V32I8 = ir.VectorType(_I8, 32)
@@ -378,6 +379,182 @@ class _Emitter:
                 builder.store(builder.fadd(builder.load(accp[gi][r]), term), accp[gi][r])
 
 
+class _OrtEmitter(_Emitter):
+    """onnxruntime's accumulation order (MLAS's AVX2 int8 kernels for blocks of 32, ``SIGNED`` or ``UNSIGNED``
+    codes; see ``ORT_AVX2`` in the module docstring): per row and column eight float lane accumulators, each
+    a chain of fused multiply-adds over the blocks, folded into the output at the end."""
+
+    def __init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, signed):
+        super().__init__(context, builder, sig, args, has_zp, portable, vnni, rows, 1)
+        self.signed = signed
+        self.pairs = not (signed and has_zp)  # MLAS's zero-point kernel updates one block at a time
+        self.lanes = [[cgutils.alloca_once(builder, _V8F) for _ in range(8)] for _ in range(rows)]
+        self.fma = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+
+    def emit(self):
+        builder = self.builder
+        g0, g1 = self.args[7], self.args[8]
+        with cgutils.for_range_slice(builder, g0, g1, self.const(1), intp=self.intp) as (g, _):
+            self.run([g])
+
+    def half(self, c, ap, k):
+        """<8 x i32>: per column lane, its 4 codes ``c`` (one nibble half) dotted with ``ap[k:k + 4]``."""
+        builder = self.builder
+        a = self.splat4(ap, k)
+        if self.vnni:
+            dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
+            return builder.call(dp, [_splat(_V8I32, 0), builder.bitcast(c, _V8I32), builder.bitcast(a, _V8I32)])
+        if not self.portable:
+            mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+            return self.widen(builder.call(mub, [c, a]))
+        p = builder.mul(builder.zext(c, _V32I32), builder.sext(a, _V32I32))
+        parts = [_shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
+        return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+    def group_sum(self, r, blk, q, width):
+        """The sum of row r's activations over the ``width`` (4 or 8) of block ``blk`` from group ``q`` (of 4),
+        broadcast: ``asum`` holds the sums of every 4 activations in order."""
+        builder = self.builder
+        i = builder.add(builder.mul(blk, self.c8), self.const(q))
+        s = builder.load(builder.gep(self.ssps[r], [i]))
+        if width == 8:
+            s = builder.fadd(s, builder.load(builder.gep(self.ssps[r], [builder.add(i, self.const(1))])))
+        return _broadcast(builder, s)
+
+    def scale(self, g, blk, r):
+        """f32(ascale[blk] * scale) per column: the combined scale MLAS multiplies once per block."""
+        builder = self.builder
+        col = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.c8)
+        wsc = self.vload(self.sp, col, _V8F, 4)
+        return builder.fmul(_broadcast(builder, builder.load(builder.gep(self.asps[r], [blk]))), wsc), col
+
+    def zero(self, col):
+        return self.vload(self.zp_ptr, col, _V8F, 4) if self.has_zp else self.zdef
+
+    def lane(self, r, L, v, s):
+        builder = self.builder
+        builder.store(builder.call(self.fma, [v, s, builder.load(self.lanes[r][L])]), self.lanes[r][L])
+
+    def value(self, d, r, blk, q, width, z):
+        """An exact integer lane sum as float32, with the zero point's share taken out when codes are signed."""
+        builder = self.builder
+        v = builder.sitofp(d, _V8F)
+        if self.signed:
+            v = builder.fsub(v, builder.fmul(z, self.group_sum(r, blk, q, width)))
+        return v
+
+    def single(self, g, blk):
+        """One block, lane L = the 4 products of group L (``vpmaddubsw`` + ``vpmaddwd`` of one 32-byte load)."""
+        builder, c8 = self.builder, self.c8
+        vb = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)
+        kb = builder.mul(blk, self.bs)
+        sc = [self.scale(g, blk, r) for r in range(self.rows)]
+        z = self.zero(sc[0][1]) if self.signed else None
+        for j in range(4):
+            lo, hi = self.codes(builder.add(vb, self.const(j)))
+            k = builder.add(kb, builder.mul(self.const(j), c8))
+            for r in range(self.rows):
+                s = sc[r][0]
+                self.lane(r, 2 * j, self.value(self.half(lo, self.aps[r], k), r, blk, 2 * j, 4, z), s)
+                self.lane(r, 2 * j + 1, self.value(self.half(hi, self.aps[r], builder.add(k, self.c4)), r, blk,
+                                                   2 * j + 1, 4, z), s)
+
+    # lane of (block of the pair, vector j) in MLAS's hadd layout of two blocks
+    _PAIR = {(0, 0): 0, (0, 1): 1, (1, 0): 2, (1, 1): 3, (0, 2): 4, (0, 3): 5, (1, 2): 6, (1, 3): 7}
+
+    def pair(self, g, blk0):
+        """Blocks blk0 and blk0 + 1: lane of (block, vector j) as ``_PAIR``, each the 8 products of a vector."""
+        builder, c8 = self.builder, self.c8
+        for h in range(2):
+            blk = builder.add(blk0, self.const(h))
+            vb = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)
+            kb = builder.mul(blk, self.bs)
+            sc = [self.scale(g, blk, r) for r in range(self.rows)]
+            z = self.zero(sc[0][1]) if self.signed else None
+            for j in range(4):
+                lo, hi = self.codes(builder.add(vb, self.const(j)))
+                k = builder.add(kb, builder.mul(self.const(j), c8))
+                for r in range(self.rows):
+                    d = builder.add(self.half(lo, self.aps[r], k), self.half(hi, self.aps[r], builder.add(k, self.c4)))
+                    self.lane(r, self._PAIR[h, j], self.value(d, r, blk, 2 * j, 8, z), sc[r][0])
+
+    def run(self, gs):
+        builder, const = self.builder, self.const
+        g = gs[0]
+        for r in range(self.rows):
+            for L in range(8):
+                builder.store(_splat(_V8F, 0.0), self.lanes[r][L])
+        if self.pairs:
+            npairs = builder.sdiv(self.nb, const(2))
+            with cgutils.for_range(builder, npairs, intp=self.intp) as lp:
+                self.pair(g, builder.mul(lp.index, const(2)))
+            odd = builder.icmp_signed("!=", builder.mul(npairs, const(2)), self.nb)
+            with builder.if_then(odd):
+                self.single(g, builder.sub(self.nb, const(1)))
+        else:
+            with cgutils.for_range(builder, self.nb, intp=self.intp) as lb:
+                self.single(g, lb.index)
+        n4 = self.args[9]
+        cols = builder.add(_broadcast_i(builder, builder.trunc(builder.mul(g, self.c8), _I32)),
+                           ir.Constant(_V8I32, list(range(8))))
+        full = builder.icmp_signed("<", cols, _broadcast_i(builder, builder.trunc(n4, _I32)))
+        for r in range(self.rows):
+            x = [builder.load(self.lanes[r][L]) for L in range(8)]
+            fold = builder.fadd(builder.fadd(builder.fadd(builder.fadd(x[0], x[1]), x[2]), x[3]),
+                                builder.fadd(builder.fadd(builder.fadd(x[4], x[5]), x[6]), x[7]))
+            hsum = builder.fadd(builder.fadd(builder.fadd(x[0], x[4]), builder.fadd(x[2], x[6])),
+                                builder.fadd(builder.fadd(x[1], x[5]), builder.fadd(x[3], x[7])))
+            optr = builder.bitcast(builder.gep(self.ops_[r], [builder.mul(g, self.c8)]), _V8F.as_pointer())
+            builder.store(builder.select(full, fold, hsum), optr, align=4)
+
+
+def _broadcast_i(builder, s):
+    v = builder.insert_element(ir.Constant(_V8I32, None), s, ir.Constant(_I32, 0))
+    return _shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8)
+
+
+def _make_ort(has_zp: bool, portable: bool, vnni: bool, rows: int, signed: bool):
+    def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1, n4):
+        """As ``_make``'s, with ``asum`` the sums of every 4 activations (``nb * 8`` per row) and ``n4`` the
+        columns below which MLAS folds 4 columns at once (N rounded down to 4); the rest it sums one by one."""
+        nd = 1 if rows == 1 else 2
+        want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
+                (asum, types.float32, nd), (sct, types.float32, 3), (out, types.float32, nd))
+        if has_zp:
+            want += ((zero, types.float32, 3),)
+        elif zero != types.float32:
+            return None
+        for t, dt, n in want:
+            if not (isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C"):
+                return None
+        if not all(isinstance(x, types.Integer) for x in (g0, g1, n4)):
+            return None
+        sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):
+            _OrtEmitter(context, builder, sig, args, has_zp, portable, vnni, rows, signed).emit()
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = (f"dot_q4_ort{'_s' if signed else '_u'}{'_zp' if has_zp else ''}{'_portable' if portable else ''}"
+                     f"{'_vnni' if vnni else ''}{f'_rows{rows}' if rows > 1 else ''}")
+    return intrinsic(impl)
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32, rounded once (``llvm.fma.f32``: one instruction where the target has FMA)."""
+    if not all(x == types.float32 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.f32", _F32, [_F32, _F32, _F32])
+        return builder.call(f, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
 def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, groups: int = 1, wide: bool = False):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1):
         """zero: the default zero point (float32 scalar), or zero points [G, nb, 8] when ``has_zp``.  With
@@ -427,3 +604,15 @@ dot_q4_rows_vnni256 = _make(False, not AVX2, VNNI, ROWS)
 dot_q4_zp_rows_vnni256 = _make(True, not AVX2, VNNI, ROWS)
 dot_q4_portable = _make(False, True)
 dot_q4_zp_portable = _make(True, True)
+
+# onnxruntime's order (``_OrtEmitter``), blocks of 32 only: one row with signed codes (MLAS's one-row kernel), one
+# row or ``ORT_ROWS`` rows with unsigned codes (its several-row kernel; the zero points then come in through
+# ``ort_zero_point_sums``).
+ORT_ROWS = 4
+dot_q4_ort_s = _make_ort(False, not AVX2, VNNI, 1, True)
+dot_q4_ort_s_zp = _make_ort(True, not AVX2, VNNI, 1, True)
+dot_q4_ort_u = _make_ort(False, not AVX2, VNNI, 1, False)
+dot_q4_ort_u_rows = _make_ort(False, not AVX2, VNNI, ORT_ROWS, False)
+dot_q4_ort_s_portable = _make_ort(False, True, False, 1, True)
+dot_q4_ort_s_zp_portable = _make_ort(True, True, False, 1, True)
+dot_q4_ort_u_rows_portable = _make_ort(False, True, False, ORT_ROWS, False)

@@ -51,9 +51,9 @@ TILE_ELEMS = _cq.TILE_ELEMS
 
 
 @njit(**_OPTS)
-def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
+def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, mlas):
     """MatMulNBits over A (M, K) float32: (out (M, N), error code into ``MNB_ERRORS``).  zp_mode 0 none, 1 packed
-    uint8, 2 float."""
+    uint8, 2 float; ``mlas``: the int4 path in MLAS's AVX2 order (``_cq.mlas_avx2_path``)."""
     nb = (K + bs - 1) // bs
     blob = bs * bits // 8
     M = a2.shape[0]
@@ -77,6 +77,11 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant):
         pass
     elif bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
+        if mlas:
+            if has_bias and bias.size != N:
+                return np.empty((0, 0), np.float32), 5
+            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES, bias, has_bias)
+            return out, 0
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= ROWS_MAX:
         asum = np.empty((M, nb), np.float32)
@@ -215,15 +220,20 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 
 
 @njit(**_OPTS)
-def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias):
-    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code)."""
+def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
+    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: in MLAS's
+    AVX2 order (``_cq.gemv_q4i8_mlas``, which adds the bias itself)."""
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
+    if has_bias and bias.size != N:
+        return np.empty((0, 0), np.float32), 5
     out = np.empty((a2.shape[0], N), np.float32)
-    _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES)
+    parallel = qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES
+    if mlas:
+        _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias)
+        return out, 0
+    _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel)
     if has_bias:
-        if bias.size != N:
-            return np.empty((0, 0), np.float32), 5
         for m in range(out.shape[0]):
             for n in range(N):
                 out[m, n] += bias[n]
@@ -289,14 +299,15 @@ def _matmul_nbits(e, m):
         else:
             packed = _repack(m, e.const(1), e.const(2), e.const(3), zp_mode)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
-            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant})")
+            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant}, {_cq.mlas_avx2_path(bs)})")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
         g = e.use(__name__, "gemv_q4i8_t")
         # Every row count runs over the repacked codes (prefill as fast as the dequantized tiles + BLAS, measured
         # at 256 rows), so the original B is never read after plan time and its pages can be released.
         e.line(f"{{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
-               f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)})")
+               f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)}, "
+               f"{_cq.mlas_avx2_path(bs)})")
     elif packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")

@@ -7,9 +7,10 @@ Gelu, BiasGelu, FastGelu, QuickGelu.
 
 Canonical views keep the kernels few: every row norm sees ``(rows, n)`` (skip tensors that broadcast over
 the batch are indexed as ``row % skip_rows``), GatedRMSNorm sees ``(rows * groups, C)``, the activations see
-``(rows, n)`` with an optional bias of length ``n``.  16-bit floats are computed in float32; statistics
-accumulate in float64 (cheap next to the memory traffic, and it matches onnxruntime to the last ulp more
-often).  Reductions are compiled with ``FAST`` (reassociation, never nnan/ninf).  These kernels run on every
+``(rows, n)`` with an optional bias of length ``n``.  16-bit floats are computed in float32.  The row norms
+follow onnxruntime's CPU kernels operation for operation (``_norm_row``: sums in the input's float type, one
+element after the other; a division per element), so their float32 results are onnxruntime's bits; the other
+reductions are compiled with ``FAST`` (reassociation, never nnan/ninf).  These kernels run on every
 decode step, so large inputs (prefill) use ``parallel=True`` variants over rows and small ones a serial loop.
 
 Invariants:
@@ -28,10 +29,11 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import _simd
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
 from ._fastmath import FAST, fexp
 from .forms import Decline, float_only, raise_on, form
-from .normalization import declared_dtype, output_used, put_stats, row_stats
+from .normalization import declared_dtype, output_used
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -40,60 +42,147 @@ F64 = np.dtype(np.float64)
 EMPTY = np.empty(0, F64)
 EMPTY_OF = {dt: np.empty(0, dt) for dt in (F32, F64)}  # an absent operand
 MS = "com.microsoft"
+MLAS_NORM_MIN = 16  # shorter rows take onnxruntime's plain loop even where it has MLAS's kernel (measured: 15 and 16)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
 
-@njit(fastmath=FAST, **_OPTS)
+@njit(**_OPTS)
 def _norm_row(src, r, scale, beta, y, mean_out, inv_out, eps, simplified):
-    """Normalize row ``r`` of ``src`` into ``y``: float64 two-pass statistics (``row_stats``), affine step in
-    src's dtype."""
+    """Normalize row ``r`` of ``src`` into ``y`` in onnxruntime's CPU order, in src's dtype: the sum and the sum of
+    squares one element after the other (``q += v * v``, no fused multiply-add), ``d = sqrt(q / n + eps)``
+    (``sqrt(q / n - mean * mean + eps)`` centred), then ``y = v / d * scale`` (``(v - mean) / d * scale + beta``)
+    with a division per element; ``inv_std_var`` is ``1 / d``.  Compiled without fastmath flags, so that LLVM
+    keeps this order."""
     n = src.shape[1]
-    mean, q = row_stats(src, r, not simplified)
-    inv = 1.0 / math.sqrt(q / n + eps)
-    m, iv = put_stats(src, r, mean, inv, mean_out, inv_out)
-    if beta.shape[0]:
+    s = src.dtype.type(0.0)
+    q = src.dtype.type(0.0)
+    for j in range(n):
+        v = src[r, j]
+        s += v
+        q += v * v
+    nf = src.dtype.type(n)
+    e = src.dtype.type(eps)
+    mean = s / nf
+    if simplified:
+        d = np.sqrt(q / nf + e)
+    else:
+        d = np.sqrt(q / nf - mean * mean + e)
+    if mean_out.shape[0]:
+        mean_out[r] = mean
+    if inv_out.shape[0]:
+        inv_out[r] = src.dtype.type(1.0) / d
+    if simplified:
         for j in range(n):
-            y[r, j] = (src[r, j] - m) * iv * scale[j] + beta[j]
+            y[r, j] = src[r, j] / d * scale[j]
+    elif beta.shape[0]:
+        for j in range(n):
+            y[r, j] = (src[r, j] - mean) / d * scale[j] + beta[j]
     else:
         for j in range(n):
-            y[r, j] = (src[r, j] - m) * iv * scale[j]
+            y[r, j] = (src[r, j] - mean) / d * scale[j]
 
 
-@njit(fastmath=FAST, **_OPTS)
+@njit(**_OPTS)
+def _hsum8(a):
+    """MLAS's horizontal sum of 8 float lanes: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))."""
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+@njit(**_OPTS)
+def _mlas_norm_row(src, r, scale, beta, y, mean_out, inv_out, eps, simplified):
+    """Row ``r`` of a float32 ``src`` in MLAS's AVX2 layer-norm kernel order (``MlasLayerNormKernelAvx2``, which
+    onnxruntime's LayerNormalization and SimplifiedLayerNormalization run on x86 hosts with AVX2): squares summed
+    by fused multiply-adds in 8 lanes over whole chunks of 8, the lanes summed as ``_hsum8``, the rest fused in
+    one by one; the centred form's mean a float64 sum in 4 lanes (``(l0 + l2) + (l1 + l3)``, then the rest)
+    rounded to float32 after the division, its deviations ``x - mean`` squared the same way; ``inv = 1 /
+    sqrt(s / n + eps)`` in float32; ``y = x * inv * scale`` (``fma((x - mean) * inv, scale, beta)``).  Reads are
+    cast to float32, so the function also compiles (unused) for float64 rows."""
+    n = src.shape[1]
+    f = np.float32
+    acc = np.zeros(8, np.float32)
+    whole = n - n % 8
+    mean = f(0.0)
+    if simplified:
+        for i in range(0, whole, 8):
+            for t in range(8):
+                v = f(src[r, i + t])
+                acc[t] = _simd.fma32(v, v, acc[t])
+        s = _hsum8(acc)
+        for i in range(whole, n):
+            s = _simd.fma32(f(src[r, i]), f(src[r, i]), s)
+    else:
+        dl = np.zeros(4)
+        w4 = n - n % 4
+        for i in range(0, w4, 4):
+            for t in range(4):
+                dl[t] += np.float64(src[r, i + t])
+        ds = (dl[0] + dl[2]) + (dl[1] + dl[3])
+        for i in range(w4, n):
+            ds += np.float64(src[r, i])
+        mean = f(ds / np.float64(n))
+        for i in range(0, whole, 8):
+            for t in range(8):
+                d = f(src[r, i + t]) - mean
+                acc[t] = _simd.fma32(d, d, acc[t])
+        s = _hsum8(acc)
+        for i in range(whole, n):
+            d = f(src[r, i]) - mean
+            s = _simd.fma32(d, d, s)
+    inv = f(1.0) / np.sqrt(s / f(n) + f(eps))
+    if mean_out.shape[0]:
+        mean_out[r] = mean
+    if inv_out.shape[0]:
+        inv_out[r] = inv
+    if simplified:
+        for j in range(n):
+            y[r, j] = f(src[r, j]) * inv * f(scale[j])
+    elif beta.shape[0]:
+        for j in range(n):
+            y[r, j] = _simd.fma32((f(src[r, j]) - mean) * inv, f(scale[j]), f(beta[j]))
+    else:
+        for j in range(n):
+            y[r, j] = (f(src[r, j]) - mean) * inv * f(scale[j])
+
+
+@njit(**_OPTS)
 def _skip_row(x, skip, bias, ssum, r):
-    """``ssum[r] = x[r] + skip[r % skip_rows] (+ bias)``."""
+    """``ssum[r] = (x[r] + skip[r % skip_rows]) (+ bias)``, added in that order (onnxruntime's)."""
     n = x.shape[1]
     rs = r % skip.shape[0]
     if bias.shape[0]:
         for j in range(n):
-            ssum[r, j] = x[r, j] + skip[rs, j] + bias[j]
+            ssum[r, j] = (x[r, j] + skip[rs, j]) + bias[j]
     else:
         for j in range(n):
             ssum[r, j] = x[r, j] + skip[rs, j]
 
 
-@njit(fastmath=FAST, **_OPTS)
-def _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r):
-    """Row norm ``r`` of ``x`` (rows, n), or of ``x + skip (+ bias)`` (kept in ``ssum``) when ``skip`` has rows."""
+@njit(**_OPTS)
+def _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, r):
+    """Row norm ``r`` of ``x`` (rows, n), or of ``x + skip (+ bias)`` (kept in ``ssum``) when ``skip`` has rows;
+    ``mlas``: in ``_mlas_norm_row``'s order (float32, no skip, rows of ``MLAS_NORM_MIN`` and more, as onnxruntime
+    chooses that kernel), else ``_norm_row``'s."""
     if skip.shape[0]:
         _skip_row(x, skip, bias, ssum, r)
         _norm_row(ssum, r, scale, beta, y, mean_out, inv_out, eps, simplified)
+    elif mlas and x.shape[1] >= MLAS_NORM_MIN:
+        _mlas_norm_row(x, r, scale, beta, y, mean_out, inv_out, eps, simplified)
     else:
         _norm_row(x, r, scale, beta, y, mean_out, inv_out, eps, simplified)
 
 
-@njit(fastmath=FAST, **_OPTS)
-def _rows(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified):
+@njit(**_OPTS)
+def _rows(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas):
     """Every row norm of ``x`` (see ``_row``)."""
     for r in range(x.shape[0]):
-        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r)
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, r)
 
 
-@njit(parallel=True, fastmath=FAST, **_OPTS)
-def _rows_par(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified):
+@njit(parallel=True, **_OPTS)
+def _rows_par(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas):
     for r in prange(x.shape[0]):
-        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, r)
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, r)
 
 
 @njit(fastmath=FAST, **_OPTS)
@@ -307,9 +396,9 @@ def row_geometry(xshape, ax, scale_size, beta_size, bias_size, skip_shape, skip)
 
 
 @njit(**_OPTS)
-def row_norm(x, skip, scale, beta, bias, y, ax, eps, simplified, has_skip, has_beta, has_bias, want_stats):
+def row_norm(x, skip, scale, beta, bias, y, ax, eps, simplified, has_skip, has_beta, has_bias, want_stats, mlas):
     """One row-norm node on contiguous arrays of one float dtype, ``y`` of x's shape given: checks, then the
-    kernels.  Returns ``(error code, input_skip_bias_sum (rows, n), mean, inv_std_var)`` (float64 statistics,
+    kernels (``mlas``: see ``_row``).  Returns ``(error code, input_skip_bias_sum (rows, n), mean, inv_std_var)`` (float64 statistics,
     empty unless ``want_stats``; the sum is empty without a skip)."""
     rows, n, skip_rows, err = row_geometry(x.shape, ax, scale.size, beta.size if has_beta else -1,
                                            bias.size if has_bias else -1, skip.shape, has_skip)
@@ -327,10 +416,17 @@ def row_norm(x, skip, scale, beta, bias, y, ax, eps, simplified, has_skip, has_b
     be = beta.reshape((n,)) if has_beta else np.empty(0, x.dtype)
     bi = bias.reshape((n,)) if has_bias and has_skip else np.empty(0, x.dtype)
     if x.size >= _PARALLEL_MIN and rows > 1:
-        _rows_par(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified)
+        _rows_par(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified, mlas)
     elif x.size:
-        _rows(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified)
+        _rows(x2, sk, bi, ssum, scale.reshape((n,)), be, y.reshape((rows, n)), m, inv, eps, simplified, mlas)
     return 0, ssum, m, inv
+
+
+def mlas_order(b: RowNorm, dt) -> bool:
+    """Whether a row norm over inputs of dtype ``dt`` runs in MLAS's AVX2 layer-norm order: onnxruntime takes that
+    kernel for float32 LayerNormalization and SimplifiedLayerNormalization on x86 hosts with AVX2 (its skip norms
+    and other dtypes keep the plain loop of ``_norm_row``)."""
+    return _simd.AVX2 and not b.skip and np.dtype(dt) == F32
 
 
 def raise_norm_error(b: RowNorm, code: int):
@@ -364,7 +460,7 @@ def _cpu(b: RowNorm, ctx):
         err, ssum, m, inv = row_norm(xc, sk, _flat(scale, cdt), EMPTY_OF[cdt] if beta is None else _flat(beta, cdt),
                                      EMPTY_OF[cdt] if bias is None else _flat(bias, cdt), y.reshape(xc.shape), ax,
                                      b.eps, b.simplified, skip is not None, beta is not None, bias is not None,
-                                     b.want_stats)
+                                     b.want_stats, mlas_order(b, x.dtype))
         if err:
             raise_norm_error(b, err)
         if y.dtype != ydt:
@@ -403,7 +499,7 @@ def _form(e, b: RowNorm):
     e.line(f"{{o0}} = np.empty({x}.shape, np.float32)",
            f"{{p}}_err, {{p}}_ss, {{p}}_m, {{p}}_inv = {k}({x}, {skip or x}, {scale}.reshape(({scale}.size,)), "
            f"{beta or empty}, {bias or empty}, {{o0}}, {ax}, {b.eps!r}, {b.simplified}, {skip is not None}, "
-           f"{beta is not None}, {bias is not None}, {b.want_stats})")
+           f"{beta is not None}, {bias is not None}, {b.want_stats}, {mlas_order(b, F32)})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in NORM_ERRORS.items()])
     e.declare(0, F32, r)
     stat = "(" + "".join(f"{x}.shape[{d}], " for d in range(ax)) + "1, " * (r - ax) + ")"

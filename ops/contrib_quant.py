@@ -377,6 +377,157 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
             out[m, n] = y[n]
 
 
+# -- onnxruntime's order on x86 hosts without AVX-512 (MLAS's AVX2 int8 kernels, blocks of 32) ------------
+
+def _mlas_avx2_order() -> bool:
+    """Whether level-4 int4 products follow MLAS's AVX2 accumulation order: ``ONNX_NUMBA_LEVEL4_ORDER``
+    ``mlas-avx2`` or ``blockwise`` forces one; by default (``auto``) on x86 hosts with AVX2 but no AVX-512,
+    where onnxruntime takes its AVX2 (or AVX-VNNI: the same integers) kernels."""
+    import os
+    want = os.environ.get("ONNX_NUMBA_LEVEL4_ORDER", "auto").strip().lower()
+    if want in ("mlas-avx2", "blockwise"):
+        return want == "mlas-avx2"
+    if want != "auto":
+        raise ValueError(f"ONNX_NUMBA_LEVEL4_ORDER must be auto, mlas-avx2 or blockwise, not {want!r}")
+    return _simd.AVX2 and not _simd.AVX512F
+
+
+MLAS_AVX2_ORDER = _mlas_avx2_order()
+ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
+
+
+def mlas_avx2_path(bs) -> bool:
+    """Whether a block size runs in MLAS's AVX2 order (``MLAS_AVX2_ORDER`` and blocks of 32)."""
+    return MLAS_AVX2_ORDER and bs == 32
+
+
+@njit(cache=True, nogil=True)
+def _prep_a_i8_groups(a, bs, aq, ascale, gsum, absum):
+    """``_prep_a_i8`` as MLAS's ``QuantizeARow_CompInt8`` does it, with the sums of every 4 quantized values
+    ``gsum`` [nb * bs // 4] (the zero points' share of the one-row kernel's lanes) and ``absum`` [nb], each
+    block's ``f32(scale * sum)`` (its several-row kernel's block sums)."""
+    nb = ascale.shape[0]
+    _prep_a_i8(a, bs, aq, ascale, absum)
+    for blk in range(nb):
+        absum[blk] = ascale[blk] * absum[blk]
+        for q in range(bs // 4):
+            t = blk * bs + 4 * q
+            gsum[blk * (bs // 4) + q] = np.float32(np.int32(aq[t]) + np.int32(aq[t + 1]) + np.int32(aq[t + 2])
+                                                   + np.int32(aq[t + 3]))
+
+
+@njit(cache=True, nogil=True)
+def _ort_groups(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4):
+    """Column groups [g0, g1): one row (``aq`` 1-d; ``signed`` codes minus zero points, MLAS's one-row kernel, or
+    unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned)."""
+    if aq.ndim == 2:
+        _simd.dot_q4_ort_u_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif not signed:
+        _simd.dot_q4_ort_u(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif has_zp:
+        _simd.dot_q4_ort_s_zp(qi, aq, ascale, gsum, zft, sct, y, g0, g1, n4)
+    else:
+        _simd.dot_q4_ort_s(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _ort_par(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, n4):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _ort_groups(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G), n4)
+
+
+@njit(cache=True, nogil=True)
+def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
+    """y[c] = f32(sum_blk absum[blk] * f32(-scale[c, blk] * zero[c, blk]) + y[c]), the sum a chain of fused
+    multiply-adds over the blocks from 0: MLAS's several-row kernel takes the zero points out of its
+    unsigned-code products this way, by a float GEMM over the block sums (``y`` [8 G])."""
+    G, nb = sct.shape[0], sct.shape[1]
+    c = np.empty(8, np.float32)
+    for g in range(G):
+        c[:] = 0
+        for blk in range(nb):
+            a = absum[blk]
+            for i in range(8):
+                z = zft[g, blk, i] if has_zp else zdef
+                c[i] = _simd.fma32(a, -(sct[g, blk, i] * z), c[i])
+        for i in range(8):
+            y[8 * g + i] = c[i] + y[8 * g + i]
+
+
+@njit(cache=True, nogil=True)
+def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias):
+    """``gemv_q4i8`` (with the bias added) in MLAS's AVX2 order for blocks of 32, bit for bit onnxruntime's
+    level-4 product on such hosts:
+
+    - A quantized per block as ``QuantizeARow_CompInt8`` (``_prep_a_i8_groups``);
+    - per row and column, eight float lanes, each a chain of ``fma(exact integer lane sum, f32(ascale * scale),
+      lane)`` over the blocks (``_simd._OrtEmitter``); lanes folded ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``
+      for the columns below N rounded down to 4, ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`` for the rest; then
+      the bias added;
+    - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
+      and pairs of blocks per update without zero points, one block per update with them; every other row uses
+      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``."""
+    G, nb = qi.shape[0], qi.shape[1]
+    N = out.shape[1]
+    if qi.shape[2] * 8 != bs or bs != 32:
+        raise ValueError("gemv_q4i8_mlas: blocks of 32 only, in the int4_layout of that block size")
+    n4 = N - N % 4
+    z = np.float32(zdef)
+    M = a2.shape[0]
+    nu = M - 1 if M % ORT_RANGE_M == 1 else M  # rows with unsigned codes; the last one, if any, is signed
+    R = _simd.ORT_ROWS
+    nq = nb * bs // 4
+    absum = np.empty((max(M, 1), nb), np.float32)
+    done = 0
+    if nu >= PAD_ROWS_MIN:
+        aqr = np.empty((R, nb * bs), np.int8)
+        ascr = np.empty((R, nb), np.float32)
+        gsr = np.empty((R, nq), np.float32)
+        yr = np.empty((R, 8 * G), np.float32)
+        while nu - done >= PAD_ROWS_MIN:
+            take = min(R, nu - done)
+            for r in range(take):
+                _prep_a_i8_groups(a2[done + r], bs, aqr[r], ascr[r], gsr[r], absum[done + r])
+            for r in range(take, R):
+                aqr[r] = aqr[take - 1]
+                ascr[r] = ascr[take - 1]
+                gsr[r] = gsr[take - 1]
+            if parallel:
+                _ort_par(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, n4)
+            else:
+                _ort_groups(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, 0, G, n4)
+            for r in range(take):
+                for n in range(N):
+                    out[done + r, n] = yr[r, n]
+            done += take
+    aq = np.empty(nb * bs, np.int8)
+    ascale = np.empty(nb, np.float32)
+    gs = np.empty(nq, np.float32)
+    y = np.empty(8 * G, np.float32)
+    for m in range(done, M):
+        _prep_a_i8_groups(a2[m], bs, aq, ascale, gs, absum[m])
+        signed = m >= nu
+        if parallel:
+            _ort_par(signed, qi, aq, ascale, gs, z, zft, has_zp, sct, y, n4)
+        else:
+            _ort_groups(signed, qi, aq, ascale, gs, z, zft, has_zp, sct, y, 0, G, n4)
+        for n in range(N):
+            out[m, n] = y[n]
+    yz = np.empty(8 * G, np.float32)
+    for m in range(M):
+        if has_bias:
+            for n in range(N):
+                out[m, n] += bias[n]
+        if m < nu:
+            for n in range(N):
+                yz[n] = out[m, n]
+            ort_zero_point_sums(absum[m], sct, zft, has_zp, z, yz)
+            for n in range(N):
+                out[m, n] = yz[n]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
     """w[r, k] = (q[n0 + r, k] - z) * s for the tile's rows, block of k given by ``grp[k]``."""
@@ -601,7 +752,14 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
             lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
         _, _, qi, sct, zft = lay
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)) as nt:  # rows sharing a pass: more work per byte
-            gemv_q4i8(np.ascontiguousarray(a2, dtype=F32), qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
+            a2c = np.ascontiguousarray(a2, dtype=F32)
+            if mlas_avx2_path(bs):
+                has_bias = bias is not None
+                bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
+                gemv_q4i8_mlas(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias)
+                bias = None  # added in onnxruntime's place, before the zero points' share
+            else:
+                gemv_q4i8(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
     elif rows_a <= ROWS_MAX and grp is None:
         # Small dynamic chunks: a thread delayed by a busy core does not hold up the whole pass.
         with _threads_for(b3.nbytes, _CHUNK_ROWS):

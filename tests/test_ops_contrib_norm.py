@@ -76,6 +76,35 @@ def test_simplified_layer_norm(shape):
         np.testing.assert_array_equal(a, b)
 
 
+def _bits(op_type, inputs, outs, **kw):
+    """The outputs of native and onnxruntime, which must be the same bits."""
+    m = _model(op_type, inputs, outs, **kw)
+    feeds = _feeds(inputs)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ours = InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for k, (x, y) in enumerate(zip(ours, ref)):
+        np.testing.assert_array_equal(x, y, err_msg=f"output {k} of {op_type}")
+
+
+@pytest.mark.parametrize("n", [15, 16, 17, 896])
+def test_simplified_layer_norm_bits(n):
+    """onnxruntime's own order (MLAS's AVX2 kernel from 16 elements on hosts with AVX2, else its plain loop), so
+    the same float32 bits; ``contrib_norm.mlas_order`` says which."""
+    from ops import contrib_norm
+    if n >= contrib_norm.MLAS_NORM_MIN and not contrib_norm._simd.AVX2:
+        pytest.skip("onnxruntime's MLAS layer-norm kernel is for x86 hosts with AVX2; this host runs its fallback")
+    _bits("SimplifiedLayerNormalization", [("x", _r(5, n, s=3.0)), ("g", _r(n))], ["y"], domain="", epsilon=1e-6,
+          axis=-1)
+
+
+@pytest.mark.parametrize("n,bias", [(15, False), (896, False), (900, True)])
+def test_skip_simplified_layer_norm_bits(n, bias):
+    """onnxruntime's skip norms keep their plain loop (sums one element after the other, a division per element)
+    on every host: the same float32 bits, and the same sum output."""
+    ins = [("x", _r(3, n, s=2.0)), ("s", _r(3, n)), ("g", _r(n)), ("bias", _r(n) if bias else None)]
+    _bits("SkipSimplifiedLayerNormalization", ins, ["y", "", "", "sum"], epsilon=1e-6)
+
+
 def test_simplified_layer_norm_axis_and_fp16():
     x = _r(4, 6, 10)
     _compare("SimplifiedLayerNormalization", [("x", x), ("g", _r(6, 10))], ["y", "inv"], domain="", axis=1)

@@ -178,12 +178,13 @@ def _mnb_model(K, N, b3, sc, z, bias):
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 
-@pytest.mark.skipif(not Q.MLAS_AVX2_ORDER, reason="onnxruntime takes its AVX2 int8 kernels only on x86 hosts "
+@pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes its AVX2 int8 kernels only on x86 hosts "
                     "with AVX2 and without AVX-512 (the reference comparison above runs everywhere)")
 @pytest.mark.parametrize("K,N,M,zp", CASES)
-def test_bit_for_bit_onnxruntime(K, N, M, zp):
+def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     import onnxruntime as ort
     import runtime as rt
+    monkeypatch.setattr(Q, "MLAS_AVX2_ORDER", True)  # ONNX_NUMBA_LEVEL4_ORDER=mlas-avx2
     A, b3, sc, z, _ = _case(K, N, M, zp, seed=K * N + M)
     bias = np.linspace(-1, 1, N).astype(F) if M % 2 else None
     model = _mnb_model(K, N, b3, sc, z, bias).SerializeToString()

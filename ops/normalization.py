@@ -325,11 +325,41 @@ def layer_norm_cpu(b: LayerNorm, ctx):
 
     def run(X, Scale, B=None):
         sd = b.stat_dtypes(X.dtype) if b.want_stats else None
+        if X.dtype == F32 and X.ndim and Scale.dtype == F32 and (B is None or B.dtype == F32):
+            ax, rows, n, stat_shape = row_view(X.shape, b.axis)
+            if Scale.size == n and (B is None or B.size == n) and _mlas_rows(n):
+                return _ort_rows(b, X, Scale, B, ax, stat_shape, sd, buf)
         y, mean, inv = _run_rows("LayerNormalization", X, b.axis, Scale, B, b.eps, LAYER, buf, sd)
         if b.n_outputs == 1:
             return y
         return (y, mean, inv)[:b.n_outputs]
     return run
+
+
+def _mlas_rows(n) -> bool:
+    """Whether onnxruntime runs MLAS's AVX2 layer-norm kernel on rows of ``n``: hosts with AVX2, 16 and more."""
+    from . import contrib_norm as cn
+    return bool(cn._simd.AVX2) and n >= cn.MLAS_NORM_MIN
+
+
+def _ort_rows(b: LayerNorm, X, Scale, B, ax, stat_shape, sd, buf):
+    """float32 LayerNormalization with a scale (and bias) of the normalized size where ``_mlas_rows``: MLAS's
+    kernel order (``ops.contrib_norm._mlas_norm_row``), onnxruntime's bits.  Other rows keep ``_run_rows`` (float64
+    statistics), within float rounding of onnxruntime's."""
+    from . import contrib_norm as cn
+    x = np.ascontiguousarray(X)
+    y = out_buffer(buf, X.shape, F32)
+    flat = lambda v: np.ascontiguousarray(v, dtype=F32).reshape(-1)  # noqa: E731
+    empty = np.empty(0, F32)
+    err, _, m, inv = cn.row_norm(x, x, flat(Scale), empty if B is None else flat(B), empty, y.reshape(x.shape), ax,
+                                 b.eps, False, False, B is not None, False, sd is not None, bool(cn._simd.AVX2))
+    if err:  # the geometry was checked by the caller; a code here is a defect, reported as the kernels word it
+        cn.raise_coded(cn.NORM_ERRORS, err, "LayerNormalization")
+    if b.n_outputs == 1:
+        return y
+    mean = m.astype(sd[0]).reshape(stat_shape) if sd is not None else None
+    iv = inv.astype(sd[1]).reshape(stat_shape) if sd is not None else None
+    return (y, mean, iv)[:b.n_outputs]
 
 
 op("LayerNormalization", 17, bind=bind_layer_norm17, writes_out=True)(layer_norm_cpu)

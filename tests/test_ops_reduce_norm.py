@@ -90,6 +90,18 @@ def test_layernorm_hidden_4096_with_stats():
              epsilon=1e-5, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not __import__("ops._simd", fromlist=["AVX2"]).AVX2,
+                    reason="onnxruntime's MLAS layer-norm kernel (whose order is reproduced) is for x86 hosts with AVX2")
+@pytest.mark.parametrize("n,bias", [(16, False), (900, True)])
+def test_layernorm_bits_with_stats(n, bias):
+    """Rows of 16 and more, float32, a scale of the row's size: MLAS's kernel order, so onnxruntime's bits."""
+    x = RNG.standard_normal((3, 5, n), dtype=np.float32) * 3 + 1
+    inits = {"s": RNG.standard_normal(n, dtype=np.float32)}
+    if bias:
+        inits["b"] = RNG.standard_normal(n, dtype=np.float32)
+    _compare("LayerNormalization", {"x": x}, n_out=3, opset=17, inits=inits, axis=-1, epsilon=1e-5, exact=True)
+
+
 def test_layernorm_float16_axis_minus_2():
     x = RNG.standard_normal((2, 16, 64, 32)).astype(np.float16)
     s = RNG.standard_normal((64, 32)).astype(np.float16)

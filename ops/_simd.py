@@ -411,6 +411,13 @@ class _OrtEmitter(_Emitter):
         parts = [_shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
         return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
+    def both(self, lo, hi, ap, k):
+        """<8 x i32>: per column lane, its 8 codes dotted with ``ap[k:k + 8]``; on AVX2 the two halves' pair sums
+        are added in 16 bits before one widening (at most 4 * 15 * 127 = 7620: exact)."""
+        if self.vnni or self.portable:
+            return self.builder.add(self.half(lo, ap, k), self.half(hi, ap, self.builder.add(k, self.c4)))
+        return self.widen(self.products(lo, hi, ap, k))
+
     def group_sum(self, r, blk, q, width):
         """The sum of row r's activations over the ``width`` (4 or 8) of block ``blk`` from group ``q`` (of 4),
         broadcast: ``asum`` holds the sums of every 4 activations in order."""
@@ -475,7 +482,7 @@ class _OrtEmitter(_Emitter):
                 lo, hi = self.codes(builder.add(vb, self.const(j)))
                 k = builder.add(kb, builder.mul(self.const(j), c8))
                 for r in range(self.rows):
-                    d = builder.add(self.half(lo, self.aps[r], k), self.half(hi, self.aps[r], builder.add(k, self.c4)))
+                    d = self.both(lo, hi, self.aps[r], k)
                     self.lane(r, self._PAIR[h, j], self.value(d, r, blk, 2 * j, 8, z), sc[r][0])
 
     def run(self, gs):

@@ -184,3 +184,16 @@ def test_decoder_builds_masks_and_rank3_positions(continuation, batch):
     want = want + 1 if continuation == "carry_max" else np.array([5, 5, 5])
     np.testing.assert_array_equal(f["position_ids"], want[:, None, None] + np.arange(2)[None, None, :]
                                   + np.zeros((3, batch, 2), np.int64))
+
+
+def test_a_near_tie_is_onnxruntimes_own_gap_below_a_fixed_tolerance():
+    """The parity report calls a divergence a near-tie from onnxruntime's top-2 gap alone, against a fixed
+    tolerance (0.01 by default): however far the native logits are, a wide gap is not a near-tie."""
+    from pipeline.__main__ import NEAR_TIE, divergence_line
+    assert NEAR_TIE == 1e-2
+    ort = np.array([0.0, 2.0, 2.004])   # gap 0.004: a near-tie
+    far = np.array([9.0, 2.0, 1.0])     # native logits far from onnxruntime's: irrelevant to the call
+    assert divergence_line(3, 2, 1, ort, far).endswith("(near-tie)")
+    wide = np.array([0.0, 2.0, 2.5])    # gap 0.5
+    assert divergence_line(3, 2, 1, wide, wide + 1e-7).endswith("(NOT a near-tie)")
+    assert divergence_line(3, 2, 1, wide, wide, near_tie=1.0).endswith("(near-tie)")

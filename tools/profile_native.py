@@ -295,6 +295,21 @@ def _print_summary(results, backends, first_ids) -> None:
                   f"decode {n['decode_ms_per_token'] / o['decode_ms_per_token']:.2f}x")
 
 
+def level4_header() -> str:
+    """Which level-4 int4 arithmetic onnxruntime takes on this host and whether the native products reproduce it."""
+    from ops import _simd
+    from ops import contrib_quant as cq
+    if not _simd.AVX2:
+        ort_path = "not an x86 host with AVX2 (its path here is not reproduced)"
+    elif _simd.AVX512F:
+        ort_path = "MLAS AVX-512 int8 kernels (not reproduced: native sums blockwise)"
+    else:
+        ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
+    native = ("MLAS AVX2 order (ONNX_NUMBA_LEVEL4_ORDER=mlas-avx2)" if cq.MLAS_AVX2_ORDER
+              else "blockwise (ONNX_NUMBA_LEVEL4_ORDER=mlas-avx2 reproduces MLAS's AVX2 order)")
+    return f"level-4 int4: onnxruntime takes {ort_path}; native products {native}"
+
+
 def main(argv=None) -> int:
     """Profile the package's backends in alternating runs; 0, or 1 when a backend's tokens differ between runs."""
     args = _parse_args(argv)
@@ -308,6 +323,7 @@ def main(argv=None) -> int:
     external = {"pixel_values": np.load(args.pixel_values)} if args.pixel_values else {}
     device = parse_device(args.ep)
     backends, ort_providers = _backends(args, spec, device)
+    print(level4_header())
     # Every backend is set up first, then the runs go round-robin (run r of each backend, then run r + 1), so a
     # drift in the machine's speed lands on all of them alike and the medians compare like with like.
     pipes, create, loaded = _load_pipelines(spec, backends, device, ort_providers, BackendChoice, Pipeline)

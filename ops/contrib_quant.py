@@ -385,26 +385,22 @@ def mlas_avx2_host() -> bool:
     return _simd.AVX2 and not _simd.AVX512F
 
 
-def _mlas_avx2_order() -> bool:
+def mlas_avx2_order() -> bool:
     """Whether level-4 int4 products (blocks of 32) follow MLAS's AVX2 accumulation order, bit for bit
-    onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_LEVEL4_ORDER=mlas-avx2`` (any host; the kernels have a
-    portable form).  The default, ``blockwise``, sums each block's exact integer dot into one float per column:
-    faster (MLAS's order costs 1.3-1.4x per decode product and 2.2-2.9x per prefill product, measured in cache on
-    an AVX2 host), equal to onnxruntime's up to float rounding."""
-    import os
-    want = os.environ.get("ONNX_NUMBA_LEVEL4_ORDER", "blockwise").strip().lower()
-    if want not in ("mlas-avx2", "blockwise"):
-        raise ValueError(f"ONNX_NUMBA_LEVEL4_ORDER must be blockwise or mlas-avx2, not {want!r}")
-    return want == "mlas-avx2"
+    onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_MLAS_LEVEL4=1`` (any host; the kernels have a portable
+    form; read when a node is planned or run).  Off by default: the blockwise order sums each block's exact
+    integer dot into one float per column, faster (MLAS's order costs 1.3-1.4x per decode product and 2.2-2.9x per
+    prefill product, measured in cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
+    from runtime.settings import flag
+    return flag("ONNX_NUMBA_MLAS_LEVEL4")
 
 
-MLAS_AVX2_ORDER = _mlas_avx2_order()
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
 
 
 def mlas_avx2_path(bs) -> bool:
-    """Whether a block size runs in MLAS's AVX2 order (``MLAS_AVX2_ORDER`` and blocks of 32)."""
-    return MLAS_AVX2_ORDER and bs == 32
+    """Whether a block size runs in MLAS's AVX2 order (``mlas_avx2_order`` and blocks of 32)."""
+    return bs == 32 and mlas_avx2_order()
 
 
 @njit(cache=True, nogil=True)

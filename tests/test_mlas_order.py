@@ -184,7 +184,7 @@ def _mnb_model(K, N, b3, sc, z, bias):
 def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     import onnxruntime as ort
     import runtime as rt
-    monkeypatch.setattr(Q, "MLAS_AVX2_ORDER", True)  # ONNX_NUMBA_LEVEL4_ORDER=mlas-avx2
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_LEVEL4", "1")
     A, b3, sc, z, _ = _case(K, N, M, zp, seed=K * N + M)
     bias = np.linspace(-1, 1, N).astype(F) if M % 2 else None
     model = _mnb_model(K, N, b3, sc, z, bias).SerializeToString()

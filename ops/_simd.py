@@ -450,16 +450,21 @@ class _OrtEmitter(_Emitter):
             v = builder.fsub(v, builder.fmul(z, self.group_sum(r, blk, q, width)))
         return v
 
+    def setup(self, g, blk):
+        """Block ``blk`` of group ``g``: its first code vector, its first activation, each row's (combined scale,
+        scale offset), and the zero points when codes are signed."""
+        builder = self.builder
+        vb = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)
+        sc = [self.scale(g, blk, r) for r in range(self.rows)]
+        return vb, builder.mul(blk, self.bs), sc, self.zero(sc[0][1]) if self.signed else None
+
     def single(self, g, blk):
         """One block, lane L = the 4 products of group L (``vpmaddubsw`` + ``vpmaddwd`` of one 32-byte load)."""
-        builder, c8 = self.builder, self.c8
-        vb = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)
-        kb = builder.mul(blk, self.bs)
-        sc = [self.scale(g, blk, r) for r in range(self.rows)]
-        z = self.zero(sc[0][1]) if self.signed else None
+        builder = self.builder
+        vb, kb, sc, z = self.setup(g, blk)
         for j in range(4):
             lo, hi = self.codes(builder.add(vb, self.const(j)))
-            k = builder.add(kb, builder.mul(self.const(j), c8))
+            k = builder.add(kb, builder.mul(self.const(j), self.c8))
             for r in range(self.rows):
                 s = sc[r][0]
                 self.lane(r, 2 * j, self.value(self.half(lo, self.aps[r], k), r, blk, 2 * j, 4, z), s)
@@ -471,16 +476,13 @@ class _OrtEmitter(_Emitter):
 
     def pair(self, g, blk0):
         """Blocks blk0 and blk0 + 1: lane of (block, vector j) as ``_PAIR``, each the 8 products of a vector."""
-        builder, c8 = self.builder, self.c8
+        builder = self.builder
         for h in range(2):
             blk = builder.add(blk0, self.const(h))
-            vb = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)
-            kb = builder.mul(blk, self.bs)
-            sc = [self.scale(g, blk, r) for r in range(self.rows)]
-            z = self.zero(sc[0][1]) if self.signed else None
+            vb, kb, sc, z = self.setup(g, blk)
             for j in range(4):
                 lo, hi = self.codes(builder.add(vb, self.const(j)))
-                k = builder.add(kb, builder.mul(self.const(j), c8))
+                k = builder.add(kb, builder.mul(self.const(j), self.c8))
                 for r in range(self.rows):
                     d = self.both(lo, hi, self.aps[r], k)
                     self.lane(r, self._PAIR[h, j], self.value(d, r, blk, 2 * j, 8, z), sc[r][0])

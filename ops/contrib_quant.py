@@ -359,9 +359,7 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
                 _q4i8_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
             else:
                 _q4i8_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
-            for r in range(take):
-                for n in range(N):
-                    out[done + r, n] = yr[r, n]
+            out[done:done + take, :N] = yr[:take, :N]
             done += take
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
@@ -500,9 +498,7 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
                 _ort_par(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, n4)
             else:
                 _ort_groups(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, 0, G, n4)
-            for r in range(take):
-                for n in range(N):
-                    out[done + r, n] = yr[r, n]
+            out[done:done + take, :N] = yr[:take, :N]
             done += take
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)

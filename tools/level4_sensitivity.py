@@ -71,19 +71,8 @@ def main(argv=None):
     ids = np.array([[int(t) for t in args.prompt_ids.split(",")]], np.int64)
     with open(os.path.join(args.model, "genai_config.json")) as f:
         head_size = int(json.load(f)["model"]["decoder"]["head_size"])
-    feeds = {}
-    for i in full.get_inputs():
-        if i.name == "input_ids":
-            feeds[i.name] = ids
-        elif i.name == "attention_mask":
-            feeds[i.name] = np.ones_like(ids)
-        elif i.name == "position_ids" and len(i.shape) == 2:
-            feeds[i.name] = np.arange(ids.shape[1], dtype=np.int64)[None]
-        elif len(i.shape) == 4 and isinstance(i.shape[1], int) and not isinstance(i.shape[2], int):
-            feeds[i.name] = np.zeros((1, i.shape[1], 0, head_size), np.float32)  # an empty KV cache
-        else:
-            raise SystemExit(f"{args.model}: input {i.name!r} is not token ids, a mask, rank-2 positions or a KV "
-                             "cache; use a dense decoder")
+    from tools.int4_accuracy import feeds as prefill_feeds
+    feeds = prefill_feeds(full.get_inputs(), ids[0], head_size)
     x = full.run([node.input[0]], feeds)[0]
 
     g = helper.make_graph([node], "one", [helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, None)],

@@ -522,21 +522,25 @@ def _broadcast_i(builder, s):
     return _shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8)
 
 
+def _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out) -> bool:
+    """Whether the array operands of a dot intrinsic have its types: the IR indexes raw data pointers, so
+    C-contiguous arrays of these dtypes and ranks only; ``zero`` a float32 scalar, or [G, nb, 8] with ``has_zp``."""
+    nd = 1 if rows == 1 else 2
+    want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
+            (asum, types.float32, nd), (sct, types.float32, 3), (out, types.float32, nd))
+    if has_zp:
+        want += ((zero, types.float32, 3),)
+    elif zero != types.float32:
+        return False
+    return all(isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C" for t, dt, n in want)
+
+
 def _make_ort(has_zp: bool, portable: bool, vnni: bool, rows: int, signed: bool):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1, n4):
         """As ``_make``'s, with ``asum`` the sums of every 4 activations (``nb * 8`` per row) and ``n4`` the
         columns below which MLAS folds 4 columns at once (N rounded down to 4); the rest it sums one by one."""
-        nd = 1 if rows == 1 else 2
-        want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
-                (asum, types.float32, nd), (sct, types.float32, 3), (out, types.float32, nd))
-        if has_zp:
-            want += ((zero, types.float32, 3),)
-        elif zero != types.float32:
-            return None
-        for t, dt, n in want:
-            if not (isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C"):
-                return None
-        if not all(isinstance(x, types.Integer) for x in (g0, g1, n4)):
+        if not (_operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out)
+                and all(isinstance(x, types.Integer) for x in (g0, g1, n4))):
             return None
         sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp, types.intp)
 
@@ -569,16 +573,8 @@ def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, group
         """zero: the default zero point (float32 scalar), or zero points [G, nb, 8] when ``has_zp``.  With
         ``rows`` > 1, ``aq``/``ascale``/``asum``/``out`` have a leading axis of at least ``rows`` rows, which
         share every load and unpacking of the codes."""
-        nd = 1 if rows == 1 else 2
-        want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
-                (asum, types.float32, nd), (sct, types.float32, 3), (out, types.float32, nd))
-        if has_zp:
-            want += ((zero, types.float32, 3),)
-        elif zero != types.float32:
+        if not _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out):
             return None
-        for t, dt, n in want:  # the IR indexes raw data pointers: C-contiguous arrays of these types only
-            if not (isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C"):
-                return None
         if not (isinstance(g0, types.Integer) and isinstance(g1, types.Integer)):
             return None
         sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp)

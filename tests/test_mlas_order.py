@@ -193,3 +193,25 @@ def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     want = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"A": A})[0]
     got = rt.InferenceSession(model).run(None, {"A": A})[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes its AVX2 int8 kernels only on x86 hosts "
+                    "with AVX2 and without AVX-512 (the reference comparison above runs everywhere)")
+def test_compiled_region_bit_for_bit_onnxruntime(monkeypatch):
+    """The product inside a compiled region (the decoders' path) follows the setting as the node wrapper does."""
+    import onnxruntime as ort
+    import runtime as rt
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_LEVEL4", "1")
+    K, N, M = 224, 16, 5
+    A, b3, sc, z, _ = _case(K, N, M, False, seed=31)
+    m = _mnb_model(K, N, b3, sc, None, None)
+    m.graph.node[0].output[0] = "p"
+    m.graph.node.append(h.make_node("Relu", ["p"], ["Y"]))
+    m.graph.value_info.append(h.make_tensor_value_info("p", T.FLOAT, [None, None]))  # contrib ops infer no shapes
+    model = m.SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"A": A})[0]
+    so = rt.SessionOptions()
+    so.compiled_regions = True  # as the pipeline's decoders run
+    sess = rt.InferenceSession(model, so)
+    assert sum(len(r.nodes) for r in sess.plan.regions) == 2
+    np.testing.assert_array_equal(sess.run(None, {"A": A})[0], want)

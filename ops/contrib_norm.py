@@ -84,51 +84,62 @@ def _norm_row(src, r, scale, beta, y, mean_out, inv_out, eps, simplified):
 
 
 @njit(**_OPTS)
-def _hsum8(a):
-    """MLAS's horizontal sum of 8 float lanes: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))."""
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+def _sq_lanes(src, r, n, mean):
+    """MLAS's sum of squares of ``src[r] - mean`` (float32): fused multiply-adds into 8 lanes over whole chunks of
+    8, the lanes summed ``((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))``, the rest fused in one by one.
+    Scalar lanes: no allocation per row."""
+    f = np.float32
+    z = f(0.0)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = z
+    whole = n - n % 8
+    for i in range(0, whole, 8):
+        d0 = f(src[r, i]) - mean
+        d1 = f(src[r, i + 1]) - mean
+        d2 = f(src[r, i + 2]) - mean
+        d3 = f(src[r, i + 3]) - mean
+        d4 = f(src[r, i + 4]) - mean
+        d5 = f(src[r, i + 5]) - mean
+        d6 = f(src[r, i + 6]) - mean
+        d7 = f(src[r, i + 7]) - mean
+        a0 = _simd.fma32(d0, d0, a0)
+        a1 = _simd.fma32(d1, d1, a1)
+        a2 = _simd.fma32(d2, d2, a2)
+        a3 = _simd.fma32(d3, d3, a3)
+        a4 = _simd.fma32(d4, d4, a4)
+        a5 = _simd.fma32(d5, d5, a5)
+        a6 = _simd.fma32(d6, d6, a6)
+        a7 = _simd.fma32(d7, d7, a7)
+    s = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for i in range(whole, n):
+        d = f(src[r, i]) - mean
+        s = _simd.fma32(d, d, s)
+    return s
 
 
 @njit(**_OPTS)
 def _mlas_norm_row(src, r, scale, beta, y, mean_out, inv_out, eps, simplified):
     """Row ``r`` of a float32 ``src`` in MLAS's AVX2 layer-norm kernel order (``MlasLayerNormKernelAvx2``, which
     onnxruntime's LayerNormalization and SimplifiedLayerNormalization run on x86 hosts with AVX2): squares summed
-    by fused multiply-adds in 8 lanes over whole chunks of 8, the lanes summed as ``_hsum8``, the rest fused in
-    one by one; the centred form's mean a float64 sum in 4 lanes (``(l0 + l2) + (l1 + l3)``, then the rest)
-    rounded to float32 after the division, its deviations ``x - mean`` squared the same way; ``inv = 1 /
-    sqrt(s / n + eps)`` in float32; ``y = x * inv * scale`` (``fma((x - mean) * inv, scale, beta)``).  Reads are
-    cast to float32, so the function also compiles (unused) for float64 rows."""
+    as ``_sq_lanes`` (of ``x``, or of ``x - mean`` centred); the centred form's mean a float64 sum in 4 lanes
+    (``(l0 + l2) + (l1 + l3)``, then the rest) rounded to float32 after the division; ``inv = 1 / sqrt(s / n +
+    eps)`` in float32; ``y = x * inv * scale`` (``fma((x - mean) * inv, scale, beta)``).  Reads are cast to
+    float32, so the function also compiles (unused) for float64 rows."""
     n = src.shape[1]
     f = np.float32
-    acc = np.zeros(8, np.float32)
-    whole = n - n % 8
     mean = f(0.0)
-    if simplified:
-        for i in range(0, whole, 8):
-            for t in range(8):
-                v = f(src[r, i + t])
-                acc[t] = _simd.fma32(v, v, acc[t])
-        s = _hsum8(acc)
-        for i in range(whole, n):
-            s = _simd.fma32(f(src[r, i]), f(src[r, i]), s)
-    else:
-        dl = np.zeros(4)
+    if not simplified:
+        d0 = d1 = d2 = d3 = 0.0
         w4 = n - n % 4
         for i in range(0, w4, 4):
-            for t in range(4):
-                dl[t] += np.float64(src[r, i + t])
-        ds = (dl[0] + dl[2]) + (dl[1] + dl[3])
+            d0 += np.float64(src[r, i])
+            d1 += np.float64(src[r, i + 1])
+            d2 += np.float64(src[r, i + 2])
+            d3 += np.float64(src[r, i + 3])
+        ds = (d0 + d2) + (d1 + d3)
         for i in range(w4, n):
             ds += np.float64(src[r, i])
         mean = f(ds / np.float64(n))
-        for i in range(0, whole, 8):
-            for t in range(8):
-                d = f(src[r, i + t]) - mean
-                acc[t] = _simd.fma32(d, d, acc[t])
-        s = _hsum8(acc)
-        for i in range(whole, n):
-            d = f(src[r, i]) - mean
-            s = _simd.fma32(d, d, s)
+    s = _sq_lanes(src, r, n, mean)
     inv = f(1.0) / np.sqrt(s / f(n) + f(eps))
     if mean_out.shape[0]:
         mean_out[r] = mean

@@ -387,7 +387,7 @@ def mlas_avx2_order() -> bool:
     """Whether level-4 int4 products (blocks of 32) follow MLAS's AVX2 accumulation order, bit for bit
     onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_MLAS_LEVEL4=1`` (any host; the kernels have a portable
     form; read when a node is planned or run).  Off by default: the blockwise order sums each block's exact
-    integer dot into one float per column, faster (MLAS's order costs 1.3-1.4x per decode product and 2.2-2.9x per
+    integer dot into one float per column, faster (MLAS's order costs 1.0-1.4x per decode product and 2-3x per
     prefill product, measured in cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
     from runtime.settings import flag
     return flag("ONNX_NUMBA_MLAS_LEVEL4")
@@ -719,8 +719,9 @@ def _tiles_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, grp, out):
         np.matmul(af, wt.T, out=out[:, n0:n0 + rows])
 
 
-def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, cache=None):
-    """The op on one set of inputs (the node wrapper passes a per-node constant cache)."""
+def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, cache=None, mlas=None):
+    """The op on one set of inputs (the node wrapper passes a per-node constant cache, and ``mlas``, whether the
+    int4 path runs in MLAS's order, decided once when the node is planned; None reads the setting now)."""
     K, N, bits, bs, nb, blob = m.K, m.N, m.bits, m.bs, m.nb, m.blob
     zp_mode = check_inputs(m, a, b, scales, zero_points, g_idx, bias)
     has_zp = zp_mode != 0
@@ -751,7 +752,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         _, _, qi, sct, zft = lay
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)) as nt:  # rows sharing a pass: more work per byte
             a2c = np.ascontiguousarray(a2, dtype=F32)
-            if mlas_avx2_path(bs):
+            if mlas_avx2_path(bs) if mlas is None else mlas:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
                 gemv_q4i8_mlas(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias)
@@ -773,7 +774,8 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
 @op("MatMulNBits", 1, domain="com.microsoft", bind=bind_mnb)
 def _matmul_nbits_cpu(m: Mnb, ctx):
     cache = {}
+    mlas = mlas_avx2_path(m.bs)  # the setting, read once per node rather than at every run
 
     def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
-        return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache)
+        return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache, mlas=mlas)
     return run

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid
+from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
@@ -145,6 +145,13 @@ def u_sigmoid(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = fsigmoid(x)
+
+
+@njit(**_OPTS)
+def u_sigmoid_mlas(xs, out, p0, p1):
+    for i in range(xs.shape[0]):
+        x = xs[i]
+        out[i] = fsigmoid_mlas(x)
 
 
 @njit(**_OPTS)
@@ -1134,7 +1141,7 @@ def b4_prelu(xs, ys, out):
                     out[i0, i1, i2, i3] = x if x >= 0 else x * y
 
 
-SEGMENT = ('add', 'sub', 'mul', 'div_f', 'relu', 'neg', 'exp', 'tanh', 'sigmoid', 'abs')
+SEGMENT = ('add', 'sub', 'mul', 'div_f', 'relu', 'neg', 'exp', 'tanh', 'sigmoid', 'abs', 'sigmoid_mlas')
 
 
 @njit(inline="always", **_OPTS)
@@ -1159,3 +1166,5 @@ def segment_op(op, x, y, out, o):
         out[o] = fsigmoid(x)
     elif op == 9:  # abs
         out[o] = abs(x)
+    elif op == 10:  # sigmoid_mlas
+        out[o] = fsigmoid_mlas(x)

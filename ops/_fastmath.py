@@ -37,7 +37,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "fsigmoid", "fgelu_tanh", "maxnum", "minnum", "FAST"]
+from ._simd import fma32
+
+__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "fsigmoid", "fsigmoid_mlas", "fgelu_tanh", "maxnum", "minnum", "FAST"]
 
 # Fastmath flags for reductions: reassociation (vectorized sums) and FMA contraction, never
 # nnan/ninf (NaN and inf inputs must keep their IEEE results).  Numba wants a set; do not mutate.
@@ -208,6 +210,47 @@ def _fsigmoid_impl(x):
         e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
         s = _ONE / (_ONE + e)
         return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
+    return _by_float_type(x, f32, fsigmoid)
+
+
+# MLAS's logistic (onnxruntime's float32 Sigmoid on x86-64: its FMA3 kernel): Eigen's rational approximation.
+_SIG_LO = np.float32(-18.0)
+_SIG_HI = np.float32(18.0)
+_SIG_A = (np.float32(4.37031012579801e-11), np.float32(1.15627324459942e-07), np.float32(6.08574864600143e-05),
+          np.float32(8.51377133304701e-03), np.float32(2.48287947061529e-01))
+_SIG_B = (np.float32(6.10247389755681e-13), np.float32(5.76102136993427e-09), np.float32(6.29106785017040e-06),
+          np.float32(1.70198817374094e-03), np.float32(1.16817656904453e-01), np.float32(9.93151921023180e-01))
+_HALF = np.float32(0.5)
+_ZERO = np.float32(0.0)
+
+
+def fsigmoid_mlas(x):
+    """The logistic function in onnxruntime's order (MLAS, x86-64 FMA3): float32 ``v`` clamped to [-18, 18],
+    ``p = v * (a9 v^8 + ... + a1)`` and ``q = b10 v^10 + ... + b0`` by fused multiply-adds in ``v^2`` (Horner),
+    ``max(p / q + 0.5, 0)`` (no upper clamp: it may return 1 + 1 ulp); NaN stays NaN.  Other floats take
+    ``fsigmoid`` (pure Python fallback)."""
+    return fsigmoid(x)
+
+
+@overload(fsigmoid_mlas, jit_options={"cache": True})
+def _fsigmoid_mlas_impl(x):
+    def f32(x):
+        if x != x:
+            return x
+        v = min(max(x, _SIG_LO), _SIG_HI)
+        v2 = v * v
+        p = fma32(v2, _SIG_A[0], _SIG_A[1])
+        p = fma32(p, v2, _SIG_A[2])
+        p = fma32(p, v2, _SIG_A[3])
+        p = fma32(p, v2, _SIG_A[4])
+        p = p * v
+        q = fma32(v2, _SIG_B[0], _SIG_B[1])
+        q = fma32(q, v2, _SIG_B[2])
+        q = fma32(q, v2, _SIG_B[3])
+        q = fma32(q, v2, _SIG_B[4])
+        q = fma32(q, v2, _SIG_B[5])
+        r = p / q + _HALF
+        return r if r > _ZERO else _ZERO
     return _by_float_type(x, f32, fsigmoid)
 
 

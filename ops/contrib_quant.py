@@ -385,12 +385,12 @@ def mlas_avx2_host() -> bool:
 
 def mlas_avx2_order() -> bool:
     """Whether level-4 int4 products (blocks of 32) follow MLAS's AVX2 accumulation order, bit for bit
-    onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_MLAS_LEVEL4=1`` (any host; the kernels have a portable
+    onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_MLAS_ORDER=1`` (any host; the kernels have a portable
     form; read when a node is planned or run).  Off by default: the blockwise order sums each block's exact
     integer dot into one float per column, faster (MLAS's order costs 1.0-1.4x per decode product and 2-3x per
     prefill product, measured in cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
     from runtime.settings import flag
-    return flag("ONNX_NUMBA_MLAS_LEVEL4")
+    return flag("ONNX_NUMBA_MLAS_ORDER")
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel

@@ -185,11 +185,21 @@ UNARY = {
 }
 
 
+def cpu_kernel(kernel: str) -> str:
+    """The CPU kernel of a unary op's ``kernel``: with ``ONNX_NUMBA_MLAS_ORDER`` (read when a node is planned),
+    Sigmoid takes MLAS's logistic (``_fastmath.fsigmoid_mlas``: onnxruntime's float32 bits on x86-64)."""
+    if kernel == "sigmoid":
+        from .contrib_quant import mlas_avx2_order
+        if mlas_avx2_order():
+            return "sigmoid_mlas"
+    return kernel
+
+
 def unary_cpu(u: Unary, ctx):
     """The CPU implementation of every unary op: its ``_elementwise_kernels`` kernel over the flat input, into
     the plan's buffer when it has one."""
     buf = ctx.out[0] if ctx.out else None
-    kern = getattr(K, "u_" + u.kernel)
+    kern = getattr(K, "u_" + cpu_kernel(u.kernel))
     no_int = u.check == "no_int"
     name, p0, p1, out_dtype = u.op, u.p0, u.p1, u.out_dtype  # closure cells: read once per call
 
@@ -206,7 +216,7 @@ FORM_UNARY = ("Sigmoid", "Tanh", "Relu", "Exp", "Neg", "Sqrt", "Erf", "Abs", "Re
 
 def unary_form(e, u: Unary):
     float_only(e, 0)
-    k = e.use("ops._elementwise_kernels", "u_" + u.kernel)
+    k = e.use("ops._elementwise_kernels", "u_" + cpu_kernel(u.kernel))
     e.line("{o0} = np.empty_like({i0})",
            f"{k}({{i0}}.reshape(({{i0}}.size,)), {{o0}}.reshape(({{o0}}.size,)), {u.p0!r}, {u.p1!r})")
     e.declare(0, F32, e.rank(0))

@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp
-from ._fastmath import fsigmoid
+from ._fastmath import fsigmoid, fsigmoid_mlas
 from .forms import Decline, float_only, quote, form
 from .registry import op
 
@@ -44,6 +44,7 @@ __all__ = ["GatedOp", "bind_gated", "gated_cpu", "gated_matmul_cpu", "gated_out_
 
 DOMAIN = "onnx_numba"
 SILU, GELU, GELU_TANH = 0, 1, 2
+SILU_MLAS = 3  # SiLU with MLAS's logistic (``cpu_act``): the CPU kernels' code, never an attribute's
 ACTIVATIONS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
 _CHUNK = 1 << 14  # elements per task
 F16 = np.dtype(np.float16)
@@ -53,6 +54,8 @@ F16 = np.dtype(np.float16)
 def _act(v, act):
     if act == SILU:
         return v * fsigmoid(v)
+    if act == SILU_MLAS:
+        return v * fsigmoid_mlas(v)
     half = np.float32(0.5)
     one = np.float32(1.0)
     if act == GELU:
@@ -148,19 +151,28 @@ def _f32(name, x):
     return np.ascontiguousarray(x, dtype=F32)
 
 
+def cpu_act(act: int) -> int:
+    """The CPU kernels' activation code for float32 gates: SiLU takes MLAS's logistic with
+    ``ONNX_NUMBA_MLAS_ORDER`` (the bits of onnxruntime's Sigmoid and Mul it replaces; read at plan time)."""
+    from .contrib_quant import mlas_avx2_order
+    return SILU_MLAS if act == SILU and mlas_avx2_order() else act
+
+
 def gated_cpu(b: GatedOp, ctx):
     """GatedActivation on the CPU: ``act(g) * u``, or ``act(gu[..., :N]) * gu[..., N:]`` with one input."""
+    act32 = cpu_act(b.act)
 
     def run(g, u=None):
         dt = g.dtype
+        act = act32 if dt == F32 else b.act
         shape = gated_out_shape(b, g, u)
         y = np.empty(shape, F32)
         if u is None:
             n2 = g.shape[-1]
-            gated_halves(_f32(b.op, g).reshape(-1, n2), y.reshape(-1, n2 // 2), b.act)
+            gated_halves(_f32(b.op, g).reshape(-1, n2), y.reshape(-1, n2 // 2), act)
         else:
             gf, uf = _f32(b.op, g), _f32(b.op, u)
-            gated_flat(gf.reshape(-1), uf.reshape(-1), y.reshape(-1), b.act)
+            gated_flat(gf.reshape(-1), uf.reshape(-1), y.reshape(-1), act)
         return y if dt == F32 else y.astype(dt)
     return run
 
@@ -181,7 +193,7 @@ def gated_matmul_cpu(b: GatedOp, ctx):
 
 def _gated_form(e, b: GatedOp):
     float_only(e, 0, 1)
-    act = b.act  # an unknown activation failed the bind: the node runs through its wrapper, which reports it
+    act = cpu_act(b.act) if e.dtype(0) == F32 else b.act  # an unknown one failed the bind (the wrapper reports it)
     who = quote(e.node).replace("{", "{{").replace("}", "}}")
     err = e.use("runtime.errors", "ShapeMismatchError")
     if e.has(1):

@@ -27,9 +27,11 @@ import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import _mlas_attention as ma
 from . import contrib_attention as ca
 from ._common import raise_coded
 from .attention import rope_tok_kernel
+from .contrib_quant import mlas_avx2_order
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
@@ -196,7 +198,8 @@ def gqa_geometry(qshape, kshape, vshape, packed, pkshape, pvshape, has_past, seq
 def gqa_positions(pos_ids, has_pos, abs_past, totals, S, cos_shape, sin_shape, D):
     """Each new row's rotary position, checked against the caches: ``(error code, positions (B, S))``.
     ``pos_ids`` is position_ids as (rows, cols) (one element: the first row's position, the rest follow it);
-    without position ids a row is at its absolute position, a right-padded row (past its entry's total) at 1."""
+    without position ids a row is at its absolute position, a right-padded row (past its entry's total) too, as
+    onnxruntime's CPU kernel places it."""
     B = abs_past.shape[0]
     pos = np.zeros((B, S), np.int64)
     if sin_shape[0] != cos_shape[0] or sin_shape[1] != cos_shape[1] or 2 * cos_shape[1] > D:
@@ -212,8 +215,6 @@ def gqa_positions(pos_ids, has_pos, abs_past, totals, S, cos_shape, sin_shape, D
                 p = pos_ids[b, s]
             else:
                 p = abs_past[b] + s
-                if p >= totals[b]:
-                    p = 1
             if p < 0 or p >= cos_shape[0]:
                 return 10, pos
             pos[b, s] = p
@@ -236,6 +237,15 @@ def gqa_extras(bias_shape, has_bias, sink_size, has_sink, B, H, S, totals):
 
 
 # -- the driver ------------------------------------------------------------------------------------
+
+@njit(**_OPTS)
+def mlas_step(interleaved, softcap, smooth, has_sink, qk_mode, has_bias, window, windowed, causal):
+    """Whether onnxruntime runs a float32 step through its flash kernels, whose order ``ops/_mlas_attention``
+    reproduces: causal, no local window (nor a windowed cache), softcap, smooth softmax, head sink, attention bias
+    or ``qk`` output."""
+    return (causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0
+            and not has_bias and window < 0 and not windowed)
+
 
 @njit(**_OPTS)
 def _attend(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
@@ -333,14 +343,16 @@ def rotate_qk(q4, k4, pos, cosc, sinc, interleaved):
 @njit(**_OPTS)
 def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, sinc, pos_ids, has_pos, bias,
             has_bias, sink, has_sink, H, kvH, scale, softcap, window, rotary, interleaved, smooth, causal, windowed,
-            share, qk_mode, fresh_k, fresh_v):
+            share, qk_mode, fresh_k, fresh_v, mlas, l2, ort_threads):
     """GroupQueryAttention on float32 arrays (absent inputs as small dummies with their flag False):
     ``(error code, output (B, S, H * D), present_key, present_value, qk (B, H, S, total) or a dummy)``.
     ``share``: the past buffers may be written and returned as the present (kv_share_buffer's donated caches),
     which happens when they have room for the total; ``qk_mode`` > 0 fills ``qk`` (1 scores, 2 probabilities).
     ``fresh_k``/``fresh_v``: zero-filled present buffers of the step's shape, taken when they fit (the CPU
     wrapper's, from ``np.zeros``, which the OS zeroes lazily: a long cache costs its live rows, not its
-    length); any other shape (the form's dummies) and the driver allocates its own."""
+    length); any other shape (the form's dummies) and the driver allocates its own.  ``mlas``: the rotary and the
+    attention in MLAS's order (``ops/_mlas_attention``) where onnxruntime runs its flash kernels (``mlas_step``),
+    ``l2`` and ``ort_threads`` the host's L2 cache bytes and onnxruntime's thread count they depend on."""
     z4 = np.zeros((1, 1, 1, 1), np.float32)
     err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
         query.shape, key.shape, value.shape, packed, pk.shape, pv.shape, has_past, seqlens, total, H, kvH,
@@ -350,11 +362,17 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
+    use_mlas = mlas and D <= ma.MAX_HEAD and mlas_step(interleaved, softcap, smooth, has_sink, qk_mode, has_bias,
+                                                     window, windowed, causal)
     if rotary:
         err, pos = gqa_positions(pos_ids, has_pos, abs_past, totals, S, cosc.shape, sinc.shape, D)
         if err:
             return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
-        q4, k4 = rotate_qk(q4, k4, pos, cosc, sinc, interleaved)
+        if use_mlas:
+            q4 = ma.rope_mlas(q4, pos, cosc, sinc, interleaved)
+            k4 = ma.rope_mlas(k4, pos, cosc, sinc, interleaved)
+        else:
+            q4, k4 = rotate_qk(q4, k4, pos, cosc, sinc, interleaved)
     rows = L
     if windowed:  # staged: the resident past, then the new rows
         rows = 0
@@ -372,11 +390,15 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     ca.cache_write(past_b, k4, pres_k)
     ca.cache_write(past_b, v4, pres_v)
     params = np.empty(2, np.float32)
-    params[0] = scale if scale != 0 else 1.0 / math.sqrt(D)
+    params[0] = scale if scale != 0 else np.float32(1.0) / np.float32(math.sqrt(D))  # 1.0f / sqrtf(D)
     params[1] = softcap
     att_total = past_b + n_new if windowed else totals
     sink_mode = 2 if has_sink else (1 if smooth else 0)
     qk = np.zeros((B, H, S, total), np.float32) if qk_mode else z4
+    if use_mlas:
+        out = np.empty((B, S, H, D), np.float32)
+        ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out)
+        return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
     out = _attend(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
                   sink.reshape((sink.size,)), sink_mode, causal, qk, qk_mode)
     if windowed:
@@ -405,6 +427,7 @@ def positions_2d(pos):
 
 def _cpu(b: Gqa, ctx):
     want_qk = b.n_outputs > 3 and b.qk_output > 0
+    mlas = mlas_avx2_order()  # the setting, read once per node
 
     def run(*args):
         q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink = gqa_inputs(b, args)
@@ -424,7 +447,8 @@ def _cpu(b: Gqa, ctx):
             _ZC if sin is None else _f32(sin), _ZP if pos is None else positions_2d(pos), pos is not None,
             _Z4 if bias is None else _f32(bias), bias is not None, _Z1 if sink is None else _f32(sink),
             sink is not None, b.H, b.kvH, b.scale, b.softcap, b.window, b.rotary, b.interleaved, b.smooth, b.causal,
-            b.windowed, False, b.qk_output if want_qk else 0, fk, fv)
+            b.windowed, False, b.qk_output if want_qk else 0, fk, fv, mlas and dtype == F32, ma.L2_BYTES,
+            ma.ORT_THREADS)
         if err:
             raise_gqa_error(err)
         if dtype != F32:
@@ -458,6 +482,7 @@ def _form(e, b: Gqa):
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
     g = e.use(__name__, "gqa_f32")
+    mlas = mlas_avx2_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "
@@ -465,7 +490,7 @@ def _form(e, b: Gqa):
            f"{'{i7}' if has(7) else zc}, {'{i8}' if has(8) else zc}, {pos}, {has(9)}, "
            f"{'{i10}' if has(10) else z4}, {has(10)}, {'{i11}' if has(11) else z1}, {has(11)}, {b.H}, {b.kvH}, "
            f"{b.scale!r}, {b.softcap!r}, {b.window}, {b.rotary}, {b.interleaved}, {b.smooth}, {b.causal}, "
-           f"{b.windowed}, {share}, 0, {z4}, {z4})")
+           f"{b.windowed}, {share}, 0, {z4}, {z4}, {mlas}, {ma.L2_BYTES}, {ma.ORT_THREADS})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GQA_ERRORS.items()])
     e.declare(0, F32, 3)
     for k, var in ((1, "{p}_pk"), (2, "{p}_pv")):

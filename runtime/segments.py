@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from ops import _elementwise_kernels as K
+from ops.elementwise import cpu_kernel
 
 __all__ = ["OPCODES", "MAX_ELEMENTS", "find_segments", "runs_of", "Segment"]
 
@@ -163,7 +164,7 @@ class Segment:
             o = alloc(out, n_out)
             a = n.inputs[0]
             b = n.inputs[1] if len(n.inputs) > 1 else a
-            rows.append((OPCODES[n.op_type], offset[a], int(numel(a) != 1), offset[b], int(numel(b) != 1), o, n_out))
+            rows.append((K.SEGMENT.index(cpu_kernel(K.SEGMENT[OPCODES[n.op_type]])), offset[a], int(numel(a) != 1), offset[b], int(numel(b) != 1), o, n_out))
             for x in set(n.inputs):
                 if x in produced and last_read.get(x) == k and x not in escaping:
                     pending_free.append(x)

@@ -184,7 +184,7 @@ def _mnb_model(K, N, b3, sc, z, bias):
 def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     import onnxruntime as ort
     import runtime as rt
-    monkeypatch.setenv("ONNX_NUMBA_MLAS_LEVEL4", "1")
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     A, b3, sc, z, _ = _case(K, N, M, zp, seed=K * N + M)
     bias = np.linspace(-1, 1, N).astype(F) if M % 2 else None
     model = _mnb_model(K, N, b3, sc, z, bias).SerializeToString()
@@ -201,7 +201,7 @@ def test_compiled_region_bit_for_bit_onnxruntime(monkeypatch):
     """The product inside a compiled region (the decoders' path) follows the setting as the node wrapper does."""
     import onnxruntime as ort
     import runtime as rt
-    monkeypatch.setenv("ONNX_NUMBA_MLAS_LEVEL4", "1")
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     K, N, M = 224, 16, 5
     A, b3, sc, z, _ = _case(K, N, M, False, seed=31)
     m = _mnb_model(K, N, b3, sc, None, None)

@@ -27,6 +27,7 @@ UNARY = {
     "reciprocal": "1 / x if x != 0 else math.copysign(math.inf, x)",
     "tanh": "math.tanh(x)",
     "sigmoid": "fsigmoid(x)",
+    "sigmoid_mlas": "fsigmoid_mlas(x)",  # onnxruntime's float32 bits on x86-64 (ONNX_NUMBA_MLAS_ORDER)
     "erf": "math.erf(x)",
     "sin": "math.sin(x)",
     "cos": "math.cos(x)",
@@ -98,7 +99,7 @@ BINARY = {
 
 # The row ops of the fused float32 segments (runtime/segments.py), by opcode: names in UNARY or BINARY, so a
 # segment computes each with the very expression of its kernel.
-SEGMENT = ("add", "sub", "mul", "div_f", "relu", "neg", "exp", "tanh", "sigmoid", "abs")
+SEGMENT = ("add", "sub", "mul", "div_f", "relu", "neg", "exp", "tanh", "sigmoid", "abs", "sigmoid_mlas")
 
 # The ops the CUDA provider computes (ops/cuda/elementwise.py, ops/cuda/activations.py), by run-time code:
 # names in UNARY or BINARY, so a CUDA kernel computes each with the very expression of its CPU kernel.  Unary
@@ -205,7 +206,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid
+from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 '''

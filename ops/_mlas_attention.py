@@ -1,0 +1,453 @@
+"""GroupQueryAttention's rotary and attention in MLAS's order: onnxruntime's CPU bits on x86 hosts with AVX2/FMA.
+
+``ops/group_query_attention.gqa_f32`` takes these kernels when asked for MLAS's order (``ONNX_NUMBA_MLAS_ORDER``)
+on a step onnxruntime runs through its flash kernels (float32; no softcap, smooth softmax, head sink, attention
+bias, local window or ``qk`` output).  They reproduce onnxruntime 1.32's arithmetic, read from its CPU kernel
+(``GQAAttentionBase::ApplyAttentionFlash``) and MLAS (``flashattn_gqa.cpp``, the FMA3 SGEMM and sum-exp kernels,
+the AVX2 rotary kernel); every operation below is named with the rounding it does:
+
+- rotary (non-interleaved halves ``x1``, ``x2``): ``x1' = fma(x1, cos, -(x2 * sin))``, ``x2' = fma(x1, sin,
+  x2 * cos)``;
+- several query rows (prefill, chunked prefill): query rows in blocks of ``q_block = min(kv_block, 2 D)``, keys in
+  blocks of ``kv_block = L2 / (32 D)`` (the per-core L2 cache, ``L2_BYTES``); a key block at or past the block's
+  causal limit is skipped.  Per key block: scores = (a chain of fused multiply-adds over the head dimension from
+  0) * scale; keys past a row's causal limit set to ``-FLT_MAX`` (they still go through the exponential: their
+  tiny value is part of the sums); a row wholly masked in the block is zeroed and keeps its state.  Otherwise
+  the running max ``m`` is raised, ``e = sum_exp(score - m)``, and after the first block the state is rescaled
+  by ``d = expf(m_old - m)`` (libm's ``expf``): ``l = d * l + rowsum`` and ``acc *= d`` (separate roundings).
+  Then ``acc`` gains ``e @ V_block``: per output a fused chain over the block's keys from 0, stored (first
+  block) or added to ``acc`` in one rounding.  Output ``acc * (1 / l)``;
+- one query row (decode): scores by eight float lanes over the head dimension (``lane += q * k``, separately
+  rounded; the lanes summed ``((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))``, the odd tail added in order), times scale;
+  ``e = sum_exp(score - max)``; output ``sum_t e_t * v_t`` in key order (separately rounded) times ``1 / l``.
+  When the batch has fewer heads in all than onnxruntime has threads and the keys span several blocks, it splits
+  the keys (flash decoding): each block's ``(m, l, e @ v)`` as above, merged in block order with ``r =
+  expf(m_c - m)``, ``l += r * l_c``, ``out += r * out_c``;
+- ``sum_exp``: MLAS's FMA3 kernel: ``x = max(v + negmax, -88.3762626647949)``, its 2^n split and degree-6
+  polynomial in fused multiply-adds, the scale built in the exponent bits; sums in eight lanes over chunks of
+  eight, folded as above.
+
+Scope: head sizes up to ``MAX_HEAD`` (256), where MLAS's SGEMM sums every product in one chain; the products
+run on ``_panels``' register tiles, whose multiply-adds are fused on hosts with FMA (every AVX2 host), as MLAS's
+FMA3 kernels fuse them.
+
+Invariants: these kernels are compiled without fast-math flags (no contraction or reassociation beyond the
+fused multiply-adds written out); they read only the live cache rows; the caller has checked every shape and
+position (``gqa_geometry``, ``gqa_positions``).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ._fastmath import maxnum
+from ._panels import PANEL, tile4
+from ._simd import fma32
+
+__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "rope_mlas", "attend_mlas", "kv_block"]
+
+_OPTS = dict(cache=True, nogil=True)
+LOWEST = np.float32(np.finfo(np.float32).min)
+_ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
+_LOWER = np.float32(-88.3762626647949)
+_BIAS = np.float32(12582912.0)
+_LOG2R = np.float32(1.44269504088896341)
+_LOG2H = np.float32(-6.93145752e-1)
+_LOG2L = np.float32(-1.42860677e-6)
+_P0 = np.float32(float.fromhex("0x1.694000p-10"))
+_P1 = np.float32(float.fromhex("0x1.125edcp-7"))
+_P2 = np.float32(float.fromhex("0x1.555b5ap-5"))
+_P3 = np.float32(float.fromhex("0x1.555450p-3"))
+_P4 = np.float32(float.fromhex("0x1.fffff6p-2"))
+
+
+def _l2_bytes() -> int:
+    """The per-core L2 cache in bytes, as onnxruntime reads it (512 KiB where the system does not say)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            text = f.read().strip().upper()
+        mult = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+        return int(text.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        return 524288
+
+
+def _physical_cores() -> int:
+    """Physical cores this process may run on: onnxruntime's default thread count."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/core_id") as f:
+                core = f.read().strip()
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/physical_package_id") as f:
+                pkg = f.read().strip()
+            cores.add((pkg, core))
+        except OSError:
+            cores.add(("", str(c)))
+    return max(len(cores), 1)
+
+
+L2_BYTES = _l2_bytes()
+MAX_HEAD = 256  # MLAS's SGEMM sums a longer product in parts (its K stride): not reproduced
+ORT_THREADS = _physical_cores()
+
+
+@njit(**_OPTS)
+def kv_block(D, l2):
+    """onnxruntime's key block for head size ``D``: ``l2 / (4 * 4 * 2 D)``, at least 1."""
+    return max(l2 // (32 * D), 1)
+
+
+@intrinsic
+def _pow2_bits(typingctx, b):
+    """``bitcast((bits(b) << 23) + 0x3F800000)``: 2**n for the integer n in b's low mantissa bits (int32 wrap)."""
+    if b != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        v = builder.add(builder.shl(builder.bitcast(args[0], i32), ir.Constant(i32, 23)), ir.Constant(i32, 0x3F800000))
+        return builder.bitcast(v, ir.FloatType())
+    return types.float32(types.float32), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exp_el(v, negmax):
+    """One element of MLAS's sum-exp kernel: e**(v + negmax) by its polynomial (branch-free: it vectorizes)."""
+    x = maxnum(np.float32(v + negmax), _LOWER)  # vmaxps(lower, x)
+    b = fma32(x, _LOG2R, _BIAS)
+    m = np.float32(b - _BIAS)
+    x = fma32(m, _LOG2H, x)
+    x = fma32(m, _LOG2L, x)
+    p = fma32(_P0, x, _P1)
+    p = fma32(p, x, _P2)
+    p = fma32(p, x, _P3)
+    p = fma32(p, x, _P4)
+    p = fma32(p, x, _ONE)
+    p = fma32(p, x, _ONE)
+    return np.float32(p * _pow2_bits(b))
+
+
+@njit(**_OPTS)
+def sum_exp(p, n, negmax):
+    """``p[:n] = e**(p[:n] + negmax)`` in place, by MLAS's sum-exp kernel; returns their sum in its order: eight
+    lanes over chunks of eight (a last partial chunk in lanes from 0), folded ``((l4+l5)+(l6+l7)) +
+    ((l0+l1)+(l2+l3))``."""
+    for j in range(n):
+        p[j] = _exp_el(p[j], negmax)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
+    c = 0
+    while c + 8 <= n:
+        a0 += p[c]
+        a1 += p[c + 1]
+        a2 += p[c + 2]
+        a3 += p[c + 3]
+        a4 += p[c + 4]
+        a5 += p[c + 5]
+        a6 += p[c + 6]
+        a7 += p[c + 7]
+        c += 8
+    k = n - c
+    if k > 0:
+        a0 += p[c]
+    if k > 1:
+        a1 += p[c + 1]
+    if k > 2:
+        a2 += p[c + 2]
+    if k > 3:
+        a3 += p[c + 3]
+    if k > 4:
+        a4 += p[c + 4]
+    if k > 5:
+        a5 += p[c + 5]
+    if k > 6:
+        a6 += p[c + 6]
+    return np.float32(np.float32((a4 + a5) + (a6 + a7)) + np.float32((a0 + a1) + (a2 + a3)))
+
+
+@njit(**_OPTS)
+def rope_mlas(x4, pos, cosc, sinc, interleaved):
+    """A rotated copy of x4 (B, S, heads, D) at positions ``pos`` (B, S), in MLAS's AVX2 order: the pairs
+    ``(x1, x2)`` are the halves of the rotary dimensions (``cosc``'s width, doubled) or, ``interleaved``, the
+    even and odd ones; ``x1' = fma(x1, cos, -(x2 * sin))``, ``x2' = fma(x1, sin, x2 * cos)``.  Dimensions past
+    the rotary ones are copied."""
+    B, S, Hh, D = x4.shape
+    half = cosc.shape[1]
+    out = x4.copy()
+    for b in range(B):
+        for s in range(S):
+            p = pos[b, s]
+            for h in range(Hh):
+                for t in range(half):
+                    i1 = 2 * t if interleaved else t
+                    i2 = i1 + 1 if interleaved else t + half
+                    x1 = x4[b, s, h, i1]
+                    x2 = x4[b, s, h, i2]
+                    co = cosc[p, t]
+                    sn = sinc[p, t]
+                    out[b, s, h, i1] = fma32(x1, co, -np.float32(x2 * sn))
+                    out[b, s, h, i2] = fma32(x1, sn, np.float32(x2 * co))
+    return out
+
+
+@njit(**_OPTS)
+def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf):
+    """Scores ``scale * (Q rows @ keys [ir, ir + rk))`` as MLAS's SGEMM forms them (each a chain of multiply-adds
+    over the head dimension from 0, then times scale), by the register tiles of ``_panels`` (fused multiply-adds
+    on FMA hosts): query rows in ``qbuf`` (padded to a multiple of four rows), the key block packed into
+    ``kbuf``; returns the scores as a C-contiguous (rows, rk) view of ``scbuf``."""
+    R4, D = qbuf.shape
+    P = (rk + PANEL - 1) // PANEL
+    kp = kbuf[:P * D * PANEL].reshape((P, D, PANEL))
+    for p in range(P):
+        for d in range(D):
+            for c in range(PANEL):
+                j = p * PANEL + c
+                kp[p, d, c] = kc[b, kh, ir + j, d] if j < rk else _ZERO
+    sc = scbuf[:R4 * rk].reshape((R4, rk))
+    for r in range(0, R4, 4):
+        tile4(kp, qbuf, sc, r, 0, P)
+    for i in range(rq):
+        for j in range(rk):
+            sc[i, j] = np.float32(sc[i, j] * scale)
+    return sc
+
+
+@njit(**_OPTS)
+def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf):
+    """``acc[:rq] (+)= sc[:rq] @ values [ir, ir + rk)`` as MLAS's SGEMM does with alpha 1: per output a chain of
+    multiply-adds over the block's keys from 0, stored (``first``) or added to ``acc`` in one rounding; by the
+    register tiles of ``_panels``, the value block packed into ``vbuf``."""
+    R4 = sc.shape[0]
+    D = acc.shape[1]
+    P = (D + PANEL - 1) // PANEL
+    vp = vbuf[:P * rk * PANEL].reshape((P, rk, PANEL))
+    for p in range(P):
+        for j in range(rk):
+            for c in range(PANEL):
+                d = p * PANEL + c
+                vp[p, j, c] = vc[b, kh, ir + j, d] if d < D else _ZERO
+    part = pbuf[:R4 * D].reshape((R4, D))
+    for r in range(0, R4, 4):
+        tile4(vp, sc, part, r, 0, P)
+    for i in range(rq):
+        for d in range(D):
+            acc[i, d] = part[i, d] if first else np.float32(part[i, d] + acc[i, d])
+
+
+@njit(**_OPTS)
+def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
+    """One (entry, head, query block) of the flash kernel: writes out[b, qs:qs + rq, h]."""
+    D = q.shape[3]
+    qbuf, scbuf, acc, part, m, l, kp, vp = bufs
+    R4 = qbuf.shape[0]
+    for i in range(R4):
+        for d in range(D):
+            qbuf[i, d] = q[b, qs + i, h, d] if i < rq else _ZERO
+    for i in range(rq):
+        m[i] = LOWEST
+        l[i] = _ZERO
+        for d in range(D):
+            acc[i, d] = _ZERO
+    limit = past + qs + rq
+    ir = 0
+    while ir < T and ir < limit:
+        rk = min(kvb, T - ir)
+        sc = _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kp, scbuf)
+        for i in range(rq):
+            causal = past + qs + i + 1
+            row = sc[i]
+            for j in range(rk):
+                if ir + j >= causal:
+                    row[j] = LOWEST
+            rmax = row[0]
+            for j in range(1, rk):
+                if row[j] > rmax:
+                    rmax = row[j]
+            if rmax == LOWEST:
+                for j in range(rk):
+                    row[j] = _ZERO
+                continue
+            m_old = m[i]
+            if rmax > m[i]:
+                m[i] = rmax
+            rs = sum_exp(row, rk, -m[i])
+            if ir != 0:
+                ed = math.exp(np.float32(m_old - m[i]))
+                l[i] = np.float32(np.float32(ed * l[i]) + rs)
+                for d in range(D):
+                    acc[i, d] = np.float32(acc[i, d] * ed)
+            else:
+                l[i] = rs
+        _sv_panels(sc, rq, vc, b, kh, ir, rk, ir == 0, acc, vp, part)
+        ir += kvb
+    for i in range(rq):
+        inv = np.float32(_ONE / l[i]) if l[i] > _ZERO else _ZERO
+        for d in range(D):
+            out[b, qs + i, h, d] = np.float32(acc[i, d] * inv)
+
+
+@njit(**_OPTS)
+def _decode_scores(q, b, h, kc, kh, lo, n, scale, sc):
+    """sc[:n] = scale * q[b, 0, h] . keys [lo, lo + n) in MLAS's decode order (eight lanes, no fused ops)."""
+    D = q.shape[3]
+    D8 = D - D % 8
+    for t in range(n):
+        krow = kc[b, kh, lo + t]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
+        for d in range(0, D8, 8):
+            a0 += np.float32(q[b, 0, h, d] * krow[d])
+            a1 += np.float32(q[b, 0, h, d + 1] * krow[d + 1])
+            a2 += np.float32(q[b, 0, h, d + 2] * krow[d + 2])
+            a3 += np.float32(q[b, 0, h, d + 3] * krow[d + 3])
+            a4 += np.float32(q[b, 0, h, d + 4] * krow[d + 4])
+            a5 += np.float32(q[b, 0, h, d + 5] * krow[d + 5])
+            a6 += np.float32(q[b, 0, h, d + 6] * krow[d + 6])
+            a7 += np.float32(q[b, 0, h, d + 7] * krow[d + 7])
+        s = np.float32(np.float32((a0 + a1) + (a2 + a3)) + np.float32((a4 + a5) + (a6 + a7)))
+        for d in range(D8, D):
+            s = np.float32(s + np.float32(q[b, 0, h, d] * krow[d]))
+        sc[t] = np.float32(s * scale)
+
+
+@njit(**_OPTS)
+def _decode_sv(sc, n, vc, b, kh, lo, o):
+    """o = sum over keys [lo, lo + n) of sc[t] * v[t], in key order, separately rounded."""
+    D = o.shape[0]
+    for d in range(D):
+        o[d] = _ZERO
+    for t in range(n):
+        w = sc[t]
+        vrow = vc[b, kh, lo + t]
+        for d in range(D):
+            o[d] = np.float32(o[d] + np.float32(w * vrow[d]))
+
+
+@njit(**_OPTS)
+def _decode_task(q, kc, vc, b, h, kh, T, scale, out, sc, o):
+    """One (entry, head) of the one-row kernel: two-pass softmax over all T keys."""
+    D = q.shape[3]
+    _decode_scores(q, b, h, kc, kh, 0, T, scale, sc)
+    mx = sc[0]
+    for t in range(1, T):
+        if sc[t] > mx:
+            mx = sc[t]
+    s = sum_exp(sc, T, -mx)
+    _decode_sv(sc, T, vc, b, kh, 0, o)
+    inv = np.float32(_ONE / s) if s > _ZERO else _ZERO
+    for d in range(D):
+        out[b, 0, h, d] = np.float32(o[d] * inv)
+
+
+@njit(**_OPTS)
+def _split_task(q, kc, vc, b, h, kh, T, scale, kvb, out, sc, o, parts):
+    """One (entry, head) of flash decoding: per key block (m, l, e @ v), merged in block order."""
+    D = q.shape[3]
+    nc = (T + kvb - 1) // kvb
+    for c in range(nc):
+        ir = c * kvb
+        rk = min(kvb, T - ir)
+        _decode_scores(q, b, h, kc, kh, ir, rk, scale, sc)
+        mx = sc[0]
+        for t in range(1, rk):
+            if sc[t] > mx:
+                mx = sc[t]
+        parts[c, 0] = mx
+        parts[c, 1] = sum_exp(sc, rk, -mx)
+        _decode_sv(sc, rk, vc, b, kh, ir, o)
+        for d in range(D):
+            parts[c, 2 + d] = o[d]
+    gm = LOWEST
+    for c in range(nc):
+        if parts[c, 0] > gm:
+            gm = parts[c, 0]
+    gl = _ZERO
+    for d in range(D):
+        o[d] = _ZERO
+    for c in range(nc):
+        if parts[c, 1] <= _ZERO:
+            continue
+        r = math.exp(np.float32(parts[c, 0] - gm))
+        gl = np.float32(gl + np.float32(r * parts[c, 1]))
+        for d in range(D):
+            o[d] = np.float32(o[d] + np.float32(r * parts[c, 2 + d]))
+    inv = np.float32(_ONE / gl) if gl > _ZERO else _ZERO
+    for d in range(D):
+        out[b, 0, h, d] = np.float32(o[d] * inv)
+
+
+@njit(**_OPTS)
+def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
+    """Task ``r`` of ``attend_mlas``: one (entry, head) of a one-row step, or one (entry, head, query block) of
+    several rows; allocates its own scratch."""
+    B, S, H, D = q.shape
+    group = H // kc.shape[1]
+    if S == 1:
+        b = r // H
+        h = r % H
+        T = totals[b]
+        sc = np.empty(max(T, 1), np.float32)
+        o = np.empty(D, np.float32)
+        if T <= 0:
+            for d in range(D):
+                out[b, 0, h, d] = _ZERO
+        elif split > 0:
+            kvb = split
+            parts = np.empty(((T + kvb - 1) // kvb, 2 + D), np.float32)
+            _split_task(q, kc, vc, b, h, h // group, T, scale, kvb, out, sc, o, parts)
+        else:
+            _decode_task(q, kc, vc, b, h, h // group, T, scale, out, sc, o)
+        return
+    b = r // (H * nq)
+    h = (r // nq) % H
+    qi = r % nq
+    T = totals[b]
+    kvb = min(kvb0, max(T, 1))
+    qb = min(min(kvb0, 2 * D), S)
+    R4 = (qb + 3) // 4 * 4
+    qs = qi * qb
+    rq = min(qb, S - qs)
+    bufs = (np.empty((R4, D), np.float32), np.empty(R4 * kvb, np.float32), np.empty((rq, D), np.float32),
+            np.empty(R4 * D, np.float32), np.empty(rq, np.float32), np.empty(rq, np.float32),
+            np.empty((kvb + PANEL - 1) // PANEL * D * PANEL, np.float32),
+            np.empty((D + PANEL - 1) // PANEL * kvb * PANEL, np.float32))
+    _flash_task(q, kc, vc, b, h, h // group, qs, rq, past_b[b], T, scale, kvb, out, bufs)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _tasks(n, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
+    for r in prange(n):
+        _task(np.int64(r), q, kc, vc, past_b, totals, scale, kvb0, split, nq, out)  # one signature
+
+
+@njit(**_OPTS)
+def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
+    """Causal attention of q (B, S, H, D) over the caches kc/vc (B, kvH, L, D) (entry b's keys at rows
+    [0, totals[b]), its new rows from ``past_b[b]``) into out (B, S, H, D), in onnxruntime's flash order;
+    ``threads``: onnxruntime's thread count (it decides flash decoding)."""
+    B, S, H, D = q.shape
+    kvb0 = kv_block(D, l2)
+    if S == 1:
+        tmax = 1
+        ragged = False
+        for b in range(B):
+            tmax = max(tmax, totals[b])
+            if totals[b] != totals[0]:
+                ragged = True
+        kvb = min(kvb0, tmax)
+        split = kvb if (not ragged) and B * H < threads and (tmax + kvb - 1) // kvb > 1 else 0
+        _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, kvb0 - kvb0 + 1, out)  # nq: an int64, not a literal
+        return
+    qb = min(min(kvb0, 2 * D), S)
+    nq = (S + qb - 1) // qb
+    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, nq - nq, nq, out)  # split: an int64 0

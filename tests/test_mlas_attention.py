@@ -1,0 +1,144 @@
+"""GroupQueryAttention and Sigmoid in MLAS's order (``ops/_mlas_attention``, ``ops/_fastmath.fsigmoid_mlas``) with
+``ONNX_NUMBA_MLAS_ORDER=1``: bit for bit onnxruntime's CPU kernels (``np.array_equal``) on x86 hosts with AVX2
+and without AVX-512, where onnxruntime takes MLAS's FMA3 kernels.  Each case also shows that it tells the orders
+apart: the default kernels' result differs from onnxruntime's on it."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from ops import _mlas_attention as ma
+from ops import contrib_quant as Q
+
+pytestmark = pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes MLAS's FMA3 kernels only on x86 "
+                                "hosts with AVX2 and without AVX-512")
+F = np.float32
+
+
+def _gqa_model(nh, kv, D, scale, rotary, interleaved):
+    ins = [h.make_tensor_value_info("query", T.FLOAT, ["B", "S", (nh + 2 * kv) * D]),
+           h.make_tensor_value_info("past_key", T.FLOAT, ["B", kv, "P", D]),
+           h.make_tensor_value_info("past_value", T.FLOAT, ["B", kv, "P", D]),
+           h.make_tensor_value_info("seqlens_k", T.INT32, ["B"]),
+           h.make_tensor_value_info("total_sequence_length", T.INT32, []),
+           h.make_tensor_value_info("cos_cache", T.FLOAT, ["M", D // 2]),
+           h.make_tensor_value_info("sin_cache", T.FLOAT, ["M", D // 2])]
+    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("output", "present_key", "present_value")]
+    node = h.make_node("GroupQueryAttention", ["query", "", "", "past_key", "past_value", "seqlens_k",
+                                               "total_sequence_length", "cos_cache", "sin_cache"],
+                       ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=nh,
+                       kv_num_heads=kv, scale=scale, do_rotary=rotary, rotary_interleaved=interleaved)
+    return h.make_model(h.make_graph([node], "g", ins, outs),
+                        opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+
+
+def _feeds(nh, kv, D, B, S, P, seqlens, total, seed):
+    rng = np.random.default_rng(seed)
+    ang = np.arange(512)[:, None] / (10000 ** (np.arange(0, D, 2) / D))[None]
+    return {"query": (rng.standard_normal((B, S, (nh + 2 * kv) * D)) * 2).astype(F),
+            "past_key": rng.standard_normal((B, kv, P, D)).astype(F),
+            "past_value": rng.standard_normal((B, kv, P, D)).astype(F),
+            "seqlens_k": np.array(seqlens, np.int32), "total_sequence_length": np.array(total, np.int32),
+            "cos_cache": np.cos(ang).astype(F), "sin_cache": np.sin(ang).astype(F)}
+
+
+def _kvb(D):
+    return ma.kv_block(D, ma.L2_BYTES)
+
+
+# (heads, kv heads, head size, scale, rotary, interleaved, B, S, P, seqlens, total, onnxruntime threads)
+CASES = {
+    "prompt": lambda: (4, 2, 32, 0.0, 1, 0, 1, 9, 0, [8], 9, 2),
+    "decode": lambda: (4, 2, 80, 0.0, 1, 0, 1, 1, 9, [9], 10, 2),
+    "chunk after a past": lambda: (4, 2, 32, 0.125, 1, 0, 1, 5, 7, [11], 12, 2),
+    "interleaved rotary": lambda: (4, 2, 48, 0.0, 1, 1, 1, 9, 0, [8], 9, 2),
+    "no rotary, padded batch": lambda: (4, 2, 32, 0.0, 0, 0, 2, 6, 0, [3, 5], 6, 2),
+    "padded batch": lambda: (4, 2, 32, 0.0, 1, 0, 2, 6, 0, [3, 5], 6, 2),
+    "ragged decode": lambda: (4, 2, 32, 0.0, 1, 0, 2, 1, 9, [5, 8], 9, 2),
+    # keys over several of onnxruntime's blocks: the online rescaling by libm's expf
+    "several key blocks": lambda: (2, 1, 256, 0.0, 1, 0, 1, 2 * _kvb(256) + 5, 0, [2 * _kvb(256) + 4],
+                                   2 * _kvb(256) + 5, 2),
+    # fewer heads than onnxruntime's threads: flash decoding splits the keys
+    "split decode": lambda: (2, 1, 256, 0.0, 1, 0, 1, 1, 2 * _kvb(256) + 5, [2 * _kvb(256) + 5],
+                             2 * _kvb(256) + 6, 4),
+}
+
+
+def _ort(model, feeds, threads):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _native(model, feeds, compiled=False):
+    import runtime as rt
+    so = rt.SessionOptions()
+    so.compiled_regions = compiled
+    return rt.InferenceSession(model, so).run(None, feeds)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
+    nh, kv, D, scale, rot, inter, B, S, P, seqlens, total, threads = CASES[case]()
+    model = _gqa_model(nh, kv, D, scale, rot, inter).SerializeToString()
+    feeds = _feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case))
+    monkeypatch.setattr(ma, "ORT_THREADS", threads)  # onnxruntime's thread count decides flash decoding
+    want = _ort(model, feeds, threads)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not np.array_equal(_native(model, feeds)[0], want[0])  # the case tells the orders apart
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for got, ref in zip(_native(model, feeds), want):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_gqa_in_a_compiled_region(monkeypatch):
+    """The region form (the decoders' path) follows the setting as the node wrapper does."""
+    nh, kv, D = 4, 2, 32
+    model = _gqa_model(nh, kv, D, 0.0, 1, 0).SerializeToString()
+    feeds = _feeds(nh, kv, D, 1, 7, 0, [6], 7, seed=3)
+    want = _ort(model, feeds, 2)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for got, ref in zip(_native(model, feeds, compiled=True), want):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_sum_exp_order():
+    """MLAS's sum-exp kernel: the elements by its polynomial, the sum in eight lanes folded pairwise; a partial
+    last chunk fills lanes from 0.  Pinned on a row whose sequential sum rounds differently."""
+    rng = np.random.default_rng(5)
+    row = rng.standard_normal(29).astype(F) * 3
+    p = row.copy()
+    s = ma.sum_exp(p, 29, F(-1.5))
+    lanes = np.zeros(8, F)
+    for c in range(0, 29, 8):
+        blk = p[c:c + 8]
+        lanes[:len(blk)] = (lanes[:len(blk)] + blk).astype(F)
+    want = F(F((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + F((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])))
+    assert s == want
+    assert np.allclose(p, np.exp(row.astype(np.float64) - 1.5), rtol=3e-7, atol=0)  # its polynomial's accuracy
+
+
+def _sigmoid_model():
+    g = h.make_graph([h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Mul", ["x", "s"], ["a"]),
+                      h.make_node("Mul", ["a", "u"], ["y"]), h.make_node("Sigmoid", ["u"], ["z"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["n", 37]), h.make_tensor_value_info("u", T.FLOAT, ["n", 37])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["n", 37]), h.make_tensor_value_info("z", T.FLOAT, ["n", 37])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sigmoid_and_fused_silu_bit_for_bit_onnxruntime(compiled, monkeypatch):
+    """Sigmoid alone and inside SiLU (fused into one GatedActivation on the CPU) take MLAS's logistic: input
+    clamped to [-18, 18], Eigen's rational approximation by fused multiply-adds, only the lower end clamped."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((50, 37)) * 7).astype(F)
+    x.flat[:8] = [18, -18, 17.844, -17.97, 0, -0.0, np.inf, -np.inf]
+    u = rng.standard_normal((50, 37)).astype(F)
+    model = _sigmoid_model()
+    want = _ort(model, {"x": x, "u": u}, 2)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not np.array_equal(_native(model, {"x": x, "u": u}, compiled)[1], want[1])
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for got, ref in zip(_native(model, {"x": x, "u": u}, compiled), want):
+        np.testing.assert_array_equal(got, ref)

@@ -334,19 +334,50 @@ def _decode_sv(sc, n, vc, b, kh, lo, o):
 
 
 @njit(**_OPTS)
-def _decode_task(q, kc, vc, b, h, kh, T, scale, out, sc, o):
-    """One (entry, head) of the one-row kernel: two-pass softmax over all T keys."""
+def _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, sc, o):
+    """Query heads [h0, h1) of kv head ``kh`` in MLAS's one-row kernel's order (per head: ``_decode_scores``, the
+    max, ``sum_exp``, ``_decode_sv``, times ``1 / sum``), each key and value row read once for all of them: sc
+    (heads, T) and o (heads, D) are scratch."""
     D = q.shape[3]
-    _decode_scores(q, b, h, kc, kh, 0, T, scale, sc)
-    mx = sc[0]
-    for t in range(1, T):
-        if sc[t] > mx:
-            mx = sc[t]
-    s = sum_exp(sc, T, -mx)
-    _decode_sv(sc, T, vc, b, kh, 0, o)
-    inv = np.float32(_ONE / s) if s > _ZERO else _ZERO
-    for d in range(D):
-        out[b, 0, h, d] = np.float32(o[d] * inv)
+    D8 = D - D % 8
+    for t in range(T):
+        krow = kc[b, kh, t]
+        for g in range(h1 - h0):
+            h = h0 + g
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
+            for d in range(0, D8, 8):
+                a0 += np.float32(q[b, 0, h, d] * krow[d])
+                a1 += np.float32(q[b, 0, h, d + 1] * krow[d + 1])
+                a2 += np.float32(q[b, 0, h, d + 2] * krow[d + 2])
+                a3 += np.float32(q[b, 0, h, d + 3] * krow[d + 3])
+                a4 += np.float32(q[b, 0, h, d + 4] * krow[d + 4])
+                a5 += np.float32(q[b, 0, h, d + 5] * krow[d + 5])
+                a6 += np.float32(q[b, 0, h, d + 6] * krow[d + 6])
+                a7 += np.float32(q[b, 0, h, d + 7] * krow[d + 7])
+            s = np.float32(np.float32((a0 + a1) + (a2 + a3)) + np.float32((a4 + a5) + (a6 + a7)))
+            for d in range(D8, D):
+                s = np.float32(s + np.float32(q[b, 0, h, d] * krow[d]))
+            sc[g, t] = np.float32(s * scale)
+    sums = np.empty(h1 - h0, np.float32)
+    for g in range(h1 - h0):
+        row = sc[g]
+        mx = row[0]
+        for t in range(1, T):
+            if row[t] > mx:
+                mx = row[t]
+        sums[g] = sum_exp(row, T, -mx)
+        for d in range(D):
+            o[g, d] = _ZERO
+    for t in range(T):
+        vrow = vc[b, kh, t]
+        for g in range(h1 - h0):
+            w = sc[g, t]
+            for d in range(D):
+                o[g, d] = np.float32(o[g, d] + np.float32(w * vrow[d]))
+    for g in range(h1 - h0):
+        inv = np.float32(_ONE / sums[g]) if sums[g] > _ZERO else _ZERO
+        for d in range(D):
+            out[b, 0, h0 + g, d] = np.float32(o[g, d] * inv)
 
 
 @njit(**_OPTS)
@@ -393,20 +424,29 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
     B, S, H, D = q.shape
     group = H // kc.shape[1]
     if S == 1:
-        b = r // H
-        h = r % H
+        if split > 0:
+            b = r // H
+            h = r % H
+            T = totals[b]
+            sc = np.empty(max(T, 1), np.float32)
+            o = np.empty(D, np.float32)
+            parts = np.empty(((T + split - 1) // split, 2 + D), np.float32)
+            _split_task(q, kc, vc, b, h, h // group, T, scale, split, out, sc, o, parts)
+            return
+        kvH = kc.shape[1]
+        b = r // (kvH * nq)
+        kh = (r // nq) % kvH
+        sub = r % nq
+        h0 = kh * group + sub * group // nq
+        h1 = kh * group + (sub + 1) * group // nq
         T = totals[b]
-        sc = np.empty(max(T, 1), np.float32)
-        o = np.empty(D, np.float32)
         if T <= 0:
-            for d in range(D):
-                out[b, 0, h, d] = _ZERO
-        elif split > 0:
-            kvb = split
-            parts = np.empty(((T + kvb - 1) // kvb, 2 + D), np.float32)
-            _split_task(q, kc, vc, b, h, h // group, T, scale, kvb, out, sc, o, parts)
-        else:
-            _decode_task(q, kc, vc, b, h, h // group, T, scale, out, sc, o)
+            for h in range(h0, h1):
+                for d in range(D):
+                    out[b, 0, h, d] = _ZERO
+            return
+        _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, np.empty((h1 - h0, T), np.float32),
+                      np.empty((h1 - h0, D), np.float32))
         return
     b = r // (H * nq)
     h = (r // nq) % H
@@ -446,7 +486,15 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
                 ragged = True
         kvb = min(kvb0, tmax)
         split = kvb if (not ragged) and B * H < threads and (tmax + kvb - 1) // kvb > 1 else 0
-        _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, kvb0 - kvb0 + 1, out)  # nq: an int64, not a literal
+        if split > 0:
+            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, kvb0 - kvb0 + 1, out)
+            return
+        # one task per (entry, kv head, share of its query heads): every key row read once per share, shares
+        # enough for the threads (onnxruntime's count: the physical cores, as a rule the pool's too)
+        kvH = kc.shape[1]
+        group = H // kvH
+        nsub = min(group, max(1, -(-threads // (B * kvH))))
+        _tasks(B * kvH * nsub, q, kc, vc, past_b, totals, scale, kvb0, split, nsub, out)
         return
     qb = min(min(kvb0, 2 * D), S)
     nq = (S + qb - 1) // qb

@@ -305,9 +305,10 @@ def level4_header() -> str:
         ort_path = "MLAS AVX-512 int8 kernels (not reproduced: native sums blockwise)"
     else:
         ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
-    native = ("MLAS's AVX2 order (ONNX_NUMBA_MLAS_ORDER=1)" if cq.mlas_avx2_order()
-              else "blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces MLAS's AVX2 order)")
-    return f"level-4 int4: onnxruntime takes {ort_path}; native products {native}"
+    native = ("products, GroupQueryAttention and Sigmoid in MLAS's order (ONNX_NUMBA_MLAS_ORDER=1)"
+              if cq.mlas_avx2_order() else
+              "products blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces MLAS's order: products, attention, Sigmoid)")
+    return f"level-4 int4: onnxruntime takes {ort_path}; native {native}"
 
 
 def main(argv=None) -> int:

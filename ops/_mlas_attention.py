@@ -297,27 +297,35 @@ def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
             out[b, qs + i, h, d] = np.float32(acc[i, d] * inv)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _dot8(q, b, h, krow):
+    """q[b, 0, h] . krow in MLAS's one-row order: eight lanes over the head dimension (``lane += q * k``, each
+    product and sum rounded), folded ``((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))``, the tail past a multiple of eight
+    added in order."""
+    D = krow.shape[0]
+    D8 = D - D % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
+    for d in range(0, D8, 8):
+        a0 += np.float32(q[b, 0, h, d] * krow[d])
+        a1 += np.float32(q[b, 0, h, d + 1] * krow[d + 1])
+        a2 += np.float32(q[b, 0, h, d + 2] * krow[d + 2])
+        a3 += np.float32(q[b, 0, h, d + 3] * krow[d + 3])
+        a4 += np.float32(q[b, 0, h, d + 4] * krow[d + 4])
+        a5 += np.float32(q[b, 0, h, d + 5] * krow[d + 5])
+        a6 += np.float32(q[b, 0, h, d + 6] * krow[d + 6])
+        a7 += np.float32(q[b, 0, h, d + 7] * krow[d + 7])
+    s = np.float32(np.float32((a0 + a1) + (a2 + a3)) + np.float32((a4 + a5) + (a6 + a7)))
+    for d in range(D8, D):
+        s = np.float32(s + np.float32(q[b, 0, h, d] * krow[d]))
+    return s
+
+
 @njit(**_OPTS)
 def _decode_scores(q, b, h, kc, kh, lo, n, scale, sc):
     """sc[:n] = scale * q[b, 0, h] . keys [lo, lo + n) in MLAS's decode order (eight lanes, no fused ops)."""
-    D = q.shape[3]
-    D8 = D - D % 8
     for t in range(n):
         krow = kc[b, kh, lo + t]
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
-        for d in range(0, D8, 8):
-            a0 += np.float32(q[b, 0, h, d] * krow[d])
-            a1 += np.float32(q[b, 0, h, d + 1] * krow[d + 1])
-            a2 += np.float32(q[b, 0, h, d + 2] * krow[d + 2])
-            a3 += np.float32(q[b, 0, h, d + 3] * krow[d + 3])
-            a4 += np.float32(q[b, 0, h, d + 4] * krow[d + 4])
-            a5 += np.float32(q[b, 0, h, d + 5] * krow[d + 5])
-            a6 += np.float32(q[b, 0, h, d + 6] * krow[d + 6])
-            a7 += np.float32(q[b, 0, h, d + 7] * krow[d + 7])
-        s = np.float32(np.float32((a0 + a1) + (a2 + a3)) + np.float32((a4 + a5) + (a6 + a7)))
-        for d in range(D8, D):
-            s = np.float32(s + np.float32(q[b, 0, h, d] * krow[d]))
-        sc[t] = np.float32(s * scale)
+        sc[t] = np.float32(_dot8(q, b, h, krow) * scale)
 
 
 @njit(**_OPTS)
@@ -339,25 +347,10 @@ def _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, sc, o):
     max, ``sum_exp``, ``_decode_sv``, times ``1 / sum``), each key and value row read once for all of them: sc
     (heads, T) and o (heads, D) are scratch."""
     D = q.shape[3]
-    D8 = D - D % 8
     for t in range(T):
         krow = kc[b, kh, t]
         for g in range(h1 - h0):
-            h = h0 + g
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
-            for d in range(0, D8, 8):
-                a0 += np.float32(q[b, 0, h, d] * krow[d])
-                a1 += np.float32(q[b, 0, h, d + 1] * krow[d + 1])
-                a2 += np.float32(q[b, 0, h, d + 2] * krow[d + 2])
-                a3 += np.float32(q[b, 0, h, d + 3] * krow[d + 3])
-                a4 += np.float32(q[b, 0, h, d + 4] * krow[d + 4])
-                a5 += np.float32(q[b, 0, h, d + 5] * krow[d + 5])
-                a6 += np.float32(q[b, 0, h, d + 6] * krow[d + 6])
-                a7 += np.float32(q[b, 0, h, d + 7] * krow[d + 7])
-            s = np.float32(np.float32((a0 + a1) + (a2 + a3)) + np.float32((a4 + a5) + (a6 + a7)))
-            for d in range(D8, D):
-                s = np.float32(s + np.float32(q[b, 0, h, d] * krow[d]))
-            sc[g, t] = np.float32(s * scale)
+            sc[g, t] = np.float32(_dot8(q, b, h0 + g, krow) * scale)
     sums = np.empty(h1 - h0, np.float32)
     for g in range(h1 - h0):
         row = sc[g]

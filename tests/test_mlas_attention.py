@@ -8,39 +8,13 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
+from fixtures.gqa_node import gqa_feeds, gqa_model
 from ops import _mlas_attention as ma
 from ops import contrib_quant as Q
 
 pytestmark = pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes MLAS's FMA3 kernels only on x86 "
                                 "hosts with AVX2 and without AVX-512")
 F = np.float32
-
-
-def _gqa_model(nh, kv, D, scale, rotary, interleaved):
-    ins = [h.make_tensor_value_info("query", T.FLOAT, ["B", "S", (nh + 2 * kv) * D]),
-           h.make_tensor_value_info("past_key", T.FLOAT, ["B", kv, "P", D]),
-           h.make_tensor_value_info("past_value", T.FLOAT, ["B", kv, "P", D]),
-           h.make_tensor_value_info("seqlens_k", T.INT32, ["B"]),
-           h.make_tensor_value_info("total_sequence_length", T.INT32, []),
-           h.make_tensor_value_info("cos_cache", T.FLOAT, ["M", D // 2]),
-           h.make_tensor_value_info("sin_cache", T.FLOAT, ["M", D // 2])]
-    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("output", "present_key", "present_value")]
-    node = h.make_node("GroupQueryAttention", ["query", "", "", "past_key", "past_value", "seqlens_k",
-                                               "total_sequence_length", "cos_cache", "sin_cache"],
-                       ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=nh,
-                       kv_num_heads=kv, scale=scale, do_rotary=rotary, rotary_interleaved=interleaved)
-    return h.make_model(h.make_graph([node], "g", ins, outs),
-                        opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
-
-
-def _feeds(nh, kv, D, B, S, P, seqlens, total, seed):
-    rng = np.random.default_rng(seed)
-    ang = np.arange(512)[:, None] / (10000 ** (np.arange(0, D, 2) / D))[None]
-    return {"query": (rng.standard_normal((B, S, (nh + 2 * kv) * D)) * 2).astype(F),
-            "past_key": rng.standard_normal((B, kv, P, D)).astype(F),
-            "past_value": rng.standard_normal((B, kv, P, D)).astype(F),
-            "seqlens_k": np.array(seqlens, np.int32), "total_sequence_length": np.array(total, np.int32),
-            "cos_cache": np.cos(ang).astype(F), "sin_cache": np.sin(ang).astype(F)}
 
 
 def _kvb(D):
@@ -82,8 +56,8 @@ def _native(model, feeds, compiled=False):
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
     nh, kv, D, scale, rot, inter, B, S, P, seqlens, total, threads = CASES[case]()
-    model = _gqa_model(nh, kv, D, scale, rot, inter).SerializeToString()
-    feeds = _feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case))
+    model = gqa_model(nh, kv, D, scale, rot, inter).SerializeToString()
+    feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case), amp=2.0)
     monkeypatch.setattr(ma, "ORT_THREADS", threads)  # onnxruntime's thread count decides flash decoding
     want = _ort(model, feeds, threads)
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
@@ -96,8 +70,8 @@ def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
 def test_gqa_in_a_compiled_region(monkeypatch):
     """The region form (the decoders' path) follows the setting as the node wrapper does."""
     nh, kv, D = 4, 2, 32
-    model = _gqa_model(nh, kv, D, 0.0, 1, 0).SerializeToString()
-    feeds = _feeds(nh, kv, D, 1, 7, 0, [6], 7, seed=3)
+    model = gqa_model(nh, kv, D).SerializeToString()
+    feeds = gqa_feeds(nh, kv, D, 1, 7, 0, [6], 7, seed=3, amp=2.0)
     want = _ort(model, feeds, 2)
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     for got, ref in zip(_native(model, feeds, compiled=True), want):

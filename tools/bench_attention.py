@@ -15,36 +15,7 @@ import os
 import time
 
 import numpy as np
-from onnx import TensorProto as T
-from onnx import helper as h
-
-
-def model(nh, kv, D):
-    ins = [h.make_tensor_value_info("query", T.FLOAT, [1, "S", (nh + 2 * kv) * D]),
-           h.make_tensor_value_info("past_key", T.FLOAT, [1, kv, "P", D]),
-           h.make_tensor_value_info("past_value", T.FLOAT, [1, kv, "P", D]),
-           h.make_tensor_value_info("seqlens_k", T.INT32, [1]),
-           h.make_tensor_value_info("total_sequence_length", T.INT32, []),
-           h.make_tensor_value_info("cos_cache", T.FLOAT, ["M", D // 2]),
-           h.make_tensor_value_info("sin_cache", T.FLOAT, ["M", D // 2])]
-    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("output", "present_key", "present_value")]
-    node = h.make_node("GroupQueryAttention", ["query", "", "", "past_key", "past_value", "seqlens_k",
-                                               "total_sequence_length", "cos_cache", "sin_cache"],
-                       ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=nh,
-                       kv_num_heads=kv, do_rotary=1)
-    return h.make_model(h.make_graph([node], "g", ins, outs), opset_imports=[
-        h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]).SerializeToString()
-
-
-def feeds(nh, kv, D, S, P, seed=0):
-    rng = np.random.default_rng(seed)
-    ang = np.arange(P + S + 1)[:, None] / (10000 ** (np.arange(0, D, 2) / D))[None]
-    f32 = np.float32
-    return {"query": rng.standard_normal((1, S, (nh + 2 * kv) * D)).astype(f32),
-            "past_key": rng.standard_normal((1, kv, P, D)).astype(f32),
-            "past_value": rng.standard_normal((1, kv, P, D)).astype(f32),
-            "seqlens_k": np.array([P + S - 1], np.int32), "total_sequence_length": np.array(P + S, np.int32),
-            "cos_cache": np.cos(ang).astype(f32), "sin_cache": np.sin(ang).astype(f32)}
+from fixtures.gqa_node import gqa_feeds, gqa_model
 
 
 def main(argv=None) -> int:
@@ -59,7 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import onnxruntime as ort
     import runtime as rt
-    m = model(args.heads, args.kv_heads, args.head_size)
+    m = gqa_model(args.heads, args.kv_heads, args.head_size).SerializeToString()
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -74,7 +45,8 @@ def main(argv=None) -> int:
         os.environ["ONNX_NUMBA_MLAS_ORDER"] = saved
     steps = [(int(s), 0) for s in args.prompts.split(",") if s] + [(1, int(p)) for p in args.past.split(",") if p]
     for S, P in steps:
-        f = feeds(args.heads, args.kv_heads, args.head_size, S, P)
+        nh, kv, D = args.heads, args.kv_heads, args.head_size
+        f = gqa_feeds(nh, kv, D, 1, S, P, [P + S - 1], P + S)
         outs = {k: s.run(None, f) for k, s in sessions.items()}
         times = {k: [] for k in sessions}
         for _ in range(args.runs):

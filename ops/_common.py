@@ -18,7 +18,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 
-__all__ = ["window_geometry", "pad3", "broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
+__all__ = ["mlas_order", "window_geometry", "pad3", "broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
            "check_same_dtype", "check_indices", "Plain", "bind_plain"]
 
 F32 = np.dtype(np.float32)
@@ -26,6 +26,14 @@ _LOWP_NAMES = {"float16", "bfloat16"}
 
 
 _LOWP_CACHE: dict = {}
+
+
+def mlas_order() -> bool:
+    """Whether the kernels that reproduce onnxruntime's CPU arithmetic (MLAS's order on x86 hosts with AVX2) run
+    in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (level-4 int4 products, GroupQueryAttention, Sigmoid).  Callers read
+    it once, when a node is planned or a region generated, never per run."""
+    from runtime.settings import flag
+    return flag("ONNX_NUMBA_MLAS_ORDER")
 
 
 def lowp(dtype) -> bool:

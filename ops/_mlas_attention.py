@@ -46,7 +46,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._fastmath import maxnum
-from ._panels import PANEL, tile4
+from ._panels import PANEL, pack_panels_into, tile4
 from ._simd import fma32
 
 __all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "rope_mlas", "attend_mlas", "kv_block"]
@@ -209,11 +209,7 @@ def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf):
     R4, D = qbuf.shape
     P = (rk + PANEL - 1) // PANEL
     kp = kbuf[:P * D * PANEL].reshape((P, D, PANEL))
-    for p in range(P):
-        for d in range(D):
-            for c in range(PANEL):
-                j = p * PANEL + c
-                kp[p, d, c] = kc[b, kh, ir + j, d] if j < rk else _ZERO
+    pack_panels_into(kc[b, kh, ir:ir + rk].T, kp)
     sc = scbuf[:R4 * rk].reshape((R4, rk))
     for r in range(0, R4, 4):
         tile4(kp, qbuf, sc, r, 0, P)
@@ -232,11 +228,7 @@ def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf):
     D = acc.shape[1]
     P = (D + PANEL - 1) // PANEL
     vp = vbuf[:P * rk * PANEL].reshape((P, rk, PANEL))
-    for p in range(P):
-        for j in range(rk):
-            for c in range(PANEL):
-                d = p * PANEL + c
-                vp[p, j, c] = vc[b, kh, ir + j, d] if d < D else _ZERO
+    pack_panels_into(vc[b, kh, ir:ir + rk], vp)
     part = pbuf[:R4 * D].reshape((R4, D))
     for r in range(0, R4, 4):
         tile4(vp, sc, part, r, 0, P)
@@ -412,8 +404,9 @@ def _split_task(q, kc, vc, b, h, kh, T, scale, kvb, out, sc, o, parts):
 
 @njit(**_OPTS)
 def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
-    """Task ``r`` of ``attend_mlas``: one (entry, head) of a one-row step, or one (entry, head, query block) of
-    several rows; allocates its own scratch."""
+    """Task ``r`` of ``attend_mlas``: a one-row step's (entry, head) of flash decoding (``split`` > 0, its key
+    block) or (entry, kv head, share ``nq`` of its query heads), or several rows' (entry, head, query block of
+    ``nq``); allocates its own scratch."""
     B, S, H, D = q.shape
     group = H // kc.shape[1]
     if S == 1:
@@ -480,7 +473,7 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
         kvb = min(kvb0, tmax)
         split = kvb if (not ragged) and B * H < threads and (tmax + kvb - 1) // kvb > 1 else 0
         if split > 0:
-            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, kvb0 - kvb0 + 1, out)
+            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, np.int64(1), out)
             return
         # one task per (entry, kv head, share of its query heads): every key row read once per share, shares
         # enough for the threads (onnxruntime's count: the physical cores, as a rule the pool's too)
@@ -491,4 +484,4 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
         return
     qb = min(min(kvb0, 2 * D), S)
     nq = (S + qb - 1) // qb
-    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, nq - nq, nq, out)  # split: an int64 0
+    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out)

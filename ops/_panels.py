@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 
 from ._simd import AVX512
 
-__all__ = ["PANEL", "pack_panels", "panel_threads", "gemv_panels", "gemm_panels", "gemm_panels_par", "gemm_blocked",
+__all__ = ["PANEL", "pack_panels", "pack_panels_into", "panel_threads", "gemv_panels", "gemm_panels", "gemm_panels_par", "gemm_blocked",
            "blocked_cols"]
 
 PANEL = 16
@@ -55,15 +55,21 @@ def pack_panels(w):
     """(K, N) float32 -> (ceil(N/16), K, 16), zeros past N.  Compiled, so a product against a computed weight can
     pack it at run time too (K*N copies, against K*N*M multiply-adds)."""
     K, N = w.shape
-    P = (N + PANEL - 1) // PANEL
-    wp = np.zeros((P, K, PANEL), np.float32)
-    for p in range(P):
-        c0 = p * PANEL
-        n = min(PANEL, N - c0)
-        for k in range(K):
-            for c in range(n):
-                wp[p, k, c] = w[k, c0 + c]
+    wp = np.empty(((N + PANEL - 1) // PANEL, K, PANEL), np.float32)
+    pack_panels_into(w, wp)
     return wp
+
+
+@njit(cache=True, nogil=True)
+def pack_panels_into(w, wp):
+    """``pack_panels`` into a given (ceil(N/16), K, 16) buffer (any ``w`` layout, a transposed view too): every
+    element written, zeros past N, so a scratch buffer can be reused."""
+    K, N = w.shape
+    for p in range(wp.shape[0]):
+        c0 = p * PANEL
+        for k in range(K):
+            for c in range(PANEL):
+                wp[p, k, c] = w[k, c0 + c] if c0 + c < N else 0.0
 
 
 def _panel_arrays(wp, a2, out) -> bool:

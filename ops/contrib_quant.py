@@ -56,7 +56,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidAttributeError
 from . import _simd
-from ._common import F32, raise_coded
+from ._common import F32, mlas_order, raise_coded
 from ._fastmath import FAST
 from .registry import op
 
@@ -383,22 +383,16 @@ def mlas_avx2_host() -> bool:
     return _simd.AVX2 and not _simd.AVX512F
 
 
-def mlas_avx2_order() -> bool:
-    """Whether level-4 int4 products (blocks of 32) follow MLAS's AVX2 accumulation order, bit for bit
-    onnxruntime's on ``mlas_avx2_host`` hosts: ``ONNX_NUMBA_MLAS_ORDER=1`` (any host; the kernels have a portable
-    form; read when a node is planned or run).  Off by default: the blockwise order sums each block's exact
-    integer dot into one float per column, faster (MLAS's order costs 1.0-1.4x per decode product and 2-3x per
-    prefill product, measured in cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
-    from runtime.settings import flag
-    return flag("ONNX_NUMBA_MLAS_ORDER")
+def mlas_avx2_path(bs) -> bool:
+    """Whether a level-4 int4 product of block size ``bs`` follows MLAS's AVX2 accumulation order, bit for bit
+    onnxruntime's on ``mlas_avx2_host`` hosts: blocks of 32 under ``_common.mlas_order`` (any host; the kernels
+    have a portable form).  Off by default: the blockwise order sums each block's exact integer dot into one float
+    per column, faster (MLAS's order costs 1.0-1.4x per decode product and 2-3x per prefill product, measured in
+    cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
+    return bs == 32 and mlas_order()
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
-
-
-def mlas_avx2_path(bs) -> bool:
-    """Whether a block size runs in MLAS's AVX2 order (``mlas_avx2_order`` and blocks of 32)."""
-    return bs == 32 and mlas_avx2_order()
 
 
 @njit(cache=True, nogil=True)

@@ -21,7 +21,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import _elementwise_kernels as K
-from ._common import F32, broadcast_shape, lowp, out_buffer, to4
+from ._common import F32, broadcast_shape, lowp, mlas_order, out_buffer, to4
 from .forms import float_only, form
 from .registry import op
 
@@ -189,8 +189,7 @@ def cpu_kernel(kernel: str) -> str:
     """The CPU kernel of a unary op's ``kernel``: with ``ONNX_NUMBA_MLAS_ORDER`` (read when a node is planned),
     Sigmoid takes MLAS's logistic (``_fastmath.fsigmoid_mlas``: onnxruntime's float32 bits on x86-64)."""
     if kernel == "sigmoid":
-        from .contrib_quant import mlas_avx2_order
-        if mlas_avx2_order():
+        if mlas_order():
             return "sigmoid_mlas"
     return kernel
 

@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, lowp
+from ._common import F32, lowp, mlas_order
 from ._fastmath import fsigmoid, fsigmoid_mlas
 from .forms import Decline, float_only, quote, form
 from .registry import op
@@ -154,8 +154,7 @@ def _f32(name, x):
 def cpu_act(act: int) -> int:
     """The CPU kernels' activation code for float32 gates: SiLU takes MLAS's logistic with
     ``ONNX_NUMBA_MLAS_ORDER`` (the bits of onnxruntime's Sigmoid and Mul it replaces; read at plan time)."""
-    from .contrib_quant import mlas_avx2_order
-    return SILU_MLAS if act == SILU and mlas_avx2_order() else act
+    return SILU_MLAS if act == SILU and mlas_order() else act
 
 
 def gated_cpu(b: GatedOp, ctx):

@@ -29,10 +29,9 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _mlas_attention as ma
 from . import contrib_attention as ca
-from ._common import raise_coded
+from ._common import mlas_order, raise_coded
 from ._simd import AVX512
 from .attention import rope_tok_kernel
-from .contrib_quant import mlas_avx2_order
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
@@ -432,7 +431,7 @@ def positions_2d(pos):
 
 def _cpu(b: Gqa, ctx):
     want_qk = b.n_outputs > 3 and b.qk_output > 0
-    mlas = mlas_avx2_order()  # the setting, read once per node
+    mlas = mlas_order()  # the setting, read once per node
 
     def run(*args):
         q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink = gqa_inputs(b, args)
@@ -487,7 +486,7 @@ def _form(e, b: Gqa):
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
     g = e.use(__name__, "gqa_f32")
-    mlas = mlas_avx2_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
+    mlas = mlas_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "

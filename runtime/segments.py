@@ -41,6 +41,12 @@ OPCODES = {name: K.SEGMENT.index(kernel) for name, kernel in (
     ("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div_f"), ("Relu", "relu"), ("Neg", "neg"),
     ("Exp", "exp"), ("Tanh", "tanh"), ("Sigmoid", "sigmoid"), ("Abs", "abs"))}
 BINARY = {"Add", "Sub", "Mul", "Div"}
+
+
+def opcode(op_type: str) -> int:
+    """The row opcode of ``op_type`` in a plan made now: its kernel's, after ``cpu_kernel`` (under
+    ``ONNX_NUMBA_MLAS_ORDER`` Sigmoid's is MLAS's logistic)."""
+    return K.SEGMENT.index(cpu_kernel(K.SEGMENT[OPCODES[op_type]]))
 MAX_ELEMENTS = 4096
 F32 = np.dtype(np.float32)
 
@@ -164,7 +170,7 @@ class Segment:
             o = alloc(out, n_out)
             a = n.inputs[0]
             b = n.inputs[1] if len(n.inputs) > 1 else a
-            rows.append((K.SEGMENT.index(cpu_kernel(K.SEGMENT[OPCODES[n.op_type]])), offset[a], int(numel(a) != 1), offset[b], int(numel(b) != 1), o, n_out))
+            rows.append((opcode(n.op_type), offset[a], int(numel(a) != 1), offset[b], int(numel(b) != 1), o, n_out))
             for x in set(n.inputs):
                 if x in produced and last_read.get(x) == k and x not in escaping:
                     pending_free.append(x)

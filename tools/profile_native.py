@@ -298,7 +298,7 @@ def _print_summary(results, backends, first_ids) -> None:
 def level4_header() -> str:
     """Which level-4 int4 arithmetic onnxruntime takes on this host and whether the native products reproduce it."""
     from ops import _simd
-    from ops import contrib_quant as cq
+    from ops._common import mlas_order
     if not _simd.AVX2:
         ort_path = "not an x86 host with AVX2 (its path here is not reproduced)"
     elif _simd.AVX512F:
@@ -306,7 +306,7 @@ def level4_header() -> str:
     else:
         ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
     native = ("products, GroupQueryAttention and Sigmoid in MLAS's order (ONNX_NUMBA_MLAS_ORDER=1)"
-              if cq.mlas_avx2_order() else
+              if mlas_order() else
               "products blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces MLAS's order: products, attention, Sigmoid)")
     return f"level-4 int4: onnxruntime takes {ort_path}; native {native}"
 

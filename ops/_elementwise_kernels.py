@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas
+from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas, ftanh
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
@@ -137,7 +137,7 @@ def u_reciprocal(xs, out, p0, p1):
 def u_tanh(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = math.tanh(x)
+        out[i] = ftanh(x)
 
 
 @njit(**_OPTS)
@@ -1161,7 +1161,7 @@ def segment_op(op, x, y, out, o):
     elif op == 6:  # exp
         out[o] = fexp(x)
     elif op == 7:  # tanh
-        out[o] = math.tanh(x)
+        out[o] = ftanh(x)
     elif op == 8:  # sigmoid
         out[o] = fsigmoid(x)
     elif op == 9:  # abs

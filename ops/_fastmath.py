@@ -24,6 +24,14 @@ NaN in the data must then be propagated by the caller's later arithmetic (softma
 subnormal-safe scaling for callers that have checked their arguments lie in [-86, 88] (or NaN):
 about 1.6x faster, same accuracy there.
 
+``fsigmoid``, ``fsigmoid_mlas``, ``ftanh`` and ``fgelu_tanh`` take the same float32 / other split.  Their
+float32 bodies are plain ``@njit`` functions with Numba's numpy error model (``sigmoid32`` and the others),
+and the overloads only forward to them.  An overload's implementation is cached on disk by its argument
+types alone, with the flags of the kernel that first compiled it: a body written inside the overload would
+keep that kernel's error model, and under Numba's default one every float division checks for zero, which
+leaves the loop of any kernel compiled later scalar (Sigmoid 7 times slower).  No division here can be by
+zero (the denominators are at least 1, or a polynomial with positive coefficients in ``v**2``).
+
 Invariant: these helpers are compiled without reassociation flags (the rounding trick relies on
 ``(t + M) - M`` not being simplified); callers may use any fastmath set except nnan/ninf, since
 Numba compiles each callee with its own flags.
@@ -39,7 +47,8 @@ from numba.extending import intrinsic, overload
 
 from ._simd import fma32
 
-__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "fsigmoid", "fsigmoid_mlas", "fgelu_tanh", "maxnum", "minnum", "FAST"]
+__all__ = ["exp32", "exp32_normal", "fexp", "fexp_normal", "fsigmoid", "fsigmoid_mlas", "ftanh", "fgelu_tanh",
+           "maxnum", "minnum", "FAST"]
 
 # Fastmath flags for reductions: reassociation (vectorized sums) and FMA contraction, never
 # nnan/ninf (NaN and inf inputs must keep their IEEE results).  Numba wants a set; do not mutate.
@@ -204,13 +213,17 @@ def fsigmoid(x):
     return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def sigmoid32(x):
+    """``fsigmoid`` of a float32."""
+    e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
+    s = _ONE / (_ONE + e)
+    return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
+
+
 @overload(fsigmoid, jit_options={"cache": True})
 def _fsigmoid_impl(x):
-    def f32(x):
-        e = exp32(-abs(x))                 # in (0, 1]: no overflow either way
-        s = _ONE / (_ONE + e)
-        return s if x >= 0 else e * s      # e / (1 + e) for negative x; NaN: e and s are NaN
-    return _by_float_type(x, f32, fsigmoid)
+    return _by_float_type(x, lambda x: sigmoid32(x), fsigmoid)
 
 
 # MLAS's logistic (onnxruntime's float32 Sigmoid on x86-64: its FMA3 kernel): Eigen's rational approximation.
@@ -232,26 +245,71 @@ def fsigmoid_mlas(x):
     return fsigmoid(x)
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def sigmoid32_mlas(x):
+    """``fsigmoid_mlas`` of a float32."""
+    v = min(max(x, _SIG_LO), _SIG_HI)
+    v2 = v * v
+    p = fma32(v2, _SIG_A[0], _SIG_A[1])
+    p = fma32(p, v2, _SIG_A[2])
+    p = fma32(p, v2, _SIG_A[3])
+    p = fma32(p, v2, _SIG_A[4])
+    p = p * v
+    q = fma32(v2, _SIG_B[0], _SIG_B[1])
+    q = fma32(q, v2, _SIG_B[2])
+    q = fma32(q, v2, _SIG_B[3])
+    q = fma32(q, v2, _SIG_B[4])
+    q = fma32(q, v2, _SIG_B[5])
+    r = p / q + _HALF
+    r = r if r > _ZERO else _ZERO
+    return r if x == x else x          # a select, not a branch: the loop stays vectorizable
+
+
 @overload(fsigmoid_mlas, jit_options={"cache": True})
 def _fsigmoid_mlas_impl(x):
-    def f32(x):
-        if x != x:
-            return x
-        v = min(max(x, _SIG_LO), _SIG_HI)
-        v2 = v * v
-        p = fma32(v2, _SIG_A[0], _SIG_A[1])
-        p = fma32(p, v2, _SIG_A[2])
-        p = fma32(p, v2, _SIG_A[3])
-        p = fma32(p, v2, _SIG_A[4])
-        p = p * v
-        q = fma32(v2, _SIG_B[0], _SIG_B[1])
-        q = fma32(q, v2, _SIG_B[2])
-        q = fma32(q, v2, _SIG_B[3])
-        q = fma32(q, v2, _SIG_B[4])
-        q = fma32(q, v2, _SIG_B[5])
-        r = p / q + _HALF
-        return r if r > _ZERO else _ZERO
-    return _by_float_type(x, f32, fsigmoid)
+    return _by_float_type(x, lambda x: sigmoid32_mlas(x), fsigmoid)
+
+
+# MLAS's tanh (onnxruntime's float32 Tanh on x86-64: its FMA3 kernel), Eigen's rational approximation.
+_TANH_LO = np.float32(-9.0)
+_TANH_HI = np.float32(9.0)
+_TANH_A = (np.float32(-2.76076847742355e-16), np.float32(2.00018790482477e-13), np.float32(-8.60467152213735e-11),
+           np.float32(5.12229709037114e-08), np.float32(1.48572235717979e-05), np.float32(6.37261928875436e-04),
+           np.float32(4.89352455891786e-03))
+_TANH_B = (np.float32(1.19825839466702e-06), np.float32(1.18534705686654e-04), np.float32(2.26843463243900e-03),
+           np.float32(4.89352518554385e-03))
+
+
+def ftanh(x):
+    """The hyperbolic tangent: float32 in onnxruntime's order (MLAS, x86-64 FMA3): ``v`` clamped to [-9, 9],
+    ``p = v * (a13 v^12 + ... + a1)`` and ``q = b6 v^6 + ... + b0`` by fused multiply-adds in ``v^2``
+    (Horner), ``p / q``; within 3.6e-7 of the exact value, and a loop of it vectorizes.  NaN stays NaN.
+    Other floats take ``math.tanh`` (pure Python fallback)."""
+    return math.tanh(x)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def tanh32(x):
+    """``ftanh`` of a float32."""
+    v = min(max(x, _TANH_LO), _TANH_HI)
+    v2 = v * v
+    p = fma32(v2, _TANH_A[0], _TANH_A[1])
+    p = fma32(p, v2, _TANH_A[2])
+    p = fma32(p, v2, _TANH_A[3])
+    p = fma32(p, v2, _TANH_A[4])
+    p = fma32(p, v2, _TANH_A[5])
+    p = fma32(p, v2, _TANH_A[6])
+    p = p * v
+    q = fma32(v2, _TANH_B[0], _TANH_B[1])
+    q = fma32(q, v2, _TANH_B[2])
+    q = fma32(q, v2, _TANH_B[3])
+    r = p / q
+    return r if x == x else x
+
+
+@overload(ftanh, jit_options={"cache": True})
+def _ftanh_impl(x):
+    return _by_float_type(x, lambda x: tanh32(x), ftanh)
 
 
 _GT0 = np.float32(2.0 * 0.7978845608028654)
@@ -263,11 +321,15 @@ def fgelu_tanh(x):
     return 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_tanh32(x):
+    """``fgelu_tanh`` of a float32."""
+    # (1 + tanh(z)) / 2 == sigmoid(2 z): one vectorizable exp, no cancellation near tanh = -1.
+    e = exp32(-abs(x * (_GT0 + _GT1 * x * x)))
+    s = _ONE / (_ONE + e)
+    return x * (s if x >= 0 else e * s)   # 2 z has the sign of x
+
+
 @overload(fgelu_tanh, jit_options={"cache": True})
 def _fgelu_tanh_impl(x):
-    def f32(x):
-        # (1 + tanh(z)) / 2 == sigmoid(2 z): one vectorizable exp, no cancellation near tanh = -1.
-        e = exp32(-abs(x * (_GT0 + _GT1 * x * x)))
-        s = _ONE / (_ONE + e)
-        return x * (s if x >= 0 else e * s)   # 2 z has the sign of x
-    return _by_float_type(x, f32, fgelu_tanh)
+    return _by_float_type(x, lambda x: gelu_tanh32(x), fgelu_tanh)

@@ -266,3 +266,83 @@ def test_sigmoid_and_tanh_gelu_float32_kernels():
     out64 = np.empty_like(xd)
     K.u_sigmoid(xd, out64, 0.0, 0.0)
     np.testing.assert_allclose(out64[fin], 1 / (1 + np.exp(-np.clip(xd[fin], -700, 700))), rtol=1e-15)
+
+
+def _tanh_model():
+    g = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["t", "x"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n"]),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+@pytest.mark.skipif(not __import__("ops._simd", fromlist=["AVX2"]).AVX2,
+                    reason="onnxruntime's FMA3 Tanh kernel runs on x86-64 hosts with AVX2")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tanh_bit_for_bit_onnxruntime(compiled):
+    """float32 Tanh is MLAS's rational form, as onnxruntime computes it: the node alone and inside a fused
+    segment or compiled region, over a wide sample with the clamp's ends, zeros, infinities and NaN."""
+    import runtime as rt
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(20000) * s for s in (1e-3, 0.3, 2.0, 12.0)]).astype(np.float32)
+    x[:10] = [9, -9, 8.99, -9.01, 0, -0.0, np.inf, -np.inf, np.nan, 1e-40]
+    model = _tanh_model()
+    so = rt.SessionOptions()
+    so.compiled_regions = compiled
+    got = rt.InferenceSession(model, so).run(None, {"x": x})
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert not np.array_equal(np.tanh(x[10:]), want[0][10:])  # libm's values differ: the sample tells them apart
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+_HELPERS = ("fsigmoid", "ftanh", "fsigmoid_mlas", "fgelu_tanh", "fexp")
+
+_FIRST = """
+import numpy as np
+from numba import njit
+from ops._fastmath import fsigmoid, ftanh, fsigmoid_mlas, fgelu_tanh, fexp
+@njit(cache=True)  # Numba's default error model: a float division checks for zero
+def first(x):
+    s = np.float32(0)
+    for i in range(x.shape[0]):
+        s += fsigmoid(x[i]) + ftanh(x[i]) + fsigmoid_mlas(x[i]) + fgelu_tanh(x[i]) + fexp(x[i])
+    return s
+first(np.ones(4, np.float32))
+"""
+
+_LATER = """
+import re, sys
+import numpy as np
+from numba import njit
+from ops._fastmath import fsigmoid, ftanh, fsigmoid_mlas, fgelu_tanh, fexp
+""" + "".join(f"""
+@njit(cache=True, error_model="numpy")
+def later_{f}(x, out):
+    for i in range(x.shape[0]):
+        out[i] = {f}(x[i])
+""" for f in _HELPERS) + """
+bad = []
+for k in (""" + ", ".join(f"later_{f}" for f in _HELPERS) + """,):
+    k(np.ones(64, np.float32), np.empty(64, np.float32))
+    if not re.search(r"\\bv?(mul|add|fmadd\\d*)ps\\b", k.inspect_asm(k.signatures[0])):
+        bad.append(k.__name__)
+print("scalar:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_helpers_vectorize_in_kernels_compiled_after_their_cache(tmp_path):
+    """A kernel compiled in a process where the float helpers are already in Numba's on-disk cache, put there
+    by a kernel with Numba's default error model, still vectorizes its loop over them: the helpers carry
+    their own error model, so no zero-division check of the first caller's comes along (Sigmoid 7x slower)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=root)
+    for i, src in enumerate((_FIRST, _LATER)):
+        path = tmp_path / f"step{i}.py"
+        path.write_text(src)
+        r = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr

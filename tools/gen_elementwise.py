@@ -25,7 +25,7 @@ UNARY = {
     "log": "math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)",
     "sqrt": "math.sqrt(x) if x >= 0 else math.nan",
     "reciprocal": "1 / x if x != 0 else math.copysign(math.inf, x)",
-    "tanh": "math.tanh(x)",
+    "tanh": "ftanh(x)",  # onnxruntime's float32 bits on x86-64 (MLAS's rational form)
     "sigmoid": "fsigmoid(x)",
     "sigmoid_mlas": "fsigmoid_mlas(x)",  # onnxruntime's float32 bits on x86-64 (ONNX_NUMBA_MLAS_ORDER)
     "erf": "math.erf(x)",
@@ -184,6 +184,9 @@ CUDA_FASTMATH = {
     s = _ONE / (_ONE + e)
     return s if x >= 0 else e * s  # e / (1 + e) for negative x; NaN: e and s are NaN
 """,
+    "ftanh": """def ftanh(x):
+    return math.tanh(x)
+""",
     "fgelu_tanh": """def fgelu_tanh(x):
     # (1 + tanh(z)) / 2 == sigmoid(2 z): one exp, no cancellation near tanh = -1.
     e = math.exp(-abs(x * (_GT0 + _GT1 * x * x)))
@@ -206,7 +209,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas
+from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas, ftanh
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 '''

@@ -57,6 +57,11 @@ def fsigmoid(x):
 
 
 @jit(device=True)
+def ftanh(x):
+    return math.tanh(x)
+
+
+@jit(device=True)
 def fgelu_tanh(x):
     # (1 + tanh(z)) / 2 == sigmoid(2 z): one exp, no cancellation near tanh = -1.
     e = math.exp(-abs(x * (_GT0 + _GT1 * x * x)))
@@ -73,7 +78,7 @@ def unary_store(op, x, p0, p1, out, o):
     elif op == 2:  # sigmoid
         out[o] = fsigmoid(x)
     elif op == 3:  # tanh
-        out[o] = math.tanh(x)
+        out[o] = ftanh(x)
     elif op == 4:  # relu
         out[o] = x if x > 0 or x != x else False
     elif op == 5:  # sqrt

@@ -20,11 +20,12 @@ import math
 
 import ml_dtypes
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.dtypes import np_dtype
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp, norm_axis
+from ._fastmath import maxnum, minnum
 from .matmul import matmul_integer
 from .registry import op
 
@@ -111,17 +112,46 @@ def _dequant(x3, bits, signed, s3, z3, bs, out3):
                 out3[o, a, i] = (v - z) * s
 
 
-@njit(cache=True, nogil=True)
-def _minmax(x):
+_CHUNK = 1 << 16  # elements per task of the DynamicQuantizeLinear passes
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _range_with_zero(x):
+    """(min, max) of flat float32 ``x`` and 0, NaNs ignored: chunks over the threads, each a vectorized
+    ``minnum``/``maxnum`` reduction."""
+    n = x.shape[0]
+    nc = (n + _CHUNK - 1) // _CHUNK
+    mins = np.zeros(nc, np.float32)
+    maxs = np.zeros(nc, np.float32)
+    for c in prange(nc):
+        mn = np.float32(0.0)
+        mx = np.float32(0.0)
+        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            mn = minnum(mn, x[i])
+            mx = maxnum(mx, x[i])
+        mins[c] = mn
+        maxs[c] = mx
     mn = np.float32(0.0)
     mx = np.float32(0.0)
-    for k in range(x.shape[0]):
-        v = x[k]
-        if v < mn:
-            mn = v
-        if v > mx:
-            mx = v
+    for c in range(nc):
+        mn = min(mn, mins[c])
+        mx = max(mx, maxs[c])
     return mn, mx
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _codes_u8(x, scale, zp, out):
+    """out = clip(rint(x / scale) + zp, 0, 255) over flat float32 ``x`` (NaN gives 0), in vectorized chunks
+    over the threads: ``_quant_int``'s values for one scale and zero point."""
+    n = x.shape[0]
+    lo = -zp
+    hi = np.float32(255.0) - zp
+    for c in prange((n + _CHUNK - 1) // _CHUNK):
+        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            v = np.rint(x[i] / scale)
+            v = max(v, lo)  # a NaN compares false: lo
+            v = min(v, hi)
+            out[i] = np.uint8(np.int32(v + zp))
 
 
 @njit(cache=True, nogil=True)
@@ -283,16 +313,15 @@ for _v in (10, 13, 19, 21, 23, 24, 25):
 def DynamicQuantizeLinear(x):
     if x.dtype != F32:
         raise InvalidArgumentError(f"DynamicQuantizeLinear expects float32 input, got {x.dtype}")
-    flat = x.reshape(-1)
-    mn, mx = _minmax(flat) if flat.size else (np.float32(0), np.float32(0))
+    flat = np.ascontiguousarray(x).reshape(-1)
+    mn, mx = _range_with_zero(flat) if flat.size else (np.float32(0), np.float32(0))
     mn, mx = np.float32(mn), np.float32(mx)
     scale = np.float32(np.float32(1.0) if mx == mn else mx - mn) / np.float32(255)
     zp0 = np.float32(0) - mn / scale
     zp = np.float32(np.rint(min(255.0, max(0.0, float(zp0)))))
     y = np.empty(x.shape, U8)
     if x.size:
-        _quant_int(flat.reshape(1, 1, -1), np.full((1, 1, 1), scale, F32), np.full((1, 1, 1), int(zp), I32),
-                   1, 0, 255, -1, y.reshape(1, 1, -1))
+        _codes_u8(flat, scale, zp, y.reshape(-1))
     return y, np.array(scale, F32), np.array(int(zp), U8)
 
 

@@ -212,6 +212,20 @@ def test_dynamic_quantize():
     _compare("DynamicQuantizeLinear", {"x": x}, n_out=3, rtol=0, atol=1, opset=11)
 
 
+@pytest.mark.parametrize("lo, hi", [(-3.0, 5.0), (0.5, 4.0), (-6.0, -1.0)])
+def test_dynamic_quantize_equals_onnxruntime_over_several_chunks(lo, hi):
+    """Codes, scale and zero point equal to onnxruntime's over more than one chunk of the threaded passes, with
+    values on the half-way points between codes (rounded to even) and the range's ends in different chunks;
+    ranges that hold 0, lie above it and below it."""
+    n = 3 * (1 << 16) + 77
+    x = RNG.uniform(lo, hi, n).astype(np.float32)
+    x[5], x[n - 3] = lo, hi
+    scale = np.float32(np.float32(max(hi, 0) - min(lo, 0)) / np.float32(255))
+    x[100:400] = (np.arange(300, dtype=np.float32) - 150 + 0.5) * scale  # x / scale lands on k + 0.5
+    x[100:400] = np.clip(x[100:400], lo, hi)
+    _compare("DynamicQuantizeLinear", {"x": x}, n_out=3, exact=True, opset=11)
+
+
 def test_quantize_bad_scale_shape():
     from ops.quantize import quantize_linear
     with pytest.raises(ShapeMismatchError, match="per-axis scale"):

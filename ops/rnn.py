@@ -18,8 +18,9 @@ order, only by the activations that take them.
 DynamicQuantizeLSTM reproduces onnxruntime's integer arithmetic: X quantized to uint8 once (all steps), the
 hidden state again at every step (range widened to hold 0, scale (max - min) / 255, round half to even), the
 products exact, or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent pairs by
-``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import); each product
-scaled per column in float32.  Its sigmoid and tanh are exact where onnxruntime's are MLAS approximations, so
+``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import; the products then
+run on that instruction too, ``ops._u8s8``); each product scaled per column in float32.  The directions of a
+bidirectional node run side by side on the threads.  Its sigmoid and tanh are exact where onnxruntime's are MLAS approximations, so
 a hidden value can round to the neighbouring uint8 code at a later step.
 """
 from __future__ import annotations
@@ -27,10 +28,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import _u8s8
 from ._common import F32, lowp
+from ._u8s8 import sat_gemm
 from .registry import op
 
 __all__ = ["RNN", "GRU", "LSTM"]  # and com.microsoft DynamicQuantizeLSTM (registered at the end)
@@ -203,11 +206,13 @@ def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, cli
 
 
 @njit(cache=True, nogil=True)
-def _quantize_u8(x, q):
+def _quantize_u8(x, q, codes):
     """onnxruntime's dynamic uint8 quantization of ``x`` (2-d float32) as its quantized RNN products take it:
     the range widened to hold 0, scale (max - min) / 255 (1 when the range is empty), zero point the rounded
     -min / scale, each value round-half-even(x / scale) kept within the codes.  ``q`` receives the codes minus
-    the zero point (as float64, so that a BLAS product of them is the exact integer sum); returns the scale."""
+    the zero point (as float64, so that a BLAS product of them is the exact integer sum) and, when it has
+    rows, ``codes`` the uint8 codes themselves (its columns past x's stay as they are: zeros); returns the
+    scale and the zero point."""
     mn = np.float32(0.0)
     mx = np.float32(0.0)
     for i in range(x.shape[0]):
@@ -218,88 +223,62 @@ def _quantize_u8(x, q):
     scale = np.float32(1.0) if mx == mn else np.float32((mx - mn) / np.float32(255.0))
     zp = np.rint(min(np.float32(255.0), max(np.float32(0.0), np.float32(0.0) - mn / scale)))
     lo, hi = -zp, np.float32(255.0) - zp
+    with_codes = codes.shape[0] > 0
     for i in range(x.shape[0]):
         for k in range(x.shape[1]):
-            q[i, k] = min(max(np.rint(x[i, k] / scale), lo), hi)
+            v = min(max(np.rint(x[i, k] / scale), lo), hi)
+            q[i, k] = v
+            if with_codes:
+                codes[i, k] = np.uint8(np.int32(v + zp))
     return scale, zp
 
 
-_PAIRS_EXACT = 256  # pair sums (each within 16 bits) a float32 holds exactly: 256 * 32767 < 2 ** 24
-
-
 @njit(cache=True, nogil=True)
-def _saturating_dot(q, zp, Wf, colsum, out):
-    """out = the products of codes ``q + zp`` (uint8) and int8 codes ``Wf`` ([K, N], as float32) as MLAS sums
-    them on x86 hosts without VNNI: each adjacent pair of k (0-1, 2-3, ...) multiplied and added into 16 bits
-    with saturation (``vpmaddubsw``), the pairs added in 32 bits, then ``zp`` times the column sums taken off.
-    Every value here is an integer a float32 holds exactly (products below 2 ** 15, a run of up to
-    ``_PAIRS_EXACT`` pair sums below 2 ** 24, then added into float64), so the float lanes give the integers;
-    the loop runs along the output columns innermost (contiguous rows of ``Wf``) and vectorizes."""
-    M, K = q.shape
-    N = Wf.shape[1]
-    part = np.empty(N, np.float32)
-    total = np.empty(N, np.float64)
-    z = np.float32(zp)
-    lo, hi = np.float32(-32768.0), np.float32(32767.0)
-    for i in range(M):
-        total[:] = 0
-        part[:] = 0
-        pairs = 0
-        for k in range(0, K, 2):
-            a0 = np.float32(q[i, k]) + z
-            if k + 1 < K:
-                a1 = np.float32(q[i, k + 1]) + z
-                for j in range(N):
-                    part[j] += min(max(a0 * Wf[k, j] + a1 * Wf[k + 1, j], lo), hi)
-            else:  # the last k pairs with a zero
-                for j in range(N):
-                    part[j] += min(max(a0 * Wf[k, j], lo), hi)
-            pairs += 1
-            if pairs == _PAIRS_EXACT:
-                for j in range(N):
-                    total[j] += part[j]
-                    part[j] = 0
-                pairs = 0
-        for j in range(N):
-            out[i, j] = total[j] + part[j] - zp * colsum[j]
-
-
-@njit(cache=True, nogil=True)
-def _qproduct(q, zp, Wd, Wi, colsum, saturate, scale, wscale, out):
+def _qproduct(q, codes, zp, Wd, Wp, colsum, saturate, scale, wscale, acc, out):
     """out = float32(q @ Wd) * float32(scale * wscale[col]): the integer product of quantized codes (exact in
-    float64, or summed as ``_saturating_dot`` does over the float32 codes ``Wi`` when ``saturate``) scaled per
-    output column, as onnxruntime's quantized GEMM writes it."""
+    float64, or, when ``saturate``, the uint8 ``codes`` against the packed int8 weights ``Wp`` summed as MLAS
+    sums them, ``_u8s8.sat_gemm``, into the int32 ``acc``) scaled per output column, as onnxruntime's quantized
+    GEMM writes it."""
+    M, N = out.shape
     if saturate:
-        acc = np.empty((q.shape[0], Wd.shape[1]), np.float64)
-        _saturating_dot(q, zp, Wi, colsum, acc)
-    else:
-        acc = np.dot(q, Wd)
-    for i in range(out.shape[0]):
-        for j in range(out.shape[1]):
-            out[i, j] = np.float32(acc[i, j]) * np.float32(scale * wscale[j])
+        sat_gemm(codes, Wp, acc)
+        for i in range(M):
+            for j in range(N):
+                out[i, j] = np.float32(np.float64(acc[i, j]) - zp * colsum[j]) * np.float32(scale * wscale[j])
+        return
+    exact = np.dot(q, Wd)
+    for i in range(M):
+        for j in range(N):
+            out[i, j] = np.float32(exact[i, j]) * np.float32(scale * wscale[j])
 
 
-@njit(cache=True, nogil=True)
-def _qlstm_kernel(X, Wd, Wi, wcol, wsat, wscale, Rd, Ri, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
+@njit(cache=True, nogil=True, parallel=True)
+def _qlstm_kernel(X, Wd, Wp, wcol, wsat, wscale, Rd, Rp, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
                   alphas, betas, clip, input_forget, Y, Yh, Yc):
-    """LSTM with int8/uint8 weights (``Wd`` [D, nin, 4H], ``Rd`` [D, H, 4H]: codes minus zero point, float64)
-    as onnxruntime's DynamicQuantizeLSTM runs it: X quantized once per direction (all steps together), the
-    hidden state quantized again at every step, each product scaled per column."""
+    """LSTM with int8/uint8 weights (``Wd`` [D, nin, 4H], ``Rd`` [D, H, 4H]: codes minus zero point, float64;
+    ``Wp``/``Rp`` their ``_u8s8.pack`` forms where the products saturate) as onnxruntime's DynamicQuantizeLSTM
+    runs it: X quantized once (all steps together), the hidden state quantized again at every step, each
+    product scaled per column.  The directions run side by side on the threads."""
     seq, batch, nin = X.shape
-    D, H, G = Rd.shape
+    D, _, H = h0.shape
+    G = 4 * H
     x2 = X.reshape(seq * batch, nin)
     xq = np.empty((seq * batch, nin), np.float64)
-    xw = np.empty((seq * batch, G), np.float32)
-    hq = np.empty((batch, H), np.float64)
-    hr = np.empty((batch, G), np.float32)
-    sx, zx = _quantize_u8(x2, xq)
-    for d in range(D):
-        _qproduct(xq, zx, Wd[d], Wi[d], wcol[d], wsat, sx, wscale[d], xw)
+    xc = np.zeros((seq * batch if wsat else 0, 4 * Wp.shape[2]), np.uint8)
+    sx, zx = _quantize_u8(x2, xq, xc)
+    for d in prange(D):
+        xw = np.empty((seq * batch, G), np.float32)
+        xacc = np.empty((seq * batch if wsat else 0, 8 * Wp.shape[1]), np.int32)
+        _qproduct(xq, xc, zx, Wd[d], Wp[d], wcol[d], wsat, sx, wscale[d], xacc, xw)
+        hq = np.empty((batch, H), np.float64)
+        hc = np.zeros((batch if rsat else 0, 4 * Rp.shape[2]), np.uint8)
+        hacc = np.empty((batch if rsat else 0, 8 * Rp.shape[1]), np.int32)
+        hr = np.empty((batch, G), np.float32)
         h = h0[d].copy()
         c = c0[d].copy()
         for s in range(seq):
-            sh, zh = _quantize_u8(h, hq)
-            _qproduct(hq, zh, Rd[d], Ri[d], rcol[d], rsat, sh, rscale[d], hr)
+            sh, zh = _quantize_u8(h, hq, hc)
+            _qproduct(hq, hc, zh, Rd[d], Rp[d], rcol[d], rsat, sh, rscale[d], hacc, hr)
             _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
         Yh[d] = h
         Yc[d] = c
@@ -491,8 +470,12 @@ def _quantized_weights(name, Wq, scale, zero, D, N):
     sc = np.ascontiguousarray(np.broadcast_to(scale.reshape(D, -1).astype(F32), (D, N)))
     colsum = np.ascontiguousarray(codes.sum(axis=1).astype(np.int32))
     saturate = bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES)
-    ints = np.ascontiguousarray(codes.astype(np.float32)) if saturate else np.zeros((D, 0, 0), np.float32)
-    return np.ascontiguousarray(codes), ints, colsum, saturate, sc
+    if saturate:  # the products read the packed codes only
+        packed = np.stack([_u8s8.pack(Wq[d]) for d in range(D)])
+        codes = np.zeros((D, 0, 0), np.float64)
+    else:
+        packed = np.zeros((D, 0, 0, 32), np.int8)
+    return np.ascontiguousarray(codes), packed, colsum, saturate, sc
 
 
 def _mlas_u8s8_saturates() -> bool:
@@ -536,14 +519,14 @@ def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=N
                 raise InvalidArgumentError(f"DynamicQuantizeLSTM: input {name} is required")
         p = _Prep("DynamicQuantizeLSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, 0,
                   quantized=True)
-        (Wd, Wi, wcol, wsat, wsc), (Rd, Ri, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
+        (Wd, Wp, wcol, wsat, wsc), (Rd, Rp, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
                                                                         R_zero_point, p.D, 4 * p.H)
         codes, al, be = _activations("DynamicQuantizeLSTM", activations, activation_alpha, activation_beta,
                                      ("Sigmoid", "Tanh", "Tanh"), p.D)
         c0 = p.state("DynamicQuantizeLSTM", initial_c, "initial_c")
         Pm = p.peepholes("DynamicQuantizeLSTM", P)
         Yc = np.empty_like(p.Yh)
-        _qlstm_kernel(p.X, Wd, Wi, wcol, wsat, wsc, Rd, Ri, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
+        _qlstm_kernel(p.X, Wd, Wp, wcol, wsat, wsc, Rd, Rp, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
                       codes, al, be, _clip(clip), bool(input_forget), p.Y, p.Yh, Yc)
         return p.finish(ctx, p.Yh, Yc)
 

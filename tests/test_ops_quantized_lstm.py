@@ -103,22 +103,26 @@ def test_weights_onnxruntime_refuses_are_refused_by_name():
 
 
 @pytest.mark.parametrize("K,full", [(7, False), (600, False), (1101, True)])
-def test_saturating_pairs_are_the_exact_integers(K, full):
-    """The float lanes of ``_saturating_dot`` give exactly the integers of the pairwise 16-bit saturating sum
-    (an odd K pairs its last code with a zero; with every pair at the 16-bit limit, 1101 codes sum past what
-    a float32 holds exactly, 2 ** 24)."""
+@pytest.mark.parametrize("kernel", ["sat_gemm", "sat_gemm_portable"])
+def test_saturating_pairs_are_the_exact_integers(K, full, kernel):
+    """``_u8s8``'s products (the host's ``vpmaddubsw`` form where it has AVX2, and the portable loop) give the
+    integers of the pairwise 16-bit saturating sum over packed weights: an odd K pairs its last code with a
+    zero, 37 columns leave a part-filled group, and with every pair at the 16-bit limit 1101 codes sum past
+    what a float32 holds exactly (2 ** 24)."""
+    from ops import _u8s8
     rng = np.random.default_rng(K)
-    zp = 201.0
-    q = rng.integers(-201, 55, (3, K)).astype(np.float64)  # codes 0..255 minus the zero point
-    w = rng.integers(-127, 128, (K, 40))
+    a = rng.integers(0, 256, (3, K))
+    w = rng.integers(-128, 128, (K, 37))
     if full:
-        q[:] = 255 - zp
+        a[:] = 255
         w[:] = 127
-    colsum = w.sum(0).astype(np.int32)
-    out = np.empty((3, 40))
-    rnn._saturating_dot(q, zp, w.astype(np.float32), colsum, out)
-    a = np.concatenate([q + zp, np.zeros((3, K % 2))], axis=1).astype(np.int64)
-    wp = np.concatenate([w, np.zeros((K % 2, 40), np.int64)])
-    pairs = a[:, 0::2, None] * wp[None, 0::2] + a[:, 1::2, None] * wp[None, 1::2]
+    wp = _u8s8.pack(w.astype(np.int8))
+    ap = np.zeros((3, 4 * wp.shape[1]), np.uint8)
+    ap[:, :K] = a
+    out = np.empty((3, 8 * wp.shape[0]), np.int32)
+    getattr(_u8s8, kernel)(ap, wp, out)
+    a2 = np.concatenate([a, np.zeros((3, K % 2), np.int64)], axis=1)
+    w2 = np.concatenate([w, np.zeros((K % 2, 37), np.int64)])
+    pairs = a2[:, 0::2, None] * w2[None, 0::2] + a2[:, 1::2, None] * w2[None, 1::2]
     assert (np.abs(pairs) > 32767).any()
-    np.testing.assert_array_equal(out, np.clip(pairs, -32768, 32767).sum(1) - zp * colsum)
+    np.testing.assert_array_equal(out[:, :37], np.clip(pairs, -32768, 32767).sum(1))

@@ -13,7 +13,9 @@ zero weight adds a zero product, so a pair with a padded k sums as the lone prod
 Wp, out)`` writes ``out[m, 8g + i]`` (int32) = the saturated pair sums of uint8 row ``A[m]`` (``4 * K4``
 codes, zeros past K) against column ``8g + i``.  On hosts with AVX2 it is a Numba intrinsic emitting
 ``vpmaddubsw``/``vpmaddwd``; elsewhere ``sat_gemm_portable``, the same integers from a Numba loop (tests
-compare the two on AVX2 hosts).
+compare the two on AVX2 hosts); ``sat_gemm_rows`` spreads rows over the threads.  ``SATURATES``: whether
+onnxruntime's uint8 x int8 products saturate on this host, so that its LSTM, MatMulInteger and QLinearMatMul
+results are reproduced by these kernels.
 
 Invariant: callers pass C-contiguous arrays of the shapes above (``out`` [M, 8G], ``A`` [M, 4 K4]); the
 kernels read and write nothing else.
@@ -22,13 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "sat_gemm", "sat_gemm_portable", "AVX2"]
+__all__ = ["pack", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
 
 AVX2 = _simd.AVX2
 
@@ -114,3 +116,33 @@ def _sat_gemm_host(A, Wp, out):
 
 
 sat_gemm = _sat_gemm_host if AVX2 else sat_gemm_portable
+
+_ROWS = 64  # rows of A per task of ``sat_gemm_rows``
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def sat_gemm_rows(A, Wp, out):
+    """``sat_gemm`` in tasks of ``_ROWS`` rows over the threads."""
+    M = A.shape[0]
+    for c in prange((M + _ROWS - 1) // _ROWS):
+        r0 = c * _ROWS
+        r1 = min(M, r0 + _ROWS)
+        sat_gemm(A[r0:r1], Wp, out[r0:r1])
+
+
+def _host_saturates() -> bool:
+    """Whether onnxruntime's uint8 x int8 products saturate here: MLAS sums them by ``vpmaddubsw`` (adjacent
+    pairs into 16 bits, with saturation) on x86 hosts with AVX2 and without VNNI, and exactly elsewhere
+    (``vpdpbusd`` with VNNI, widened products on other hosts, and for uint8 weights)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import llvmlite.binding as llb
+        f = llb.get_host_cpu_features()
+    except Exception:  # pragma: no cover - a host LLVM cannot describe
+        return False
+    return bool(f.get("avx2", False) and not (f.get("avxvnni", False) or f.get("avx512vnni", False)))
+
+
+SATURATES = _host_saturates()

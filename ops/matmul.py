@@ -31,6 +31,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, out_buffer
 from ._fastmath import FAST
+from . import _u8s8
 from ._panels import gemv_panels, pack_panels, panel_threads
 from .registry import op
 
@@ -436,7 +437,7 @@ def _zero_point_rows(z, batch_shape: tuple, rows: int, per_last: bool, name: str
     return np.ascontiguousarray(zz.astype(np.int32)).reshape(nb, -1)
 
 
-def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger"):
+def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
     for x, nm in ((a, "A"), (b, "B")):
         if x.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
             raise InvalidArgumentError(f"{name}: {nm} must be int8 or uint8, got {x.dtype}")
@@ -459,13 +460,66 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger"):
     za2 = _zero_point_rows(za, abatch, m, False, name)
     zb2 = _zero_point_rows(zb, bbatch, n, True, name)
     ia, ib = _batch_maps(abatch, bbatch, batch)
-    _bmm_int(A.reshape(-1, m, k), B.reshape(-1, k, n), za2, zb2, ia, ib, o.reshape(-1, m, n))
+    A3, B3, o3 = A.reshape(-1, m, k), B.reshape(-1, k, n), o.reshape(-1, m, n)
+    if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.SATURATES:
+        # a node's cache holds the packed forms of the first B it sees (an initializer); other Bs pack per run
+        cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
+        _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, cache)
+    else:
+        _bmm_int(A3, B3, za2, zb2, ia, ib, o3)
     return o
 
 
-@op("MatMulInteger", 10)
-def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
-    return matmul_integer(A, B, a_zero_point, b_zero_point)
+def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
+    """``_bmm_int``'s product as onnxruntime computes uint8 x int8 on hosts where it saturates (``_u8s8``): the
+    raw codes' pair sums saturated to 16 bits, then the zero points through row and column sums (exact
+    int32).  ``packed`` maps B's batch index to its packed form (filled here)."""
+    nb, m, n = o3.shape
+    k = A3.shape[2]
+    k4, g = -(-k // 4), -(-n // 8)
+    acc = np.empty((m, 8 * g), np.int32)
+    ap = np.zeros((m, 4 * k4), np.uint8)
+    for t in range(nb):
+        a, b = A3[ia[t]], B3[ib[t]]
+        wp = packed.get(int(ib[t]))
+        if wp is None:
+            wp = packed[int(ib[t])] = _u8s8.pack(b)
+        ap[:, :k] = a
+        _u8s8.sat_gemm_rows(ap, wp, acc)
+        _zero_point_terms(acc, a, b, za2[ia[t] if za2.shape[0] > 1 else 0], zb2[ib[t] if zb2.shape[0] > 1 else 0],
+                          o3[t])
+
+
+@njit(cache=True, nogil=True)
+def _zero_point_terms(acc, a, b, za, zb, out):
+    """out = acc - zb[j] * sum_k a[i, k] - za[i] * sum_k b[k, j] + K * za[i] * zb[j], in int32 (wrapping as
+    onnxruntime's int32 sums do); ``za``/``zb`` have one element or one per row / column."""
+    m, k = a.shape
+    n = out.shape[1]
+    ra = np.zeros(m, np.int32)
+    cb = np.zeros(n, np.int32)
+    for i in range(m):
+        for kk in range(k):
+            ra[i] += np.int32(a[i, kk])
+    for kk in range(k):
+        for j in range(n):
+            cb[j] += np.int32(b[kk, j])
+    for i in range(m):
+        zi = np.int32(za[i if za.shape[0] > 1 else 0])
+        for j in range(n):
+            zj = np.int32(zb[j if zb.shape[0] > 1 else 0])
+            out[i, j] = np.int32(acc[i, j] - zj * ra[i] - zi * cb[j] + np.int32(k) * zi * zj)
+
+
+def _matmul_integer_factory(ctx):
+    packed = {}  # see matmul_integer
+
+    def run(A, B, a_zero_point=None, b_zero_point=None):
+        return matmul_integer(A, B, a_zero_point, b_zero_point, packed=packed)
+    return run
+
+
+op("MatMulInteger", 10, factory=True)(_matmul_integer_factory)
 
 
 # -- Einsum ----------------------------------------------------------------------------------------

@@ -328,9 +328,11 @@ def DynamicQuantizeLinear(x):
 # -- QLinearMatMul ---------------------------------------------------------------------------------
 
 def _qlinear_matmul_factory(ctx):
+    packed = {}  # matmul_integer's cache of B's packed forms
+
     def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
         name = "QLinearMatMul"
-        c = matmul_integer(a, b, _zp_for_rows(a_zero_point, a), _zp_for_cols(b_zero_point, b), name)
+        c = matmul_integer(a, b, _zp_for_rows(a_zero_point, a), _zp_for_cols(b_zero_point, b), name, packed)
         mult = np.asarray(a_scale * b_scale / y_scale)
         odt = y_zero_point.dtype if y_zero_point is not None else a.dtype
         if odt.name not in ("int8", "uint8"):

@@ -478,22 +478,7 @@ def _quantized_weights(name, Wq, scale, zero, D, N):
     return np.ascontiguousarray(codes), packed, colsum, saturate, sc
 
 
-def _mlas_u8s8_saturates() -> bool:
-    """Whether onnxruntime's uint8 x int8 products saturate here: MLAS sums them by ``vpmaddubsw`` (adjacent
-    pairs into 16 bits, with saturation) on x86 hosts with AVX2 and without VNNI, and exactly elsewhere
-    (``vpdpbusd`` with VNNI, widened products on other hosts, and for uint8 weights)."""
-    import platform
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        import llvmlite.binding as llb
-        f = llb.get_host_cpu_features()
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
-    return bool(f.get("avx2", False) and not (f.get("avxvnni", False) or f.get("avx512vnni", False)))
-
-
-MLAS_U8S8_SATURATES = _mlas_u8s8_saturates()
+MLAS_U8S8_SATURATES = _u8s8.SATURATES
 
 
 def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=None, activations=None, clip=None,

@@ -142,29 +142,46 @@ def test_einsum_vs_ort():
 
 # -- integer and quantized products ----------------------------------------------------------------
 
+def _pairs_saturated(a, b):
+    """sum over k pairs (2p, 2p + 1) of the raw codes' products, each pair sum clamped to int16: onnxruntime's
+    uint8 x int8 products where MLAS sums them by ``vpmaddubsw`` (``ops._u8s8``)."""
+    a = a.astype(np.int64)
+    b = b.astype(np.int64)
+    if a.shape[-1] % 2:
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,), np.int64)], axis=-1)
+        b = np.concatenate([b, np.zeros((1, b.shape[1]), np.int64)])
+    pairs = a[..., 0::2, None] * b[0::2] + a[..., 1::2, None] * b[1::2]
+    return np.clip(pairs, -32768, 32767).sum(-2)
+
+
 @pytest.mark.parametrize("adt,bdt", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 def test_matmul_integer(adt, bdt):
-    a = RNG.integers(np.iinfo(adt).min, np.iinfo(adt).max, (2, 33, 64)).astype(adt)
-    b = RNG.integers(np.iinfo(bdt).min, np.iinfo(bdt).max, (64, 48)).astype(bdt)
+    """Against onnxruntime (its own products: for uint8 x int8 on hosts where its kernel saturates 16-bit
+    pair sums, those) and against numpy's exact or saturated integers; a per-column B zero point too."""
+    from ops import _u8s8
+    a = RNG.integers(np.iinfo(adt).min, np.iinfo(adt).max, (2, 33, 63)).astype(adt)
+    b = RNG.integers(np.iinfo(bdt).min, np.iinfo(bdt).max, (63, 48)).astype(bdt)
     za, zb = np.array(3, adt), np.array(2, bdt)
-    if (adt, bdt) != (np.uint8, np.int8):
-        _compare("MatMulInteger", {"a": a}, exact=True, inits={"b": b, "za": za, "zb": zb}, opset=10)
-    # Against numpy: onnxruntime's u8s8 kernel saturates 16-bit pair sums (AVX2 without VNNI), so it is
-    # not a reference for full-range uint8 x int8 inputs.
-    ref = (a.astype(np.int32) - 3) @ (b.astype(np.int32) - 2)
-    np.testing.assert_array_equal(MM.matmul_integer(a, b, za, zb), ref)
     zbc = RNG.integers(0, 5, (48,)).astype(bdt)
-    ref = (a.astype(np.int32) - 3) @ (b.astype(np.int32) - zbc.astype(np.int32))
-    np.testing.assert_array_equal(MM.matmul_integer(a, b, za, zbc), ref)
+    for z in (zb, zbc):
+        _compare("MatMulInteger", {"a": a}, exact=True, inits={"b": b, "za": za, "zb": z}, opset=10)
+        zi = z.astype(np.int64)
+        if (adt, bdt) == (np.uint8, np.int8) and _u8s8.SATURATES:
+            ref = _pairs_saturated(a, b) - zi * a.astype(np.int64).sum(-1, keepdims=True) \
+                - 3 * b.astype(np.int64).sum(0) + 63 * 3 * zi
+            assert not np.array_equal(ref, (a.astype(np.int64) - 3) @ (b.astype(np.int64) - zi))  # it saturates
+        else:
+            ref = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - zi)
+        np.testing.assert_array_equal(MM.matmul_integer(a, b, za, z), ref)
 
 
-@pytest.mark.parametrize("dt", [np.uint8, np.int8])
-def test_qlinear_matmul(dt):
+@pytest.mark.parametrize("dt,bdt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)])
+def test_qlinear_matmul(dt, bdt):
     lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
     a = RNG.integers(lo, hi, (3, 16, 64)).astype(dt)
-    b = RNG.integers(lo, hi, (64, 40)).astype(dt)
+    b = RNG.integers(np.iinfo(bdt).min, np.iinfo(bdt).max, (64, 40)).astype(bdt)
     inits = {"as": np.array(0.02, np.float32), "az": np.array(1, dt), "b": b, "bs": np.array(0.01, np.float32),
-             "bz": np.array(2, dt), "ys": np.array(0.5, np.float32), "yz": np.array(5, dt)}
+             "bz": np.array(2, bdt), "ys": np.array(0.5, np.float32), "yz": np.array(5, dt)}
     feeds = {"a": a}
     m = _model("QLinearMatMul", feeds, inits=inits, opset=10)
     node = m.graph.node[0]

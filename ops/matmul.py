@@ -459,6 +459,10 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
         return o
     za2 = _zero_point_rows(za, abatch, m, False, name)
     zb2 = _zero_point_rows(zb, bbatch, n, True, name)
+    if not bbatch and abatch and za2.shape[0] == 1:  # one B for every batch of A: one product of all A's rows
+        nb = int(math.prod(abatch))
+        za2 = np.tile(za2, (1, nb)) if za2.shape[1] > 1 else za2
+        m, abatch, batch = nb * m, (), ()
     ia, ib = _batch_maps(abatch, bbatch, batch)
     A3, B3, o3 = A.reshape(-1, m, k), B.reshape(-1, k, n), o.reshape(-1, m, n)
     if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.SATURATES:

@@ -1,12 +1,15 @@
 """Recurrent ops: RNN, GRU, LSTM (opset 7 and 14, the latter adding ``layout``), and com.microsoft's
 DynamicQuantizeLSTM (int8/uint8 weights, activations quantized to uint8 on the fly).
 
-The wrapper canonicalizes everything to layout 0 (X [seq, batch, input]),
-pre-transposes the weights so every matrix product inside the kernels is a
-plain contiguous ``np.dot`` (BLAS), and fills missing optional inputs (bias,
-initial states, peepholes, sequence_lens) with their defaults.  Each cell
-kernel handles every direction and compiles once per float dtype (float16 and
-bfloat16 run in float32).
+The wrapper canonicalizes everything to layout 0 (X [seq, batch, input]) and
+fills missing optional inputs (bias, initial states, peepholes, sequence_lens)
+with their defaults.  The weights stay as the model holds them: every matrix
+product inside the kernels is an ``np.dot`` (BLAS) that reads them transposed
+in place, so no run copies them.  Each cell kernel handles every direction and
+compiles once per float dtype (float16 and bfloat16 run in float32).  Tanh and
+Sigmoid of float32 are MLAS's forms (``_fastmath.ftanh``/``fsigmoid_mlas``), as
+onnxruntime's LSTM kernels compute them (its RNN and GRU kernels take other
+approximations of the same accuracy, within 2.4e-7 of these).
 
 Semantics follow onnxruntime: for batch entry b only the first
 ``sequence_lens[b]`` steps are computed (a reverse direction runs them
@@ -20,8 +23,7 @@ hidden state again at every step (range widened to hold 0, scale (max - min) / 2
 products exact, or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent pairs by
 ``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import; the products then
 run on that instruction too, ``ops._u8s8``); each product scaled per column in float32.  The directions of a
-bidirectional node run side by side on the threads.  Its sigmoid and tanh are exact where onnxruntime's are MLAS approximations, so
-a hidden value can round to the neighbouring uint8 code at a later step.
+bidirectional node run side by side on the threads.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _u8s8
 from ._common import F32, lowp
+from ._fastmath import fsigmoid_mlas, ftanh
 from ._u8s8 import sat_gemm
 from .registry import op
 
@@ -49,12 +52,14 @@ _ACTS = {
 
 @njit(cache=True, nogil=True)
 def _act(code, a, b, clip, x):
+    """Activation ``code`` of ``x`` clipped to [-clip, clip] (clip > 0; ``clip`` has x's type).  Tanh and Sigmoid
+    of float32 are MLAS's forms (``ftanh``, ``fsigmoid_mlas``), as onnxruntime's LSTM computes them."""
     if clip > 0.0:
         x = min(max(x, -clip), clip)
     if code == 1:
-        return math.tanh(x)
+        return ftanh(x)
     if code == 2:
-        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+        return fsigmoid_mlas(x)
     if code == 0:
         return max(x, 0.0)
     if code == 3:
@@ -75,10 +80,11 @@ def _act(code, a, b, clip, x):
 
 
 @njit(cache=True, nogil=True)
-def _input_proj(X, WT, d):
-    """X [seq, batch, nin] times direction ``d``'s transposed input weights: [seq * batch, G * H], row t * batch + b."""
+def _input_proj(X, W, d):
+    """X [seq, batch, nin] times direction ``d``'s input weights transposed (``W`` [D, G * H, nin], read in place
+    as a Fortran-ordered operand): [seq * batch, G * H], row t * batch + b."""
     seq, batch, nin = X.shape
-    return np.dot(X.reshape(seq * batch, nin), WT[d])
+    return np.dot(X.reshape(seq * batch, nin), W[d].T)
 
 
 @njit(cache=True, nogil=True)
@@ -91,17 +97,17 @@ def _time_of(s, L, rev):
 
 
 @njit(cache=True, nogil=True)
-def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh):
+def _rnn_kernel(X, W, R, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh):
     seq, batch, _ = X.shape
-    D, H, _ = RT.shape
+    D, H, _ = R.shape
     for d in range(D):
-        xw = _input_proj(X, WT, d)
+        xw = _input_proj(X, W, d)
         h = h0[d].copy()
         c0 = acts[d, 0]
         a0 = alphas[d, 0]
         b0 = betas[d, 0]
         for s in range(seq):
-            hr = np.dot(h, RT[d])
+            hr = np.dot(h, R[d].T)
             for b in range(batch):
                 t = _time_of(s, seqlens[b], rev[d])
                 if t < 0:
@@ -115,20 +121,20 @@ def _rnn_kernel(X, WT, RT, B, seqlens, h0, rev, acts, alphas, betas, clip, Y, Yh
 
 
 @njit(cache=True, nogil=True)
-def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip, lbr, Y, Yh):
+def _gru_kernel(X, W, R, B, seqlens, h0, rev, acts, alphas, betas, clip, lbr, Y, Yh):
     seq, batch, _ = X.shape
-    D, H, _ = RhT.shape
+    D, _, H = R.shape
     z = np.empty((batch, H), X.dtype)
     rh = np.zeros((batch, H), X.dtype)
     for d in range(D):
-        xw = _input_proj(X, WT, d)
+        xw = _input_proj(X, W, d)
         h = h0[d].copy()
         cf, ag, bg = acts[d, 0], alphas[d, 0], betas[d, 0]
         cg, ah, bh = acts[d, 1], alphas[d, 1], betas[d, 1]
         for s in range(seq):
-            hzr = np.dot(h, RzrT[d])
+            hzr = np.dot(h, R[d, :2 * H].T)
             if lbr:
-                hh = np.dot(h, RhT[d])
+                hh = np.dot(h, R[d, 2 * H:].T)
             for b in range(batch):
                 t = _time_of(s, seqlens[b], rev[d])
                 if t < 0:
@@ -142,7 +148,7 @@ def _gru_kernel(X, WT, RzrT, RhT, B, seqlens, h0, rev, acts, alphas, betas, clip
                     else:
                         rh[b, j] = r * h[b, j]
             if not lbr:
-                hh = np.dot(rh, RhT[d])
+                hh = np.dot(rh, R[d, 2 * H:].T)
             for b in range(batch):
                 t = _time_of(s, seqlens[b], rev[d])
                 if t < 0:
@@ -186,20 +192,20 @@ def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, cli
             cn = f * cp + i * _act(cg, ag, bg, clip, gc)
             o = _act(cf, af, bf, clip, go + P[d, H + j] * cn)
             c[b, j] = cn
-            h[b, j] = o * _act(ch, ah, bh, 0.0, cn)
+            h[b, j] = o * _act(ch, ah, bh, clip - clip, cn)  # unclipped: 0 of clip's type
             Y[t, d, b, j] = h[b, j]
 
 
 @njit(cache=True, nogil=True)
-def _lstm_kernel(X, WT, RT, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
+def _lstm_kernel(X, W, R, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip, input_forget, Y, Yh, Yc):
     seq = X.shape[0]
-    D = RT.shape[0]
+    D = R.shape[0]
     for d in range(D):
-        xw = _input_proj(X, WT, d)
+        xw = _input_proj(X, W, d)
         h = h0[d].copy()
         c = c0[d].copy()
         for s in range(seq):
-            hr = np.dot(h, RT[d])
+            hr = np.dot(h, R[d].T)
             _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
         Yh[d] = h
         Yc[d] = c
@@ -348,8 +354,8 @@ class _Prep:
                                      f"got {list(W.shape)} and {list(R.shape)}")
         self.D, self.H, self.seq, self.batch, self.layout = D, H, seq, batch, layout
         if not quantized:
-            self.WT = np.ascontiguousarray(W.astype(dt, copy=False).transpose(0, 2, 1))
-            self.R = R.astype(dt, copy=False)
+            self.W = np.ascontiguousarray(W, dt)  # the kernels read W and R transposed in place
+            self.R = np.ascontiguousarray(R, dt)
         if B is None:
             self.B = np.zeros((D, 2 * G * H), dt)
         else:
@@ -407,8 +413,7 @@ def RNN(X, W, R, B=None, sequence_lens=None, initial_h=None, *, ctx, activation_
         activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, layout=0):
     p = _Prep("RNN", 1, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout)
     codes, al, be = _activations("RNN", activations, activation_alpha, activation_beta, ("Tanh",), p.D)
-    RT = np.ascontiguousarray(p.R.transpose(0, 2, 1))
-    _rnn_kernel(p.X, p.WT, RT, p.B, p.seqlens, p.h0, p.rev, codes, al, be, _clip(clip), p.Y, p.Yh)
+    _rnn_kernel(p.X, p.W, p.R, p.B, p.seqlens, p.h0, p.rev, codes, al, be, p.dt.type(_clip(clip)), p.Y, p.Yh)
     return p.finish(ctx, p.Yh)
 
 
@@ -417,10 +422,7 @@ def GRU(X, W, R, B=None, sequence_lens=None, initial_h=None, *, ctx, activation_
         layout=0, linear_before_reset=0):
     p = _Prep("GRU", 3, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, layout)
     codes, al, be = _activations("GRU", activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"), p.D)
-    H = p.H
-    RzrT = np.ascontiguousarray(p.R[:, :2 * H].transpose(0, 2, 1))
-    RhT = np.ascontiguousarray(p.R[:, 2 * H:].transpose(0, 2, 1))
-    _gru_kernel(p.X, p.WT, RzrT, RhT, p.B, p.seqlens, p.h0, p.rev, codes, al, be, _clip(clip),
+    _gru_kernel(p.X, p.W, p.R, p.B, p.seqlens, p.h0, p.rev, codes, al, be, p.dt.type(_clip(clip)),
                 bool(linear_before_reset), p.Y, p.Yh)
     return p.finish(ctx, p.Yh)
 
@@ -433,9 +435,8 @@ def LSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=
                                  ("Sigmoid", "Tanh", "Tanh"), p.D)
     c0 = p.state("LSTM", initial_c, "initial_c")
     Pm = p.peepholes("LSTM", P)
-    RT = np.ascontiguousarray(p.R.transpose(0, 2, 1))
     Yc = np.empty_like(p.Yh)
-    _lstm_kernel(p.X, p.WT, RT, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, _clip(clip),
+    _lstm_kernel(p.X, p.W, p.R, p.B, p.seqlens, p.h0, c0, Pm, p.rev, codes, al, be, p.dt.type(_clip(clip)),
                  bool(input_forget), p.Y, p.Yh, Yc)
     return p.finish(ctx, p.Yh, Yc)
 
@@ -512,7 +513,7 @@ def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=N
         Pm = p.peepholes("DynamicQuantizeLSTM", P)
         Yc = np.empty_like(p.Yh)
         _qlstm_kernel(p.X, Wd, Wp, wcol, wsat, wsc, Rd, Rp, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
-                      codes, al, be, _clip(clip), bool(input_forget), p.Y, p.Yh, Yc)
+                      codes, al, be, p.dt.type(_clip(clip)), bool(input_forget), p.Y, p.Yh, Yc)
         return p.finish(ctx, p.Yh, Yc)
 
     return run

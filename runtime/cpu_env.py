@@ -10,6 +10,12 @@ default: a value already in the environment wins, and a library that has already
   measured 20x slower); sleeping at once (``PASSIVE``) made every kernel pay a wake-up, 30 to 50 us, which on
   a decode step of 121 int4 products was a quarter of its time (one 896x4864 product in cache: 84 us passive,
   31 us with this spin).  Read when Numba first starts its threads.
+- ``OPENBLAS_THREAD_TIMEOUT=16`` (2**16 cycles, tens of microseconds), unless it is set: how long OpenBLAS's
+  workers spin for the next product before they sleep.  Its default (2**28 cycles, about 0.1 s) kept a worker
+  spinning through the Numba kernels that follow a BLAS product, and on 2 cores Numba's OpenMP worker then
+  waited for a time slice: convolutional models, which alternate the two, ran twice as slow (a PaddleOCR
+  classifier 16.5 ms against 4.1 to 4.8 ms, a captcha reader 88 ms against 28 to 30 ms).  Read when OpenBLAS
+  loads, so set only while numpy is not yet imported.
 - ``OPENBLAS_CORETYPE=SKYLAKEX`` on AMD CPUs with AVX-512 (F, BW, DQ, VL): numpy's OpenBLAS chooses its kernel
   set when it loads, and a build that predates a CPU family (Zen 5 for OpenBLAS 0.3.31) falls back to its
   AVX2 (Haswell) set, which ran a 256x896x4864 float32 ``numpy.matmul`` at 224 GFLOP/s on 2 Zen 5 cores
@@ -73,7 +79,10 @@ def apply(environ=os.environ, modules=sys.modules, cpuinfo_path: str = "/proc/cp
     """Set the environment defaults above in ``environ`` (see the module docstring for when each applies)."""
     if "OMP_WAIT_POLICY" not in environ:
         environ.setdefault("GOMP_SPINCOUNT", "10000")
-    if "OPENBLAS_CORETYPE" in environ or "numpy" in modules:
+    if "numpy" in modules:
+        return
+    environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
+    if "OPENBLAS_CORETYPE" in environ:
         return
     try:
         with open(cpuinfo_path) as f:

@@ -22,31 +22,33 @@ def test_apply_keeps_the_users_value_and_never_acts_after_numpy(tmp_path):
     info.write_text(_ZEN5)
     env = {}
     cpu_env.apply(env, {}, str(info))
-    assert env == {"GOMP_SPINCOUNT": "10000", "OPENBLAS_CORETYPE": "SKYLAKEX"}
-    env = {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert env == {"GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "16", "OPENBLAS_CORETYPE": "SKYLAKEX"}
+    env = {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "28"}
     cpu_env.apply(env, {}, str(info))
-    assert env == {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE"}  # the user's policy decides
+    assert env == {"OPENBLAS_CORETYPE": "HASWELL", "OMP_WAIT_POLICY": "PASSIVE",
+                   "OPENBLAS_THREAD_TIMEOUT": "28"}  # the user's policy decides
     env = {"GOMP_SPINCOUNT": "0"}
     cpu_env.apply(env, {}, str(info))
     assert env["GOMP_SPINCOUNT"] == "0"
     env = {}
     cpu_env.apply(env, {"numpy": object()}, str(info))
-    assert "OPENBLAS_CORETYPE" not in env
+    assert "OPENBLAS_CORETYPE" not in env and "OPENBLAS_THREAD_TIMEOUT" not in env
     env = {}
     cpu_env.apply(env, {}, str(tmp_path / "missing"))
-    assert env == {"GOMP_SPINCOUNT": "10000"}
+    assert env == {"GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "16"}
 
 
 @pytest.mark.parametrize("entry", ["import runtime", "import ops", "import tools", "import pipeline.__main__"])
 def test_every_entry_point_applies_it_before_numpy_loads(entry):
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
     code = (f"import sys, os; {entry}; from runtime import cpu_env;"
             "print(cpu_env.NUMPY_FIRST, 'numpy' in sys.modules,"
             " os.environ.get('OPENBLAS_CORETYPE') == cpu_env.blas_coretype(open('/proc/cpuinfo').read(1 << 16)),"
-            " os.environ.get('GOMP_SPINCOUNT'))")
+            " os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
-    assert out == ["False", "True", "True", "10000"]
+    assert out == ["False", "True", "True", "10000", "16"]
 
 
 def test_keep_heap_leaves_a_users_malloc_settings_alone():

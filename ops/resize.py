@@ -62,17 +62,31 @@ def _interp_axis(x, idx, w, extrap, ev, out):
                 out[o, j, i] += c * x[o, s, i]
 
 
-@njit(**_OPTS)
+_PARALLEL_MIN = 1 << 15  # output elements from which the gather runs over the threads
+
+
+@njit(parallel=True, **_OPTS)
 def _gather_axis(x, idx, out):
-    """out[o, j, i] = x[o, idx[j], i]."""
+    """out[o, j, i] = x[o, idx[j], i]: rows o over the threads for large outputs; the innermost axis (I = 1)
+    as a plain indexed copy along j."""
     O, _, I = x.shape
     J = idx.shape[0]
-    for oj in range(O * J):
-        o = oj // J
-        j = oj - o * J
-        s = idx[j]
-        for i in range(I):
-            out[o, j, i] = x[o, s, i]
+    if O * J * I < _PARALLEL_MIN:
+        for o in range(O):
+            for j in range(J):
+                s = idx[j]
+                for i in range(I):
+                    out[o, j, i] = x[o, s, i]
+    elif I == 1:
+        for o in prange(O):
+            for j in range(J):
+                out[o, j, 0] = x[o, idx[j], 0]
+    else:
+        for o in prange(O):
+            for j in range(J):
+                s = idx[j]
+                for i in range(I):
+                    out[o, j, i] = x[o, s, i]
 
 
 @njit(**_OPTS)

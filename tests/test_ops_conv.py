@@ -189,6 +189,16 @@ def test_resize_sizes(mode, ctm):
              mode=mode, coordinate_transformation_mode=ctm)
 
 
+@pytest.mark.parametrize("nearest_mode", ["floor", "round_prefer_ceil"])
+def test_resize_nearest_large_enough_for_the_threads(nearest_mode):
+    """Nearest resizes past ``_PARALLEL_MIN`` outputs per axis (both the row and the innermost-axis gathers run
+    over the threads) equal onnxruntime's exactly."""
+    x = _randn(1, 16, 40, 44)
+    sizes = np.array([1, 16, 80, 88], np.int64)
+    _compare("Resize", {"x": x}, {"roi": _EMPTY, "scales": _EMPTY, "sizes": sizes}, rtol=0, atol=0,
+             mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode=nearest_mode)
+
+
 def test_resize_scales_downsample_antialias_and_uint8():
     x = _randn(2, 3, 64, 48)
     scales = np.array([1, 1, 0.5, 0.75], np.float32)

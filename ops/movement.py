@@ -189,11 +189,18 @@ def merge_axes(shape, ss, ds):
 
 
 def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarray, src_view: np.ndarray) -> None:
-    """Copy ``src_view`` (a view into the C-contiguous ``src_base``) into ``dst_view`` (a view into ``dst_base``)."""
+    """Copy ``src_view`` (a view into the C-contiguous ``src_base``) into ``dst_view`` (a view into ``dst_base``):
+    numpy's copy for its built-in dtypes, the unsigned-integer kernel ``_copy6`` (the bits of any fixed-size
+    element) for the others (ml_dtypes' bfloat16, float8 and so on)."""
     if dst_view.size == 0:
         return
     if src_view.shape != dst_view.shape:
         src_view = np.broadcast_to(src_view, dst_view.shape)
+    if src_base.dtype.isbuiltin == 1 and dst_base.dtype == src_base.dtype:
+        # numpy's own strided copy: no setup in Python (a 64x64 slice: 0.6 us against 18 us for the kernel
+        # below), as fast on large copies, and safe when the two views overlap
+        np.copyto(dst_view, src_view)
+        return
     su = uview(src_base)
     du = uview(dst_base)
     it = src_base.dtype.itemsize

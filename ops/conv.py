@@ -27,10 +27,17 @@ _OPTS = dict(cache=True, nogil=True)
 
 # -- kernels ---------------------------------------------------------------------------------------
 
+_IM2COL_PARALLEL_MIN = 1 << 15  # column elements from which ``_im2col`` spreads its rows over the threads
+
+
 @njit(parallel=True, **_OPTS)
 def _im2col(x, col, ksz, st, pb, dil, osz):
-    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0.  Rows in parallel."""
+    """x: (Cg, D, H, W) -> col: (Cg*kd*kh*kw, od*oh*ow); out-of-image taps read 0.  Rows in parallel, or in
+    this thread for small columns (a thread launch costs more than they do)."""
     nrow = col.shape[0]
+    if col.size < _IM2COL_PARALLEL_MIN:
+        _im2col_rows(x, col, ksz, st, pb, dil, osz, 0, nrow)
+        return
     nt = min(nrow, 64)
     for t in prange(nt):
         _im2col_rows(x, col, ksz, st, pb, dil, osz, t * nrow // nt, (t + 1) * nrow // nt)

@@ -31,7 +31,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, out_buffer
 from ._fastmath import FAST
-from . import _u8s8
+from . import _i16pairs, _u8s8
 from ._panels import gemv_panels, pack_panels, panel_threads
 from .registry import op
 
@@ -127,34 +127,6 @@ def _gemm_generic(a, b, c2, alpha, beta, out):
         ci = i if cm > 1 else 0
         for j in range(n):
             out[i, j] = alpha * out[i, j] + beta * c2[ci, j if cn > 1 else 0]
-
-
-@njit(cache=True, nogil=True)
-def _bmm_int(a3, b3, za, zb, ia, ib, out3):
-    """Integer product with zero points: out3[t, i, j] = sum_k (a - za[ia, i]) * (b - zb[ib, j]) in int32."""
-    nb, m, n = out3.shape
-    kk = a3.shape[2]
-    zam = za.shape[0]
-    zbm = zb.shape[0]
-    bz = np.empty(n, np.int32)
-    for t in range(nb):
-        a = a3[ia[t]]
-        b = b3[ib[t]]
-        o = out3[t]
-        zar = za[ia[t] if zam > 1 else 0]
-        zbr = zb[ib[t] if zbm > 1 else 0]
-        for j in range(n):
-            bz[j] = zbr[j if zbr.shape[0] > 1 else 0]
-        for i in range(m):
-            z = np.int32(zar[i if zar.shape[0] > 1 else 0])
-            for j in range(n):
-                o[i, j] = 0
-            for k in range(kk):
-                aik = np.int32(a[i, k]) - z
-                if aik == 0:
-                    continue
-                for j in range(n):
-                    o[i, j] += aik * (np.int32(b[k, j]) - bz[j])
 
 
 @njit(cache=True, nogil=True)
@@ -470,12 +442,36 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
         cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
         _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, cache)
     else:
-        _bmm_int(A3, B3, za2, zb2, ia, ib, o3)
+        cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
+        _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, cache)
     return o
 
 
+def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
+    """out3[t, i, j] = sum_k (a - za[i]) * (b - zb[j]) in int32 (wrapping as onnxruntime's sums do): the codes
+    minus their zero points as int16 pairs (``_i16pairs``), B's packed form kept in ``packed`` by batch index
+    and zero points."""
+    nb, m, n = o3.shape
+    k = A3.shape[2]
+    k2, g = -(-k // 2), -(-n // 8)
+    az = np.zeros((m, 2 * k2), np.int16)
+    acc = None if n % 8 == 0 else np.empty((m, 8 * g), np.int32)
+    for t in range(nb):
+        za = za2[ia[t] if za2.shape[0] > 1 else 0]
+        zb = zb2[ib[t] if zb2.shape[0] > 1 else 0]
+        key = (int(ib[t]), zb.tobytes())
+        bp = packed.get(key)
+        if bp is None:
+            bp = packed[key] = _i16pairs.pack(B3[ib[t]].astype(np.int16) - zb.astype(np.int16)[None, :])
+        np.subtract(A3[ia[t]], za.astype(np.int16)[:, None], out=az[:, :k], dtype=np.int16)
+        dst = o3[t] if acc is None else acc
+        _i16pairs.gemm_groups(az, bp, dst)
+        if acc is not None:
+            o3[t] = acc[:, :n]
+
+
 def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
-    """``_bmm_int``'s product as onnxruntime computes uint8 x int8 on hosts where it saturates (``_u8s8``): the
+    """``_bmm_exact``'s product as onnxruntime computes uint8 x int8 on hosts where it saturates (``_u8s8``): the
     raw codes' pair sums saturated to 16 bits, then the zero points through row and column sums (exact
     int32).  ``packed`` maps B's batch index to its packed form (filled here)."""
     nb, m, n = o3.shape

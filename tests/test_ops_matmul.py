@@ -175,6 +175,27 @@ def test_matmul_integer(adt, bdt):
         np.testing.assert_array_equal(MM.matmul_integer(a, b, za, z), ref)
 
 
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_portable"])
+def test_int16_pairs_are_the_exact_integers(kernel):
+    """``_i16pairs``' products (the host's ``vpmaddwd`` form and the portable loop) over packed int16 operands:
+    an odd K, a part-filled last column group, the extremes of codes minus zero points (+-255); and the
+    threaded driver over more groups than one task holds."""
+    from ops import _i16pairs
+    a = RNG.integers(-255, 256, (5, 37)).astype(np.int16)
+    b = RNG.integers(-255, 256, (37, 141)).astype(np.int16)
+    a[0], b[:, 0] = 255, -255
+    bp = _i16pairs.pack(b)
+    ap = np.zeros((5, 2 * bp.shape[1]), np.int16)
+    ap[:, :37] = a
+    out = np.empty((5, 8 * bp.shape[0]), np.int32)
+    getattr(_i16pairs, kernel)(ap, bp, out, 0, bp.shape[0])
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(out[:, :141], want)
+    out[:] = 0
+    _i16pairs.gemm_groups(ap, bp, out)
+    np.testing.assert_array_equal(out[:, :141], want)
+
+
 @pytest.mark.parametrize("dt,bdt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)])
 def test_qlinear_matmul(dt, bdt):
     lo, hi = np.iinfo(dt).min, np.iinfo(dt).max

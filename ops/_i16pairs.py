@@ -1,0 +1,121 @@
+"""Exact products of 8-bit integer codes minus their zero points, in int16 pairs: ``vpmaddwd``.
+
+A code minus a zero point lies in [-255, 255], so it fits int16, and ``vpmaddwd`` multiplies 16 such pairs and
+adds each adjacent pair of products into an int32 lane, exactly.  This is how onnxruntime's MLAS computes
+uint8 x uint8 products on AVX2 (and every 8-bit product on hosts where the ``vpmaddubsw`` form would saturate
+does not apply); the sums are the exact integers, wrapping in int32 as MLAS's do.
+
+``pack(Bz)`` lays an int16 matrix ``Bz [K, N]`` (codes minus zero points) out as ``[G, K2, 16]``: column group
+``g`` (8 columns), k pair ``kk``, element ``2i + t`` = ``Bz[2kk + t, 8g + i]``, zero-padded to even K and whole
+groups.  ``gemm(Az, Bp, out)`` writes ``out[m, 8g + i]`` (int32) = the dot of int16 row ``Az[m]`` (``2 * K2``
+values, zeros past K) with column ``8g + i``: on AVX2 hosts a Numba intrinsic, elsewhere ``gemm_portable``
+(tests compare the two).  ``gemm_groups`` spreads column groups over the threads (the rows of an 8-bit product
+are few, its columns many).
+
+Invariant: callers pass C-contiguous arrays of the shapes above; the kernels read and write nothing else.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from . import _simd
+
+__all__ = ["pack", "gemm", "gemm_groups", "gemm_portable", "AVX2"]
+
+AVX2 = _simd.AVX2
+
+_I16, _I32 = ir.IntType(16), ir.IntType(32)
+_V16I16 = ir.VectorType(_I16, 16)
+_V8I32 = ir.VectorType(_I32, 8)
+
+
+def pack(Bz: np.ndarray) -> np.ndarray:
+    """int16 ``Bz [K, N]`` as ``[G, K2, 16]`` (see the module docstring), zero-padded."""
+    K, N = Bz.shape
+    K2, G = -(-K // 2), -(-N // 8)
+    Wz = np.zeros((2 * K2, 8 * G), np.int16)
+    Wz[:K, :N] = Bz
+    return np.ascontiguousarray(Wz.reshape(K2, 2, G, 8).transpose(2, 0, 3, 1).reshape(G, K2, 16))
+
+
+@njit(cache=True, nogil=True)
+def gemm_portable(Az, Bp, out, g0, g1):
+    """``gemm`` over column groups [g0, g1) by a Numba loop."""
+    M = Az.shape[0]
+    K2 = Bp.shape[1]
+    for g in range(g0, g1):
+        for m in range(M):
+            for i in range(8):
+                acc = np.int32(0)
+                for kk in range(K2):
+                    acc += np.int32(Az[m, 2 * kk]) * np.int32(Bp[g, kk, 2 * i]) \
+                        + np.int32(Az[m, 2 * kk + 1]) * np.int32(Bp[g, kk, 2 * i + 1])
+                out[m, 8 * g + i] = acc
+
+
+@intrinsic
+def _gemm_avx2(typingctx, a, w, out, g0, g1):
+    if not (isinstance(a, types.Array) and a.dtype == types.int16 and a.ndim == 2 and a.layout == "C"
+            and isinstance(w, types.Array) and w.dtype == types.int16 and w.ndim == 3 and w.layout == "C"
+            and isinstance(out, types.Array) and out.dtype == types.int32 and out.ndim == 2 and out.layout == "C"
+            and isinstance(g0, types.Integer) and isinstance(g1, types.Integer)):
+        return None
+    sig = types.void(a, w, out, g0, g1)
+
+    def codegen(context, builder, sig, args):
+        A, W, O = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:3], args[:3]))
+        M, Kp = cgutils.unpack_tuple(builder, A.shape, 2)
+        _, K2, _ = cgutils.unpack_tuple(builder, W.shape, 3)
+        N = cgutils.unpack_tuple(builder, O.shape, 2)[1]
+        intp = M.type
+        lo = context.cast(builder, args[3], sig.args[3], types.intp)
+        hi = context.cast(builder, args[4], sig.args[4], types.intp)
+
+        def c(v):
+            return ir.Constant(intp, v)
+        mod = builder.module
+        mwd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+            mod, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
+        accp = cgutils.alloca_once(builder, _V8I32)
+        with cgutils.for_range_slice(builder, lo, hi, c(1), intp=intp) as (g, _):
+            wbase = builder.gep(W.data, [builder.mul(g, builder.mul(K2, c(16)))])
+            with cgutils.for_range(builder, M, intp=intp) as lm:
+                abase = builder.gep(A.data, [builder.mul(lm.index, Kp)])
+                builder.store(ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), accp)
+                with cgutils.for_range(builder, K2, intp=intp) as lk:
+                    k = lk.index
+                    a2 = builder.load(builder.bitcast(builder.gep(abase, [builder.mul(k, c(2))]),
+                                                      _I32.as_pointer()), align=2)
+                    av = builder.insert_element(ir.Constant(_V8I32, None), a2, ir.Constant(_I32, 0))
+                    av = builder.shuffle_vector(av, ir.Constant(_V8I32, None),
+                                                ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+                    wv = builder.load(builder.bitcast(builder.gep(wbase, [builder.mul(k, c(16))]),
+                                                      _V16I16.as_pointer()), align=2)
+                    prod = builder.call(mwd, [builder.bitcast(av, _V16I16), wv])
+                    builder.store(builder.add(builder.load(accp), prod), accp)
+                optr = builder.gep(O.data, [builder.add(builder.mul(lm.index, N), builder.mul(g, c(8)))])
+                builder.store(builder.load(accp), builder.bitcast(optr, _V8I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def _gemm_host(Az, Bp, out, g0, g1):
+    _gemm_avx2(Az, Bp, out, g0, g1)
+
+
+gemm = _gemm_host if AVX2 else gemm_portable
+
+_GROUPS = 16  # column groups per task of ``gemm_groups``
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def gemm_groups(Az, Bp, out):
+    """``gemm`` over all column groups, ``_GROUPS`` per task over the threads."""
+    G = Bp.shape[0]
+    for t in prange((G + _GROUPS - 1) // _GROUPS):
+        gemm(Az, Bp, out, t * _GROUPS, min(G, (t + 1) * _GROUPS))

@@ -110,12 +110,13 @@ def _gemm_host(Az, Bp, out, g0, g1):
 
 gemm = _gemm_host if AVX2 else gemm_portable
 
-_GROUPS = 16  # column groups per task of ``gemm_groups``
+_GROUPS = 16  # at most this many column groups per task of ``gemm_groups``, and at least 8 tasks where G allows
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def gemm_groups(Az, Bp, out):
-    """``gemm`` over all column groups, ``_GROUPS`` per task over the threads."""
+    """``gemm`` over all column groups in tasks over the threads."""
     G = Bp.shape[0]
-    for t in prange((G + _GROUPS - 1) // _GROUPS):
-        gemm(Az, Bp, out, t * _GROUPS, min(G, (t + 1) * _GROUPS))
+    per = max(1, min(_GROUPS, (G + 7) // 8))
+    for t in prange((G + per - 1) // per):
+        gemm(Az, Bp, out, t * per, min(G, (t + 1) * per))

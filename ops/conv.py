@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
+from . import _i16pairs
 from ._common import F32, as_int_list, lowp, pad3, window_geometry
 from .registry import op
 
@@ -411,9 +412,7 @@ def ConvTranspose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, k
 op("ConvTranspose", 11)(ConvTranspose)
 
 
-@op("ConvInteger", 10)
-def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
-                kernel_shape=None, pads=None, strides=None):
+def _conv_integer_float(x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides):
     """Integer conv in float64 (exact up to 2**53); padding contributes the zero point, i.e. 0 after shifting."""
     xf = x.astype(np.float64)
     if x_zero_point is not None:
@@ -424,6 +423,61 @@ def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET"
         wf -= zp.reshape((-1,) + (1,) * (w.ndim - 1)) if zp.size > 1 else zp[0]
     y = conv_nd(xf, wf, None, auto_pad, dilations, group, kernel_shape, pads, strides, name="ConvInteger")
     return np.rint(y).astype(np.int32)
+
+
+_8BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _conv_integer_pairs(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed):
+    """An ungrouped ConvInteger on the exact int16-pair products (``_i16pairs``), as onnxruntime's integer
+    GEMM sums them: each image's windows as rows (im2col of x minus its zero point, transposed), against the
+    weights minus their zero points packed once per node (``packed``: the weights, their zero points and the
+    packed form)."""
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    ks = kernel_shape if kernel_shape else w.shape[2:]
+    k, s, d, pb, _, osp = window_geometry("ConvInteger", x.shape, ks, auto_pad, dilations, pads, strides)
+    k3, s3, d3, pb3, o3, i3 = pad3(k, 1), pad3(s, 1), pad3(d, 1), pad3(pb, 0), pad3(osp, 1), pad3(x.shape[2:], 1)
+    K, L = C * int(np.prod(k3)), int(np.prod(o3))
+    got = packed.get("w")
+    if got is None or got[0] is not w or got[1] != wz.tobytes():
+        wzc = wz.reshape((-1,) + (1,) * (w.ndim - 1)) if wz.size > 1 else wz.reshape(())
+        bz = (w.astype(np.int16) - wzc.astype(np.int16)).reshape(M, K)
+        got = (w, wz.tobytes(), _i16pairs.pack(np.ascontiguousarray(bz.T)))
+        packed["w"] = got
+    bp = got[2]
+    out = np.empty((N, M, L), np.int32)
+    col = np.empty((K, L), np.int16)
+    rows = np.zeros((L, 2 * bp.shape[1]), np.int16)
+    acc = np.empty((L, 8 * bp.shape[0]), np.int32)
+    xs = (x.astype(np.int16) - xz.astype(np.int16).reshape(())).reshape((N, C, *i3))
+    for n in range(N):
+        _im2col(xs[n], col, k3, s3, pb3, d3, o3)
+        rows[:, :K] = col.T
+        _i16pairs.gemm_groups(rows, bp, acc)
+        out[n] = acc[:, :M].T
+    return out.reshape((N, M, *osp))
+
+
+def _conv_integer_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                          strides=None):
+    packed = {}  # the weights' packed form, kept while the same weights come in (an initializer: every run)
+
+    def run(x, w, x_zero_point=None, w_zero_point=None):
+        xz = np.zeros(1, np.int16) if x_zero_point is None else np.asarray(x_zero_point).reshape(-1)
+        wz = np.zeros(1, np.int16) if w_zero_point is None else np.asarray(w_zero_point).reshape(-1)
+        ks = list(kernel_shape) if kernel_shape else list(w.shape[2:])
+        if (int(group) == 1 and x.dtype in _8BIT and w.dtype in _8BIT and x.ndim == w.ndim >= 3
+                and x.shape[1] == w.shape[1] and ks == list(w.shape[2:]) and xz.size == 1
+                and wz.size in (1, w.shape[0]) and x.shape[0] * w.shape[0] * w[0].size > 0):
+            return _conv_integer_pairs(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed)
+        # groups, other types, and every shape the float path refuses by name
+        return _conv_integer_float(x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, kernel_shape,
+                                   pads, strides)
+    return run
+
+
+op("ConvInteger", 10, factory=True)(_conv_integer_factory)
 
 
 @op("QLinearConv", 10)

@@ -249,6 +249,25 @@ def test_col2im_matches_ort():
              pads=[0, 1, 0, 1])
 
 
+@pytest.mark.parametrize("case", ["2d", "strided_dilated", "1d", "grouped"])
+def test_conv_integer_equals_onnxruntime(case):
+    """ConvInteger's int16-pair products (and the float path it keeps for groups) equal onnxruntime's integers:
+    uint8 codes with zero points near the middle, a batch of 2, SAME padding, strides and dilations, 1-d."""
+    if case == "1d":
+        x = RNG.integers(0, 256, (2, 6, 50)).astype(np.uint8)
+        w = RNG.integers(0, 256, (5, 6, 4)).astype(np.uint8)
+        kw = dict(strides=[2], pads=[1, 2])
+    else:
+        x = RNG.integers(0, 256, (2, 12, 19, 17)).astype(np.uint8)
+        w = RNG.integers(0, 256, (10, 3 if case == "grouped" else 12, 3, 3)).astype(np.uint8)
+        kw = {"2d": dict(auto_pad="SAME_UPPER"), "strided_dilated": dict(strides=[2, 1], dilations=[2, 2]),
+              "grouped": dict(group=4, pads=[1, 1, 1, 1])}[case]
+    if case == "grouped":
+        w = RNG.integers(0, 256, (12, 3, 3, 3)).astype(np.uint8)
+    inits = {"w": w, "xz": np.array(131, np.uint8), "wz": np.array(118, np.uint8)}
+    _compare("ConvInteger", {"x": x}, inits, rtol=0, atol=0, opset=10, **kw)
+
+
 def test_quantized_convs():
     x = RNG.integers(0, 255, (1, 16, 20, 20)).astype(np.uint8)
     w = RNG.integers(-127, 127, (8, 16, 3, 3)).astype(np.int8)

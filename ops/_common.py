@@ -148,7 +148,10 @@ def norm_axes(axes, rank: int) -> tuple:
 def as_int_list(x) -> list:
     if x is None:
         return []
-    return [int(v) for v in np.asarray(x).reshape(-1)]
+    a = np.asarray(x).reshape(-1)
+    if a.dtype.kind in "iu":
+        return a.tolist()  # Python ints already, without a numpy scalar per element
+    return [int(v) for v in a.tolist()]
 
 
 def check_same_dtype(op: str, *arrays) -> None:

@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from . import _simd
+from ._u8s8 import pack_lanes
 
 __all__ = ["pack", "gemm", "gemm_groups", "gemm_portable", "AVX2"]
 
@@ -35,11 +36,7 @@ _V8I32 = ir.VectorType(_I32, 8)
 
 def pack(Bz: np.ndarray) -> np.ndarray:
     """int16 ``Bz [K, N]`` as ``[G, K2, 16]`` (see the module docstring), zero-padded."""
-    K, N = Bz.shape
-    K2, G = -(-K // 2), -(-N // 8)
-    Wz = np.zeros((2 * K2, 8 * G), np.int16)
-    Wz[:K, :N] = Bz
-    return np.ascontiguousarray(Wz.reshape(K2, 2, G, 8).transpose(2, 0, 3, 1).reshape(G, K2, 16))
+    return pack_lanes(np.asarray(Bz, np.int16), 2)
 
 
 @njit(cache=True, nogil=True)

@@ -30,7 +30,7 @@ from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
+__all__ = ["pack", "pack_lanes", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
 
 AVX2 = _simd.AVX2
 
@@ -40,13 +40,20 @@ _V16I16 = ir.VectorType(_I16, 16)
 _V8I32 = ir.VectorType(_I32, 8)
 
 
+def pack_lanes(W: np.ndarray, t: int) -> np.ndarray:
+    """``W [K, N]`` for kernels that hold one output column per 32-bit lane, 8 lanes a vector, and ``t``
+    consecutive k per lane: ``[G, ceil(K / t), 8 t]`` with element ``t i + r`` of (g, kk) = ``W[t kk + r, 8 g + i]``,
+    K and N zero-padded to multiples of ``t`` and 8."""
+    K, N = W.shape
+    Kt, G = -(-K // t), -(-N // 8)
+    Wz = np.zeros((t * Kt, 8 * G), W.dtype)
+    Wz[:K, :N] = W
+    return np.ascontiguousarray(Wz.reshape(Kt, t, G, 8).transpose(2, 0, 3, 1).reshape(G, Kt, 8 * t))
+
+
 def pack(W: np.ndarray) -> np.ndarray:
     """int8 ``W [K, N]`` as ``[G, K4, 32]`` (see the module docstring), zero-padded."""
-    K, N = W.shape
-    K4, G = -(-K // 4), -(-N // 8)
-    Wz = np.zeros((4 * K4, 8 * G), np.int8)
-    Wz[:K, :N] = W
-    return np.ascontiguousarray(Wz.reshape(K4, 4, G, 8).transpose(2, 0, 3, 1).reshape(G, K4, 32))
+    return pack_lanes(np.asarray(W, np.int8), 4)
 
 
 @njit(cache=True, nogil=True)

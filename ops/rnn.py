@@ -166,12 +166,24 @@ def _gru_kernel(X, W, R, B, seqlens, h0, rev, acts, alphas, betas, clip, lbr, Y,
         Yh[d] = h
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _gate_inputs(xw, hr, B, P, cp, d, row, b, j):
+    """Unit ``j``'s pre-activations of the input, output, forget and cell gates (the output gate's peephole term
+    comes with the new cell, in the caller): projection, recurrence, both biases, peepholes on ``cp``."""
+    H = hr.shape[1] // 4
+    G = 4 * H
+    gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
+    go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
+    gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] + P[d, 2 * H + j] * cp
+    gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
+    return gi, go, gf, gc
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y):
     """``_lstm_cells`` for the default activations (Sigmoid, Tanh, Tanh) without clip: every value in the arrays'
     float type, and the loop over the hidden units free of per-element dispatch, so it vectorizes."""
     batch, H = h.shape
-    G = 4 * H
     one = np.ones(1, c.dtype)[0]
     for b in range(batch):
         t = _time_of(s, seqlens[b], rev[d])
@@ -180,11 +192,7 @@ def _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y):
         row = t * batch + b
         for j in range(H):
             cp = c[b, j]
-            gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
-            go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
-            gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] \
-                + P[d, 2 * H + j] * cp
-            gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
+            gi, go, gf, gc = _gate_inputs(xw, hr, B, P, cp, d, row, b, j)
             i = fsigmoid_mlas(gi)
             f = one - i if input_forget else fsigmoid_mlas(gf)
             cn = f * cp + i * ftanh(gc)
@@ -200,7 +208,6 @@ def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, cli
     """Step ``s`` of direction ``d`` for every batch row: gates from the input projection ``xw`` and the
     recurrence ``hr`` (bias and peepholes added here), then the new cell ``c`` and hidden ``h``."""
     batch, H = h.shape
-    G = 4 * H
     if clip == 0 and acts[d, 0] == 2 and acts[d, 1] == 1 and acts[d, 2] == 1:
         _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y)
         return
@@ -214,11 +221,7 @@ def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, cli
         row = t * batch + b
         for j in range(H):
             cp = c[b, j]
-            gi = xw[row, j] + hr[b, j] + B[d, j] + B[d, G + j] + P[d, j] * cp
-            go = xw[row, H + j] + hr[b, H + j] + B[d, H + j] + B[d, G + H + j]
-            gf = xw[row, 2 * H + j] + hr[b, 2 * H + j] + B[d, 2 * H + j] + B[d, G + 2 * H + j] \
-                + P[d, 2 * H + j] * cp
-            gc = xw[row, 3 * H + j] + hr[b, 3 * H + j] + B[d, 3 * H + j] + B[d, G + 3 * H + j]
+            gi, go, gf, gc = _gate_inputs(xw, hr, B, P, cp, d, row, b, j)
             i = _act(cf, af, bf, clip, gi)
             f = 1.0 - i if input_forget else _act(cf, af, bf, clip, gf)
             cn = f * cp + i * _act(cg, ag, bg, clip, gc)

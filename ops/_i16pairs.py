@@ -19,11 +19,10 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from . import _simd
-from ._u8s8 import pack_lanes
+from ._u8s8 import emit_lane_gemm, lane_gemm_signature, pack_lanes
 
 __all__ = ["pack", "gemm", "gemm_groups", "gemm_portable", "AVX2"]
 
@@ -54,50 +53,20 @@ def gemm_portable(Az, Bp, out, g0, g1):
                 out[m, 8 * g + i] = acc
 
 
+def _maddwd(builder, av, wv):
+    """The 2 int16 x int16 products of each lane, added exactly (``vpmaddwd``)."""
+    mod = builder.module
+    mwd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+        mod, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
+    return builder.call(mwd, [builder.bitcast(av, _V16I16), builder.bitcast(wv, _V16I16)])
+
+
 @intrinsic
 def _gemm_avx2(typingctx, a, w, out, g0, g1):
-    if not (isinstance(a, types.Array) and a.dtype == types.int16 and a.ndim == 2 and a.layout == "C"
-            and isinstance(w, types.Array) and w.dtype == types.int16 and w.ndim == 3 and w.layout == "C"
-            and isinstance(out, types.Array) and out.dtype == types.int32 and out.ndim == 2 and out.layout == "C"
-            and isinstance(g0, types.Integer) and isinstance(g1, types.Integer)):
+    sig = lane_gemm_signature(a, w, out, g0, g1, types.int16, types.int16)
+    if sig is None:
         return None
-    sig = types.void(a, w, out, g0, g1)
-
-    def codegen(context, builder, sig, args):
-        A, W, O = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:3], args[:3]))
-        M, Kp = cgutils.unpack_tuple(builder, A.shape, 2)
-        _, K2, _ = cgutils.unpack_tuple(builder, W.shape, 3)
-        N = cgutils.unpack_tuple(builder, O.shape, 2)[1]
-        intp = M.type
-        lo = context.cast(builder, args[3], sig.args[3], types.intp)
-        hi = context.cast(builder, args[4], sig.args[4], types.intp)
-
-        def c(v):
-            return ir.Constant(intp, v)
-        mod = builder.module
-        mwd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-            mod, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
-        accp = cgutils.alloca_once(builder, _V8I32)
-        with cgutils.for_range_slice(builder, lo, hi, c(1), intp=intp) as (g, _):
-            wbase = builder.gep(W.data, [builder.mul(g, builder.mul(K2, c(16)))])
-            with cgutils.for_range(builder, M, intp=intp) as lm:
-                abase = builder.gep(A.data, [builder.mul(lm.index, Kp)])
-                builder.store(ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), accp)
-                with cgutils.for_range(builder, K2, intp=intp) as lk:
-                    k = lk.index
-                    a2 = builder.load(builder.bitcast(builder.gep(abase, [builder.mul(k, c(2))]),
-                                                      _I32.as_pointer()), align=2)
-                    av = builder.insert_element(ir.Constant(_V8I32, None), a2, ir.Constant(_I32, 0))
-                    av = builder.shuffle_vector(av, ir.Constant(_V8I32, None),
-                                                ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
-                    wv = builder.load(builder.bitcast(builder.gep(wbase, [builder.mul(k, c(16))]),
-                                                      _V16I16.as_pointer()), align=2)
-                    prod = builder.call(mwd, [builder.bitcast(av, _V16I16), wv])
-                    builder.store(builder.add(builder.load(accp), prod), accp)
-                optr = builder.gep(O.data, [builder.add(builder.mul(lm.index, N), builder.mul(g, c(8)))])
-                builder.store(builder.load(accp), builder.bitcast(optr, _V8I32.as_pointer()), align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _maddwd)
 
 
 @njit(cache=True, nogil=True)

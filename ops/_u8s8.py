@@ -30,7 +30,7 @@ from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "pack_lanes", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
+__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
 
 AVX2 = _simd.AVX2
 
@@ -73,53 +73,79 @@ def sat_gemm_portable(A, Wp, out):
                 out[m, 8 * g + i] = acc
 
 
-@intrinsic
-def _sat_gemm_avx2(typingctx, a, w, out):
-    if not (isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 2 and a.layout == "C"
-            and isinstance(w, types.Array) and w.dtype == types.int8 and w.ndim == 3 and w.layout == "C"
-            and isinstance(out, types.Array) and out.dtype == types.int32 and out.ndim == 2 and out.layout == "C"):
-        return None
-    sig = types.void(a, w, out)
+def _intrinsic_fn(builder, name, ret, args):
+    mod = builder.module
+    return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ret, args), name)
 
-    def codegen(context, builder, sig, args):
-        A, W, O = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args, args))
-        M, Kp = cgutils.unpack_tuple(builder, A.shape, 2)
-        G, K4, _ = cgutils.unpack_tuple(builder, W.shape, 3)
-        N = cgutils.unpack_tuple(builder, O.shape, 2)[1]
-        intp = M.type
-        c = lambda v: ir.Constant(intp, v)  # noqa: E731
-        mod = builder.module
-        mub = mod.globals.get("llvm.x86.avx2.pmadd.ub.sw") or ir.Function(
-            mod, ir.FunctionType(_V16I16, [_V32I8, _V32I8]), "llvm.x86.avx2.pmadd.ub.sw")
-        mwd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-            mod, ir.FunctionType(_V8I32, [_V16I16, _V16I16]), "llvm.x86.avx2.pmadd.wd")
-        ones = ir.Constant(_V16I16, [ir.Constant(_I16, 1)] * 16)
-        accp = cgutils.alloca_once(builder, _V8I32)
-        with cgutils.for_range(builder, G, intp=intp) as lg:
-            wbase = builder.gep(W.data, [builder.mul(lg.index, builder.mul(K4, c(32)))])
-            with cgutils.for_range(builder, M, intp=intp) as lm:
-                abase = builder.gep(A.data, [builder.mul(lm.index, Kp)])
-                builder.store(ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), accp)
-                with cgutils.for_range(builder, K4, intp=intp) as lk:
-                    k = lk.index
-                    a4 = builder.load(builder.bitcast(builder.gep(abase, [builder.mul(k, c(4))]),
-                                                      _I32.as_pointer()), align=1)
-                    av = builder.insert_element(ir.Constant(_V8I32, None), a4, ir.Constant(_I32, 0))
-                    av = builder.shuffle_vector(av, ir.Constant(_V8I32, None),
-                                                ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
-                    wv = builder.load(builder.bitcast(builder.gep(wbase, [builder.mul(k, c(32))]),
-                                                      _V32I8.as_pointer()), align=1)
-                    pairs = builder.call(mub, [builder.bitcast(av, _V32I8), wv])
-                    builder.store(builder.add(builder.load(accp), builder.call(mwd, [pairs, ones])), accp)
-                optr = builder.gep(O.data, [builder.add(builder.mul(lm.index, N), builder.mul(lg.index, c(8)))])
-                builder.store(builder.load(accp), builder.bitcast(optr, _V8I32.as_pointer()), align=1)
-        return context.get_dummy_value()
-    return sig, codegen
+
+def emit_lane_gemm(context, builder, sig, args, product):
+    """The IR of a lane product over packed weights (``pack_lanes``): for column groups g in [args[3],
+    args[4]) and every row m of ``A`` (args[0], 4 bytes of it per k step, broadcast to the 8 lanes), the int32
+    lane sums ``product(builder, a, w)`` of that broadcast (<8 x i32>) against group g's next 32 bytes of
+    weights (args[1], a <32 x i8> load) accumulated over the k steps, stored to ``out[m, 8g:8g + 8]`` (args[2])."""
+    A, W, O = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:3], args[:3]))
+    M, Kp = cgutils.unpack_tuple(builder, A.shape, 2)
+    _, steps, _ = cgutils.unpack_tuple(builder, W.shape, 3)
+    N = cgutils.unpack_tuple(builder, O.shape, 2)[1]
+    intp = M.type
+    lo = context.cast(builder, args[3], sig.args[3], types.intp)
+    hi = context.cast(builder, args[4], sig.args[4], types.intp)
+    abytes = context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
+    wbytes = context.get_abi_sizeof(context.get_data_type(sig.args[1].dtype))
+
+    def c(v):
+        return ir.Constant(intp, v)
+    i8p = _I8.as_pointer()
+    accp = cgutils.alloca_once(builder, _V8I32)
+    with cgutils.for_range_slice(builder, lo, hi, c(1), intp=intp) as (g, _):
+        wbase = builder.gep(builder.bitcast(W.data, i8p), [builder.mul(g, builder.mul(steps, c(32)))])
+        with cgutils.for_range(builder, M, intp=intp) as lm:
+            abase = builder.gep(builder.bitcast(A.data, i8p), [builder.mul(lm.index, builder.mul(Kp, c(abytes)))])
+            builder.store(ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), accp)
+            with cgutils.for_range(builder, steps, intp=intp) as lk:
+                k = lk.index
+                a4 = builder.load(builder.bitcast(builder.gep(abase, [builder.mul(k, c(4))]), _I32.as_pointer()),
+                                  align=abytes)
+                av = builder.insert_element(ir.Constant(_V8I32, None), a4, ir.Constant(_I32, 0))
+                av = builder.shuffle_vector(av, ir.Constant(_V8I32, None),
+                                            ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+                wv = builder.load(builder.bitcast(builder.gep(wbase, [builder.mul(k, c(32))]), _V32I8.as_pointer()),
+                                  align=wbytes)
+                builder.store(builder.add(builder.load(accp), product(builder, av, wv)), accp)
+            optr = builder.gep(O.data, [builder.add(builder.mul(lm.index, N), builder.mul(g, c(8)))])
+            builder.store(builder.load(accp), builder.bitcast(optr, _V8I32.as_pointer()), align=4)
+    return context.get_dummy_value()
+
+
+def lane_gemm_signature(a, w, out, g0, g1, adt, wdt):
+    """The signature of an ``emit_lane_gemm`` intrinsic for these argument types, or None."""
+    def arr(x, dt, nd):
+        return isinstance(x, types.Array) and x.dtype == dt and x.ndim == nd and x.layout == "C"
+    if arr(a, adt, 2) and arr(w, wdt, 3) and arr(out, types.int32, 2) and isinstance(g0, types.Integer) \
+            and isinstance(g1, types.Integer):
+        return types.void(a, w, out, g0, g1)
+    return None
+
+
+def _maddubs(builder, av, wv):
+    """The 4 uint8 x int8 products of each lane: pairs saturated to int16 (``vpmaddubsw``), added (``vpmaddwd``)."""
+    mub = _intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
+    mwd = _intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [_V16I16, _V16I16])
+    pairs = builder.call(mub, [builder.bitcast(av, _V32I8), wv])
+    return builder.call(mwd, [pairs, ir.Constant(_V16I16, [ir.Constant(_I16, 1)] * 16)])
+
+
+@intrinsic
+def _sat_gemm_avx2(typingctx, a, w, out, g0, g1):
+    sig = lane_gemm_signature(a, w, out, g0, g1, types.uint8, types.int8)
+    if sig is None:
+        return None
+    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _maddubs)
 
 
 @njit(cache=True, nogil=True)
 def _sat_gemm_host(A, Wp, out):
-    _sat_gemm_avx2(A, Wp, out)
+    _sat_gemm_avx2(A, Wp, out, 0, Wp.shape[0])
 
 
 sat_gemm = _sat_gemm_host if AVX2 else sat_gemm_portable

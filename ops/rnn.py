@@ -20,9 +20,9 @@ order, only by the activations that take them.
 
 DynamicQuantizeLSTM reproduces onnxruntime's integer arithmetic: X quantized to uint8 once (all steps), the
 hidden state again at every step (range widened to hold 0, scale (max - min) / 255, round half to even), the
-products exact, or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent pairs by
-``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import; the products then
-run on that instruction too, ``ops._u8s8``); each product scaled per column in float32.  The directions of a
+products exact (``ops._i16pairs``), or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent
+pairs by ``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import; the products
+then run on that instruction too, ``ops._u8s8``); each product scaled per column in float32.  The directions of a
 bidirectional node run side by side on the threads.
 """
 from __future__ import annotations
@@ -33,9 +33,10 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from . import _u8s8
+from . import _i16pairs, _u8s8
 from ._common import F32, lowp
 from ._fastmath import fsigmoid_mlas, ftanh
+from ._i16pairs import gemm as gemm16
 from ._u8s8 import sat_gemm
 from .registry import op
 
@@ -184,7 +185,7 @@ def _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y):
     """``_lstm_cells`` for the default activations (Sigmoid, Tanh, Tanh) without clip: every value in the arrays'
     float type, and the loop over the hidden units free of per-element dispatch, so it vectorizes."""
     batch, H = h.shape
-    one = np.ones(1, c.dtype)[0]
+    one = np.float32(1.0)  # 1 in float32 and in float64 alike
     for b in range(batch):
         t = _time_of(s, seqlens[b], rev[d])
         if t < 0:
@@ -247,13 +248,12 @@ def _lstm_kernel(X, W, R, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip,
 
 
 @njit(cache=True, nogil=True)
-def _quantize_u8(x, q, codes):
+def _quantize_u8(x, codes, q):
     """onnxruntime's dynamic uint8 quantization of ``x`` (2-d float32) as its quantized RNN products take it:
     the range widened to hold 0, scale (max - min) / 255 (1 when the range is empty), zero point the rounded
-    -min / scale, each value round-half-even(x / scale) kept within the codes.  ``q`` receives the codes minus
-    the zero point (as float64, so that a BLAS product of them is the exact integer sum) and, when it has
-    rows, ``codes`` the uint8 codes themselves (its columns past x's stay as they are: zeros); returns the
-    scale and the zero point."""
+    -min / scale, each value round-half-even(x / scale) kept within the codes.  Writes the uint8 codes to
+    ``codes`` when it has rows, the codes minus the zero point (int16) to ``q`` when it has rows; the columns of
+    either past x's stay as they are (zeros).  Returns the scale and the zero point."""
     mn = np.float32(0.0)
     mx = np.float32(0.0)
     for i in range(x.shape[0]):
@@ -265,61 +265,65 @@ def _quantize_u8(x, q, codes):
     zp = np.rint(min(np.float32(255.0), max(np.float32(0.0), np.float32(0.0) - mn / scale)))
     lo, hi = -zp, np.float32(255.0) - zp
     with_codes = codes.shape[0] > 0
+    with_q = q.shape[0] > 0
     for i in range(x.shape[0]):
         for k in range(x.shape[1]):
             v = min(max(np.rint(x[i, k] / scale), lo), hi)
-            q[i, k] = v
             if with_codes:
                 codes[i, k] = np.uint8(np.int32(v + zp))
+            if with_q:
+                q[i, k] = np.int16(v)
     return scale, zp
 
 
 @njit(cache=True, nogil=True)
-def _qproduct(q, codes, zp, Wd, Wp, colsum, saturate, scale, wscale, acc, out):
-    """out = float32(q @ Wd) * float32(scale * wscale[col]): the integer product of quantized codes (exact in
-    float64, or, when ``saturate``, the uint8 ``codes`` against the packed int8 weights ``Wp`` summed as MLAS
-    sums them, ``_u8s8.sat_gemm``, into the int32 ``acc``) scaled per output column, as onnxruntime's quantized
-    GEMM writes it."""
+def _qproduct(codes, q, zp, W8, W16, colsum, saturate, scale, wscale, acc, out):
+    """out = float32(the integer product) * float32(scale * wscale[col]), as onnxruntime's quantized GEMM writes
+    it: when ``saturate``, the uint8 ``codes`` against the packed int8 weights ``W8`` summed as MLAS sums them
+    (``_u8s8.sat_gemm``) less ``zp`` times the column sums; otherwise the exact product of the codes minus
+    their zero points ``q`` and ``W16`` (``_i16pairs.gemm``).  ``acc`` is the int32 scratch."""
     M, N = out.shape
     if saturate:
-        sat_gemm(codes, Wp, acc)
+        sat_gemm(codes, W8, acc)
         for i in range(M):
             for j in range(N):
                 out[i, j] = np.float32(np.float64(acc[i, j]) - zp * colsum[j]) * np.float32(scale * wscale[j])
         return
-    exact = np.dot(q, Wd)
+    gemm16(q, W16, acc, 0, W16.shape[0])
     for i in range(M):
         for j in range(N):
-            out[i, j] = np.float32(exact[i, j]) * np.float32(scale * wscale[j])
+            out[i, j] = np.float32(acc[i, j]) * np.float32(scale * wscale[j])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _qlstm_kernel(X, Wd, Wp, wcol, wsat, wscale, Rd, Rp, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
+def _qlstm_kernel(X, W8, W16, wcol, wsat, wscale, R8, R16, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
                   alphas, betas, clip, input_forget, Y, Yh, Yc):
-    """LSTM with int8/uint8 weights (``Wd`` [D, nin, 4H], ``Rd`` [D, H, 4H]: codes minus zero point, float64;
-    ``Wp``/``Rp`` their ``_u8s8.pack`` forms where the products saturate) as onnxruntime's DynamicQuantizeLSTM
-    runs it: X quantized once (all steps together), the hidden state quantized again at every step, each
-    product scaled per column.  The directions run side by side on the threads."""
+    """LSTM with int8/uint8 weights (``W8``/``W16`` [D, ...], ``R8``/``R16``: their ``_quantized_weights`` forms)
+    as onnxruntime's DynamicQuantizeLSTM runs it: X quantized once (all steps together), the hidden state
+    quantized again at every step, each product scaled per column.  The directions run side by side on the
+    threads."""
     seq, batch, nin = X.shape
     D, _, H = h0.shape
     G = 4 * H
     x2 = X.reshape(seq * batch, nin)
-    xq = np.empty((seq * batch, nin), np.float64)
-    xc = np.zeros((seq * batch if wsat else 0, 4 * Wp.shape[2]), np.uint8)
-    sx, zx = _quantize_u8(x2, xq, xc)
+    xc = np.zeros((seq * batch if wsat else 0, 4 * W8.shape[2]), np.uint8)
+    xq = np.zeros((0 if wsat else seq * batch, 2 * W16.shape[2]), np.int16)
+    sx, zx = _quantize_u8(x2, xc, xq)
+    wgroups = W8.shape[1] if wsat else W16.shape[1]
+    rgroups = R8.shape[1] if rsat else R16.shape[1]
     for d in prange(D):
         xw = np.empty((seq * batch, G), np.float32)
-        xacc = np.empty((seq * batch if wsat else 0, 8 * Wp.shape[1]), np.int32)
-        _qproduct(xq, xc, zx, Wd[d], Wp[d], wcol[d], wsat, sx, wscale[d], xacc, xw)
-        hq = np.empty((batch, H), np.float64)
-        hc = np.zeros((batch if rsat else 0, 4 * Rp.shape[2]), np.uint8)
-        hacc = np.empty((batch if rsat else 0, 8 * Rp.shape[1]), np.int32)
+        xacc = np.empty((seq * batch, 8 * wgroups), np.int32)
+        _qproduct(xc, xq, zx, W8[d], W16[d], wcol[d], wsat, sx, wscale[d], xacc, xw)
+        hc = np.zeros((batch if rsat else 0, 4 * R8.shape[2]), np.uint8)
+        hq = np.zeros((0 if rsat else batch, 2 * R16.shape[2]), np.int16)
+        hacc = np.empty((batch, 8 * rgroups), np.int32)
         hr = np.empty((batch, G), np.float32)
         h = h0[d].copy()
         c = c0[d].copy()
         for s in range(seq):
-            sh, zh = _quantize_u8(h, hq, hc)
-            _qproduct(hq, hc, zh, Rd[d], Rp[d], rcol[d], rsat, sh, rscale[d], hacc, hr)
+            sh, zh = _quantize_u8(h, hc, hq)
+            _qproduct(hc, hq, zh, R8[d], R16[d], rcol[d], rsat, sh, rscale[d], hacc, hr)
             _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
         Yh[d] = h
         Yc[d] = c
@@ -485,9 +489,12 @@ for _v in (7, 14):
 # -- com.microsoft DynamicQuantizeLSTM -------------------------------------------------------------------
 
 def _quantized_weights(name, Wq, scale, zero, D, N):
-    """Codes minus zero point as float64 [D, K, N] and the scale per output column float32 [D, N], checked as
-    onnxruntime checks them: scale and zero point of shape [D] (per tensor) or [D, N] (per column), the zero
-    point 0 for int8 codes and one value per direction for uint8."""
+    """The weights' packed forms and the scale per output column float32 [D, N], checked as onnxruntime checks
+    them: scale and zero point of shape [D] (per tensor) or [D, N] (per column), the zero point 0 for int8 codes
+    and one value per direction for uint8.  Where the products saturate (int8 codes, ``MLAS_U8S8_SATURATES``)
+    the codes packed for ``_u8s8`` [D, G, K4, 32]; elsewhere the codes minus the zero point packed for
+    ``_i16pairs`` [D, G, K2, 16].  Returns (int8 form, int16 form; the unused one empty), the column sums of the
+    codes, whether the products saturate, and the scales."""
     if Wq.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
         raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name} must be int8 or uint8, got {Wq.dtype}")
     for what, t in (("scale", scale), ("zero point", zero)):
@@ -496,22 +503,23 @@ def _quantized_weights(name, Wq, scale, zero, D, N):
                                      f"{[D, N]} (per column), got {list(t.shape)}")
     if zero.dtype != Wq.dtype:
         raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point is {zero.dtype}, its codes {Wq.dtype}")
-    z = zero.reshape(D, -1).astype(np.float64)
+    z = zero.reshape(D, -1).astype(np.int16)
     if Wq.dtype == np.int8 and np.any(z != 0):
         raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point must be 0 for int8 codes, got "
                                    f"{zero.tolist()}")
     if np.any(z != z[:, :1]):
         raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name}'s zero point must be one value per direction")
-    codes = Wq.astype(np.float64) - z[:, :1, None]
+    codes = Wq.astype(np.int16) - z[:, :1, None]
     sc = np.ascontiguousarray(np.broadcast_to(scale.reshape(D, -1).astype(F32), (D, N)))
-    colsum = np.ascontiguousarray(codes.sum(axis=1).astype(np.int32))
+    colsum = np.ascontiguousarray(codes.sum(axis=1, dtype=np.int32))
     saturate = bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES)
-    if saturate:  # the products read the packed codes only
-        packed = np.stack([_u8s8.pack(Wq[d]) for d in range(D)])
-        codes = np.zeros((D, 0, 0), np.float64)
+    if saturate:
+        p8 = np.stack([_u8s8.pack(Wq[d]) for d in range(D)])
+        p16 = np.zeros((D, 0, 0, 16), np.int16)
     else:
-        packed = np.zeros((D, 0, 0, 32), np.int8)
-    return np.ascontiguousarray(codes), packed, colsum, saturate, sc
+        p8 = np.zeros((D, 0, 0, 32), np.int8)
+        p16 = np.stack([_i16pairs.pack(codes[d]) for d in range(D)])
+    return p8, p16, colsum, saturate, sc
 
 
 MLAS_U8S8_SATURATES = _u8s8.SATURATES
@@ -540,14 +548,14 @@ def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=N
                 raise InvalidArgumentError(f"DynamicQuantizeLSTM: input {name} is required")
         p = _Prep("DynamicQuantizeLSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, 0,
                   quantized=True)
-        (Wd, Wp, wcol, wsat, wsc), (Rd, Rp, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
+        (W8, W16, wcol, wsat, wsc), (R8, R16, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
                                                                         R_zero_point, p.D, 4 * p.H)
         codes, al, be = _activations("DynamicQuantizeLSTM", activations, activation_alpha, activation_beta,
                                      ("Sigmoid", "Tanh", "Tanh"), p.D)
         c0 = p.state("DynamicQuantizeLSTM", initial_c, "initial_c")
         Pm = p.peepholes("DynamicQuantizeLSTM", P)
         Yc = np.empty_like(p.Yh)
-        _qlstm_kernel(p.X, Wd, Wp, wcol, wsat, wsc, Rd, Rp, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
+        _qlstm_kernel(p.X, W8, W16, wcol, wsat, wsc, R8, R16, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
                       codes, al, be, p.dt.type(_clip(clip)), bool(input_forget), p.Y, p.Yh, Yc)
         return p.finish(ctx, p.Yh, Yc)
 

@@ -437,12 +437,11 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
         m, abatch, batch = nb * m, (), ()
     ia, ib = _batch_maps(abatch, bbatch, batch)
     A3, B3, o3 = A.reshape(-1, m, k), B.reshape(-1, k, n), o.reshape(-1, m, n)
+    # a node's cache holds the packed forms of the first B it sees (an initializer); other Bs pack per run
+    cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
     if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.SATURATES:
-        # a node's cache holds the packed forms of the first B it sees (an initializer); other Bs pack per run
-        cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
         _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, cache)
     else:
-        cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
         _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, cache)
     return o
 
@@ -450,7 +449,7 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
 def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
     """out3[t, i, j] = sum_k (a - za[i]) * (b - zb[j]) in int32 (wrapping as onnxruntime's sums do): the codes
     minus their zero points as int16 pairs (``_i16pairs``), B's packed form kept in ``packed`` by batch index
-    and zero points."""
+    with the zero points it was made for (one entry per batch index, replaced when they change)."""
     nb, m, n = o3.shape
     k = A3.shape[2]
     k2, g = -(-k // 2), -(-n // 8)
@@ -459,10 +458,11 @@ def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
     for t in range(nb):
         za = za2[ia[t] if za2.shape[0] > 1 else 0]
         zb = zb2[ib[t] if zb2.shape[0] > 1 else 0]
-        key = (int(ib[t]), zb.tobytes())
-        bp = packed.get(key)
-        if bp is None:
-            bp = packed[key] = _i16pairs.pack(B3[ib[t]].astype(np.int16) - zb.astype(np.int16)[None, :])
+        zkey = zb.tobytes()
+        got = packed.get(int(ib[t]))
+        if got is None or got[0] != zkey:
+            got = packed[int(ib[t])] = (zkey, _i16pairs.pack(B3[ib[t]].astype(np.int16) - zb.astype(np.int16)[None, :]))
+        bp = got[1]
         np.subtract(A3[ia[t]], za.astype(np.int16)[:, None], out=az[:, :k], dtype=np.int16)
         dst = o3[t] if acc is None else acc
         _i16pairs.gemm_groups(az, bp, dst)
@@ -473,7 +473,7 @@ def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
 def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
     """``_bmm_exact``'s product as onnxruntime computes uint8 x int8 on hosts where it saturates (``_u8s8``): the
     raw codes' pair sums saturated to 16 bits, then the zero points through row and column sums (exact
-    int32).  ``packed`` maps B's batch index to its packed form (filled here)."""
+    int32).  ``packed`` maps B's batch index to (``("u8s8",)``, its packed form, its column sums), filled here."""
     nb, m, n = o3.shape
     k = A3.shape[2]
     k4, g = -(-k // 4), -(-n // 8)
@@ -481,29 +481,25 @@ def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
     ap = np.zeros((m, 4 * k4), np.uint8)
     for t in range(nb):
         a, b = A3[ia[t]], B3[ib[t]]
-        wp = packed.get(int(ib[t]))
-        if wp is None:
-            wp = packed[int(ib[t])] = _u8s8.pack(b)
+        got = packed.get(int(ib[t]))
+        if got is None or got[0] != "u8s8":
+            got = packed[int(ib[t])] = ("u8s8", _u8s8.pack(b), b.sum(axis=0, dtype=np.int32))
         ap[:, :k] = a
-        _u8s8.sat_gemm_rows(ap, wp, acc)
-        _zero_point_terms(acc, a, b, za2[ia[t] if za2.shape[0] > 1 else 0], zb2[ib[t] if zb2.shape[0] > 1 else 0],
-                          o3[t])
+        _u8s8.sat_gemm_rows(ap, got[1], acc)
+        _zero_point_terms(acc, a, got[2], za2[ia[t] if za2.shape[0] > 1 else 0],
+                          zb2[ib[t] if zb2.shape[0] > 1 else 0], o3[t])
 
 
 @njit(cache=True, nogil=True)
-def _zero_point_terms(acc, a, b, za, zb, out):
-    """out = acc - zb[j] * sum_k a[i, k] - za[i] * sum_k b[k, j] + K * za[i] * zb[j], in int32 (wrapping as
-    onnxruntime's int32 sums do); ``za``/``zb`` have one element or one per row / column."""
+def _zero_point_terms(acc, a, cb, za, zb, out):
+    """out = acc - zb[j] * sum_k a[i, k] - za[i] * cb[j] + K * za[i] * zb[j] (``cb``: B's column sums), in int32
+    (wrapping as onnxruntime's int32 sums do); ``za``/``zb`` have one element or one per row / column."""
     m, k = a.shape
     n = out.shape[1]
     ra = np.zeros(m, np.int32)
-    cb = np.zeros(n, np.int32)
     for i in range(m):
         for kk in range(k):
             ra[i] += np.int32(a[i, kk])
-    for kk in range(k):
-        for j in range(n):
-            cb[j] += np.int32(b[kk, j])
     for i in range(m):
         zi = np.int32(za[i if za.shape[0] > 1 else 0])
         for j in range(n):

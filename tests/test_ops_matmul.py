@@ -175,6 +175,22 @@ def test_matmul_integer(adt, bdt):
         np.testing.assert_array_equal(MM.matmul_integer(a, b, za, z), ref)
 
 
+@pytest.mark.parametrize("bdt", [np.uint8, np.int8])
+def test_matmul_integer_packed_b_follows_its_zero_point(bdt):
+    """One session run with two B zero points fed in turn: the node's packed B (kept between runs) is remade
+    for the new zero point, and each run equals onnxruntime's."""
+    a = RNG.integers(0, 256, (4, 24)).astype(np.uint8)
+    b = RNG.integers(np.iinfo(bdt).min, np.iinfo(bdt).max, (24, 16)).astype(bdt)
+    feeds = {"a": a, "zb": np.array(3, bdt)}
+    m = _model("MatMulInteger", feeds, inits={"b": b}, opset=10)
+    m.graph.node[0].input[:] = ["a", "b", "", "zb"]
+    ours = InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for z in (3, -7 if bdt == np.int8 else 200, 3):
+        f = {"a": a, "zb": np.array(z, bdt)}
+        np.testing.assert_array_equal(ours.run(None, f)[0], ref.run(None, f)[0])
+
+
 @pytest.mark.parametrize("kernel", ["gemm", "gemm_portable"])
 def test_int16_pairs_are_the_exact_integers(kernel):
     """``_i16pairs``' products (the host's ``vpmaddwd`` form and the portable loop) over packed int16 operands:

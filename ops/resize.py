@@ -65,28 +65,30 @@ def _interp_axis(x, idx, w, extrap, ev, out):
 _PARALLEL_MIN = 1 << 15  # output elements from which the gather runs over the threads
 
 
+@njit(inline="always", **_OPTS)
+def _gather_rows(x, idx, out, o):
+    """out[o, j, i] = x[o, idx[j], i] for one row o; the innermost axis (I = 1) as a plain indexed copy."""
+    if x.shape[2] == 1:
+        for j in range(idx.shape[0]):
+            out[o, j, 0] = x[o, idx[j], 0]
+        return
+    for j in range(idx.shape[0]):
+        s = idx[j]
+        for i in range(x.shape[2]):
+            out[o, j, i] = x[o, s, i]
+
+
 @njit(parallel=True, **_OPTS)
 def _gather_axis(x, idx, out):
-    """out[o, j, i] = x[o, idx[j], i]: rows o over the threads for large outputs; the innermost axis (I = 1)
-    as a plain indexed copy along j."""
-    O, _, I = x.shape
-    J = idx.shape[0]
-    if O * J * I < _PARALLEL_MIN:
+    """out[o, j, i] = x[o, idx[j], i]: rows o over the threads for large outputs, in this thread for small ones
+    (a thread launch costs more than they do)."""
+    O = x.shape[0]
+    if out.size < _PARALLEL_MIN:
         for o in range(O):
-            for j in range(J):
-                s = idx[j]
-                for i in range(I):
-                    out[o, j, i] = x[o, s, i]
-    elif I == 1:
-        for o in prange(O):
-            for j in range(J):
-                out[o, j, 0] = x[o, idx[j], 0]
+            _gather_rows(x, idx, out, o)
     else:
         for o in prange(O):
-            for j in range(J):
-                s = idx[j]
-                for i in range(I):
-                    out[o, j, i] = x[o, s, i]
+            _gather_rows(x, idx, out, o)
 
 
 @njit(**_OPTS)

@@ -237,6 +237,25 @@ _HALF = np.float32(0.5)
 _ZERO = np.float32(0.0)
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _horner(c, v2):
+    """``c[0] v2^(n-1) + ... + c[n-1]`` by fused multiply-adds from the highest coefficient (Eigen's and MLAS's
+    order); ``c`` a tuple of float32 constants."""
+    p = fma32(v2, c[0], c[1])
+    for k in range(2, len(c)):
+        p = fma32(p, v2, c[k])
+    return p
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _odd_rational(x, lo, hi, a, b):
+    """MLAS's rational approximations (Eigen's): ``v = clamp(x, lo, hi)``, ``v * P(v^2) / Q(v^2)`` with the
+    coefficients ``a`` of P and ``b`` of Q from the highest power down."""
+    v = min(max(x, lo), hi)
+    v2 = v * v
+    return _horner(a, v2) * v / _horner(b, v2)
+
+
 def fsigmoid_mlas(x):
     """The logistic function in onnxruntime's order (MLAS, x86-64 FMA3): float32 ``v`` clamped to [-18, 18],
     ``p = v * (a9 v^8 + ... + a1)`` and ``q = b10 v^10 + ... + b0`` by fused multiply-adds in ``v^2`` (Horner),
@@ -248,19 +267,7 @@ def fsigmoid_mlas(x):
 @njit(cache=True, nogil=True, error_model="numpy")
 def sigmoid32_mlas(x):
     """``fsigmoid_mlas`` of a float32."""
-    v = min(max(x, _SIG_LO), _SIG_HI)
-    v2 = v * v
-    p = fma32(v2, _SIG_A[0], _SIG_A[1])
-    p = fma32(p, v2, _SIG_A[2])
-    p = fma32(p, v2, _SIG_A[3])
-    p = fma32(p, v2, _SIG_A[4])
-    p = p * v
-    q = fma32(v2, _SIG_B[0], _SIG_B[1])
-    q = fma32(q, v2, _SIG_B[2])
-    q = fma32(q, v2, _SIG_B[3])
-    q = fma32(q, v2, _SIG_B[4])
-    q = fma32(q, v2, _SIG_B[5])
-    r = p / q + _HALF
+    r = _odd_rational(x, _SIG_LO, _SIG_HI, _SIG_A, _SIG_B) + _HALF
     r = r if r > _ZERO else _ZERO
     return r if x == x else x          # a select, not a branch: the loop stays vectorizable
 
@@ -291,19 +298,7 @@ def ftanh(x):
 @njit(cache=True, nogil=True, error_model="numpy")
 def tanh32(x):
     """``ftanh`` of a float32."""
-    v = min(max(x, _TANH_LO), _TANH_HI)
-    v2 = v * v
-    p = fma32(v2, _TANH_A[0], _TANH_A[1])
-    p = fma32(p, v2, _TANH_A[2])
-    p = fma32(p, v2, _TANH_A[3])
-    p = fma32(p, v2, _TANH_A[4])
-    p = fma32(p, v2, _TANH_A[5])
-    p = fma32(p, v2, _TANH_A[6])
-    p = p * v
-    q = fma32(v2, _TANH_B[0], _TANH_B[1])
-    q = fma32(q, v2, _TANH_B[2])
-    q = fma32(q, v2, _TANH_B[3])
-    r = p / q
+    r = _odd_rational(x, _TANH_LO, _TANH_HI, _TANH_A, _TANH_B)
     return r if x == x else x
 
 

@@ -30,7 +30,8 @@ from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable", "AVX2", "SATURATES"]
+__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable",
+           "AVX2", "SATURATES"]
 
 AVX2 = _simd.AVX2
 

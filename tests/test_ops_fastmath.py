@@ -14,6 +14,7 @@ import pytest
 from numba import njit
 from onnx import TensorProto, helper, numpy_helper
 
+from ops import _simd
 from ops._fastmath import FAST, exp32, exp32_normal, fexp, maxnum, minnum
 from runtime import InferenceSession
 
@@ -276,7 +277,7 @@ def _tanh_model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
 
 
-@pytest.mark.skipif(not __import__("ops._simd", fromlist=["AVX2"]).AVX2,
+@pytest.mark.skipif(not _simd.AVX2,
                     reason="onnxruntime's FMA3 Tanh kernel runs on x86-64 hosts with AVX2")
 @pytest.mark.parametrize("compiled", [False, True])
 def test_tanh_bit_for_bit_onnxruntime(compiled):

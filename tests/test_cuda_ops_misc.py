@@ -1,4 +1,4 @@
-"""CUDA kernels of ops/cuda/{shape,norm,contrib_recurrent,activations,elementwise}.py against the CPU provider's
+"""CUDA kernels of ops/cuda/{shape,norm,contrib_recurrent,activations,elementwise,reduce}.py against the CPU provider's
 kernels, both resolved and bound through ``ops.registry`` on the same inputs (device inputs uploaded with
 ``runtime.cuda.to_device``, except each CUDA registration's ``host_inputs``).
 
@@ -385,3 +385,57 @@ def test_contiguous_results_are_views_and_launch_nothing():
         check("Slice", [x, np.array([1]), np.array([2]), np.array([2])], opset=13)  # strided: a copy
         check("Slice", [_rand(1, 3, 4), np.array([-1]), np.array([-100]), np.array([2]), np.array([-1])], opset=13)
     assert tc.kernels == {"shape._copy6": 2}, tc.kernels
+
+
+# -- reductions ------------------------------------------------------------------------------------
+
+REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+
+
+def _reduce_input(dtype, shape):
+    if np.dtype(dtype).kind == "f":
+        return (_rand(*shape) + 1.5).astype(dtype)  # mostly positive, so LogSum has values to take
+    return RNG.integers(-3 if np.dtype(dtype).kind == "i" else 0, 4, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("op_type", REDUCTIONS)
+def test_reductions_match_cpu(op_type):
+    """Every mode: adjacent axes (the row kernel: inner 1, rows longer than a block), an inner axis (the column
+    kernel), non-adjacent axes (composed runs or a transpose), all axes, axes as the opset-18 input, and an empty
+    axes input with ``noop_with_empty_axes`` (the elementwise part alone)."""
+    x = _reduce_input(np.float32, (2, 3, 37))
+    for axes in ([2], [1], [0, 2]):
+        check(op_type, [x], opset=11, axes=axes, keepdims=1)
+    check(op_type, [x, np.array([-1, 0, 1], np.int64)], opset=18, keepdims=0)
+    check(op_type, [x[:, :, :4], np.array([], np.int64)], opset=18, noop_with_empty_axes=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32, np.int64, np.uint8])
+def test_reduction_dtypes_match_cpu(dtype):
+    x = _reduce_input(dtype, (2, 3, 19))
+    for op_type, axes in (("ReduceSum", [2]), ("ReduceMean", [0, 2]), ("ReduceMax", [1]), ("ReduceProd", [1]),
+                          ("ReduceSumSquare", [0, 2])):
+        check(op_type, [x, np.array(axes, np.int64)], opset=18)
+
+
+@pytest.mark.parametrize("op_type", REDUCTIONS)
+def test_reductions_edge_values(op_type):
+    """Empty reduced extents give the identity; NaN propagates through max and min; bool max/min."""
+    check(op_type, [_rand(2, 0, 3), np.array([1], np.int64)], opset=18, keepdims=1)
+    x = _rand(3, 5)
+    x[1, 2] = np.nan
+    x[2, 0] = np.inf
+    check(op_type, [x, np.array([1], np.int64)], opset=18, keepdims=0)
+    check(op_type, [x, np.array([0], np.int64)], opset=18, keepdims=0)
+    if op_type in ("ReduceMax", "ReduceMin"):
+        check(op_type, [_rand(2, 3, 4) > 0, np.array([0, 2], np.int64)], opset=18)
+
+
+@pytest.mark.parametrize("op_type", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.int8])
+def test_arg_reductions_match_cpu(op_type, dtype):
+    x = (RNG.integers(-2, 3, (3, 4, 5))).astype(dtype)  # many ties
+    for axis, last in ((0, 0), (1, 1), (-1, 0), (-1, 1)):
+        check(op_type, [x], opset=13, axis=axis, keepdims=axis == 1, select_last_index=last)
+    raises_like_cpu(InvalidArgumentError, op_type, [_rand(2, 0)], opset=13, axis=1)

@@ -1,5 +1,5 @@
 """Registrations of the CUDA kernel wrappers of ``elementwise``, ``cast``, ``softmax``,
-``matmul``, ``indexing`` and ``reduce`` with ``ops.registry`` (provider ``CUDAExecutionProvider``), plus the
+``matmul``, ``indexing`` and ``reduce`` (ArgMax, ArgMin and the ten reductions) with ``ops.registry`` (provider ``CUDAExecutionProvider``), plus the
 view ops Reshape, Squeeze, Unsqueeze, Flatten and Identity.
 
 The kernel modules' wrappers take ``n_outputs=`` where the registry hands a ``ctx``, and spell some
@@ -15,7 +15,7 @@ Invariants:
 - Gather validates its host indices before launch (``IndexOutOfRangeError``); indices that are an
   initializer are validated and uploaded once, other indices are uploaded per run (a counted transfer);
 - configurations the kernels do not cover (Softmax over an inner axis, integer Div, Cast outside
-  float32<->float16, ArgMax over an inner axis) raise ``InvalidArgumentError`` when the node runs.
+  float32<->float16) raise ``InvalidArgumentError`` when the node runs.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ops.cast import CastOp, bind_cast, bind_cast_1
 from ops.elementwise import BINARY, UNARY, Binary, Unary
 from ops.indexing import GATHER_VERSIONS, GatherOp, bind_gather
 from ops.matmul import bind_matmul, matmul_shapes
-from ops.reduce import ArgOp, bind_argmax
+from ops.reduce import REDUCE_BINDS, ArgOp, ReduceOp, bind_argmax, bind_argmin, reduce_axes
 from ops.registry import op
 from ops.movement import bind_where
 from ops.shape import VIEW_BINDS, FlattenOp, ViewOp, bind_flatten, bind_identity, flatten_shape, identity, view_shape
@@ -41,7 +41,7 @@ from . import indexing as kidx
 from . import matmul as kmm
 from . import reduce as kred
 from . import softmax as ksm
-from ._common import check_device, flat, grid1d
+from ._common import check_device, flat, grid1d, host_array
 
 __all__ = ["CUDA", "reshape_device"]
 
@@ -241,6 +241,8 @@ def launch_argmax(b: ArgOp, ctx=None):
 
 def argmax(data, axis, keepdims, select_last_index):
     check_device("ArgMax", data=data)
+    if np.dtype(data.dtype) not in kred.FLOATS or select_last_index:
+        return kred.arg_reduce("ArgMax", data, axis, keepdims, True, bool(select_last_index))
     if data.ndim:
         ax = norm_axis(axis, data.ndim)
         if ax != data.ndim - 1 and int(math.prod(tuple(data.shape)[ax + 1:])) == 1:
@@ -248,10 +250,39 @@ def argmax(data, axis, keepdims, select_last_index):
             shape = tuple(data.shape)
             y = kred.ArgMax(data.reshape(shape[:ax + 1]), -1, keepdims, select_last_index)
             return reshape_device(y, shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:])
+        if ax != data.ndim - 1:
+            return kred.arg_reduce("ArgMax", data, axis, keepdims, True, False)
     return kred.ArgMax(data, axis, keepdims, select_last_index)
 
 
+def launch_argmin(b: ArgOp, ctx=None):
+    """The CUDA implementation of ArgMin (its bind is ``ops.reduce``'s)."""
+    def run(data):
+        return kred.arg_reduce("ArgMin", data, b.axis, b.keepdims, False, b.select_last_index)
+    return run
+
+
 op("ArgMax", 1, provider=CUDA, bind=bind_argmax)(launch_argmax)
+op("ArgMin", 1, provider=CUDA, bind=bind_argmin)(launch_argmin)
+
+
+# -- reductions ------------------------------------------------------------------------------------
+
+def launch_reduce(b: ReduceOp, ctx):
+    """The CUDA implementation of the reductions (their binds are ``ops.reduce``'s); the axes input, from
+    ReduceSum-13 and the others' 18, is read on the host."""
+    name = ctx.op_type
+
+    def run(data, axes=None):
+        if axes is not None:
+            axes = host_array(name, "axes", axes)
+        return kred.reduce(name, b.mode, data, reduce_axes(b, data.ndim, axes), b.keepdims)
+    return run
+
+
+for _name, _binds in REDUCE_BINDS.items():
+    for _v, _bind in _binds:
+        op(_name, _v, provider=CUDA, bind=_bind, host_inputs=(1,) if _v > 1 else ())(launch_reduce)
 
 
 # -- views -----------------------------------------------------------------------------------------

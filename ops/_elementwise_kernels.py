@@ -263,7 +263,7 @@ def u_round(xs, out, p0, p1):
 def u_sign(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
-        out[i] = (x > 0) - (x < 0)
+        out[i] = int(x > 0) - int(x < 0)
 
 
 @njit(**_OPTS)

@@ -249,7 +249,8 @@ def test_activations(dtype):
 def test_every_generated_unary_op_matches_the_cpu():
     """Each default-domain unary op the CUDA provider registers (its device function generated from the CPU
     kernels' table) on edge values: signed zeros, infinities, NaN, halves, the edges of each op's domain."""
-    from ops.cuda.elementwise import UNARY_OPS
+    from ops.cuda.elementwise import CUDA_UNARY, UNARY_OPS, _kernel
+    from ops.elementwise import UNARY
     edges = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 0.999, 1.001, 1e-3, 60.0, -60.0, np.inf, -np.inf,
              np.nan]
     x = np.concatenate([np.linspace(-4, 4, 23), edges]).astype(np.float32)
@@ -257,6 +258,8 @@ def test_every_generated_unary_op_matches_the_cpu():
     finite = x[np.isfinite(x) | np.isnan(x)]
     with np.errstate(all="ignore"):
         for name in UNARY_OPS:
+            if _kernel(UNARY, name) not in CUDA_UNARY:
+                continue  # integer and bool ops: test_unary_integer_bool_and_float64_forms
             # the simulator computes with Python's math, which raises on sin(inf) where a device gives NaN
             check(name, [finite if rc.simulator() and name in ("Sin", "Cos", "Tan") else x], opset=24)
     check("Elu", [x], alpha=0.5)
@@ -439,3 +442,70 @@ def test_arg_reductions_match_cpu(op_type, dtype):
     for axis, last in ((0, 0), (1, 1), (-1, 0), (-1, 1)):
         check(op_type, [x], opset=13, axis=axis, keepdims=axis == 1, select_last_index=last)
     raises_like_cpu(InvalidArgumentError, op_type, [_rand(2, 0)], opset=13, axis=1)
+
+
+# -- elementwise: comparisons, logic, integers, variadic, Clip, PRelu, Pow -------------------------
+
+def _operands(kind, shape_a=(2, 3, 4), shape_b=(3, 1)):
+    if kind == "f":
+        a, b = _rand(*shape_a), _rand(*shape_b)
+        a[0, 0, 0], b[1, 0] = np.nan, a[0, 1, 1]  # a NaN and an equal pair
+        return a, b
+    if kind == "b":
+        return _rand(*shape_a) > 0, _rand(*shape_b) > 0
+    return (RNG.integers(-9, 9, shape_a).astype(np.int32), RNG.integers(1, 5, shape_b).astype(np.int32)
+            * np.where(RNG.random(shape_b) < 0.5, -1, 1).astype(np.int32))
+
+
+@pytest.mark.parametrize("op_type,kinds", [
+    ("Equal", "fib"), ("Less", "fi"), ("LessOrEqual", "fi"), ("Greater", "fi"), ("GreaterOrEqual", "fi"),
+    ("And", "b"), ("Or", "b"), ("Xor", "b"), ("BitwiseAnd", "i"), ("BitwiseOr", "i"), ("BitwiseXor", "i"),
+    ("Add", "i"), ("Sub", "i"), ("Mul", "i"), ("Div", "i"), ("Max", "fi"), ("Min", "fi"), ("Sum", "fi"),
+    ("Mean", "f"), ("PRelu", "fi"), ("Pow", "f")])
+def test_binary_and_variadic_ops_match_cpu(op_type, kinds):
+    for kind in kinds:
+        check(op_type, list(_operands(kind)))
+
+
+def test_integer_division_and_modulo():
+    a, b = _operands("i")
+    check("Mod", [a, b], fmod=0)
+    check("Mod", [a, b], fmod=1)
+    check("Pow", [np.abs(a), np.abs(b)])  # an integer base goes through float64
+    check("Pow", [_rand(2, 3), np.array([2], np.int64)])  # the exponent takes the base's dtype
+    zero = b.copy()
+    zero[2, 0] = 0
+    raises_like_cpu(InvalidArgumentError, "Div", [a, zero])
+    raises_like_cpu(InvalidArgumentError, "Mod", [a, zero], fmod=1)
+
+
+def test_variadic_of_three_and_of_one():
+    a, b, c = _rand(2, 3, 4), _rand(3, 1), _rand(4)
+    for op_type in ("Max", "Min", "Sum", "Mean"):
+        check(op_type, [a, b, c])
+        check(op_type, [b])
+
+
+def test_unary_integer_bool_and_float64_forms():
+    i = RNG.integers(-5, 5, (3, 7)).astype(np.int64)
+    for op_type in ("Neg", "Abs", "Sign", "BitwiseNot", "Relu"):
+        check(op_type, [i])
+    check("Not", [i > 0])
+    check("Sign", [i > 0])
+    x = np.array([0.0, -0.0, 1.5, -2, np.nan, np.inf, -np.inf, 1e300], np.float64)  # 1e300: finite in float64
+    for op_type in ("Sign", "IsNaN", "IsInf", "Neg", "Floor"):
+        check(op_type, [x])
+    check("IsInf", [x], detect_negative=0)
+    raises_like_cpu(InvalidArgumentError, "Reciprocal", [i])
+
+
+def test_clip():
+    x = _rand(3, 5)
+    x[0, 0] = np.nan
+    check("Clip", [x], opset=6, min=-0.5, max=0.5)
+    check("Clip", [x, np.array(-0.25, np.float32), np.array(0.75, np.float32)], opset=13)
+    check("Clip", [x, None, np.array(0.0, np.float32)], opset=13)
+    check("Clip", [x.astype(np.float16), np.array(-1, np.float16)], opset=13)
+    i = RNG.integers(-9, 9, (4, 4)).astype(np.int32)
+    check("Clip", [i, np.array(-2, np.int32), np.array(3, np.int32)], opset=13)
+    check("Clip", [x, np.array(1.0, np.float32), np.array(0.0, np.float32)], opset=13)  # min > max: all max

@@ -3,7 +3,8 @@
 
 ``unary_store(op, x, p0, p1, out, i)`` writes unary op number ``op`` (``CUDA_UNARY`` names them) of the scalar
 ``x`` to ``out[i]`` (p0, p1: the op's float attributes); ``binary_store(op, x, y, out, i)`` writes binary op
-number ``op`` (``CUDA_BINARY``) of x and y.  Each op is the expression of its CPU kernel; ``fexp``,
+number ``op`` (``CUDA_BINARY``) of x and y.  Those take floats; ``*_int`` and ``*_bool`` are the chains for
+integer and bool operands (``CUDA_UNARY_INT``, ... name their ops).  Each op is the expression of its CPU kernel; ``fexp``,
 ``fsigmoid`` and ``fgelu_tanh`` are ``ops._fastmath``'s formulas through the device's exp.  The op is a
 run-time code, uniform across a grid, so a kernel that calls these compiles once per dtype for every op.
 """
@@ -18,14 +19,23 @@ _ONE = np.float32(1.0)
 _GT0 = np.float32(2.0 * 0.7978845608028654)
 _GT1 = np.float32(2.0 * 0.7978845608028654 * 0.044715)
 
-__all__ = ["CUDA_UNARY", "CUDA_BINARY", "unary_store", "binary_store"]
+__all__ = ['CUDA_UNARY', 'CUDA_BINARY', 'CUDA_UNARY_INT', 'CUDA_UNARY_BOOL', 'CUDA_BINARY_INT',
+           'CUDA_BINARY_BOOL', 'unary_store', 'unary_store_int', 'unary_store_bool', 'binary_store',
+           'binary_store_int', 'binary_store_bool']
 
 CUDA_UNARY = ('neg', 'exp', 'sigmoid', 'tanh', 'relu', 'sqrt', 'erf', 'abs', 'log', 'reciprocal', 'sin',
               'cos', 'floor', 'ceil', 'gelu', 'gelu_tanh', 'quick_gelu', 'softplus', 'softsign',
               'hardsigmoid', 'leakyrelu', 'tan', 'asin', 'acos', 'atan', 'sinh', 'cosh', 'asinh', 'acosh',
               'atanh', 'round', 'mish', 'elu', 'selu', 'celu', 'thresholdedrelu', 'shrink', 'swish',
-              'hardswish')
-CUDA_BINARY = ('add', 'sub', 'mul', 'div_f', 'pow')
+              'hardswish', 'sign_f', 'isnan', 'isinf')
+CUDA_BINARY = ('add', 'sub', 'mul', 'div_f', 'pow', 'max', 'min', 'equal', 'less', 'less_equal', 'greater',
+               'greater_equal', 'prelu')
+CUDA_UNARY_INT = ('neg', 'abs', 'sign', 'bitwise_not', 'relu')
+CUDA_UNARY_BOOL = ('not_',)
+CUDA_BINARY_INT = ('add', 'sub', 'mul', 'div_i', 'mod_i', 'fmod_i', 'max', 'min', 'equal', 'less',
+                   'less_equal', 'greater', 'greater_equal', 'bitwise_and', 'bitwise_or', 'bitwise_xor',
+                   'prelu')
+CUDA_BINARY_BOOL = ('and_', 'or_', 'xor', 'equal')
 
 
 @jit(device=True)
@@ -36,6 +46,35 @@ def _round_half_even(x):
     d = x - r
     if d > 0.5 or (d == 0.5 and r % 2 != 0):
         r += 1
+    return r
+
+
+@jit(device=True)
+def _idiv(x, y):
+    # y != 0: the wrappers refuse integer division by zero.  Every value keeps x's integer type (an integer
+    # literal would turn uint64 arithmetic into float64), and MIN / -1 wraps instead of trapping.
+    if y == -1:
+        return (x - x) - x
+    q = x // y
+    if (x < 0) != (y < 0) and q * y != x:
+        q += y // y
+    return q
+
+
+@jit(device=True)
+def _imod(x, y):
+    if y == -1:
+        return x - x
+    return x % y
+
+
+@jit(device=True)
+def _ifmod(x, y):
+    if y == -1:
+        return x - x
+    r = x % y
+    if r != 0 and (r < 0) != (x < 0):
+        r -= y
     return r
 
 
@@ -149,6 +188,32 @@ def unary_store(op, x, p0, p1, out, o):
         out[o] = x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))
     elif op == 38:  # hardswish
         out[o] = x * ((p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1)))
+    elif op == 39:  # sign_f
+        out[o] = x if x != x else ((x > 0) * 1.0 - (x < 0) * 1.0)
+    elif op == 40:  # isnan
+        out[o] = x != x
+    elif op == 41:  # isinf
+        out[o] = (x == math.inf and p0 != 0) or (x == -math.inf and p1 != 0)
+
+
+@jit(device=True)
+def unary_store_int(op, x, p0, p1, out, o):
+    if op == 0:  # neg
+        out[o] = -x
+    elif op == 1:  # abs
+        out[o] = abs(x)
+    elif op == 2:  # sign
+        out[o] = int(x > 0) - int(x < 0)
+    elif op == 3:  # bitwise_not
+        out[o] = ~x
+    elif op == 4:  # relu
+        out[o] = x if x > 0 or x != x else False
+
+
+@jit(device=True)
+def unary_store_bool(op, x, p0, p1, out, o):
+    if op == 0:  # not_
+        out[o] = not x
 
 
 @jit(device=True)
@@ -163,3 +228,69 @@ def binary_store(op, x, y, out, o):
         out[o] = x / y
     elif op == 4:  # pow
         out[o] = _pow(x, y)
+    elif op == 5:  # max
+        out[o] = x if (x >= y or x != x) else y
+    elif op == 6:  # min
+        out[o] = x if (x <= y or x != x) else y
+    elif op == 7:  # equal
+        out[o] = x == y
+    elif op == 8:  # less
+        out[o] = x < y
+    elif op == 9:  # less_equal
+        out[o] = x <= y
+    elif op == 10:  # greater
+        out[o] = x > y
+    elif op == 11:  # greater_equal
+        out[o] = x >= y
+    elif op == 12:  # prelu
+        out[o] = x if x >= 0 else x * y
+
+
+@jit(device=True)
+def binary_store_int(op, x, y, out, o):
+    if op == 0:  # add
+        out[o] = x + y
+    elif op == 1:  # sub
+        out[o] = x - y
+    elif op == 2:  # mul
+        out[o] = x * y
+    elif op == 3:  # div_i
+        out[o] = _idiv(x, y)
+    elif op == 4:  # mod_i
+        out[o] = _imod(x, y)
+    elif op == 5:  # fmod_i
+        out[o] = _ifmod(x, y)
+    elif op == 6:  # max
+        out[o] = x if (x >= y or x != x) else y
+    elif op == 7:  # min
+        out[o] = x if (x <= y or x != x) else y
+    elif op == 8:  # equal
+        out[o] = x == y
+    elif op == 9:  # less
+        out[o] = x < y
+    elif op == 10:  # less_equal
+        out[o] = x <= y
+    elif op == 11:  # greater
+        out[o] = x > y
+    elif op == 12:  # greater_equal
+        out[o] = x >= y
+    elif op == 13:  # bitwise_and
+        out[o] = x & y
+    elif op == 14:  # bitwise_or
+        out[o] = x | y
+    elif op == 15:  # bitwise_xor
+        out[o] = x ^ y
+    elif op == 16:  # prelu
+        out[o] = x if x >= 0 else x * y
+
+
+@jit(device=True)
+def binary_store_bool(op, x, y, out, o):
+    if op == 0:  # and_
+        out[o] = x and y
+    elif op == 1:  # or_
+        out[o] = x or y
+    elif op == 2:  # xor
+        out[o] = x != y
+    elif op == 3:  # equal
+        out[o] = x == y

@@ -1,6 +1,8 @@
-"""CUDA elementwise kernels: the binary ops Add, Sub, Mul, Div, Pow; every float unary op and activation of
-``ops._elementwise_kernels`` the device table holds (``CUDA_UNARY``: Neg, Exp, Sigmoid, Tanh, Relu, Sqrt, Erf,
-Gelu, ...); Where.
+"""CUDA elementwise kernels: the binary ops of ``ops.elementwise.BINARY`` the device tables hold (arithmetic,
+Pow, comparisons, And/Or/Xor, the bitwise ops; ``CUDA_BINARY`` for floats, ``CUDA_BINARY_INT`` for integers,
+``CUDA_BINARY_BOOL`` for bools); every unary op and activation of ``ops._elementwise_kernels`` they hold
+(``CUDA_UNARY``: Neg, Exp, Sigmoid, Tanh, Relu, Sqrt, Erf, Gelu, IsNaN, ...; ``CUDA_UNARY_INT``: Neg, Abs, Sign,
+BitwiseNot, Relu; ``CUDA_UNARY_BOOL``: Not); Where.
 
 The per-element arithmetic is generated (``ops/cuda/_elementwise_device.py``, by ``tools/gen_elementwise.py``)
 from the table that generates the CPU kernels, so each op computes the expression of its CPU kernel.  Binary
@@ -11,8 +13,9 @@ one per op.
 
 Invariants:
 - inputs and outputs are C-contiguous device arrays; outputs are freshly allocated (or the ``out`` given);
-- binary operands share one dtype; Div and Pow are for floats only (integer Div truncation is not implemented);
-- unary ops take floats and compute in float32 (float64 inputs too);
+- binary operands share one dtype; Pow is for floats only; integer Div and Mod refuse a zero divisor (checked on
+  the device, one flag read back), as onnxruntime's CPU kernels do;
+- float unary ops compute float16 and float32 inputs in float32, float64 inputs in float64;
 - broadcasts that need more than 4 canonical axes raise ``ShapeMismatchError``.
 """
 from __future__ import annotations
@@ -24,34 +27,57 @@ from ops.elementwise import BINARY, UNARY
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
-from ._common import FLOATS, check_device, flat, grid1d, unravel4
-from ._elementwise_device import CUDA_BINARY, CUDA_UNARY, binary_store, unary_store
+from ._common import FLOATS, check_device, copy_cast, flat, grid1d, unravel4
+from ._elementwise_device import (CUDA_BINARY, CUDA_BINARY_BOOL, CUDA_BINARY_INT, CUDA_UNARY, CUDA_UNARY_BOOL,
+                                  CUDA_UNARY_INT, binary_store, binary_store_bool, binary_store_int, unary_store,
+                                  unary_store_bool, unary_store_int)
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary",
-           "unary_code", "UNARY_OPS", "BINARY_OPS"]
+           "unary_code", "check_unary", "binary_chain", "clip", "variadic", "power", "cast_to", "UNARY_OPS", "BINARY_OPS"]
 
-# The generated binary kernel the CUDA provider runs for each Binary kernel (Div: the float one only).
-_DEVICE_BINARY = {"div": "div_f"}
+# The chain of generated device code that computes operands of each dtype kind, and the kernel a bound op's
+# kernel name becomes there (Div: the float or the integer division).
+_BINARY_CHAINS = {"f": (CUDA_BINARY, {"div": "div_f"}), "i": (CUDA_BINARY_INT, {"div": "div_i"}),
+                  "b": (CUDA_BINARY_BOOL, {})}
+_UNARY_CHAINS = {"f": CUDA_UNARY, "i": CUDA_UNARY_INT, "b": CUDA_UNARY_BOOL}
+
+
+def _kind(dtype) -> str:
+    dt = np.dtype(dtype)
+    return "f" if dt in FLOATS else ("b" if dt == np.bool_ else ("i" if dt.kind in "iu" else "?"))
+
+
+def binary_chain(kernel: str, dtype):
+    """(chain, code) of the bound binary ``kernel`` for operands of ``dtype``; None when no chain computes it."""
+    chain, names = _BINARY_CHAINS.get(_kind(dtype), ((), {}))
+    k = names.get(kernel, kernel)
+    return (_kind(dtype), chain.index(k)) if k in chain else None
 
 
 def _kernel(table, name) -> str:
     """The generated kernel of ``name`` with its attributes at their defaults."""
-    k = table[name][0](None).kernel
-    return _DEVICE_BINARY.get(k, k) if table is BINARY else k
+    return table[name][0](None).kernel
 
 
-# The default-domain ops these kernels compute: those whose generated kernel the device table holds.
-UNARY_OPS = tuple(name for name in UNARY if _kernel(UNARY, name) in CUDA_UNARY)
-BINARY_OPS = tuple(name for name in BINARY if _kernel(BINARY, name) in CUDA_BINARY)
-_FLOAT_ONLY = ("div_f", "pow")
+# The default-domain ops these kernels compute: those whose generated kernel a device chain holds.
+UNARY_OPS = tuple(name for name in UNARY if any(_kernel(UNARY, name) in c for c in _UNARY_CHAINS.values()))
+BINARY_OPS = tuple(name for name in BINARY if any(binary_chain(_kernel(BINARY, name), d) is not None
+                                                  for d in (np.float32, np.int64, np.bool_)))
 
 
 def unary_code(kernel: str) -> int:
-    """The run-time code of the generated unary ``kernel`` (a ``Unary.kernel``) in the device table."""
+    """The run-time code of the generated float unary ``kernel`` (a ``Unary.kernel``) in ``CUDA_UNARY``."""
     if kernel not in CUDA_UNARY:
         raise InvalidArgumentError(f"the CUDA kernels do not compute the elementwise op {kernel!r} "
                                    f"(they compute {', '.join(CUDA_UNARY)})")
     return CUDA_UNARY.index(kernel)
+
+
+def check_unary(kernel: str) -> None:
+    """Refuse a unary ``kernel`` no device chain holds (at plan time)."""
+    if not any(kernel in c for c in _UNARY_CHAINS.values()):
+        raise InvalidArgumentError(f"the CUDA kernels do not compute the elementwise op {kernel!r} "
+                                   f"(they compute {', '.join(sorted(set().union(*_UNARY_CHAINS.values())))})")
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -74,6 +100,37 @@ def _binary4(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @jit
+def _binary4_int(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, out.size, step):
+        x = a[_off(i, n1, n2, n3, a0, a1, a2, a3)]
+        y = b[_off(i, n1, n2, n3, b0, b1, b2, b3)]
+        binary_store_int(op, x, y, out, i)
+
+
+@jit
+def _binary4_bool(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, out.size, step):
+        x = a[_off(i, n1, n2, n3, a0, a1, a2, a3)]
+        y = b[_off(i, n1, n2, n3, b0, b1, b2, b3)]
+        binary_store_bool(op, x, y, out, i)
+
+
+_BINARY_KERNELS = {"f": _binary4, "i": _binary4_int, "b": _binary4_bool}
+
+
+@jit
+def _any_zero(a, flag):
+    """flag[0] = 1 when some element of ``a`` is 0 (grid-stride; every writer writes the same value)."""
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        if a[i] == 0:
+            flag[0] = 1
+
+
+@jit
 def _where4(c, x, y, out, n1, n2, n3, c0, c1, c2, c3, x0, x1, x2, x3, y0, y1, y2, y3):
     start = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -90,6 +147,30 @@ def _unary_f32(op, x, out, p0, p1):
     step = cuda.gridsize(1)
     for i in range(start, x.size, step):
         unary_store(op, np.float32(x[i]), p0, p1, out, i)
+
+
+@jit
+def _unary_f64(op, x, out, p0, p1):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, x.size, step):
+        unary_store(op, np.float64(x[i]), p0, p1, out, i)
+
+
+@jit
+def _unary_int(op, x, out, p0, p1):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, x.size, step):
+        unary_store_int(op, x[i], p0, p1, out, i)
+
+
+@jit
+def _unary_bool(op, x, out, p0, p1):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, x.size, step):
+        unary_store_bool(op, x[i], p0, p1, out, i)
 
 
 # -- wrappers --------------------------------------------------------------------------------------
@@ -124,38 +205,129 @@ def _out(op, out, shape, dtype):
     return out
 
 
-def binary(op: str, A, B, *, out=None):
-    """``op`` (one of ``BINARY_OPS``) over two device arrays with numpy broadcasting."""
-    kernel = _kernel(BINARY, op)
+def binary(op: str, A, B, *, out=None, kernel=None, out_dtype=None):
+    """``op`` (one of ``BINARY_OPS``) over two device arrays with numpy broadcasting: the generated ``kernel`` (a
+    bound ``Binary``'s, by default the op's), the result in ``out_dtype`` (by default the operands')."""
+    kernel = kernel or _kernel(BINARY, op)
     check_device(op, A=A, B=B)
     if A.dtype != B.dtype:
         raise InvalidArgumentError(f"{op}: inputs must share one dtype, got {A.dtype} and {B.dtype}")
-    if kernel in _FLOAT_ONLY and np.dtype(A.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"{op}: the CUDA kernel takes float operands only, got {A.dtype}")
+    found = binary_chain(kernel, A.dtype)
+    if found is None:
+        kinds = [k for k, d in (("float", np.float32), ("integer", np.int64), ("bool", np.bool_))
+                 if binary_chain(kernel, d) is not None]
+        raise InvalidArgumentError(f"{op}: the CUDA kernel takes {' or '.join(kinds)} operands, got {A.dtype}")
+    kind, code = found
     out_shape, out4, (sa, sb) = _plan(op, (A, B))
-    y = _out(op, out, out_shape, A.dtype)
+    y = _out(op, out, out_shape, out_dtype or A.dtype)
     n = int(np.prod(out_shape, dtype=np.int64))
     if n:
+        if kind == "i" and kernel in ("div", "mod_i", "fmod_i"):
+            _no_zero_divisor(op, B)
         blocks, threads = grid1d(n)
-        _binary4[blocks, threads](CUDA_BINARY.index(kernel), flat(A), flat(B), flat(y), out4[1], out4[2], out4[3],
-                                  *sa, *sb)
+        _BINARY_KERNELS[kind][blocks, threads](code, flat(A), flat(B), flat(y), out4[1], out4[2], out4[3], *sa, *sb)
     return y
 
 
-def unary(op: str, X, *, out=None, kernel=None, p0=0.0, p1=0.0):
-    """``op`` (one of ``UNARY_OPS``) over a float device array (computed in float32): the generated ``kernel``
-    with float attributes p0, p1 (a bound ``Unary``'s), by default the op's with its attributes' defaults."""
+def _no_zero_divisor(op, B):
+    """Integer division and modulo refuse a zero divisor, as onnxruntime's CPU kernels (one flag read back)."""
+    flag = rc.to_device(np.zeros(1, np.int8))
+    blocks, threads = grid1d(B.size)
+    _any_zero[blocks, threads](flat(B), flag)
+    if rc.to_host(flag)[0]:
+        what = "division" if op == "Div" else "modulo"
+        raise InvalidArgumentError(f"{op}: integer {what} by zero: the divisor B ({B.dtype}{list(B.shape)}) holds 0")
+
+
+def unary(op: str, X, *, out=None, kernel=None, p0=0.0, p1=0.0, out_dtype=None):
+    """``op`` (one of ``UNARY_OPS``) over a device array: the generated ``kernel`` with float attributes p0, p1 (a
+    bound ``Unary``'s, by default the op's with its attributes' defaults), the result in ``out_dtype`` (by
+    default the input's).  Float16 and float32 compute in float32."""
     if kernel is None:
         u = UNARY[op][0](None)
-        kernel, p0, p1 = u.kernel, u.p0, u.p1
-    code = unary_code(kernel)
+        kernel, p0, p1, out_dtype = u.kernel, u.p0, u.p1, u.out_dtype
     check_device(op, X=X)
-    if np.dtype(X.dtype) not in FLOATS:
-        raise InvalidArgumentError(f"{op}: the CUDA kernel takes float tensors, got {X.dtype}")
-    y = _out(op, out, tuple(X.shape), X.dtype)
+    kind = _kind(X.dtype)
+    chain = _UNARY_CHAINS.get(kind, ())
+    if kernel not in chain:
+        kinds = [k for k, c in (("float", CUDA_UNARY), ("integer", CUDA_UNARY_INT), ("bool", CUDA_UNARY_BOOL))
+                 if kernel in c]
+        raise InvalidArgumentError(f"{op}: the CUDA kernel takes {' or '.join(kinds) or 'no'} tensors, got {X.dtype}")
+    y = _out(op, out, tuple(X.shape), out_dtype or X.dtype)
     if X.size:
         blocks, threads = grid1d(X.size)
-        _unary_f32[blocks, threads](code, flat(X), flat(y), np.float32(p0), np.float32(p1))
+        if kind == "f":
+            k, a0, a1 = ((_unary_f64, np.float64(p0), np.float64(p1)) if np.dtype(X.dtype) == np.float64
+                         else (_unary_f32, np.float32(p0), np.float32(p1)))
+        else:
+            k, a0, a1 = (_unary_int if kind == "i" else _unary_bool), np.float32(p0), np.float32(p1)
+        k[blocks, threads](chain.index(kernel), flat(X), flat(y), a0, a1)
+    return y
+
+
+@jit
+def _clip(x, out, lo, hi):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        v = lo if v < lo else v  # NaN passes; with lo > hi everything becomes hi, as the CPU kernel
+        out[i] = hi if v > hi else v
+
+
+def clip(X, lo, hi):
+    """Clip of a device array between the host scalars ``lo`` and ``hi`` (16-bit floats in float32)."""
+    check_device("Clip", X=X)
+    dt = np.dtype(X.dtype)
+    if _kind(dt) not in "fi":
+        raise InvalidArgumentError(f"Clip: the CUDA kernel takes float and integer tensors, got {dt}")
+    y = rc.device_empty(tuple(X.shape), dt)
+    if X.size:
+        blocks, threads = grid1d(X.size)
+        t = np.float32 if dt == np.float16 else dt.type
+        _clip[blocks, threads](flat(X), flat(y), t(lo), t(hi))
+    return y
+
+
+def variadic(op: str, kernel: str, xs, mean: bool = False):
+    """Max, Min, Sum or Mean of one or more device arrays, broadcast together: ``kernel`` folded left to right."""
+    if not xs:
+        raise InvalidArgumentError(f"{op} needs at least one input")
+    acc = xs[0]
+    if len(xs) == 1:
+        acc = _copy(acc)
+    for x in xs[1:]:
+        acc = binary(op, acc, x, kernel=kernel)
+    if mean:
+        if _kind(acc.dtype) != "f":
+            raise InvalidArgumentError(f"{op}: the CUDA kernel averages float tensors, got {acc.dtype}")
+        acc = binary(op, acc, rc.to_device(np.array(len(xs), acc.dtype)), kernel="div")
+    return acc
+
+
+def cast_to(x, dtype):
+    """A fresh device array: ``x`` converted to ``dtype`` (C casting, as numpy's ``astype``)."""
+    y = rc.device_empty(tuple(x.shape), dtype)
+    if x.size:
+        blocks, threads = grid1d(x.size)
+        copy_cast[blocks, threads](flat(x), flat(y))
+    return y
+
+
+def power(A, B):
+    """Pow as the CPU kernel computes it: a float base with the exponent converted to its dtype, an integer base
+    through float64 and back."""
+    check_device("Pow", A=A, B=B)
+    if _kind(A.dtype) == "f":
+        return binary("Pow", A, B if B.dtype == A.dtype else cast_to(B, A.dtype))
+    if _kind(A.dtype) == "i" and _kind(B.dtype) in "fi":
+        f64 = np.dtype(np.float64)
+        return cast_to(binary("Pow", cast_to(A, f64), cast_to(B, f64)), A.dtype)
+    raise InvalidArgumentError(f"Pow: the CUDA kernel takes float or integer operands, got {A.dtype} and {B.dtype}")
+
+
+def _copy(a):
+    y = rc.device_empty(tuple(a.shape), a.dtype)
+    if a.size:
+        y.copy_to_device(a)
     return y
 
 

@@ -32,7 +32,7 @@ from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ops._common import norm_axis
-from ._common import (ARGMAX, F16, F32, FLOATS, MAX_ROW_THREADS, block_fold, check_device, copy_cast, flat, grid1d,
+from ._common import (ARGMAX, F16, F32, FLOATS, MAX_ROW_THREADS, block_fold, check_device, flat, grid1d,
                       row_threads)
 
 __all__ = ["ArgMax", "arg_reduce", "reduce"]
@@ -82,6 +82,7 @@ def ArgMax(data, axis=-1, keepdims=1, select_last_index=0):
 
 # -- reductions ------------------------------------------------------------------------------------
 
+from .elementwise import cast_to  # noqa: E402
 from ops.reduce import (L1, L2, LOGSUM, LOGSUMEXP, MAX, MEAN, MIN, PROD, SUM, SUMSQ,  # noqa: E402
                         _identity, canon3, reduce_shape)
 
@@ -224,14 +225,6 @@ def _runs(axes) -> list:
     return runs
 
 
-def _cast(x, dtype):
-    y = rc.device_empty(tuple(x.shape), dtype)
-    if x.size:
-        blocks, threads = grid1d(x.size)
-        copy_cast[blocks, threads](flat(x), flat(y))
-    return y
-
-
 def reduce(name: str, mode: int, x, axes: tuple, keepdims) -> object:
     """Reduce the device array ``x`` over normalized, sorted ``axes`` with ``mode`` (``ops.reduce``'s modes)."""
     check_device(name, data=x)
@@ -242,7 +235,7 @@ def reduce(name: str, mode: int, x, axes: tuple, keepdims) -> object:
         raise InvalidArgumentError(f"{name}: the CUDA kernels reduce float16/32/64, integer and bool tensors, "
                                    f"got {dt}")
     if dt == F16:
-        return _cast(reduce(name, mode, _cast(x, F32), axes, keepdims), F16)
+        return cast_to(reduce(name, mode, cast_to(x, F32), axes, keepdims), F16)
     shape = tuple(x.shape)
     oshape = reduce_shape(shape, axes, keepdims)
     out = rc.device_empty(oshape, dt)

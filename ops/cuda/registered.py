@@ -25,7 +25,7 @@ import numpy as np
 
 from ops._common import Plain, check_indices, norm_axis
 from ops.cast import CastOp, bind_cast, bind_cast_1
-from ops.elementwise import BINARY, UNARY, Binary, Unary
+from ops.elementwise import BINARY, UNARY, Binary, Unary, _bound
 from ops.indexing import GATHER_VERSIONS, GatherOp, bind_gather
 from ops.matmul import bind_matmul, matmul_shapes
 from ops.reduce import REDUCE_BINDS, ArgOp, ReduceOp, bind_argmax, bind_argmin, reduce_axes
@@ -34,7 +34,7 @@ from ops.movement import bind_where
 from ops.shape import VIEW_BINDS, FlattenOp, ViewOp, bind_flatten, bind_identity, flatten_shape, identity, view_shape
 from ops.softmax import SOFTMAX_BINDS, SoftmaxOp
 from runtime import cuda as rc
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from . import cast as kcast
 from . import elementwise as kel
 from . import indexing as kidx
@@ -60,19 +60,26 @@ def reshape_device(a, shape):
 # -- elementwise -----------------------------------------------------------------------------------
 
 def launch_binary(b: Binary, ctx=None):
-    """The CUDA implementation of Add, Sub, Mul, Div and Pow (their bind is ``ops.elementwise``'s)."""
+    """The CUDA implementation of the binary ops ``ops.cuda.elementwise`` computes (their bind is
+    ``ops.elementwise``'s)."""
+    if b.op == "Pow":
+        return kel.power
+
     def run(A, B):
-        return kel.binary(b.op, A, B)
+        return kel.binary(b.op, A, B, kernel=b.kernel, out_dtype=b.out_dtype)
     return run
 
 
 def launch_unary(u: Unary, ctx=None):
     """The CUDA implementation of the unary ops and activations ``ops.cuda.elementwise`` computes (their bind is
     ``ops.elementwise``'s: attribute defaults and checks written once there)."""
-    kel.unary_code(u.kernel)  # a kernel the device table lacks is refused at plan time
+    kel.check_unary(u.kernel)  # a kernel the device tables lack is refused at plan time
+    no_int = u.check == "no_int"
 
     def run(X):
-        return kel.unary(u.op, X, kernel=u.kernel, p0=u.p0, p1=u.p1)
+        if no_int and np.dtype(X.dtype).kind in "iu":
+            raise InvalidArgumentError(f"{u.op} expects a floating-point input, got {X.dtype}")
+        return kel.unary(u.op, X, kernel=u.kernel, p0=u.p0, p1=u.p1, out_dtype=u.out_dtype)
     return run
 
 
@@ -81,6 +88,71 @@ for _table, _names, _launch in ((BINARY, kel.BINARY_OPS, launch_binary), (UNARY,
         _bind, _vers = _table[_name]
         for _v in _vers:
             op(_name, _v, provider=CUDA, bind=_bind)(_launch)
+
+
+def _sign(ctx):
+    """Sign: the float, integer or bool form by the input's dtype."""
+    def run(X):
+        kind = kel._kind(X.dtype)
+        if kind == "b":
+            return kel._copy(X)
+        return kel.unary("Sign", X, kernel="sign_f" if kind == "f" else "sign")
+    return run
+
+
+def _variadic(name, kernel, mean=False):
+    def factory(ctx):
+        def run(*xs):
+            return kel.variadic(name, kernel, xs, mean)
+        return run
+    return factory
+
+
+def _mod(ctx, fmod=0):
+    if fmod not in (0, 1):
+        raise InvalidAttributeError(f"Mod: fmod must be 0 or 1, got {fmod}")
+
+    def run(A, B):
+        if kel._kind(A.dtype) != "i":
+            raise InvalidArgumentError(f"Mod: the CUDA kernel takes integer operands, got {A.dtype}")
+        return kel.binary("Mod", A, B, kernel="fmod_i" if fmod else "mod_i")
+    return run
+
+
+def _prelu(ctx):
+    def run(X, slope):
+        return kel.binary("PRelu", X, slope, kernel="prelu")
+    return run
+
+
+def _clip6(ctx, min=-3.4028234663852886e38, max=3.4028234663852886e38):
+    def run(X):
+        return kel.clip(X, min, max)
+    return run
+
+
+def _clip(ctx):
+    def run(X, lo=None, hi=None):
+        dt = np.dtype(X.dtype)
+        return kel.clip(X, _bound(None if lo is None else host_array("Clip", "min", lo, False), dt, False),
+                        _bound(None if hi is None else host_array("Clip", "max", hi, False), dt, True))
+    return run
+
+
+op("Sign", 9, provider=CUDA, factory=True)(_sign)
+for _v in (8, 12, 13):
+    op("Max", _v, provider=CUDA, factory=True)(_variadic("Max", "max"))
+    op("Min", _v, provider=CUDA, factory=True)(_variadic("Min", "min"))
+for _v in (8, 13):
+    op("Sum", _v, provider=CUDA, factory=True)(_variadic("Sum", "add"))
+    op("Mean", _v, provider=CUDA, factory=True)(_variadic("Mean", "add", mean=True))
+for _v in (10, 13):
+    op("Mod", _v, provider=CUDA, factory=True)(_mod)
+for _v in (7, 9, 16):
+    op("PRelu", _v, provider=CUDA, factory=True)(_prelu)
+op("Clip", 6, provider=CUDA, factory=True)(_clip6)
+for _v in (11, 12, 13):
+    op("Clip", _v, provider=CUDA, factory=True, host_inputs=(1, 2))(_clip)
 
 
 def launch_where(b: Plain, ctx=None):

@@ -509,3 +509,20 @@ def test_clip():
     i = RNG.integers(-9, 9, (4, 4)).astype(np.int32)
     check("Clip", [i, np.array(-2, np.int32), np.array(3, np.int32)], opset=13)
     check("Clip", [x, np.array(1.0, np.float32), np.array(0.0, np.float32)], opset=13)  # min > max: all max
+
+
+# -- channel norms, RMSNormalization ---------------------------------------------------------------
+
+def test_channel_norms_match_cpu():
+    x = _rand(2, 4, 3, 5) * 3 + 1
+    c = lambda: _rand(4)  # noqa: E731
+    check("InstanceNormalization", [x, c(), c()], epsilon=1e-3)
+    check("GroupNormalization", [x, c(), c()], opset=21, num_groups=2)
+    check("GroupNormalization", [x, _rand(2), _rand(2)], opset=18, num_groups=2)  # per-group scale
+    check("BatchNormalization", [x, c(), c(), c(), np.abs(c()) + 0.5], opset=15, epsilon=1e-2)
+    check("MeanVarianceNormalization", [x], opset=13)  # axes 0, 2, 3: moved last
+    check("MeanVarianceNormalization", [x], opset=13, axes=[2, 3])  # already last
+    check("RMSNormalization", [x, _rand(5)], opset=23, epsilon=1e-4)
+    check("RMSNormalization", [x, _rand(3, 5)], opset=23, axis=-2)
+    raises_like_cpu(InvalidAttributeError, "GroupNormalization", [x, c(), c()], opset=21, num_groups=3)
+    raises_like_cpu(ShapeMismatchError, "InstanceNormalization", [x, _rand(3), c()])

@@ -12,8 +12,8 @@ the CPU.  Each case ends in one of:
 - ``host``: passes, and every node ran on the host as shape computation (int/bool tensors only, as
   onnxruntime's CUDA provider keeps them on the CPU), so no device kernel was exercised;
 - ``unsupported``: the load names a node without a CUDA kernel (the op is tallied);
-- ``refused``: a CUDA kernel refused the configuration when it ran (``InvalidArgumentError``: an axis, dtype or
-  mode the kernel does not take);
+- ``refused``: a CUDA kernel refused the configuration when it was planned or ran (``InvalidArgumentError``: an
+  axis, dtype or mode the kernel does not take);
 - ``mismatch``: ran, and an output differs from the expected data;
 - ``error``: any other exception (a defect);
 - ``timeout``: the case ran longer than ``--timeout`` seconds (the simulator runs every GPU thread in Python).
@@ -97,6 +97,8 @@ def run_case(case, timeout: float = 60.0) -> tuple[str, str]:
     try:
         try:
             sess = InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+        except InvalidArgumentError as e:
+            return "refused", f"{type(e).__name__}: {str(e).splitlines()[0]}"
         except UnsupportedOpError as e:
             nodes = getattr(e, "nodes", None) or []
             return "unsupported", " ".join(sorted({f"{d or 'ai.onnx'}::{o}-{v}" for _, o, d, v in nodes})) or str(e)

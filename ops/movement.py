@@ -362,9 +362,8 @@ def Tile_1(input, tiles, axis):
     return Tile(x, np.array(reps))
 
 
-@op("Tile", 6)
-def Tile(input, repeats, *, ctx=None):
-    x = contig(input)
+def tile_view(x, repeats):
+    """(the broadcast view of the contiguous ``x`` whose C-order copy is Tile's result, the result's shape)."""
     reps = as_int_list(repeats)
     if len(reps) != x.ndim or any(r < 0 for r in reps):
         raise InvalidArgumentError(f"Tile: repeats {reps} must be {x.ndim} non-negative counts")
@@ -373,9 +372,15 @@ def Tile(input, repeats, *, ctx=None):
     for d, r in zip(x.shape, reps):
         inter += [1, d]
         bshape += [r, d]
-    v = np.broadcast_to(x.reshape(inter), bshape)
-    out = out_buffer(out_of(ctx), tuple(d * r for d, r in zip(x.shape, reps)), x.dtype)
-    strided_copy(out, out.reshape(bshape), x, v)
+    return np.broadcast_to(x.reshape(inter), bshape), tuple(d * r for d, r in zip(x.shape, reps))
+
+
+@op("Tile", 6)
+def Tile(input, repeats, *, ctx=None):
+    x = contig(input)
+    v, shape = tile_view(x, repeats)
+    out = out_buffer(out_of(ctx), shape, x.dtype)
+    strided_copy(out, out.reshape(v.shape), x, v)
     return out
 
 

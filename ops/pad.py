@@ -18,6 +18,8 @@ from ._common import as_int_list, norm_axis, out_buffer
 from .movement import I64, MAXR, OBJ, contig, out_of, strided_copy, uview
 from .registry import op
 
+__all__ = ["pad_geometry", "pad_maps", "pad_fill"]
+
 
 @njit(cache=True)
 def _gather6(src, maps, mstart, n, dst, fill):
@@ -71,9 +73,9 @@ def _pad_map(d, before, after, mode, stride):
     return np.where(m >= 0, m * stride, -1).astype(I64)
 
 
-def _pad(x, pads, mode, value, axes=None, buf=None):
-    x = contig(x)
-    r = x.ndim
+def pad_geometry(shape, pads, mode, axes=None):
+    """Pad's ``(before, after)`` per axis of an input of ``shape`` (negative entries crop), checked."""
+    r = len(shape)
     p = as_int_list(pads)
     ax = list(range(r)) if axes is None else [norm_axis(a, r) for a in as_int_list(axes)]
     if len(p) != 2 * len(ax):
@@ -85,10 +87,31 @@ def _pad(x, pads, mode, value, axes=None, buf=None):
     for k, a in enumerate(ax):
         before[a] = p[k]
         after[a] = p[k + len(ax)]
-    for i, (d, b, a) in enumerate(zip(x.shape, before, after)):
+    for i, (d, b, a) in enumerate(zip(shape, before, after)):
         if d + b + a < 0:
             raise InvalidArgumentError(f"Pad: pads {before[i]} and {after[i]} on axis {i} remove more than its {d} "
                                        f"element(s) (the output extent would be {d + b + a})")
+    return before, after
+
+
+def pad_maps(shape, before, after, mode) -> list:
+    """Per-axis source offsets (elements of the C-contiguous input of ``shape``) of each output index, -1 for the
+    fill: negative pads crop first, then the mode pads the cropped extent, as ``_pad`` does."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * int(shape[k + 1])
+    maps = []
+    for d, b, a, st in zip(shape, before, after, strides):
+        lo, hi = max(-b, 0), d + min(a, 0)
+        m = _pad_map(hi - lo, max(b, 0), max(a, 0), mode, st)
+        maps.append(np.where(m >= 0, m + lo * st, -1).astype(I64))
+    return maps
+
+
+def _pad(x, pads, mode, value, axes=None, buf=None):
+    x = contig(x)
+    r = x.ndim
+    before, after = pad_geometry(x.shape, pads, mode, axes)
     # Negative pads crop first.
     crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
                  for i, (b, a) in enumerate(zip(before, after)))
@@ -104,11 +127,7 @@ def _pad(x, pads, mode, value, axes=None, buf=None):
     out = out_buffer(buf, out_shape, x.dtype)
     if out.size == 0:
         return out
-    if value is None:
-        fill = np.zeros((), x.dtype)
-    else:
-        fill = np.asarray(value).reshape(-1)
-        fill = np.array(fill[0] if fill.size else 0).astype(x.dtype) if x.dtype != OBJ else np.array(fill[0], OBJ)
+    fill = pad_fill(value, x.dtype)
     if mode == "constant":
         out[...] = fill
         inner = tuple(slice(b, b + d) for b, d in zip(before, x.shape))
@@ -127,6 +146,14 @@ def _pad(x, pads, mode, value, axes=None, buf=None):
     _gather6(u[0], np.concatenate(maps), mstart, n, out.reshape(-1).view(u[0].dtype),
              fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
     return out
+
+
+def pad_fill(value, dtype):
+    """The constant mode's fill as a 0-d array of ``dtype`` (0 when no value is given)."""
+    if value is None:
+        return np.zeros((), dtype)
+    fill = np.asarray(value).reshape(-1)
+    return np.array(fill[0] if fill.size else 0).astype(dtype) if dtype != OBJ else np.array(fill[0], OBJ)
 
 
 @op("Pad", 1)

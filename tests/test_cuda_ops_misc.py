@@ -526,3 +526,36 @@ def test_channel_norms_match_cpu():
     check("RMSNormalization", [x, _rand(3, 5)], opset=23, axis=-2)
     raises_like_cpu(InvalidAttributeError, "GroupNormalization", [x, c(), c()], opset=21, num_groups=3)
     raises_like_cpu(ShapeMismatchError, "InstanceNormalization", [x, _rand(3), c()])
+
+
+# -- Tile, DepthToSpace, SpaceToDepth, Pad, Trilu ---------------------------------------------------
+
+def test_tile_and_depth_space():
+    x = _rand(2, 3, 2)
+    check("Tile", [x, np.array([2, 1, 3], np.int64)])
+    check("Tile", [x, np.array([1, 0, 2], np.int64)])  # a zero repeat
+    check("Tile", [_rand(2, 2, 2, 2), np.array([2, 2, 2, 2], np.int64)])  # 8 axes: split into launches
+    y = _rand(1, 8, 2, 3)
+    for mode in ("DCR", "CRD"):
+        check("DepthToSpace", [y], blocksize=2, mode=mode)
+        check("SpaceToDepth", [_rand(1, 2, 4, 6)], blocksize=2, mode=mode)
+    raises_like_cpu(InvalidArgumentError, "DepthToSpace", [_rand(1, 6, 2, 2)], blocksize=2)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad_modes(mode):
+    x = _rand(2, 3, 4)
+    check("Pad", [x, np.array([0, 1, 2, 1, 2, 3], np.int64)], mode=mode)
+    check("Pad", [x, np.array([-1, 2, 0, 3], np.int64), None, np.array([2, 1], np.int64)], mode=mode)  # crop
+    if mode == "constant":
+        check("Pad", [x, np.array([1, 0, 1, 0, 1, 0], np.int64), np.array(2.5, np.float32)], mode=mode)
+        check("Pad", [x.astype(np.int32), np.array([0, 0, 1, 0, 0, 2], np.int64), np.array(7, np.int32)])
+        check("Pad", [x], opset=2, pads=[0, 1, 0, 0, 1, 0], value=-1.0)
+    raises_like_cpu(InvalidArgumentError, "Pad", [x, np.array([0, 0, -5, 0, 0, 0], np.int64)], mode=mode)
+
+
+def test_trilu():
+    x = RNG.integers(1, 9, (2, 3, 5)).astype(np.int64)
+    for upper in (0, 1):
+        for k in (None, -1, 2, 9):
+            check("Trilu", [x] if k is None else [x, np.array(k, np.int64)], upper=upper)

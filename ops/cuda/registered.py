@@ -176,6 +176,14 @@ for _since, _bind in ((1, bind_cast_1), (6, bind_cast)):
     op("Cast", _since, provider=CUDA, bind=_bind)(launch_cast)
 
 
+@op("CastLike", 15, provider=CUDA)
+def cast_like(input, target_type, saturate=1, round_mode="up"):
+    """CastLike: Cast to ``target_type``'s dtype (only its dtype is read; nothing crosses)."""
+    if target_type is None:
+        raise InvalidArgumentError("CastLike: the target_type input is required")
+    return kcast.Cast(input, np.dtype(target_type.dtype), saturate)
+
+
 # -- Softmax ---------------------------------------------------------------------------------------
 
 def _softmax(input, axis, coerce_2d):

@@ -1,17 +1,22 @@
-"""CUDA data movement: Transpose, Concat, Split, Slice, Expand.
+"""CUDA data movement: Transpose, Concat, Split, Slice, Expand, Tile, DepthToSpace, SpaceToDepth; Pad and Trilu.
 
 Every op is one strided copy: ``dst[doff + sum_k i_k * ds_k] = src[soff + sum_k i_k * ss_k]`` over an index
 box of up to six axes (element strides; a source stride is negative for a negative Slice step and zero for an
 Expand broadcast).  The wrapper drops unit axes, merges axes that are contiguous in both operands and pads
 the box on the left to the canonical rank 6, so ``_copy6`` compiles once per dtype.  Concat launches one copy
-per input into its window of the output; Split one per output.
+per input into its window of the output; Split one per output.  Tile, DepthToSpace and SpaceToDepth copy the
+view their CPU twins build (``ops.movement.tile_view``, ``ops.depth_space``), taken on a one-byte probe array
+with the input's C strides, so the element strides come from numpy without touching data (``view_copy``).
+Pad gathers through the per-axis offset maps of ``ops.pad.pad_maps`` (an entry < 0 reads the fill value):
+every mode, negative pads cropping.  Trilu keeps the elements on the chosen side of diagonal ``k``.
 
 Invariants (match ``ops/movement.py`` and ``ops/split_slice.py``, whose binds these launches share):
 - Slice's starts/ends/axes/steps, Split's ``split`` input and Expand's ``shape`` are host inputs
   (``host_inputs``): they size the launch, so they are read on the host, never from the device;
 - clamping and negative steps follow Python's ``slice.indices`` exactly like the CPU wrapper; errors are the
   CPU's (``InvalidArgumentError``/``InvalidAttributeError``/``ShapeMismatchError``);
-- a copy whose box still needs more than six axes after merging raises ``ShapeMismatchError``;
+- a copy whose box still needs more than six axes after merging is one launch per index of its leading axes
+  (up to 4096 launches; past that ``ShapeMismatchError``);
 - outputs are C-contiguous device arrays.  A result that is one contiguous run of the input in order (a
   Split along an axis with only unit axes before it, a Slice of whole trailing axes under unit outer ones,
   a Transpose that moves only unit axes) is a view of it and launches nothing; these ops register with
@@ -26,11 +31,14 @@ from ops._common import Plain
 from ops.movement import (CONCAT_BINDS, ConcatOp, TransposeOp, bind_expand, bind_transpose, concat_shape, merge_axes,
                           transpose_perm)
 from ops.split_slice import SLICE_BINDS, SPLIT_BINDS, SliceOp, SplitOp, slice_bounds, split_sizes
+from ops.depth_space import depth_to_space_view, space_to_depth_view
+from ops.movement import tile_view
+from ops.pad import pad_fill, pad_geometry, pad_maps
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import ShapeMismatchError
-from ._common import check_device, flat, grid1d
+from runtime.errors import InvalidArgumentError, ShapeMismatchError
+from ._common import check_device, flat, grid1d, host_array
 
 __all__ = ["transpose", "launch_transpose", "launch_concat", "launch_split", "launch_slice", "launch_expand",
            "strided_copy", "broadcast_to"]
@@ -72,21 +80,31 @@ def _cstrides(shape) -> list:
 def _box(op, extents, sstr, dstr) -> list:
     """(extent, src stride, dst stride) per axis: unit axes dropped, mergeable neighbours merged, padded to 6."""
     merged = merge_axes([int(n) for n in extents], [int(s) for s in sstr], [int(d) for d in dstr])
-    if len(merged) > RANK:
-        raise ShapeMismatchError(f"{op}: the copy needs {len(merged)} axes after merging, the CUDA kernel supports "
-                                 f"at most {RANK}")
     return [(1, 0, 0)] * (RANK - len(merged)) + merged
 
 
+_MAX_SPLIT = 4096  # launches one copy may be split into when its box needs more than six axes
+
+
 def strided_copy(op, src, soff, sstr, dst, doff, dstr, extents) -> None:
-    """Copy the box ``extents`` of ``src`` (offset/strides in elements) into ``dst`` (offset/strides)."""
+    """Copy the box ``extents`` of ``src`` (offset/strides in elements) into ``dst`` (offset/strides).  A box
+    that still needs more than six axes after merging is copied as one launch per index of its leading axes."""
     total = int(np.prod([int(n) for n in extents], dtype=np.int64)) if len(extents) else 1
     if total == 0:
         return
     b = _box(op, extents, sstr, dstr)
-    blocks, threads = grid1d(total)
-    _copy6[blocks, threads](flat(src), int(soff), *[s for _, s, _ in b], flat(dst), int(doff),
-                            *[d for _, _, d in b], *[n for n, _, _ in b[1:]], total)
+    lead, b = b[:len(b) - RANK], b[len(b) - RANK:]
+    if lead and int(np.prod([n for n, _, _ in lead])) > _MAX_SPLIT:
+        raise ShapeMismatchError(f"{op}: the copy needs {len(lead) + RANK} axes after merging, the CUDA kernel "
+                                 f"supports {RANK} (and {_MAX_SPLIT} launches over the others)")
+    each = total // max(int(np.prod([n for n, _, _ in lead])), 1)
+    blocks, threads = grid1d(each)
+    sf, df = flat(src), flat(dst)
+    for idx in np.ndindex(*[n for n, _, _ in lead]):
+        so = int(soff) + sum(i * s for i, (_, s, _) in zip(idx, lead))
+        do = int(doff) + sum(i * d for i, (_, _, d) in zip(idx, lead))
+        _copy6[blocks, threads](sf, so, *[s for _, s, _ in b], df, do, *[d for _, _, d in b],
+                                *[n for n, _, _ in b[1:]], each)
 
 
 def broadcast_to(op, x, shape):
@@ -244,3 +262,147 @@ def launch_expand(b: Plain, ctx=None):
 
 
 op("Expand", 8, provider=CUDA, host_inputs=(1,), bind=bind_expand)(launch_expand)
+
+
+# -- views of the CPU twins: Tile, DepthToSpace, SpaceToDepth ---------------------------------------
+
+def view_copy(op, x, view):
+    """A fresh device array: the C-order copy of ``view(probe)``, where ``probe`` is a numpy stand-in of ``x``
+    (its shape and C strides, one byte per element, no data) and ``view`` builds reshaped, transposed or
+    broadcast views of it.  Returns the result reshaped to the shape ``view`` gives with it."""
+    shape = tuple(int(d) for d in x.shape)
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, _cstrides(shape) if shape else ())
+    v, out_shape = view(probe)
+    out = rc.device_empty(tuple(out_shape), x.dtype)
+    if out.size:
+        strided_copy(op, x, 0, list(v.strides), out, 0, _cstrides(v.shape), v.shape)
+    return out
+
+
+def _tile(ctx):
+    def run(input, repeats):
+        check_device("Tile", input=input)
+        return view_copy("Tile", input, lambda p: tile_view(p, as_int_list(repeats)))
+    return run
+
+
+def _depth_to_space(ctx, blocksize=None, mode="DCR"):
+    def run(input):
+        check_device("DepthToSpace", input=input)
+        _rank4("DepthToSpace", input)
+        return view_copy("DepthToSpace", input, lambda p: depth_to_space_view(p, blocksize, mode))
+    return run
+
+
+def _space_to_depth(ctx, blocksize=None, mode="DCR"):
+    def run(input):
+        check_device("SpaceToDepth", input=input)
+        _rank4("SpaceToDepth", input)
+        return view_copy("SpaceToDepth", input, lambda p: space_to_depth_view(p, blocksize, mode))
+    return run
+
+
+def _rank4(op, x):
+    if x.ndim != 4:
+        raise InvalidArgumentError(f"{op}: input must be 4-D (N, C, H, W), got shape {list(x.shape)}")
+
+
+op("Tile", 6, provider=CUDA, factory=True, host_inputs=(1,))(_tile)
+op("DepthToSpace", 1, provider=CUDA, factory=True)(_depth_to_space)
+op("SpaceToDepth", 1, provider=CUDA, factory=True)(_space_to_depth)
+
+
+# -- Pad -------------------------------------------------------------------------------------------
+
+@jit
+def _gather_maps(src, maps, m0, m1, m2, m3, m4, m5, dst, fill, n1, n2, n3, n4, n5):
+    """dst[i] (C order over extents (., n1..n5)) = src[sum_k maps[m_k + i_k]], or ``fill`` where an entry is < 0."""
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        t = i
+        a5 = maps[m5 + t % n5]
+        t //= n5
+        a4 = maps[m4 + t % n4]
+        t //= n4
+        a3 = maps[m3 + t % n3]
+        t //= n3
+        a2 = maps[m2 + t % n2]
+        t //= n2
+        a1 = maps[m1 + t % n1]
+        a0 = maps[m0 + t // n1]
+        if a0 < 0 or a1 < 0 or a2 < 0 or a3 < 0 or a4 < 0 or a5 < 0:
+            dst[i] = fill
+        else:
+            dst[i] = src[a0 + a1 + a2 + a3 + a4 + a5]
+
+
+def pad(data, pads, mode="constant", value=None, axes=None):
+    """Pad of the device array ``data`` (``pads``, ``value``, ``axes`` on the host), as ``ops.pad._pad``."""
+    check_device("Pad", data=data)
+    dt = np.dtype(data.dtype)
+    if dt.kind not in "fiub":
+        raise InvalidArgumentError(f"Pad: the CUDA kernel pads numeric and bool tensors, got {dt}")
+    shape = tuple(int(d) for d in data.shape)
+    before, after = pad_geometry(shape, pads, mode, axes)
+    out = rc.device_empty(tuple(d + b + a for d, b, a in zip(shape, before, after)), dt)
+    if out.size == 0:
+        return out
+    if len(shape) > RANK:
+        raise ShapeMismatchError(f"Pad: the CUDA kernel pads tensors of rank {RANK} at most, got rank {len(shape)}")
+    maps = [np.zeros(1, np.int64)] * (RANK - len(shape)) + pad_maps(shape, before, after, mode)
+    starts = np.concatenate([[0], np.cumsum([len(m) for m in maps])[:-1]]).astype(np.int64)
+    fill = pad_fill(value, dt)[()]
+    blocks, threads = grid1d(out.size)
+    _gather_maps[blocks, threads](flat(data) if data.size else rc.device_empty((1,), dt),
+                                  rc.to_device(np.concatenate(maps)), *[int(v) for v in starts], flat(out), fill,
+                                  *[len(m) for m in maps[1:]])
+    return out
+
+
+def _pad_1(ctx, mode="constant", paddings=None, value=0.0):
+    return lambda data: pad(data, paddings, mode, value)
+
+
+def _pad_2(ctx, mode="constant", pads=None, value=0.0):
+    return lambda data: pad(data, pads, mode, value)
+
+
+def _pad_11(ctx, mode="constant"):
+    def run(data, pads, constant_value=None, axes=None):
+        host = [None if v is None else host_array("Pad", n, v, n != "constant_value")
+                for n, v in (("pads", pads), ("constant_value", constant_value), ("axes", axes))]
+        return pad(data, host[0], mode, host[1], host[2])
+    return run
+
+
+op("Pad", 1, provider=CUDA, factory=True)(_pad_1)
+op("Pad", 2, provider=CUDA, factory=True)(_pad_2)
+op("Pad", 11, provider=CUDA, factory=True, host_inputs=(1, 2, 3))(_pad_11)
+
+
+# -- Trilu -----------------------------------------------------------------------------------------
+
+@jit
+def _trilu(x, out, M, N, k, upper):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        c = i % N
+        r = (i // N) % M
+        keep = (c - r >= k) if upper else (c - r <= k)
+        out[i] = x[i] if keep else x[i] * 0
+
+
+def _trilu_factory(ctx, upper=1):
+    def run(input, k=None):
+        check_device("Trilu", input=input)
+        if input.ndim < 2:
+            raise InvalidArgumentError(f"Trilu: input must have rank >= 2, got shape {list(input.shape)}")
+        kk = 0 if k is None else int(host_array("Trilu", "k", k).reshape(-1)[0])
+        out = rc.device_empty(tuple(input.shape), input.dtype)
+        if input.size:
+            M, N = (int(d) for d in tuple(input.shape)[-2:])
+            blocks, threads = grid1d(input.size)
+            _trilu[blocks, threads](flat(input), flat(out), M, N, kk, bool(upper))
+        return out
+    return run
+
+
+op("Trilu", 14, provider=CUDA, factory=True, host_inputs=(1,))(_trilu_factory)

@@ -28,7 +28,8 @@ import ops.cuda.registered  # noqa: E402,F401  (the elementwise ops)
 import ops.cuda.shape  # noqa: E402,F401
 from ops import registry  # noqa: E402
 from ops.registry import OpContext  # noqa: E402
-from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError  # noqa: E402
+from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,  # noqa: E402
+                            ShapeMismatchError)
 
 RNG = np.random.default_rng(0)
 MS = "com.microsoft"
@@ -559,3 +560,20 @@ def test_trilu():
     for upper in (0, 1):
         for k in (None, -1, 2, 9):
             check("Trilu", [x] if k is None else [x, np.array(k, np.int64)], upper=upper)
+
+
+# -- GatherElements, GatherND, ScatterElements, ScatterND --------------------------------------------
+
+def test_gather_and_scatter_families():
+    x = _rand(3, 4, 5)
+    idx = RNG.integers(-4, 4, (3, 2, 5)).astype(np.int64)
+    check("GatherElements", [x, idx], axis=1)
+    check("GatherND", [x, np.array([[0, 1], [2, -1]], np.int64)])
+    check("GatherND", [x, RNG.integers(0, 4, (3, 2, 1)).astype(np.int64)], batch_dims=1)
+    rows = np.array([[2, 0, 2, 1]], np.int64)  # row 2 twice: the CPU's order decides
+    upd = _rand(1, 4)
+    for red in ("none", "add", "mul", "max", "min"):
+        check("ScatterElements", [_rand(3, 4), rows.reshape(1, 4) % 3, upd], axis=0, reduction=red)
+        check("ScatterND", [x, np.array([[1], [0], [1]], np.int64), _rand(3, 4, 5)], reduction=red)
+    raises_like_cpu(IndexOutOfRangeError, "GatherElements", [x, idx + 9], axis=1)
+    raises_like_cpu(IndexOutOfRangeError, "ScatterND", [x, np.array([[3]], np.int64), _rand(1, 4, 5)])

@@ -1,4 +1,4 @@
-"""CUDA Gather.
+"""CUDA Gather, GatherElements, GatherND, ScatterElements (and the old Scatter), ScatterND.
 
 The canonical view is ``data`` (outer, axis_n, inner) -> ``out`` (outer, n_idx, inner); one thread per output
 element.  Indices are validated on the host before launch (Numba does not bounds-check on the device), then
@@ -9,6 +9,9 @@ usually come from the host anyway.
 Invariants: ``data`` is a C-contiguous device array; out-of-range indices raise ``IndexOutOfRangeError``
 before any kernel runs; the result is a new device array of shape
 ``data.shape[:axis] + indices.shape + data.shape[axis + 1:]``.
+
+The others gather or scatter whole rows of ``inner`` elements at offsets the host computed with the CPU twins'
+index code (below); scatters copy ``data`` and apply the updates in the CPU's order, one thread per column.
 """
 from __future__ import annotations
 
@@ -55,3 +58,143 @@ def Gather(data, indices, axis=0):
         blocks, threads = grid1d(out.size)
         _gather3[blocks, threads](flat(data), d_idx, flat(out), axis_n, norm.size, inner)
     return out
+
+
+# -- GatherElements, GatherND, ScatterElements, ScatterND --------------------------------------------
+# The CPU twins' host-side index work is shared: ``_elem_prepare`` (GatherElements, ScatterElements: flat element
+# offsets) and ``_nd_linear`` (GatherND, ScatterND: linear row numbers), both validating every index before an
+# offset is formed, so the kernels read only offsets that are in range.  Indices are host inputs.
+
+from ops.indexing import _elem_prepare, _nd_linear, _reduction  # noqa: E402
+from ops.registry import op  # noqa: E402
+from runtime.errors import InvalidAttributeError, ShapeMismatchError  # noqa: E402
+
+CUDA = "CUDAExecutionProvider"
+
+
+@jit
+def _take_rows(src, lin, out, B, S, M, inner):
+    """out[b, m, :] = src[b, lin[b*M + m], :] over (B, M, inner), grid-stride."""
+    for i in range(cuda.grid(1), B * M * inner, cuda.gridsize(1)):
+        c = i % inner
+        bm = i // inner
+        b = bm // M
+        out[i] = src[(b * S + lin[bm]) * inner + c]
+
+
+@jit
+def _scatter_cols(out, lin, upd, M, inner, red):
+    """Rows ``lin`` of ``out`` (S, inner) updated from ``upd`` (M, inner) in order, one thread per column (a
+    repeated row takes its updates in the CPU's order); red: 0 none, 1 add, 2 mul, 3 max, 4 min."""
+    for c in range(cuda.grid(1), inner, cuda.gridsize(1)):
+        for j in range(M):
+            o = lin[j] * inner + c
+            u = upd[j * inner + c]
+            if red == 0:
+                out[o] = u
+            elif red == 1:
+                out[o] += u
+            elif red == 2:
+                out[o] *= u
+            elif red == 3:
+                if u > out[o]:
+                    out[o] = u
+            elif u < out[o]:
+                out[o] = u
+
+
+def _take(data, lin, B, S, M, inner, shape):
+    out = rc.device_empty(tuple(shape), data.dtype)
+    if out.size:
+        blocks, threads = grid1d(out.size)
+        _take_rows[blocks, threads](flat(data), rc.to_device(np.ascontiguousarray(lin, np.int64)), flat(out),
+                                    B, S, M, inner)
+    return out
+
+
+def _scatter(op_name, data, lin, updates, inner, red):
+    check_device(op_name, data=data, updates=updates)
+    if np.dtype(updates.dtype) != np.dtype(data.dtype):
+        raise InvalidArgumentError(f"{op_name}: updates dtype {updates.dtype} differs from data dtype {data.dtype}")
+    if red and np.dtype(data.dtype) == np.bool_:
+        raise InvalidArgumentError(f"{op_name}: the CUDA kernel reduces numeric tensors, got bool")
+    out = rc.device_empty(tuple(data.shape), data.dtype)
+    if data.size:
+        out.copy_to_device(data)
+    M = int(lin.size)
+    if M and out.size and inner:
+        blocks, threads = grid1d(inner)
+        _scatter_cols[blocks, threads](flat(out), rc.to_device(np.ascontiguousarray(lin, np.int64)),
+                                       flat(updates), M, inner, red)
+    return out
+
+
+def _gather_elements(ctx, axis=0):
+    def run(data, indices):
+        check_device("GatherElements", data=data)
+        if data.ndim == 0:
+            raise InvalidArgumentError("GatherElements: data must have rank >= 1")
+        offs = _elem_prepare("GatherElements", data, np.asarray(indices), axis)
+        return _take(data, offs, 1, int(data.size), int(offs.size), 1, tuple(np.shape(indices)))
+    return run
+
+
+def _gather_nd(ctx, batch_dims=0):
+    b = int(batch_dims)
+
+    def run(data, indices):
+        check_device("GatherND", data=data)
+        indices = np.asarray(indices)
+        dshape = tuple(int(d) for d in data.shape)
+        if b < 0 or b >= min(len(dshape), indices.ndim):
+            raise InvalidAttributeError(f"GatherND: batch_dims must be in [0, {min(len(dshape), indices.ndim) - 1}], "
+                                        f"got {b}")
+        if dshape[:b] != indices.shape[:b]:
+            raise ShapeMismatchError(f"GatherND: batch dimensions differ: data {list(dshape)}, "
+                                     f"indices {list(indices.shape)}")
+        k = indices.shape[-1]
+        lin, S, inner = _nd_linear("GatherND", dshape[b:], indices)
+        B = int(np.prod(dshape[:b], dtype=np.int64))
+        return _take(data, lin, B, S, lin.size // max(B, 1), inner, indices.shape[:-1] + dshape[b + k:])
+    return run
+
+
+def _scatter_elements(ctx, axis=0, reduction="none"):
+    red = _reduction("ScatterElements", reduction)
+
+    def run(data, indices, updates):
+        indices = np.asarray(indices)
+        if tuple(updates.shape) != indices.shape:
+            raise ShapeMismatchError(f"ScatterElements: updates shape {list(updates.shape)} must equal indices "
+                                     f"shape {list(indices.shape)}")
+        if data.ndim == 0:
+            raise InvalidArgumentError("ScatterElements: data must have rank >= 1")
+        offs = _elem_prepare("ScatterElements", data, indices, axis)
+        return _scatter("ScatterElements", data, offs, updates, 1, red)
+    return run
+
+
+def _scatter_nd(ctx, reduction="none"):
+    red = _reduction("ScatterND", reduction)
+
+    def run(data, indices, updates):
+        indices = np.asarray(indices)
+        dshape = tuple(int(d) for d in data.shape)
+        k = indices.shape[-1] if indices.ndim else 0
+        want = indices.shape[:-1] + dshape[k:]
+        if tuple(updates.shape) != want:
+            raise ShapeMismatchError(f"ScatterND: updates must have shape {list(want)}, got {list(updates.shape)}")
+        lin, S, inner = _nd_linear("ScatterND", dshape, indices)
+        return _scatter("ScatterND", data, lin, updates, inner, red)
+    return run
+
+
+for _v in (11, 13):
+    op("GatherElements", _v, provider=CUDA, factory=True, host_inputs=(1,))(_gather_elements)
+for _v in (11, 12, 13):
+    op("GatherND", _v, provider=CUDA, factory=True, host_inputs=(1,))(_gather_nd)
+for _v in (11, 13, 16, 18):
+    op("ScatterElements", _v, provider=CUDA, factory=True, host_inputs=(1,))(_scatter_elements)
+    op("ScatterND", _v, provider=CUDA, factory=True, host_inputs=(1,))(_scatter_nd)
+for _v in (9, 11):
+    op("Scatter", _v, provider=CUDA, factory=True, host_inputs=(1,))(_scatter_elements)

@@ -577,3 +577,11 @@ def test_gather_and_scatter_families():
         check("ScatterND", [x, np.array([[1], [0], [1]], np.int64), _rand(3, 4, 5)], reduction=red)
     raises_like_cpu(IndexOutOfRangeError, "GatherElements", [x, idx + 9], axis=1)
     raises_like_cpu(IndexOutOfRangeError, "ScatterND", [x, np.array([[3]], np.int64), _rand(1, 4, 5)])
+
+
+def test_gemm():
+    a, b, c = _rand(3, 4), _rand(4, 5), _rand(5)
+    check("Gemm", [a, b, c])
+    check("Gemm", [a.T.copy(), b.T.copy(), _rand(3, 1)], transA=1, transB=1, alpha=0.5, beta=2.0)
+    check("Gemm", [a, b], alpha=-1.0)
+    raises_like_cpu(ShapeMismatchError, "Gemm", [a, b.T.copy()])

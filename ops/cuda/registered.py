@@ -34,11 +34,13 @@ from ops.movement import bind_where
 from ops.shape import VIEW_BINDS, FlattenOp, ViewOp, bind_flatten, bind_identity, flatten_shape, identity, view_shape
 from ops.softmax import SOFTMAX_BINDS, SoftmaxOp
 from runtime import cuda as rc
-from runtime.errors import InvalidArgumentError, InvalidAttributeError
+from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import cast as kcast
 from . import elementwise as kel
 from . import indexing as kidx
 from . import matmul as kmm
+from . import shape as kshape
+from .contrib_norm import zeros
 from . import reduce as kred
 from . import softmax as ksm
 from ._common import check_device, flat, grid1d, host_array
@@ -266,6 +268,49 @@ def _gemm(a, b, c, M, N, K, a_stride, b_stride, batch):
 
 for _v in (1, 9, 13):
     op("MatMul", _v, provider=CUDA, bind=bind_matmul)(launch_matmul)
+
+
+# -- Gemm ------------------------------------------------------------------------------------------
+
+def _transposed(x):
+    return kshape.view_copy("Gemm", x, lambda p: (p.T, p.T.shape))
+
+
+def gemm_factory(ctx, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    """Gemm as MatMul of the (transposed) operands, then ``alpha`` and ``beta * C`` by the elementwise kernels;
+    the checks and messages are the CPU's (``ops.matmul``)."""
+    alpha, beta = float(alpha), float(beta)
+
+    def run(a, b, c=None):
+        check_device("Gemm", A=a, B=b, C=c)
+        if a.ndim != 2 or b.ndim != 2:
+            raise ShapeMismatchError(f"Gemm: A and B must be 2-d, got shapes {list(a.shape)} and {list(b.shape)}")
+        if a.dtype != b.dtype or (c is not None and c.dtype != a.dtype):
+            raise InvalidArgumentError(f"Gemm: inputs must share one dtype, got "
+                                       f"{[str(x.dtype) for x in (a, b, c) if x is not None]}")
+        A = _transposed(a) if transA else a
+        B = _transposed(b) if transB else b
+        (m, k), (k2, n) = tuple(A.shape), tuple(B.shape)
+        if k != k2:
+            raise ShapeMismatchError(f"Gemm: inner dimensions differ: op(A) is {[m, k]}, op(B) is {[k2, n]} "
+                                     f"(transA={transA}, transB={transB})")
+        if c is not None and beta != 0.0:
+            cs = (1,) * (2 - c.ndim) + tuple(c.shape)
+            if len(cs) != 2 or cs[0] not in (1, m) or cs[1] not in (1, n):
+                raise ShapeMismatchError(f"Gemm: C of shape {list(c.shape)} cannot be broadcast to {[m, n]}")
+        y = MatMul(A, B) if k else zeros((m, n), a.dtype)
+        dt = np.dtype(a.dtype)
+        if alpha != 1.0:
+            y = kel.binary("Mul", y, rc.to_device(np.array(alpha, dt)))
+        if c is not None and beta != 0.0:
+            cb = c if beta == 1.0 else kel.binary("Mul", c, rc.to_device(np.array(beta, dt)))
+            y = kel.binary("Add", y, cb)
+        return y
+    return run
+
+
+for _v in (1, 6, 7, 9, 11, 13):
+    op("Gemm", _v, provider=CUDA, factory=True)(gemm_factory)
 
 
 # -- Gather ----------------------------------------------------------------------------------------

@@ -585,3 +585,20 @@ def test_gemm():
     check("Gemm", [a.T.copy(), b.T.copy(), _rand(3, 1)], transA=1, transB=1, alpha=0.5, beta=2.0)
     check("Gemm", [a, b], alpha=-1.0)
     raises_like_cpu(ShapeMismatchError, "Gemm", [a, b.T.copy()])
+
+
+# -- CumSum, ConstantOfShape, Range, Dropout --------------------------------------------------------
+
+def test_cumsum_constant_range_dropout():
+    import ops.cuda.cumulative  # noqa: F401
+    x = _rand(3, 4, 2)
+    for exclusive, reverse in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        check("CumSum", [x, np.array(1, np.int64)], exclusive=exclusive, reverse=reverse)
+    check("CumSum", [RNG.integers(-3, 3, (2, 5)).astype(np.int32), np.array([-1], np.int64)], exclusive=1)
+    check("CumProd", [x, np.array(0, np.int64)], opset=26, exclusive=1, reverse=1)
+    check("ConstantOfShape", [np.array([2, 3], np.int64)], value=np.array([1.5], np.float32))
+    check("ConstantOfShape", [np.array([4], np.int64)])
+    check("Range", [np.array(1.0, np.float32), np.array(2.0, np.float32), np.array(0.1, np.float32)])
+    check("Range", [np.array(10, np.int32), np.array(-3, np.int32), np.array(-4, np.int32)])
+    check("Dropout", [x, np.array(0.3, np.float32)], n_out=2, opset=13)
+    raises_like_cpu(InvalidArgumentError, "Range", [np.array(1.0, np.float32)] * 2 + [np.array(0.0, np.float32)])

@@ -14,7 +14,7 @@ from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
 from ._common import check_device, copy_cast, flat, grid1d
 
-__all__ = ["Cast"]
+__all__ = ["Cast", "fill_ones"]
 
 _NUMERIC = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
                                    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
@@ -27,6 +27,12 @@ def _to_bool(x, out):
     step = cuda.gridsize(1)
     for i in range(start, x.size, step):
         out[i] = x[i] != 0
+
+
+@jit
+def fill_ones(out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = 1
 
 
 def Cast(input, to, saturate=1, *, out=None):

@@ -410,6 +410,38 @@ for _name, _binds in REDUCE_BINDS.items():
         op(_name, _v, provider=CUDA, bind=_bind, host_inputs=(1,) if _v > 1 else ())(launch_reduce)
 
 
+# -- Dropout (inference) ---------------------------------------------------------------------------
+
+def _dropout(ctx, ratio=0.5, seed=None, is_test=0, consumed_inputs=None):
+    """Dropout outside training: its input (a view) and, when asked for, a mask of ones (old opsets: the data's
+    dtype, then bool).  A training run is refused: the CUDA provider has no random kernels."""
+    mask_dt = np.dtype(np.bool_) if ctx.opset >= 10 else None
+    want_mask = ctx.n_outputs > 1 and ctx.outputs_used[1]
+
+    def run(data, ratio_in=None, training_mode=None):
+        if training_mode is not None and bool(host_array("Dropout", "training_mode", training_mode, False)
+                                              .reshape(-1)[0]):
+            r = 0.5 if ratio_in is None else float(host_array("Dropout", "ratio", ratio_in, False).reshape(-1)[0])
+            if r != 0:
+                raise InvalidArgumentError("Dropout: the CUDA provider runs Dropout outside training only "
+                                           "(training_mode is true)")
+        if ctx.n_outputs == 1:
+            return data
+        mask = None
+        if want_mask:
+            mask = rc.device_empty(tuple(data.shape), mask_dt or data.dtype)
+            if mask.size:
+                blocks, threads = grid1d(mask.size)
+                kcast.fill_ones[blocks, threads](flat(mask))
+        return data, mask
+    return run
+
+
+op("Dropout", 1, provider=CUDA, factory=True, views=True)(_dropout)
+op("Dropout", 10, provider=CUDA, factory=True, views=True)(_dropout)
+op("Dropout", 12, provider=CUDA, factory=True, views=True, host_inputs=(1, 2))(_dropout)
+
+
 # -- views -----------------------------------------------------------------------------------------
 
 op("Identity", 1, views=True, provider=CUDA, bind=bind_identity)(identity)  # ops.shape's, on any array

@@ -32,7 +32,7 @@ from ops.movement import (CONCAT_BINDS, ConcatOp, TransposeOp, bind_expand, bind
                           transpose_perm)
 from ops.split_slice import SLICE_BINDS, SPLIT_BINDS, SliceOp, SplitOp, slice_bounds, split_sizes
 from ops.depth_space import depth_to_space_view, space_to_depth_view
-from ops.movement import tile_view
+from ops.movement import Range as cpu_range, tile_view
 from ops.pad import pad_fill, pad_geometry, pad_maps
 from ops.registry import op
 from runtime import cuda as rc
@@ -406,3 +406,65 @@ def _trilu_factory(ctx, upper=1):
 
 
 op("Trilu", 14, provider=CUDA, factory=True, host_inputs=(1,))(_trilu_factory)
+
+
+# -- ConstantOfShape, Range ------------------------------------------------------------------------
+# Both run on the host as shape computation when their result is an integer tensor that stays there
+# (``runtime.cuda_plan.SHAPE_OPS``); these kernels make the float results (and integer ones a device kernel
+# reads) on the device.  The CPU twins decide the shape, dtype and checks.
+
+@jit
+def _fill(out, v):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = v
+
+
+@jit
+def _arange(out, start, delta):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = start + i * delta
+
+
+def _constant_of_shape(ctx, value=None):
+    def run(input):
+        shape = as_int_list(host_array("ConstantOfShape", "input", input))
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"ConstantOfShape: shape {shape} has a negative dim")
+        v = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(-1)
+        if v.size != 1:
+            raise InvalidArgumentError(f"ConstantOfShape: value must hold one element, got {v.size}")
+        v = v.reshape(())
+        if v.dtype.kind not in "fiub":
+            raise InvalidArgumentError(f"ConstantOfShape: the CUDA kernel fills numeric tensors, got {v.dtype}")
+        out = rc.device_empty(tuple(shape), v.dtype)
+        if out.size:
+            blocks, threads = grid1d(out.size)
+            _fill[blocks, threads](flat(out), v[()])
+        return out
+    return run
+
+
+def _range(ctx):
+    def run(start, limit, delta):
+        s, l, d = (host_array("Range", n, v, False) for n, v in (("start", start), ("limit", limit),
+                                                                  ("delta", delta)))
+        n = int(cpu_range(s, l, d).size) if s.dtype.kind in "iu" else None
+        dt = s.dtype
+        if n is None:  # floats: the CPU's count, and start + i * delta in float64 rounded once to T
+            n = int(cpu_range(s.astype(np.float64), l.astype(np.float64), d.astype(np.float64)).size)
+        out = rc.device_empty((n,), dt)
+        if n:
+            tmp = out if dt in (np.dtype(np.float64), np.dtype(np.int64)) else rc.device_empty((n,), np.dtype(
+                np.float64 if dt.kind == "f" else np.int64))
+            blocks, threads = grid1d(n)
+            kind = np.float64 if dt.kind == "f" else np.int64
+            _arange[blocks, threads](flat(tmp), kind(s.reshape(())[()]), kind(d.reshape(())[()]))
+            if tmp is not out:
+                from .elementwise import cast_to
+                return cast_to(tmp, dt)
+        return out
+    return run
+
+
+op("ConstantOfShape", 9, provider=CUDA, factory=True, host_inputs=(0,))(_constant_of_shape)
+op("Range", 11, provider=CUDA, factory=True, host_inputs=(0, 1, 2))(_range)

@@ -164,8 +164,13 @@ def main(argv=None) -> int:
     sim = os.environ.get(rc.SIM_ENV) == "1"
     print(f"{len(cases)} node cases on CUDAExecutionProvider ({'simulator' if sim else 'GPU'})", flush=True)
     results, t0 = {}, time.perf_counter()
-    for c in cases:
+    for k, c in enumerate(cases, 1):
+        t = time.perf_counter()
         results[c.name] = run_case(c, args.timeout)
+        if time.perf_counter() - t > 10:
+            print(f"  {c.name}: {results[c.name][0]} in {time.perf_counter() - t:.0f} s", flush=True)
+        if k % 200 == 0:
+            print(f"{k}/{len(cases)} cases, {time.perf_counter() - t0:.0f} s", flush=True)
     took = time.perf_counter() - t0
     counts = collections.Counter(o for o, _ in results.values())
     print(f"in {took:.0f} s: " + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))

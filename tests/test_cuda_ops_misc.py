@@ -602,3 +602,13 @@ def test_cumsum_constant_range_dropout():
     check("Range", [np.array(10, np.int32), np.array(-3, np.int32), np.array(-4, np.int32)])
     check("Dropout", [x, np.array(0.3, np.float32)], n_out=2, opset=13)
     raises_like_cpu(InvalidArgumentError, "Range", [np.array(1.0, np.float32)] * 2 + [np.array(0.0, np.float32)])
+
+
+def test_bitshift():
+    for dt in (np.uint8, np.int32):
+        x = RNG.integers(-50 if dt == np.int32 else 0, 200, (3, 4)).astype(dt)
+        s = np.array([0, 1, 7, 40 if dt == np.int32 else 8], dt)  # the last: the bit width or more
+        if dt == np.int32:
+            s[1] = -1  # a negative amount
+        for direction in ("LEFT", "RIGHT"):
+            check("BitShift", [x, s], direction=direction)

@@ -33,7 +33,7 @@ from ._elementwise_device import (CUDA_BINARY, CUDA_BINARY_BOOL, CUDA_BINARY_INT
                                   unary_store_bool, unary_store_int)
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sigmoid", "Tanh", "Relu", "Where", "binary", "unary",
-           "unary_code", "check_unary", "binary_chain", "clip", "variadic", "power", "cast_to", "UNARY_OPS", "BINARY_OPS"]
+           "unary_code", "check_unary", "binary_chain", "clip", "variadic", "power", "cast_to", "bitshift", "UNARY_OPS", "BINARY_OPS"]
 
 # The chain of generated device code that computes operands of each dtype kind, and the kernel a bound op's
 # kernel name becomes there (Div: the float or the integer division).
@@ -120,6 +120,21 @@ def _binary4_bool(op, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 _BINARY_KERNELS = {"f": _binary4, "i": _binary4_int, "b": _binary4_bool}
+
+
+@jit
+def _shift4(left, nbits, a, b, out, n1, n2, n3, a0, a1, a2, a3, b0, b1, b2, b3):
+    """BitShift as the CPU kernel (``_shl``/``_shr``): a shift by a negative amount or by the bit width or more
+    gives 0 (-1 for a negative value shifted right); a right shift of a signed value is arithmetic."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        x = a[_off(i, n1, n2, n3, a0, a1, a2, a3)]
+        y = b[_off(i, n1, n2, n3, b0, b1, b2, b3)]
+        if y < 0 or y >= nbits:
+            out[i] = x - x - 1 if (x < 0 and not left) else x - x
+        elif left:
+            out[i] = x << y
+        else:
+            out[i] = x >> y
 
 
 @jit
@@ -226,6 +241,21 @@ def binary(op: str, A, B, *, out=None, kernel=None, out_dtype=None):
             _no_zero_divisor(op, B)
         blocks, threads = grid1d(n)
         _BINARY_KERNELS[kind][blocks, threads](code, flat(A), flat(B), flat(y), out4[1], out4[2], out4[3], *sa, *sb)
+    return y
+
+
+def bitshift(A, B, left: bool):
+    """BitShift of two integer device arrays of one dtype, broadcast together."""
+    check_device("BitShift", A=A, B=B)
+    if A.dtype != B.dtype or np.dtype(A.dtype).kind not in "iu":
+        raise InvalidArgumentError(f"BitShift: the CUDA kernel takes two integer operands of one dtype, "
+                                   f"got {A.dtype} and {B.dtype}")
+    out_shape, out4, (sa, sb) = _plan("BitShift", (A, B))
+    y = rc.device_empty(out_shape, A.dtype)
+    if y.size:
+        blocks, threads = grid1d(y.size)
+        _shift4[blocks, threads](bool(left), np.dtype(A.dtype).type(8 * np.dtype(A.dtype).itemsize), flat(A),
+                                 flat(B), flat(y), out4[1], out4[2], out4[3], *sa, *sb)
     return y
 
 

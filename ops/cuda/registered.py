@@ -141,6 +141,13 @@ def _clip(ctx):
     return run
 
 
+def _bitshift(ctx, direction=""):
+    if direction not in ("LEFT", "RIGHT"):
+        raise InvalidAttributeError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    return lambda A, B: kel.bitshift(A, B, direction == "LEFT")
+
+
+op("BitShift", 11, provider=CUDA, factory=True)(_bitshift)
 op("Sign", 9, provider=CUDA, factory=True)(_sign)
 for _v in (8, 12, 13):
     op("Max", _v, provider=CUDA, factory=True)(_variadic("Max", "max"))

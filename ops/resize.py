@@ -248,15 +248,31 @@ def _resize_targets(shape, ax, sc, sz, keep_aspect_ratio_policy):
     return scale_f, out_shape
 
 
+def axis_tables(n_in, n_out, scale, lo, hi, *, mode, ctm, nearest_mode, cubic_coeff_a, exclude_outside,
+                antialias):
+    """How one axis of ``n_in`` becomes ``n_out``: None when it is unchanged, else ``(idx, w, extrap)``: source
+    indices (``(n_out,)`` for nearest, ``(n_out, taps)`` otherwise), tap weights (None for nearest), and the
+    tf_crop_and_resize positions outside the input (None when there are none).  The CUDA Resize applies the same
+    tables."""
+    if math.isclose(scale, 1.0) and n_out == n_in and (
+            ctm != "tf_crop_and_resize" or (math.isclose(lo, 0.0) and math.isclose(hi, 1.0))):
+        return None
+    x, extrap = _source_coords(ctm, n_in, n_out, scale, lo, hi)
+    if mode == "nearest":
+        return _nearest_index(x, n_in, nearest_mode, scale), None, extrap
+    idx, w = _interp_table(x, n_in, mode, scale, cubic_coeff_a, exclude_outside, antialias)
+    return np.ascontiguousarray(idx), w, extrap
+
+
 def _resize_axis(cur, d, n_out, scale, lo, hi, cdt, x_shape, *, mode, ctm, nearest_mode, cubic_coeff_a,
                  exclude_outside, extrapolation_value, antialias):
     """``cur`` resized along axis ``d`` to ``n_out`` (in ``cdt``); ``cur`` itself when the axis is unchanged."""
     n_in = cur.shape[d]
+    new_shape = list(cur.shape)
+    new_shape[d] = n_out
     if math.isclose(scale, 1.0) and n_out == n_in and (
             ctm != "tf_crop_and_resize" or (math.isclose(lo, 0.0) and math.isclose(hi, 1.0))):
         return cur
-    new_shape = list(cur.shape)
-    new_shape[d] = n_out
     O = int(np.prod(cur.shape[:d]))
     I = int(np.prod(cur.shape[d + 1:]))
     out = np.empty(new_shape, cdt)
@@ -264,18 +280,17 @@ def _resize_axis(cur, d, n_out, scale, lo, hi, cdt, x_shape, *, mode, ctm, neare
         return out
     if n_in == 0:
         raise InvalidArgumentError(f"Resize: cannot resize an empty axis {d} of shape {list(x_shape)}")
-    x, extrap = _source_coords(ctm, n_in, n_out, scale, lo, hi)
+    idx, w, extrap = axis_tables(n_in, n_out, scale, lo, hi, mode=mode, ctm=ctm, nearest_mode=nearest_mode,
+                                 cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside, antialias=antialias)
     x3 = np.ascontiguousarray(cur).reshape((O, n_in, I))
     o3 = out.reshape((O, n_out, I))
-    if mode == "nearest":
-        _gather_axis(x3, _nearest_index(x, n_in, nearest_mode, scale), o3)
+    if w is None:
+        _gather_axis(x3, idx, o3)
         if extrap is not None and extrap.any():
             _fill_axis(o3, extrap, o3.dtype.type(extrapolation_value))
     else:
-        idx, w = _interp_table(x, n_in, mode, scale, cubic_coeff_a, exclude_outside, antialias)
         ex = extrap if extrap is not None else np.zeros(n_out, np.bool_)
-        _interp_axis(x3, np.ascontiguousarray(idx), np.ascontiguousarray(w, dtype=cdt), ex,
-                     cdt.type(extrapolation_value), o3)
+        _interp_axis(x3, idx, np.ascontiguousarray(w, dtype=cdt), ex, cdt.type(extrapolation_value), o3)
     return out
 
 

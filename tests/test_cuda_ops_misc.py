@@ -612,3 +612,23 @@ def test_bitshift():
             s[1] = -1  # a negative amount
         for direction in ("LEFT", "RIGHT"):
             check("BitShift", [x, s], direction=direction)
+
+
+# -- Resize ------------------------------------------------------------------------------------------
+
+def test_resize_matches_cpu():
+    import ops.cuda.resize  # noqa: F401
+    x = _rand(1, 2, 4, 5)
+    sc = np.array([1, 1, 1.5, 0.6], np.float32)
+    none = np.zeros(0, np.float32)
+    for mode, extra in (("nearest", {}), ("linear", {}), ("cubic", {"exclude_outside": 1}),
+                        ("linear", {"antialias": 1})):
+        check("Resize", [x, none, sc], opset=19, mode=mode, **extra)
+    check("Resize", [x, none, None, np.array([3, 7], np.int64)], opset=19, mode="linear", axes=[2, 3],
+          keep_aspect_ratio_policy="not_larger")
+    roi = np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32)
+    check("Resize", [x, roi, sc], opset=19, mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+          extrapolation_value=-7.0)
+    img = RNG.integers(0, 256, (1, 1, 4, 4)).astype(np.uint8)  # rounded half to even and saturated
+    check("Resize", [img, none, np.array([1, 1, 1.75, 1.25], np.float32)], opset=19, mode="cubic")
+    check("Upsample", [x, np.array([1, 1, 2, 3], np.float32)], opset=9)

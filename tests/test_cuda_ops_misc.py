@@ -632,3 +632,21 @@ def test_resize_matches_cpu():
     img = RNG.integers(0, 256, (1, 1, 4, 4)).astype(np.uint8)  # rounded half to even and saturated
     check("Resize", [img, none, np.array([1, 1, 1.75, 1.25], np.float32)], opset=19, mode="cubic")
     check("Upsample", [x, np.array([1, 1, 2, 3], np.float32)], opset=9)
+
+
+# -- QuantizeLinear, DequantizeLinear ----------------------------------------------------------------
+
+def test_quantize_and_dequantize_match_cpu():
+    import ops.cuda.quantize  # noqa: F401
+    x = _rand(2, 3, 4) * 50
+    x[0, 0, 0], x[1, 2, 3], x[0, 1, 1] = np.nan, 1e6, 1.25  # NaN, saturation, a tie (2.5) rounded to even
+    s, z = np.array(0.5, np.float32), np.array(3, np.uint8)
+    check("QuantizeLinear", [x, s, z], opset=19)
+    check("QuantizeLinear", [x, np.abs(_rand(3)) + 0.1, np.array([-3, 0, 5], np.int8)], opset=19, axis=1)
+    check("QuantizeLinear", [x, np.abs(_rand(2, 3, 2)) + 0.1, np.zeros((2, 3, 2), np.int16)], opset=21, axis=2,
+          block_size=2)
+    q = RNG.integers(-128, 128, (2, 3, 4)).astype(np.int8)
+    check("DequantizeLinear", [q, np.abs(_rand(3)) + 0.1, np.array([-3, 0, 5], np.int8)], opset=19, axis=1)
+    check("DequantizeLinear", [q, np.abs(_rand(2, 2, 4)).astype(np.float16) + 0.1], opset=21, axis=1,
+          block_size=2)
+    raises_like_cpu(ShapeMismatchError, "QuantizeLinear", [x, _rand(4), np.zeros(4, np.uint8)], opset=19, axis=1)

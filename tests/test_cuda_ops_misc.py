@@ -650,3 +650,12 @@ def test_quantize_and_dequantize_match_cpu():
     check("DequantizeLinear", [q, np.abs(_rand(2, 2, 4)).astype(np.float16) + 0.1], opset=21, axis=1,
           block_size=2)
     raises_like_cpu(ShapeMismatchError, "QuantizeLinear", [x, _rand(4), np.zeros(4, np.uint8)], opset=19, axis=1)
+
+
+def test_softmax_family_on_any_axis():
+    x = _rand(2, 3, 5)
+    x[1, 0, :] = 2.0  # ties: Hardmax marks the first
+    for op_type in ("Softmax", "LogSoftmax", "Hardmax"):
+        for axis in (-1, 1, 0):
+            check(op_type, [x], opset=13, axis=axis)
+        check(op_type, [x], opset=11, axis=1)  # the flattened trailing block

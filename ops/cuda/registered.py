@@ -195,36 +195,38 @@ def cast_like(input, target_type, saturate=1, round_mode="up"):
 
 # -- Softmax ---------------------------------------------------------------------------------------
 
-def _softmax(input, axis, coerce_2d):
-    check_device("Softmax", input=input)
+def _softmax(input, axis, coerce_2d, name="Softmax"):
+    check_device(name, input=input)
+    mode = {"Softmax": ksm.SOFTMAX, "LogSoftmax": ksm.LOG_SOFTMAX, "Hardmax": ksm.HARDMAX}[name]
     shape = tuple(input.shape)
     if input.ndim == 0:
-        return ksm.Softmax(input.reshape((1,))).reshape(())
+        return ksm.Softmax(input.reshape((1,)), mode=mode, name=name).reshape(())
     ax = norm_axis(axis, input.ndim)
     inner = int(math.prod(shape[ax + 1:]))
-    if coerce_2d:  # opset < 13: softmax over the flattened trailing block [axis:]
-        n = int(math.prod(shape[ax:]))
-    elif inner == 1:  # an inner axis followed only by extent-1 axes is the last axis of a (rows, n) view
-        n = shape[ax]
-    else:
-        raise InvalidArgumentError(f"Softmax: the CUDA kernel reduces the last axis only, got axis={axis} "
-                                   f"for shape {list(shape)}")
     if input.size == 0:
         return rc.device_empty(shape, input.dtype)
-    rows = input.size // n
-    y = ksm.Softmax(input.reshape((rows, n)))
-    return y.reshape(shape)
+    if coerce_2d or inner == 1:
+        # opset < 13: over the flattened trailing block [axis:]; an inner axis followed only by extent-1 axes is
+        # the last axis of a (rows, n) view
+        n = int(math.prod(shape[ax:])) if coerce_2d else shape[ax]
+        return ksm.Softmax(input.reshape((input.size // n, n)), mode=mode, name=name).reshape(shape)
+    # another axis: moved last by a device copy, and back
+    moved = kshape.view_copy(name, input, lambda p: (np.moveaxis(p, ax, -1), np.moveaxis(p, ax, -1).shape))
+    y = ksm.Softmax(moved, mode=mode, name=name)
+    return kshape.view_copy(name, y, lambda p: (np.moveaxis(p, -1, ax), shape))
 
 
 def launch_softmax(b: SoftmaxOp, ctx=None):
-    """The CUDA implementation of Softmax (its bind is ``ops.softmax``'s)."""
+    """The CUDA implementation of Softmax, LogSoftmax and Hardmax (their bind is ``ops.softmax``'s)."""
     def run(input):
-        return _softmax(input, b.axis, b.coerce_2d)
+        return _softmax(input, b.axis, b.coerce_2d, b.op)
     return run
 
 
 for _since, _bind in SOFTMAX_BINDS:
-    op("Softmax", _since, provider=CUDA, bind=_bind)(launch_softmax)
+    for _name in ("Softmax", "LogSoftmax", "Hardmax"):
+        op(_name, _since, provider=CUDA, bind=_bind)(launch_softmax)
+
 
 
 # -- MatMul ----------------------------------------------------------------------------------------

@@ -662,3 +662,16 @@ def test_softmax_family_on_any_axis():
     long = _rand(2, 40)
     long[:, [3, 19, 35]] = 9.0  # one thread of a 16-thread block sees all three maxima
     check("Hardmax", [long], opset=13)
+
+
+def test_topk_matches_cpu():
+    import ops.cuda.topk  # noqa: F401
+    x = RNG.integers(-3, 4, (2, 7, 3)).astype(np.float32)  # many ties: lowest index first
+    x[0, 2, 1] = x[1, 5, 0] = np.nan
+    for largest in (1, 0):
+        for axis in (1, -1):
+            check("TopK", [x, np.array([3 if axis == 1 else 2], np.int64)], n_out=2, opset=11, axis=axis,
+                  largest=largest)
+    check("TopK", [x.astype(np.int32), np.array([7], np.int64)], n_out=2, opset=11, axis=1)
+    check("TopK", [x.astype(np.float16), np.array([0], np.int64)], n_out=2, opset=11)
+    raises_like_cpu(InvalidArgumentError, "TopK", [x, np.array([9], np.int64)], n_out=2, opset=11, axis=1)

@@ -675,3 +675,14 @@ def test_topk_matches_cpu():
     check("TopK", [x.astype(np.int32), np.array([7], np.int64)], n_out=2, opset=11, axis=1)
     check("TopK", [x.astype(np.float16), np.array([0], np.int64)], n_out=2, opset=11)
     raises_like_cpu(InvalidArgumentError, "TopK", [x, np.array([9], np.int64)], n_out=2, opset=11, axis=1)
+
+
+def test_onehot_and_eyelike():
+    idx = np.array([[0, 3, -1], [2, -5, 1]], np.int64)  # -1 wraps (opset 11); -5 stays out: an all-off row
+    for opset in (9, 11):
+        for axis in (-1, 0, 1):
+            check("OneHot", [idx, np.array(4, np.int64), np.array([0.5, 2.0], np.float32)], opset=opset, axis=axis)
+    check("OneHot", [np.array([1.7, -0.2], np.float32), np.array([3], np.int32), np.array([0, 9], np.int64)])
+    for k in (0, 2, -1):
+        check("EyeLike", [_rand(3, 4)], k=k)
+    check("EyeLike", [_rand(2, 5)], dtype=7)  # int64

@@ -1,4 +1,4 @@
-"""CUDA Gather, GatherElements, GatherND, ScatterElements (and the old Scatter), ScatterND.
+"""CUDA Gather, GatherElements, GatherND, ScatterElements (and the old Scatter), ScatterND; OneHot, EyeLike.
 
 The canonical view is ``data`` (outer, axis_n, inner) -> ``out`` (outer, n_idx, inner); one thread per output
 element.  Indices are validated on the host before launch (Numba does not bounds-check on the device), then
@@ -21,7 +21,7 @@ from ops._common import check_indices, norm_axis
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError
-from ._common import check_device, flat, grid1d
+from ._common import check_device, flat, grid1d, host_array
 
 __all__ = ["Gather"]
 
@@ -67,6 +67,7 @@ def Gather(data, indices, axis=0):
 
 from ops.indexing import _elem_prepare, _nd_linear, _reduction  # noqa: E402
 from ops.registry import op  # noqa: E402
+from runtime.dtypes import np_dtype  # noqa: E402
 from runtime.errors import InvalidAttributeError, ShapeMismatchError  # noqa: E402
 
 CUDA = "CUDAExecutionProvider"
@@ -198,3 +199,74 @@ for _v in (11, 13, 16, 18):
     op("ScatterND", _v, provider=CUDA, factory=True, host_inputs=(1,))(_scatter_nd)
 for _v in (9, 11):
     op("Scatter", _v, provider=CUDA, factory=True, host_inputs=(1,))(_scatter_elements)
+
+
+# -- OneHot, EyeLike -------------------------------------------------------------------------------
+
+@jit
+def _onehot(idx, out, dep, inner, off, on, negative):
+    """out[o, d, i] = on where the (truncated) index idx[o, i] is d (wrapped when ``negative``), else off."""
+    for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        i = k % inner
+        t = k // inner
+        d = t % dep
+        o = t // dep
+        v = idx[o * inner + i]
+        j = np.int64(v)  # toward zero for float indices
+        if negative and j < 0:
+            j += dep
+        out[k] = on if j == d else off
+
+
+def _onehot_factory(negative):
+    def factory(ctx, axis=-1):
+        def run(indices, depth, values):
+            check_device("OneHot", indices=indices)
+            d = host_array("OneHot", "depth", depth, False).reshape(-1)
+            if d.size != 1:
+                raise InvalidArgumentError(f"OneHot: depth must be a scalar or 1-element tensor, "
+                                           f"got shape {list(np.shape(depth))}")
+            dep = int(d[0])
+            if dep < 1:
+                raise InvalidArgumentError(f"OneHot: depth must be positive, got {dep}")
+            vals = host_array("OneHot", "values", values, False).reshape(-1)
+            if vals.size != 2:
+                raise InvalidArgumentError(f"OneHot: values must hold [off_value, on_value], got {vals.size} "
+                                           f"elements")
+            shape = tuple(int(s) for s in indices.shape)
+            ax = norm_axis(axis, len(shape) + 1)
+            out = rc.device_empty(shape[:ax] + (dep,) + shape[ax:], vals.dtype)
+            if out.size:
+                blocks, threads = grid1d(out.size)
+                _onehot[blocks, threads](flat(indices), flat(out), dep, int(np.prod(shape[ax:], dtype=np.int64)),
+                                         vals[0], vals[1], bool(negative))
+            return out
+        return run
+    return factory
+
+
+op("OneHot", 9, provider=CUDA, factory=True, host_inputs=(1, 2))(_onehot_factory(False))
+op("OneHot", 11, provider=CUDA, factory=True, host_inputs=(1, 2))(_onehot_factory(True))
+
+
+@jit
+def _eye(out, n, k):
+    for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        r = t // n
+        out[t] = 1 if t - r * n - r == k else 0
+
+
+def _eyelike(ctx, dtype=None, k=0):
+    def run(input):
+        if input.ndim != 2:
+            raise InvalidArgumentError(f"EyeLike: input must be 2-D, got shape {list(input.shape)}")
+        dt = np.dtype(input.dtype) if dtype is None else np_dtype(int(dtype))
+        out = rc.device_empty(tuple(input.shape), dt)
+        if out.size:
+            blocks, threads = grid1d(out.size)
+            _eye[blocks, threads](flat(out), int(input.shape[1]), int(k))
+        return out
+    return run
+
+
+op("EyeLike", 9, provider=CUDA, factory=True)(_eyelike)

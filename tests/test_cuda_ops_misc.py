@@ -686,3 +686,12 @@ def test_onehot_and_eyelike():
     for k in (0, 2, -1):
         check("EyeLike", [_rand(3, 4)], k=k)
     check("EyeLike", [_rand(2, 5)], dtype=7)  # int64
+
+
+def test_lrn_and_reverse_sequence():
+    check("LRN", [_rand(2, 5, 3, 2)], size=3, alpha=0.01, beta=0.5, bias=2.0)
+    check("LRN", [_rand(1, 4, 6)], size=2)
+    x = _rand(4, 3, 2)
+    check("ReverseSequence", [x, np.array([4, 0, 2], np.int64)], batch_axis=1, time_axis=0)
+    check("ReverseSequence", [x, np.array([3, 1, 2, 2], np.int64)], batch_axis=0, time_axis=1)
+    raises_like_cpu(IndexOutOfRangeError, "ReverseSequence", [x, np.array([5, 0, 2], np.int64)])

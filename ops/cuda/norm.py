@@ -1,6 +1,6 @@
 """CUDA norms without a contrib twin: LayerNormalization (opset 17), RMSNormalization (23), com.microsoft
 GatedRMSNorm, LpNormalization, and the channel norms BatchNormalization (inference), InstanceNormalization,
-GroupNormalization and MeanVarianceNormalization.  (The contrib row norms, and the row kernel LayerNormalization runs, are
+GroupNormalization and MeanVarianceNormalization; LRN.  (The contrib row norms, and the row kernel LayerNormalization runs, are
 ``ops/cuda/contrib_norm.py``.)
 
 Each op here is written once, to the one op contract, in its CPU module: these launches are registered with
@@ -356,3 +356,41 @@ for _v in (9, 13):
     op("MeanVarianceNormalization", _v, provider=CUDA, factory=True)(_mvn)
 for _v in (1, 6, 7, 9, 14, 15):
     op("BatchNormalization", _v, provider=CUDA, factory=True, host_inputs=(1, 2, 3, 4))(_batch)
+
+
+# -- LRN -------------------------------------------------------------------------------------------
+
+@jit
+def _lrn(x, y, C, S, alpha, beta, bias, size):
+    """y = x / (bias + alpha / size * sum of squares over the channel window) ** beta, in float64 as the CPU."""
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    for t in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        j = t % S
+        c = (t // S) % C
+        n = t // (S * C)
+        sq = 0.0
+        for cc in range(max(0, c - lo), min(C, c + hi + 1)):
+            v = np.float64(x[(n * C + cc) * S + j])
+            sq += v * v
+        y[t] = np.float64(x[t]) / (bias + alpha / size * sq) ** beta
+
+
+def _lrn_factory(ctx, size, alpha=0.0001, beta=0.75, bias=1.0):
+    if size <= 0:
+        raise InvalidAttributeError(f"LRN: size must be positive, got {size}")
+
+    def run(X):
+        check_device("LRN", X=X)
+        _check_float("LRN", X)
+        N, C, S = _ncs(X)
+        y = rc.device_empty(tuple(X.shape), X.dtype)
+        if X.size:
+            blocks, threads = grid1d(X.size)
+            _lrn[blocks, threads](flat(X), flat(y), C, S, float(alpha), float(beta), float(bias), int(size))
+        return y
+    return run
+
+
+for _v in (1, 13):
+    op("LRN", _v, provider=CUDA, factory=True)(_lrn_factory)

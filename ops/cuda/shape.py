@@ -1,4 +1,5 @@
-"""CUDA data movement: Transpose, Concat, Split, Slice, Expand, Tile, DepthToSpace, SpaceToDepth; Pad and Trilu.
+"""CUDA data movement: Transpose, Concat, Split, Slice, Expand, Tile, DepthToSpace, SpaceToDepth, ReverseSequence;
+Pad and Trilu.
 
 Every op is one strided copy: ``dst[doff + sum_k i_k * ds_k] = src[soff + sum_k i_k * ss_k]`` over an index
 box of up to six axes (element strides; a source stride is negative for a negative Slice step and zero for an
@@ -37,7 +38,7 @@ from ops.pad import pad_fill, pad_geometry, pad_maps
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
-from runtime.errors import InvalidArgumentError, ShapeMismatchError
+from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import check_device, flat, grid1d, host_array
 
 __all__ = ["transpose", "launch_transpose", "launch_concat", "launch_split", "launch_slice", "launch_expand",
@@ -468,3 +469,52 @@ def _range(ctx):
 
 op("ConstantOfShape", 9, provider=CUDA, factory=True, host_inputs=(0,))(_constant_of_shape)
 op("Range", 11, provider=CUDA, factory=True, host_inputs=(0, 1, 2))(_range)
+
+
+# -- ReverseSequence -------------------------------------------------------------------------------
+
+@jit
+def _reverse_seq(x, out, lens, B, T, inner, time_major):
+    """Each batch row's first lens[b] time steps reversed, the rest copied; x viewed (T, B, inner) when
+    ``time_major`` else (B, T, inner)."""
+    for k in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        i = k % inner
+        r = k // inner
+        if time_major:
+            t = r // B
+            b = r - t * B
+        else:
+            b = r // T
+            t = r - b * T
+        L = lens[b]
+        src_t = L - 1 - t if t < L else t
+        out[k] = x[((src_t * B + b) if time_major else (b * T + src_t)) * inner + i]
+
+
+def _reverse_sequence(ctx, batch_axis=1, time_axis=0):
+    def run(input, sequence_lens):
+        check_device("ReverseSequence", input=input)
+        shape = tuple(int(d) for d in input.shape)
+        if len(shape) < 2:
+            raise InvalidArgumentError(f"ReverseSequence: input must have rank >= 2, got shape {list(shape)}")
+        if sorted((batch_axis, time_axis)) != [0, 1]:
+            raise InvalidAttributeError(f"ReverseSequence: batch_axis/time_axis must be 0 and 1, got "
+                                        f"{batch_axis}/{time_axis}")
+        lens = np.ascontiguousarray(host_array("ReverseSequence", "sequence_lens", sequence_lens),
+                                    dtype=np.int64).reshape(-1)
+        B, T = shape[batch_axis], shape[time_axis]
+        if lens.size != B:
+            raise InvalidArgumentError(f"ReverseSequence: sequence_lens has {lens.size} entries, expected {B}")
+        if lens.size and (lens.min() < 0 or lens.max() > T):
+            bad = int(lens.min() if lens.min() < 0 else lens.max())
+            raise IndexOutOfRangeError(f"ReverseSequence: sequence length {bad} is out of range [0, {T}]")
+        out = rc.device_empty(shape, input.dtype)
+        if out.size:
+            blocks, threads = grid1d(out.size)
+            _reverse_seq[blocks, threads](flat(input), flat(out), rc.to_device(lens), B, T,
+                                          int(np.prod(shape[2:], dtype=np.int64)), time_axis == 0)
+        return out
+    return run
+
+
+op("ReverseSequence", 10, provider=CUDA, factory=True, host_inputs=(1,))(_reverse_sequence)

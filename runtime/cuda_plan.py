@@ -135,7 +135,9 @@ class CudaPlan:
         for i, (node, impl, kind) in enumerate(zip(graph.nodes, impls, placement)):
             ins, captured, in_slots = node_inputs(node, sl.slot_of)
             if kind == CUDA:
-                wants = tuple(H if k in impl.host_inputs else D for k in range(len(ins))) + (H,) * len(captured)
+                # values a subgraph captures pass through as they are (host or device): the child CUDA plan
+                # reads each where its own steps want it
+                wants = tuple(H if k in impl.host_inputs else D for k in range(len(ins))) + (None,) * len(captured)
                 device_readers.update(s for s, w in zip(in_slots, wants) if w == D)
             else:
                 wants = ((None,) if node.op_type in _METADATA_OPS else (H,)) * len(in_slots)

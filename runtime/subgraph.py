@@ -3,7 +3,8 @@
 A subgraph is planned once, when its parent node is bound.  It reads values
 of enclosing scopes by name: they arrive at run time as ``outer`` values
 (see ``Plan.run``), so the child shares the parent's weights and feeds
-without copying them.  The child runs on the parent's provider.
+without copying them.  The child runs on the parent's provider: a ``CudaPlan`` under the CUDA provider, whose
+outputs a ``ChildPlan`` keeps on the device (``device_outputs``) unless asked for them on the host.
 """
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ class ChildPlan:
     def __init__(self, plan: Plan, outer_index: list):
         self.plan = plan
         self.outer_index = outer_index
+        self.on_device = hasattr(plan, "shadow_template")  # a CudaPlan
         self.input_names = plan.input_names
         self.output_names = plan.output_names
 
-    def run(self, feeds, captured) -> list:
-        return self.plan.run(feeds, [captured[i] for i in self.outer_index])
+    def run(self, feeds, captured, host_outputs=()) -> list:
+        """The subgraph's outputs for ``feeds`` and the parent's ``captured`` values; on a CUDA child, every
+        output but the positions in ``host_outputs`` stays on the device."""
+        outer = [captured[i] for i in self.outer_index]
+        if self.on_device:
+            keep = [k for k in range(len(self.output_names)) if k not in host_outputs]
+            return self.plan.run(feeds, outer, device_outputs=keep)
+        return self.plan.run(feeds, outer)
 
 
 def plan_subgraph(gproto: GraphProto, ctx, input_types: list | None = None) -> ChildPlan:
@@ -52,6 +60,10 @@ def plan_subgraph(gproto: GraphProto, ctx, input_types: list | None = None) -> C
                 v.dtype, v.elem_type = t.dtype, t.elem_type
     g.toposort()
     g = build_graph(g, ctx.session_options, ctx.provider)
-    plan = Plan(g, ctx.provider, session_options=ctx.session_options)
+    if ctx.provider == "CUDAExecutionProvider":
+        from .cuda_plan import CudaPlan
+        plan = CudaPlan(g, ctx.provider, session_options=ctx.session_options)
+    else:
+        plan = Plan(g, ctx.provider, session_options=ctx.session_options)
     outer_index = [ctx.captured.index(n) for n in plan.outer_names]
     return ChildPlan(plan, outer_index)

@@ -444,3 +444,35 @@ def test_ortvalue_factories_place_cuda_devices_as_ort_device_names_them():
     n = len(rc.cuda.gpus)
     with pytest.raises(CudaUnavailableError, match=f"CUDA device {n} does not exist; {n} found"):
         OrtValue.ortvalue_from_numpy(a, "cuda", n)
+
+
+def test_control_flow_runs_its_subgraphs_on_the_device():
+    """If, Loop and Scan run their bodies as child CUDA plans: a device condition read back once, a device value
+    captured by the bodies, loop-carried and scan outputs stacked on the device; all equal to the CPU session."""
+    v = lambda n, t=F, s=None: helper.make_tensor_value_info(n, t, s)  # noqa: E731
+    then_g = helper.make_graph([helper.make_node("Mul", ["h", "two"], ["o"])], "then", [], [v("o", s=[3])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["h"], ["o"])], "else", [], [v("o", s=[3])])
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc", "h"], ["acc2"]), helper.make_node("Identity", ["c"], ["c2"]),
+         helper.make_node("Mul", ["acc2", "two"], ["scan_out"])],
+        "body", [v("i", I64, []), v("c", TensorProto.BOOL, []), v("acc", s=[3])],
+        [v("c2", TensorProto.BOOL, []), v("acc2", s=[3]), v("scan_out", s=[3])])
+    sbody = helper.make_graph(
+        [helper.make_node("Add", ["st", "xs"], ["st2"]), helper.make_node("Sub", ["xs", "st2"], ["ys"])],
+        "sbody", [v("st", s=[3]), v("xs", s=[3])], [v("st2", s=[3]), v("ys", s=[3])])
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "one"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y_if"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Loop", ["trip", "", "h"], ["y_acc", "y_scan"], body=body),
+             helper.make_node("Scan", ["h", "xs"], ["s_st", "s_ys"], body=sbody, num_scan_inputs=1,
+                              scan_input_axes=[1], scan_output_axes=[1])]
+    m = _model(nodes, [v("x", s=[3]), v("xs", s=[3, 4]), v("trip", I64, [])],
+               [v("y_if", s=[3]), v("y_acc", s=[3]), v("y_scan", s=[None, 3]), v("s_st", s=[3]),
+                v("s_ys", s=[3, 4])],
+               [("one", np.array(1.0, np.float32)), ("two", np.array(2.0, np.float32))])
+    xs = RNG.standard_normal((3, 4)).astype(np.float32)
+    for x in (np.array([1.0, -2.0, 3.0], np.float32), np.array([0.1, -2.0, 0.2], np.float32)):  # then, else
+        for trip in (3, 0):
+            s = _both(m, {"x": x, "xs": xs, "trip": np.array(trip, np.int64)})
+    assert [k for k, p in s.get_placement().items() if p != "cuda"] == []

@@ -102,6 +102,22 @@ def test_function_bodies_expand_when_no_kernel():
     np.testing.assert_allclose(Plan(g).run([x])[0], ref, rtol=1e-5, atol=1e-6)
 
 
+def test_an_expanded_body_takes_the_schemas_attribute_defaults():
+    """HannWindow's body reads ``output_datatype`` by reference; a node that leaves it unset gets the schema's
+    default (float), which the body itself does not declare."""
+    m = _model([helper.make_node("HannWindow", ["n"], ["y"])], [_vi("n", [], TensorProto.INT64)],
+               [_vi("y", [None])], opset=17)
+    g = graph_from_proto(m.graph, {"": 17})
+    InferShapes()(g)
+    assert ExpandFunctions(lambda n: n.op_type != "HannWindow")(g).modified
+    from runtime.executor import Plan
+    n = np.array(8, np.int64)
+    want = InferenceSession(m).run(None, {"n": n})[0]
+    got = Plan(g).run([n])[0]
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_io_binding_reads_and_writes_resident_buffers():
     m = _model([helper.make_node("Add", ["x", "y"], ["z"])], [_vi("x", [4]), _vi("y", [4])], [_vi("z", [4])])
     s = InferenceSession(m)

@@ -1,6 +1,6 @@
 """The official ONNX node suite on the CUDA provider: how far the provider reaches, measured.
 
-    python -m tools.cuda_node_suite [--only REGEX] [--json FILE] [--timeout S] [--top N]
+    python -m tools.cuda_node_suite [--only REGEX] [--json FILE] [--timeout S] [--top N] [--shard K/N]
 
 Every node case of onnx's backend suite that the CPU suite runs (the CPU exclusions of
 ``tests/backend_exclusions.py`` apply here too) is loaded with ``providers=["CUDAExecutionProvider"]`` and no
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every case's outcome here")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
     ap.add_argument("--top", type=int, default=40, help="ops to list among the unsupported (default 40)")
+    ap.add_argument("--shard", default="1/1", help="K/N: run every N-th case from the K-th (processes in parallel)")
     args = ap.parse_args(argv)
 
     from runtime import cuda as rc
@@ -161,16 +162,18 @@ def main(argv=None) -> int:
     cases = sorted({c.name: c for c in load_node_model_tests()}.values(), key=lambda c: c.name)
     cases = [c for c in cases if not any(rx.search(f"{c.name}_cpu") for rx in excluded)
              and (only is None or only.search(c.name))]
+    k, n = (int(v) for v in args.shard.split("/"))
+    cases = cases[k - 1::n]
     sim = os.environ.get(rc.SIM_ENV) == "1"
     print(f"{len(cases)} node cases on CUDAExecutionProvider ({'simulator' if sim else 'GPU'})", flush=True)
     results, t0 = {}, time.perf_counter()
-    for k, c in enumerate(cases, 1):
+    for j, c in enumerate(cases, 1):
         t = time.perf_counter()
         results[c.name] = run_case(c, args.timeout)
         if time.perf_counter() - t > 10:
             print(f"  {c.name}: {results[c.name][0]} in {time.perf_counter() - t:.0f} s", flush=True)
-        if k % 200 == 0:
-            print(f"{k}/{len(cases)} cases, {time.perf_counter() - t0:.0f} s", flush=True)
+        if j % 200 == 0:
+            print(f"{j}/{len(cases)} cases, {time.perf_counter() - t0:.0f} s", flush=True)
     took = time.perf_counter() - t0
     counts = collections.Counter(o for o, _ in results.values())
     print(f"in {took:.0f} s: " + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))

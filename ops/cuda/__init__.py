@@ -24,7 +24,7 @@ __all__ = ["FAMILIES", "load"]
 
 FAMILIES = ("elementwise", "cast", "softmax", "contrib_norm", "matmul", "indexing", "reduce", "registered",
             "shape", "norm", "contrib_recurrent", "activations",
-            "contrib_quant", "contrib_attention", "fused", "paged_attention", "cumulative", "resize", "quantize", "topk")
+            "contrib_quant", "contrib_attention", "fused", "paged_attention", "cumulative", "resize", "quantize", "topk", "control_flow")
 
 
 def load() -> dict:

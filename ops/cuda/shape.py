@@ -269,14 +269,15 @@ op("Expand", 8, provider=CUDA, host_inputs=(1,), bind=bind_expand)(launch_expand
 
 def view_copy(op, x, view):
     """A fresh device array: the C-order copy of ``view(probe)``, where ``probe`` is a numpy stand-in of ``x``
-    (its shape and C strides, one byte per element, no data) and ``view`` builds reshaped, transposed or
-    broadcast views of it.  Returns the result reshaped to the shape ``view`` gives with it."""
+    (its shape and C strides, one byte per element, no data) and ``view`` builds reshaped, transposed, indexed or
+    broadcast views of it (a view's start offset is read from the probe too).  Returns the result reshaped to the shape ``view`` gives with it."""
     shape = tuple(int(d) for d in x.shape)
     probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, _cstrides(shape) if shape else ())
     v, out_shape = view(probe)
     out = rc.device_empty(tuple(out_shape), x.dtype)
     if out.size:
-        strided_copy(op, x, 0, list(v.strides), out, 0, _cstrides(v.shape), v.shape)
+        offset = v.__array_interface__["data"][0] - probe.__array_interface__["data"][0]  # one byte per element
+        strided_copy(op, x, offset, list(v.strides), out, 0, _cstrides(v.shape), v.shape)
     return out
 
 

@@ -10,7 +10,7 @@ Cases rewritten:
 The body is spliced in place of the node with every internal value renamed
 uniquely (prefix: the node's name), formal inputs and outputs bound to the
 node's actual ones, ``ref_attr_name`` attributes replaced by the node's
-attribute (or the body's default), and free names of nested subgraphs
+attribute (or the body's default, or else the schema's), and free names of nested subgraphs
 renamed consistently.  Body nodes keep the opset the function was written
 for.  Expanded bodies are expanded again until nothing changes.
 """
@@ -122,6 +122,11 @@ class ExpandFunctions(Pass):
         if node.attr_protos is None:
             node_attrs = {k: helper.make_attribute(k, v) for k, v in node.attrs.items()}
         defaults = {a.name: a for a in f.attribute_proto}
+        schema = _schema(node)
+        for name, sa in (schema.attributes.items() if schema is not None else ()):
+            dv = sa.default_value
+            if name not in defaults and dv is not None and dv.type != AttributeProto.UNDEFINED:
+                defaults[name] = dv  # the schema's default, where the body declares none
         fopsets = {o.domain: o.version for o in f.opset_import}
         for o in f.opset_import:
             graph.opsets.setdefault(o.domain, o.version)

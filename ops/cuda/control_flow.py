@@ -1,0 +1,152 @@
+"""CUDA If, Loop and Scan (opset 9 on): their subgraphs run as child CUDA plans (``runtime.subgraph``).
+
+The conditions and trip counts are read on the host (If's condition and Loop's ``M``/``cond`` are host inputs;
+a Loop body's condition output comes back to the host each iteration, one small copy).  Everything else stays on
+the device: loop-carried values, the values the subgraphs capture from enclosing scopes (passed through as they
+are), each iteration's outputs, and the stacked scan outputs (one device copy per iteration into the stack).
+Scan slices its inputs with device copies.  The rules (zero iterations, empty scan outputs of the body's
+declared type, directions, axes) are ``ops/control_flow.py``'s.
+
+Invariants: results are device arrays, except values that were never on the device (a Loop that ran no
+iteration returns its initial carried values; an empty scan output is made on the host).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ops._common import norm_axis
+from ops.control_flow import _empty_like_output, _pack, _scalar_bool
+from ops.registry import op
+from runtime import cuda as rc
+from runtime.errors import InvalidArgumentError, RunTerminatedError
+from runtime.options import CURRENT_RUN_OPTIONS
+from runtime.subgraph import plan_subgraph
+from .shape import _cstrides, strided_copy, view_copy
+
+__all__ = ["stack"]
+
+CUDA = "CUDAExecutionProvider"
+_I64 = np.dtype(np.int64)
+
+
+def _host(v):
+    return rc.to_host(v) if rc.is_device_array(v) else v
+
+
+def _device(v):
+    return v if rc.is_device_array(v) else rc.to_device(np.ascontiguousarray(v))
+
+
+def stack(name, parts, axis=0):
+    """One device array: the equally shaped ``parts`` stacked along a new ``axis``."""
+    parts = [_device(p) for p in parts]
+    shape = tuple(int(d) for d in parts[0].shape)
+    ax = norm_axis(axis, len(shape) + 1)
+    out_shape = shape[:ax] + (len(parts),) + shape[ax:]
+    out = rc.device_empty(out_shape, parts[0].dtype)
+    dst = _cstrides(out_shape)
+    for k, p in enumerate(parts):
+        if tuple(p.shape) != shape:
+            raise InvalidArgumentError(f"{name}: iteration {k} gives a scan output of shape {list(p.shape)}, "
+                                       f"the first gave {list(shape)}")
+        if p.size:
+            strided_copy(name, p, 0, _cstrides(shape), out, k * dst[ax], dst[:ax] + dst[ax + 1:], shape)
+    return out
+
+
+def _if(ctx, then_branch=None, else_branch=None):
+    then_p = plan_subgraph(then_branch, ctx)
+    else_p = plan_subgraph(else_branch, ctx)
+    n = ctx.n_inputs
+
+    def run(cond, *captured):
+        branch = then_p if _scalar_bool(cond, "If condition") else else_p
+        return _pack(branch.run([], captured[n - 1:] if n else captured))
+    return run
+
+
+def _loop(ctx, body=None):
+    child = plan_subgraph(body, ctx)
+    n_in = ctx.n_inputs
+    n_carried = max(n_in - 2, 0)
+    n_scan = len(child.output_names) - 1 - n_carried
+
+    def run(*args):
+        m, cond = (args + (None, None))[:2]
+        carried = list(args[2:n_in])
+        captured = args[n_in:]
+        trip = None if m is None else int(np.asarray(m).reshape(-1)[0])
+        keep = _scalar_bool(cond, "Loop condition")
+        scans = [[] for _ in range(n_scan)]
+        i = 0
+        while keep and (trip is None or i < trip):
+            ro = CURRENT_RUN_OPTIONS.get()
+            if ro is not None and ro.terminate:
+                raise RunTerminatedError(f"the Loop was stopped at iteration {i}: RunOptions.terminate is set")
+            outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured, host_outputs=(0,))
+            keep = _scalar_bool(_host(outs[0]), "Loop body condition")
+            carried = list(outs[1:1 + n_carried])
+            for k in range(n_scan):
+                scans[k].append(outs[1 + n_carried + k])
+            i += 1
+        res = carried
+        for k in range(n_scan):
+            if scans[k] and isinstance(scans[k][0], list):
+                raise InvalidArgumentError("Loop: the CUDA provider does not stack sequence scan outputs")
+            res.append(stack("Loop", scans[k]) if scans[k] else _empty_like_output(child, 1 + n_carried + k))
+        return _pack(res)
+    return run
+
+
+def _scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
+          scan_output_axes=None, scan_output_directions=None):
+    child = plan_subgraph(body, ctx)
+    n_in = ctx.n_inputs
+    m = int(num_scan_inputs)
+    n_state = n_in - m
+    n_out = len(child.output_names) - n_state
+    in_axes = list(scan_input_axes or [0] * m)
+    in_dirs = list(scan_input_directions or [0] * m)
+    out_axes = list(scan_output_axes or [0] * n_out)
+    out_dirs = list(scan_output_directions or [0] * n_out)
+
+    def run(*args):
+        states = list(args[:n_state])
+        xs = [_device(x) for x in args[n_state:n_in]]
+        captured = args[n_in:]
+        if not xs:
+            raise InvalidArgumentError("Scan needs at least one scan input")
+        axes = [norm_axis(a, x.ndim, "scan_input_axes") for a, x in zip(in_axes, xs)]
+        steps = int(xs[0].shape[axes[0]])
+        for x, a in zip(xs, axes):
+            if int(x.shape[a]) != steps:
+                raise InvalidArgumentError(f"Scan inputs disagree on the sequence length: {steps} and {x.shape[a]}")
+        outs_t = [[] for _ in range(n_out)]
+        for t in range(steps):
+            sl = []
+            for x, a, d in zip(xs, axes, in_dirs):
+                idx = steps - 1 - t if d else t
+                take = (lambda p, a=a, idx=idx: (p[(slice(None),) * a + (slice(idx, idx + 1),)],
+                                                 p.shape[:a] + p.shape[a + 1:]))
+                sl.append(view_copy("Scan", x, take))
+            outs = child.run([*states, *sl], captured)
+            states = list(outs[:n_state])
+            for k in range(n_out):
+                outs_t[k].append(outs[n_state + k])
+        res = states
+        for k in range(n_out):
+            seq = outs_t[k][::-1] if out_dirs[k] else outs_t[k]
+            if seq:
+                rank = len(seq[0].shape) + 1
+                res.append(stack("Scan", seq, norm_axis(out_axes[k], rank, "scan_output_axes")))
+            else:
+                res.append(_empty_like_output(child, n_state + k))
+        return _pack(res)
+    return run
+
+
+for _v in (1, 11, 13, 16, 19, 21, 23, 24, 25):
+    op("If", _v, provider=CUDA, factory=True, host_inputs=(0,))(_if)
+    op("Loop", _v, provider=CUDA, factory=True, host_inputs=(0, 1))(_loop)
+for _v in (9, 11, 16, 19, 21, 23, 24, 25):
+    op("Scan", _v, provider=CUDA, factory=True)(_scan)

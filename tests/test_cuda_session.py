@@ -125,37 +125,38 @@ def test_shape_subgraph_stays_on_host():
     assert s.cpu_round_trips() == {}
 
 
-def _topk_model():
+def _pool_model():
+    """Relu, then a node without a CUDA kernel (MaxPool with its indices: 3 values and indices per row), then
+    Neg on its values."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("TopK", ["r", "k"], ["v", "i"], name="topk_node", axis=-1),
+             helper.make_node("MaxPool", ["r"], ["v", "i"], name="pool_node", kernel_shape=[3], strides=[2]),
              helper.make_node("Neg", ["v"], ["y"], name="neg")]
-    return _model(nodes, [helper.make_tensor_value_info("x", F, [2, 8])],
-                  [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("i", I64, None)],
-                  [("k", np.array([3], np.int64))])
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [2, 1, 8])],
+                  [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("i", I64, None)])
 
 
 def test_unsupported_op_fails_creation_naming_the_node():
     with pytest.raises(UnsupportedOpError) as e:
-        InferenceSession(_topk_model(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        InferenceSession(_pool_model(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     msg = str(e.value)
-    assert "topk_node" in msg and "TopK" in msg and "CUDAExecutionProvider" in msg and "opset 21" in msg
+    assert "pool_node" in msg and "MaxPool" in msg and "CUDAExecutionProvider" in msg and "opset 21" in msg
     assert "cuda_cpu_ops" in msg
 
 
-@pytest.mark.parametrize("allow", ["TopK", "topk_node"])
+@pytest.mark.parametrize("allow", ["MaxPool", "pool_node"])
 def test_allowed_cpu_op_runs_and_counts_round_trips(allow):
     opts = SessionOptions()
     opts.cuda_cpu_ops = {allow}
-    x = RNG.standard_normal((2, 8)).astype(np.float32)
-    s = _both(_topk_model(), {"x": x}, opts)
-    assert s.get_placement() == {"relu": "cuda", "topk_node": "cpu(allowed)", "neg": "cuda"}
+    x = RNG.standard_normal((2, 1, 8)).astype(np.float32)
+    s = _both(_pool_model(), {"x": x}, opts)
+    assert s.get_placement() == {"relu": "cuda", "pool_node": "cpu(allowed)", "neg": "cuda"}
     rt = s.cpu_round_trips()
-    assert set(rt) == {"topk_node"}
-    t = rt["topk_node"]
+    assert set(rt) == {"pool_node"}
+    t = rt["pool_node"]
     # Relu's result came down once; only the values went back up (for Neg); the indices stay on the host
     assert t["calls"] == 1 and t["bytes_down"] == x.nbytes and t["bytes_up"] == 2 * 3 * 4
     s.run(None, {"x": x})
-    assert s.cpu_round_trips()["topk_node"]["calls"] == 2
+    assert s.cpu_round_trips()["pool_node"]["calls"] == 2
 
 
 def test_io_binding_with_device_arrays_moves_nothing_after_the_first_run():
@@ -204,15 +205,15 @@ def test_a_capturing_block_runs_device_work_and_names_the_node_that_needs_the_ho
     np.testing.assert_allclose(rc.to_host(b.get_output_arrays()[0]), want, rtol=1e-5, atol=1e-6)
 
     opts = SessionOptions()
-    opts.cuda_cpu_ops = {"TopK"}
-    t = InferenceSession(_topk_model(), opts, providers=CUDA)
+    opts.cuda_cpu_ops = {"MaxPool"}
+    t = InferenceSession(_pool_model(), opts, providers=CUDA)
     b = t.io_binding()
-    b.bind_input("x", rc.to_device(RNG.standard_normal((2, 8)).astype(np.float32)))
+    b.bind_input("x", rc.to_device(RNG.standard_normal((2, 1, 8)).astype(np.float32)))
     b.bind_output("y", "cuda")
     b.bind_output("i", "cuda")
     t.run_with_iobinding(b)  # outside a capture: the round trips run
     with rc.launch_stream(rc.cuda.stream(), capturing=True):
-        with pytest.raises(rc.CaptureError, match=r"topk_node.*TopK.*device-to-host copy of \[2, 8\] float32"):
+        with pytest.raises(rc.CaptureError, match=r"pool_node.*MaxPool.*device-to-host copy of \[2, 1, 8\] float32"):
             t.run_with_iobinding(b)
 
 
@@ -369,13 +370,13 @@ def _tiny():
 
 
 def test_four_threads_give_the_serial_results():
-    """Device steps and a host round trip (TopK allowed on the CPU) from four threads at once: each run gets the
+    """Device steps and a host round trip (MaxPool allowed on the CPU) from four threads at once: each run gets the
     results of a run alone, and the round trips are all counted."""
     import threading
     opts = SessionOptions()
-    opts.cuda_cpu_ops = {"TopK"}
-    s = InferenceSession(_topk_model(), opts, providers=CUDA)
-    xs = [RNG.standard_normal((2, 8)).astype(np.float32) for _ in range(4)]
+    opts.cuda_cpu_ops = {"MaxPool"}
+    s = InferenceSession(_pool_model(), opts, providers=CUDA)
+    xs = [RNG.standard_normal((2, 1, 8)).astype(np.float32) for _ in range(4)]
     want = [s.run(None, {"x": x}) for x in xs]
     bad, errors = [], []
 
@@ -394,7 +395,7 @@ def test_four_threads_give_the_serial_results():
     for t in threads:
         t.join(60)
     assert not errors and not bad
-    assert s.cpu_round_trips()["topk_node"]["calls"] == 4 + 4 * 20
+    assert s.cpu_round_trips()["pool_node"]["calls"] == 4 + 4 * 20
 
 
 def test_runs_overlap_instead_of_waiting_for_each_other(monkeypatch):

@@ -14,8 +14,9 @@ Invariants:
   of their input (``DeviceNDArray.reshape`` on a contiguous array shares its memory);
 - Gather validates its host indices before launch (``IndexOutOfRangeError``); indices that are an
   initializer are validated and uploaded once, other indices are uploaded per run (a counted transfer);
-- configurations the kernels do not cover (Softmax over an inner axis, integer Div, Cast outside
-  float32<->float16) raise ``InvalidArgumentError`` when the node runs.
+- configurations the kernels do not cover (float Mod, Pow of a bool, Cast to or from the 8-bit floats and the
+  packed 4- and 2-bit types, Dropout in training) raise ``InvalidArgumentError`` when the node is planned or
+  runs.
 """
 from __future__ import annotations
 

@@ -59,6 +59,26 @@ def _empty_like_output(plan, k):
     return np.zeros((0,) + tail, dtype=dt)
 
 
+def run_loop(child, m, cond, carried, captured, n_carried, n_scan, to_host=None, **run_kw):
+    """Iterate a Loop body: ``(carried values, per-output lists of scan values)``.  ``to_host`` reads the body's
+    condition where it is computed elsewhere (the CUDA form); ``run_kw`` goes to ``ChildPlan.run``."""
+    trip = None if m is None else int(np.asarray(m).reshape(-1)[0])
+    keep = _scalar_bool(cond, "Loop condition")
+    scans = [[] for _ in range(n_scan)]
+    i = 0
+    while keep and (trip is None or i < trip):
+        ro = CURRENT_RUN_OPTIONS.get()
+        if ro is not None and ro.terminate:
+            raise RunTerminatedError(f"the Loop was stopped at iteration {i}: RunOptions.terminate is set")
+        outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured, **run_kw)
+        keep = _scalar_bool(outs[0] if to_host is None else to_host(outs[0]), "Loop body condition")
+        carried = list(outs[1:1 + n_carried])
+        for k in range(n_scan):
+            scans[k].append(outs[1 + n_carried + k])
+        i += 1
+    return carried, scans
+
+
 @op("Loop", 1, factory=True)
 def Loop(ctx, body=None):
     child = plan_subgraph(body, ctx)
@@ -68,23 +88,7 @@ def Loop(ctx, body=None):
 
     def run(*args):
         m, cond = (args + (None, None))[:2]
-        carried = list(args[2:n_in])
-        captured = args[n_in:]
-        trip = None if m is None else int(np.asarray(m).reshape(-1)[0])
-        keep = _scalar_bool(cond, "Loop condition")
-        scans = [[] for _ in range(n_scan)]
-        i = 0
-        while keep and (trip is None or i < trip):
-            ro = CURRENT_RUN_OPTIONS.get()
-            if ro is not None and ro.terminate:
-                raise RunTerminatedError(f"the Loop was stopped at iteration {i}: RunOptions.terminate is set")
-            outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured)
-            keep = _scalar_bool(outs[0], "Loop body condition")
-            carried = list(outs[1:1 + n_carried])
-            for k in range(n_scan):
-                scans[k].append(outs[1 + n_carried + k])
-            i += 1
-        res = carried
+        res, scans = run_loop(child, m, cond, list(args[2:n_in]), args[n_in:], n_carried, n_scan)
         for k in range(n_scan):
             if scans[k]:
                 if isinstance(scans[k][0], list):
@@ -101,24 +105,32 @@ for _v in (11, 13, 16, 19, 21, 23, 24, 25):
     op("Loop", _v, factory=True)(Loop)
 
 
-def _scan_core(child, states, xs, captured, in_axes, in_dirs, out_axes, out_dirs, n_state):
+def _take(x, a, idx):
+    v = np.asarray(np.take(x, idx, axis=a))
+    return v if v.flags.c_contiguous else v.copy()
+
+
+def _stack(name, seq, axis):
+    return np.stack(seq, axis=axis)
+
+
+def _scan_core(child, states, xs, captured, in_axes, in_dirs, out_axes, out_dirs, n_state, take=_take,
+               stack=_stack):
+    """Run a Scan body over its inputs: ``take(x, axis, index)`` slices one input, ``stack(name, values, axis)``
+    stacks one output's values (numpy here; the CUDA form passes device ones)."""
     if not xs:
         raise InvalidArgumentError("Scan needs at least one scan input")
     axes = [norm_axis(a, x.ndim, "scan_input_axes") for a, x in zip(in_axes, xs)]
-    steps = xs[0].shape[axes[0]]
+    steps = int(xs[0].shape[axes[0]])
     for x, a in zip(xs, axes):
-        if x.shape[a] != steps:
+        if int(x.shape[a]) != steps:
             raise InvalidArgumentError(
                 f"Scan inputs disagree on the sequence length: {steps} and {x.shape[a]}")
     n_out = len(child.output_names) - n_state
     outs_t = [[] for _ in range(n_out)]
     states = list(states)
     for t in range(steps):
-        sl = []
-        for x, a, d in zip(xs, axes, in_dirs):
-            idx = steps - 1 - t if d else t
-            v = np.asarray(np.take(x, idx, axis=a))
-            sl.append(v if v.flags.c_contiguous else v.copy())
+        sl = [take(x, a, steps - 1 - t if d else t) for x, a, d in zip(xs, axes, in_dirs)]
         outs = child.run([*states, *sl], captured)
         states = list(outs[:n_state])
         for k in range(n_out):
@@ -127,8 +139,8 @@ def _scan_core(child, states, xs, captured, in_axes, in_dirs, out_axes, out_dirs
     for k in range(n_out):
         seq = outs_t[k][::-1] if out_dirs[k] else outs_t[k]
         if seq:
-            rank = seq[0].ndim + 1
-            res.append(np.stack(seq, axis=norm_axis(out_axes[k], rank, "scan_output_axes")))
+            rank = len(seq[0].shape) + 1
+            res.append(stack("Scan", seq, norm_axis(out_axes[k], rank, "scan_output_axes")))
         else:
             res.append(_empty_like_output(child, n_state + k))
     return res

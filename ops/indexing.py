@@ -437,7 +437,8 @@ def TensorScatter(past_cache, update, write_indices=None, axis=-2, mode="linear"
 
 # -- OneHot, Compress, NonZero, Unique -------------------------------------------------------------
 
-def _onehot(indices, depth, values, axis, negative):
+def onehot_params(depth, values) -> tuple:
+    """OneHot's checked ``(depth, [off_value, on_value])`` (the CUDA launch shares them)."""
     d = np.asarray(depth).reshape(-1)
     if d.size != 1:
         raise InvalidArgumentError(f"OneHot: depth must be a scalar or 1-element tensor, "
@@ -448,6 +449,11 @@ def _onehot(indices, depth, values, axis, negative):
     vals = np.asarray(values).reshape(-1)
     if vals.size != 2:
         raise InvalidArgumentError(f"OneHot: values must hold [off_value, on_value], got {vals.size} elements")
+    return dep, vals
+
+
+def _onehot(indices, depth, values, axis, negative):
+    dep, vals = onehot_params(depth, values)
     r = indices.ndim
     ax = norm_axis(axis, r + 1)
     idx = indices.astype(I64) if indices.dtype.kind in "iub" else np.trunc(indices.astype(np.float64)).astype(I64)

@@ -15,18 +15,16 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import norm_axis
-from ops.control_flow import _empty_like_output, _pack, _scalar_bool
+from ops.control_flow import _empty_like_output, _pack, _scalar_bool, _scan_core, run_loop
 from ops.registry import op
 from runtime import cuda as rc
-from runtime.errors import InvalidArgumentError, RunTerminatedError
-from runtime.options import CURRENT_RUN_OPTIONS
+from runtime.errors import InvalidArgumentError
 from runtime.subgraph import plan_subgraph
 from .shape import _cstrides, strided_copy, view_copy
 
 __all__ = ["stack"]
 
 CUDA = "CUDAExecutionProvider"
-_I64 = np.dtype(np.int64)
 
 
 def _host(v):
@@ -73,29 +71,20 @@ def _loop(ctx, body=None):
 
     def run(*args):
         m, cond = (args + (None, None))[:2]
-        carried = list(args[2:n_in])
-        captured = args[n_in:]
-        trip = None if m is None else int(np.asarray(m).reshape(-1)[0])
-        keep = _scalar_bool(cond, "Loop condition")
-        scans = [[] for _ in range(n_scan)]
-        i = 0
-        while keep and (trip is None or i < trip):
-            ro = CURRENT_RUN_OPTIONS.get()
-            if ro is not None and ro.terminate:
-                raise RunTerminatedError(f"the Loop was stopped at iteration {i}: RunOptions.terminate is set")
-            outs = child.run([np.array(i, _I64), np.array(keep), *carried], captured, host_outputs=(0,))
-            keep = _scalar_bool(_host(outs[0]), "Loop body condition")
-            carried = list(outs[1:1 + n_carried])
-            for k in range(n_scan):
-                scans[k].append(outs[1 + n_carried + k])
-            i += 1
-        res = carried
+        res, scans = run_loop(child, m, cond, list(args[2:n_in]), args[n_in:], n_carried, n_scan, to_host=_host,
+                              host_outputs=(0,))
         for k in range(n_scan):
             if scans[k] and isinstance(scans[k][0], list):
                 raise InvalidArgumentError("Loop: the CUDA provider does not stack sequence scan outputs")
             res.append(stack("Loop", scans[k]) if scans[k] else _empty_like_output(child, 1 + n_carried + k))
         return _pack(res)
     return run
+
+
+def _take(x, a, idx):
+    """Slice ``idx`` of the device array ``x`` along axis ``a``, as a fresh device array."""
+    return view_copy("Scan", _device(x), lambda p: (p[(slice(None),) * a + (slice(idx, idx + 1),)],
+                                                    p.shape[:a] + p.shape[a + 1:]))
 
 
 def _scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
@@ -111,37 +100,8 @@ def _scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_di
     out_dirs = list(scan_output_directions or [0] * n_out)
 
     def run(*args):
-        states = list(args[:n_state])
-        xs = [_device(x) for x in args[n_state:n_in]]
-        captured = args[n_in:]
-        if not xs:
-            raise InvalidArgumentError("Scan needs at least one scan input")
-        axes = [norm_axis(a, x.ndim, "scan_input_axes") for a, x in zip(in_axes, xs)]
-        steps = int(xs[0].shape[axes[0]])
-        for x, a in zip(xs, axes):
-            if int(x.shape[a]) != steps:
-                raise InvalidArgumentError(f"Scan inputs disagree on the sequence length: {steps} and {x.shape[a]}")
-        outs_t = [[] for _ in range(n_out)]
-        for t in range(steps):
-            sl = []
-            for x, a, d in zip(xs, axes, in_dirs):
-                idx = steps - 1 - t if d else t
-                take = (lambda p, a=a, idx=idx: (p[(slice(None),) * a + (slice(idx, idx + 1),)],
-                                                 p.shape[:a] + p.shape[a + 1:]))
-                sl.append(view_copy("Scan", x, take))
-            outs = child.run([*states, *sl], captured)
-            states = list(outs[:n_state])
-            for k in range(n_out):
-                outs_t[k].append(outs[n_state + k])
-        res = states
-        for k in range(n_out):
-            seq = outs_t[k][::-1] if out_dirs[k] else outs_t[k]
-            if seq:
-                rank = len(seq[0].shape) + 1
-                res.append(stack("Scan", seq, norm_axis(out_axes[k], rank, "scan_output_axes")))
-            else:
-                res.append(_empty_like_output(child, n_state + k))
-        return _pack(res)
+        return _pack(_scan_core(child, args[:n_state], args[n_state:n_in], args[n_in:], in_axes, in_dirs, out_axes,
+                                out_dirs, n_state, take=_take, stack=stack))
     return run
 
 

@@ -65,7 +65,7 @@ def Gather(data, indices, axis=0):
 # offsets) and ``_nd_linear`` (GatherND, ScatterND: linear row numbers), both validating every index before an
 # offset is formed, so the kernels read only offsets that are in range.  Indices are host inputs.
 
-from ops.indexing import _elem_prepare, _nd_linear, _reduction  # noqa: E402
+from ops.indexing import _elem_prepare, _nd_linear, _reduction, onehot_params  # noqa: E402
 from ops.registry import op  # noqa: E402
 from runtime.dtypes import np_dtype  # noqa: E402
 from runtime.errors import InvalidAttributeError, ShapeMismatchError  # noqa: E402
@@ -222,17 +222,8 @@ def _onehot_factory(negative):
     def factory(ctx, axis=-1):
         def run(indices, depth, values):
             check_device("OneHot", indices=indices)
-            d = host_array("OneHot", "depth", depth, False).reshape(-1)
-            if d.size != 1:
-                raise InvalidArgumentError(f"OneHot: depth must be a scalar or 1-element tensor, "
-                                           f"got shape {list(np.shape(depth))}")
-            dep = int(d[0])
-            if dep < 1:
-                raise InvalidArgumentError(f"OneHot: depth must be positive, got {dep}")
-            vals = host_array("OneHot", "values", values, False).reshape(-1)
-            if vals.size != 2:
-                raise InvalidArgumentError(f"OneHot: values must hold [off_value, on_value], got {vals.size} "
-                                           f"elements")
+            dep, vals = onehot_params(host_array("OneHot", "depth", depth, False),
+                                      host_array("OneHot", "values", values, False))
             shape = tuple(int(s) for s in indices.shape)
             ax = norm_axis(axis, len(shape) + 1)
             out = rc.device_empty(shape[:ax] + (dep,) + shape[ax:], vals.dtype)

@@ -146,24 +146,30 @@ def _scan_core(child, states, xs, captured, in_axes, in_dirs, out_axes, out_dirs
     return res
 
 
-@op("Scan", 9, factory=True)
-def Scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
-         scan_output_axes=None, scan_output_directions=None):
-    child = plan_subgraph(body, ctx)
-    n_in = ctx.n_inputs
-    m = int(num_scan_inputs)
-    n_state = n_in - m
-    n_out = len(child.output_names) - n_state
-    in_axes = list(scan_input_axes or [0] * m)
-    in_dirs = list(scan_input_directions or [0] * m)
-    out_axes = list(scan_output_axes or [0] * n_out)
-    out_dirs = list(scan_output_directions or [0] * n_out)
+def scan_factory(take=_take, stack=_stack):
+    """Scan (opset 9 on) over a child plan of its body, slicing with ``take`` and stacking with ``stack`` (the CUDA
+    form passes device ones)."""
+    def factory(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
+                scan_output_axes=None, scan_output_directions=None):
+        child = plan_subgraph(body, ctx)
+        n_in = ctx.n_inputs
+        m = int(num_scan_inputs)
+        n_state = n_in - m
+        n_out = len(child.output_names) - n_state
+        in_axes = list(scan_input_axes or [0] * m)
+        in_dirs = list(scan_input_directions or [0] * m)
+        out_axes = list(scan_output_axes or [0] * n_out)
+        out_dirs = list(scan_output_directions or [0] * n_out)
 
-    def run(*args):
-        states = args[:n_state]
-        xs = args[n_state:n_in]
-        return _pack(_scan_core(child, states, xs, args[n_in:], in_axes, in_dirs, out_axes, out_dirs, n_state))
-    return run
+        def run(*args):
+            return _pack(_scan_core(child, args[:n_state], args[n_state:n_in], args[n_in:], in_axes, in_dirs,
+                                    out_axes, out_dirs, n_state, take=take, stack=stack))
+        return run
+    return factory
+
+
+Scan = scan_factory()
+op("Scan", 9, factory=True)(Scan)
 
 
 for _v in (11, 16, 19, 21, 23, 24, 25):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import norm_axis
-from ops.control_flow import _empty_like_output, _pack, _scalar_bool, _scan_core, run_loop
+from ops.control_flow import _empty_like_output, _pack, _scalar_bool, run_loop, scan_factory
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
@@ -87,26 +87,9 @@ def _take(x, a, idx):
                                                     p.shape[:a] + p.shape[a + 1:]))
 
 
-def _scan(ctx, body=None, num_scan_inputs=1, scan_input_axes=None, scan_input_directions=None,
-          scan_output_axes=None, scan_output_directions=None):
-    child = plan_subgraph(body, ctx)
-    n_in = ctx.n_inputs
-    m = int(num_scan_inputs)
-    n_state = n_in - m
-    n_out = len(child.output_names) - n_state
-    in_axes = list(scan_input_axes or [0] * m)
-    in_dirs = list(scan_input_directions or [0] * m)
-    out_axes = list(scan_output_axes or [0] * n_out)
-    out_dirs = list(scan_output_directions or [0] * n_out)
-
-    def run(*args):
-        return _pack(_scan_core(child, args[:n_state], args[n_state:n_in], args[n_in:], in_axes, in_dirs, out_axes,
-                                out_dirs, n_state, take=_take, stack=stack))
-    return run
-
-
 for _v in (1, 11, 13, 16, 19, 21, 23, 24, 25):
     op("If", _v, provider=CUDA, factory=True, host_inputs=(0,))(_if)
     op("Loop", _v, provider=CUDA, factory=True, host_inputs=(0, 1))(_loop)
+_scan = scan_factory(_take, stack)
 for _v in (9, 11, 16, 19, 21, 23, 24, 25):
     op("Scan", _v, provider=CUDA, factory=True)(_scan)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import norm_axis
-from ops.control_flow import _empty_like_output, _pack, _scalar_bool, run_loop, scan_factory
+from ops.control_flow import If, _empty_like_output, _pack, run_loop, scan_factory
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
@@ -52,17 +52,6 @@ def stack(name, parts, axis=0):
     return out
 
 
-def _if(ctx, then_branch=None, else_branch=None):
-    then_p = plan_subgraph(then_branch, ctx)
-    else_p = plan_subgraph(else_branch, ctx)
-    n = ctx.n_inputs
-
-    def run(cond, *captured):
-        branch = then_p if _scalar_bool(cond, "If condition") else else_p
-        return _pack(branch.run([], captured[n - 1:] if n else captured))
-    return run
-
-
 def _loop(ctx, body=None):
     child = plan_subgraph(body, ctx)
     n_in = ctx.n_inputs
@@ -88,7 +77,7 @@ def _take(x, a, idx):
 
 
 for _v in (1, 11, 13, 16, 19, 21, 23, 24, 25):
-    op("If", _v, provider=CUDA, factory=True, host_inputs=(0,))(_if)
+    op("If", _v, provider=CUDA, factory=True, host_inputs=(0,))(If)  # the CPU's: its branches plan on CUDA
     op("Loop", _v, provider=CUDA, factory=True, host_inputs=(0, 1))(_loop)
 _scan = scan_factory(_take, stack)
 for _v in (9, 11, 16, 19, 21, 23, 24, 25):

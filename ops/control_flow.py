@@ -79,26 +79,33 @@ def run_loop(child, m, cond, carried, captured, n_carried, n_scan, to_host=None,
     return carried, scans
 
 
-@op("Loop", 1, factory=True)
-def Loop(ctx, body=None):
-    child = plan_subgraph(body, ctx)
-    n_in = ctx.n_inputs
-    n_carried = max(n_in - 2, 0)
-    n_scan = len(child.output_names) - 1 - n_carried
+def _stack_loop(name, values):
+    """A Loop scan output: a list of sequences stays a list; tensors are stacked along a new first axis."""
+    return values if isinstance(values[0], list) else np.stack([np.asarray(x) for x in values])
 
-    def run(*args):
-        m, cond = (args + (None, None))[:2]
-        res, scans = run_loop(child, m, cond, list(args[2:n_in]), args[n_in:], n_carried, n_scan)
-        for k in range(n_scan):
-            if scans[k]:
-                if isinstance(scans[k][0], list):
-                    res.append(scans[k])
-                else:
-                    res.append(np.stack([np.asarray(x) for x in scans[k]]))
-            else:
-                res.append(_empty_like_output(child, 1 + n_carried + k))
-        return _pack(res)
-    return run
+
+def loop_factory(stack=_stack_loop, to_host=None, **run_kw):
+    """Loop over a child plan of its body: ``stack(name, values)`` makes each scan output, ``to_host`` and
+    ``run_kw`` go to ``run_loop`` (the CUDA form passes device ones)."""
+    def factory(ctx, body=None):
+        child = plan_subgraph(body, ctx)
+        n_in = ctx.n_inputs
+        n_carried = max(n_in - 2, 0)
+        n_scan = len(child.output_names) - 1 - n_carried
+
+        def run(*args):
+            m, cond = (args + (None, None))[:2]
+            res, scans = run_loop(child, m, cond, list(args[2:n_in]), args[n_in:], n_carried, n_scan, to_host,
+                                  **run_kw)
+            for k in range(n_scan):
+                res.append(stack("Loop", scans[k]) if scans[k] else _empty_like_output(child, 1 + n_carried + k))
+            return _pack(res)
+        return run
+    return factory
+
+
+Loop = loop_factory()
+op("Loop", 1, factory=True)(Loop)
 
 
 for _v in (11, 13, 16, 19, 21, 23, 24, 25):

@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from ops._common import norm_axis
-from ops.control_flow import If, _empty_like_output, _pack, run_loop, scan_factory
+from ops.control_flow import If, loop_factory, scan_factory
 from ops.registry import op
 from runtime import cuda as rc
 from runtime.errors import InvalidArgumentError
-from runtime.subgraph import plan_subgraph
 from .shape import _cstrides, strided_copy, view_copy
 
 __all__ = ["stack"]
@@ -52,22 +51,10 @@ def stack(name, parts, axis=0):
     return out
 
 
-def _loop(ctx, body=None):
-    child = plan_subgraph(body, ctx)
-    n_in = ctx.n_inputs
-    n_carried = max(n_in - 2, 0)
-    n_scan = len(child.output_names) - 1 - n_carried
-
-    def run(*args):
-        m, cond = (args + (None, None))[:2]
-        res, scans = run_loop(child, m, cond, list(args[2:n_in]), args[n_in:], n_carried, n_scan, to_host=_host,
-                              host_outputs=(0,))
-        for k in range(n_scan):
-            if scans[k] and isinstance(scans[k][0], list):
-                raise InvalidArgumentError("Loop: the CUDA provider does not stack sequence scan outputs")
-            res.append(stack("Loop", scans[k]) if scans[k] else _empty_like_output(child, 1 + n_carried + k))
-        return _pack(res)
-    return run
+def _stack_loop(name, values):
+    if isinstance(values[0], list):
+        raise InvalidArgumentError(f"{name}: the CUDA provider does not stack sequence scan outputs")
+    return stack(name, values)
 
 
 def _take(x, a, idx):
@@ -76,9 +63,10 @@ def _take(x, a, idx):
                                                     p.shape[:a] + p.shape[a + 1:]))
 
 
+_scan = scan_factory(_take, stack)
+_loop = loop_factory(_stack_loop, _host, host_outputs=(0,))
 for _v in (1, 11, 13, 16, 19, 21, 23, 24, 25):
     op("If", _v, provider=CUDA, factory=True, host_inputs=(0,))(If)  # the CPU's: its branches plan on CUDA
     op("Loop", _v, provider=CUDA, factory=True, host_inputs=(0, 1))(_loop)
-_scan = scan_factory(_take, stack)
 for _v in (9, 11, 16, 19, 21, 23, 24, 25):
     op("Scan", _v, provider=CUDA, factory=True)(_scan)

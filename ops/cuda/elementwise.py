@@ -27,7 +27,7 @@ from ops.elementwise import BINARY, UNARY
 from runtime import cuda as rc
 from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
-from ._common import FLOATS, check_device, copy_cast, flat, grid1d, unravel4
+from ._common import FLOATS, check_device, copy_cast, flat, grid1d, unravel4, upload_small
 from ._elementwise_device import (CUDA_BINARY, CUDA_BINARY_BOOL, CUDA_BINARY_INT, CUDA_UNARY, CUDA_UNARY_BOOL,
                                   CUDA_UNARY_INT, binary_store, binary_store_bool, binary_store_int, unary_store,
                                   unary_store_bool, unary_store_int)
@@ -329,7 +329,7 @@ def variadic(op: str, kernel: str, xs, mean: bool = False):
     if mean:
         if _kind(acc.dtype) != "f":
             raise InvalidArgumentError(f"{op}: the CUDA kernel averages float tensors, got {acc.dtype}")
-        acc = binary(op, acc, rc.to_device(np.array(len(xs), acc.dtype)), kernel="div")
+        acc = binary(op, acc, upload_small(np.array(len(xs), acc.dtype)), kernel="div")
     return acc
 
 

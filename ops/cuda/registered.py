@@ -44,7 +44,7 @@ from . import shape as kshape
 from .contrib_norm import zeros
 from . import reduce as kred
 from . import softmax as ksm
-from ._common import check_device, flat, grid1d, host_array
+from ._common import check_device, flat, grid1d, host_array, upload_small
 
 __all__ = ["CUDA", "reshape_device"]
 
@@ -311,9 +311,9 @@ def gemm_factory(ctx, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
         y = MatMul(A, B) if k else zeros((m, n), a.dtype)
         dt = np.dtype(a.dtype)
         if alpha != 1.0:
-            y = kel.binary("Mul", y, rc.to_device(np.array(alpha, dt)))
+            y = kel.binary("Mul", y, upload_small(np.array(alpha, dt)))
         if c is not None and beta != 0.0:
-            cb = c if beta == 1.0 else kel.binary("Mul", c, rc.to_device(np.array(beta, dt)))
+            cb = c if beta == 1.0 else kel.binary("Mul", c, upload_small(np.array(beta, dt)))
             y = kel.binary("Add", y, cb)
         return y
     return run

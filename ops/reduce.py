@@ -219,6 +219,17 @@ def canon3(shape: tuple, axes: tuple):
     return (outer, n, 1), perm
 
 
+def adjacent_runs(axes) -> list:
+    """Sorted axes grouped into runs of adjacent ones (the modes that compose reduce one run at a time)."""
+    runs: list = []
+    for ax in axes:
+        if runs and runs[-1][-1] == ax - 1:
+            runs[-1].append(ax)
+        else:
+            runs.append([ax])
+    return runs
+
+
 def reduce_shape(shape: tuple, axes: tuple, keepdims) -> tuple:
     if keepdims:
         return tuple(1 if ax in axes else d for ax, d in enumerate(shape))
@@ -274,14 +285,8 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
     if perm is not None and (mode in (SUM, MAX, MIN, PROD) or (mode == MEAN and dt.kind == "f")):
         # These modes compose: reduce each run of adjacent axes in place, last run first, instead of
         # transposing the whole input.
-        runs = []
-        for ax in axes:
-            if runs and runs[-1][-1] == ax - 1:
-                runs[-1].append(ax)
-            else:
-                runs.append([ax])
         y = x
-        for r in reversed(runs):
+        for r in reversed(adjacent_runs(axes)):
             y = run_reduce(mode, y, tuple(r), 1)
         out[...] = y.reshape(oshape)
         return out

@@ -44,7 +44,7 @@ from runtime.cuda import cuda, jit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from .contrib_norm import launch_rows, zeros
 from ._common import FLOATS, MAX_ROW_THREADS, block_sum, check_device, flat, grid1d, host_array, row_threads
-from .shape import _cstrides, broadcast_to, strided_copy
+from .shape import broadcast_to, view_copy
 
 __all__ = ["launch_layer_norm", "launch_gated", "launch_lp", "channel_norm", "batch_norm"]
 
@@ -308,15 +308,9 @@ def _mvn(ctx, axes=(0, 2, 3)):
         kept = [a for a in range(len(shape)) if a not in red]
         perm = tuple(kept) + tuple(red)
         tshape = tuple(shape[a] for a in perm)
-        xt = rc.device_empty(tshape, X.dtype)
-        sst = _cstrides(shape)
-        strided_copy(name, X, 0, [sst[a] for a in perm], xt, 0, _cstrides(tshape), tshape)
-        yt = channel_norm(name, xt.reshape((-1, 1, n)), None, None, 1e-9, 1, mvn=True)
-        y = rc.device_empty(shape, X.dtype)
-        inv = [perm.index(a) for a in range(len(shape))]
-        tst = _cstrides(tshape)
-        strided_copy(name, yt, 0, [tst[a] for a in inv], y, 0, _cstrides(shape), shape)
-        return y
+        xt = view_copy(name, X, lambda p: (p.transpose(perm), tshape))
+        yt = channel_norm(name, xt.reshape((-1, 1, n)), None, None, 1e-9, 1, mvn=True).reshape(tshape)
+        return view_copy(name, yt, lambda p: (p.transpose(np.argsort(perm)), shape))
     return run
 
 

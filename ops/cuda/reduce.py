@@ -83,8 +83,9 @@ def ArgMax(data, axis=-1, keepdims=1, select_last_index=0):
 # -- reductions ------------------------------------------------------------------------------------
 
 from .elementwise import cast_to  # noqa: E402
+from .shape import view_copy  # noqa: E402
 from ops.reduce import (L1, L2, LOGSUM, LOGSUMEXP, MAX, MEAN, MIN, PROD, SUM, SUMSQ,  # noqa: E402
-                        _identity, canon3, reduce_shape)
+                        _identity, adjacent_runs, canon3, reduce_shape)
 
 
 @jit(device=True)
@@ -214,17 +215,6 @@ _COMPOSE = (SUM, MAX, MIN, PROD)
 _BOOL = np.dtype(np.bool_)
 
 
-def _runs(axes) -> list:
-    """Sorted axes grouped into runs of adjacent ones."""
-    runs: list = []
-    for ax in axes:
-        if runs and runs[-1][-1] == ax - 1:
-            runs[-1].append(ax)
-        else:
-            runs.append([ax])
-    return runs
-
-
 def reduce(name: str, mode: int, x, axes: tuple, keepdims) -> object:
     """Reduce the device array ``x`` over normalized, sorted ``axes`` with ``mode`` (``ops.reduce``'s modes)."""
     check_device(name, data=x)
@@ -250,22 +240,17 @@ def reduce(name: str, mode: int, x, axes: tuple, keepdims) -> object:
     if perm is not None:
         if mode in _COMPOSE or (mode == MEAN and dt.kind == "f"):
             y = x
-            for r in reversed(_runs(axes)):
+            for r in reversed(adjacent_runs(axes)):
                 y = reduce(name, mode, y, tuple(r), 1)
             return y.reshape(oshape)
-        from .shape import _cstrides, strided_copy
-        t = rc.device_empty(tuple(shape[a] for a in perm), dt)
-        sst = _cstrides(shape)
-        strided_copy(name, x, 0, [sst[a] for a in perm], t, 0, _cstrides(t.shape), t.shape)
-        x = t
+        x = view_copy(name, x, lambda p: (p.transpose(perm), tuple(shape[a] for a in perm)))
     fmax = float(np.finfo(dt).max) if dt.kind == "f" else math.inf
     if inner == 1 and dt.kind == "f" and n > 1:
         _reduce_rows[outer, row_threads(n)](flat(x), flat(out), n, mode, fmax)
     else:
-        zero = np.float64(0) if dt.kind == "f" else (np.uint64(0) if dt.kind in "ub" and dt != _BOOL
-                                                     and dt.itemsize == 8 else np.int64(0))
-        if dt == _BOOL:
-            zero = False
+        # the accumulator's type: uint64 stays unsigned (with int64 Numba would widen it to float64)
+        zero = (np.float64(0) if dt.kind == "f" else False if dt == _BOOL
+                else np.uint64(0) if dt == np.uint64 else np.int64(0))
         blocks, threads = grid1d(outer * inner)
         _reduce_cols[blocks, threads](flat(x), flat(out), outer, n, inner, mode, zero, fmax)
     return out

@@ -12,6 +12,7 @@ from onnx import GraphProto
 
 from .executor import Plan
 from .ir import ValueInfo, free_names, graph_from_proto
+from .providers import CUDA_PROVIDER
 
 __all__ = ["ChildPlan", "plan_subgraph"]
 
@@ -22,7 +23,7 @@ class ChildPlan:
     def __init__(self, plan: Plan, outer_index: list):
         self.plan = plan
         self.outer_index = outer_index
-        self.on_device = hasattr(plan, "shadow_template")  # a CudaPlan
+        self.on_device = plan.provider == CUDA_PROVIDER
         self.input_names = plan.input_names
         self.output_names = plan.output_names
 
@@ -60,7 +61,7 @@ def plan_subgraph(gproto: GraphProto, ctx, input_types: list | None = None) -> C
                 v.dtype, v.elem_type = t.dtype, t.elem_type
     g.toposort()
     g = build_graph(g, ctx.session_options, ctx.provider)
-    if ctx.provider == "CUDAExecutionProvider":
+    if ctx.provider == CUDA_PROVIDER:
         from .cuda_plan import CudaPlan
         plan = CudaPlan(g, ctx.provider, session_options=ctx.session_options)
     else:

@@ -359,13 +359,12 @@ def _tensors_of(g):
 def _inline_functions(proto: ModelProto) -> ModelProto:
     """``proto`` with its model-local functions inlined by onnx, run isolated (``runtime.isolate``).  The child
     gets the model without initializer data (the inliner never reads it), which is then put back by name."""
-    from onnx import inliner
     bare = ModelProto()
     bare.CopyFrom(proto)
     bare.graph.ClearField("initializer")
     bare.graph.initializer.extend(_bare_tensor(t) for t in proto.graph.initializer)
     try:
-        out = isolate.call(lambda: inliner.inline_local_functions(bare).SerializeToString(), "function inliner")
+        out = isolate.call("inline_local_functions", (bare.SerializeToString(),), "function inliner")
     except isolate.IsolatedStepError as e:
         raise ModelLoadError(f"could not inline model-local functions: {e}") from None
     inlined = ModelProto()
@@ -390,6 +389,7 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
     ``initializers`` (name -> array, ``SessionOptions.add_initializer``) replace the model's initializers of
     those names, whose data is then never read (it may live in an external file that does not exist); each
     must name an initializer of the main graph and match its element type and shape."""
+    isolate.prestart()  # its start overlaps the parsing and mapping below
     proto, base_dir = load_model_proto(model)
     if not proto.HasField("graph"):
         raise ModelLoadError("model has no graph")

@@ -190,31 +190,55 @@ def test_nodes_that_crash_onnx_shape_inference_are_refused_before_it(node, input
 
 # -- onnx's C++ runs isolated: a model that crashes or hangs it fails its own load, nothing else ---------------
 
+STEPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolate_steps.py")
+
+
 def test_isolated_steps_report_each_way_a_step_can_end():
     import signal
-    import time
     from runtime import isolate
     from runtime.errors import OnnxCrashError
-    assert isolate.call(lambda: b"answer", "step") == b"answer"
-    assert isolate.call(lambda: None, "step") is None
+    assert isolate.call("answer", (b"answer",), "step", steps=STEPS) == b"answer"
+    assert isolate.call("answer", (None,), "step", steps=STEPS) is None
     with pytest.raises(isolate.IsolatedStepError, match="ZeroDivisionError: integer division") as e:
-        isolate.call(lambda: 1 // 0, "step")
+        isolate.call("divide", (1, 0), "step", steps=STEPS)
     assert e.value.kind == "ZeroDivisionError"
-    with pytest.raises(OnnxCrashError, match=r"onnx's step crashed on this model \(SIGABRT\)"):
-        isolate.call(os.abort, "step")
+    with pytest.raises(OnnxCrashError, match=r"onnx's step crashed on this model \(SIGABRT"):
+        isolate.call("abort", (), "step", steps=STEPS)
     with pytest.raises(OnnxCrashError, match=r"onnx's step did not finish within 0.5 s"):
-        isolate.call(lambda: time.sleep(30), "step", timeout=0.5)
+        isolate.call("sleep", (30,), "step", timeout=0.5, steps=STEPS)
     assert signal.getsignal(signal.SIGINT) is not None  # the caller carries on
-    assert isolate.call(lambda: b"after", "step") == b"after"
+    assert isolate.call("answer", (b"after",), "step", steps=STEPS) == b"after"
 
 
-def _segfault(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGSEGV)
+def test_isolated_steps_run_in_one_kept_worker_that_holds_none_of_the_callers_state():
+    """The worker is a fresh interpreter kept between steps: a lock another thread of the caller holds is not
+    held there (a forked child would wait on it until its deadline), and the worker runs no other thread."""
+    import threading
+    from runtime import isolate
+    import isolate_steps
+    first = isolate.call("pid", (), "step", steps=STEPS)
+    assert first != os.getpid() and isolate.call("pid", (), "step", steps=STEPS) == first
+    assert isolate.call("threads", (), "step", steps=STEPS) == 1
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with isolate_steps.LOCK:
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        held.wait(10)
+        assert isolate.call("take_lock", (), "step", timeout=20, steps=STEPS) == "free"
+    finally:
+        done.set()
+        t.join()
 
 
 @pytest.mark.parametrize("node,inputs,how", [
     (helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-2),
-     [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [2, 1])], r"crashed on this model \(SIGSEGV\)"),
+     [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [2, 1])], r"crashed on this model \(SIGSEGV"),
     (helper.make_node("Einsum", ["x"], ["y"], equation="..nii ->...i"), [("x", TensorProto.FLOAT, [2, 3, 3])],
      "did not finish within 1 s"),
 ])
@@ -223,12 +247,12 @@ def test_a_model_that_crashes_or_hangs_onnx_fails_only_its_load(monkeypatch, nod
     process: it never returns on the Einsum; on the GatherND it reads out of range, which faults on most runs but
     not all (the read is undefined behaviour), so there the child's shape inference is made to fault for certain.
     The load fails with a named error and this process goes on loading and running models."""
-    import onnx.shape_inference
+    import runtime.isolate
     import runtime.loader
     from runtime.errors import OnnxCrashError
     monkeypatch.setattr(runtime.loader, "_node_defects", lambda n, opsets: None)
     if "SIGSEGV" in how:
-        monkeypatch.setattr(onnx.shape_inference, "infer_shapes", _segfault)
+        monkeypatch.setattr(runtime.isolate, "ONNX_STEPS", STEPS)  # its ``infer_shapes`` faults
     monkeypatch.setenv("ONNX_NUMBA_ISOLATE_TIMEOUT", "1")
     ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
     outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output]
@@ -274,3 +298,4 @@ def test_weights_overwritten_midway_are_reported(tmp_path, monkeypatch):
         InferenceSession(path)
     monkeypatch.setenv("ONNX_NUMBA_CHECK_WEIGHTS", "0")  # the user's way out, named in the message
     InferenceSession(path)
+

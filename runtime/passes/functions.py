@@ -62,8 +62,8 @@ def function_body(node: Node, graph: Graph) -> FunctionProto | None:
             types.append(tp.SerializeToString())
         proto = node.to_proto().SerializeToString()
         try:  # onnx's C++ builds the body from an untrusted node: isolated (runtime.isolate)
-            b = isolate.call(lambda: s.get_context_dependent_function_with_opset_version(max(ctxdep), proto, types),
-                             f"function builder for {node.op_type}")
+            b = isolate.call("context_dependent_body", (node.op_type, node.opset, node.domain, max(ctxdep), proto,
+                                                        types), f"function builder for {node.op_type}")
         except isolate.IsolatedStepError:
             return None
         if not b:

@@ -9,7 +9,7 @@ are computed in the graph still resolve) and writes what it learns into
 - ``strict=False`` (permissive): contradictions and ops without a schema
   (contrib ops) leave their outputs unknown; planning goes on.
 
-onnx runs in a forked child (``runtime.isolate``): a model that crashes or hangs its C++ fails the load with
+onnx runs in a worker process (``runtime.isolate``): a model that crashes or hangs its C++ fails the load with
 ``OnnxCrashError`` and leaves the caller running.
 
 Large initializers travel to the engine as typed inputs rather than data, so
@@ -69,12 +69,9 @@ class InferShapes(Pass):
 
 
 def _infer(model: onnx.ModelProto, strict: bool, data_prop: bool) -> onnx.ModelProto:
-    def step():
-        return onnx.shape_inference.infer_shapes(model, check_type=strict, strict_mode=strict,
-                                                 data_prop=data_prop).SerializeToString()
-
     out = onnx.ModelProto()
-    out.ParseFromString(isolate.call(step, "shape inference"))
+    out.ParseFromString(isolate.call("infer_shapes", (model.SerializeToString(), strict, data_prop),
+                                     "shape inference"))
     return out
 
 

@@ -318,13 +318,16 @@ def main(argv=None) -> int:
             p.add_argument("--seed", type=int, help="the sampling seed (the same seed gives the same tokens)")
     w = sub.add_parser("warm", help="compile everything the package needs ahead of time (cached for later starts)")
     w.add_argument("package", help="the package folder")
+    w.add_argument("--digests", action="store_true",
+                   help="also record a digest of each model's data files beside them, so that later loads refuse "
+                        "data damaged since (runtime.digests)")
     _backend_options(w)
     _serve_options(sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine"))
     args = ap.parse_args(argv)
     try:
         if args.cmd == "warm":
             from .warm import warm
-            print(warm(args.package, args.native, args.device).summary())
+            print(warm(args.package, args.native, args.device, digests=args.digests).summary())
             return 0
         if args.cmd == "serve":
             return cmd_serve(args)

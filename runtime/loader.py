@@ -7,7 +7,8 @@ Invariants:
 - A location that is absolute, climbs out of the model's folder (``..``, a
   symlink) or reaches past the end of its file is refused with
   ``ExternalDataPathError`` / ``ExternalDataRangeError``; float weights that
-  hold NaN (a damaged file) with ``ExternalDataDamagedError``.
+  hold NaN (a damaged file), and data that no longer matches its digest
+  record (``runtime.digests``), with ``ExternalDataDamagedError``.
 - onnx's C++ (the inliner here, shape inference in its pass) runs isolated
   (``runtime.isolate``), after the checks of nodes it is known to crash on.
 - Model-local functions are inlined before the IR is built.
@@ -23,6 +24,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto, numpy_helper
 
 from . import isolate
+from .digests import FileDigests
 from .dtypes import np_dtype
 from .errors import ExternalDataDamagedError, ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
 from .ir import Graph, graph_from_proto
@@ -78,6 +80,7 @@ class _ExternalData:
     def __init__(self, base_dir: str | None):
         self.base_dir = base_dir
         self.maps: dict[str, np.memmap] = {}
+        self.digests: dict = {}  # path -> digests.FileDigests or None (no record)
 
     def tensor(self, t: TensorProto) -> np.ndarray:
         info = {e.key: e.value for e in t.external_data}
@@ -88,6 +91,7 @@ class _ExternalData:
             size = os.path.getsize(path)
             mm = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
             self.maps[path] = mm
+            self.digests[path] = FileDigests.load(path, location) if flag("ONNX_NUMBA_CHECK_WEIGHTS") else None
         size = mm.shape[0]
         try:
             offset = int(info.get("offset", 0))
@@ -105,6 +109,8 @@ class _ExternalData:
             raise ExternalDataRangeError(
                 f"tensor {t.name!r}: shape {dims} of {dtype} needs {dtype.itemsize * count} bytes, "
                 f"external data holds {length}")
+        if self.digests[path] is not None:
+            self.digests[path].check(mm, offset, length, t.name)
         raw = mm[offset:offset + length]
         if t.data_type in _PACKED or dtype == object:
             # Sub-byte types are unpacked by onnx's own helper (a copy).
@@ -130,7 +136,8 @@ _SCAN = 1 << 20  # elements per chunk of the NaN scan: no temporary grows with t
 def _refuse_nan(flat: np.ndarray, name: str, location: str, offset: int) -> None:
     """Float weights hold no NaN; a data file overwritten midway (random bytes are NaN one float in 256, so any
     damaged stretch of more than a few hundred bytes holds one) or a bad download does.  Zeros written over
-    weights, or damage to packed integer weights, cannot be told from data without checksums."""
+    weights, or damage to packed integer weights, cannot be told from the data: the digest record
+    (``runtime.digests``) catches those."""
     for start in range(0, flat.shape[0], _SCAN):
         bad = np.isnan(flat[start:start + _SCAN])
         if bad.any():

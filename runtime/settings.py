@@ -13,8 +13,8 @@ them between sessions.
 | ``ONNX_NUMBA_DECODE_INLINE_SCAN`` | off | single-token steps of Scan decoders run on the inlined sibling plan |
 | ``ONNX_NUMBA_PROGRESS`` | on | a progress bar while a first run compiles region kinds |
 | ``ONNX_NUMBA_REQUIRE_CUDA`` | off | a missing CUDA target fails instead of skipping |
-| ``ONNX_NUMBA_ISOLATE_ONNX`` | on | onnx's C++ shape inference and inliner run in a forked child (``runtime.isolate``) |
-| ``ONNX_NUMBA_CHECK_WEIGHTS`` | on | float weights read from external data are scanned for NaN (a damaged data file) |
+| ``ONNX_NUMBA_ISOLATE_ONNX`` | on | onnx's C++ shape inference and inliner run in a worker process (``runtime.isolate``) |
+| ``ONNX_NUMBA_CHECK_WEIGHTS`` | on | float weights read from external data are scanned for NaN, and data files with a digest record (``runtime.digests``) are checked against it (a damaged data file) |
 | ``ONNX_NUMBA_MLAS_ORDER`` | off | onnxruntime's CPU arithmetic order on AVX2 hosts (MLAS): level-4 int4 products (blocks of 32), GroupQueryAttention |
 
 Paths (``ONNX_NUMBA_REGION_DIR``), the isolated step's deadline (``ONNX_NUMBA_ISOLATE_TIMEOUT``, seconds)

@@ -299,3 +299,59 @@ def test_weights_overwritten_midway_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNX_NUMBA_CHECK_WEIGHTS", "0")  # the user's way out, named in the message
     InferenceSession(path)
 
+
+def test_damage_no_value_check_can_see_is_caught_by_the_digest_record(tmp_path, monkeypatch):
+    """int8 weights rewritten with other valid codes load silently; once the data file has a digest record
+    (``runtime.digests``), the load names the tensor and the damaged byte range, and a file whose size changed
+    is refused.  ``ONNX_NUMBA_CHECK_WEIGHTS=0`` loads anyway; a record that cannot be read or written is a
+    warning."""
+    import warnings
+    from runtime import digests
+    from runtime.errors import ExternalDataDamagedError
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(-100, 100, (64, 64), dtype=np.int8) for _ in range(2))
+    g = helper.make_graph([helper.make_node("Add", ["x", "A"], ["t"]), helper.make_node("Add", ["t", "B"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.INT8, [64, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT8, [64, 64])],
+                          [numpy_helper.from_array(a, "A"), numpy_helper.from_array(b, "B")])
+    path = _save_external(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path))
+    x = np.zeros((64, 64), np.int8)
+    expected = (a.astype(np.int16) + b).astype(np.int8)
+    assert digests.record(path, chunk=1024) == [str(tmp_path / "w.bin") + digests.SUFFIX]
+    np.testing.assert_array_equal(InferenceSession(path).run(None, {"x": x})[0], expected)  # intact: loads
+
+    data = tmp_path / "w.bin"
+    intact = data.read_bytes()
+    off_b = next(int(e.value) for t in onnx.load(path, load_external_data=False).graph.initializer if t.name == "B"
+                 for e in t.external_data if e.key == "offset")
+    raw = bytearray(intact)
+    raw[off_b + 2000:off_b + 2100] = bytes((v + 1) % 256 for v in raw[off_b + 2000:off_b + 2100])  # valid codes
+    data.write_bytes(bytes(raw))
+    lo = (off_b + 2000) // 1024 * 1024
+    with pytest.raises(ExternalDataDamagedError,
+                       match=rf"tensor 'B': bytes \[{lo}, {lo + 1024}\) of 'w.bin' differ from its digest record"):
+        InferenceSession(path)
+    monkeypatch.setenv("ONNX_NUMBA_CHECK_WEIGHTS", "0")  # the user's way out, named in the message
+    assert not np.array_equal(InferenceSession(path).run(None, {"x": x})[0], expected)  # what the record caught
+    monkeypatch.delenv("ONNX_NUMBA_CHECK_WEIGHTS")
+
+    data.write_bytes(intact + b"\0" * 16)
+    with pytest.raises(ExternalDataDamagedError, match=rf"'w.bin' holds {len(intact) + 16} bytes, but its digest "
+                                                       rf"record .* says {len(intact)}"):
+        InferenceSession(path)
+    data.write_bytes(intact)
+    (tmp_path / ("w.bin" + digests.SUFFIX)).write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="cannot be read; 'w.bin' loads unchecked"):
+        InferenceSession(path)
+
+    def refuse(*args):
+        raise PermissionError("read-only folder")
+
+    monkeypatch.setattr(digests.os, "replace", refuse)
+    with pytest.warns(RuntimeWarning, match="could not write the digest record"):
+        assert digests.record(path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "w.bin", "w.bin" + digests.SUFFIX]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the damaged record was left as it was: still a warning, not a failure
+        with pytest.raises(RuntimeWarning):
+            InferenceSession(path)

@@ -476,6 +476,29 @@ def test_warm_compiles_a_package_ahead_and_a_second_warm_compiles_nothing(capsys
     assert "warmed" in second and ": 0 region kind(s) compiled, 1 already cached" in second
 
 
+def test_warm_with_digests_records_the_data_files_and_later_damage_fails_the_load(tmp_path, capsys):
+    """``warm --digests`` records each component's data file; one bit flipped in a weight afterwards (a valid
+    value, which no value check sees) then fails the load, naming the tensor."""
+    import os
+    import shutil
+    from pipeline.__main__ import main
+    from runtime import InferenceSession
+    from runtime.errors import ExternalDataDamagedError
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "packages",
+                       "llama_fp32")
+    pkg = tmp_path / "pkg"
+    shutil.copytree(src, pkg)
+    assert main(["warm", str(pkg), "--digests"]) == 0
+    assert "recorded the digests of 1 data file(s)" in capsys.readouterr().out
+    assert (pkg / "model.onnx.data.digests.json").is_file()
+    InferenceSession(str(pkg / "model.onnx"))
+    raw = bytearray((pkg / "model.onnx.data").read_bytes())
+    raw[len(raw) // 2] ^= 1  # the lowest bit of a float32's mantissa (offsets are multiples of 4)
+    (pkg / "model.onnx.data").write_bytes(bytes(raw))
+    with pytest.raises(ExternalDataDamagedError, match=r"tensor '.+': bytes \[0, \d+\) of 'model.onnx.data' differ"):
+        InferenceSession(str(pkg / "model.onnx"))
+
+
 def _resident_kib(path):
     """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
     total, inside = 0, False

@@ -131,7 +131,7 @@ class _Worker:
         if wait and not w.ready:
             if w._read(_LEN.size + len(_READY), time.monotonic() + _START_TIMEOUT) != _LEN.pack(len(_READY)) + _READY:
                 w.timed_out = _START_TIMEOUT if w.timed_out else None
-                how = w.end()
+                how = w.end(where="")
                 raise RuntimeError(f"the worker that runs onnx's C++ apart from this process did not start ({how}); "
                                    f"ONNX_NUMBA_ISOLATE_ONNX=0 runs it in this process instead")
             w.ready = True
@@ -141,8 +141,12 @@ class _Worker:
         self.owner = os.getpid()
         self.err = tempfile.TemporaryFile()
         boot = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
-        self.proc = subprocess.Popen([sys.executable, "-c", boot, _WORKER, ONNX_STEPS], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.err, bufsize=0, close_fds=True)
+        # Linux's parent-death signal follows the thread that starts the worker: ask for it only from the main
+        # thread, whose end is the process's (a worker started by a pool thread ends with its input instead).
+        parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
+        self.proc = subprocess.Popen([sys.executable, "-c", boot, _WORKER, str(parent), ONNX_STEPS],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, bufsize=0,
+                                     close_fds=True)
         self.timed_out = None  # the deadline it passed, if it did
         self.ready = False     # its first frame has been read
 
@@ -175,7 +179,7 @@ class _Worker:
             out += chunk
         return bytes(out)
 
-    def end(self) -> str:
+    def end(self, where: str = " on this model") -> str:
         """Stop the worker (if it still runs) and say how it ended."""
         if _Worker.current is self:
             _Worker.current = None
@@ -193,14 +197,14 @@ class _Worker:
         self.err.close()
         said = f": {tail[-1]}" if tail else ""
         if self.timed_out:
-            return f"did not finish within {self.timed_out:g} s on this model and was stopped"
+            return f"did not finish within {self.timed_out:g} s{where} and was stopped"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"crashed on this model ({name}{said})"
-        return f"ended without an answer on this model (exit status {code}{said})"
+            return f"crashed{where} ({name}{said})"
+        return f"ended without an answer{where} (exit status {code}{said})"
 
 
 @atexit.register

@@ -1,6 +1,6 @@
 """The worker process of ``runtime.isolate``: runs named steps on request, one at a time, until its input ends.
 
-Started as ``python -c <runpy of this file> WORKER_PATH STEP_FILE...`` so that neither this project's package nor Numba is
+Started as ``python -c <runpy of this file> WORKER_PATH PARENT_PID STEP_FILE...`` so that neither this project's package nor Numba is
 imported: the worker holds onnx, protobuf and the step files it is asked for, and no other thread.
 
 Protocol over stdin/stdout: frames of an 8-byte little-endian length and a pickle.  A request is ``(file,
@@ -9,6 +9,7 @@ function, args)``; the step file is loaded by path once and ``function(*args)`` 
 the worker dies (or is killed) without answering.
 """
 import importlib.util
+import os
 import pickle
 import struct
 import sys
@@ -62,7 +63,25 @@ def serve(inp, out, preload=()) -> None:
         out.flush()
 
 
+def die_with(parent: int) -> None:
+    """Be killed when the process ``parent`` ends (Linux's parent-death signal), so that a step hung in onnx does
+    not outlive a caller that was itself killed; with ``parent`` 0, or elsewhere, the worker ends when its input
+    does."""
+    if not parent:
+        return
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(0)
+
+
 if __name__ == "__main__":
+    die_with(int(sys.argv[2]))  # argv: '-c', this file, the parent, the step files
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a step that prints cannot corrupt the answers
-    serve(stdin, stdout, sys.argv[1:])
+    serve(stdin, stdout, sys.argv[3:])

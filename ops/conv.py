@@ -14,7 +14,7 @@ the wrappers and raise ``ShapeMismatchError`` / ``InvalidAttributeError``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _i16pairs
@@ -133,9 +133,9 @@ def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
 
 
 @njit(parallel=True, **_OPTS)
-def _depthwise(x, w, out, ksz, st, pb, dil):
-    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel.  Channels run
-    in parallel; each output row takes its taps in order (depth, height, width), each tap over the run of
+def _depthwise_rows(x, w, out, ksz, st, pb, dil):
+    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel, for long
+    output rows or column strides (``_depthwise_wide`` otherwise).  Channels run in parallel; each output row takes its taps in order (depth, height, width), each tap over the run of
     outputs whose input lies inside the row, so every output sums the taps it had alone, in the same order,
     and the inner loop is a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would
     count references on the shared array from every thread; unsigned, so that Numba adds no negative-index
@@ -181,6 +181,115 @@ def _depthwise(x, w, out, ksz, st, pb, dil):
                             else:
                                 for ow in range(lo, hi):
                                     of[np.uint64(ob + ow)] += xf[np.uint64(rb + ow * s2 + off)] * wv
+
+
+@njit(parallel=True, **_OPTS)
+def _depthwise_wide(x, w, out, ksz, st, pb, dil, nthreads):
+    """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel, for short
+    output rows (``_depthwise_rows`` otherwise).
+
+    Each of ``nthreads`` tasks takes a run of channels.  A channel's input plane is copied, zero-padded, into
+    stride-phase planes (``_phase_planes``: plane (pr, pc) holds the padded rows pr, pr+s1, ... and columns pc,
+    pc+s2, ...), so that every tap reads one contiguous stretch of one plane at a fixed offset from the output
+    position.  Output rows go in blocks laid out RW wide (the columns past OW are computed and dropped), small
+    enough to stay in the first-level cache; a tap's share of a block is one long multiply-add loop instead of
+    a short loop per row.  Every output sums its taps in order (depth, height, width) from zero, as a direct
+    loop would.  Scratch is allocated once per task."""
+    N, C, OD, OH, OW = out.shape
+    ID = x.shape[2]
+    KD, KH, KW = ksz[0], ksz[1], ksz[2]
+    s1, s2 = st[1], st[2]
+    RH = ((OH - 1) * s1 + (KH - 1) * dil[1] + 1 + s1 - 1) // s1  # rows of a phase plane
+    RW = ((OW - 1) * s2 + (KW - 1) * dil[2] + 1 + s2 - 1) // s2  # columns of a phase plane (the laid-out width)
+    PS = RH * RW + RW  # a plane's length: a tap's stretch may run up to RW - 1 past its last row
+    RB = max(1, _DW_BLOCK // RW)  # output rows per block
+    NC = N * C
+    T = max(1, min(nthreads, NC))
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    wf = w.reshape(-1)
+    for t in prange(T):
+        planes = np.empty(s1 * s2 * PS, x.dtype)
+        acc = np.empty(min(RB, OH) * RW, x.dtype)
+        for nc in range(t * NC // T, (t + 1) * NC // T):
+            c = nc % C
+            for od in range(OD):
+                zis = 0
+                for a in range(KD):
+                    zi = od * st[0] - pb[0] + a * dil[0]
+                    if 0 <= zi < ID:
+                        zis += 1
+                for h0 in range(0, OH, RB):
+                    n = (min(OH, h0 + RB) - h0) * RW
+                    acc[:n] = 0
+                    for a in range(KD):
+                        zi = od * st[0] - pb[0] + a * dil[0]
+                        if zi < 0 or zi >= ID:
+                            continue
+                        if h0 == 0 or zis > 1:  # one depth tap: its planes stay made for every block
+                            _phase_planes(xf, (nc * ID + zi) * x.shape[3] * x.shape[4], x.shape[3], x.shape[4],
+                                          planes, RH, RW, PS, s1, s2, pb[1], pb[2])
+                        for b in range(KH):
+                            r = b * dil[1]
+                            for e in range(KW):
+                                q = e * dil[2]
+                                base = ((r % s1) * s2 + q % s2) * PS + (r // s1 + h0) * RW + q // s2
+                                wv = wf[np.uint64(((c * KD + a) * KH + b) * KW + e)]
+                                for j in range(n):
+                                    acc[j] += planes[np.uint64(base + j)] * wv
+                    ob = ((nc * OD + od) * OH + h0) * OW
+                    for i in range(n // RW):
+                        for ow in range(OW):
+                            of[np.uint64(ob + i * OW + ow)] = acc[i * RW + ow]
+
+
+_DW_BLOCK = 2048  # elements of a depthwise output block (8 KiB in float32)
+_DW_WIDE_MAX_OW = 64  # the widest output rows ``_depthwise_wide`` takes (with column stride 1)
+
+
+def _depthwise(x, w, out, ksz, st, pb, dil):
+    """The depthwise kernel that pays for this geometry: rows of a few dozen outputs spend a short loop per tap
+    and row in ``_depthwise_rows``, so they take ``_depthwise_wide``'s long loops, whose phase planes cost a
+    copy of the input that long rows and column strides do not repay (one node of each, 2 threads: 256 x 14 x
+    14 by 5 x 5, 267 -> 123 us; 16 x 112 x 112 by 3 x 3, 121 us rows against 150 wide).  Both sum every
+    output's taps in the same order, so they give the same bits."""
+    if _depthwise_wide_pays(out.shape[4], st[2]):
+        _depthwise_wide(x, w, out, ksz, st, pb, dil, get_num_threads())
+    else:
+        _depthwise_rows(x, w, out, ksz, st, pb, dil)
+
+
+def _depthwise_wide_pays(ow: int, col_stride: int) -> bool:
+    return col_stride == 1 and ow <= _DW_WIDE_MAX_OW
+
+
+@njit(**_OPTS)
+def _phase_planes(xf, xb, IH, IW, planes, RH, RW, PS, s1, s2, p1, p2):
+    """The IH x IW plane of ``xf`` at ``xb``, padded by p1 rows and p2 columns before (zeros around), split into
+    s1 x s2 phase planes of RH x RW (plane (pr, pc), element (i, j): padded row i*s1 + pr, column j*s2 + pc),
+    each followed by RW zeros.  Every element is written once."""
+    for pr in range(s1):
+        for pc in range(s2):
+            pb0 = (pr * s2 + pc) * PS
+            # columns j with 0 <= j*s2 + pc - p2 < IW
+            lo = min(RW, max(0, (p2 - pc + s2 - 1) // s2))
+            hi = max(lo, min(RW, (IW - 1 + p2 - pc) // s2 + 1)) if IW - 1 + p2 - pc >= 0 else lo
+            for i in range(RH):
+                pb = pb0 + i * RW
+                yi = i * s1 + pr - p1
+                if yi < 0 or yi >= IH:
+                    for j in range(RW):
+                        planes[np.uint64(pb + j)] = 0
+                    continue
+                rb = xb + yi * IW + pc - p2
+                for j in range(lo):
+                    planes[np.uint64(pb + j)] = 0
+                for j in range(lo, hi):
+                    planes[np.uint64(pb + j)] = xf[np.uint64(rb + j * s2)]
+                for j in range(hi, RW):
+                    planes[np.uint64(pb + j)] = 0
+            for j in range(RW):
+                planes[np.uint64(pb0 + RH * RW + j)] = 0
 
 
 @njit(parallel=True, **_OPTS)

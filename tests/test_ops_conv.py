@@ -327,3 +327,43 @@ def test_a_conv_session_follows_its_input_shape_from_run_to_run():
     for shape in [(1, 4, 8, 8), (2, 4, 5, 7), (1, 4, 8, 8)]:
         x = _randn(*shape)
         np.testing.assert_allclose(ours.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def _depthwise_in_tap_order(x, w, b, strides, pads, dils):
+    """A float32 depthwise convolution summing each output's taps in order (depth, height, width) from zero,
+    then adding the bias: the order the kernel promises, so equal to it bit for bit."""
+    r = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + r]) for i in range(r)])
+    k = w.shape[2:]
+    osz = [(xp.shape[2 + i] - (k[i] - 1) * dils[i] - 1) // strides[i] + 1 for i in range(r)]
+    out = np.zeros(x.shape[:2] + tuple(osz), np.float32)
+    for tap in np.ndindex(*k):
+        idx = (slice(None), slice(None)) + tuple(
+            slice(tap[i] * dils[i], tap[i] * dils[i] + (osz[i] - 1) * strides[i] + 1, strides[i]) for i in range(r))
+        out += xp[idx] * w[(slice(None), 0) + tap].reshape((1, -1) + (1,) * r)
+    return out + b.reshape((1, -1) + (1,) * r)
+
+
+@pytest.mark.parametrize("shape,k,strides,pads,dils", [
+    ((1, 256, 14, 14), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    ((2, 5, 9, 11), (3, 3), (2, 3), (1, 0, 2, 1), (1, 1)),       # strides that do not divide, uneven pads
+    ((1, 3, 7, 6), (3, 2), (1, 2), (4, 3, 5, 4), (2, 3)),        # pads beyond the kernel, dilations
+    ((1, 4, 2, 3), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),        # a kernel larger than the input
+    ((1, 3, 40, 100), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),     # several output blocks
+    ((1, 2, 3, 2100), (1, 3), (1, 1), (0, 1, 0, 1), (1, 1)),     # a row wider than one output block
+    ((3, 6, 50), (7,), (3,), (3, 2), (2,)),                      # 1-d
+    ((1, 3, 5, 6, 4), (3, 2, 3), (2, 1, 1), (1, 0, 1, 1, 1, 0), (1, 2, 1)),  # 3-d: several depth taps
+])
+@pytest.mark.parametrize("wide", [True, False])
+def test_depthwise_sums_each_tap_in_order_bit_for_bit(monkeypatch, shape, k, strides, pads, dils, wide):
+    """Both depthwise kernels, on every geometry (the choice between them is forced)."""
+    import ops.conv
+    monkeypatch.setattr(ops.conv, "_depthwise_wide_pays", lambda ow, col_stride: wide)
+    rng = np.random.default_rng(11)
+    C = shape[1]
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((C, 1, *k)).astype(np.float32)
+    b = rng.standard_normal(C).astype(np.float32)
+    (y,) = _ours("Conv", {"x": x}, {"w": w, "b": b}, group=C, strides=list(strides), pads=list(pads),
+                 dilations=list(dils))
+    np.testing.assert_array_equal(y, _depthwise_in_tap_order(x, w, b, strides, pads, dils))

@@ -1,4 +1,4 @@
-"""Convolutions: Conv, ConvTranspose, ConvInteger, Col2Im.
+"""Convolutions: Conv, ConvTranspose, ConvInteger, Col2Im, and com.microsoft FusedConv.
 
 Every spatial rank (1-d, 2-d, 3-d) is canonicalized to 3-d by inserting unit
 leading spatial axes, so each kernel compiles once per dtype.  Conv is
@@ -447,6 +447,55 @@ def _conv_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
 
 op("Conv", 1, factory=True)(_conv_factory)
 op("Conv", 11, factory=True)(_conv_factory)
+
+
+# -- FusedConv (com.microsoft): a Conv whose output goes through an activation, as onnxruntime's optimizer writes
+# it.  activation -> (the unary kernel of ``ops.elementwise`` it runs, how many activation_params it takes);
+# onnxruntime's FusedConv takes these and refuses others.  Clip runs as numpy's clip between its two params.
+FUSED_CONV_ACTIVATIONS = {"Relu": ("relu", 0), "Tanh": ("tanh", 0), "Sigmoid": ("sigmoid", 0),
+                          "LeakyRelu": ("leakyrelu", 1), "HardSigmoid": ("hardsigmoid", 2), "Clip": (None, 2)}
+
+
+def _activation(name: str, activation, params):
+    """``f(y)``: the activation of ``y`` with the unary op's own kernel and driver, so a FusedConv gives the bits
+    of Conv followed by that op.  (Applied in place it ran slower: the kernel's loop does not vectorize over
+    an output that is its input.)"""
+    from . import _elementwise_kernels as K
+    from .elementwise import cpu_kernel, run_unary
+    act = activation.decode() if isinstance(activation, bytes) else activation
+    if act not in FUSED_CONV_ACTIVATIONS:
+        raise InvalidAttributeError(f"{name}: activation must be one of {sorted(FUSED_CONV_ACTIVATIONS)}, got "
+                                    f"{act!r}")
+    kernel, n = FUSED_CONV_ACTIVATIONS[act]
+    p = [float(np.float32(v)) for v in (params or [])]
+    if len(p) < n:
+        raise InvalidAttributeError(f"{name}: activation {act} takes {n} activation_params, got {len(p)}")
+    if kernel is None:
+        lo, hi = p[0], p[1]
+        return lambda y: np.clip(y, y.dtype.type(lo), y.dtype.type(hi), out=y)
+    kern = getattr(K, "u_" + cpu_kernel(kernel))
+    p0, p1 = (p + [0.0, 0.0])[:2]
+    return lambda y: run_unary(kern, y, None, p0, p1)
+
+
+def _fused_conv_factory(ctx, activation=None, activation_params=None, auto_pad="NOTSET", dilations=None, group=1,
+                        kernel_shape=None, pads=None, strides=None):
+    """Y = activation(Conv(X, W, B) + Z)."""
+    conv = _conv_factory(ctx, auto_pad, dilations, group, kernel_shape, pads, strides)
+    act = _activation(ctx.name or "FusedConv", activation, activation_params)
+
+    def run(X, W, B=None, Z=None):
+        y = conv(X, W, B)  # a fresh array
+        if Z is not None:
+            if Z.shape != y.shape or Z.dtype != y.dtype:
+                raise ShapeMismatchError(f"FusedConv: Z must be {y.dtype}{list(y.shape)} like the convolution, "
+                                         f"got {Z.dtype}{list(Z.shape)}")
+            np.add(y, Z, out=y)
+        return act(y)
+    return run
+
+
+op("FusedConv", 1, domain="com.microsoft", factory=True)(_fused_conv_factory)
 
 
 

@@ -7,7 +7,7 @@ per-dtype tolerance.  MaxUnpool indices outside the output must raise ``IndexOut
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from runtime import InferenceSession
 from runtime.dtypes import onnx_type
@@ -367,3 +367,55 @@ def test_depthwise_sums_each_tap_in_order_bit_for_bit(monkeypatch, shape, k, str
     (y,) = _ours("Conv", {"x": x}, {"w": w, "b": b}, group=C, strides=list(strides), pads=list(pads),
                  dilations=list(dils))
     np.testing.assert_array_equal(y, _depthwise_in_tap_order(x, w, b, strides, pads, dils))
+
+
+_FUSED_ACTS = [("Relu", {}, None), ("Tanh", {}, None), ("Sigmoid", {}, None),
+               ("LeakyRelu", {"alpha": 0.1}, [0.1]), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, [0.3, 0.4]),
+               ("Clip", {"min": -0.5, "max": 0.75}, [-0.5, 0.75])]
+
+
+@pytest.mark.parametrize("act,attrs,params", _FUSED_ACTS)
+@pytest.mark.parametrize("group", [1, 8])
+def test_fused_conv_gives_the_bits_of_conv_and_its_activation(act, attrs, params, group):
+    """com.microsoft::FusedConv runs the activation op's own kernel on the convolution: the bits of the two
+    nodes; onnxruntime's FusedConv within 1e-5."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8 // group, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    vi = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 10])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    kw = {"activation": act, **({"activation_params": params} if params else {})}
+    fused = helper.make_model(
+        helper.make_graph([helper.make_node("FusedConv", ["x", "w", "b"], ["y"], domain="com.microsoft",
+                                            pads=[1, 1, 1, 1], group=group, **kw)], "g", *vi, inits),
+        opset_imports=[helper.make_opsetid("", 6), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+    apart = helper.make_model(
+        helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=group),
+                           helper.make_node(act, ["c"], ["y"], **attrs)], "g", *vi, inits),
+        opset_imports=[helper.make_opsetid("", 6)]).SerializeToString()
+    y = InferenceSession(fused).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y, InferenceSession(apart).run(None, {"x": x})[0])
+    ref = ort.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,params", [("Relu", None), ("LeakyRelu", [0.2]), ("Clip", [-1.0, 0.5])])
+def test_onnxruntimes_fused_conv_with_a_sum_input(act, params):
+    """com.microsoft::FusedConv as onnxruntime's optimizer writes it, Z included: Y = act(Conv(X, W, B) + Z)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    z = rng.standard_normal((2, 5, 7, 7)).astype(np.float32)
+    kw = {"activation": act, **({"activation_params": params} if params else {})}
+    node = helper.make_node("FusedConv", ["x", "w", "b", "z"], ["y"], domain="com.microsoft", pads=[1, 1, 1, 1],
+                            **kw)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 7, 7]),
+                                        helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5, 7, 7])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(rng.standard_normal((5, 3, 3, 3)).astype(np.float32), "w"),
+                           numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    feeds = {"x": x, "z": z}
+    ours = InferenceSession(m.SerializeToString()).run(None, feeds)[0]
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)

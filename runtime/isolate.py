@@ -94,7 +94,7 @@ def call(function: str, args: tuple, what: str, timeout: float | None = None, st
 
 def prestart() -> None:
     """Start this process's worker if it has none, without waiting for it: a load calls this first, so that the
-    worker's start (an interpreter importing onnx, about a second) overlaps the reading of the model."""
+    worker's start (an interpreter loading onnx's C++ extension, about 60 ms) overlaps the reading of the model."""
     if enabled():
         with _LOCK:
             _Worker.get(wait=False)
@@ -144,9 +144,15 @@ class _Worker:
         # Linux's parent-death signal follows the thread that starts the worker: ask for it only from the main
         # thread, whose end is the process's (a worker started by a pool thread ends with its input instead).
         parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
-        self.proc = subprocess.Popen([sys.executable, "-c", boot, _WORKER, str(parent), ONNX_STEPS],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, bufsize=0,
-                                     close_fds=True)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", boot, _WORKER, str(parent), ONNX_STEPS],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, bufsize=0,
+                                         close_fds=True)
+        except (OSError, ValueError) as e:
+            self.err.close()
+            raise RuntimeError(f"the worker that runs onnx's C++ apart from this process could not be started with "
+                               f"{sys.executable!r} ({e}); ONNX_NUMBA_ISOLATE_ONNX=0 runs it in this process "
+                               f"instead") from None
         self.timed_out = None  # the deadline it passed, if it did
         self.ready = False     # its first frame has been read
 

@@ -22,7 +22,6 @@ Invariants:
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
 import pickle
 import select
@@ -104,12 +103,8 @@ _LOADED: dict = {}
 
 
 def _in_process(steps: str, function: str, args: tuple):
-    mod = _LOADED.get(steps)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(f"_steps_{len(_LOADED)}", steps)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _LOADED[steps] = mod
+    from .isolate_worker import step_module  # the worker's own loader, here in this process
+    mod = step_module(steps, _LOADED)
     try:
         return getattr(mod, function)(*args)
     except Exception as e:

@@ -28,7 +28,8 @@ def _read(f, n: int) -> bytes:
     return bytes(out)
 
 
-def _module(path: str, cache: dict):
+def step_module(path: str, cache: dict):
+    """The step file at ``path``, loaded once (as a module of its own, not of a package) and kept in ``cache``."""
     mod = cache.get(path)
     if mod is None:
         spec = importlib.util.spec_from_file_location(f"_isolated_{len(cache)}", path)
@@ -43,7 +44,7 @@ def serve(inp, out, preload=()) -> None:
     worker says it is ready, so that no step's deadline pays for them."""
     cache: dict = {}
     for path in preload:
-        _module(path, cache)
+        step_module(path, cache)
     out.write(_LEN.pack(len(READY)) + READY)
     out.flush()
     while True:
@@ -55,7 +56,7 @@ def serve(inp, out, preload=()) -> None:
             return
         try:
             path, name, args = pickle.loads(body)
-            answer = ("ok", getattr(_module(path, cache), name)(*args))
+            answer = ("ok", getattr(step_module(path, cache), name)(*args))
         except Exception as e:  # noqa: BLE001 - every exception goes back to the caller by name
             answer = ("err", type(e).__name__, str(e))
         data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)

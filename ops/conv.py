@@ -135,9 +135,10 @@ def _conv_run(x, w, out, col, ksz, st, pb, dil, osz, direct):
 @njit(parallel=True, **_OPTS)
 def _depthwise_rows(x, w, out, ksz, st, pb, dil):
     """x: (N, C, ID, IH, IW), w: (C, KD, KH, KW), out: (N, C, OD, OH, OW); one filter per channel, for long
-    output rows or column strides (``_depthwise_wide`` otherwise).  Channels run in parallel; each output row takes its taps in order (depth, height, width), each tap over the run of
-    outputs whose input lies inside the row, so every output sums the taps it had alone, in the same order,
-    and the inner loop is a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would
+    output rows or column strides above 2 (``_depthwise_wide`` otherwise).  Channels run in parallel; each
+    output row takes its taps in order (depth, height, width), each tap over the run of outputs whose input
+    lies inside the row, so every output sums the taps it had alone, in the same order, and the inner loop is
+    a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would
     count references on the shared array from every thread; unsigned, so that Numba adds no negative-index
     wraparound, which keeps the inner loop from vectorizing (each index is in range by construction)."""
     N, C, OD, OH, OW = out.shape
@@ -244,15 +245,16 @@ def _depthwise_wide(x, w, out, ksz, st, pb, dil, nthreads):
 
 
 _DW_BLOCK = 2048  # elements of a depthwise output block (8 KiB in float32)
-_DW_WIDE_MAX_OW = 64  # the widest output rows ``_depthwise_wide`` takes (with column stride 1)
+_DW_WIDE_MAX_OW = 64  # the widest output rows ``_depthwise_wide`` takes (with column stride 1 or 2)
 
 
 def _depthwise(x, w, out, ksz, st, pb, dil):
     """The depthwise kernel that pays for this geometry: rows of a few dozen outputs spend a short loop per tap
     and row in ``_depthwise_rows``, so they take ``_depthwise_wide``'s long loops, whose phase planes cost a
-    copy of the input that long rows and column strides do not repay (one node of each, 2 threads: 256 x 14 x
-    14 by 5 x 5, 267 -> 123 us; 16 x 112 x 112 by 3 x 3, 121 us rows against 150 wide).  Both sum every
-    output's taps in the same order, so they give the same bits."""
+    copy of the input that long rows and column strides above 2 do not repay.  One node, 2 threads, rows
+    against wide: 256x14x14 by 5x5 252 -> 115 us; 96x28x28 by 5x5 230 -> 113 us; 32x112x112 by 3x3 stride 2
+    179 -> 144 us; 16x112x112 by 3x3 111 us against 146 (so rows there).  Both sum every output's taps in the
+    same order, so they give the same bits."""
     if _depthwise_wide_pays(out.shape[4], st[2]):
         _depthwise_wide(x, w, out, ksz, st, pb, dil, get_num_threads())
     else:
@@ -260,7 +262,7 @@ def _depthwise(x, w, out, ksz, st, pb, dil):
 
 
 def _depthwise_wide_pays(ow: int, col_stride: int) -> bool:
-    return col_stride == 1 and ow <= _DW_WIDE_MAX_OW
+    return col_stride <= 2 and ow <= _DW_WIDE_MAX_OW
 
 
 @njit(**_OPTS)
@@ -284,8 +286,15 @@ def _phase_planes(xf, xb, IH, IW, planes, RH, RW, PS, s1, s2, p1, p2):
                 rb = xb + yi * IW + pc - p2
                 for j in range(lo):
                     planes[np.uint64(pb + j)] = 0
-                for j in range(lo, hi):
-                    planes[np.uint64(pb + j)] = xf[np.uint64(rb + j * s2)]
+                if s2 == 1:
+                    for j in range(lo, hi):
+                        planes[np.uint64(pb + j)] = xf[np.uint64(rb + j)]
+                elif s2 == 2:  # a literal stride: the loads vectorize as an interleaved group
+                    for j in range(lo, hi):
+                        planes[np.uint64(pb + j)] = xf[np.uint64(rb + 2 * j)]
+                else:
+                    for j in range(lo, hi):
+                        planes[np.uint64(pb + j)] = xf[np.uint64(rb + j * s2)]
                 for j in range(hi, RW):
                     planes[np.uint64(pb + j)] = 0
             for j in range(RW):

@@ -1,7 +1,8 @@
 """The worker process of ``runtime.isolate``: runs named steps on request, one at a time, until its input ends.
 
-Started as ``python -c <runpy of this file> WORKER_PATH PARENT_PID STEP_FILE...`` so that neither this project's package nor Numba is
-imported: the worker holds onnx, protobuf and the step files it is asked for, and no other thread.
+Started as ``python -c <runpy of this file> WORKER_PATH PARENT_PID STEP_FILE...``, so that neither this
+project's package nor Numba is imported: the worker holds onnx's C++ extension and the step files it is asked
+for, and no other thread.
 
 Protocol over stdin/stdout: frames of an 8-byte little-endian length and a pickle.  A request is ``(file,
 function, args)``; the step file is loaded by path once and ``function(*args)`` is called.  The answer is

@@ -10,7 +10,7 @@ ONNX reference does.  16-bit floats are computed in float32.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, as_int_list, check_indices, lowp, pad3, window_geometry, window_taps
@@ -72,6 +72,68 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
                         out[nc, zo, yo, xo] = acc ** (1.0 / p)
 
 
+@njit(parallel=True, **_OPTS)
+def _max_rows(x, out, ksz, st, pb, dil, nthreads):
+    """MaxPool without indices, as ``_pool``'s mode 0 computes it, a row at a time: each output row takes its
+    taps in order (depth, height, width), each tap over the run of outputs whose input lies inside the row, so
+    the inner loop is a contiguous select (the first tap an output sees is taken, a later one when it is
+    greater: NaN and ties resolve as in ``_pool``).  An output that no tap reaches gets the channel's first
+    element, as ``_pool`` gives it.  Each of ``nthreads`` tasks takes a run of channels, with its scratch."""
+    NC, D, H, W = x.shape
+    OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
+    KD, KH, KW = ksz[0], ksz[1], ksz[2]
+    s2 = st[2]
+    los = np.empty(KW, np.int64)  # per width tap: the outputs whose input column lies inside the row
+    his = np.empty(KW, np.int64)
+    for e in range(KW):
+        off = e * dil[2] - pb[2]
+        los[e] = max(0, -(off // s2))
+        his[e] = min(OW, (W - 1 - off) // s2 + 1) if W - 1 - off >= 0 else 0
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    T = max(1, min(nthreads, NC))
+    for t in prange(T):
+        seen = np.empty(OW, np.uint8)
+        for nc in range(t * NC // T, (t + 1) * NC // T):
+            first = xf[np.uint64(nc * D * H * W)]
+            for od in range(OD):
+                for oh in range(OH):
+                    ob = ((nc * OD + od) * OH + oh) * OW
+                    seen[:] = 0
+                    for a in range(KD):
+                        zi = od * st[0] - pb[0] + a * dil[0]
+                        if zi < 0 or zi >= D:
+                            continue
+                        for b in range(KH):
+                            yi = oh * st[1] - pb[1] + b * dil[1]
+                            if yi < 0 or yi >= H:
+                                continue
+                            rb = ((nc * D + zi) * H + yi) * W
+                            for e in range(KW):
+                                xo = rb + e * dil[2] - pb[2]
+                                if s2 == 1:
+                                    for ow in range(los[e], his[e]):
+                                        v = xf[np.uint64(xo + ow)]
+                                        o = of[np.uint64(ob + ow)]
+                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
+                                        seen[ow] = 1
+                                elif s2 == 2:  # a literal stride: the loads vectorize as an interleaved group
+                                    for ow in range(los[e], his[e]):
+                                        v = xf[np.uint64(xo + 2 * ow)]
+                                        o = of[np.uint64(ob + ow)]
+                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
+                                        seen[ow] = 1
+                                else:
+                                    for ow in range(los[e], his[e]):
+                                        v = xf[np.uint64(xo + ow * s2)]
+                                        o = of[np.uint64(ob + ow)]
+                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
+                                        seen[ow] = 1
+                    for ow in range(OW):
+                        if seen[ow] == 0:
+                            of[np.uint64(ob + ow)] = first
+
+
 @njit(**_OPTS)
 def _global(x, out, mode, p):
     """x: (NC, L) -> out: (NC,); mode 0: max, 1: mean, 3: Lp."""
@@ -120,8 +182,11 @@ def _run_pool(name, x, mode, p, kernel_shape, auto_pad, ceil_mode, dilations, pa
         xc = np.ascontiguousarray(x, dtype=cdt).reshape((N * C, *i3))
         # taps past the end padding (they only exist because of ceil_mode) never count, even as padding
         pe3 = pad3(pe, 0)
-        _pool(xc, out, idx, mode, float(p), pad3(k, 1), pad3(s, 1), pad3(pb, 0), pe3, pad3(d, 1),
-              int(storage_order), bool(want_idx))
+        if mode == 0 and not want_idx:
+            _max_rows(xc, out, pad3(k, 1), pad3(s, 1), pad3(pb, 0), pad3(d, 1), get_num_threads())
+        else:
+            _pool(xc, out, idx, mode, float(p), pad3(k, 1), pad3(s, 1), pad3(pb, 0), pe3, pad3(d, 1),
+                  int(storage_order), bool(want_idx))
     out = out.reshape((N, C, *osp))
     if cdt != dt:
         out = out.astype(dt)

@@ -144,7 +144,7 @@ def test_averagepool(cip):
              count_include_pad=cip)
 
 
-@pytest.mark.parametrize("op,kw", [("MaxPool", {"n_out": 2}), ("AveragePool", {"count_include_pad": 0}),
+@pytest.mark.parametrize("op,kw", [("MaxPool", {"n_out": 2}), ("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}),
                                      ("AveragePool", {"count_include_pad": 1}), ("LpPool", {"p": 3})])
 def test_windows_larger_than_the_input_visit_only_its_elements(op, kw):
     """Kernels wider than the input, dilated, with padding on both sides: the loops take only the taps that land
@@ -419,3 +419,34 @@ def test_onnxruntimes_fused_conv_with_a_sum_input(act, params):
     ours = InferenceSession(m.SerializeToString()).run(None, feeds)[0]
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,k,s,pads,d", [
+    ((3, 1, 9, 14), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((2, 1, 7, 20), (2, 4), (1, 3), (0, 2, 1, 3), (2, 2)),
+    ((1, 3, 6, 7, 8), (2, 3, 2), (2, 1, 2), (1, 0, 1, 1, 1, 0), (1, 2, 1)),
+    ((2, 1, 3, 4), (2, 2), (1, 1), (3, 3, 3, 3), (1, 1)),  # pads past the kernel: windows that reach no element
+])
+def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shape, k, s, pads, d):
+    """MaxPool without indices takes the row kernel: the same outputs as the general kernel's max mode, NaN
+    (first or later in a window), infinities, ties and windows that reach no element included."""
+    import numba
+    from ops import pool
+    from ops._common import pad3, window_geometry
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[rng.choice(flat.size, flat.size // 6, replace=False)] = np.nan
+    flat[rng.choice(flat.size, flat.size // 8, replace=False)] = np.inf
+    flat[rng.choice(flat.size, flat.size // 8, replace=False)] = -np.inf
+    flat[rng.choice(flat.size, flat.size // 8, replace=False)] = 1.0
+    kk, ss, dd, pb, pe, osp = window_geometry("MaxPool", shape, list(k), "NOTSET", list(d), list(pads), list(s), False)
+    N, C = shape[:2]
+    xc = x.reshape((N * C, *pad3(shape[2:], 1)))
+    want = np.empty((N * C, *pad3(osp, 1)), np.float32)
+    got = np.full_like(want, 7.0)
+    pool._pool(xc, want, np.empty((1, 1, 1, 1), np.int64), 0, 0.0, pad3(kk, 1), pad3(ss, 1), pad3(pb, 0),
+               pad3(pe, 0), pad3(dd, 1), 0, False)
+    pool._max_rows(xc, got, pad3(kk, 1), pad3(ss, 1), pad3(pb, 0), pad3(dd, 1), numba.get_num_threads())
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(want).any() and np.isinf(want).any()

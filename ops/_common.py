@@ -232,6 +232,20 @@ def window_geometry(name, xshape, kernel, auto_pad="NOTSET", dilations=None, pad
 
 
 @njit(cache=True, nogil=True)
+def tap_runs(k, dil, pb, st, n, on):
+    """For each of the ``k`` taps along an axis of ``n`` inputs (dilation ``dil``, ``pb`` padding before, stride
+    ``st``) with ``on`` outputs: the outputs [lo, hi) whose input for that tap lies inside the axis, as two
+    arrays.  Row kernels run each tap over its run without a bounds test per element."""
+    los = np.empty(k, np.int64)
+    his = np.empty(k, np.int64)
+    for e in range(k):
+        off = e * dil - pb  # the input of output 0's tap
+        los[e] = max(0, -(off // st))
+        his[e] = min(on, (n - 1 - off) // st + 1) if n - 1 - off >= 0 else 0
+    return los, his
+
+
+@njit(cache=True, nogil=True)
 def window_taps(o0, dil, k, n, pe):
     """For a window from ``o0`` along an axis of ``n`` with ``pe`` padding at its end: the taps [t0, t1) that land
     inside the axis, and how many land before the padding's end (the taps an average with pads counts).  The

@@ -18,7 +18,7 @@ from numba import get_num_threads, njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _i16pairs
-from ._common import F32, as_int_list, lowp, pad3, window_geometry
+from ._common import F32, as_int_list, lowp, pad3, tap_runs, window_geometry
 from .registry import op
 
 __all__ = ["conv_nd", "conv_transpose_nd"]
@@ -148,12 +148,7 @@ def _depthwise_rows(x, w, out, ksz, st, pb, dil):
     of = out.reshape(-1)
     wf = w.reshape(-1)
     s2 = st[2]
-    los = np.empty(KW, np.int64)  # per width tap: the outputs whose input column lies inside the row
-    his = np.empty(KW, np.int64)
-    for e in range(KW):
-        off = e * dil[2] - pb[2]  # input column of output 0's tap
-        los[e] = max(0, -(off // s2))
-        his[e] = min(OW, (IW - 1 - off) // s2 + 1) if IW - 1 - off >= 0 else 0
+    los, his = tap_runs(KW, dil[2], pb[2], s2, IW, OW)  # per width tap: the outputs inside the row
     for nc in prange(N * C):
         c = nc % C
         xb = nc * ID * IH * IW

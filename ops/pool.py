@@ -13,7 +13,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, check_indices, lowp, pad3, window_geometry, window_taps
+from ._common import F32, as_int_list, check_indices, lowp, pad3, tap_runs, window_geometry, window_taps
 from .registry import op
 
 _OPTS = dict(cache=True, nogil=True)
@@ -83,12 +83,7 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     KD, KH, KW = ksz[0], ksz[1], ksz[2]
     s2 = st[2]
-    los = np.empty(KW, np.int64)  # per width tap: the outputs whose input column lies inside the row
-    his = np.empty(KW, np.int64)
-    for e in range(KW):
-        off = e * dil[2] - pb[2]
-        los[e] = max(0, -(off // s2))
-        his[e] = min(OW, (W - 1 - off) // s2 + 1) if W - 1 - off >= 0 else 0
+    los, his = tap_runs(KW, dil[2], pb[2], s2, W, OW)  # per width tap: the outputs inside the row
     xf = x.reshape(-1)
     of = out.reshape(-1)
     T = max(1, min(nthreads, NC))

@@ -43,8 +43,8 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "isolate_work
 _LEN = struct.Struct("<Q")
 _LOCK = threading.Lock()
 _DEFAULT_TIMEOUT = 120.0
-_START_TIMEOUT = 120.0  # the worker's own start (an interpreter importing onnx) on a loaded machine
-_READY = b"ready"       # the worker's first frame, once onnx is imported
+_START_TIMEOUT = 120.0  # the worker's own start (an interpreter loading onnx's extension) on a loaded machine
+_READY = b"ready"       # the worker's first frame, once its step files are loaded
 
 
 class IsolatedStepError(Exception):

@@ -138,9 +138,9 @@ def _depthwise_rows(x, w, out, ksz, st, pb, dil):
     output rows or column strides above 2 (``_depthwise_wide`` otherwise).  Channels run in parallel; each
     output row takes its taps in order (depth, height, width), each tap over the run of outputs whose input
     lies inside the row, so every output sums the taps it had alone, in the same order, and the inner loop is
-    a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would
-    count references on the shared array from every thread; unsigned, so that Numba adds no negative-index
-    wraparound, which keeps the inner loop from vectorizing (each index is in range by construction)."""
+    a contiguous axpy.  Flat indices, not views: a view inside the parallel loop would count references on the
+    shared array from every thread; unsigned, so that Numba adds no negative-index wraparound, which keeps the
+    inner loop from vectorizing (each index is in range by construction)."""
     N, C, OD, OH, OW = out.shape
     ID, IH, IW = x.shape[2], x.shape[3], x.shape[4]
     KD, KH, KW = ksz[0], ksz[1], ksz[2]

@@ -421,13 +421,14 @@ def test_onnxruntimes_fused_conv_with_a_sum_input(act, params):
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape,k,s,pads,d", [
-    ((3, 1, 9, 14), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
-    ((2, 1, 7, 20), (2, 4), (1, 3), (0, 2, 1, 3), (2, 2)),
-    ((1, 3, 6, 7, 8), (2, 3, 2), (2, 1, 2), (1, 0, 1, 1, 1, 0), (1, 2, 1)),
-    ((2, 1, 3, 4), (2, 2), (1, 1), (3, 3, 3, 3), (1, 1)),  # pads past the kernel: windows that reach no element
+@pytest.mark.parametrize("shape,k,s,pads,d,ceil", [
+    ((3, 1, 9, 14), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+    ((2, 1, 7, 20), (2, 4), (1, 3), (0, 2, 1, 3), (2, 2), False),
+    ((1, 3, 6, 7, 8), (2, 3, 2), (2, 1, 2), (1, 0, 1, 1, 1, 0), (1, 2, 1), False),
+    ((2, 1, 3, 4), (2, 2), (1, 1), (3, 3, 3, 3), (1, 1), False),  # pads past the kernel: windows reaching nothing
+    ((2, 2, 10, 11), (3, 2), (3, 2), (0, 1, 0, 0), (1, 1), True),  # ceil_mode: last windows past the end
 ])
-def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shape, k, s, pads, d):
+def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shape, k, s, pads, d, ceil):
     """MaxPool without indices takes the row kernel: the same outputs as the general kernel's max mode, NaN
     (first or later in a window), infinities, ties and windows that reach no element included."""
     import numba
@@ -440,7 +441,7 @@ def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shap
     flat[rng.choice(flat.size, flat.size // 8, replace=False)] = np.inf
     flat[rng.choice(flat.size, flat.size // 8, replace=False)] = -np.inf
     flat[rng.choice(flat.size, flat.size // 8, replace=False)] = 1.0
-    kk, ss, dd, pb, pe, osp = window_geometry("MaxPool", shape, list(k), "NOTSET", list(d), list(pads), list(s), False)
+    kk, ss, dd, pb, pe, osp = window_geometry("MaxPool", shape, list(k), "NOTSET", list(d), list(pads), list(s), ceil)
     N, C = shape[:2]
     xc = x.reshape((N * C, *pad3(shape[2:], 1)))
     want = np.empty((N * C, *pad3(osp, 1)), np.float32)

@@ -198,7 +198,9 @@ def _depthwise_wide(x, w, out, ksz, st, pb, dil, nthreads):
     RH = ((OH - 1) * s1 + (KH - 1) * dil[1] + 1 + s1 - 1) // s1  # rows of a phase plane
     RW = ((OW - 1) * s2 + (KW - 1) * dil[2] + 1 + s2 - 1) // s2  # columns of a phase plane (the laid-out width)
     PS = RH * RW + RW  # a plane's length: a tap's stretch may run up to RW - 1 past its last row
-    RB = max(1, _DW_BLOCK // RW)  # output rows per block
+    # output rows per block; with depth taps, one block per output plane, so that each depth tap's planes are
+    # made once (the sums and their order do not depend on the blocks)
+    RB = OH if KD > 1 else max(1, _DW_BLOCK // RW)
     NC = N * C
     T = max(1, min(nthreads, NC))
     xf = x.reshape(-1)
@@ -210,11 +212,6 @@ def _depthwise_wide(x, w, out, ksz, st, pb, dil, nthreads):
         for nc in range(t * NC // T, (t + 1) * NC // T):
             c = nc % C
             for od in range(OD):
-                zis = 0
-                for a in range(KD):
-                    zi = od * st[0] - pb[0] + a * dil[0]
-                    if 0 <= zi < ID:
-                        zis += 1
                 for h0 in range(0, OH, RB):
                     n = (min(OH, h0 + RB) - h0) * RW
                     acc[:n] = 0
@@ -222,7 +219,7 @@ def _depthwise_wide(x, w, out, ksz, st, pb, dil, nthreads):
                         zi = od * st[0] - pb[0] + a * dil[0]
                         if zi < 0 or zi >= ID:
                             continue
-                        if h0 == 0 or zis > 1:  # one depth tap: its planes stay made for every block
+                        if h0 == 0:  # (KD is 1 when there are later blocks: the planes stay made for them)
                             _phase_planes(xf, (nc * ID + zi) * x.shape[3] * x.shape[4], x.shape[3], x.shape[4],
                                           planes, RH, RW, PS, s1, s2, pb[1], pb[2])
                         for b in range(KH):

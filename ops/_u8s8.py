@@ -1,4 +1,4 @@
-"""uint8 x int8 products summed as onnxruntime's MLAS sums them on x86 hosts without VNNI: ``vpmaddubsw``.
+"""uint8 x int8 products summed as onnxruntime's MLAS sums them on x86 hosts: ``vpmaddubsw``, or ``vpdpbusd``.
 
 ``vpmaddubsw`` multiplies 32 unsigned bytes by 32 signed bytes and adds each adjacent pair of products into
 16 bits with saturation; ``vpmaddwd`` against ones then adds the two pair sums of each 32-bit lane exactly.
@@ -13,9 +13,13 @@ zero weight adds a zero product, so a pair with a padded k sums as the lone prod
 Wp, out)`` writes ``out[m, 8g + i]`` (int32) = the saturated pair sums of uint8 row ``A[m]`` (``4 * K4``
 codes, zeros past K) against column ``8g + i``.  On hosts with AVX2 it is a Numba intrinsic emitting
 ``vpmaddubsw``/``vpmaddwd``; elsewhere ``sat_gemm_portable``, the same integers from a Numba loop (tests
-compare the two on AVX2 hosts); ``sat_gemm_rows`` spreads rows over the threads.  ``SATURATES``: whether
-onnxruntime's uint8 x int8 products saturate on this host, so that its LSTM, MatMulInteger and QLinearMatMul
-results are reproduced by these kernels.
+compare the two on AVX2 hosts).  ``SATURATES``: whether onnxruntime's uint8 x int8 products saturate on this
+host, so that its LSTM, MatMulInteger and QLinearMatMul results are reproduced by these kernels.
+
+On hosts with VNNI, MLAS adds every product exactly (``vpdpbusd``, 4 products per 32-bit lane); ``dot_gemm``
+runs that instruction over the same packed weights (``dot_gemm_portable`` elsewhere), so the exact product
+costs one instruction per 32 products there instead of the int16 pairs' two.  ``host_gemm`` is the host's
+form (saturating or exact; meaningful where ``PACKED``), ``host_gemm_rows`` spreads its rows over the threads.
 
 Invariant: callers pass C-contiguous arrays of the shapes above (``out`` [M, 8G], ``A`` [M, 4 K4]); the
 kernels read and write nothing else.
@@ -30,10 +34,11 @@ from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_rows", "sat_gemm_portable",
-           "AVX2", "SATURATES"]
+__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_portable",
+           "dot_gemm", "dot_gemm_portable", "host_gemm", "host_gemm_rows", "AVX2", "VNNI", "SATURATES", "PACKED"]
 
 AVX2 = _simd.AVX2
+VNNI = _simd.VNNI
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8 = ir.VectorType(_I8, 32)
@@ -151,18 +156,45 @@ def _sat_gemm_host(A, Wp, out):
 
 sat_gemm = _sat_gemm_host if AVX2 else sat_gemm_portable
 
-_ROWS = 64  # rows of A per task of ``sat_gemm_rows``
 
-
-@njit(cache=True, nogil=True, parallel=True)
-def sat_gemm_rows(A, Wp, out):
-    """``sat_gemm`` in tasks of ``_ROWS`` rows over the threads."""
+@njit(cache=True, nogil=True)
+def dot_gemm_portable(A, Wp, out):
+    """``dot_gemm`` by a Numba loop: every product added exactly in 32 bits."""
     M = A.shape[0]
-    for c in prange((M + _ROWS - 1) // _ROWS):
-        r0 = c * _ROWS
-        r1 = min(M, r0 + _ROWS)
-        sat_gemm(A[r0:r1], Wp, out[r0:r1])
+    G, K4 = Wp.shape[0], Wp.shape[1]
+    for m in range(M):
+        for g in range(G):
+            for i in range(8):
+                acc = np.int32(0)
+                for kk in range(K4):
+                    for t in range(4):
+                        acc += np.int32(A[m, 4 * kk + t]) * np.int32(Wp[g, kk, 4 * i + t])
+                out[m, 8 * g + i] = acc
 
+
+def _dpbusd(builder, av, wv):
+    """The 4 uint8 x int8 products of each lane added exactly (``vpdpbusd`` into zero; the caller's add keeps the
+    accumulator's chain one cycle long)."""
+    dp = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [_V8I32, _V8I32, _V8I32])
+    return builder.call(dp, [ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), av, builder.bitcast(wv, _V8I32)])
+
+
+@intrinsic
+def _dot_gemm_vnni(typingctx, a, w, out, g0, g1):
+    sig = lane_gemm_signature(a, w, out, g0, g1, types.uint8, types.int8)
+    if sig is None:
+        return None
+    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _dpbusd)
+
+
+@njit(cache=True, nogil=True)
+def _dot_gemm_host(A, Wp, out):
+    _dot_gemm_vnni(A, Wp, out, 0, Wp.shape[0])
+
+
+# ``dot_gemm(A, Wp, out)``: ``sat_gemm``'s operands and layout, every product added exactly (as onnxruntime's
+# MLAS adds them with VNNI); on VNNI hosts ``vpdpbusd``, 32 products per instruction.
+dot_gemm = _dot_gemm_host if VNNI else dot_gemm_portable
 
 def _host_saturates() -> bool:
     """Whether onnxruntime's uint8 x int8 products saturate here: MLAS sums them by ``vpmaddubsw`` (adjacent
@@ -180,3 +212,21 @@ def _host_saturates() -> bool:
 
 
 SATURATES = _host_saturates()
+
+# Whether int8-weight products take the packed uint8 x int8 form here: with the saturating pair sums where
+# onnxruntime's are saturated, exactly by ``vpdpbusd`` on VNNI hosts.  ``host_gemm`` is that product (only
+# meaningful where ``PACKED``); elsewhere callers take the exact int16 pairs of ``ops._i16pairs``.
+PACKED = SATURATES or VNNI
+host_gemm = sat_gemm if SATURATES else dot_gemm
+
+_ROWS = 64  # rows of A per task of ``host_gemm_rows``
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def host_gemm_rows(A, Wp, out):
+    """``host_gemm`` in tasks of ``_ROWS`` rows over the threads."""
+    M = A.shape[0]
+    for c in prange((M + _ROWS - 1) // _ROWS):
+        r0 = c * _ROWS
+        r1 = min(M, r0 + _ROWS)
+        host_gemm(A[r0:r1], Wp, out[r0:r1])

@@ -439,8 +439,8 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
     A3, B3, o3 = A.reshape(-1, m, k), B.reshape(-1, k, n), o.reshape(-1, m, n)
     # a node's cache holds the packed forms of the first B it sees (an initializer); other Bs pack per run
     cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
-    if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.SATURATES:
-        _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, cache)
+    if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.PACKED:
+        _bmm_u8s8(A3, B3, za2, zb2, ia, ib, o3, cache)
     else:
         _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, cache)
     return o
@@ -470,10 +470,10 @@ def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
             o3[t] = acc[:, :n]
 
 
-def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
-    """``_bmm_exact``'s product as onnxruntime computes uint8 x int8 on hosts where it saturates (``_u8s8``): the
-    raw codes' pair sums saturated to 16 bits, then the zero points through row and column sums (exact
-    int32).  ``packed`` maps B's batch index to (``("u8s8",)``, its packed form, its column sums), filled here."""
+def _bmm_u8s8(A3, B3, za2, zb2, ia, ib, o3, packed):
+    """``_bmm_exact``'s product as onnxruntime computes uint8 x int8 on hosts with AVX2 (``_u8s8.host_gemm``):
+    the raw codes' products (their pair sums saturated to 16 bits where onnxruntime's are, exact by
+    ``vpdpbusd`` on VNNI hosts), then the zero points through row and column sums (exact int32).  ``packed`` maps B's batch index to (``("u8s8",)``, its packed form, its column sums), filled here."""
     nb, m, n = o3.shape
     k = A3.shape[2]
     k4, g = -(-k // 4), -(-n // 8)
@@ -485,7 +485,7 @@ def _bmm_u8s8_saturating(A3, B3, za2, zb2, ia, ib, o3, packed):
         if got is None or got[0] != "u8s8":
             got = packed[int(ib[t])] = ("u8s8", _u8s8.pack(b), b.sum(axis=0, dtype=np.int32))
         ap[:, :k] = a
-        _u8s8.sat_gemm_rows(ap, got[1], acc)
+        _u8s8.host_gemm_rows(ap, got[1], acc)
         _zero_point_terms(acc, a, got[2], za2[ia[t] if za2.shape[0] > 1 else 0],
                           zb2[ib[t] if zb2.shape[0] > 1 else 0], o3[t])
 

@@ -22,7 +22,8 @@ DynamicQuantizeLSTM reproduces onnxruntime's integer arithmetic: X quantized to 
 hidden state again at every step (range widened to hold 0, scale (max - min) / 255, round half to even), the
 products exact (``ops._i16pairs``), or, for int8 weights on x86 hosts without VNNI where MLAS sums adjacent
 pairs by ``vpmaddubsw``, with that 16-bit saturation (``MLAS_U8S8_SATURATES``, detected at import; the products
-then run on that instruction too, ``ops._u8s8``); each product scaled per column in float32.  The directions of a
+then run on that instruction too, ``ops._u8s8``), and for int8 weights on VNNI hosts exactly by ``vpdpbusd``;
+each product scaled per column in float32.  The directions of a
 bidirectional node run side by side on the threads.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from . import _i16pairs, _u8s8
 from ._common import F32, lowp
 from ._fastmath import fsigmoid_mlas, ftanh
 from ._i16pairs import gemm as gemm16
-from ._u8s8 import sat_gemm
+from ._u8s8 import dot_gemm, sat_gemm
 from .registry import op
 
 __all__ = ["RNN", "GRU", "LSTM"]  # and com.microsoft DynamicQuantizeLSTM (registered at the end)
@@ -181,36 +182,54 @@ def _gate_inputs(xw, hr, B, P, cp, d, row, b, j):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y):
-    """``_lstm_cells`` for the default activations (Sigmoid, Tanh, Tanh) without clip: every value in the arrays'
-    float type, and the loop over the hidden units free of per-element dispatch, so it vectorizes."""
+def _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y, g):
+    """``_lstm_cells`` for the default activations (Sigmoid, Tanh, Tanh) without clip, in the arrays' float type.
+    Each stage is its own loop over contiguous rows that writes one array (the gate sums ``g`` [4H], scratch,
+    then the gates in place, the cell, the hidden state), so each vectorizes: a loop that wrote c, h and Y
+    together read too many arrays for the vectorizer's overlap checks, and ran one unit at a time.  The sums
+    are formed in ``_gate_inputs``' order, so the bits are the same."""
     batch, H = h.shape
+    G = 4 * H
     one = np.float32(1.0)  # 1 in float32 and in float64 alike
+    Bd = B[d]
+    Pd = P[d]
     for b in range(batch):
         t = _time_of(s, seqlens[b], rev[d])
         if t < 0:
             continue
-        row = t * batch + b
+        xr = xw[t * batch + b]
+        hb = hr[b]
+        for k in range(G):
+            g[k] = xr[k] + hb[k] + Bd[k] + Bd[G + k]
+        cb = c[b]
         for j in range(H):
-            cp = c[b, j]
-            gi, go, gf, gc = _gate_inputs(xw, hr, B, P, cp, d, row, b, j)
-            i = fsigmoid_mlas(gi)
-            f = one - i if input_forget else fsigmoid_mlas(gf)
-            cn = f * cp + i * ftanh(gc)
-            o = fsigmoid_mlas(go + P[d, H + j] * cn)
-            hn = o * ftanh(cn)
-            c[b, j] = cn
-            h[b, j] = hn
-            Y[t, d, b, j] = hn
+            g[j] = fsigmoid_mlas(g[j] + Pd[j] * cb[j])
+        if input_forget:
+            for j in range(H):
+                g[2 * H + j] = one - g[j]
+        else:
+            for j in range(H):
+                g[2 * H + j] = fsigmoid_mlas(g[2 * H + j] + Pd[2 * H + j] * cb[j])
+        for j in range(H):
+            cb[j] = g[2 * H + j] * cb[j] + g[j] * ftanh(g[3 * H + j])
+        for j in range(H):
+            g[H + j] = fsigmoid_mlas(g[H + j] + Pd[H + j] * cb[j])
+        hn = h[b]
+        for j in range(H):
+            hn[j] = g[H + j] * ftanh(cb[j])
+        yb = Y[t, d, b]
+        for j in range(H):
+            yb[j] = hn[j]
 
 
 @njit(cache=True, nogil=True)
-def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y):
+def _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y, g):
     """Step ``s`` of direction ``d`` for every batch row: gates from the input projection ``xw`` and the
-    recurrence ``hr`` (bias and peepholes added here), then the new cell ``c`` and hidden ``h``."""
+    recurrence ``hr`` (bias and peepholes added here), then the new cell ``c`` and hidden ``h``.  ``g`` is
+    scratch of 4H values in xw's type."""
     batch, H = h.shape
     if clip == 0 and acts[d, 0] == 2 and acts[d, 1] == 1 and acts[d, 2] == 1:
-        _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y)
+        _lstm_cells_std(xw, hr, B, P, c, h, d, s, seqlens, rev, input_forget, Y, g)
         return
     cf, af, bf = acts[d, 0], alphas[d, 0], betas[d, 0]
     cg, ag, bg = acts[d, 1], alphas[d, 1], betas[d, 1]
@@ -240,9 +259,10 @@ def _lstm_kernel(X, W, R, B, seqlens, h0, c0, P, rev, acts, alphas, betas, clip,
         xw = _input_proj(X, W, d)
         h = h0[d].copy()
         c = c0[d].copy()
+        g = np.empty(xw.shape[1], xw.dtype)
         for s in range(seq):
             hr = np.dot(h, R[d].T)
-            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
+            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y, g)
         Yh[d] = h
         Yc[d] = c
 
@@ -277,14 +297,18 @@ def _quantize_u8(x, codes, q):
 
 
 @njit(cache=True, nogil=True)
-def _qproduct(codes, q, zp, W8, W16, colsum, saturate, scale, wscale, acc, out):
+def _qproduct(codes, q, zp, W8, W16, colsum, form, scale, wscale, acc, out):
     """out = float32(the integer product) * float32(scale * wscale[col]), as onnxruntime's quantized GEMM writes
-    it: when ``saturate``, the uint8 ``codes`` against the packed int8 weights ``W8`` summed as MLAS sums them
-    (``_u8s8.sat_gemm``) less ``zp`` times the column sums; otherwise the exact product of the codes minus
+    it.  ``form`` (see ``_quantized_weights``) ``_SATURATING`` or ``_DOTS``: the uint8 ``codes`` against the
+    packed int8 weights ``W8`` (``_u8s8.sat_gemm``'s saturated pair sums, or ``_u8s8.dot_gemm``'s exact
+    ``vpdpbusd`` sums) less ``zp`` times the column sums; ``_PAIRS16``: the exact product of the codes minus
     their zero points ``q`` and ``W16`` (``_i16pairs.gemm``).  ``acc`` is the int32 scratch."""
     M, N = out.shape
-    if saturate:
-        sat_gemm(codes, W8, acc)
+    if form != _PAIRS16:
+        if form == _SATURATING:
+            sat_gemm(codes, W8, acc)
+        else:
+            dot_gemm(codes, W8, acc)
         for i in range(M):
             for j in range(N):
                 out[i, j] = np.float32(np.float64(acc[i, j]) - zp * colsum[j]) * np.float32(scale * wscale[j])
@@ -296,7 +320,7 @@ def _qproduct(codes, q, zp, W8, W16, colsum, saturate, scale, wscale, acc, out):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _qlstm_kernel(X, W8, W16, wcol, wsat, wscale, R8, R16, rcol, rsat, rscale, B, seqlens, h0, c0, P, rev, acts,
+def _qlstm_kernel(X, W8, W16, wcol, wform, wscale, R8, R16, rcol, rform, rscale, B, seqlens, h0, c0, P, rev, acts,
                   alphas, betas, clip, input_forget, Y, Yh, Yc):
     """LSTM with int8/uint8 weights (``W8``/``W16`` [D, ...], ``R8``/``R16``: their ``_quantized_weights`` forms)
     as onnxruntime's DynamicQuantizeLSTM runs it: X quantized once (all steps together), the hidden state
@@ -306,25 +330,27 @@ def _qlstm_kernel(X, W8, W16, wcol, wsat, wscale, R8, R16, rcol, rsat, rscale, B
     D, _, H = h0.shape
     G = 4 * H
     x2 = X.reshape(seq * batch, nin)
-    xc = np.zeros((seq * batch if wsat else 0, 4 * W8.shape[2]), np.uint8)
-    xq = np.zeros((0 if wsat else seq * batch, 2 * W16.shape[2]), np.int16)
+    w8, r8 = wform != _PAIRS16, rform != _PAIRS16
+    xc = np.zeros((seq * batch if w8 else 0, 4 * W8.shape[2]), np.uint8)
+    xq = np.zeros((0 if w8 else seq * batch, 2 * W16.shape[2]), np.int16)
     sx, zx = _quantize_u8(x2, xc, xq)
-    wgroups = W8.shape[1] if wsat else W16.shape[1]
-    rgroups = R8.shape[1] if rsat else R16.shape[1]
+    wgroups = W8.shape[1] if w8 else W16.shape[1]
+    rgroups = R8.shape[1] if r8 else R16.shape[1]
     for d in prange(D):
         xw = np.empty((seq * batch, G), np.float32)
         xacc = np.empty((seq * batch, 8 * wgroups), np.int32)
-        _qproduct(xc, xq, zx, W8[d], W16[d], wcol[d], wsat, sx, wscale[d], xacc, xw)
-        hc = np.zeros((batch if rsat else 0, 4 * R8.shape[2]), np.uint8)
-        hq = np.zeros((0 if rsat else batch, 2 * R16.shape[2]), np.int16)
+        _qproduct(xc, xq, zx, W8[d], W16[d], wcol[d], wform, sx, wscale[d], xacc, xw)
+        hc = np.zeros((batch if r8 else 0, 4 * R8.shape[2]), np.uint8)
+        hq = np.zeros((0 if r8 else batch, 2 * R16.shape[2]), np.int16)
         hacc = np.empty((batch, 8 * rgroups), np.int32)
         hr = np.empty((batch, G), np.float32)
         h = h0[d].copy()
         c = c0[d].copy()
+        g = np.empty(G, np.float32)
         for s in range(seq):
             sh, zh = _quantize_u8(h, hc, hq)
-            _qproduct(hc, hq, zh, R8[d], R16[d], rcol[d], rsat, sh, rscale[d], hacc, hr)
-            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y)
+            _qproduct(hc, hq, zh, R8[d], R16[d], rcol[d], rform, sh, rscale[d], hacc, hr)
+            _lstm_cells(xw, hr, B, P, c, h, d, s, seqlens, rev, acts, alphas, betas, clip, input_forget, Y, g)
         Yh[d] = h
         Yc[d] = c
 
@@ -491,10 +517,10 @@ for _v in (7, 14):
 def _quantized_weights(name, Wq, scale, zero, D, N):
     """The weights' packed forms and the scale per output column float32 [D, N], checked as onnxruntime checks
     them: scale and zero point of shape [D] (per tensor) or [D, N] (per column), the zero point 0 for int8 codes
-    and one value per direction for uint8.  Where the products saturate (int8 codes, ``MLAS_U8S8_SATURATES``)
-    the codes packed for ``_u8s8`` [D, G, K4, 32]; elsewhere the codes minus the zero point packed for
-    ``_i16pairs`` [D, G, K2, 16].  Returns (int8 form, int16 form; the unused one empty), the column sums of the
-    codes, whether the products saturate, and the scales."""
+    and one value per direction for uint8.  int8 codes are packed for ``_u8s8`` [D, G, K4, 32] where the
+    products saturate (``MLAS_U8S8_SATURATES``: form ``_SATURATING``) or the host has ``vpdpbusd`` (``_DOTS``,
+    exact); other codes, minus the zero point, for ``_i16pairs`` [D, G, K2, 16] (``_PAIRS16``, exact).  Returns
+    (int8 form, int16 form; the unused one empty), the column sums of the codes, the form, and the scales."""
     if Wq.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
         raise InvalidArgumentError(f"DynamicQuantizeLSTM: {name} must be int8 or uint8, got {Wq.dtype}")
     for what, t in (("scale", scale), ("zero point", zero)):
@@ -512,17 +538,20 @@ def _quantized_weights(name, Wq, scale, zero, D, N):
     codes = Wq.astype(np.int16) - z[:, :1, None]
     sc = np.ascontiguousarray(np.broadcast_to(scale.reshape(D, -1).astype(F32), (D, N)))
     colsum = np.ascontiguousarray(codes.sum(axis=1, dtype=np.int32))
-    saturate = bool(Wq.dtype == np.int8 and MLAS_U8S8_SATURATES)
-    if saturate:
+    form = _PAIRS16
+    if Wq.dtype == np.int8:
+        form = _SATURATING if MLAS_U8S8_SATURATES else _DOTS if _u8s8.VNNI else _PAIRS16
+    if form != _PAIRS16:
         p8 = np.stack([_u8s8.pack(Wq[d]) for d in range(D)])
         p16 = np.zeros((D, 0, 0, 16), np.int16)
     else:
         p8 = np.zeros((D, 0, 0, 32), np.int8)
         p16 = np.stack([_i16pairs.pack(codes[d]) for d in range(D)])
-    return p8, p16, colsum, saturate, sc
+    return p8, p16, colsum, form, sc
 
 
 MLAS_U8S8_SATURATES = _u8s8.SATURATES
+_PAIRS16, _SATURATING, _DOTS = 0, 1, 2  # the product forms of ``_qproduct``
 
 
 def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=None, activations=None, clip=None,
@@ -548,14 +577,14 @@ def _dynamic_quantize_lstm_factory(ctx, activation_alpha=None, activation_beta=N
                 raise InvalidArgumentError(f"DynamicQuantizeLSTM: input {name} is required")
         p = _Prep("DynamicQuantizeLSTM", 4, X, W, R, B, sequence_lens, initial_h, direction, hidden_size, 0,
                   quantized=True)
-        (W8, W16, wcol, wsat, wsc), (R8, R16, rcol, rsat, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
+        (W8, W16, wcol, wform, wsc), (R8, R16, rcol, rform, rsc) = prepared(W, R, W_scale, W_zero_point, R_scale,
                                                                         R_zero_point, p.D, 4 * p.H)
         codes, al, be = _activations("DynamicQuantizeLSTM", activations, activation_alpha, activation_beta,
                                      ("Sigmoid", "Tanh", "Tanh"), p.D)
         c0 = p.state("DynamicQuantizeLSTM", initial_c, "initial_c")
         Pm = p.peepholes("DynamicQuantizeLSTM", P)
         Yc = np.empty_like(p.Yh)
-        _qlstm_kernel(p.X, W8, W16, wcol, wsat, wsc, R8, R16, rcol, rsat, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
+        _qlstm_kernel(p.X, W8, W16, wcol, wform, wsc, R8, R16, rcol, rform, rsc, p.B, p.seqlens, p.h0, c0, Pm, p.rev,
                       codes, al, be, p.dt.type(_clip(clip)), bool(input_forget), p.Y, p.Yh, Yc)
         return p.finish(ctx, p.Yh, Yc)
 

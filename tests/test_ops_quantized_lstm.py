@@ -126,3 +126,23 @@ def test_saturating_pairs_are_the_exact_integers(K, full, kernel):
     pairs = a2[:, 0::2, None] * w2[None, 0::2] + a2[:, 1::2, None] * w2[None, 1::2]
     assert (np.abs(pairs) > 32767).any()
     np.testing.assert_array_equal(out[:, :37], np.clip(pairs, -32768, 32767).sum(1))
+
+
+@pytest.mark.parametrize("K", [7, 600, 1101])
+@pytest.mark.parametrize("kernel", ["dot_gemm", "dot_gemm_portable"])
+def test_dot_products_are_the_exact_integers(K, kernel):
+    """``_u8s8``'s exact products (``vpdpbusd`` on VNNI hosts, the portable loop elsewhere) over the same packed
+    weights: every uint8 x int8 product added in 32 bits, the sums that saturate in pairs included; a K that is
+    not a multiple of 4 leaves zero-padded codes, 37 columns a part-filled group."""
+    from ops import _u8s8
+    rng = np.random.default_rng(K + 1)
+    a = rng.integers(0, 256, (3, K))
+    w = rng.integers(-128, 128, (K, 37))
+    a[0] = 255
+    w[:, 0] = 127
+    wp = _u8s8.pack(w.astype(np.int8))
+    ap = np.zeros((3, 4 * wp.shape[1]), np.uint8)
+    ap[:, :K] = a
+    out = np.empty((3, 8 * wp.shape[0]), np.int32)
+    getattr(_u8s8, kernel)(ap, wp, out)
+    np.testing.assert_array_equal(out[:, :37], a @ w)

@@ -72,7 +72,7 @@ def gated_flat(g, u, y, act):
             y[i] = _act(g[i], act) * u[i]
         return
     for t in prange((n + _CHUNK - 1) // _CHUNK):
-        for i in range(t * _CHUNK, min(n, (t + 1) * _CHUNK)):
+        for i in range(np.uint64(t * _CHUNK), np.uint64(min(n, (t + 1) * _CHUNK))):  # unsigned: vectorizes
             y[i] = _act(g[i], act) * u[i]
 
 

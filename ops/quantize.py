@@ -118,7 +118,8 @@ _CHUNK = 1 << 16  # elements per task of the DynamicQuantizeLinear passes
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _range_with_zero(x):
     """(min, max) of flat float32 ``x`` and 0, NaNs ignored: chunks over the threads, each a vectorized
-    ``minnum``/``maxnum`` reduction."""
+    ``minnum``/``maxnum`` reduction (over unsigned indices: a signed one that Numba cannot prove nonnegative
+    keeps its negative-index wraparound, and the loop scalar)."""
     n = x.shape[0]
     nc = (n + _CHUNK - 1) // _CHUNK
     mins = np.zeros(nc, np.float32)
@@ -126,7 +127,7 @@ def _range_with_zero(x):
     for c in prange(nc):
         mn = np.float32(0.0)
         mx = np.float32(0.0)
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+        for i in range(np.uint64(c * _CHUNK), np.uint64(min(n, (c + 1) * _CHUNK))):
             mn = minnum(mn, x[i])
             mx = maxnum(mx, x[i])
         mins[c] = mn
@@ -142,12 +143,13 @@ def _range_with_zero(x):
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _codes_u8(x, scale, zp, out):
     """out = clip(rint(x / scale) + zp, 0, 255) over flat float32 ``x`` (NaN gives 0), in vectorized chunks
-    over the threads: ``_quant_int``'s values for one scale and zero point."""
+    over the threads (unsigned indices, as in ``_range_with_zero``): ``_quant_int``'s values for one scale and
+    zero point."""
     n = x.shape[0]
     lo = -zp
     hi = np.float32(255.0) - zp
     for c in prange((n + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+        for i in range(np.uint64(c * _CHUNK), np.uint64(min(n, (c + 1) * _CHUNK))):
             v = np.rint(x[i] / scale)
             v = max(v, lo)  # a NaN compares false: lo
             v = min(v, hi)

@@ -19,7 +19,7 @@ host, so that its LSTM, MatMulInteger and QLinearMatMul results are reproduced b
 On hosts with VNNI, MLAS adds every product exactly (``vpdpbusd``, 4 products per 32-bit lane); ``dot_gemm``
 runs that instruction over the same packed weights (``dot_gemm_portable`` elsewhere), so the exact product
 costs one instruction per 32 products there instead of the int16 pairs' two.  ``host_gemm`` is the host's
-form (saturating or exact; meaningful where ``PACKED``), ``host_gemm_rows`` spreads its rows over the threads.
+form (saturating or exact; meaningful where ``PACKED``), ``host_gemm_tasks`` spreads it over the threads.
 
 Invariant: callers pass C-contiguous arrays of the shapes above (``out`` [M, 8G], ``A`` [M, 4 K4]); the
 kernels read and write nothing else.
@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 from . import _simd
 
 __all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_portable",
-           "dot_gemm", "dot_gemm_portable", "host_gemm", "host_gemm_rows", "AVX2", "VNNI", "SATURATES", "PACKED"]
+           "dot_gemm", "dot_gemm_portable", "host_gemm", "host_gemm_tasks", "zero_point_terms", "AVX2", "VNNI", "SATURATES", "PACKED"]
 
 AVX2 = _simd.AVX2
 VNNI = _simd.VNNI
@@ -65,10 +65,15 @@ def pack(W: np.ndarray) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def sat_gemm_portable(A, Wp, out):
     """``sat_gemm`` by a Numba loop: each pair of products added in 32 bits, then clamped to int16."""
+    _sat_part_portable(A, Wp, out, 0, Wp.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _sat_part_portable(A, Wp, out, g0, g1):
     M = A.shape[0]
-    G, K4 = Wp.shape[0], Wp.shape[1]
+    K4 = Wp.shape[1]
     for m in range(M):
-        for g in range(G):
+        for g in range(g0, g1):
             for i in range(8):
                 acc = np.int32(0)
                 for kk in range(K4):
@@ -84,11 +89,17 @@ def _intrinsic_fn(builder, name, ret, args):
     return mod.globals.get(name) or ir.Function(mod, ir.FunctionType(ret, args), name)
 
 
+_ROW_BLOCK, _GROUP_BLOCK = 4, 2  # rows x column groups per block of ``emit_lane_gemm``: 8 accumulators
+
+
 def emit_lane_gemm(context, builder, sig, args, product):
     """The IR of a lane product over packed weights (``pack_lanes``): for column groups g in [args[3],
     args[4]) and every row m of ``A`` (args[0], 4 bytes of it per k step, broadcast to the 8 lanes), the int32
     lane sums ``product(builder, a, w)`` of that broadcast (<8 x i32>) against group g's next 32 bytes of
-    weights (args[1], a <32 x i8> load) accumulated over the k steps, stored to ``out[m, 8g:8g + 8]`` (args[2])."""
+    weights (args[1], a <32 x i8> load) accumulated over the k steps, stored to ``out[m, 8g:8g + 8]`` (args[2]).
+    Blocks of 4 rows by 2 groups share each load (the weights' once per 4 rows, a row's broadcast once per 2
+    groups) and keep 8 independent accumulators; the rows and the group past whole blocks take smaller blocks.
+    The sums of one lane are added in k order whatever the block, so every block gives the same integers."""
     A, W, O = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:3], args[:3]))
     M, Kp = cgutils.unpack_tuple(builder, A.shape, 2)
     _, steps, _ = cgutils.unpack_tuple(builder, W.shape, 3)
@@ -102,24 +113,50 @@ def emit_lane_gemm(context, builder, sig, args, product):
     def c(v):
         return ir.Constant(intp, v)
     i8p = _I8.as_pointer()
-    accp = cgutils.alloca_once(builder, _V8I32)
-    with cgutils.for_range_slice(builder, lo, hi, c(1), intp=intp) as (g, _):
-        wbase = builder.gep(builder.bitcast(W.data, i8p), [builder.mul(g, builder.mul(steps, c(32)))])
-        with cgutils.for_range(builder, M, intp=intp) as lm:
-            abase = builder.gep(builder.bitcast(A.data, i8p), [builder.mul(lm.index, builder.mul(Kp, c(abytes)))])
-            builder.store(ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), accp)
-            with cgutils.for_range(builder, steps, intp=intp) as lk:
-                k = lk.index
-                a4 = builder.load(builder.bitcast(builder.gep(abase, [builder.mul(k, c(4))]), _I32.as_pointer()),
-                                  align=abytes)
+    zero = ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8)
+    accs = [[cgutils.alloca_once(builder, _V8I32) for _ in range(_GROUP_BLOCK)] for _ in range(_ROW_BLOCK)]
+    wstride = builder.mul(steps, c(32))
+    arow = builder.mul(Kp, c(abytes))
+
+    def block(g, m, nr, ng):
+        """Rows [m, m + nr) against groups [g, g + ng)."""
+        wbase = [builder.gep(builder.bitcast(W.data, i8p), [builder.mul(builder.add(g, c(j)), wstride)])
+                 for j in range(ng)]
+        abase = [builder.gep(builder.bitcast(A.data, i8p), [builder.mul(builder.add(m, c(r)), arow)])
+                 for r in range(nr)]
+        for r in range(nr):
+            for j in range(ng):
+                builder.store(zero, accs[r][j])
+        with cgutils.for_range(builder, steps, intp=intp) as lk:
+            k = lk.index
+            wv = [builder.load(builder.bitcast(builder.gep(wb, [builder.mul(k, c(32))]), _V32I8.as_pointer()),
+                               align=wbytes) for wb in wbase]
+            for r in range(nr):
+                a4 = builder.load(builder.bitcast(builder.gep(abase[r], [builder.mul(k, c(4))]),
+                                                  _I32.as_pointer()), align=abytes)
                 av = builder.insert_element(ir.Constant(_V8I32, None), a4, ir.Constant(_I32, 0))
                 av = builder.shuffle_vector(av, ir.Constant(_V8I32, None),
                                             ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
-                wv = builder.load(builder.bitcast(builder.gep(wbase, [builder.mul(k, c(32))]), _V32I8.as_pointer()),
-                                  align=wbytes)
-                builder.store(builder.add(builder.load(accp), product(builder, av, wv)), accp)
-            optr = builder.gep(O.data, [builder.add(builder.mul(lm.index, N), builder.mul(g, c(8)))])
-            builder.store(builder.load(accp), builder.bitcast(optr, _V8I32.as_pointer()), align=4)
+                for j in range(ng):
+                    builder.store(builder.add(builder.load(accs[r][j]), product(builder, av, wv[j])), accs[r][j])
+        for r in range(nr):
+            for j in range(ng):
+                optr = builder.gep(O.data, [builder.add(builder.mul(builder.add(m, c(r)), N),
+                                                        builder.mul(builder.add(g, c(j)), c(8)))])
+                builder.store(builder.load(accs[r][j]), builder.bitcast(optr, _V8I32.as_pointer()), align=4)
+
+    def rows(g, ng):
+        mb = builder.mul(builder.sdiv(M, c(_ROW_BLOCK)), c(_ROW_BLOCK))
+        with cgutils.for_range_slice(builder, c(0), mb, c(_ROW_BLOCK), intp=intp) as (m, _):
+            block(g, m, _ROW_BLOCK, ng)
+        with cgutils.for_range_slice(builder, mb, M, c(1), intp=intp) as (m, _):
+            block(g, m, 1, ng)
+
+    gb = builder.add(lo, builder.mul(builder.sdiv(builder.sub(hi, lo), c(_GROUP_BLOCK)), c(_GROUP_BLOCK)))
+    with cgutils.for_range_slice(builder, lo, gb, c(_GROUP_BLOCK), intp=intp) as (g, _):
+        rows(g, _GROUP_BLOCK)
+    with cgutils.for_range_slice(builder, gb, hi, c(1), intp=intp) as (g, _):
+        rows(g, 1)
     return context.get_dummy_value()
 
 
@@ -154,16 +191,26 @@ def _sat_gemm_host(A, Wp, out):
     _sat_gemm_avx2(A, Wp, out, 0, Wp.shape[0])
 
 
+@njit(cache=True, nogil=True)
+def _sat_part_host(A, Wp, out, g0, g1):
+    _sat_gemm_avx2(A, Wp, out, g0, g1)
+
+
 sat_gemm = _sat_gemm_host if AVX2 else sat_gemm_portable
 
 
 @njit(cache=True, nogil=True)
 def dot_gemm_portable(A, Wp, out):
     """``dot_gemm`` by a Numba loop: every product added exactly in 32 bits."""
+    _dot_part_portable(A, Wp, out, 0, Wp.shape[0])
+
+
+@njit(cache=True, nogil=True)
+def _dot_part_portable(A, Wp, out, g0, g1):
     M = A.shape[0]
-    G, K4 = Wp.shape[0], Wp.shape[1]
+    K4 = Wp.shape[1]
     for m in range(M):
-        for g in range(G):
+        for g in range(g0, g1):
             for i in range(8):
                 acc = np.int32(0)
                 for kk in range(K4):
@@ -192,9 +239,15 @@ def _dot_gemm_host(A, Wp, out):
     _dot_gemm_vnni(A, Wp, out, 0, Wp.shape[0])
 
 
+@njit(cache=True, nogil=True)
+def _dot_part_host(A, Wp, out, g0, g1):
+    _dot_gemm_vnni(A, Wp, out, g0, g1)
+
+
 # ``dot_gemm(A, Wp, out)``: ``sat_gemm``'s operands and layout, every product added exactly (as onnxruntime's
 # MLAS adds them with VNNI); on VNNI hosts ``vpdpbusd``, 32 products per instruction.
 dot_gemm = _dot_gemm_host if VNNI else dot_gemm_portable
+
 
 def _host_saturates() -> bool:
     """Whether onnxruntime's uint8 x int8 products saturate here: MLAS sums them by ``vpmaddubsw`` (adjacent
@@ -218,15 +271,43 @@ SATURATES = _host_saturates()
 # meaningful where ``PACKED``); elsewhere callers take the exact int16 pairs of ``ops._i16pairs``.
 PACKED = SATURATES or VNNI
 host_gemm = sat_gemm if SATURATES else dot_gemm
+_host_part = (_sat_part_host if AVX2 else _sat_part_portable) if SATURATES else \
+    (_dot_part_host if VNNI else _dot_part_portable)
 
-_ROWS = 64  # rows of A per task of ``host_gemm_rows``
+_ROWS = 64  # rows of A per task of ``host_gemm_tasks``
+_GROUPS = 16  # at most this many column groups per task where the rows are few
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def host_gemm_rows(A, Wp, out):
-    """``host_gemm`` in tasks of ``_ROWS`` rows over the threads."""
+def host_gemm_tasks(A, Wp, out):
+    """``host_gemm`` in tasks over the threads: of ``_ROWS`` rows where A has several such, otherwise of at most
+    ``_GROUPS`` column groups (at least 8 tasks where the groups allow)."""
     M = A.shape[0]
-    for c in prange((M + _ROWS - 1) // _ROWS):
-        r0 = c * _ROWS
-        r1 = min(M, r0 + _ROWS)
-        host_gemm(A[r0:r1], Wp, out[r0:r1])
+    G = Wp.shape[0]
+    if M >= 2 * _ROWS:
+        for c in prange((M + _ROWS - 1) // _ROWS):
+            r0 = c * _ROWS
+            r1 = min(M, r0 + _ROWS)
+            _host_part(A[r0:r1], Wp, out[r0:r1], 0, G)
+        return
+    per = max(1, min(_GROUPS, (G + 7) // 8))
+    for t in prange((G + per - 1) // per):
+        _host_part(A, Wp, out, t * per, min(G, (t + 1) * per))
+
+
+@njit(cache=True, nogil=True)
+def zero_point_terms(acc, a, cb, za, zb, shift, out):
+    """out = acc - (zb[j] - shift) * sum_k a[i, k] - za[i] * cb[j] + K * za[i] * zb[j] (``cb``: B's column sums;
+    ``acc`` the product with B's codes less ``shift``), in int32 (wrapping as onnxruntime's int32 sums do);
+    ``za``/``zb`` have one element or one per row / column."""
+    m, k = a.shape
+    n = out.shape[1]
+    ra = np.zeros(m, np.int32)
+    for i in range(m):
+        for kk in range(k):
+            ra[i] += np.int32(a[i, kk])
+    for i in range(m):
+        zi = np.int32(za[i if za.shape[0] > 1 else 0])
+        for j in range(n):
+            zj = np.int32(zb[j if zb.shape[0] > 1 else 0])
+            out[i, j] = np.int32(acc[i, j] - (zj - np.int32(shift)) * ra[i] - zi * cb[j] + np.int32(k) * zi * zj)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from . import _i16pairs
+from . import _i16pairs, _u8s8
 from ._common import F32, as_int_list, lowp, pad3, tap_runs, window_geometry
 from .registry import op
 
@@ -588,28 +588,52 @@ _8BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _conv_integer_pairs(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed):
-    """An ungrouped ConvInteger on the exact int16-pair products (``_i16pairs``), as onnxruntime's integer
-    GEMM sums them: each image's windows as rows (im2col of x minus its zero point, transposed), against the
-    weights minus their zero points packed once per node (``packed``: the weights, their zero points and the
-    packed form)."""
+    """An ungrouped ConvInteger as onnxruntime's integer GEMM sums it: each image's windows as rows (im2col of
+    x minus its zero point, transposed) against the weights packed once per node (``packed``: the weights,
+    their zero points and the packed form).  uint8 x on VNNI hosts: the codes (the padding at the zero point)
+    against the weights as int8 (less 128 when uint8) by ``vpdpbusd`` (``_u8s8.dot_gemm``), the zero points
+    through row and column sums (``_u8s8.zero_point_terms``); elsewhere the codes minus their zero points as
+    exact int16 pairs (``_i16pairs``).  Both are the exact integers."""
     N, C = x.shape[:2]
     M = w.shape[0]
     ks = kernel_shape if kernel_shape else w.shape[2:]
     k, s, d, pb, _, osp = window_geometry("ConvInteger", x.shape, ks, auto_pad, dilations, pads, strides)
     k3, s3, d3, pb3, o3, i3 = pad3(k, 1), pad3(s, 1), pad3(d, 1), pad3(pb, 0), pad3(osp, 1), pad3(x.shape[2:], 1)
     K, L = C * int(np.prod(k3)), int(np.prod(o3))
+    dots = _u8s8.VNNI and x.dtype == np.uint8
     got = packed.get("w")
-    if got is None or got[0] is not w or got[1] != wz.tobytes():
+    if got is None or got[0] is not w or got[1] != wz.tobytes() or got[2] != dots:
         wzc = wz.reshape((-1,) + (1,) * (w.ndim - 1)) if wz.size > 1 else wz.reshape(())
-        bz = (w.astype(np.int16) - wzc.astype(np.int16)).reshape(M, K)
-        got = (w, wz.tobytes(), _i16pairs.pack(np.ascontiguousarray(bz.T)))
+        if dots:
+            shift = 128 if w.dtype == np.uint8 else 0
+            wk = np.ascontiguousarray(w.reshape(M, K).T)
+            form = (_u8s8.pack((wk.astype(np.int16) - shift).astype(np.int8)), wk.sum(axis=0, dtype=np.int32),
+                    np.ascontiguousarray(np.broadcast_to(wz.astype(np.int32), (M,))), shift)
+        else:
+            bz = (w.astype(np.int16) - wzc.astype(np.int16)).reshape(M, K)
+            form = _i16pairs.pack(np.ascontiguousarray(bz.T))
+        got = (w, wz.tobytes(), dots, form)
         packed["w"] = got
-    bp = got[2]
+    form = got[3]
     out = np.empty((N, M, L), np.int32)
     col = np.empty((K, L), np.int16)
+    xs = (x.astype(np.int16) - xz.astype(np.int16).reshape(())).reshape((N, C, *i3))
+    if dots:
+        bp, cb, zb, shift = form
+        rows = np.zeros((L, 4 * bp.shape[1]), np.uint8)
+        acc = np.empty((L, 8 * bp.shape[0]), np.int32)
+        res = np.empty((L, M), np.int32)
+        za = xz.astype(np.int32).reshape(1)
+        for n in range(N):
+            _im2col(xs[n], col, k3, s3, pb3, d3, o3)
+            rows[:, :K] = col.T + xz.astype(np.int16).reshape(())  # the codes, the padding at the zero point
+            _u8s8.host_gemm_tasks(rows, bp, acc)
+            _u8s8.zero_point_terms(acc, rows[:, :K], cb, za, zb, shift, res)
+            out[n] = res.T
+        return out.reshape((N, M, *osp))
+    bp = form
     rows = np.zeros((L, 2 * bp.shape[1]), np.int16)
     acc = np.empty((L, 8 * bp.shape[0]), np.int32)
-    xs = (x.astype(np.int16) - xz.astype(np.int16).reshape(())).reshape((N, C, *i3))
     for n in range(N):
         _im2col(xs[n], col, k3, s3, pb3, d3, o3)
         rows[:, :K] = col.T

@@ -439,7 +439,7 @@ def matmul_integer(a, b, za=None, zb=None, name="MatMulInteger", packed=None):
     A3, B3, o3 = A.reshape(-1, m, k), B.reshape(-1, k, n), o.reshape(-1, m, n)
     # a node's cache holds the packed forms of the first B it sees (an initializer); other Bs pack per run
     cache = packed if packed is not None and packed.setdefault("B", b) is b else {}
-    if A.dtype == np.uint8 and B.dtype == np.int8 and _u8s8.PACKED:
+    if A.dtype == np.uint8 and (B.dtype == np.int8 and _u8s8.PACKED or B.dtype == np.uint8 and _u8s8.VNNI):
         _bmm_u8s8(A3, B3, za2, zb2, ia, ib, o3, cache)
     else:
         _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, cache)
@@ -473,38 +473,25 @@ def _bmm_exact(A3, B3, za2, zb2, ia, ib, o3, packed):
 def _bmm_u8s8(A3, B3, za2, zb2, ia, ib, o3, packed):
     """``_bmm_exact``'s product as onnxruntime computes uint8 x int8 on hosts with AVX2 (``_u8s8.host_gemm``):
     the raw codes' products (their pair sums saturated to 16 bits where onnxruntime's are, exact by
-    ``vpdpbusd`` on VNNI hosts), then the zero points through row and column sums (exact int32).  ``packed`` maps B's batch index to (``("u8s8",)``, its packed form, its column sums), filled here."""
+    ``vpdpbusd`` on VNNI hosts), then the zero points through row and column sums (exact int32).  On VNNI
+    hosts uint8 B takes the same exact form as int8 codes ``b - 128``, the 128 times A's row sums added back.
+    ``packed`` maps B's batch index to (``("u8s8",)``, its packed form, its column sums), filled here."""
     nb, m, n = o3.shape
     k = A3.shape[2]
     k4, g = -(-k // 4), -(-n // 8)
     acc = np.empty((m, 8 * g), np.int32)
     ap = np.zeros((m, 4 * k4), np.uint8)
+    shift = 128 if B3.dtype == np.uint8 else 0
     for t in range(nb):
         a, b = A3[ia[t]], B3[ib[t]]
         got = packed.get(int(ib[t]))
         if got is None or got[0] != "u8s8":
-            got = packed[int(ib[t])] = ("u8s8", _u8s8.pack(b), b.sum(axis=0, dtype=np.int32))
+            codes = (b.astype(np.int16) - shift).astype(np.int8) if shift else b
+            got = packed[int(ib[t])] = ("u8s8", _u8s8.pack(codes), b.sum(axis=0, dtype=np.int32))
         ap[:, :k] = a
-        _u8s8.host_gemm_rows(ap, got[1], acc)
-        _zero_point_terms(acc, a, got[2], za2[ia[t] if za2.shape[0] > 1 else 0],
-                          zb2[ib[t] if zb2.shape[0] > 1 else 0], o3[t])
-
-
-@njit(cache=True, nogil=True)
-def _zero_point_terms(acc, a, cb, za, zb, out):
-    """out = acc - zb[j] * sum_k a[i, k] - za[i] * cb[j] + K * za[i] * zb[j] (``cb``: B's column sums), in int32
-    (wrapping as onnxruntime's int32 sums do); ``za``/``zb`` have one element or one per row / column."""
-    m, k = a.shape
-    n = out.shape[1]
-    ra = np.zeros(m, np.int32)
-    for i in range(m):
-        for kk in range(k):
-            ra[i] += np.int32(a[i, kk])
-    for i in range(m):
-        zi = np.int32(za[i if za.shape[0] > 1 else 0])
-        for j in range(n):
-            zj = np.int32(zb[j if zb.shape[0] > 1 else 0])
-            out[i, j] = np.int32(acc[i, j] - zj * ra[i] - zi * cb[j] + np.int32(k) * zi * zj)
+        _u8s8.host_gemm_tasks(ap, got[1], acc)
+        _u8s8.zero_point_terms(acc, a, got[2], za2[ia[t] if za2.shape[0] > 1 else 0],
+                          zb2[ib[t] if zb2.shape[0] > 1 else 0], shift, o3[t])
 
 
 def _matmul_integer_factory(ctx):

@@ -3,7 +3,9 @@
 A subgraph is planned once, when its parent node is bound.  It reads values
 of enclosing scopes by name: they arrive at run time as ``outer`` values
 (see ``Plan.run``), so the child shares the parent's weights and feeds
-without copying them.  The child runs on the parent's provider: a ``CudaPlan`` under the CUDA provider, whose
+without copying them.  On the CPU, the parent's constants (initializers
+that no feed replaces) are the child's initializers instead, the same
+arrays: the child's constant folding sees them.  The child runs on the parent's provider: a ``CudaPlan`` under the CUDA provider, whose
 outputs a ``ChildPlan`` keeps on the device (``device_outputs``) unless asked for them on the host.
 """
 from __future__ import annotations
@@ -55,6 +57,13 @@ def plan_subgraph(gproto: GraphProto, ctx, input_types: list | None = None) -> C
             if vi is not None:
                 types[name] = vi
     g.outer_types = types
+    if parent is not None and ctx.provider != CUDA_PROVIDER:
+        # The parent's constants (initializers no feed can replace) become the child's own, the same arrays:
+        # constant folding then sees them, so a branch's arithmetic on weights runs once, at plan time.
+        fed = {v.name for v in parent.inputs}
+        consts = {n: parent.initializers[n] for n in g.outer_names if n in parent.initializers and n not in fed}
+        g.initializers.update(consts)
+        g.outer_names = g.outer_names - set(consts)
     if input_types:
         for v, t in zip(g.inputs, input_types):
             if t is not None and v.dtype is None and v.kind == "tensor":

@@ -1,6 +1,6 @@
 """Control flow and sequences beyond the node suite: captured outer values, nested subgraphs, sequence state."""
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.test.loader import load_node_model_tests
 
 from runtime import InferenceSession
@@ -81,3 +81,32 @@ def test_an_input_a_subgraph_reads_is_never_donated():
                           [_vi("y", TensorProto.FLOAT, [2]), _vi("z", TensorProto.FLOAT, [2])])
     graph = load_graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     assert graph.donatable_inputs() == {"c", "d"}  # a: the Add and the then-branch; b: the else-branch
+
+
+def test_a_branch_folds_what_it_computes_from_the_parents_constants():
+    """A branch that slices a weight of the enclosing graph with constant bounds: the weight and the bounds are
+    the child's own constants, so the Slice folds when the branch is planned, the branch runs only its Add and
+    reads only ``x`` from the enclosing scope; the result is the unfolded one."""
+    from ops.registry import OpContext
+    from runtime.subgraph import plan_subgraph
+    then_g = helper.make_graph([helper.make_node("Slice", ["w", "s", "e"], ["ws"]),
+                                helper.make_node("Add", ["ws", "x"], ["y_then"])], "then", [],
+                               [_vi("y_then", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["y_else"])], "else", [],
+                               [_vi("y_else", TensorProto.FLOAT, [2])])
+    inits = [numpy_helper.from_array(np.arange(5, dtype=np.float32), "w"),
+             numpy_helper.from_array(np.array([1], np.int64), "s"),
+             numpy_helper.from_array(np.array([3], np.int64), "e")]
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)
+    g = helper.make_graph([node], "g", [_vi("c", TensorProto.BOOL, []), _vi("x", TensorProto.FLOAT, [2])],
+                          [_vi("y", TensorProto.FLOAT, [2])], inits)
+    s = InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    x = np.array([10, 20], np.float32)
+    np.testing.assert_array_equal(s.run(None, {"c": np.array(True), "x": x})[0], [11, 22])
+    np.testing.assert_array_equal(s.run(None, {"c": np.array(False), "x": x})[0], -x)
+    parent = s._graph
+    ctx = OpContext("If", "If", "", 17, {}, 1, 1, graph=parent, session_options=s._options,
+                    captured=["e", "s", "w", "x"])
+    child = plan_subgraph(then_g, ctx)
+    assert [n.op_type for n in child.plan.graph.nodes] == ["Add"]
+    assert child.plan.outer_names == ["x"]

@@ -47,28 +47,35 @@ def _im2col(x, col, ksz, st, pb, dil, osz):
 @njit(**_OPTS)
 def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1):
     """Rows [r0, r1) of ``_im2col``.  Flat unsigned indices (no view reference counts across threads, no
-    negative-index wraparound in the copy loops)."""
+    negative-index wraparound in the copy loops); the row's channel and taps are counted up from r0's, and a
+    column stride of 1 bounds its valid outputs without a division (a row of a small convolution costs a few
+    outputs' copies, less than the integer divisions that located it)."""
     Cg, D, H, W = x.shape
     kd, kh, kw = ksz[0], ksz[1], ksz[2]
     od, oh, ow = osz[0], osz[1], osz[2]
     L = od * oh * ow
     xf = x.reshape(-1)
     cf = col.reshape(-1)
+    s2 = st[2]
+    c = r0 // (kd * kh * kw)
+    rem = r0 - c * (kd * kh * kw)
+    a = rem // (kh * kw)
+    rem -= a * (kh * kw)
+    b = rem // kw
+    e = rem - b * kw
     for r in range(r0, r1):
-        c = r // (kd * kh * kw)
-        rem = r - c * (kd * kh * kw)
-        a = rem // (kh * kw)
-        rem -= a * (kh * kw)
-        b = rem // kw
-        e = rem - b * kw
         # valid output columns: 0 <= xo*st - pb + e*dil < W, so the inner loop needs no branch
         off = e * dil[2] - pb[2]
-        lo = 0
-        if off < 0:
-            lo = min((-off + st[2] - 1) // st[2], ow)
-        hi = 0
-        if W - off > 0:
-            hi = min((W - off + st[2] - 1) // st[2], ow)
+        if s2 == 1:
+            lo = min(max(-off, 0), ow)
+            hi = min(max(W - off, 0), ow)
+        else:
+            lo = 0
+            if off < 0:
+                lo = min((-off + s2 - 1) // s2, ow)
+            hi = 0
+            if W - off > 0:
+                hi = min((W - off + s2 - 1) // s2, ow)
         hi = max(hi, lo)
         j = r * L
         for zo in range(od):
@@ -80,18 +87,28 @@ def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1):
                     src = ((c * D + zi) * H + yi) * W + off
                     for xo in range(lo):
                         cf[np.uint64(j + xo)] = 0
-                    if st[2] == 1:
+                    if s2 == 1:
                         for xo in range(lo, hi):
                             cf[np.uint64(j + xo)] = xf[np.uint64(src + xo)]
                     else:
                         for xo in range(lo, hi):
-                            cf[np.uint64(j + xo)] = xf[np.uint64(src + xo * st[2])]
+                            cf[np.uint64(j + xo)] = xf[np.uint64(src + xo * s2)]
                     for xo in range(hi, ow):
                         cf[np.uint64(j + xo)] = 0
                 else:
                     for xo in range(ow):
                         cf[np.uint64(j + xo)] = 0
                 j += ow
+        e += 1
+        if e == kw:
+            e = 0
+            b += 1
+            if b == kh:
+                b = 0
+                a += 1
+                if a == kd:
+                    a = 0
+                    c += 1
 
 
 _BATCH_COL_BYTES = 64 << 20  # a batch's im2col columns are made at once below this size

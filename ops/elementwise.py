@@ -334,6 +334,10 @@ def pow_cpu(b: Binary, ctx):
     buf = ctx.out[0] if ctx.out else None
 
     def run(a, c):
+        if c.dtype == a.dtype and c.size == 1 and c.ndim <= a.ndim and a.dtype.kind == "f" and c.reshape(-1)[0] == 2:
+            # a square: x * x is powf(x, 2)'s correctly rounded result, NaN, infinities and -0 alike, in a
+            # same-shape pass instead of a broadcast one calling pow per element
+            return run_binary(K.b_mul, K.b4_mul, a, a, buf, None, "Pow")
         if c.dtype != a.dtype:
             c = c.astype(a.dtype if a.dtype.kind == "f" or lowp(a.dtype) else np.float64)
             if c.dtype != a.dtype:

@@ -22,6 +22,7 @@ from numba import njit
 
 from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, alloc, check_indices, lowp, norm_axis, out_buffer
+from .movement import contig, materialize
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -236,7 +237,13 @@ def gather_cpu(b: GatherOp, ctx):
         if data.ndim == 0:
             raise InvalidArgumentError("Gather: data must have rank >= 1, got a scalar")
         ax = norm_axis(axis, data.ndim)
-        idx = norm_indices("Gather", indices, data.shape[ax])
+        n = data.shape[ax]
+        if indices.ndim == 0 and indices.dtype.kind in "iu" and -n <= indices < n:
+            # one index (a dimension of a Shape, a layer of a state): a copy of that slice, without the index
+            # array's conversion and checks
+            x = contig(data)
+            return materialize(x, x[(slice(None),) * ax + (int(indices),)], buf)
+        idx = norm_indices("Gather", indices, n)
         return gather_axis(data, idx, ax, buf)
     return run
 

@@ -10,6 +10,8 @@ tensors are validated before a kernel reads memory.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -138,14 +140,23 @@ def _pad(x, pads, mode, value, axes=None, buf=None):
         np_mode = {"edge": "edge", "wrap": "wrap", "reflect": "reflect"}[mode]
         out[...] = np.pad(x, list(zip(before, after)), mode=np_mode)
         return out
-    strides = [s // x.dtype.itemsize for s in x.strides]
-    maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(x.shape, before, after, strides)]
-    maps = [np.zeros(1, I64)] * (MAXR - r) + maps
-    n = np.array([len(m) for m in maps], I64)
-    mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
-    _gather6(u[0], np.concatenate(maps), mstart, n, out.reshape(-1).view(u[0].dtype),
+    maps, mstart, n = _gather_plan(x.shape, tuple(s // x.dtype.itemsize for s in x.strides), tuple(before),
+                                   tuple(after), mode)
+    _gather6(u[0], maps, mstart, n, out.reshape(-1).view(u[0].dtype),
              fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _gather_plan(shape, strides, before, after, mode):
+    """``_gather6``'s maps (concatenated), their starts and lengths for one geometry, made once: a model pads
+    the same shapes every run, and making the maps costs more than the gather on small inputs.  The kernel
+    only reads them."""
+    maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(shape, before, after, strides)]
+    maps = [np.zeros(1, I64)] * (MAXR - len(shape)) + maps
+    n = np.array([len(m) for m in maps], I64)
+    mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
+    return np.concatenate(maps), mstart, n
 
 
 def pad_fill(value, dtype):

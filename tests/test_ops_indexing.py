@@ -63,6 +63,18 @@ def test_gather_middle_axis(dtype):
     _compare("Gather", {"x": x, "i": idx}, axis=-2)
 
 
+@pytest.mark.parametrize("axis,k", [(0, 3), (0, -1), (1, -4), (2, 4)])
+def test_gather_one_scalar_index(axis, k):
+    """A 0-d index (a dimension read from a Shape, a layer of a state) takes a slice copy: onnxruntime's
+    values and shape, negative indices wrapped; a non-contiguous input and bfloat16 bits too."""
+    x = RNG.standard_normal((5, 4, 6), dtype=np.float32)
+    _compare("Gather", {"x": x, "i": np.array(k, np.int64)}, axis=axis)
+    (y,) = _run_ours("Gather", {"x": x.transpose(2, 1, 0).copy().transpose(2, 1, 0), "i": np.array(k, np.int32)},
+                     axis=axis)
+    np.testing.assert_array_equal(y, np.take(x, k, axis=axis))
+    assert y.flags.c_contiguous
+
+
 def test_gather_elements():
     x = RNG.standard_normal((64, 512), dtype=np.float32)
     idx = RNG.integers(-512, 512, (64, 100)).astype(np.int64)
@@ -189,6 +201,7 @@ def test_gather_past_the_end_raises():
     _raises("Gather", {"x": x, "i": np.array([0, 10], np.int64)}, r"Gather: index 10 .*\[-10, 9\]")
     _raises("Gather", {"x": x, "i": np.array([-11], np.int64)}, r"Gather: index -11 ")
     _raises("Gather", {"x": x, "i": np.array([4], np.int32)}, r"Gather: index 4 .*\[-4, 3\]", axis=1)
+    _raises("Gather", {"x": x, "i": np.array(-11, np.int64)}, r"Gather: index -11 .*\[-10, 9\]")
 
 
 def test_other_index_ops_raise():

@@ -52,10 +52,24 @@ def norm_indices(opname: str, idx, n: int, what: str = "index", negative: bool =
     if idx.dtype.kind not in "iu":
         raise InvalidArgumentError(f"{opname}: indices must be integers, got {idx.dtype}")
     idx = idx.astype(I64)
-    check_indices(opname, idx, -n if negative else 0, n, what)
-    if negative and idx.size and idx.min() < 0:
-        idx = np.where(idx < 0, idx + n, idx)
+    if not _wrap_in_range(idx.reshape(-1), n, negative):
+        check_indices(opname, idx, -n if negative else 0, n, what)  # raises, naming the worst index
     return idx
+
+
+@njit(cache=True, nogil=True)
+def _wrap_in_range(idx, n, negative):
+    """Whether every index lies in [-n, n) (``negative``) or [0, n); the negative ones wrapped in place when all
+    do.  One pass: a small index array costs a call, not numpy's reductions."""
+    lo = -n if negative else 0
+    for i in range(idx.shape[0]):
+        if idx[i] < lo or idx[i] >= n:
+            return False
+    if negative:
+        for i in range(idx.shape[0]):
+            if idx[i] < 0:
+                idx[i] += n
+    return True
 
 
 def _strides(shape) -> np.ndarray:

@@ -164,16 +164,29 @@ def slice_bounds(b: SliceOp, shape, starts=None, ends=None, axes=None, steps=Non
     return out
 
 
+def _value_key(v):
+    return None if v is None else (v.dtype.str, v.shape, v.tobytes())
+
+
 def slice_cpu(b: SliceOp, ctx):
-    """Slice on the CPU (the CUDA launch shares the bind)."""
+    """Slice on the CPU (the CUDA launch shares the bind).  The index resolved for an input shape and the
+    values of starts, ends, axes and steps is kept (a few of them; a model slices the same way every run)."""
     buf = out_of(ctx)
+    memo = {}
 
     def run(data, starts=None, ends=None, axes=None, steps=None):
         x = contig(data)
-        idx = [slice(None)] * x.ndim
-        for a, s, e, p in slice_bounds(b, x.shape, starts, ends, axes, steps):
-            idx[a] = slice(s, e if e >= 0 else None, p)
-        return materialize(x, x[tuple(idx)], buf)
+        key = (x.shape, _value_key(starts), _value_key(ends), _value_key(axes), _value_key(steps))
+        idx = memo.get(key)
+        if idx is None:
+            idx = [slice(None)] * x.ndim
+            for a, s, e, p in slice_bounds(b, x.shape, starts, ends, axes, steps):
+                idx[a] = slice(s, e if e >= 0 else None, p)
+            idx = tuple(idx)
+            if len(memo) >= 16:
+                memo.clear()
+            memo[key] = idx
+        return materialize(x, x[idx], buf)
     return run
 
 

@@ -170,6 +170,23 @@ def test_slice(starts, ends, axes, steps):
     check("Slice", {"x": x, "s": I(*starts), "e": I(*ends), "a": I(*axes), "p": I(*steps)})
 
 
+def test_slice_follows_new_bounds_and_shapes_between_runs():
+    """One session fed other bounds, then another input shape, then the first again: each run is sliced by
+    what it is fed (the node keeps the index it resolved for each shape and bound values)."""
+    x = rand((6, 8))
+    proto = onnx.load_from_string(_model("Slice", {"x": x, "s": I(1), "e": I(5), "a": I(1)}))
+    for d, name in zip(proto.graph.input[0].type.tensor_type.shape.dim, ("rows", "cols")):
+        d.dim_param = name
+    m = proto.SerializeToString()
+    mine = InferenceSession(m)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for feeds in ({"x": x, "s": I(1), "e": I(5), "a": I(1)}, {"x": x, "s": I(0), "e": I(3), "a": I(0)},
+                  {"x": rand((6, 3)), "s": I(1), "e": I(5), "a": I(1)}, {"x": x, "s": I(1), "e": I(5), "a": I(1)},
+                  {"x": x, "s": I(-2), "e": I(5), "a": I(1)},
+                  {"x": rand((6, 3)), "s": I(-2), "e": I(5), "a": I(1)}):
+        np.testing.assert_array_equal(mine.run(None, feeds)[0], ref.run(None, feeds)[0])
+
+
 def test_expand_tile_where():
     check("Expand", {"x": rand((1, 1, 64)), "s": I(4, 32, 1)})
     check("Expand", {"x": rand((3, 1), np.int64), "s": I(2, 1, 6)})

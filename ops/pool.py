@@ -74,11 +74,12 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
 
 @njit(parallel=True, **_OPTS)
 def _max_rows(x, out, ksz, st, pb, dil, nthreads):
-    """MaxPool without indices, as ``_pool``'s mode 0 computes it, a row at a time: each output row takes its
-    taps in order (depth, height, width), each tap over the run of outputs whose input lies inside the row, so
-    the inner loop is a contiguous select (the first tap an output sees is taken, a later one when it is
-    greater: NaN and ties resolve as in ``_pool``).  An output that no tap reaches gets the channel's first
-    element, as ``_pool`` gives it.  Each of ``nthreads`` tasks takes a run of channels, with its scratch."""
+    """MaxPool without indices, as ``_pool``'s mode 0 computes it, a row at a time: each output starts at the
+    first tap it sees (the first row the window reaches, its first column inside the row), then the output
+    row takes every tap in order (depth, height, width), each over the run of outputs whose input lies inside
+    the row, as a contiguous select that replaces a value only by a greater one: NaN and ties resolve as in
+    ``_pool`` (a first tap taken again changes nothing).  An output that no tap reaches gets the channel's
+    first element, as ``_pool`` gives it.  Each of ``nthreads`` tasks takes a run of channels."""
     NC, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     KD, KH, KW = ksz[0], ksz[1], ksz[2]
@@ -88,13 +89,35 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
     of = out.reshape(-1)
     T = max(1, min(nthreads, NC))
     for t in prange(T):
-        seen = np.empty(OW, np.uint8)
         for nc in range(t * NC // T, (t + 1) * NC // T):
             first = xf[np.uint64(nc * D * H * W)]
             for od in range(OD):
                 for oh in range(OH):
                     ob = ((nc * OD + od) * OH + oh) * OW
-                    seen[:] = 0
+                    # the first row the window reaches, then each output's first tap in it: what the output
+                    # holds before the taps are taken in order
+                    r0 = -1
+                    for a in range(KD):
+                        zi = od * st[0] - pb[0] + a * dil[0]
+                        if zi < 0 or zi >= D:
+                            continue
+                        for b in range(KH):
+                            yi = oh * st[1] - pb[1] + b * dil[1]
+                            if yi >= 0 and yi < H:
+                                r0 = ((nc * D + zi) * H + yi) * W
+                                break
+                        if r0 >= 0:
+                            break
+                    for ow in range(OW):
+                        v = first
+                        if r0 >= 0:
+                            for e in range(KW):
+                                if ow >= los[e] and ow < his[e]:
+                                    v = xf[np.uint64(r0 + e * dil[2] - pb[2] + ow * s2)]
+                                    break
+                        of[np.uint64(ob + ow)] = v
+                    if r0 < 0:
+                        continue
                     for a in range(KD):
                         zi = od * st[0] - pb[0] + a * dil[0]
                         if zi < 0 or zi >= D:
@@ -106,27 +129,22 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
                             rb = ((nc * D + zi) * H + yi) * W
                             for e in range(KW):
                                 xo = rb + e * dil[2] - pb[2]
+                                # a select writing the one array it reads besides x: it vectorizes
                                 if s2 == 1:
                                     for ow in range(los[e], his[e]):
                                         v = xf[np.uint64(xo + ow)]
                                         o = of[np.uint64(ob + ow)]
-                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
-                                        seen[ow] = 1
+                                        of[np.uint64(ob + ow)] = v if v > o else o
                                 elif s2 == 2:  # a literal stride: the loads vectorize as an interleaved group
                                     for ow in range(los[e], his[e]):
                                         v = xf[np.uint64(xo + 2 * ow)]
                                         o = of[np.uint64(ob + ow)]
-                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
-                                        seen[ow] = 1
+                                        of[np.uint64(ob + ow)] = v if v > o else o
                                 else:
                                     for ow in range(los[e], his[e]):
                                         v = xf[np.uint64(xo + ow * s2)]
                                         o = of[np.uint64(ob + ow)]
-                                        of[np.uint64(ob + ow)] = v if seen[ow] == 0 or v > o else o
-                                        seen[ow] = 1
-                    for ow in range(OW):
-                        if seen[ow] == 0:
-                            of[np.uint64(ob + ow)] = first
+                                        of[np.uint64(ob + ow)] = v if v > o else o
 
 
 @njit(**_OPTS)

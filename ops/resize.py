@@ -16,6 +16,7 @@ clamped (edge padding), tf_crop_and_resize positions outside the input take
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -89,6 +90,39 @@ def _gather_axis(x, idx, out):
     else:
         for o in prange(O):
             _gather_rows(x, idx, out, o)
+
+
+@njit(parallel=True, **_OPTS)
+def _nearest_planes(x, hidx, widx, out):
+    """out[o, i, j] = x[o, hidx[i], widx[j]]: the last two axes resized by nearest in one pass (planes over the
+    threads for large outputs), instead of a pass per axis whose last one gathers one element per row.  An
+    output row that reads the previous one's source row is a copy of it."""
+    O = x.shape[0]
+    if out.size < _PARALLEL_MIN:
+        for o in range(O):
+            _nearest_plane(x, hidx, widx, out, o)
+    else:
+        for o in prange(O):
+            _nearest_plane(x, hidx, widx, out, o)
+
+
+@njit(**_OPTS)
+def _nearest_plane(x, hidx, widx, out, o):
+    """Plane ``o`` of ``_nearest_planes``, over flat unsigned indices (no row views whose reference counts the
+    threads would share, no negative-index wraparound in the copy loops)."""
+    H, W = x.shape[1], x.shape[2]
+    OH, OW = out.shape[1], out.shape[2]
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    for i in range(OH):
+        d = (o * OH + i) * OW
+        if i > 0 and hidx[i] == hidx[i - 1]:
+            for j in range(OW):
+                of[np.uint64(d + j)] = of[np.uint64(d - OW + j)]
+            continue
+        s = (o * H + hidx[i]) * W
+        for j in range(OW):
+            of[np.uint64(d + j)] = xf[np.uint64(s + widx[j])]
 
 
 @njit(**_OPTS)
@@ -294,6 +328,43 @@ def _resize_axis(cur, d, n_out, scale, lo, hi, cdt, x_shape, *, mode, ctm, neare
     return out
 
 
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # element bits moved by _nearest_planes
+
+
+@functools.lru_cache(maxsize=256)
+def _nearest_table(n_in, n_out, scale, ctm, nearest_mode):
+    """``axis_tables``' nearest source indices (int64) of one axis, made once per geometry (a model resizes the
+    same shapes every run); the kernels only read them."""
+    t = axis_tables(n_in, n_out, scale, 0.0, 1.0, mode="nearest", ctm=ctm, nearest_mode=nearest_mode,
+                    cubic_coeff_a=-0.75, exclude_outside=0, antialias=0)
+    return np.arange(n_in, dtype=np.int64) if t is None else np.ascontiguousarray(t[0], np.int64)
+
+
+def _nearest_last_two(X, out_shape, scale_f, ctm, nearest_mode):
+    """Nearest resizing of the last two axes only (the others unchanged), in one pass over the output, or None
+    when either axis has nothing to read (left to the per-axis path and its errors).  The index tables are
+    ``axis_tables``' own."""
+    r = X.ndim
+    tables = []
+    for d in (r - 2, r - 1):
+        n_in, n_out = X.shape[d], out_shape[d]
+        if n_in == 0 or n_out == 0:
+            return None
+        tables.append(_nearest_table(n_in, n_out, scale_f[d], ctm, nearest_mode))
+    O = int(np.prod(X.shape[:-2]))
+    xc = np.ascontiguousarray(X)
+    src = xc.view(_UINT[xc.dtype.itemsize]) if xc.dtype.kind != "O" and xc.dtype.itemsize in _UINT else None
+    out = np.empty(tuple(out_shape), X.dtype)
+    if out.size == 0:
+        return out
+    if src is None:
+        out[...] = xc[..., tables[0][:, None], tables[1][None, :]]
+        return out
+    _nearest_planes(src.reshape((O,) + X.shape[-2:]), tables[0], tables[1],
+                    out.view(src.dtype).reshape((O,) + tuple(out_shape[-2:])))
+    return out
+
+
 def _resize_result(cur, X):
     """The result in X's dtype (integers rounded half to even and saturated); a copy when nothing changed."""
     dt = X.dtype
@@ -315,6 +386,11 @@ def resize_nd(X, scales, sizes, roi, *, mode, ctm, nearest_mode, cubic_coeff_a=-
     roi_full = _resize_roi(roi, ax, r)
     scale_f, out_shape = _resize_targets(X.shape, ax, sc, sz, keep_aspect_ratio_policy)
     dt = X.dtype
+    if mode == "nearest" and r >= 2 and ctm != "tf_crop_and_resize" and all(out_shape[d] == X.shape[d] or d >= r - 2
+                                                                            for d in range(r)):
+        planes = _nearest_last_two(X, out_shape, scale_f, ctm, nearest_mode)
+        if planes is not None:
+            return planes
     if mode == "nearest":
         cur = X
         cdt = dt

@@ -172,8 +172,19 @@ def view_shape(b: ViewOp, in_shape: tuple, second=None) -> tuple:
 
 
 def view_cpu(b: ViewOp, ctx=None):
+    """The view on the CPU; the output shape resolved for an input shape and the second input's values is kept
+    (a few of them: a model reshapes the same way every run)."""
+    memo = {}
+
     def run(data, second=None):
-        return data.reshape(view_shape(b, data.shape, second))
+        key = (data.shape, None if second is None else (second.dtype.str, second.shape, second.tobytes()))
+        shape = memo.get(key)
+        if shape is None:
+            shape = view_shape(b, data.shape, second)
+            if len(memo) >= 16:
+                memo.clear()
+            memo[key] = shape
+        return data.reshape(shape)
     return run
 
 

@@ -187,6 +187,22 @@ def test_slice_follows_new_bounds_and_shapes_between_runs():
         np.testing.assert_array_equal(mine.run(None, feeds)[0], ref.run(None, feeds)[0])
 
 
+def test_reshape_follows_new_targets_and_shapes_between_runs():
+    """One Reshape session fed other targets and another input size in turn (a 0 and a -1 in the target read
+    the input's dims): each run is shaped by what it is fed, as onnxruntime shapes it."""
+    x = rand((4, 6))
+    proto = onnx.load_from_string(_model("Reshape", {"x": x, "s": I(0, -1)}))
+    proto.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "cols"
+    m = proto.SerializeToString()
+    mine = InferenceSession(m)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for feeds in ({"x": x, "s": I(0, -1)}, {"x": x, "s": I(-1, 3)}, {"x": rand((4, 2)), "s": I(0, -1)},
+                  {"x": rand((4, 2)), "s": I(-1, 4)}, {"x": x, "s": I(0, -1)}):
+        a, b = mine.run(None, feeds)[0], ref.run(None, feeds)[0]
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
 def test_expand_tile_where():
     check("Expand", {"x": rand((1, 1, 64)), "s": I(4, 32, 1)})
     check("Expand", {"x": rand((3, 1), np.int64), "s": I(2, 1, 6)})

@@ -187,16 +187,18 @@ def _sat_gemm_avx2(typingctx, a, w, out, g0, g1):
 
 
 @njit(cache=True, nogil=True)
-def _sat_gemm_host(A, Wp, out):
-    _sat_gemm_avx2(A, Wp, out, 0, Wp.shape[0])
-
-
-@njit(cache=True, nogil=True)
 def _sat_part_host(A, Wp, out, g0, g1):
     _sat_gemm_avx2(A, Wp, out, g0, g1)
 
 
-sat_gemm = _sat_gemm_host if AVX2 else sat_gemm_portable
+_sat_part = _sat_part_host if AVX2 else _sat_part_portable
+
+
+@njit(cache=True, nogil=True)
+def sat_gemm(A, Wp, out):
+    """The saturated pair sums over every column group: ``vpmaddubsw`` on AVX2 hosts, the portable loop
+    elsewhere."""
+    _sat_part(A, Wp, out, 0, Wp.shape[0])
 
 
 @njit(cache=True, nogil=True)
@@ -235,18 +237,18 @@ def _dot_gemm_vnni(typingctx, a, w, out, g0, g1):
 
 
 @njit(cache=True, nogil=True)
-def _dot_gemm_host(A, Wp, out):
-    _dot_gemm_vnni(A, Wp, out, 0, Wp.shape[0])
-
-
-@njit(cache=True, nogil=True)
 def _dot_part_host(A, Wp, out, g0, g1):
     _dot_gemm_vnni(A, Wp, out, g0, g1)
 
 
-# ``dot_gemm(A, Wp, out)``: ``sat_gemm``'s operands and layout, every product added exactly (as onnxruntime's
-# MLAS adds them with VNNI); on VNNI hosts ``vpdpbusd``, 32 products per instruction.
-dot_gemm = _dot_gemm_host if VNNI else dot_gemm_portable
+_dot_part = _dot_part_host if VNNI else _dot_part_portable
+
+
+@njit(cache=True, nogil=True)
+def dot_gemm(A, Wp, out):
+    """``sat_gemm``'s operands and layout, every product added exactly (as onnxruntime's MLAS adds them with
+    VNNI): ``vpdpbusd`` on VNNI hosts, 32 products per instruction; the portable loop elsewhere."""
+    _dot_part(A, Wp, out, 0, Wp.shape[0])
 
 
 def _host_saturates() -> bool:
@@ -271,8 +273,7 @@ SATURATES = _host_saturates()
 # meaningful where ``PACKED``); elsewhere callers take the exact int16 pairs of ``ops._i16pairs``.
 PACKED = SATURATES or VNNI
 host_gemm = sat_gemm if SATURATES else dot_gemm
-_host_part = (_sat_part_host if AVX2 else _sat_part_portable) if SATURATES else \
-    (_dot_part_host if VNNI else _dot_part_portable)
+_host_part = _sat_part if SATURATES else _dot_part
 
 _ROWS = 64  # rows of A per task of ``host_gemm_tasks``
 _GROUPS = 16  # at most this many column groups per task where the rows are few

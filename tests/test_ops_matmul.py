@@ -108,6 +108,24 @@ def test_gemm(ta, tb, cshape):
     _compare("Gemm", {"a": a}, *TOL[np.float32], inits=inits, opset=13, transA=ta, transB=tb, alpha=0.5, beta=2.0)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 65])
+@pytest.mark.parametrize("tb", [0, 1])
+def test_gemm_few_rows_against_a_constant_weight(rows, tb):
+    """Few rows against a constant weight run on its packed panels (a classifier head): onnxruntime's result
+    for one row, several, and more than the panels take (BLAS), a column count that leaves a part panel, both
+    layouts of B, twice from one session (the second run reuses the panels)."""
+    k, n = 200, 75
+    b = _rand((n, k) if tb else (k, n), np.float32)
+    inits = {"b": b, "c": _rand((n,), np.float32)}
+    m = _model("Gemm", {"a": _rand((rows, k), np.float32)}, inits=inits, opset=13, transB=tb, alpha=0.5,
+               beta=2.0).SerializeToString()
+    ours = InferenceSession(m, providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for _ in range(2):
+        feeds = {"a": _rand((rows, k), np.float32)}
+        np.testing.assert_allclose(ours.run(None, feeds)[0], ref.run(None, feeds)[0], *TOL[np.float32])
+
+
 def test_gemm_bad_bias():
     m = _model("Gemm", {"a": _rand((4, 8), np.float32), "b": _rand((8, 6), np.float32),
                         "c": _rand((5,), np.float32)}, opset=13).SerializeToString()

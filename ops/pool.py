@@ -147,27 +147,47 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
                                         of[np.uint64(ob + ow)] = v if v > o else o
 
 
-@njit(**_OPTS)
+_GLOBAL_PARALLEL_MIN = 1 << 16  # elements from which the channels of a global pooling run over the threads
+
+
+@njit(parallel=True, **_OPTS)
 def _global(x, out, mode, p):
-    """x: (NC, L) -> out: (NC,); mode 0: max, 1: mean, 3: Lp."""
+    """x: (NC, L) -> out: (NC,); mode 0: max, 1: mean, 3: Lp.  Channels over the threads for large inputs."""
     NC, L = x.shape
-    for i in range(NC):
-        if mode == 0:
-            best = x[i, 0]
-            for j in range(1, L):
-                if x[i, j] > best:
-                    best = x[i, j]
-            out[i] = best
-        elif mode == 1:
-            acc = 0.0
-            for j in range(L):
-                acc += x[i, j]
-            out[i] = acc / L
-        else:
-            acc = 0.0
-            for j in range(L):
-                acc += x.dtype.type(abs(x[i, j]) ** p)  # in the input type, as in _pool
-            out[i] = acc ** (1.0 / p)
+    if NC * L < _GLOBAL_PARALLEL_MIN:
+        for i in range(NC):
+            _global_row(x, out, mode, p, i)
+    else:
+        for i in prange(NC):
+            _global_row(x, out, mode, p, i)
+
+
+@njit(**_OPTS)
+def _global_row(x, out, mode, p, i):
+    L = x.shape[1]
+    if mode == 0:
+        best = x[i, 0]
+        for j in range(1, L):
+            if x[i, j] > best:
+                best = x[i, j]
+        out[i] = best
+    elif mode == 1:
+        out[i] = _row_sum(x[i]) / L
+    else:
+        acc = 0.0
+        for j in range(L):
+            acc += x.dtype.type(abs(x[i, j]) ** p)  # in the input type, as in _pool
+        out[i] = acc ** (1.0 / p)
+
+
+@njit(fastmath={"reassoc"}, **_OPTS)
+def _row_sum(r):
+    """The float64 sum of ``r``, its additions reassociated so the loop vectorizes (a chain of float64 adds in
+    order ran at one element per add's latency, 5x onnxruntime's float32 sum on a 96 x 80 x 80 input)."""
+    acc = 0.0
+    for j in range(r.shape[0]):
+        acc += r[j]
+    return acc
 
 
 @njit(**_OPTS)

@@ -160,6 +160,9 @@ def test_lppool_and_globals():
     _compare("GlobalAveragePool", {"x": x})
     _compare("GlobalMaxPool", {"x": x})
     _compare("GlobalLpPool", {"x": x}, rtol=1e-4)
+    big = _randn(1, 24, 80, 80)  # channels over the threads, the sum's loop vectorized
+    _compare("GlobalAveragePool", {"x": big})
+    _compare("GlobalMaxPool", {"x": big})
 
 
 def test_maxunpool_roundtrip_and_bad_index():

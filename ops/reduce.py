@@ -26,7 +26,7 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError
 from ._common import F32, as_int_list, lowp, norm_axis, norm_axes, out_buffer
@@ -146,20 +146,59 @@ def reduce3(x, out, acc, mode):
                 for k in range(n):
                     for i in range(inner):
                         a[i] += x[o, k, i]
-        if mode == L2:
+        if mode == L2 or mode == MEAN or mode == LOGSUM:
             for i in range(inner):
-                out[o, i] = math.sqrt(a[i])
-        elif mode == MEAN:
-            for i in range(inner):
-                # a sum past the output type's range is infinite, as in onnxruntime's float32 accumulation
-                out[o, i] = a[i] if math.isinf(out.dtype.type(a[i])) else a[i] / n
-        elif mode == LOGSUM:
-            for i in range(inner):
-                v = out.dtype.type(a[i]) if math.isinf(out.dtype.type(a[i])) else a[i]
-                out[o, i] = math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
-        else:
+                out[o, i] = _finish(out, a[i], n, mode)
+        else:  # integer sums stay integers
             for i in range(inner):
                 out[o, i] = a[i]
+
+
+@njit(inline="always", **_OPTS)
+def _finish(out, a, n, mode):
+    """The output value of a float sum ``a`` of ``n`` terms (``mode``: its square root, mean or log; else as
+    is)."""
+    if mode == L2:
+        return math.sqrt(a)
+    if mode == MEAN:
+        # a sum past the output type's range is infinite, as in onnxruntime's float32 accumulation
+        return a if math.isinf(out.dtype.type(a)) else a / n
+    if mode == LOGSUM:
+        v = out.dtype.type(a) if math.isinf(out.dtype.type(a)) else a
+        return math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
+    return a
+
+
+_ROWS_PARALLEL_MIN = 1 << 16  # elements from which ``reduce_rows`` spreads its rows over the threads
+
+
+@njit(parallel=True, **_OPTS)
+def reduce_rows(x, out, mode):
+    """Float ``x`` (outer, n) reduced over its rows into ``out`` (outer,) for the summing modes (sum, square,
+    abs, L2, mean, log-sum): each row's float64 sum with its additions reassociated, so the loop vectorizes (the
+    in-order sums ran at one element per add's latency); rows over the threads for large inputs."""
+    outer, n = x.shape
+    if outer * n < _ROWS_PARALLEL_MIN:
+        for o in range(outer):
+            out[o] = _finish(out, _fast_sum(x[o], mode), n, mode)
+    else:
+        for o in prange(outer):
+            out[o] = _finish(out, _fast_sum(x[o], mode), n, mode)
+
+
+@njit(fastmath={"reassoc"}, **_OPTS)
+def _fast_sum(r, mode):
+    acc = 0.0
+    if mode == SUMSQ or mode == L2:
+        for k in range(r.shape[0]):
+            acc += r[k] * r[k]
+    elif mode == L1:
+        for k in range(r.shape[0]):
+            acc += abs(r[k])
+    else:
+        for k in range(r.shape[0]):
+            acc += r[k]
+    return acc
 
 
 @njit(**_OPTS)
@@ -291,6 +330,9 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
         out[...] = y.reshape(oshape)
         return out
     x3 = view3(x, axes)
+    if shp3[2] == 1 and dt.kind == "f" and mode in (SUM, SUMSQ, L1, L2, MEAN, LOGSUM):
+        reduce_rows(x3.reshape(shp3[0], shp3[1]), out.reshape(shp3[0]), mode)
+        return out
     float_acc = dt.kind == "f" or mode in (L2, LOGSUM, LOGSUMEXP)
     acc = np.zeros((2, shp3[2]), F64 if float_acc else (np.int64 if dt.kind == "i" else np.uint64))
     reduce3(x3, out.reshape(shp3[0], shp3[2]), acc, mode)

@@ -166,7 +166,7 @@ def test_norm_binds_plan_time_facts():
 
 @pytest.mark.parametrize("op_type,axes,keepdims", [
     ("ReduceMean", [-1], 1), ("ReduceSum", [0, 2], 0), ("ReduceMax", [1], 0), ("ReduceLogSumExp", [-1], 1),
-    ("ReduceL2", [1, 2], 1), ("ReduceSumSquare", None, 0), ("ReduceMin", [0, 2], 1)])
+    ("ReduceL2", [1, 2], 1), ("ReduceSumSquare", None, 0), ("ReduceMin", [0, 2], 1), ("ReduceL1", [-1], 0)])
 def test_reductions_float32(op_type, axes, keepdims):
     x = RNG.standard_normal((8, 512, 768), dtype=np.float32)
     inits = {} if axes is None else {"axes": np.array(axes, np.int64)}

@@ -30,6 +30,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError
 from ._common import F32, as_int_list, lowp, norm_axis, norm_axes, out_buffer
+from ._fastmath import maxnum, minnum
 from .registry import op
 
 __all__ = ["canon3", "reduce_shape", "REDUCE_BINDS", "REDUCE_MODES", "ReduceOp", "reduce_axes", "reduce_cpu"]
@@ -186,6 +187,46 @@ def reduce_rows(x, out, mode):
             out[o] = _finish(out, _fast_sum(x[o], mode), n, mode)
 
 
+@njit(parallel=True, **_OPTS)
+def extreme_rows(x, out, is_max):
+    """Float ``x`` (outer, n) reduced to each row's max (``is_max``) or min, with ``reduce3``'s bits: a NaN past
+    the first element gives the last such NaN, a first-element NaN stays, otherwise the extreme, and of equal
+    extremes the first (a zero keeps its sign).  The extreme is a ``maxnum``/``minnum`` reduction and the NaN
+    test an or-reduction, both vectorized; the rare rows with a NaN or a zero extreme are scanned again."""
+    outer, n = x.shape
+    if outer * n < _ROWS_PARALLEL_MIN:
+        for o in range(outer):
+            out[o] = _extreme(x[o], is_max)
+    else:
+        for o in prange(outer):
+            out[o] = _extreme(x[o], is_max)
+
+
+@njit(**_OPTS)
+def _extreme(r, is_max):
+    n = r.shape[0]
+    m = r[0]
+    nan = False
+    if is_max:
+        for k in range(n):
+            m = maxnum(m, r[k])
+            nan |= r[k] != r[k]
+    else:
+        for k in range(n):
+            m = minnum(m, r[k])
+            nan |= r[k] != r[k]
+    if nan:
+        for k in range(n - 1, 0, -1):
+            if r[k] != r[k]:
+                return r[k]
+        return r[0]
+    if m == 0:
+        for k in range(n):
+            if r[k] == 0:
+                return r[k]
+    return m
+
+
 @njit(fastmath={"reassoc"}, **_OPTS)
 def _fast_sum(r, mode):
     acc = 0.0
@@ -332,6 +373,9 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
     x3 = view3(x, axes)
     if shp3[2] == 1 and dt.kind == "f" and mode in (SUM, SUMSQ, L1, L2, MEAN, LOGSUM):
         reduce_rows(x3.reshape(shp3[0], shp3[1]), out.reshape(shp3[0]), mode)
+        return out
+    if shp3[2] == 1 and dt.kind == "f" and mode in (MAX, MIN):
+        extreme_rows(x3.reshape(shp3[0], shp3[1]), out.reshape(shp3[0]), mode == MAX)
         return out
     float_acc = dt.kind == "f" or mode in (L2, LOGSUM, LOGSUMEXP)
     acc = np.zeros((2, shp3[2]), F64 if float_acc else (np.int64 if dt.kind == "i" else np.uint64))

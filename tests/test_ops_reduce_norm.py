@@ -174,6 +174,40 @@ def test_reductions_float32(op_type, axes, keepdims):
     _compare(op_type, {"x": x}, inits=inits, keepdims=keepdims, rtol=1e-3 if axes is None else 1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("is_max", [True, False])
+def test_row_extremes_give_the_general_kernels_bits(is_max):
+    """The vectorized row max/min against the general kernel on rows with NaN first, NaN later (two payloads),
+    signed zeros in both orders, infinities and ties: the same bits in every row."""
+    from ops import reduce as R
+    rows = RNG.standard_normal((12, 37)).astype(np.float32)
+    nan2 = np.frombuffer(np.uint32(0x7FC00123).tobytes(), np.float32)[0]
+    rows[0, 0] = np.nan
+    rows[1, 5], rows[1, 30] = np.nan, nan2
+    rows[2] = 0.0
+    rows[2, 3] = -0.0
+    rows[3] = -0.0
+    rows[3, 7] = 0.0
+    rows[4, 9] = np.inf
+    rows[5, 11] = -np.inf
+    rows[6] = -np.inf
+    rows[7, :] = rows[7, 0]
+    rows[8, 0], rows[8, 20] = np.nan, 1e30
+    rows[9] = -0.0
+    rows[9, -1] = 0.0
+    rows[10] = 0.0
+    rows[10, -1] = -0.0
+    rows[11] = -1.0 if is_max else 1.0
+    rows[11, 5], rows[11, 20], rows[11, 36] = -0.0, 0.0, 0.0
+    for dt in (np.float32, np.float64):
+        x = rows.astype(dt)
+        got = np.empty(12, dt)
+        R.extreme_rows(x, got, is_max)
+        want = np.empty((12, 1), dt)
+        R.reduce3(x.reshape(12, 37, 1), want, np.zeros((2, 1)), R.MAX if is_max else R.MIN)
+        np.testing.assert_array_equal(got.view(np.uint32 if dt == np.float32 else np.uint64),
+                                      want.reshape(-1).view(np.uint32 if dt == np.float32 else np.uint64))
+
+
 @pytest.mark.parametrize("dtype", [np.int64])
 def test_reductions_int(dtype):
     x = RNG.integers(-50, 50, (16, 300, 40)).astype(dtype)

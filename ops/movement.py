@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.dtypes import np_dtype
 from runtime.errors import (IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError,
@@ -265,8 +265,67 @@ def transpose_cpu(b: TransposeOp, ctx):
 
     def run(data):
         x = contig(data)
-        return materialize(x, x.transpose(transpose_perm(x.ndim, b)), out)
+        perm = transpose_perm(x.ndim, b)
+        tiles = _matrix_swap(x.shape, perm) if x.size >= _TILED_MIN else None
+        u = uview(x) if tiles is not None else None
+        if u is None or u[1] != 1:
+            return materialize(x, x.transpose(perm), out)
+        o = out_buffer(out, tuple(x.shape[a] for a in perm), x.dtype)
+        _transpose_tiles(u[0].reshape(tiles), o.reshape(-1).view(u[0].dtype).reshape(tiles[0], tiles[2], tiles[1]))
+        return o
     return run
+
+
+_TILED_MIN = 1 << 14  # elements from which a transpose that swaps two blocks of axes runs tiled
+_TILE = 32
+
+
+def _matrix_swap(shape, perm):
+    """``(batch, R, C)`` when transposing ``shape`` by ``perm`` swaps two blocks of axes after leading ones it
+    keeps (the input read as batch x R x C, the output as batch x C x R: NCHW to NHWC and back, a matrix
+    transpose), else None."""
+    rank = {a: k for k, a in enumerate(a for a in range(len(shape)) if shape[a] != 1)}
+    axes = [rank[a] for a in perm if a in rank]  # the axes that are not extent 1, renumbered, in output order
+    dims = [shape[a] for a in sorted(rank, key=rank.get)]
+    runs = []
+    for a in axes:
+        if runs and a == runs[-1][-1] + 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    # runs of input axes in output order; a batch run (kept in place) may lead
+    if len(runs) == 3 and runs[0][0] == 0 and runs[2][0] == runs[0][-1] + 1 and runs[2][-1] + 1 == runs[1][0]:
+        batch, (c, r) = runs[0], runs[1:]
+    elif len(runs) == 2 and runs[1][-1] + 1 == runs[0][0]:
+        batch, (c, r) = [], runs
+    else:
+        return None
+    size = lambda axs: int(np.prod([dims[a] for a in axs])) if axs else 1  # noqa: E731
+    return size(batch), size(r), size(c)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _transpose_tiles(x, out):
+    """out (B, C, R) = x (B, R, C) transposed per matrix, in 32 x 32 tiles over the threads: each tile's reads
+    and writes stay in cache (numpy's strided copy of the transposed view ran 3.6x onnxruntime on NCHW to
+    NHWC at 64 x 80 x 80)."""
+    B, R, C = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    tr = (R + _TILE - 1) // _TILE
+    tc = (C + _TILE - 1) // _TILE
+    for t in prange(B * tr * tc):
+        bt = t // (tr * tc)
+        rem = t - bt * tr * tc
+        i0 = (rem // tc) * _TILE
+        j0 = (rem - (rem // tc) * tc) * _TILE
+        i1 = min(R, i0 + _TILE)
+        j1 = min(C, j0 + _TILE)
+        base = bt * R * C
+        for j in range(j0, j1):
+            d = base + j * R
+            for i in range(i0, i1):  # flat unsigned indices: no wraparound, no view reference counts
+                of[np.uint64(d + i)] = xf[np.uint64(base + i * C + j)]
 
 
 op("Transpose", 1, bind=bind_transpose, writes_out=True)(transpose_cpu)

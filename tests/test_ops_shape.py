@@ -145,6 +145,20 @@ def test_transpose(shape, perm, dt):
     check("Transpose", {"x": rand(shape, dt)}, perm=list(perm))
 
 
+@pytest.mark.parametrize("shape,perm,dt", [
+    ((2, 24, 33, 31), (0, 2, 3, 1), np.float32),    # NCHW -> NHWC, a batch, edges past whole tiles
+    ((1, 45, 37, 40), (0, 3, 1, 2), np.int8),       # NHWC -> NCHW
+    ((3, 1, 70, 90), (1, 0, 3, 2), np.float16),     # unit axes around a matrix transpose under a batch
+    ((130, 129), (1, 0), np.bool_),
+    ((4, 50, 6, 30), (0, 3, 1, 2), np.int64),       # the last block moved ahead of two
+    ((8, 30, 20, 10), (2, 0, 1, 3), np.float32),    # not a swap of two blocks: the general copy
+])
+def test_transpose_tiled(shape, perm, dt):
+    """Transposes that swap two blocks of axes (after leading ones kept) run as tiled matrix transposes:
+    onnxruntime's result for every element size and tile edge; other permutations keep the general copy."""
+    check("Transpose", {"x": rand(shape, dt)}, perm=list(perm))
+
+
 def test_concat_split():
     a, b, c = rand((8, 100, 64)), rand((8, 28, 64)), rand((8, 1, 64))
     check("Concat", {"a": a, "b": b, "c": c}, axis=1)

@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core.extending import intrinsic
 
 from . import _simd
-from ._u8s8 import emit_lane_gemm, lane_gemm_signature, pack_lanes
+from ._u8s8 import lane_gemm, pack_lanes
 
 __all__ = ["pack", "gemm", "gemm_groups", "gemm_portable", "AVX2"]
 
@@ -61,12 +60,7 @@ def _maddwd(builder, av, wv):
     return builder.call(mwd, [builder.bitcast(av, _V16I16), builder.bitcast(wv, _V16I16)])
 
 
-@intrinsic
-def _gemm_avx2(typingctx, a, w, out, g0, g1):
-    sig = lane_gemm_signature(a, w, out, g0, g1, types.int16, types.int16)
-    if sig is None:
-        return None
-    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _maddwd)
+_gemm_avx2 = lane_gemm("gemm_i16_avx2", types.int16, types.int16, _maddwd)
 
 
 @njit(cache=True, nogil=True)

@@ -34,7 +34,7 @@ from numba.core.extending import intrinsic
 
 from . import _simd
 
-__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "sat_gemm", "sat_gemm_portable",
+__all__ = ["pack", "pack_lanes", "emit_lane_gemm", "lane_gemm_signature", "lane_gemm", "sat_gemm", "sat_gemm_portable",
            "dot_gemm", "dot_gemm_portable", "host_gemm", "host_gemm_tasks", "zero_point_terms", "AVX2", "VNNI", "SATURATES", "PACKED"]
 
 AVX2 = _simd.AVX2
@@ -65,11 +65,13 @@ def pack(W: np.ndarray) -> np.ndarray:
 @njit(cache=True, nogil=True)
 def sat_gemm_portable(A, Wp, out):
     """``sat_gemm`` by a Numba loop: each pair of products added in 32 bits, then clamped to int16."""
-    _sat_part_portable(A, Wp, out, 0, Wp.shape[0])
+    _lanes_portable(A, Wp, out, 0, Wp.shape[0], True)
 
 
 @njit(cache=True, nogil=True)
-def _sat_part_portable(A, Wp, out, g0, g1):
+def _lanes_portable(A, Wp, out, g0, g1, saturate):
+    """The lane products over column groups [g0, g1) by a Numba loop: each pair of products added in 32 bits,
+    clamped to int16 when ``saturate`` (``vpmaddubsw``), then added to the column's total (exactly otherwise)."""
     M = A.shape[0]
     K4 = Wp.shape[1]
     for m in range(M):
@@ -80,8 +82,13 @@ def _sat_part_portable(A, Wp, out, g0, g1):
                     for t in range(0, 4, 2):
                         s = np.int32(A[m, 4 * kk + t]) * np.int32(Wp[g, kk, 4 * i + t]) \
                             + np.int32(A[m, 4 * kk + t + 1]) * np.int32(Wp[g, kk, 4 * i + t + 1])
-                        acc += min(max(s, np.int32(-32768)), np.int32(32767))
+                        acc += min(max(s, np.int32(-32768)), np.int32(32767)) if saturate else s
                 out[m, 8 * g + i] = acc
+
+
+@njit(cache=True, nogil=True)
+def _sat_part_portable(A, Wp, out, g0, g1):
+    _lanes_portable(A, Wp, out, g0, g1, True)
 
 
 def _intrinsic_fn(builder, name, ret, args):
@@ -170,6 +177,18 @@ def lane_gemm_signature(a, w, out, g0, g1, adt, wdt):
     return None
 
 
+def lane_gemm(name, adt, wdt, product):
+    """A Numba intrinsic ``name(A, Wp, out, g0, g1)``: ``emit_lane_gemm`` with ``product`` for ``A`` of ``adt`` and
+    packed weights of ``wdt`` (the typing refuses other operands)."""
+    def impl(typingctx, a, w, out, g0, g1):
+        sig = lane_gemm_signature(a, w, out, g0, g1, adt, wdt)
+        if sig is None:
+            return None
+        return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, product)
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
 def _maddubs(builder, av, wv):
     """The 4 uint8 x int8 products of each lane: pairs saturated to int16 (``vpmaddubsw``), added (``vpmaddwd``)."""
     mub = _intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [_V32I8, _V32I8])
@@ -178,12 +197,7 @@ def _maddubs(builder, av, wv):
     return builder.call(mwd, [pairs, ir.Constant(_V16I16, [ir.Constant(_I16, 1)] * 16)])
 
 
-@intrinsic
-def _sat_gemm_avx2(typingctx, a, w, out, g0, g1):
-    sig = lane_gemm_signature(a, w, out, g0, g1, types.uint8, types.int8)
-    if sig is None:
-        return None
-    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _maddubs)
+_sat_gemm_avx2 = lane_gemm("sat_gemm_avx2", types.uint8, types.int8, _maddubs)
 
 
 @njit(cache=True, nogil=True)
@@ -204,21 +218,12 @@ def sat_gemm(A, Wp, out):
 @njit(cache=True, nogil=True)
 def dot_gemm_portable(A, Wp, out):
     """``dot_gemm`` by a Numba loop: every product added exactly in 32 bits."""
-    _dot_part_portable(A, Wp, out, 0, Wp.shape[0])
+    _lanes_portable(A, Wp, out, 0, Wp.shape[0], False)
 
 
 @njit(cache=True, nogil=True)
 def _dot_part_portable(A, Wp, out, g0, g1):
-    M = A.shape[0]
-    K4 = Wp.shape[1]
-    for m in range(M):
-        for g in range(g0, g1):
-            for i in range(8):
-                acc = np.int32(0)
-                for kk in range(K4):
-                    for t in range(4):
-                        acc += np.int32(A[m, 4 * kk + t]) * np.int32(Wp[g, kk, 4 * i + t])
-                out[m, 8 * g + i] = acc
+    _lanes_portable(A, Wp, out, g0, g1, False)
 
 
 def _dpbusd(builder, av, wv):
@@ -228,12 +233,7 @@ def _dpbusd(builder, av, wv):
     return builder.call(dp, [ir.Constant(_V8I32, [ir.Constant(_I32, 0)] * 8), av, builder.bitcast(wv, _V8I32)])
 
 
-@intrinsic
-def _dot_gemm_vnni(typingctx, a, w, out, g0, g1):
-    sig = lane_gemm_signature(a, w, out, g0, g1, types.uint8, types.int8)
-    if sig is None:
-        return None
-    return sig, lambda context, builder, sig, args: emit_lane_gemm(context, builder, sig, args, _dpbusd)
+_dot_gemm_vnni = lane_gemm("dot_gemm_vnni", types.uint8, types.int8, _dpbusd)
 
 
 @njit(cache=True, nogil=True)

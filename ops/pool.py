@@ -85,6 +85,12 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
     KD, KH, KW = ksz[0], ksz[1], ksz[2]
     s2 = st[2]
     los, his = tap_runs(KW, dil[2], pb[2], s2, W, OW)  # per width tap: the outputs inside the row
+    fe = np.full(OW, -1, np.int64)  # per output: its first width tap inside the row (-1: none)
+    for ow in range(OW):
+        for e in range(KW):
+            if ow >= los[e] and ow < his[e]:
+                fe[ow] = e
+                break
     xf = x.reshape(-1)
     of = out.reshape(-1)
     T = max(1, min(nthreads, NC))
@@ -94,30 +100,7 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
             for od in range(OD):
                 for oh in range(OH):
                     ob = ((nc * OD + od) * OH + oh) * OW
-                    # the first row the window reaches, then each output's first tap in it: what the output
-                    # holds before the taps are taken in order
-                    r0 = -1
-                    for a in range(KD):
-                        zi = od * st[0] - pb[0] + a * dil[0]
-                        if zi < 0 or zi >= D:
-                            continue
-                        for b in range(KH):
-                            yi = oh * st[1] - pb[1] + b * dil[1]
-                            if yi >= 0 and yi < H:
-                                r0 = ((nc * D + zi) * H + yi) * W
-                                break
-                        if r0 >= 0:
-                            break
-                    for ow in range(OW):
-                        v = first
-                        if r0 >= 0:
-                            for e in range(KW):
-                                if ow >= los[e] and ow < his[e]:
-                                    v = xf[np.uint64(r0 + e * dil[2] - pb[2] + ow * s2)]
-                                    break
-                        of[np.uint64(ob + ow)] = v
-                    if r0 < 0:
-                        continue
+                    started = False
                     for a in range(KD):
                         zi = od * st[0] - pb[0] + a * dil[0]
                         if zi < 0 or zi >= D:
@@ -127,6 +110,12 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
                             if yi < 0 or yi >= H:
                                 continue
                             rb = ((nc * D + zi) * H + yi) * W
+                            if not started:  # the first row the window reaches: each output's first tap
+                                for ow in range(OW):
+                                    e = fe[ow]
+                                    of[np.uint64(ob + ow)] = first if e < 0 else \
+                                        xf[np.uint64(rb + e * dil[2] - pb[2] + ow * s2)]
+                                started = True
                             for e in range(KW):
                                 xo = rb + e * dil[2] - pb[2]
                                 # a select writing the one array it reads besides x: it vectorizes
@@ -145,6 +134,9 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
                                         v = xf[np.uint64(xo + ow * s2)]
                                         o = of[np.uint64(ob + ow)]
                                         of[np.uint64(ob + ow)] = v if v > o else o
+                    if not started:
+                        for ow in range(OW):
+                            of[np.uint64(ob + ow)] = first
 
 
 _GLOBAL_PARALLEL_MIN = 1 << 16  # elements from which the channels of a global pooling run over the threads

@@ -19,7 +19,7 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, ShapeMismatchError
 
 __all__ = ["mlas_order", "window_geometry", "pad3", "broadcast_shape", "to4", "out_buffer", "lowp", "F32", "norm_axis", "norm_axes", "as_int_list",
-           "check_same_dtype", "check_indices", "Plain", "bind_plain"]
+           "check_same_dtype", "check_indices", "Plain", "bind_plain", "value_key", "Resolved"]
 
 F32 = np.dtype(np.float32)
 _LOWP_NAMES = {"float16", "bfloat16"}
@@ -152,6 +152,28 @@ def as_int_list(x) -> list:
     if a.dtype.kind in "iu":
         return a.tolist()  # Python ints already, without a numpy scalar per element
     return [int(v) for v in a.tolist()]
+
+
+def value_key(v):
+    """A hashable key of a small input's dtype, shape and values (None for an absent input): what a kernel keys
+    the plan it resolves from such inputs by (shape targets, slice bounds)."""
+    return None if v is None else (v.dtype.str, v.shape, v.tobytes())
+
+
+class Resolved:
+    """A few resolved plans by key (a model resolves the same ones every run); emptied when it holds ``limit``."""
+
+    def __init__(self, limit: int = 16):
+        self.limit, self.plans = limit, {}
+
+    def get(self, key, make):
+        got = self.plans.get(key)
+        if got is None:
+            got = make()
+            if len(self.plans) >= self.limit:
+                self.plans.clear()
+            self.plans[key] = got
+        return got
 
 
 def check_same_dtype(op: str, *arrays) -> None:

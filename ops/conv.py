@@ -604,7 +604,7 @@ def _conv_integer_float(x, w, x_zero_point, w_zero_point, auto_pad, dilations, g
 _8BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
-def _conv_integer_pairs(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed):
+def _conv_integer_gemm(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed):
     """An ungrouped ConvInteger as onnxruntime's integer GEMM sums it: each image's windows as rows (im2col of
     x minus its zero point, transposed) against the weights packed once per node (``packed``: the weights,
     their zero points and the packed form).  uint8 x on VNNI hosts: the codes (the padding at the zero point)
@@ -670,7 +670,7 @@ def _conv_integer_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kerne
         if (int(group) == 1 and x.dtype in _8BIT and w.dtype in _8BIT and x.ndim == w.ndim >= 3
                 and x.shape[1] == w.shape[1] and ks == list(w.shape[2:]) and xz.size == 1
                 and wz.size in (1, w.shape[0]) and x.shape[0] * w.shape[0] * w[0].size > 0):
-            return _conv_integer_pairs(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed)
+            return _conv_integer_gemm(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed)
         # groups, other types, and every shape the float path refuses by name
         return _conv_integer_float(x, w, x_zero_point, w_zero_point, auto_pad, dilations, group, kernel_shape,
                                    pads, strides)

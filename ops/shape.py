@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import Plain, as_int_list, bind_plain, norm_axis
+from ._common import Plain, Resolved, as_int_list, bind_plain, norm_axis, value_key
 from .registry import op
 
 I64 = np.dtype(np.int64)
@@ -174,17 +174,10 @@ def view_shape(b: ViewOp, in_shape: tuple, second=None) -> tuple:
 def view_cpu(b: ViewOp, ctx=None):
     """The view on the CPU; the output shape resolved for an input shape and the second input's values is kept
     (a few of them: a model reshapes the same way every run)."""
-    memo = {}
+    resolved = Resolved()
 
     def run(data, second=None):
-        key = (data.shape, None if second is None else (second.dtype.str, second.shape, second.tobytes()))
-        shape = memo.get(key)
-        if shape is None:
-            shape = view_shape(b, data.shape, second)
-            if len(memo) >= 16:
-                memo.clear()
-            memo[key] = shape
-        return data.reshape(shape)
+        return data.reshape(resolved.get((data.shape, value_key(second)), lambda: view_shape(b, data.shape, second)))
     return run
 
 

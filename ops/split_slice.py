@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
-from ._common import as_int_list, norm_axis
+from ._common import Resolved, as_int_list, norm_axis, value_key
 from .movement import contig, materialize, out_of
 from .registry import op
 
@@ -164,29 +164,22 @@ def slice_bounds(b: SliceOp, shape, starts=None, ends=None, axes=None, steps=Non
     return out
 
 
-def _value_key(v):
-    return None if v is None else (v.dtype.str, v.shape, v.tobytes())
-
-
 def slice_cpu(b: SliceOp, ctx):
     """Slice on the CPU (the CUDA launch shares the bind).  The index resolved for an input shape and the
     values of starts, ends, axes and steps is kept (a few of them; a model slices the same way every run)."""
     buf = out_of(ctx)
-    memo = {}
+    resolved = Resolved()
+
+    def index(shape, starts, ends, axes, steps):
+        idx = [slice(None)] * len(shape)
+        for a, s, e, p in slice_bounds(b, shape, starts, ends, axes, steps):
+            idx[a] = slice(s, e if e >= 0 else None, p)
+        return tuple(idx)
 
     def run(data, starts=None, ends=None, axes=None, steps=None):
         x = contig(data)
-        key = (x.shape, _value_key(starts), _value_key(ends), _value_key(axes), _value_key(steps))
-        idx = memo.get(key)
-        if idx is None:
-            idx = [slice(None)] * x.ndim
-            for a, s, e, p in slice_bounds(b, x.shape, starts, ends, axes, steps):
-                idx[a] = slice(s, e if e >= 0 else None, p)
-            idx = tuple(idx)
-            if len(memo) >= 16:
-                memo.clear()
-            memo[key] = idx
-        return materialize(x, x[idx], buf)
+        key = (x.shape, value_key(starts), value_key(ends), value_key(axes), value_key(steps))
+        return materialize(x, x[resolved.get(key, lambda: index(x.shape, starts, ends, axes, steps))], buf)
     return run
 
 

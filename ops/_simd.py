@@ -384,11 +384,14 @@ class _OrtEmitter(_Emitter):
     codes; see ``ORT_AVX2`` in the module docstring): per row and column eight float lane accumulators, each
     a chain of fused multiply-adds over the blocks, folded into the output at the end."""
 
-    def __init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, signed):
+    def __init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, signed, quads=False):
         super().__init__(context, builder, sig, args, has_zp, portable, vnni, rows, 1)
         self.signed = signed
         self.pairs = not (signed and has_zp)  # MLAS's zero-point kernel updates one block at a time
+        self.quads = quads  # MLAS's AVX-512 kernels: 16 lanes over 4 blocks at a time, then single blocks
         self.lanes = [[cgutils.alloca_once(builder, _V8F) for _ in range(8)] for _ in range(rows)]
+        if quads:
+            self.lanes16 = [[cgutils.alloca_once(builder, _V8F) for _ in range(16)] for _ in range(rows)]
         self.fma = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
 
     def emit(self):
@@ -487,13 +490,54 @@ class _OrtEmitter(_Emitter):
                     d = self.both(lo, hi, self.aps[r], k)
                     self.lane(r, self._PAIR[h, j], self.value(d, r, blk, 2 * j, 8, z), sc[r][0])
 
+    def quad(self, g, blk0):
+        """Blocks blk0 .. blk0 + 3 into the 16 lanes of MLAS's AVX-512 layout: a block b's 32 products in groups
+        of 4 u = 0..7 (u = 2j for vector j's low half, 2j + 1 for its high half) go to lane
+        ``base(b) + 4 (u // 4) + u % 2`` (base 0, 8, 2, 10), two groups each, their exact integer sum times the
+        block's combined scale added by one fused multiply-add."""
+        builder = self.builder
+        for b in range(4):
+            blk = builder.add(blk0, self.const(b))
+            vb, kb, sc, _ = self.setup(g, blk)
+            base = (0, 8, 2, 10)[b]
+            sums = [[[None, None] for _ in range(2)] for _ in range(self.rows)]
+            for j in range(4):
+                lo, hi = self.codes(builder.add(vb, self.const(j)))
+                k = builder.add(kb, builder.mul(self.const(j), self.c8))
+                for r in range(self.rows):
+                    for t, (c, kk) in enumerate(((lo, k), (hi, builder.add(k, self.c4)))):
+                        d = self.half(c, self.aps[r], kk)
+                        old = sums[r][j // 2][t]
+                        sums[r][j // 2][t] = d if old is None else builder.add(old, d)
+            for r in range(self.rows):
+                for h in range(2):
+                    for t in range(2):
+                        L = base + 4 * h + t
+                        v = builder.sitofp(sums[r][h][t], _V8F)
+                        builder.store(builder.call(self.fma, [v, sc[r][0], builder.load(self.lanes16[r][L])]),
+                                      self.lanes16[r][L])
+
     def run(self, gs):
         builder, const = self.builder, self.const
         g = gs[0]
         for r in range(self.rows):
             for L in range(8):
                 builder.store(_splat(_V8F, 0.0), self.lanes[r][L])
-        if self.pairs:
+        if self.quads:
+            for r in range(self.rows):
+                for L in range(16):
+                    builder.store(_splat(_V8F, 0.0), self.lanes16[r][L])
+            nquads = builder.sdiv(self.nb, const(4))
+            with cgutils.for_range(builder, nquads, intp=self.intp) as lq:
+                self.quad(g, builder.mul(lq.index, const(4)))
+            for r in range(self.rows):  # the two 256-bit halves added, lane by lane
+                for L in range(8):
+                    builder.store(builder.fadd(builder.load(self.lanes16[r][L]), builder.load(self.lanes16[r][L + 8])),
+                                  self.lanes[r][L])
+            with cgutils.for_range_slice(builder, builder.mul(nquads, const(4)), self.nb, const(1),
+                                         intp=self.intp) as (blk, _):
+                self.single(g, blk)
+        elif self.pairs:
             npairs = builder.sdiv(self.nb, const(2))
             with cgutils.for_range(builder, npairs, intp=self.intp) as lp:
                 self.pair(g, builder.mul(lp.index, const(2)))
@@ -535,7 +579,7 @@ def _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out) -> bool:
     return all(isinstance(t, types.Array) and t.dtype == dt and t.ndim == n and t.layout == "C" for t, dt, n in want)
 
 
-def _make_ort(has_zp: bool, portable: bool, vnni: bool, rows: int, signed: bool):
+def _make_ort(has_zp: bool, portable: bool, vnni: bool, rows: int, signed: bool, quads: bool = False):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1, n4):
         """As ``_make``'s, with ``asum`` the sums of every 4 activations (``nb * 8`` per row) and ``n4`` the
         columns below which MLAS folds 4 columns at once (N rounded down to 4); the rest it sums one by one."""
@@ -545,12 +589,13 @@ def _make_ort(has_zp: bool, portable: bool, vnni: bool, rows: int, signed: bool)
         sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, sig, args):
-            _OrtEmitter(context, builder, sig, args, has_zp, portable, vnni, rows, signed).emit()
+            _OrtEmitter(context, builder, sig, args, has_zp, portable, vnni, rows, signed, quads).emit()
             return context.get_dummy_value()
 
         return sig, codegen
 
-    impl.__name__ = (f"dot_q4_ort{'_s' if signed else '_u'}{'_zp' if has_zp else ''}{'_portable' if portable else ''}"
+    impl.__name__ = (f"dot_q4_ort{'_s' if signed else '_u'}{'4' if quads else ''}{'_zp' if has_zp else ''}"
+                     f"{'_portable' if portable else ''}"
                      f"{'_vnni' if vnni else ''}{f'_rows{rows}' if rows > 1 else ''}")
     return intrinsic(impl)
 
@@ -621,3 +666,9 @@ dot_q4_ort_u_rows = _make_ort(False, not AVX2, VNNI, ORT_ROWS, False)
 dot_q4_ort_s_portable = _make_ort(False, True, False, 1, True)
 dot_q4_ort_s_zp_portable = _make_ort(True, True, False, 1, True)
 dot_q4_ort_u_rows_portable = _make_ort(False, True, False, ORT_ROWS, False)
+# MLAS's AVX-512 order (``_OrtEmitter.quad``): unsigned codes on every row, zero points through
+# ``ort_zero_point_sums``.
+dot_q4_ort_u4 = _make_ort(False, not AVX2, VNNI, 1, False, True)
+dot_q4_ort_u4_rows = _make_ort(False, not AVX2, VNNI, ORT_ROWS, False, True)
+dot_q4_ort_u4_portable = _make_ort(False, True, False, 1, False, True)
+dot_q4_ort_u4_rows_portable = _make_ort(False, True, False, ORT_ROWS, False, True)

@@ -53,7 +53,7 @@ TILE_ELEMS = _cq.TILE_ELEMS
 @njit(**_OPTS)
 def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, mlas):
     """MatMulNBits over A (M, K) float32: (out (M, N), error code into ``MNB_ERRORS``).  zp_mode 0 none, 1 packed
-    uint8, 2 float; ``mlas``: the int4 path in MLAS's AVX2 order (``_cq.mlas_avx2_path``)."""
+    uint8, 2 float; ``mlas``: the int4 path's order (``_cq.mlas_path``: 0 blockwise, else MLAS's for a host)."""
     nb = (K + bs - 1) // bs
     blob = bs * bits // 8
     M = a2.shape[0]
@@ -80,7 +80,8 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, m
         if mlas:
             if has_bias and bias.size != N:
                 return np.empty((0, 0), np.float32), 5
-            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES, bias, has_bias)
+            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES, bias, has_bias,
+                               mlas)
             return out, 0
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= ROWS_MAX:
@@ -221,8 +222,8 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 
 @njit(**_OPTS)
 def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
-    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: in MLAS's
-    AVX2 order (``_cq.gemv_q4i8_mlas``, which adds the bias itself)."""
+    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: nonzero, in
+    that MLAS order (``_cq.gemv_q4i8_mlas``, which adds the bias itself)."""
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
     if has_bias and bias.size != N:
@@ -230,7 +231,7 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
     out = np.empty((a2.shape[0], N), np.float32)
     parallel = qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES
     if mlas:
-        _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias)
+        _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
         return out, 0
     _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel)
     if has_bias:
@@ -299,7 +300,7 @@ def _matmul_nbits(e, m):
         else:
             packed = _repack(m, e.const(1), e.const(2), e.const(3), zp_mode)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
-            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant}, {_cq.mlas_avx2_path(bs)})")
+            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant}, {_cq.mlas_path(bs)})")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
         g = e.use(__name__, "gemv_q4i8_t")
@@ -307,7 +308,7 @@ def _matmul_nbits(e, m):
         # at 256 rows), so the original B is never read after plan time and its pages can be released.
         e.line(f"{{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
                f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)}, "
-               f"{_cq.mlas_avx2_path(bs)})")
+               f"{_cq.mlas_path(bs)})")
     elif packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")

@@ -375,7 +375,11 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
             out[m, n] = y[n]
 
 
-# -- onnxruntime's order on x86 hosts without AVX-512 (MLAS's AVX2 int8 kernels, blocks of 32) ------------
+# -- onnxruntime's order on x86 hosts: MLAS's AVX2 int8 kernels, or its AVX-512 ones (blocks of 32) --------
+
+ORDER_AVX2 = 1  # ``mlas_path``'s values: 0 the blockwise order, these two MLAS's
+ORDER_AVX512 = 2
+
 
 def mlas_avx2_host() -> bool:
     """Whether onnxruntime takes MLAS's AVX2 int8 kernels for level-4 int4 products on this host: x86 with AVX2 and
@@ -383,13 +387,23 @@ def mlas_avx2_host() -> bool:
     return _simd.AVX2 and not _simd.AVX512F
 
 
-def mlas_avx2_path(bs) -> bool:
-    """Whether a level-4 int4 product of block size ``bs`` follows MLAS's AVX2 accumulation order, bit for bit
-    onnxruntime's on ``mlas_avx2_host`` hosts: blocks of 32 under ``_common.mlas_order`` (any host; the kernels
-    have a portable form).  Off by default: the blockwise order sums each block's exact integer dot into one float
-    per column, faster (MLAS's order costs 1.0-1.4x per decode product and 2-3x per prefill product, measured in
-    cache on an AVX2 host) and equal to onnxruntime's up to float rounding."""
-    return bs == 32 and mlas_order()
+def mlas_avx512_host() -> bool:
+    """Whether onnxruntime takes MLAS's AVX-512 int8 kernels: x86 with AVX-512 F, DQ, BW and VL (its "AVX-512
+    core"; with AVX512-VNNI the ``vpdpbusd`` twins, which compute the same integers; checked against onnxruntime on
+    a VNNI host)."""
+    return _simd.AVX512
+
+
+def mlas_path(bs) -> int:
+    """The order of a level-4 int4 product of block size ``bs``: 0, the blockwise order (each block's exact integer
+    dot summed into one float per column; the default: faster, and equal to onnxruntime's up to float rounding), or
+    under ``_common.mlas_order`` for blocks of 32, MLAS's order for this host, bit for bit onnxruntime's there:
+    ``ORDER_AVX512`` on ``mlas_avx512_host`` hosts, else ``ORDER_AVX2`` (any host runs either: the kernels have a
+    portable form).  MLAS's AVX2 order costs 1.0-1.4x the blockwise one per decode product and 2-3x per prefill
+    product (measured in cache on an AVX2 host)."""
+    if bs != 32 or not mlas_order():
+        return 0
+    return ORDER_AVX512 if mlas_avx512_host() else ORDER_AVX2
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
@@ -411,10 +425,15 @@ def _prep_a_i8_groups(a, bs, aq, ascale, gsum, absum):
 
 
 @njit(cache=True, nogil=True)
-def _ort_groups(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4):
-    """Column groups [g0, g1): one row (``aq`` 1-d; ``signed`` codes minus zero points, MLAS's one-row kernel, or
-    unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned)."""
-    if aq.ndim == 2:
+def _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4):
+    """Column groups [g0, g1): one row (``aq`` 1-d; ``signed`` codes minus zero points, MLAS's AVX2 one-row kernel,
+    or unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned); ``quads``: MLAS's AVX-512 lanes (unsigned)."""
+    if quads:
+        if aq.ndim == 2:
+            _simd.dot_q4_ort_u4_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+        else:
+            _simd.dot_q4_ort_u4(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif aq.ndim == 2:
         _simd.dot_q4_ort_u_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
     elif not signed:
         _simd.dot_q4_ort_u(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
@@ -425,11 +444,12 @@ def _ort_groups(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1,
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _ort_par(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, n4):
+def _ort_par(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, n4):
     G = qi.shape[0]
     for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
         g0 = t * _GROUPS_PER_TASK
-        _ort_groups(signed, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G), n4)
+        _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0,
+                    min(g0 + _GROUPS_PER_TASK, G), n4)
 
 
 @njit(cache=True, nogil=True)
@@ -451,7 +471,7 @@ def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
 
 
 @njit(cache=True, nogil=True)
-def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias):
+def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, order):
     """``gemv_q4i8`` (with the bias added) in MLAS's AVX2 order for blocks of 32, bit for bit onnxruntime's
     level-4 product on such hosts:
 
@@ -462,7 +482,12 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
       the bias added;
     - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
       and pairs of blocks per update without zero points, one block per update with them; every other row uses
-      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``."""
+      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``.
+
+    ``order`` ``ORDER_AVX512``: MLAS's AVX-512 kernels instead.  Every row uses unsigned codes; per row and column
+    16 float lanes take 4 blocks per update (``_simd._OrtEmitter.quad``), the two halves are added lane by lane
+    (``l[j] + l[j + 8]``), the blocks past a multiple of 4 update those 8 lanes one block at a time (lane j the
+    block's products 4j..4j+3), then the folds, the bias and ``ort_zero_point_sums`` as above."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
     if qi.shape[2] * 8 != bs or bs != 32:
@@ -470,7 +495,8 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
     n4 = N - N % 4
     z = np.float32(zdef)
     M = a2.shape[0]
-    nu = M - 1 if M % ORT_RANGE_M == 1 else M  # rows with unsigned codes; the last one, if any, is signed
+    quads = order == ORDER_AVX512
+    nu = M - 1 if M % ORT_RANGE_M == 1 and not quads else M  # rows with unsigned codes; the last one, if any, signed
     R = _simd.ORT_ROWS
     nq = nb * bs // 4
     absum = np.empty((max(M, 1), nb), np.float32)
@@ -489,9 +515,9 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
                 ascr[r] = ascr[take - 1]
                 gsr[r] = gsr[take - 1]
             if parallel:
-                _ort_par(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, n4)
+                _ort_par(False, quads, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, n4)
             else:
-                _ort_groups(False, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, 0, G, n4)
+                _ort_groups(False, quads, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, 0, G, n4)
             out[done:done + take, :N] = yr[:take, :N]
             done += take
     aq = np.empty(nb * bs, np.int8)
@@ -502,9 +528,9 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
         _prep_a_i8_groups(a2[m], bs, aq, ascale, gs, absum[m])
         signed = m >= nu
         if parallel:
-            _ort_par(signed, qi, aq, ascale, gs, z, zft, has_zp, sct, y, n4)
+            _ort_par(signed, quads, qi, aq, ascale, gs, z, zft, has_zp, sct, y, n4)
         else:
-            _ort_groups(signed, qi, aq, ascale, gs, z, zft, has_zp, sct, y, 0, G, n4)
+            _ort_groups(signed, quads, qi, aq, ascale, gs, z, zft, has_zp, sct, y, 0, G, n4)
         for n in range(N):
             out[m, n] = y[n]
     yz = np.empty(8 * G, np.float32)
@@ -746,10 +772,11 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         _, _, qi, sct, zft = lay
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)) as nt:  # rows sharing a pass: more work per byte
             a2c = np.ascontiguousarray(a2, dtype=F32)
-            if mlas_avx2_path(bs) if mlas is None else mlas:
+            order = mlas_path(bs) if mlas is None else mlas
+            if order:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
-                gemv_q4i8_mlas(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias)
+                gemv_q4i8_mlas(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
                 bias = None  # added in onnxruntime's place, before the zero points' share
             else:
                 gemv_q4i8(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1)
@@ -768,7 +795,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
 @op("MatMulNBits", 1, domain="com.microsoft", bind=bind_mnb)
 def _matmul_nbits_cpu(m: Mnb, ctx):
     cache = {}
-    mlas = mlas_avx2_path(m.bs)  # the setting, read once per node rather than at every run
+    mlas = mlas_path(m.bs)  # the setting, read once per node rather than at every run
 
     def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
         return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache, mlas=mlas)

@@ -1,8 +1,8 @@
-"""Level-4 int4 products in MLAS's AVX2 order (ops/contrib_quant.gemv_q4i8_mlas, ops/_simd._OrtEmitter): bit for
-bit a reference written from that order in numpy, on every path (one row with signed codes, with and without zero
-points; unsigned codes with the zero points' share added after; several rows per pass; N not a multiple of 4; K
-not a multiple of the block), the host's instructions equal to the portable IR, and, on hosts where onnxruntime
-takes these kernels, bit for bit onnxruntime's MatMulNBits."""
+"""Level-4 int4 products in MLAS's orders (ops/contrib_quant.gemv_q4i8_mlas, ops/_simd._OrtEmitter), its AVX2 one
+and its AVX-512 one: bit for bit a reference written from each order in numpy, on every path (one row with signed
+codes, with and without zero points; unsigned codes with the zero points' share added after; several rows per
+pass; N not a multiple of 4; K not a multiple of the block or of 4 blocks), the host's instructions equal to the
+portable IR, and, on hosts where onnxruntime takes the order, bit for bit onnxruntime's MatMulNBits."""
 import numpy as np
 import pytest
 from numba import njit
@@ -21,18 +21,10 @@ def _fma(a, b, c):
 
 
 def reference(A, codes, scales, zps, bias, range_m=128):
-    """MLAS's order, written out: ``codes`` [N, nb*32] 0..15, ``scales`` [N, nb], ``zps`` [N, nb] or None."""
+    """MLAS's AVX2 order, written out: ``codes`` [N, nb*32] 0..15, ``scales`` [N, nb], ``zps`` [N, nb] or None."""
     M, K = A.shape
     N, nb = scales.shape
-    qa = np.zeros((M, nb * 32), np.int64)
-    sa = np.zeros((M, nb), F)
-    for m in range(M):
-        for b in range(nb):
-            x = A[m, 32 * b:min(K, 32 * b + 32)]
-            mx = np.abs(x).max()
-            sa[m, b] = mx / F(127)
-            inv = F(127) / mx if mx != 0 else F(0)
-            qa[m, 32 * b:32 * b + x.size] = np.rint(x * inv)
+    qa, sa = _quantize(A, nb)
     z = np.full((N, nb), 8) if zps is None else zps
     out = np.zeros((M, N), F)
     for m in range(M):
@@ -55,21 +47,77 @@ def reference(A, codes, scales, zps, bias, range_m=128):
             else:
                 lanes = _fma(quads[:, b].astype(F), s[:, b:b + 1], lanes)
                 b += 1
-        x = lanes.T
-        fold = ((((x[0] + x[1]) + x[2]) + x[3]) + (((x[4] + x[5]) + x[6]) + x[7])).astype(F)
-        hsum = (((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]))).astype(F)
-        y = np.where(np.arange(N) < N - N % 4, fold, hsum).astype(F)
-        if bias is not None:
-            y = (y + bias).astype(F)
-        if not signed:
-            absum = (sa[m] * qa[m].reshape(nb, 32).sum(-1).astype(F)).astype(F)
-            bblk = (-scales * z.astype(F)).astype(F)
-            chain = np.zeros(N, F)
-            for b in range(nb):
-                chain = _fma(absum[b], bblk[:, b], chain)
-            y = (chain + y).astype(F)
-        out[m] = y
+        out[m] = _finish(lanes.T, N, bias, sa[m], qa[m], scales, z, signed)
     return out
+
+
+_QUAD_LANE = np.array([0, 0, 2, 2, 0, 0, 2, 2, 1, 1, 3, 3, 1, 1, 3, 3])  # the block (of 4) of each of 16 lanes
+
+
+def reference512(A, codes, scales, zps, bias):
+    """MLAS's AVX-512 order, written out from its kernels' vector operations: per 4 blocks (128 products) two
+    ``vpdpbusd`` of 64 bytes (lanes of 4 products), their 64-bit halves interleaved and added into 16 lanes, each
+    times its block's combined scale added by a fused multiply-add; the halves of the 16 lanes added; the blocks
+    past a multiple of 4 into those 8 lanes; folds, bias and the zero points' share as the AVX2 order's rows of
+    unsigned codes, on every row."""
+    M, K = A.shape
+    N, nb = scales.shape
+    qa, sa = _quantize(A, nb)
+    z = np.full((N, nb), 8) if zps is None else zps
+    out = np.zeros((M, N), F)
+    for m in range(M):
+        prod = codes * qa[m]
+        s = (sa[m] * scales).astype(F)
+        acc = np.zeros((N, 16), F)
+        for c in range(nb // 4):
+            pc = prod[:, 128 * c:128 * c + 128]
+            d0 = pc[:, :64].reshape(N, 16, 4).sum(-1)  # vpdpbusd lanes: blocks 0, 1
+            d1 = pc[:, 64:].reshape(N, 16, 4).sum(-1)  # blocks 2, 3
+            lanes = np.zeros((N, 16), np.int64)
+            for i in range(4):  # unpacklo/unpackhi_epi64 per 128-bit lane, then added
+                lanes[:, 4 * i] = d0[:, 4 * i] + d0[:, 4 * i + 2]
+                lanes[:, 4 * i + 1] = d0[:, 4 * i + 1] + d0[:, 4 * i + 3]
+                lanes[:, 4 * i + 2] = d1[:, 4 * i] + d1[:, 4 * i + 2]
+                lanes[:, 4 * i + 3] = d1[:, 4 * i + 1] + d1[:, 4 * i + 3]
+            acc = _fma(lanes.astype(F), s[:, 4 * c + _QUAD_LANE], acc)
+        x8 = (acc[:, :8] + acc[:, 8:]).astype(F)
+        for b in range(nb - nb % 4, nb):
+            x8 = _fma(prod[:, 32 * b:32 * b + 32].reshape(N, 8, 4).sum(-1).astype(F), s[:, b:b + 1], x8)
+        out[m] = _finish(x8.T, N, bias, sa[m], qa[m], scales, z)
+    return out
+
+
+def _quantize(A, nb):
+    M, K = A.shape
+    qa = np.zeros((M, nb * 32), np.int64)
+    sa = np.zeros((M, nb), F)
+    for m in range(M):
+        for b in range(nb):
+            x = A[m, 32 * b:min(K, 32 * b + 32)]
+            mx = np.abs(x).max()
+            sa[m, b] = mx / F(127)
+            inv = F(127) / mx if mx != 0 else F(0)
+            qa[m, 32 * b:32 * b + x.size] = np.rint(x * inv)
+    return qa, sa
+
+
+def _finish(x, N, bias, sa, qa, scales, z, signed=False):
+    """Eight lanes [8, N] folded (4 columns at once below N rounded down to 4, one by one past it), the bias, and
+    for unsigned codes the zero points' share as a chain of fused multiply-adds over the blocks."""
+    nb = scales.shape[1]
+    fold = ((((x[0] + x[1]) + x[2]) + x[3]) + (((x[4] + x[5]) + x[6]) + x[7])).astype(F)
+    hsum = (((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]))).astype(F)
+    y = np.where(np.arange(N) < N - N % 4, fold, hsum).astype(F)
+    if bias is not None:
+        y = (y + bias).astype(F)
+    if not signed:
+        absum = (sa * qa.reshape(nb, 32).sum(-1).astype(F)).astype(F)
+        bblk = (-scales * z.astype(F)).astype(F)
+        chain = np.zeros(N, F)
+        for b in range(nb):
+            chain = _fma(absum[b], bblk[:, b], chain)
+        y = (chain + y).astype(F)
+    return y
 
 
 def _case(K, N, M, zp, seed):
@@ -89,21 +137,29 @@ def _case(K, N, M, zp, seed):
 
 
 CASES = [(224, 14, 1, False), (224, 14, 1, True), (200, 16, 1, False), (96, 9, 2, True), (224, 14, 3, False),
-         (256, 24, 5, True), (160, 8, 9, False), (64, 12, 129, True)]
+         (256, 24, 5, True), (160, 8, 9, False), (64, 12, 129, True), (480, 13, 2, False)]
+ORDERS = {Q.ORDER_AVX2: reference, Q.ORDER_AVX512: reference512}
 
 
+@pytest.mark.parametrize("order", list(ORDERS))
 @pytest.mark.parametrize("K,N,M,zp", CASES)
-def test_equal_to_the_order_written_out(K, N, M, zp):
+def test_equal_to_the_order_written_out(K, N, M, zp, order):
     A, b3, sc, z, codes = _case(K, N, M, zp, seed=K + N + M)
     bias = np.linspace(-1, 1, N).astype(F) if M % 2 else None
     zf = z.astype(F) if zp else np.zeros((1, 1), F)
     qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
-    want = reference(A, codes, sc, z, bias)
+    want = ORDERS[order](A, codes, sc, z, bias)
     for parallel in (False, True):
         got = np.empty((M, N), F)
         Q.gemv_q4i8_mlas(A, qi, sct, zft, zp, 8.0, 32, got, parallel, bias if bias is not None else np.zeros(1, F),
-                         bias is not None)
+                         bias is not None, order)
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_two_orders_differ():
+    """The cases tell the orders apart: on one of them the AVX2 and AVX-512 orders give different bits."""
+    A, b3, sc, z, codes = _case(480, 13, 2, False, seed=495)
+    assert not np.array_equal(reference(A, codes, sc, None, None), reference512(A, codes, sc, None, None))
 
 
 @njit(cache=True)
@@ -159,6 +215,42 @@ def test_host_instructions_equal_the_portable_ir(zp):
     np.testing.assert_array_equal(yr[0], yr[1])
 
 
+@njit(cache=True)
+def _quads(form, a2, qi, sct, y):
+    """MLAS's AVX-512 lanes over ``a2``'s rows: one row at a time and ``ORT_ROWS`` per pass, in the host's
+    instructions (form 1) or the portable IR (form 0)."""
+    G, nb = qi.shape[0], qi.shape[1]
+    R = a2.shape[0]
+    aq = np.empty((R, nb * 32), np.int8)
+    ascale = np.empty((R, nb), np.float32)
+    gs = np.empty((R, nb * 8), np.float32)
+    absum = np.empty(nb, np.float32)
+    for r in range(R):
+        Q._prep_a_i8_groups(a2[r], 32, aq[r], ascale[r], gs[r], absum)
+    n4 = y.shape[2]
+    z = np.float32(8.0)
+    for r in range(R):
+        if form == 0:
+            _simd.dot_q4_ort_u4_portable(qi, aq[r], ascale[r], gs[r], z, sct, y[0, r], 0, G, n4)
+        else:
+            _simd.dot_q4_ort_u4(qi, aq[r], ascale[r], gs[r], z, sct, y[0, r], 0, G, n4)
+    if form == 0:
+        _simd.dot_q4_ort_u4_rows_portable(qi, aq, ascale, gs, z, sct, y[1], 0, G, n4)
+    else:
+        _simd.dot_q4_ort_u4_rows(qi, aq, ascale, gs, z, sct, y[1], 0, G, n4)
+
+
+def test_avx512_lanes_host_instructions_equal_the_portable_ir():
+    A, b3, sc, _, _ = _case(480, 21, _simd.ORT_ROWS, False, seed=7)  # 15 blocks: 3 passes of 4, then 3 single
+    qi, sct, zft = Q.int4_layout(b3, sc, np.zeros((1, 1), F), False)
+    G = qi.shape[0]
+    ys = [np.empty((2, _simd.ORT_ROWS, 8 * G), F) for _ in range(2)]
+    for form in (0, 1):
+        _quads(form, A, qi, sct, ys[form])
+    np.testing.assert_array_equal(ys[0], ys[1])
+    np.testing.assert_array_equal(ys[0][0], ys[0][1])  # a row's bits do not depend on the rows beside it
+
+
 def _mnb_model(K, N, b3, sc, z, bias):
     nb = b3.shape[1]
     inits = [nh.from_array(b3, "B"), nh.from_array(sc.reshape(-1), "S")]
@@ -178,8 +270,8 @@ def _mnb_model(K, N, b3, sc, z, bias):
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 
-@pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes its AVX2 int8 kernels only on x86 hosts "
-                    "with AVX2 and without AVX-512 (the reference comparison above runs everywhere)")
+@pytest.mark.skipif(not (Q.mlas_avx2_host() or Q.mlas_avx512_host()), reason="onnxruntime takes MLAS's AVX2 or "
+                    "AVX-512 int8 kernels only on x86 hosts (the reference comparisons above run everywhere)")
 @pytest.mark.parametrize("K,N,M,zp", CASES)
 def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     import onnxruntime as ort
@@ -195,8 +287,8 @@ def test_bit_for_bit_onnxruntime(K, N, M, zp, monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes its AVX2 int8 kernels only on x86 hosts "
-                    "with AVX2 and without AVX-512 (the reference comparison above runs everywhere)")
+@pytest.mark.skipif(not (Q.mlas_avx2_host() or Q.mlas_avx512_host()), reason="onnxruntime takes MLAS's AVX2 or "
+                    "AVX-512 int8 kernels only on x86 hosts (the reference comparisons above run everywhere)")
 def test_compiled_region_bit_for_bit_onnxruntime(monkeypatch):
     """The product inside a compiled region (the decoders' path) follows the setting as the node wrapper does."""
     import onnxruntime as ort

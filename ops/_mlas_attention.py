@@ -47,9 +47,9 @@ from numba.extending import intrinsic
 
 from ._fastmath import maxnum
 from ._panels import PANEL, pack_panels_into, tile4
-from ._simd import fma32
+from ._simd import AVX512F, fma32
 
-__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "rope_mlas", "attend_mlas", "kv_block"]
+__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas", "attend_mlas", "kv_block"]
 
 _OPTS = dict(cache=True, nogil=True)
 LOWEST = np.float32(np.finfo(np.float32).min)
@@ -138,10 +138,44 @@ def _exp_el(v, negmax):
     return np.float32(p * _pow2_bits(b))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _exp_el16(v, negmax):
+    """One element of MLAS's AVX-512 sum-exp kernel: ``_exp_el``'s polynomial, the result scaled by ``vscalefps``
+    (``p * 2**m`` rounded once, where the FMA3 kernel multiplies by 2**m built in the exponent bits)."""
+    x = maxnum(np.float32(v + negmax), _LOWER)
+    b = fma32(x, _LOG2R, _BIAS)
+    m = np.float32(b - _BIAS)
+    x = fma32(m, _LOG2H, x)
+    x = fma32(m, _LOG2L, x)
+    p = fma32(_P0, x, _P1)
+    p = fma32(p, x, _P2)
+    p = fma32(p, x, _P3)
+    p = fma32(p, x, _P4)
+    p = fma32(p, x, _ONE)
+    p = fma32(p, x, _ONE)
+    return np.float32(np.float64(p) * math.ldexp(1.0, int(m)))  # exact in float64, then one rounding
+
+
 @njit(**_OPTS)
-def sum_exp(p, n, negmax):
-    """``p[:n] = e**(p[:n] + negmax)`` in place, by MLAS's sum-exp kernel; returns their sum in its order: eight
-    lanes over chunks of eight (a last partial chunk in lanes from 0), folded ``((l4+l5)+(l6+l7)) +
+def sum_exp16(p, n, negmax):
+    """``sum_exp`` as MLAS's AVX-512 kernel computes it (onnxruntime on hosts with AVX-512 F): the elements by
+    ``_exp_el16``; the sum in 16 lanes, lane i adding elements i, i + 16, i + 32, ... in order, the halves added
+    (``s_i = l_i + l_{i+8}``) and folded ``((s0+s1)+(s2+s3)) + ((s4+s5)+(s6+s7))``."""
+    for j in range(n):
+        p[j] = _exp_el16(p[j], negmax)
+    lanes = np.zeros(16, np.float32)
+    for j in range(n):
+        lanes[j % 16] += p[j]
+    s = np.empty(8, np.float32)
+    for i in range(8):
+        s[i] = lanes[i] + lanes[i + 8]
+    return np.float32(np.float32((s[0] + s[1]) + (s[2] + s[3])) + np.float32((s[4] + s[5]) + (s[6] + s[7])))
+
+
+@njit(**_OPTS)
+def sum_exp8(p, n, negmax):
+    """``p[:n] = e**(p[:n] + negmax)`` in place, by MLAS's FMA3 sum-exp kernel; returns their sum in its order:
+    eight lanes over chunks of eight (a last partial chunk in lanes from 0), folded ``((l4+l5)+(l6+l7)) +
     ((l0+l1)+(l2+l3))``."""
     for j in range(n):
         p[j] = _exp_el(p[j], negmax)
@@ -175,6 +209,10 @@ def sum_exp(p, n, negmax):
     return np.float32(np.float32((a4 + a5) + (a6 + a7)) + np.float32((a0 + a1) + (a2 + a3)))
 
 
+# onnxruntime's platform table takes the AVX-512 F kernel wherever the host has AVX-512 F
+sum_exp = sum_exp16 if AVX512F else sum_exp8
+
+
 @njit(**_OPTS)
 def rope_mlas(x4, pos, cosc, sinc, interleaved):
     """A rotated copy of x4 (B, S, heads, D) at positions ``pos`` (B, S), in MLAS's AVX2 order: the pairs
@@ -201,47 +239,114 @@ def rope_mlas(x4, pos, cosc, sinc, interleaved):
 
 
 @njit(**_OPTS)
-def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf):
-    """Scores ``scale * (Q rows @ keys [ir, ir + rk))`` as MLAS's SGEMM forms them (each a chain of multiply-adds
-    over the head dimension from 0, then times scale), by the register tiles of ``_panels`` (fused multiply-adds
-    on FMA hosts): query rows in ``qbuf`` (padded to a multiple of four rows), the key block packed into
-    ``kbuf``; returns the scores as a C-contiguous (rows, rk) view of ``scbuf``."""
+def sgemm_stride_k(N, K):
+    """The slice of K that MLAS's SGEMM (``MlasSgemmOperation``) multiplies per pass for N output columns: 128,
+    halved while half of it still covers K when N >= K, else doubled while N fits in half the column slice
+    (from 128 down to 16).  A longer K is summed in passes: the first (beta 0) stored times alpha, each later one
+    added as ``fma(pass, alpha, C)``."""
+    sn = 128
+    sk = 128
+    if N >= K:
+        while sk // 2 >= K:
+            sn *= 2
+            sk //= 2
+    else:
+        while sn > 16 and sn // 2 >= N:
+            sk *= 2
+            sn //= 2
+    return sk
+
+
+@njit(**_OPTS)
+def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf, abuf, pbuf):
+    """Scores ``scale * (Q rows @ keys [ir, ir + rk))`` as MLAS's SGEMM forms them (per pass over a slice of the
+    head dimension (``sgemm_stride_k``) a chain of multiply-adds from the slice's start; the first pass times
+    scale, each later one added by ``fma(pass, scale, score)``), by the register tiles of ``_panels`` (fused
+    multiply-adds on FMA hosts): query rows in ``qbuf`` (padded to a multiple of four rows), the key block packed
+    into ``kbuf``; returns the scores as a C-contiguous (rows, rk) view of ``scbuf``."""
     R4, D = qbuf.shape
     P = (rk + PANEL - 1) // PANEL
-    kp = kbuf[:P * D * PANEL].reshape((P, D, PANEL))
-    pack_panels_into(kc[b, kh, ir:ir + rk].T, kp)
     sc = scbuf[:R4 * rk].reshape((R4, rk))
-    for r in range(0, R4, 4):
-        tile4(kp, qbuf, sc, r, 0, P)
-    for i in range(rq):
-        for j in range(rk):
-            sc[i, j] = np.float32(sc[i, j] * scale)
+    sk = sgemm_stride_k(rk, D)
+    if sk >= D:
+        kp = kbuf[:P * D * PANEL].reshape((P, D, PANEL))
+        pack_panels_into(kc[b, kh, ir:ir + rk].T, kp)
+        for r in range(0, R4, 4):
+            tile4(kp, qbuf, sc, r, 0, P)
+        for i in range(rq):
+            for j in range(rk):
+                sc[i, j] = np.float32(sc[i, j] * scale)
+        return sc
+    part = pbuf[:R4 * rk].reshape((R4, rk))
+    for k0 in range(0, D, sk):
+        ck = min(sk, D - k0)
+        kp = kbuf[:P * ck * PANEL].reshape((P, ck, PANEL))
+        pack_panels_into(kc[b, kh, ir:ir + rk, k0:k0 + ck].T, kp)
+        a = abuf[:R4 * ck].reshape((R4, ck))
+        a[:, :] = qbuf[:, k0:k0 + ck]
+        for r in range(0, R4, 4):
+            tile4(kp, a, part, r, 0, P)
+        for i in range(rq):
+            for j in range(rk):
+                sc[i, j] = np.float32(part[i, j] * scale) if k0 == 0 else fma32(part[i, j], scale, sc[i, j])
     return sc
 
 
 @njit(**_OPTS)
-def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf):
-    """``acc[:rq] (+)= sc[:rq] @ values [ir, ir + rk)`` as MLAS's SGEMM does with alpha 1: per output a chain of
-    multiply-adds over the block's keys from 0, stored (``first``) or added to ``acc`` in one rounding; by the
-    register tiles of ``_panels``, the value block packed into ``vbuf``."""
+def _sv_one_row(sc, vc, b, kh, ir, rk, first, acc):
+    """``_sv_panels`` for a block of one query row, as MLAS's SGEMM hands it to its one-row kernel
+    (``MlasSgemmKernelM1Avx``): keys in groups of 4, then 2, then 1; per group and output the products (each
+    rounded) summed in key order, then added to ``acc``, which the first group replaces when ``first``."""
+    D = acc.shape[1]
+    k = 0
+    store = first
+    while k < rk:
+        g = 4 if rk - k >= 4 else (2 if rk - k >= 2 else 1)
+        for d in range(D):
+            t = np.float32(sc[0, k] * vc[b, kh, ir + k, d])
+            for u in range(1, g):
+                t = np.float32(t + np.float32(sc[0, k + u] * vc[b, kh, ir + k + u, d]))
+            acc[0, d] = np.float32(t + (_ZERO if store else acc[0, d]))
+        store = False
+        k += g
+
+
+@njit(**_OPTS)
+def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf, abuf):
+    """``acc[:rq] (+)= sc[:rq] @ values [ir, ir + rk)`` as MLAS's SGEMM does with alpha 1: per pass over a slice
+    of the block's keys (``sgemm_stride_k``) and output, a chain of multiply-adds from the slice's start, stored
+    (the first pass when ``first``) or added to ``acc`` in one rounding; by the register tiles of ``_panels``, the
+    value slice packed into ``vbuf``."""
+    if rq == 1:
+        _sv_one_row(sc, vc, b, kh, ir, rk, first, acc)
+        return
     R4 = sc.shape[0]
     D = acc.shape[1]
     P = (D + PANEL - 1) // PANEL
-    vp = vbuf[:P * rk * PANEL].reshape((P, rk, PANEL))
-    pack_panels_into(vc[b, kh, ir:ir + rk], vp)
     part = pbuf[:R4 * D].reshape((R4, D))
-    for r in range(0, R4, 4):
-        tile4(vp, sc, part, r, 0, P)
-    for i in range(rq):
-        for d in range(D):
-            acc[i, d] = part[i, d] if first else np.float32(part[i, d] + acc[i, d])
+    sk = sgemm_stride_k(D, rk)
+    for k0 in range(0, rk, sk):
+        ck = min(sk, rk - k0)
+        vp = vbuf[:P * ck * PANEL].reshape((P, ck, PANEL))
+        pack_panels_into(vc[b, kh, ir + k0:ir + k0 + ck], vp)
+        if ck == rk:
+            a = sc
+        else:
+            a = abuf[:R4 * ck].reshape((R4, ck))
+            a[:, :] = sc[:, k0:k0 + ck]
+        for r in range(0, R4, 4):
+            tile4(vp, a, part, r, 0, P)
+        store = first and k0 == 0
+        for i in range(rq):
+            for d in range(D):
+                acc[i, d] = part[i, d] if store else np.float32(part[i, d] + acc[i, d])
 
 
 @njit(**_OPTS)
 def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
     """One (entry, head, query block) of the flash kernel: writes out[b, qs:qs + rq, h]."""
     D = q.shape[3]
-    qbuf, scbuf, acc, part, m, l, kp, vp = bufs
+    qbuf, scbuf, acc, part, m, l, kp, vp, abuf, qpart = bufs
     R4 = qbuf.shape[0]
     for i in range(R4):
         for d in range(D):
@@ -255,7 +360,7 @@ def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
     ir = 0
     while ir < T and ir < limit:
         rk = min(kvb, T - ir)
-        sc = _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kp, scbuf)
+        sc = _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kp, scbuf, abuf, qpart)
         for i in range(rq):
             causal = past + qs + i + 1
             row = sc[i]
@@ -281,7 +386,7 @@ def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
                     acc[i, d] = np.float32(acc[i, d] * ed)
             else:
                 l[i] = rs
-        _sv_panels(sc, rq, vc, b, kh, ir, rk, ir == 0, acc, vp, part)
+        _sv_panels(sc, rq, vc, b, kh, ir, rk, ir == 0, acc, vp, part, abuf)
         ir += kvb
     for i in range(rq):
         inv = np.float32(_ONE / l[i]) if l[i] > _ZERO else _ZERO
@@ -446,7 +551,8 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
     bufs = (np.empty((R4, D), np.float32), np.empty(R4 * kvb, np.float32), np.empty((rq, D), np.float32),
             np.empty(R4 * D, np.float32), np.empty(rq, np.float32), np.empty(rq, np.float32),
             np.empty((kvb + PANEL - 1) // PANEL * D * PANEL, np.float32),
-            np.empty((D + PANEL - 1) // PANEL * kvb * PANEL, np.float32))
+            np.empty((D + PANEL - 1) // PANEL * kvb * PANEL, np.float32), np.empty(R4 * max(D, kvb), np.float32),
+            np.empty(R4 * kvb, np.float32))
     _flash_task(q, kc, vc, b, h, h // group, qs, rq, past_b[b], T, scale, kvb, out, bufs)
 
 

@@ -36,6 +36,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp, mlas_order
 from ._fastmath import fsigmoid, fsigmoid_mlas
+from ._simd import AVX512F
 from .forms import Decline, float_only, quote, form
 from .registry import op
 
@@ -45,6 +46,8 @@ __all__ = ["GatedOp", "bind_gated", "gated_cpu", "gated_matmul_cpu", "gated_out_
 DOMAIN = "onnx_numba"
 SILU, GELU, GELU_TANH = 0, 1, 2
 SILU_MLAS = 3  # SiLU with MLAS's logistic (``cpu_act``): the CPU kernels' code, never an attribute's
+# onnxruntime's SiLU on hosts with AVX-512 F (MLAS's AVX-512 SiLU kernel) also clamps that logistic to at most 1
+_SILU_TO_ONE = AVX512F
 ACTIVATIONS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
 _CHUNK = 1 << 14  # elements per task
 F16 = np.dtype(np.float16)
@@ -55,7 +58,10 @@ def _act(v, act):
     if act == SILU:
         return v * fsigmoid(v)
     if act == SILU_MLAS:
-        return v * fsigmoid_mlas(v)
+        s = fsigmoid_mlas(v)
+        if _SILU_TO_ONE:
+            s = min(s, np.float32(1.0))
+        return v * s
     half = np.float32(0.5)
     one = np.float32(1.0)
     if act == GELU:

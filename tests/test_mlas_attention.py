@@ -1,8 +1,10 @@
 """GroupQueryAttention and Sigmoid in MLAS's order (``ops/_mlas_attention``, ``ops/_fastmath.fsigmoid_mlas``) with
-``ONNX_NUMBA_MLAS_ORDER=1``: bit for bit onnxruntime's CPU kernels (``np.array_equal``) on x86 hosts with AVX2
-and without AVX-512, where onnxruntime takes MLAS's FMA3 kernels.  Each case also shows that it tells the orders
-apart: the default kernels' result differs from onnxruntime's on it (on hosts without AVX-512 the default
-kernels run prompt steps on the same flash kernel, so there the rotary tells them apart)."""
+``ONNX_NUMBA_MLAS_ORDER=1``: bit for bit onnxruntime's CPU kernels (``np.array_equal``) on x86 hosts with AVX2,
+where onnxruntime takes MLAS's FMA3 kernels (without AVX-512) or its AVX-512 ones (sum-exp, SiLU).  Each case also
+shows that it tells the orders apart: the default kernels' result differs from onnxruntime's on it (on hosts
+without AVX-512 the default kernels run prompt steps on the same flash kernel, so there the rotary tells them
+apart).  The sum-exp forms, MLAS's SGEMM passes and its one-row kernel are checked against their orders written
+out on every host."""
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -12,8 +14,8 @@ from fixtures.gqa_node import gqa_feeds, gqa_model
 from ops import _mlas_attention as ma
 from ops import contrib_quant as Q
 
-pytestmark = pytest.mark.skipif(not Q.mlas_avx2_host(), reason="onnxruntime takes MLAS's FMA3 kernels only on x86 "
-                                "hosts with AVX2 and without AVX-512")
+onnxruntime_host = pytest.mark.skipif(not (Q.mlas_avx2_host() or Q.mlas_avx512_host()),
+                                      reason="onnxruntime takes MLAS's FMA3 or AVX-512 kernels only on x86 hosts")
 F = np.float32
 
 
@@ -36,6 +38,11 @@ CASES = {
     # fewer heads than onnxruntime's threads: flash decoding splits the keys
     "split decode": lambda: (2, 1, 256, 0.0, 1, 0, 1, 1, 2 * _kvb(256) + 5, [2 * _kvb(256) + 5],
                              2 * _kvb(256) + 6, 4),
+    # query blocks of 64 rows, the last of one: MLAS's SGEMM hands it to its one-row kernel
+    "a one-row query block": lambda: (4, 2, 32, 0.0, 1, 0, 1, 65, 0, [64], 65, 2),
+    # a key block longer than MLAS's SGEMM takes in one pass (256 keys at head size 64; on hosts with a 1 MiB L2)
+    "keys past one SGEMM pass": lambda: (2, 1, 64, 0.0, 1, 0, 1, min(_kvb(64), 300), 0, [min(_kvb(64), 300) - 1],
+                                         min(_kvb(64), 300), 2),
 }
 
 
@@ -53,9 +60,12 @@ def _native(model, feeds, compiled=False):
     return rt.InferenceSession(model, so).run(None, feeds)
 
 
+@onnxruntime_host
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
     nh, kv, D, scale, rot, inter, B, S, P, seqlens, total, threads = CASES[case]()
+    if case == "keys past one SGEMM pass" and S <= 256:
+        pytest.skip(f"onnxruntime's key blocks on this host ({_kvb(D)} keys) fit one SGEMM pass")
     model = gqa_model(nh, kv, D, scale, rot, inter).SerializeToString()
     feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case), amp=2.0)
     monkeypatch.setattr(ma, "ORT_THREADS", threads)  # onnxruntime's thread count decides flash decoding
@@ -75,6 +85,7 @@ def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
 PATHS = {"several key blocks": ("L2_BYTES", 1 << 40), "split decode": ("ORT_THREADS", 1)}
 
 
+@onnxruntime_host
 def test_gqa_in_a_compiled_region(monkeypatch):
     """The region form (the decoders' path) follows the setting as the node wrapper does."""
     nh, kv, D = 4, 2, 32
@@ -86,24 +97,76 @@ def test_gqa_in_a_compiled_region(monkeypatch):
         np.testing.assert_array_equal(got, ref)
 
 
-def test_sum_exp_order():
-    """MLAS's sum-exp kernel: the elements by its polynomial, the sum in eight lanes folded pairwise; a partial
-    last chunk fills lanes from 0.  Pinned on a row whose sequential sum rounds differently."""
-    rng = np.random.default_rng(9)
-    row = rng.standard_normal(29).astype(F) * 3
-    p = row.copy()
-    s = ma.sum_exp(p, 29, F(-1.5))
+def test_sum_exp_orders():
+    """MLAS's sum-exp kernels: the elements by its polynomial (FMA3: times 2**m built in the exponent bits, which
+    gives 0 below 2**-126; AVX-512: ``vscalefps``, one rounding, denormals kept), the sum in 8 lanes over chunks of
+    8 (FMA3; a partial last chunk fills lanes from 0) or in 16 lanes (AVX-512: lane i takes elements i, i + 16, ...;
+    then ``s_i = l_i + l_{i+8}``), folded pairwise.  Pinned on a row whose other orders round differently."""
+    rng = np.random.default_rng(10)
+    row = rng.standard_normal(45).astype(F) * 3
+    row[40] = F(-86.9)  # e**-88.4: a denormal
+    p8, p16 = row.copy(), row.copy()
+    s8 = ma.sum_exp8(p8, 45, F(-1.5))
+    s16 = ma.sum_exp16(p16, 45, F(-1.5))
     lanes = np.zeros(8, F)
-    for c in range(0, 29, 8):
-        blk = p[c:c + 8]
+    for c in range(0, 45, 8):
+        blk = p8[c:c + 8]
         lanes[:len(blk)] = (lanes[:len(blk)] + blk).astype(F)
-    want = F(F((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + F((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])))
-    assert s == want
+    want8 = F(F((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + F((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])))
+    l16 = np.zeros(16, F)
+    for j in range(45):
+        l16[j % 16] = F(l16[j % 16] + p16[j])
+    x = (l16[:8] + l16[8:]).astype(F)
+    want16 = F(F((x[0] + x[1]) + (x[2] + x[3])) + F((x[4] + x[5]) + (x[6] + x[7])))
+    assert s8 == want8 and s16 == want16
+    assert s8 != s16  # the row tells the two lane orders apart
     seq = F(0.0)
-    for v in p:
+    for v in p8:
         seq = F(seq + v)
-    assert seq != want  # the row tells the lane order from a plain sum
-    assert np.allclose(p, np.exp(row.astype(np.float64) - 1.5), rtol=3e-7, atol=0)  # its polynomial's accuracy
+    assert seq not in (want8, want16)  # and either from a plain sum
+    assert p8[40] == 0 and 0 < p16[40] < np.finfo(F).tiny  # the two scalings differ below 2**-126
+    keep = np.arange(45) != 40
+    np.testing.assert_array_equal(p8[keep], p16[keep])
+    assert np.allclose(p8[keep], np.exp(row[keep].astype(np.float64) - 1.5), rtol=3e-7, atol=0)
+
+
+def _fma(a, b, c):
+    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(F)
+
+
+def test_sgemm_passes_and_one_row_kernel():
+    """MLAS's SGEMM slices K (``sgemm_stride_k``: 128, halved while it covers K when N >= K, else doubled while N
+    fits half the column slice): per slice a chain of fused multiply-adds from the slice's start, the first slice
+    stored, each later one added in one rounding; a block of one query row takes its one-row kernel (keys in groups
+    of 4, 2, 1, products and sums rounded apart).  Both written out against ``_sv_panels``."""
+    assert [ma.sgemm_stride_k(n, k) for n, k in ((64, 64), (300, 64), (64, 300), (128, 256), (16, 1000))] == \
+        [64, 64, 256, 128, 1024]
+    rng = np.random.default_rng(4)
+    D, rk, R4 = 64, 300, 4
+    vc = rng.standard_normal((1, 1, rk, D)).astype(F)
+    sc = rng.random((R4, rk)).astype(F)
+    bufs = (np.empty(D * ((rk + 15) // 16) * 16 * 4, F), np.empty(R4 * D, F), np.empty(R4 * rk, F))
+    for rq in (3, 1):
+        acc = np.empty((rq, D), F)
+        ma._sv_panels(sc, rq, vc, 0, 0, 0, rk, True, acc, *bufs)
+        want = np.zeros((rq, D), F)
+        if rq > 1:
+            for i in range(rq):
+                for k0 in (0, 256):
+                    part = np.zeros(D, F)
+                    for k in range(k0, min(k0 + 256, rk)):
+                        part = _fma(sc[i, k], vc[0, 0, k], part)
+                    want[i] = part if k0 == 0 else (part + want[i]).astype(F)
+        else:
+            k = 0
+            while k < rk:
+                g = 4 if rk - k >= 4 else (2 if rk - k >= 2 else 1)
+                t = (sc[0, k] * vc[0, 0, k]).astype(F)
+                for u in range(1, g):
+                    t = (t + (sc[0, k + u] * vc[0, 0, k + u]).astype(F)).astype(F)
+                want[0] = t if k == 0 else (t + want[0]).astype(F)
+                k += g
+        np.testing.assert_array_equal(acc, want)
 
 
 def _sigmoid_model():
@@ -114,10 +177,12 @@ def _sigmoid_model():
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
 
 
+@onnxruntime_host
 @pytest.mark.parametrize("compiled", [False, True])
 def test_sigmoid_and_fused_silu_bit_for_bit_onnxruntime(compiled, monkeypatch):
     """Sigmoid alone and inside SiLU (fused into one GatedActivation on the CPU) take MLAS's logistic: input
-    clamped to [-18, 18], Eigen's rational approximation by fused multiply-adds, only the lower end clamped."""
+    clamped to [-18, 18], Eigen's rational approximation by fused multiply-adds, only the lower end clamped (on
+    hosts with AVX-512 onnxruntime's SiLU also clamps it to at most 1: x = 17.844 tells that apart)."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((50, 37)) * 7).astype(F)
     x.flat[:8] = [18, -18, 17.844, -17.97, 0, -0.0, np.inf, -np.inf]

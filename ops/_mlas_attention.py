@@ -1,4 +1,5 @@
-"""GroupQueryAttention's rotary and attention in MLAS's order: onnxruntime's CPU bits on x86 hosts with AVX2/FMA.
+"""GroupQueryAttention's rotary and attention in MLAS's order: onnxruntime's CPU bits on x86 hosts with AVX2/FMA,
+with or without AVX-512.
 
 ``ops/group_query_attention.gqa_f32`` takes these kernels when asked for MLAS's order (``ONNX_NUMBA_MLAS_ORDER``)
 on a step onnxruntime runs through its flash kernels (float32; no softcap, smooth softmax, head sink, attention
@@ -11,12 +12,16 @@ the AVX2 rotary kernel); every operation below is named with the rounding it doe
 - several query rows (prefill, chunked prefill): query rows in blocks of ``q_block = min(kv_block, 2 D)``, keys in
   blocks of ``kv_block = L2 / (32 D)`` (the per-core L2 cache, ``L2_BYTES``); a key block at or past the block's
   causal limit is skipped.  Per key block: scores = (a chain of fused multiply-adds over the head dimension from
-  0) * scale; keys past a row's causal limit set to ``-FLT_MAX`` (they still go through the exponential: their
+  0) * scale, over slices of the head dimension when it is longer than one SGEMM pass (``sgemm_stride_k``: the
+  first slice times scale, each later one added by ``fma(slice, scale, score)``); keys past a row's causal limit
+  set to ``-FLT_MAX`` (they still go through the exponential: their
   tiny value is part of the sums); a row wholly masked in the block is zeroed and keeps its state.  Otherwise
   the running max ``m`` is raised, ``e = sum_exp(score - m)``, and after the first block the state is rescaled
   by ``d = expf(m_old - m)`` (libm's ``expf``): ``l = d * l + rowsum`` and ``acc *= d`` (separate roundings).
-  Then ``acc`` gains ``e @ V_block``: per output a fused chain over the block's keys from 0, stored (first
-  block) or added to ``acc`` in one rounding.  Output ``acc * (1 / l)``;
+  Then ``acc`` gains ``e @ V_block``: per output and SGEMM pass over the keys a fused chain from the pass's first
+  key, stored (the first pass of the first block) or added to ``acc`` in one rounding; a query block of one row
+  goes through MLAS's one-row kernel instead (keys in groups of 4, 2, 1; products and sums rounded apart).
+  Output ``acc * (1 / l)``;
 - one query row (decode): scores by eight float lanes over the head dimension (``lane += q * k``, separately
   rounded; the lanes summed ``((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))``, the odd tail added in order), times scale;
   ``e = sum_exp(score - max)``; output ``sum_t e_t * v_t`` in key order (separately rounded) times ``1 / l``.
@@ -25,7 +30,8 @@ the AVX2 rotary kernel); every operation below is named with the rounding it doe
   expf(m_c - m)``, ``l += r * l_c``, ``out += r * out_c``;
 - ``sum_exp``: MLAS's FMA3 kernel: ``x = max(v + negmax, -88.3762626647949)``, its 2^n split and degree-6
   polynomial in fused multiply-adds, the scale built in the exponent bits; sums in eight lanes over chunks of
-  eight, folded as above.
+  eight, folded as above.  On hosts with AVX-512 F onnxruntime's platform table takes MLAS's AVX-512 kernel
+  (``sum_exp16``): the same polynomial scaled by ``vscalefps``, sums in 16 lanes folded to 8 and then as above.
 
 Scope: head sizes up to ``MAX_HEAD`` (256), where MLAS's SGEMM sums every product in one chain; the products
 run on ``_panels``' register tiles, whose multiply-adds are fused on hosts with FMA (every AVX2 host), as MLAS's

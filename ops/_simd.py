@@ -380,9 +380,10 @@ class _Emitter:
 
 
 class _OrtEmitter(_Emitter):
-    """onnxruntime's accumulation order (MLAS's AVX2 int8 kernels for blocks of 32, ``SIGNED`` or ``UNSIGNED``
-    codes; see ``ORT_AVX2`` in the module docstring): per row and column eight float lane accumulators, each
-    a chain of fused multiply-adds over the blocks, folded into the output at the end."""
+    """onnxruntime's accumulation order (MLAS's int8 kernels for blocks of 32, signed or unsigned codes; see
+    ``contrib_quant.gemv_q4i8_mlas``): per row and column eight float lane accumulators, each a chain of fused
+    multiply-adds over the blocks, folded into the output at the end.  ``quads``: MLAS's AVX-512 kernels, 16 lanes
+    over 4 blocks at a time (``quad``) added into the eight before the blocks past a multiple of 4."""
 
     def __init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, signed, quads=False):
         super().__init__(context, builder, sig, args, has_zp, portable, vnni, rows, 1)

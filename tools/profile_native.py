@@ -302,7 +302,8 @@ def level4_header() -> str:
     if not _simd.AVX2:
         ort_path = "not an x86 host with AVX2 (its path here is not reproduced)"
     elif _simd.AVX512F:
-        ort_path = "MLAS AVX-512 int8 kernels (not reproduced: native sums blockwise)"
+        ort_path = ("MLAS AVX-512 int8 kernels" + ("" if _simd.VNNI512 else " (no VNNI)") if _simd.AVX512 else
+                    "MLAS AVX-512 F without BW/DQ/VL (its path here is not reproduced)")
     else:
         ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
     native = ("products, GroupQueryAttention and Sigmoid in MLAS's order (ONNX_NUMBA_MLAS_ORDER=1)"

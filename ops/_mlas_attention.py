@@ -263,6 +263,12 @@ def sgemm_stride_k(N, K):
     return sk
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _bi(a, axis, i):
+    """Index ``i`` along ``axis`` of a broadcast operand: 0 where that axis has length 1."""
+    return i if a.shape[axis] > 1 else 0
+
+
 @njit(**_OPTS)
 def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf, abuf, pbuf):
     """Scores ``scale * (Q rows @ keys [ir, ir + rk))`` as MLAS's SGEMM forms them (per pass over a slice of the
@@ -349,7 +355,7 @@ def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf, abuf):
 
 
 @njit(**_OPTS)
-def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
+def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs, window, bias, has_bias):
     """One (entry, head, query block) of the flash kernel: writes out[b, qs:qs + rq, h]."""
     D = q.shape[3]
     qbuf, scbuf, acc, part, m, l, kp, vp, abuf, qpart = bufs
@@ -369,9 +375,14 @@ def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs):
         sc = _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kp, scbuf, abuf, qpart)
         for i in range(rq):
             causal = past + qs + i + 1
+            start = causal - window if 0 <= window < causal else 0  # a local window's first key
             row = sc[i]
+            if has_bias:  # the additive bias, after the scale, before the masks
+                brow = bias[_bi(bias, 0, b), _bi(bias, 1, h), _bi(bias, 2, qs + i)]
+                for j in range(rk):
+                    row[j] = np.float32(row[j] + brow[ir + j])
             for j in range(rk):
-                if ir + j >= causal:
+                if ir + j >= causal or ir + j < start:
                     row[j] = LOWEST
             rmax = row[0]
             for j in range(1, rk):
@@ -445,15 +456,18 @@ def _decode_sv(sc, n, vc, b, kh, lo, o):
 
 
 @njit(**_OPTS)
-def _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, sc, o):
-    """Query heads [h0, h1) of kv head ``kh`` in MLAS's one-row kernel's order (per head: ``_decode_scores``, the
-    max, ``sum_exp``, ``_decode_sv``, times ``1 / sum``), each key and value row read once for all of them: sc
-    (heads, T) and o (heads, D) are scratch."""
+def _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, sc, o, bias, has_bias):
+    """Query heads [h0, h1) of kv head ``kh`` in MLAS's one-row kernel's order (per head: ``_decode_scores``, keys
+    before ``lo`` (a local window's first) set to ``-FLT_MAX``, the max, ``sum_exp``, ``_decode_sv``, times
+    ``1 / sum``), each key and value row read once for all of them: sc (heads, T) and o (heads, D) are scratch."""
     D = q.shape[3]
     for t in range(T):
         krow = kc[b, kh, t]
         for g in range(h1 - h0):
-            sc[g, t] = np.float32(_dot8(q, b, h0 + g, krow) * scale)
+            x = np.float32(_dot8(q, b, h0 + g, krow) * scale)
+            if has_bias:
+                x = np.float32(x + bias[_bi(bias, 0, b), _bi(bias, 1, h0 + g), 0, t])
+            sc[g, t] = x if t >= lo else LOWEST
     sums = np.empty(h1 - h0, np.float32)
     for g in range(h1 - h0):
         row = sc[g]
@@ -477,18 +491,29 @@ def _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, sc, o):
 
 
 @njit(**_OPTS)
-def _split_task(q, kc, vc, b, h, kh, T, scale, kvb, out, sc, o, parts):
-    """One (entry, head) of flash decoding: per key block (m, l, e @ v), merged in block order."""
+def _split_task(q, kc, vc, b, h, kh, lo, T, scale, kvb, out, sc, o, parts, bias, has_bias):
+    """One (entry, head) of flash decoding: per key block (m, l, e @ v), keys before ``lo`` (a local window's
+    first) set to ``-FLT_MAX`` and a block of such keys only left out, merged in block order."""
     D = q.shape[3]
     nc = (T + kvb - 1) // kvb
     for c in range(nc):
         ir = c * kvb
         rk = min(kvb, T - ir)
         _decode_scores(q, b, h, kc, kh, ir, rk, scale, sc)
+        if has_bias:
+            brow = bias[_bi(bias, 0, b), _bi(bias, 1, h), 0]
+            for t in range(rk):
+                sc[t] = np.float32(sc[t] + brow[ir + t])
+        for t in range(min(rk, lo - ir)):
+            sc[t] = LOWEST
         mx = sc[0]
         for t in range(1, rk):
             if sc[t] > mx:
                 mx = sc[t]
+        if mx == LOWEST:
+            parts[c, 0] = LOWEST
+            parts[c, 1] = _ZERO
+            continue
         parts[c, 0] = mx
         parts[c, 1] = sum_exp(sc, rk, -mx)
         _decode_sv(sc, rk, vc, b, kh, ir, o)
@@ -514,7 +539,7 @@ def _split_task(q, kc, vc, b, h, kh, T, scale, kvb, out, sc, o, parts):
 
 
 @njit(**_OPTS)
-def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
+def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias):
     """Task ``r`` of ``attend_mlas``: a one-row step's (entry, head) of flash decoding (``split`` > 0, its key
     block) or (entry, kv head, share ``nq`` of its query heads), or several rows' (entry, head, query block of
     ``nq``); allocates its own scratch."""
@@ -528,7 +553,8 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
             sc = np.empty(max(T, 1), np.float32)
             o = np.empty(D, np.float32)
             parts = np.empty(((T + split - 1) // split, 2 + D), np.float32)
-            _split_task(q, kc, vc, b, h, h // group, T, scale, split, out, sc, o, parts)
+            _split_task(q, kc, vc, b, h, h // group, T - window if 0 <= window < T else 0, T, scale, split, out,
+                        sc, o, parts, bias, has_bias)
             return
         kvH = kc.shape[1]
         b = r // (kvH * nq)
@@ -542,8 +568,9 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
                 for d in range(D):
                     out[b, 0, h, d] = _ZERO
             return
-        _decode_heads(q, kc, vc, b, kh, h0, h1, T, scale, out, np.empty((h1 - h0, T), np.float32),
-                      np.empty((h1 - h0, D), np.float32))
+        lo = T - window if 0 <= window < T else 0
+        _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, np.empty((h1 - h0, T), np.float32),
+                      np.empty((h1 - h0, D), np.float32), bias, has_bias)
         return
     b = r // (H * nq)
     h = (r // nq) % H
@@ -559,17 +586,19 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
             np.empty((kvb + PANEL - 1) // PANEL * D * PANEL, np.float32),
             np.empty((D + PANEL - 1) // PANEL * kvb * PANEL, np.float32), np.empty(R4 * max(D, kvb), np.float32),
             np.empty(R4 * kvb, np.float32))
-    _flash_task(q, kc, vc, b, h, h // group, qs, rq, past_b[b], T, scale, kvb, out, bufs)
+    _flash_task(q, kc, vc, b, h, h // group, qs, rq, past_b[b], T, scale, kvb, out, bufs, window, bias,
+                has_bias)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _tasks(n, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out):
+def _tasks(n, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias):
     for r in prange(n):
-        _task(np.int64(r), q, kc, vc, past_b, totals, scale, kvb0, split, nq, out)  # one signature
+        _task(np.int64(r), q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias,
+              has_bias)  # one signature
 
 
 @njit(**_OPTS)
-def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
+def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out, window, bias, has_bias):
     """Causal attention of q (B, S, H, D) over the caches kc/vc (B, kvH, L, D) (entry b's keys at rows
     [0, totals[b]), its new rows from ``past_b[b]``) into out (B, S, H, D), in onnxruntime's flash order;
     ``threads``: onnxruntime's thread count (it decides flash decoding)."""
@@ -585,15 +614,15 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out):
         kvb = min(kvb0, tmax)
         split = kvb if (not ragged) and B * H < threads and (tmax + kvb - 1) // kvb > 1 else 0
         if split > 0:
-            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, np.int64(1), out)
+            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, np.int64(1), out, window, bias, has_bias)
             return
         # one task per (entry, kv head, share of its query heads): every key row read once per share, shares
         # enough for the threads (onnxruntime's count: the physical cores, as a rule the pool's too)
         kvH = kc.shape[1]
         group = H // kvH
         nsub = min(group, max(1, -(-threads // (B * kvH))))
-        _tasks(B * kvH * nsub, q, kc, vc, past_b, totals, scale, kvb0, split, nsub, out)
+        _tasks(B * kvH * nsub, q, kc, vc, past_b, totals, scale, kvb0, split, nsub, out, window, bias, has_bias)
         return
     qb = min(min(kvb0, 2 * D), S)
     nq = (S + qb - 1) // qb
-    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out)
+    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out, window, bias, has_bias)

@@ -241,10 +241,9 @@ def gqa_extras(bias_shape, has_bias, sink_size, has_sink, B, H, S, totals):
 @njit(**_OPTS)
 def mlas_step(interleaved, softcap, smooth, has_sink, qk_mode, has_bias, window, windowed, causal):
     """Whether onnxruntime runs a float32 step through its flash kernels, whose order ``ops/_mlas_attention``
-    reproduces: causal, no local window (nor a windowed cache), softcap, smooth softmax, head sink, attention bias
-    or ``qk`` output."""
-    return (causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0
-            and not has_bias and window < 0 and not windowed)
+    reproduces: causal, no windowed cache, softcap, smooth softmax, head sink or ``qk`` output (a local window over
+    the whole cache, and an attention bias, are reproduced)."""
+    return causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0 and not windowed
 
 
 @njit(**_OPTS)
@@ -401,7 +400,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     qk = np.zeros((B, H, S, total), np.float32) if qk_mode else z4
     if flash:
         out = np.empty((B, S, H, D), np.float32)
-        ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out)
+        ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out, window, bias, has_bias)
         return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
     out = _attend(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
                   sink.reshape((sink.size,)), sink_mode, causal, qk, qk_mode)

@@ -23,7 +23,8 @@ def _kvb(D):
     return ma.kv_block(D, ma.L2_BYTES)
 
 
-# (heads, kv heads, head size, scale, rotary, interleaved, B, S, P, seqlens, total, onnxruntime threads)
+# (heads, kv heads, head size, scale, rotary, interleaved, B, S, P, seqlens, total, onnxruntime threads), then
+# optionally a local window and the attention bias's broadcast (per batch row, per head)
 CASES = {
     "prompt": lambda: (4, 2, 32, 0.0, 1, 0, 1, 9, 0, [8], 9, 2),
     "decode": lambda: (4, 2, 80, 0.0, 1, 0, 1, 1, 9, [9], 10, 2),
@@ -43,6 +44,17 @@ CASES = {
     # a key block longer than MLAS's SGEMM takes in one pass (256 keys at head size 64; on hosts with a 1 MiB L2)
     "keys past one SGEMM pass": lambda: (2, 1, 64, 0.0, 1, 0, 1, min(_kvb(64), 300), 0, [min(_kvb(64), 300) - 1],
                                          min(_kvb(64), 300), 2),
+    # a local window: keys before it set to -FLT_MAX inside the sums, on every path
+    "local window, prompt": lambda: (2, 1, 32, 0.0, 1, 0, 1, 20, 0, [19], 20, 2, 8),
+    "local window, chunk after a past": lambda: (4, 2, 32, 0.0, 1, 0, 1, 6, 9, [14], 15, 2, 5),
+    "local window, ragged decode": lambda: (4, 2, 32, 0.0, 1, 0, 2, 1, 9, [5, 8], 9, 2, 3),
+    "local window, split decode": lambda: (2, 1, 256, 0.0, 1, 0, 1, 1, 2 * _kvb(256) + 5, [2 * _kvb(256) + 5],
+                                           2 * _kvb(256) + 6, 4, _kvb(256) // 3),
+    # an additive attention bias after the scale, broadcast or not
+    "bias, prompt": lambda: (2, 1, 32, 0.0, 1, 0, 1, 20, 0, [19], 20, 2, None, (False, True)),
+    "bias and window, decode": lambda: (4, 2, 32, 0.0, 1, 0, 2, 1, 9, [9, 9], 10, 2, 4, (True, True)),
+    "bias, split decode": lambda: (2, 1, 256, 0.0, 1, 0, 1, 1, 2 * _kvb(256) + 5, [2 * _kvb(256) + 5],
+                                   2 * _kvb(256) + 6, 4, None, (False, False)),
 }
 
 
@@ -63,11 +75,12 @@ def _native(model, feeds, compiled=False):
 @onnxruntime_host
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
-    nh, kv, D, scale, rot, inter, B, S, P, seqlens, total, threads = CASES[case]()
+    nh, kv, D, scale, rot, inter, B, S, P, seqlens, total, threads, *more = CASES[case]()
+    window, bias = (more + [None, None])[:2]
     if case == "keys past one SGEMM pass" and S <= 256:
         pytest.skip(f"onnxruntime's key blocks on this host ({_kvb(D)} keys) fit one SGEMM pass")
-    model = gqa_model(nh, kv, D, scale, rot, inter).SerializeToString()
-    feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case), amp=2.0)
+    model = gqa_model(nh, kv, D, scale, rot, inter, window, bias is not None).SerializeToString()
+    feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case), amp=2.0, bias=bias)
     monkeypatch.setattr(ma, "ORT_THREADS", threads)  # onnxruntime's thread count decides flash decoding
     want = _ort(model, feeds, threads)
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas, ftanh
+from ._fastmath import fexp, fgelu_tanh, fgelu_tanh_mlas, fsigmoid, fsigmoid_mlas, ftanh
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 
@@ -390,6 +390,13 @@ def u_gelu_tanh(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = fgelu_tanh(x)
+
+
+@njit(**_OPTS)
+def u_gelu_tanh_mlas(xs, out, p0, p1):
+    for i in range(xs.shape[0]):
+        x = xs[i]
+        out[i] = fgelu_tanh_mlas(x)
 
 
 @njit(**_OPTS)

@@ -2,8 +2,8 @@
 with or without AVX-512.
 
 ``ops/group_query_attention.gqa_f32`` takes these kernels when asked for MLAS's order (``ONNX_NUMBA_MLAS_ORDER``)
-on a step onnxruntime runs through its flash kernels (float32; no softcap, smooth softmax, head sink, attention
-bias, local window or ``qk`` output).  They reproduce onnxruntime 1.32's arithmetic, read from its CPU kernel
+on a step onnxruntime runs through its flash kernels (float32; no softcap, smooth softmax, head sink, windowed
+cache or ``qk`` output; a local window and an attention bias are part of them).  They reproduce onnxruntime 1.32's arithmetic, read from its CPU kernel
 (``GQAAttentionBase::ApplyAttentionFlash``) and MLAS (``flashattn_gqa.cpp``, the FMA3 SGEMM and sum-exp kernels,
 the AVX2 rotary kernel); every operation below is named with the rounding it does:
 
@@ -13,9 +13,10 @@ the AVX2 rotary kernel); every operation below is named with the rounding it doe
   blocks of ``kv_block = L2 / (32 D)`` (the per-core L2 cache, ``L2_BYTES``); a key block at or past the block's
   causal limit is skipped.  Per key block: scores = (a chain of fused multiply-adds over the head dimension from
   0) * scale, over slices of the head dimension when it is longer than one SGEMM pass (``sgemm_stride_k``: the
-  first slice times scale, each later one added by ``fma(slice, scale, score)``); keys past a row's causal limit
-  set to ``-FLT_MAX`` (they still go through the exponential: their
-  tiny value is part of the sums); a row wholly masked in the block is zeroed and keeps its state.  Otherwise
+  first slice times scale, each later one added by ``fma(slice, scale, score)``); the attention bias added; keys
+  past a row's causal limit or before its local window set to ``-FLT_MAX`` (they still go through the
+  exponential: their tiny value is part of the sums); a row wholly masked in the block is zeroed and keeps its
+  state.  Otherwise
   the running max ``m`` is raised, ``e = sum_exp(score - m)``, and after the first block the state is rescaled
   by ``d = expf(m_old - m)`` (libm's ``expf``): ``l = d * l + rowsum`` and ``acc *= d`` (separate roundings).
   Then ``acc`` gains ``e @ V_block``: per output and SGEMM pass over the keys a fused chain from the pass's first

@@ -31,7 +31,8 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _simd
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
-from ._fastmath import FAST, fexp
+from ._fastmath import FAST, fexp, fgelu_tanh, fgelu_tanh_mlas
+from ._common import mlas_order as mlas_setting
 from .forms import Decline, float_only, raise_on, form
 from .normalization import declared_dtype, output_used
 from .registry import op
@@ -228,6 +229,7 @@ def _gated_rows_par(x, gate, scale, y, eps, act):
 
 
 GELU_ERF, GELU_TANH, GELU_QUICK = 0, 1, 2
+GELU_TANH_MLAS = 3  # GELU_TANH in onnxruntime's order (``cpu_mode``): the CPU kernels' code, never a bind's
 
 
 @njit(**_OPTS)
@@ -237,8 +239,6 @@ def _gelu(x, bias, y, mode, alpha):
     one = x.dtype.type(1.0)
     half = x.dtype.type(0.5)
     rs2 = x.dtype.type(1.0 / math.sqrt(2.0))
-    c0 = x.dtype.type(0.7978845608028654)
-    c1 = x.dtype.type(0.044715 * 0.7978845608028654)
     a = x.dtype.type(alpha)
     hb = bias.shape[0] > 0
     for r in range(rows):
@@ -249,7 +249,9 @@ def _gelu(x, bias, y, mode, alpha):
             if mode == GELU_ERF:
                 y[r, j] = half * v * (one + math.erf(v * rs2))
             elif mode == GELU_TANH:
-                y[r, j] = half * v * (one + math.tanh(v * (c0 + c1 * v * v)))
+                y[r, j] = fgelu_tanh(v)
+            elif mode == GELU_TANH_MLAS:
+                y[r, j] = fgelu_tanh_mlas(v)
             else:
                 y[r, j] = v / (one + fexp(-a * v))
 
@@ -667,14 +669,22 @@ def gelu_rows(x, bias, has_bias, mode, alpha):
     return 0, y
 
 
+def cpu_mode(mode: int) -> int:
+    """The CPU kernels' GELU mode: tanh-GELU in onnxruntime's order with ``ONNX_NUMBA_MLAS_ORDER`` (read when a
+    node is planned)."""
+    return GELU_TANH_MLAS if mode == GELU_TANH and mlas_setting() else mode
+
+
 def _gelu_cpu(g: GeluOp, ctx):
+    mode = cpu_mode(g.mode)
+
     def run(X, bias=None):
         _check_float(g.op, X)
         gelu_check(g, X, bias)
         cdt = _cdt(X.dtype)
         x = np.ascontiguousarray(X, dtype=cdt)
         err, y = gelu_rows(x, x if bias is None else np.ascontiguousarray(bias, dtype=cdt), bias is not None,
-                           g.mode, g.alpha)
+                           mode, g.alpha)
         if err:
             raise_coded(GELU_ERRORS, err, g.op)
         return y.astype(X.dtype, copy=False)
@@ -687,7 +697,7 @@ def _gelu_form(e, g: GeluOp):
         raise Decline("rank")
     k = e.use(__name__, "gelu_rows")
     has = g.has_bias_input and e.has(1)
-    e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {'{i1}' if has else '{i0}'}, {has}, {g.mode}, {g.alpha!r})")
+    e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {'{i1}' if has else '{i0}'}, {has}, {cpu_mode(g.mode)}, {g.alpha!r})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GELU_ERRORS.items()])
     e.declare(0, F32, e.rank(0))
 

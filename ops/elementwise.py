@@ -187,10 +187,10 @@ UNARY = {
 
 def cpu_kernel(kernel: str) -> str:
     """The CPU kernel of a unary op's ``kernel``: with ``ONNX_NUMBA_MLAS_ORDER`` (read when a node is planned),
-    Sigmoid takes MLAS's logistic (``_fastmath.fsigmoid_mlas``: onnxruntime's float32 bits on x86-64)."""
-    if kernel == "sigmoid":
-        if mlas_order():
-            return "sigmoid_mlas"
+    Sigmoid takes MLAS's logistic (``_fastmath.fsigmoid_mlas``) and tanh-Gelu onnxruntime's formula over MLAS's
+    tanh (``_fastmath.fgelu_tanh_mlas``): onnxruntime's float32 bits on x86-64."""
+    if kernel in ("sigmoid", "gelu_tanh") and mlas_order():
+        return kernel + "_mlas"
     return kernel
 
 

@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, lowp, mlas_order
-from ._fastmath import fsigmoid, fsigmoid_mlas
+from ._fastmath import fgelu_tanh, fgelu_tanh_mlas, fsigmoid, fsigmoid_mlas
 from ._simd import AVX512F
 from .forms import Decline, float_only, quote, form
 from .registry import op
@@ -46,6 +46,7 @@ __all__ = ["GatedOp", "bind_gated", "gated_cpu", "gated_matmul_cpu", "gated_out_
 DOMAIN = "onnx_numba"
 SILU, GELU, GELU_TANH = 0, 1, 2
 SILU_MLAS = 3  # SiLU with MLAS's logistic (``cpu_act``): the CPU kernels' code, never an attribute's
+GELU_TANH_MLAS = 4  # tanh-GELU in onnxruntime's order (``cpu_act``), likewise
 # onnxruntime's SiLU on hosts with AVX-512 F (MLAS's AVX-512 SiLU kernel) also clamps that logistic to at most 1
 _SILU_TO_ONE = AVX512F
 ACTIVATIONS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
@@ -66,7 +67,9 @@ def _act(v, act):
     one = np.float32(1.0)
     if act == GELU:
         return half * v * (one + math.erf(v * np.float32(0.7071067811865476)))
-    return half * v * (one + math.tanh(np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)))
+    if act == GELU_TANH_MLAS:
+        return fgelu_tanh_mlas(v)
+    return fgelu_tanh(v)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -158,9 +161,12 @@ def _f32(name, x):
 
 
 def cpu_act(act: int) -> int:
-    """The CPU kernels' activation code for float32 gates: SiLU takes MLAS's logistic with
-    ``ONNX_NUMBA_MLAS_ORDER`` (the bits of onnxruntime's Sigmoid and Mul it replaces; read at plan time)."""
-    return SILU_MLAS if act == SILU and mlas_order() else act
+    """The CPU kernels' activation code for float32 gates: with ``ONNX_NUMBA_MLAS_ORDER`` (read at plan time) SiLU
+    takes MLAS's logistic and tanh-GELU onnxruntime's formula over MLAS's tanh (the bits of the onnxruntime nodes
+    they replace)."""
+    if act in (SILU, GELU_TANH) and mlas_order():
+        return SILU_MLAS if act == SILU else GELU_TANH_MLAS
+    return act
 
 
 def gated_cpu(b: GatedOp, ctx):

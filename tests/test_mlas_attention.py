@@ -207,3 +207,30 @@ def test_sigmoid_and_fused_silu_bit_for_bit_onnxruntime(compiled, monkeypatch):
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     for got, ref in zip(_native(model, {"x": x, "u": u}, compiled), want):
         np.testing.assert_array_equal(got, ref)
+
+
+def _tanh_gelu_model():
+    g = h.make_graph([h.make_node("Gelu", ["x"], ["y"], approximate="tanh"),
+                      h.make_node("Gelu", ["u"], ["a"], approximate="tanh"), h.make_node("Mul", ["a", "x"], ["z"]),
+                      h.make_node("FastGelu", ["x", "b"], ["w"], domain="com.microsoft")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["n", 37]), h.make_tensor_value_info("u", T.FLOAT, ["n", 37]),
+                      h.make_tensor_value_info("b", T.FLOAT, [37])],
+                     [h.make_tensor_value_info(n, T.FLOAT, ["n", 37]) for n in ("y", "z", "w")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 20), h.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+@onnxruntime_host
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tanh_gelu_bit_for_bit_onnxruntime(compiled, monkeypatch):
+    """tanh-GELU (ONNX Gelu, inside a gated product, and com.microsoft FastGelu with its bias) in onnxruntime's
+    formula: ``x * ((C x) x + B)`` rounded at each step, MLAS's tanh, ``(x / 2) * (t + 1)``."""
+    rng = np.random.default_rng(2)
+    feeds = {"x": (rng.standard_normal((40, 37)) * 4).astype(F), "u": (rng.standard_normal((40, 37)) * 4).astype(F),
+             "b": rng.standard_normal(37).astype(F)}
+    model = _tanh_gelu_model()
+    want = _ort(model, feeds, 2)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not any(np.array_equal(g, w) for g, w in zip(_native(model, feeds, compiled), want))
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for got, ref in zip(_native(model, feeds, compiled), want):
+        np.testing.assert_array_equal(got, ref)

@@ -62,6 +62,7 @@ UNARY = {
     "shrink": "x + p0 if x < -p1 else (x - p0 if x > p1 else False)",  # the spec's order (lambd < 0)
     "gelu": "0.5 * x * (1 + math.erf(x * 0.7071067811865476))",
     "gelu_tanh": "fgelu_tanh(x)",
+    "gelu_tanh_mlas": "fgelu_tanh_mlas(x)",  # onnxruntime's float32 bits on x86-64 (ONNX_NUMBA_MLAS_ORDER)
     "swish": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",
     "bitwise_not": "~x",
     "quick_gelu": "x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))",
@@ -227,7 +228,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._fastmath import fexp, fgelu_tanh, fsigmoid, fsigmoid_mlas, ftanh
+from ._fastmath import fexp, fgelu_tanh, fgelu_tanh_mlas, fsigmoid, fsigmoid_mlas, ftanh
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath=False)
 '''

@@ -129,8 +129,9 @@ def _pow2_bits(typingctx, b):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _exp_el(v, negmax):
-    """One element of MLAS's sum-exp kernel: e**(v + negmax) by its polynomial (branch-free: it vectorizes)."""
+def _exp_poly(v, negmax):
+    """MLAS's exp of ``v + negmax`` up to its final scaling: ``(p, b, m)``, the polynomial of the reduced argument,
+    the rounding-biased ``x / ln 2`` and the integer ``m`` it rounds to (branch-free: it vectorizes)."""
     x = maxnum(np.float32(v + negmax), _LOWER)  # vmaxps(lower, x)
     b = fma32(x, _LOG2R, _BIAS)
     m = np.float32(b - _BIAS)
@@ -142,24 +143,21 @@ def _exp_el(v, negmax):
     p = fma32(p, x, _P4)
     p = fma32(p, x, _ONE)
     p = fma32(p, x, _ONE)
+    return p, b, m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exp_el(v, negmax):
+    """One element of MLAS's FMA3 sum-exp kernel: the polynomial times 2**m built in the exponent bits."""
+    p, b, m = _exp_poly(v, negmax)
     return np.float32(p * _pow2_bits(b))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _exp_el16(v, negmax):
-    """One element of MLAS's AVX-512 sum-exp kernel: ``_exp_el``'s polynomial, the result scaled by ``vscalefps``
-    (``p * 2**m`` rounded once, where the FMA3 kernel multiplies by 2**m built in the exponent bits)."""
-    x = maxnum(np.float32(v + negmax), _LOWER)
-    b = fma32(x, _LOG2R, _BIAS)
-    m = np.float32(b - _BIAS)
-    x = fma32(m, _LOG2H, x)
-    x = fma32(m, _LOG2L, x)
-    p = fma32(_P0, x, _P1)
-    p = fma32(p, x, _P2)
-    p = fma32(p, x, _P3)
-    p = fma32(p, x, _P4)
-    p = fma32(p, x, _ONE)
-    p = fma32(p, x, _ONE)
+    """One element of MLAS's AVX-512 sum-exp kernel: the polynomial scaled by ``vscalefps`` (``p * 2**m`` rounded
+    once)."""
+    p, b, m = _exp_poly(v, negmax)
     return np.float32(np.float64(p) * math.ldexp(1.0, int(m)))  # exact in float64, then one rounding
 
 

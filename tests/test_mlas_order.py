@@ -22,11 +22,7 @@ def _fma(a, b, c):
 
 def reference(A, codes, scales, zps, bias, range_m=128):
     """MLAS's AVX2 order, written out: ``codes`` [N, nb*32] 0..15, ``scales`` [N, nb], ``zps`` [N, nb] or None."""
-    M, K = A.shape
-    N, nb = scales.shape
-    qa, sa = _quantize(A, nb)
-    z = np.full((N, nb), 8) if zps is None else zps
-    out = np.zeros((M, N), F)
+    M, N, nb, qa, sa, z, out = _setup(A, scales, zps)
     for m in range(M):
         signed = M % range_m == 1 and m == M - 1
         c = codes - (np.repeat(z, 32, axis=1) if signed else 0)
@@ -60,11 +56,7 @@ def reference512(A, codes, scales, zps, bias):
     times its block's combined scale added by a fused multiply-add; the halves of the 16 lanes added; the blocks
     past a multiple of 4 into those 8 lanes; folds, bias and the zero points' share as the AVX2 order's rows of
     unsigned codes, on every row."""
-    M, K = A.shape
-    N, nb = scales.shape
-    qa, sa = _quantize(A, nb)
-    z = np.full((N, nb), 8) if zps is None else zps
-    out = np.zeros((M, N), F)
+    M, N, nb, qa, sa, z, out = _setup(A, scales, zps)
     for m in range(M):
         prod = codes * qa[m]
         s = (sa[m] * scales).astype(F)
@@ -85,6 +77,14 @@ def reference512(A, codes, scales, zps, bias):
             x8 = _fma(prod[:, 32 * b:32 * b + 32].reshape(N, 8, 4).sum(-1).astype(F), s[:, b:b + 1], x8)
         out[m] = _finish(x8.T, N, bias, sa[m], qa[m], scales, z)
     return out
+
+
+def _setup(A, scales, zps):
+    """(M, N, blocks, quantized A, its scales, the zero points (8 where none are given), the output)."""
+    M = A.shape[0]
+    N, nb = scales.shape
+    qa, sa = _quantize(A, nb)
+    return M, N, nb, qa, sa, (np.full((N, nb), 8) if zps is None else zps), np.zeros((M, N), F)
 
 
 def _quantize(A, nb):
@@ -183,8 +183,8 @@ def _one_row(form, a, qi, sct, zft, has_zp, n4, y):
 
 
 @njit(cache=True)
-def _rows(form, a2, qi, sct, y):
-    G, nb = qi.shape[0], qi.shape[1]
+def _prep_rows(a2, nb):
+    """Every row of ``a2`` quantized as MLAS does: (codes, scales, sums of every 4 codes)."""
     R = a2.shape[0]
     aq = np.empty((R, nb * 32), np.int8)
     ascale = np.empty((R, nb), np.float32)
@@ -192,6 +192,13 @@ def _rows(form, a2, qi, sct, y):
     absum = np.empty(nb, np.float32)
     for r in range(R):
         Q._prep_a_i8_groups(a2[r], 32, aq[r], ascale[r], gs[r], absum)
+    return aq, ascale, gs
+
+
+@njit(cache=True)
+def _rows(form, a2, qi, sct, y):
+    G, nb = qi.shape[0], qi.shape[1]
+    aq, ascale, gs = _prep_rows(a2, nb)
     n4 = y.shape[1]
     if form == 0:
         _simd.dot_q4_ort_u_rows_portable(qi, aq, ascale, gs, np.float32(8.0), sct, y, 0, G, n4)
@@ -221,12 +228,7 @@ def _quads(form, a2, qi, sct, y):
     instructions (form 1) or the portable IR (form 0)."""
     G, nb = qi.shape[0], qi.shape[1]
     R = a2.shape[0]
-    aq = np.empty((R, nb * 32), np.int8)
-    ascale = np.empty((R, nb), np.float32)
-    gs = np.empty((R, nb * 8), np.float32)
-    absum = np.empty(nb, np.float32)
-    for r in range(R):
-        Q._prep_a_i8_groups(a2[r], 32, aq[r], ascale[r], gs[r], absum)
+    aq, ascale, gs = _prep_rows(a2, nb)
     n4 = y.shape[2]
     z = np.float32(8.0)
     for r in range(R):

@@ -29,9 +29,9 @@ _LOWP_CACHE: dict = {}
 
 
 def mlas_order() -> bool:
-    """Whether the kernels that reproduce onnxruntime's CPU arithmetic (MLAS's order on x86 hosts with AVX2) run
-    in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (level-4 int4 products, GroupQueryAttention, Sigmoid).  Callers read
-    it once, when a node is planned or a region generated, never per run."""
+    """Whether the kernels that reproduce onnxruntime's CPU arithmetic (MLAS's order on x86 hosts, AVX2 or
+    AVX-512) run in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (level-4 int4 products, GroupQueryAttention, Sigmoid and
+    SiLU, tanh-GELU).  Callers read it once, when a node is planned or a region generated, never per run."""
     from runtime.settings import flag
     return flag("ONNX_NUMBA_MLAS_ORDER")
 

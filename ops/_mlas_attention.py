@@ -161,31 +161,12 @@ def _exp_el16(v, negmax):
     return np.float32(np.float64(p) * math.ldexp(1.0, int(m)))  # exact in float64, then one rounding
 
 
-@njit(**_OPTS)
-def sum_exp16(p, n, negmax):
-    """``sum_exp`` as MLAS's AVX-512 kernel computes it (onnxruntime on hosts with AVX-512 F): the elements by
-    ``_exp_el16``; the sum in 16 lanes, lane i adding elements i, i + 16, i + 32, ... in order, the halves added
-    (``s_i = l_i + l_{i+8}``) and folded ``((s0+s1)+(s2+s3)) + ((s4+s5)+(s6+s7))``."""
-    for j in range(n):
-        p[j] = _exp_el16(p[j], negmax)
-    lanes = np.zeros(16, np.float32)
-    for j in range(n):
-        lanes[j % 16] += p[j]
-    s = np.empty(8, np.float32)
-    for i in range(8):
-        s[i] = lanes[i] + lanes[i + 8]
-    return np.float32(np.float32((s[0] + s[1]) + (s[2] + s[3])) + np.float32((s[4] + s[5]) + (s[6] + s[7])))
-
-
-@njit(**_OPTS)
-def sum_exp8(p, n, negmax):
-    """``p[:n] = e**(p[:n] + negmax)`` in place, by MLAS's FMA3 sum-exp kernel; returns their sum in its order:
-    eight lanes over chunks of eight (a last partial chunk in lanes from 0), folded ``((l4+l5)+(l6+l7)) +
-    ((l0+l1)+(l2+l3))``."""
-    for j in range(n):
-        p[j] = _exp_el(p[j], negmax)
+@njit(cache=True, nogil=True, inline="always")
+def _lanes8(p, n, off, stride):
+    """Eight float32 lane sums of ``p[:n]``: lane i adds ``p[c + i]`` for c = off, off + stride, ... in order (a
+    last partial run of fewer than 8 fills lanes from 0), each add rounded, as a vector accumulator does."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _ZERO
-    c = 0
+    c = off
     while c + 8 <= n:
         a0 += p[c]
         a1 += p[c + 1]
@@ -195,7 +176,7 @@ def sum_exp8(p, n, negmax):
         a5 += p[c + 5]
         a6 += p[c + 6]
         a7 += p[c + 7]
-        c += 8
+        c += stride
     k = n - c
     if k > 0:
         a0 += p[c]
@@ -211,6 +192,30 @@ def sum_exp8(p, n, negmax):
         a5 += p[c + 5]
     if k > 6:
         a6 += p[c + 6]
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(**_OPTS)
+def sum_exp16(p, n, negmax):
+    """``sum_exp`` as MLAS's AVX-512 kernel computes it (onnxruntime on hosts with AVX-512 F): the elements by
+    ``_exp_el16``; the sum in 16 lanes, lane i adding elements i, i + 16, i + 32, ... in order, the halves added
+    (``s_i = l_i + l_{i+8}``) and folded ``((s0+s1)+(s2+s3)) + ((s4+s5)+(s6+s7))``."""
+    for j in range(n):
+        p[j] = _exp_el16(p[j], negmax)
+    l0, l1, l2, l3, l4, l5, l6, l7 = _lanes8(p, n, 0, 16)
+    h0, h1, h2, h3, h4, h5, h6, h7 = _lanes8(p, n, 8, 16)
+    return np.float32(np.float32(((l0 + h0) + (l1 + h1)) + ((l2 + h2) + (l3 + h3)))
+                      + np.float32(((l4 + h4) + (l5 + h5)) + ((l6 + h6) + (l7 + h7))))
+
+
+@njit(**_OPTS)
+def sum_exp8(p, n, negmax):
+    """``p[:n] = e**(p[:n] + negmax)`` in place, by MLAS's FMA3 sum-exp kernel; returns their sum in its order:
+    eight lanes over chunks of eight (a last partial chunk in lanes from 0), folded ``((l4+l5)+(l6+l7)) +
+    ((l0+l1)+(l2+l3))``."""
+    for j in range(n):
+        p[j] = _exp_el(p[j], negmax)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _lanes8(p, n, 0, 8)
     return np.float32(np.float32((a4 + a5) + (a6 + a7)) + np.float32((a0 + a1) + (a2 + a3)))
 
 

@@ -239,7 +239,7 @@ def gqa_extras(bias_shape, has_bias, sink_size, has_sink, B, H, S, totals):
 # -- the driver ------------------------------------------------------------------------------------
 
 @njit(**_OPTS)
-def mlas_step(interleaved, softcap, smooth, has_sink, qk_mode, has_bias, window, windowed, causal):
+def mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal):
     """Whether onnxruntime runs a float32 step through its flash kernels, whose order ``ops/_mlas_attention``
     reproduces: causal, no windowed cache, softcap, smooth softmax, head sink or ``qk`` output (a local window over
     the whole cache, and an attention bias, are reproduced)."""
@@ -361,8 +361,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
-    eligible = D <= ma.MAX_HEAD and mlas_step(interleaved, softcap, smooth, has_sink, qk_mode, has_bias, window,
-                                              windowed, causal)
+    eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
     use_mlas = mlas and eligible
     # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any case:
     # on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).

@@ -15,7 +15,11 @@ byte ``4i + t``, column ``8g + i``'s codes for ``k = blk*bs + 8j + t`` (low nibb
 nibble), t = 0..3; a block is ``bs // 8`` such vectors.  Activations ``aq`` are the int8 quantized row in
 natural order (``nb * bs`` of them, zeros past K): the 4 activations of a nibble half are broadcast to every
 lane.  Per block and column the float result is ``out += (ascale[blk] * scale) * (dot - zero * asum[blk])``,
-accumulated over blocks in order; zero is ``zdef`` or ``zf[g, blk, i]``.  Scales and zero points are
+accumulated over blocks in order; zero is ``zdef`` or ``zf[g, blk, i]``.  Without zero points the term
+``- zdef * asum[blk]`` is one integer per row and block: the kernels then take it in ``asum``'s place (int32,
+``contrib_quant.zero_terms``) and start the block's integer sum from it, so the float update is two products
+and an add (``dot`` and ``zdef * asum`` are integers below 2**24, so their float difference is exact and the
+bits are those of the float form; at 8 rows the update shares the multiply pipes with ``vpdpbusd``).  Scales and zero points are
 ``[G, nb, 8]``: a group's blocks one after another, so the codes and the scales of a column group are two
 sequential streams (a scale table ordered by block first is read at a stride of the whole width: 896x4864
 products streamed from memory took 184 us against 156).  Codes are 0..15 and activations
@@ -139,7 +143,7 @@ class _Emitter:
         if has_zp:
             self.zp_ptr = self.arr(4).data
         else:
-            self.zdef = _broadcast(builder, args[4])
+            self.zdef = _broadcast(builder, args[4])  # the ``_OrtEmitter`` kernels' zero; ``_make``'s take zero terms
         self.aps, self.asps, self.ssps, self.ops_ = [self.row_ptrs(k) for k in (1, 2, 3, 6)]
         self.c4, self.c8 = c4, c8 = self.const(4), self.const(8)
         self.m15, self.four = _splat(_V32I8, 15), _splat(_V32I8, 4)
@@ -249,12 +253,22 @@ class _Emitter:
                 optr = builder.bitcast(builder.gep(self.ops_[r], [builder.mul(gs[gi], c8)]), _V8F.as_pointer())
                 builder.store(builder.load(accp[gi][r]), optr, align=4)
 
+    def start(self, r, blk, ty):
+        """Row ``r``'s integer sum at the start of block ``blk``: 0, or its zero term without zero points."""
+        if self.has_zp:
+            return _splat(ty, 0)
+        builder = self.builder
+        v = builder.insert_element(ir.Constant(ty, None), builder.load(builder.gep(self.ssps[r], [blk])),
+                                   ir.Constant(_I32, 0))
+        return _shuffle(builder, v, ir.Constant(ty, None), [0] * ty.count)
+
     def block(self, gs, blk):
         """Block ``blk`` of the column groups ``gs``: the exact integer dots, then the float update."""
         builder, nb, nj = self.builder, self.nb, self.nj
-        for gi in range(len(gs)):
-            for r in range(self.rows):
-                builder.store(_splat(_V8I32, 0), self.s32p[gi][r])
+        for r in range(self.rows):
+            s0 = self.start(r, blk, _V8I32)
+            for gi in range(len(gs)):
+                builder.store(s0, self.s32p[gi][r])
         vbase = [builder.mul(builder.add(builder.mul(g, nb), blk), nj) for g in gs]
         kb = builder.mul(blk, self.bs)
         if self.vnni:
@@ -330,7 +344,7 @@ class _Emitter:
         """Block ``blk`` of groups ``g`` and ``g + 1``: the dots by 512-bit ``vpdpbusd``, then the float update."""
         builder, nb, nj, c8, const = self.builder, self.nb, self.nj, self.c8, self.const
         for r in range(self.rows):
-            builder.store(_splat(_V16I32, 0), self.s32w[r])
+            builder.store(self.start(r, blk, _V16I32), self.s32w[r])
         g1 = builder.add(g, const(1))
         vb0 = builder.mul(builder.add(builder.mul(g, nb), blk), nj)
         vb1 = builder.mul(builder.add(builder.mul(g1, nb), blk), nj)
@@ -351,31 +365,33 @@ class _Emitter:
         col0 = builder.mul(builder.add(builder.mul(g, nb), blk), c8)
         col1 = builder.mul(builder.add(builder.mul(g1, nb), blk), c8)
         wsc = self.pair(self.sp, col0, col1, _V8F, _V16F, 4)
-        if self.has_zp:
-            z = self.pair(self.zp_ptr, col0, col1, _V8F, _V16F, 4)
-        else:
-            z = _shuffle(builder, self.zdef, self.zdef, list(range(16)))
+        z = self.pair(self.zp_ptr, col0, col1, _V8F, _V16F, 4) if self.has_zp else None
         for r in range(self.rows):
             dot = builder.sitofp(builder.load(self.s32w[r]), _V16F)
             a_s = _shuffle(builder, _broadcast(builder, builder.load(builder.gep(self.asps[r], [blk]))),
                            ir.Constant(_V8F, None), [0] * 16)
-            a_sum = _shuffle(builder, _broadcast(builder, builder.load(builder.gep(self.ssps[r], [blk]))),
-                             ir.Constant(_V8F, None), [0] * 16)
-            term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
+            if z is not None:
+                a_sum = _shuffle(builder, _broadcast(builder, builder.load(builder.gep(self.ssps[r], [blk]))),
+                                 ir.Constant(_V8F, None), [0] * 16)
+                dot = builder.fsub(dot, builder.fmul(z, a_sum))
+            term = builder.fmul(builder.fmul(a_s, wsc), dot)
             builder.store(builder.fadd(builder.load(self.accw[r]), term), self.accw[r])
 
     def update(self, gs, blk):
-        """``acc += (ascale[blk] * scale) * (dot - zero * asum[blk])`` for block ``blk`` of the groups ``gs``."""
+        """``acc += (ascale[blk] * scale) * (dot - zero * asum[blk])`` for block ``blk`` of the groups ``gs``
+        (without zero points the integer sum already holds the zero term)."""
         builder, nb, c8, accp = self.builder, self.nb, self.c8, self.accp
         for gi in range(len(gs)):
             col = builder.mul(builder.add(builder.mul(gs[gi], nb), blk), c8)
             wsc = self.vload(self.sp, col, _V8F, 4)
-            z = self.vload(self.zp_ptr, col, _V8F, 4) if self.has_zp else self.zdef
+            z = self.vload(self.zp_ptr, col, _V8F, 4) if self.has_zp else None
             for r in range(self.rows):
                 dot = builder.sitofp(builder.load(self.s32p[gi][r]), _V8F)
                 a_s = _broadcast(builder, builder.load(builder.gep(self.asps[r], [blk])))
-                a_sum = _broadcast(builder, builder.load(builder.gep(self.ssps[r], [blk])))
-                term = builder.fmul(builder.fmul(a_s, wsc), builder.fsub(dot, builder.fmul(z, a_sum)))
+                if z is not None:
+                    a_sum = _broadcast(builder, builder.load(builder.gep(self.ssps[r], [blk])))
+                    dot = builder.fsub(dot, builder.fmul(z, a_sum))
+                term = builder.fmul(builder.fmul(a_s, wsc), dot)
                 builder.store(builder.fadd(builder.load(accp[gi][r]), term), accp[gi][r])
 
 
@@ -567,12 +583,12 @@ def _broadcast_i(builder, s):
     return _shuffle(builder, v, ir.Constant(_V8I32, None), [0] * 8)
 
 
-def _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out) -> bool:
+def _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out, asum_type=types.float32) -> bool:
     """Whether the array operands of a dot intrinsic have its types: the IR indexes raw data pointers, so
     C-contiguous arrays of these dtypes and ranks only; ``zero`` a float32 scalar, or [G, nb, 8] with ``has_zp``."""
     nd = 1 if rows == 1 else 2
     want = ((qi, types.uint8, 4), (aq, types.int8, nd), (ascale, types.float32, nd),
-            (asum, types.float32, nd), (sct, types.float32, 3), (out, types.float32, nd))
+            (asum, asum_type, nd), (sct, types.float32, 3), (out, types.float32, nd))
     if has_zp:
         want += ((zero, types.float32, 3),)
     elif zero != types.float32:
@@ -616,10 +632,12 @@ def fma32(typingctx, a, b, c):
 
 def _make(has_zp: bool, portable: bool, vnni: bool = False, rows: int = 1, groups: int = 1, wide: bool = False):
     def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1):
-        """zero: the default zero point (float32 scalar), or zero points [G, nb, 8] when ``has_zp``.  With
-        ``rows`` > 1, ``aq``/``ascale``/``asum``/``out`` have a leading axis of at least ``rows`` rows, which
-        share every load and unpacking of the codes."""
-        if not _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out):
+        """With ``has_zp``: ``asum`` the blocks' activation sums (float32) and ``zero`` the zero points
+        [G, nb, 8].  Without: ``asum`` the blocks' zero terms ``- zdef * sum`` (int32) and ``zero`` a float32
+        scalar, unused (one signature for both kinds).  With ``rows`` > 1, ``aq``/``ascale``/``asum``/``out``
+        have a leading axis of at least ``rows`` rows, which share every load and unpacking of the codes."""
+        if not _operands_fit(has_zp, rows, qi, aq, ascale, asum, zero, sct, out,
+                             types.float32 if has_zp else types.int32):
             return None
         if not (isinstance(g0, types.Integer) and isinstance(g1, types.Integer)):
             return None

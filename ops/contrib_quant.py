@@ -24,7 +24,8 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
 - int8 rows (any number of rows; 4 bits, level 4 without float zero points, block size a multiple of
   16): the same arithmetic on integer instructions (``_simd``): A quantized to int8 per block, codes
   repacked once per node into 8-column groups (``int4_layout``), each block dot an exact integer sum of
-  code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32;
+  code-by-activation products, then ``scale_a * scale * (dot - z * sum_a)`` per block in float32 (without
+  zero points ``- z * sum_a`` is an integer the block's sum starts from: ``zero_terms``);
   ``_simd.ROWS`` rows of A share each pass over the codes (from ``PAD_ROWS_MIN`` rows left, a pass runs with
   the last row repeated: a decode batch of 3 to 7 rows streams the codes once, not once per row).  A pass of
   several rows counts as that many times the bytes when choosing threads: at 8 rows a 896x1152 product took
@@ -189,7 +190,11 @@ def rows_q8(b, ap, asum, ascale, sc, zf, has_zp, zdef, out):
 
 # -- the int8-activation path (4-bit codes at accuracy_level 4, blocks of 16k): see ``_simd`` -------
 
-_GROUPS_PER_TASK = 32  # 8-column groups per parallel task (256 columns)
+# 8-column groups per parallel task (64 columns): static scheduling gives each thread a contiguous run of tasks, so
+# small tasks keep the threads' shares even (tasks of 32 groups split 112 groups 64 to 48 over two threads, 144
+# groups 96 to 48: 8 rows of 24 weights of 896x1152 took 1.02 ms against 0.81 in tasks of 8).  A multiple of
+# ``_simd.GROUPS`` and even (the 512-bit pass takes groups in pairs).
+_GROUPS_PER_TASK = 8
 
 
 def int4_path(bits, bs, quant, grp) -> bool:
@@ -308,25 +313,37 @@ def _prep_a_i8(a, bs, aq, ascale, asum):
 
 
 @njit(cache=True, nogil=True)
-def _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, g1):
-    """Column groups [g0, g1) for one row (``aq`` 1-d) or ``_simd.ROWS`` rows (2-d; Numba keeps one branch)."""
+def zero_terms(asum, zdef, zt):
+    """``zt = - zdef * asum`` as int32 (the blocks' integer activation sums times the default zero point): what
+    the ``_simd`` kernels without zero points take in the sums' place."""
+    z = np.int32(zdef)
+    a = asum.reshape(-1)
+    t = zt.reshape(-1)
+    for i in range(a.shape[0]):
+        t[i] = -z * np.int32(a[i])
+
+
+@njit(cache=True, nogil=True)
+def _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, g0, g1):
+    """Column groups [g0, g1) for one row (``aq`` 1-d) or ``_simd.ROWS`` rows (2-d; Numba keeps one branch):
+    with zero points from the sums ``asum``, without from the zero terms ``zt``."""
     if aq.ndim == 1:
         if has_zp:
             _simd.dot_q4_zp(qi, aq, ascale, asum, zft, sct, y, g0, g1)
         else:
-            _simd.dot_q4(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
+            _simd.dot_q4(qi, aq, ascale, zt, zdef, sct, y, g0, g1)
     elif has_zp:
         _simd.dot_q4_zp_rows(qi, aq, ascale, asum, zft, sct, y, g0, g1)
     else:
-        _simd.dot_q4_rows(qi, aq, ascale, asum, zdef, sct, y, g0, g1)
+        _simd.dot_q4_rows(qi, aq, ascale, zt, zdef, sct, y, g0, g1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _q4i8_par(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y):
+def _q4i8_par(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y):
     G = qi.shape[0]
     for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
         g0 = t * _GROUPS_PER_TASK
-        _q4i8_groups(qi, aq, ascale, asum, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
+        _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
 
 
 @njit(cache=True, nogil=True)
@@ -346,6 +363,7 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
         aqr = np.empty((R, nb * bs), np.int8)
         ascr = np.empty((R, nb), np.float32)
         asur = np.empty((R, nb), np.float32)
+        ztr = np.empty((R, nb), np.int32)
         yr = np.empty((R, 8 * G), np.float32)
         while M - done >= PAD_ROWS_MIN:
             take = min(R, M - done)  # fewer than R rows: the last one repeated fills the pass
@@ -355,22 +373,27 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
                 aqr[r] = aqr[take - 1]
                 ascr[r] = ascr[take - 1]
                 asur[r] = asur[take - 1]
+            if not has_zp:
+                zero_terms(asur, z, ztr)
             if parallel:
-                _q4i8_par(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr)
+                _q4i8_par(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, yr)
             else:
-                _q4i8_groups(qi, aqr, ascr, asur, z, zft, has_zp, sct, yr, 0, G)
+                _q4i8_groups(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, yr, 0, G)
             out[done:done + take, :N] = yr[:take, :N]
             done += take
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
+    zt = np.empty(nb, np.int32)
     y = np.empty(8 * G, np.float32)
     for m in range(done, M):
         _prep_a_i8(a2[m], bs, aq, ascale, asum)
+        if not has_zp:
+            zero_terms(asum, z, zt)
         if parallel:
-            _q4i8_par(qi, aq, ascale, asum, z, zft, has_zp, sct, y)
+            _q4i8_par(qi, aq, ascale, asum, zt, z, zft, has_zp, sct, y)
         else:
-            _q4i8_groups(qi, aq, ascale, asum, z, zft, has_zp, sct, y, 0, G)
+            _q4i8_groups(qi, aq, ascale, asum, zt, z, zft, has_zp, sct, y, 0, G)
         for n in range(N):
             out[m, n] = y[n]
 

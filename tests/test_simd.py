@@ -19,17 +19,19 @@ def _rows_by(form, a2, qi, sct, zft, has_zp, zdef, bs, out):
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)
     asum = np.empty(nb, np.float32)
+    zt = np.empty(nb, np.int32)
     y = np.empty(8 * G, np.float32)
     for m in range(a2.shape[0]):
         Q._prep_a_i8(a2[m], bs, aq, ascale, asum)
+        Q.zero_terms(asum, np.float32(zdef), zt)
         if form == 0 and has_zp:
             _simd.dot_q4_zp_portable(qi, aq, ascale, asum, zft, sct, y, 0, G)
         elif form == 0:
-            _simd.dot_q4_portable(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
+            _simd.dot_q4_portable(qi, aq, ascale, zt, np.float32(zdef), sct, y, 0, G)
         elif has_zp:
             _simd.dot_q4_zp_avx2(qi, aq, ascale, asum, zft, sct, y, 0, G)
         else:
-            _simd.dot_q4_avx2(qi, aq, ascale, asum, np.float32(zdef), sct, y, 0, G)
+            _simd.dot_q4_avx2(qi, aq, ascale, zt, np.float32(zdef), sct, y, 0, G)
         for n in range(out.shape[1]):
             out[m, n] = y[n]
 
@@ -85,6 +87,31 @@ def test_int8_kernels_agree(K, N, bs, zp):
     np.testing.assert_allclose(host, exact, rtol=0, atol=0.02 * float(np.abs(exact).max()))
 
 
+@pytest.mark.parametrize("K,N,bs,zp,M", [(64 * 32 + 40, 40, 32, False, _simd.ROWS + 2), (200, 19, 32, True, 4),
+                                         (96, 24, 16, False, 1), (256, 16, 128, False, 3)])
+def test_the_blockwise_order_bit_for_bit(K, N, bs, zp, M):
+    """gemv_q4i8 against its order written out in numpy float32: per column, blocks in order,
+    ``acc + (ascale * scale) * (dot - zero * asum)``.  Without zero points the kernels start each block's
+    integer sum from ``- zero * asum`` (``zero_terms``); the bits must stay those of the float form."""
+    a, b3, sc, zf = _case(K, N, bs, zp, M=M)
+    nb = b3.shape[1]
+    qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
+    out = np.empty((M, N), np.float32)
+    Q.gemv_q4i8(a, qi, sct, zft, zp, 8.0, bs, out, True)
+    codes = np.stack([(b3 & 15), (b3 >> 4)], -1).reshape(N, nb, bs).astype(np.int64)
+    z = zf if zp else np.full((N, nb), 8.0, np.float32)
+    for m in range(M):
+        aq = np.empty(nb * bs, np.int8)
+        ascale = np.empty(nb, np.float32)
+        asum = np.empty(nb, np.float32)
+        Q._prep_a_i8(a[m], bs, aq, ascale, asum)
+        dots = np.einsum("nbk,bk->nb", codes, aq.reshape(nb, bs).astype(np.int64)).astype(np.float32)
+        acc = np.zeros(N, np.float32)
+        for blk in range(nb):
+            acc = acc + (ascale[blk] * sc[:, blk]) * (dots[:, blk] - z[:, blk] * asum[blk])
+        np.testing.assert_array_equal(out[m], acc)
+
+
 def test_layout_rejects_non_contiguous_arrays():
     a, b3, sc, zf = _case(64, 16, 32, False, M=1)
     qi, sct, zft = Q.int4_layout(b3, sc, zf, False)
@@ -94,7 +121,7 @@ def test_layout_rejects_non_contiguous_arrays():
         nb = qi.shape[1]
         y = np.empty(8 * qi.shape[0], np.float32)
         aq = np.zeros(nb * 8 * qi.shape[2], np.int8)
-        _simd.dot_q4(qi, aq, np.ones(nb, np.float32), np.ones(nb, np.float32), np.float32(8), sct, y, 0, 1)
+        _simd.dot_q4(qi, aq, np.ones(nb, np.float32), np.zeros(nb, np.int32), np.float32(8), sct, y, 0, 1)
         return y
 
     with pytest.raises(Exception, match="dot_q4"):
@@ -162,10 +189,12 @@ def test_vnni_dots_equal_the_pair_sums(K, N, bs, zp):
 @njit(cache=True)
 def _rows_pass(kernel_id, qi, aqr, ascr, asur, zdef, sct, yr):
     G = qi.shape[0]
+    zt = np.empty(asur.shape, np.int32)
+    Q.zero_terms(asur, np.float32(zdef), zt)
     if kernel_id == 0:
-        _simd.dot_q4_rows_portable(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+        _simd.dot_q4_rows_portable(qi, aqr, ascr, zt, np.float32(zdef), sct, yr, 0, G)
     else:
-        _simd.dot_q4_rows_avx2(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+        _simd.dot_q4_rows_avx2(qi, aqr, ascr, zt, np.float32(zdef), sct, yr, 0, G)
 
 
 def _quantized_rows(a, nb, bs):
@@ -198,14 +227,16 @@ def test_every_form_of_the_rows_pass_gives_each_rows_bits(form):
 @njit(cache=True)
 def _rows_wide_or_not(wide, has_zp, qi, aqr, ascr, asur, zdef, zft, sct, yr):
     G = qi.shape[0]
+    zt = np.empty(asur.shape, np.int32)
+    Q.zero_terms(asur, np.float32(zdef), zt)
     if wide and has_zp:
         _simd.dot_q4_zp_rows(qi, aqr, ascr, asur, zft, sct, yr, 0, G)
     elif wide:
-        _simd.dot_q4_rows(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+        _simd.dot_q4_rows(qi, aqr, ascr, zt, np.float32(zdef), sct, yr, 0, G)
     elif has_zp:
         _simd.dot_q4_zp_rows_vnni256(qi, aqr, ascr, asur, zft, sct, yr, 0, G)
     else:
-        _simd.dot_q4_rows_vnni256(qi, aqr, ascr, asur, np.float32(zdef), sct, yr, 0, G)
+        _simd.dot_q4_rows_vnni256(qi, aqr, ascr, zt, np.float32(zdef), sct, yr, 0, G)
 
 
 @pytest.mark.parametrize("K,N,zp", [(64 * 32 + 40, 40, False), (64 * 32, 72, True), (96, 24, False)])

@@ -25,8 +25,9 @@ Invariants:
 - every block id a row reaches and every rotary position is checked before memory is read or written;
 - only the blocks of positions ``[T_b - S, T_b)`` are written; a block shared by two rows (a reused prefix) is
   only ever read, since a reused prefix ends at a block boundary and rows write past their prefix;
-- one task per (row, kv head, query) streams the group's keys once; the same code serves prefill and decode,
-  so a request's tokens do not depend on what else runs in its batch.
+- one task per (row, kv head, query) streams the group's keys once, four keys of a block per pass (as the
+  contiguous decode kernel does); the same code serves prefill and decode, so a request's tokens do not depend on
+  what else runs in its batch.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import raise_coded, serial_twin
+from ._prefetch import prefetch_all
 from ._prefill_attention import key_range, normalize
 from .forms import Decline, float_only, form, raise_on
 from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa, qkv_rows, rotate_qk
@@ -173,39 +175,79 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
         for g in range(group):
             for d in range(D):
                 qg[g, d] = q[b, s, kh * group + g, d]
+        if lo < hi:
+            prefetch_all(kpool[table[b, lo // bs], kh])
+            prefetch_all(vpool[table[b, lo // bs], kh])
         j = lo
-        while j < hi:  # one block at a time: the keys of a block are contiguous
-            blk = table[b, j // bs]
+        while j < hi:  # one block at a time: the keys of a block are contiguous; four keys per pass over q
+            kmat = kpool[table[b, j // bs], kh]
             stop = min(hi, (j // bs + 1) * bs)
-            kmat = kpool[blk, kh]
-            for jj in range(j, stop):
-                row = jj % bs
+            if stop < hi:  # the next block's keys arrive while these are summed
+                prefetch_all(kpool[table[b, stop // bs], kh])
+            row = j % bs
+            while j + 4 <= stop:
+                for g in range(group):
+                    a0 = np.float32(0.0)
+                    a1 = np.float32(0.0)
+                    a2 = np.float32(0.0)
+                    a3 = np.float32(0.0)
+                    for d in range(D):
+                        qd = qg[g, d]
+                        a0 += qd * kmat[row, d]
+                        a1 += qd * kmat[row + 1, d]
+                        a2 += qd * kmat[row + 2, d]
+                        a3 += qd * kmat[row + 3, d]
+                    c = j - lo
+                    sc[g, c] = a0
+                    sc[g, c + 1] = a1
+                    sc[g, c + 2] = a2
+                    sc[g, c + 3] = a3
+                j += 4
+                row += 4
+            while j < stop:
                 for g in range(group):
                     acc = np.float32(0.0)
                     for d in range(D):
                         acc += qg[g, d] * kmat[row, d]
-                    x = acc * scale
-                    if softcap > 0:
-                        x = softcap * math.tanh(x / softcap)
-                    sc[g, jj - lo] = x
-                    if x > mx[g]:
-                        mx[g] = x
-            j = stop
-        for g in range(group):  # smooth softmax: a zero logit joins the maximum and the sum
-            normalize(sc[g, :n], mx[g], 1 if smooth else 0, np.float32(0.0))
+                    sc[g, j - lo] = acc
+                j += 1
+                row += 1
+        for g in range(group):  # scale, softcap and the maximum; smooth softmax: a zero logit joins the two
+            m = mx[g]
+            for c in range(n):
+                x = sc[g, c] * scale
+                if softcap > 0:
+                    x = softcap * math.tanh(x / softcap)
+                sc[g, c] = x
+                m = max(m, x)
+            normalize(sc[g, :n], m, 1 if smooth else 0, np.float32(0.0))
         acc_v = np.zeros((group, D), np.float32)
         j = lo
-        while j < hi:
-            blk = table[b, j // bs]
+        while j < hi:  # four value rows per pass over the accumulators
+            vmat = vpool[table[b, j // bs], kh]
             stop = min(hi, (j // bs + 1) * bs)
-            vmat = vpool[blk, kh]
-            for jj in range(j, stop):
-                row = jj % bs
+            if stop < hi:
+                prefetch_all(vpool[table[b, stop // bs], kh])
+            row = j % bs
+            while j + 4 <= stop:
+                c = j - lo
                 for g in range(group):
-                    w = sc[g, jj - lo]
+                    w0 = sc[g, c]
+                    w1 = sc[g, c + 1]
+                    w2 = sc[g, c + 2]
+                    w3 = sc[g, c + 3]
+                    for d in range(D):
+                        acc_v[g, d] += (w0 * vmat[row, d] + w1 * vmat[row + 1, d]) + (w2 * vmat[row + 2, d]
+                                                                                      + w3 * vmat[row + 3, d])
+                j += 4
+                row += 4
+            while j < stop:
+                for g in range(group):
+                    w = sc[g, j - lo]
                     for d in range(D):
                         acc_v[g, d] += w * vmat[row, d]
-            j = stop
+                j += 1
+                row += 1
         for g in range(group):
             for d in range(D):
                 out[b, s, kh * group + g, d] = acc_v[g, d]

@@ -67,6 +67,9 @@ ROWS_MAX = 8          # rows of A handled by the one-pass kernel; more go throug
 # The int8 kernel's passes take ``_simd.ROWS`` rows at once; from this many rows left a pass runs padded (the last
 # row repeated) rather than row by row: one pass over the codes costs less than three (a batch of decode rows).
 PAD_ROWS_MIN = 3
+# A pass's rows are quantized over the threads from this many blocks along K (below, one thread: the launch costs
+# more than the rows take).
+PREP_PARALLEL_BLOCKS = 16
 _CHUNK_ROWS = 64      # weight rows per dynamically scheduled chunk of the one-pass kernel
 BYTES_PER_THREAD = 1 << 20
 TILE_ELEMS = 1 << 20  # float32 elements of one dequantized weight tile (4 MiB)
@@ -346,6 +349,21 @@ def _q4i8_par(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y):
         _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G))
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _prep_rows_par(a2, r0, take, bs, aq, ascale, asum):
+    """``_prep_a_i8`` of rows [r0, r0 + take) of A into rows [0, take), the rows over the threads."""
+    for r in prange(take):
+        _prep_a_i8(a2[r0 + r], bs, aq[r], ascale[r], asum[r])
+
+
+@njit(cache=True, nogil=True)
+def _q4i8_pass(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, parallel):
+    if parallel:
+        _q4i8_par(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y)
+    else:
+        _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, 0, qi.shape[0])
+
+
 @njit(cache=True, nogil=True)
 def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
     """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels (``int4_layout`` arrays;
@@ -367,19 +385,22 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
         yr = np.empty((R, 8 * G), np.float32)
         while M - done >= PAD_ROWS_MIN:
             take = min(R, M - done)  # fewer than R rows: the last one repeated fills the pass
-            for r in range(take):
-                _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
+            if parallel and nb >= PREP_PARALLEL_BLOCKS:
+                _prep_rows_par(a2, done, take, bs, aqr, ascr, asur)
+            else:
+                for r in range(take):
+                    _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
             for r in range(take, R):
                 aqr[r] = aqr[take - 1]
                 ascr[r] = ascr[take - 1]
                 asur[r] = asur[take - 1]
             if not has_zp:
                 zero_terms(asur, z, ztr)
-            if parallel:
-                _q4i8_par(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, yr)
+            if take == R and N == 8 * G:  # a whole pass over whole groups: straight into the output rows
+                _q4i8_pass(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, out[done:done + R], parallel)
             else:
-                _q4i8_groups(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, yr, 0, G)
-            out[done:done + take, :N] = yr[:take, :N]
+                _q4i8_pass(qi, aqr, ascr, asur, ztr, z, zft, has_zp, sct, yr, parallel)
+                out[done:done + take, :N] = yr[:take, :N]
             done += take
     aq = np.empty(nb * bs, np.int8)
     ascale = np.empty(nb, np.float32)

@@ -16,8 +16,9 @@ attributes and semantics (``ops/contrib_attention.py`` states them) and changes 
   the pools are the engine's, fed whole every step, and this op is the one thing that writes them;
 - query ``s`` of row ``b`` attends to the keys ``key_range(T_b - S + s, T_b, causal, local_window_size)``.
 
-Bind: ``bind_paged``, GroupQueryAttention's bind with what the paged form does not cover refused (a windowed
-cache, ``qk_output``); the checks are the typed ``paged_geometry`` returning a code into ``PAGED_ERRORS``, the
+Bind: ``bind_paged``, GroupQueryAttention's bind with what the paged form does not cover refused (``qk_output``,
+a windowed cache without a window); a windowed cache with its window is attended as that window over the pools;
+the checks are the typed ``paged_geometry`` returning a code into ``PAGED_ERRORS``, the
 one table of messages the CPU wrapper, the region form and the CUDA launch (``ops/cuda/paged_attention.py``)
 raise from.
 
@@ -56,10 +57,16 @@ PAGED_PARALLEL_WORK = 1 << 15
 
 
 def bind_paged(ctx, **attrs) -> Gqa:
-    """GroupQueryAttention's bind; a windowed cache and the ``qk`` output are refused (``InvalidAttributeError``)."""
+    """GroupQueryAttention's bind; the ``qk`` output, and a windowed cache without a window, are refused
+    (``InvalidAttributeError``).  A windowed cache (``sliding_window_cache=1``) is served as its window over the
+    whole history: onnxruntime's resident rows always hold the window's keys (its capacity is at least the
+    window), so each query sees the same keys; the pools keep every block."""
     b = bind_gqa(ctx, **attrs)
-    if b.windowed or b.qk_output:
-        raise InvalidAttributeError(f"{OP}: sliding_window_cache and qk_output are not supported")
+    if b.qk_output:
+        raise InvalidAttributeError(f"{OP}: qk_output is not supported")
+    if b.windowed and b.window <= 0:
+        raise InvalidAttributeError(f"{OP}: sliding_window_cache=1 needs local_window_size > 0, got "
+                                    f"{attrs.get('local_window_size', -1)}")
     return b
 
 

@@ -5,7 +5,9 @@ are graph inputs becomes ``onnx_numba::PagedGroupQueryAttention`` (``ops/paged_a
 same input names as pools ``(num_blocks, kv_num_heads, block_size, head_size)`` and one new graph input
 ``block_table`` ``(batch, max_blocks)``; the present outputs are dropped (the op writes the pools in place).
 A decoder it cannot serve raises ``PagedUnsupportedError`` saying which node and why: a cache read by
-anything but GroupQueryAttention, a windowed cache, position ids or an attention bias fed to the attention.
+anything but GroupQueryAttention, a windowed cache without a window or of less capacity than its window, position
+ids or an attention bias fed to the attention.  A sliding-window layer's cache (``sliding_window_cache=1``)
+becomes pools like any other: the op attends the window over the blocks, which keep the whole history.
 
 ``PagedDecoder`` runs the rewritten graph natively: ``run(tokens, totals, tables, states)`` takes a batch of
 rows, each with its own number of positions after the step (``totals``) and its own block table, and returns
@@ -91,6 +93,11 @@ class MakePaged(Pass):
                 b = bind_paged(ctx, **n.attrs)
             except Exception as exc:
                 raise PagedUnsupportedError(f"{where}: {exc}") from None
+            shape = inputs[ins[3]].shape or ()
+            cap = shape[2] if len(shape) == 4 else None
+            if b.windowed and isinstance(cap, int) and cap < b.window:
+                raise PagedUnsupportedError(f"{where}: its windowed cache holds {cap} positions, fewer than its "
+                                            f"window of {b.window}")
             d = self._head_size(inputs[ins[3]], b, graph, ins[0])
             self.layers[ins[3]] = (b.kvH, d)
             self.layers[ins[4]] = (b.kvH, d)

@@ -186,3 +186,37 @@ def test_make_paged_names_what_it_cannot_serve():
               outputs=[ValueInfo("present.0.key", f, None, 1)], initializers={}, value_info={}, opsets={"": 21})
     with pytest.raises(PagedUnsupportedError, match="node 'copy' .*Identity"):
         MakePaged([("past.0.key", "present.0.key")])(g)
+
+
+def _gqa_graph(cap, **attrs):
+    """One GroupQueryAttention over the caches past.0.key/value of capacity ``cap`` (packed QKV)."""
+    from runtime.ir import Graph, Node, ValueInfo
+    f, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    node = Node("GroupQueryAttention", ["qkv", "", "", "past.0.key", "past.0.value", "seqlens_k", "total"],
+                ["out", "present.0.key", "present.0.value"], name="attn", domain="com.microsoft",
+                attrs=dict(num_heads=4, kv_num_heads=2, **attrs))
+    ins = [ValueInfo("qkv", f, ("b", "s", 128), 1), ValueInfo("past.0.key", f, ("b", 2, cap, 16), 1),
+           ValueInfo("past.0.value", f, ("b", 2, cap, 16), 1), ValueInfo("seqlens_k", i32, ("b",), 6),
+           ValueInfo("total", i32, (), 6)]
+    outs = [ValueInfo(n, f, None, 1) for n in ("out", "present.0.key", "present.0.value")]
+    return Graph(nodes=[node], inputs=ins, outputs=outs, initializers={}, value_info={},
+                 opsets={"": 21, "com.microsoft": 1})
+
+
+@pytest.mark.parametrize("cap,attrs,words", [
+    (8, dict(local_window_size=8, sliding_window_cache=1), None),          # served: the window over the pools
+    ("p", dict(local_window_size=8, sliding_window_cache=1), None),        # capacity not static: served
+    (6, dict(local_window_size=8, sliding_window_cache=1), "holds 6 positions, fewer than its window of 8"),
+    (8, dict(sliding_window_cache=1), "needs local_window_size > 0"),
+])
+def test_make_paged_serves_windowed_caches_by_their_window(cap, attrs, words):
+    g = _gqa_graph(cap, **attrs)
+    pas = MakePaged([("past.0.key", "present.0.key"), ("past.0.value", "present.0.value")])
+    if words:
+        with pytest.raises(PagedUnsupportedError, match=words):
+            pas(g)
+        return
+    pas(g)
+    (n,) = g.nodes
+    assert n.op_type == "PagedGroupQueryAttention" and n.attrs["local_window_size"] == 8
+    assert pas.layers["past.0.key"] == (2, 16) and [o.name for o in g.outputs] == ["out"]

@@ -123,6 +123,43 @@ def test_paged_matches_onnxruntime_gqa(pasts, S, packed, attrs):
     _case(np.random.default_rng(len(pasts) * 10 + S), pasts, S, packed, attrs)
 
 
+@pytest.mark.parametrize("C,W,steps", [(6, 4, [9, 1, 1, 3, 1, 1]), (5, 5, [3, 1, 1, 1, 1, 2, 1])])
+def test_windowed_cache_is_its_window_over_the_pools(C, W, steps):
+    """A sliding-window layer (``sliding_window_cache=1``, capacity C, window W): onnxruntime keeps the resident
+    rows in a buffer of capacity C, its present fed back as the next past; the paged op keeps every position in
+    its blocks and attends the window.  Each step's output equals onnxruntime's, and the pools' last resident
+    positions equal its present rows."""
+    from ops.contrib_attention import resident_rows
+    rng = np.random.default_rng(C * 10 + W)
+    attrs = dict(do_rotary=1, local_window_size=W, sliding_window_cache=1)
+    cos, sin = _rope(rng)
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    ref = ort.InferenceSession(_gqa_model(False, attrs), so, providers=["CPUExecutionProvider"])
+    sess = InferenceSession(_paged_model(False, attrs))
+    kpool = rng.standard_normal((NBLK, KVH, BS, D)).astype(np.float32)
+    vpool = rng.standard_normal((NBLK, KVH, BS, D)).astype(np.float32)
+    table = rng.permutation(NBLK)[None, :-(-sum(steps) // BS)].astype(np.int32)
+    pk = np.zeros((1, KVH, C, D), np.float32)
+    pv = np.zeros((1, KVH, C, D), np.float32)
+    T = 0
+    for S in steps:
+        T += S
+        q, k, v = (rng.standard_normal((1, S, n * D)).astype(np.float32) for n in (H, KVH, KVH))
+        want, pk, pv = ref.run(None, {"query": q, "key": k, "value": v, "past_key": pk, "past_value": pv,
+                                      "seqlens_k": np.array([T - 1], np.int32), "total": np.array(T, np.int32),
+                                      "cos": cos, "sin": sin})
+        got = sess.run(None, {"query": q, "key": k, "value": v, "key_pool": kpool, "value_pool": vpool,
+                              "table": table, "seqlens_k": np.array([T - 1], np.int32),
+                              "total": np.array(T, np.int32), "cos": cos, "sin": sin})[0]
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
+        n = int(resident_rows(T, C, W))
+        for i in range(n):
+            p = T - n + i
+            np.testing.assert_allclose(kpool[table[0, p // BS], :, p % BS], pk[0, :, i], atol=ATOL, rtol=RTOL)
+            np.testing.assert_allclose(vpool[table[0, p // BS], :, p % BS], pv[0, :, i], atol=ATOL, rtol=RTOL)
+
+
 def _bad_feeds(table, seqlens):
     rng = np.random.default_rng(1)
     cos, sin = _rope(rng)

@@ -125,6 +125,60 @@ def gqa_prefill(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias,
                             sink_mode, qk, qk_mode, out)
 
 
+@njit(cache=True, nogil=True, inline="always", fastmath={"reassoc", "contract"})
+def key_scores4(qg, kmat, row, sc, c):
+    """``sc[g, c + i] = qg[g] . kmat[row + i]`` for i < 4 and every query head g of the group: four keys per pass
+    over the query row (one load of q per four products).  Shared by the contiguous and the paged decode
+    kernels."""
+    for g in range(qg.shape[0]):
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for d in range(qg.shape[1]):
+            qd = qg[g, d]
+            a0 += qd * kmat[row, d]
+            a1 += qd * kmat[row + 1, d]
+            a2 += qd * kmat[row + 2, d]
+            a3 += qd * kmat[row + 3, d]
+        sc[g, c] = a0
+        sc[g, c + 1] = a1
+        sc[g, c + 2] = a2
+        sc[g, c + 3] = a3
+
+
+@njit(cache=True, nogil=True, inline="always", fastmath={"reassoc", "contract"})
+def key_scores1(qg, kmat, row, sc, c):
+    """``sc[g, c] = qg[g] . kmat[row]`` for every query head g."""
+    for g in range(qg.shape[0]):
+        acc = np.float32(0.0)
+        for d in range(qg.shape[1]):
+            acc += qg[g, d] * kmat[row, d]
+        sc[g, c] = acc
+
+
+@njit(cache=True, nogil=True, inline="always", fastmath={"reassoc", "contract"})
+def value_sums4(sc, c, vmat, row, acc):
+    """``acc[g] += sum_i sc[g, c + i] * vmat[row + i]`` for i < 4: four value rows per pass over the
+    accumulators."""
+    for g in range(acc.shape[0]):
+        w0 = sc[g, c]
+        w1 = sc[g, c + 1]
+        w2 = sc[g, c + 2]
+        w3 = sc[g, c + 3]
+        for d in range(acc.shape[1]):
+            acc[g, d] += (w0 * vmat[row, d] + w1 * vmat[row + 1, d]) + (w2 * vmat[row + 2, d] + w3 * vmat[row + 3, d])
+
+
+@njit(cache=True, nogil=True, inline="always", fastmath={"reassoc", "contract"})
+def value_sums1(sc, c, vmat, row, acc):
+    """``acc[g] += sc[g, c] * vmat[row]``."""
+    for g in range(acc.shape[0]):
+        w = sc[g, c]
+        for d in range(acc.shape[1]):
+            acc[g, d] += w * vmat[row, d]
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
 def gqa_decode_par(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, out):
     """One new token (S == 1): one task per (batch, kv head) streams the live K rows, then the V rows,
@@ -152,28 +206,10 @@ def gqa_decode_par(q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
         # Raw scores, four keys per pass over the query row (one load of q per four products).
         j = lo
         while j + 4 <= hi:
-            for g in range(group):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                for d in range(D):
-                    qd = qg[g, d]
-                    a0 += qd * kmat[j, d]
-                    a1 += qd * kmat[j + 1, d]
-                    a2 += qd * kmat[j + 2, d]
-                    a3 += qd * kmat[j + 3, d]
-                sc[g, j - lo] = a0
-                sc[g, j + 1 - lo] = a1
-                sc[g, j + 2 - lo] = a2
-                sc[g, j + 3 - lo] = a3
+            key_scores4(qg, kmat, j, sc, j - lo)
             j += 4
         while j < hi:
-            for g in range(group):
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += qg[g, d] * kmat[j, d]
-                sc[g, j - lo] = acc
+            key_scores1(qg, kmat, j, sc, j - lo)
             j += 1
         for j in range(lo, hi):
             for g in range(group):
@@ -211,19 +247,10 @@ def gqa_decode_par(q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
         accv = np.zeros((group, Dv), np.float32)
         j = lo
         while j + 4 <= hi:  # four value rows per pass over the accumulators
-            for g in range(group):
-                w0 = sc[g, j - lo]
-                w1 = sc[g, j + 1 - lo]
-                w2 = sc[g, j + 2 - lo]
-                w3 = sc[g, j + 3 - lo]
-                for d in range(Dv):
-                    accv[g, d] += (w0 * vmat[j, d] + w1 * vmat[j + 1, d]) + (w2 * vmat[j + 2, d] + w3 * vmat[j + 3, d])
+            value_sums4(sc, j - lo, vmat, j, accv)
             j += 4
         while j < hi:
-            for g in range(group):
-                w = sc[g, j - lo]
-                for d in range(Dv):
-                    accv[g, d] += w * vmat[j, d]
+            value_sums1(sc, j - lo, vmat, j, accv)
             j += 1
         for g in range(group):
             for d in range(Dv):

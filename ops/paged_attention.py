@@ -39,6 +39,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
 from ._common import raise_coded, serial_twin
+from .contrib_attention import key_scores1, key_scores4, value_sums1, value_sums4
 from ._prefetch import prefetch_all
 from ._prefill_attention import key_range, normalize
 from .forms import Decline, float_only, form, raise_on
@@ -193,30 +194,11 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
                 prefetch_all(kpool[table[b, stop // bs], kh])
             row = j % bs
             while j + 4 <= stop:
-                for g in range(group):
-                    a0 = np.float32(0.0)
-                    a1 = np.float32(0.0)
-                    a2 = np.float32(0.0)
-                    a3 = np.float32(0.0)
-                    for d in range(D):
-                        qd = qg[g, d]
-                        a0 += qd * kmat[row, d]
-                        a1 += qd * kmat[row + 1, d]
-                        a2 += qd * kmat[row + 2, d]
-                        a3 += qd * kmat[row + 3, d]
-                    c = j - lo
-                    sc[g, c] = a0
-                    sc[g, c + 1] = a1
-                    sc[g, c + 2] = a2
-                    sc[g, c + 3] = a3
+                key_scores4(qg, kmat, row, sc, j - lo)
                 j += 4
                 row += 4
             while j < stop:
-                for g in range(group):
-                    acc = np.float32(0.0)
-                    for d in range(D):
-                        acc += qg[g, d] * kmat[row, d]
-                    sc[g, j - lo] = acc
+                key_scores1(qg, kmat, row, sc, j - lo)
                 j += 1
                 row += 1
         for g in range(group):  # scale, softcap and the maximum; smooth softmax: a zero logit joins the two
@@ -237,22 +219,11 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
                 prefetch_all(vpool[table[b, stop // bs], kh])
             row = j % bs
             while j + 4 <= stop:
-                c = j - lo
-                for g in range(group):
-                    w0 = sc[g, c]
-                    w1 = sc[g, c + 1]
-                    w2 = sc[g, c + 2]
-                    w3 = sc[g, c + 3]
-                    for d in range(D):
-                        acc_v[g, d] += (w0 * vmat[row, d] + w1 * vmat[row + 1, d]) + (w2 * vmat[row + 2, d]
-                                                                                      + w3 * vmat[row + 3, d])
+                value_sums4(sc, j - lo, vmat, row, acc_v)
                 j += 4
                 row += 4
             while j < stop:
-                for g in range(group):
-                    w = sc[g, j - lo]
-                    for d in range(D):
-                        acc_v[g, d] += w * vmat[row, d]
+                value_sums1(sc, j - lo, vmat, row, acc_v)
                 j += 1
                 row += 1
         for g in range(group):

@@ -118,14 +118,16 @@ def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1, dst0=0):
 
 _BATCH_COL_BYTES = 64 << 20  # a batch's im2col columns are made at once below this size
 # A float32 convolution of one group through im2col runs on the panel products of ``ops/_panels.py`` on hosts with
-# AVX-512 (where those take their blocked register tiles), from this many columns rows (Cg * kernel taps) up:
-# its columns are written straight into the panels (``_im2col_panels``), so the product costs no packing pass.
+# AVX-512 (where those take their blocked register tiles), from ``PANEL_CONV_MIN`` column rows (Cg * kernel
+# taps) and output pixels and 16 output channels up: its columns are written straight into the panels (``_im2col_panels``), so the product costs no packing pass.
 # In one process, alternating, with the panels against numpy's BLAS: YOLOv8n at 320x320 26.0 against 30.7 ms,
 # the ddddocr recognizer 20.6 against 24.8 ms.  1x1 convolutions stay on BLAS, which reads the image in place
 # (a 1x1 over 256 channels of 7600 pixels took 5.7 ms through packed panels against 3.9), as do columns of
-# fewer rows (a first 3x3 convolution of 3 channels: 5.5 against 3.1 ms).
+# fewer rows (a first 3x3 convolution of 3 channels: 5.5 against 3.1 ms), images of fewer pixels (a batch of 64
+# images of 1 to 5 pixels takes two thread-pool launches per image: 4.1 ms against 1.9 for BLAS's one batched
+# product) and fewer than 16 output channels.
 PANEL_CONV = AVX512
-PANEL_CONV_MIN_K = 64
+PANEL_CONV_MIN = 64  # column rows (Cg * taps) and output pixels from which the panels run
 
 
 @njit(parallel=True, **_OPTS)
@@ -443,10 +445,11 @@ class _ConvPlan:
         self.wc = _blas_ready(w.astype(cdt, copy=False)).reshape((group, M // group, -1))
         self.direct = bool(np.all(self.k3 == 1) and np.all(self.s3 == 1) and not any(pb) and not any(pe))
         self.empty = self.Cg * int(np.prod(self.k3)) == 0
-        # the panel products (``PANEL_CONV``, ``PANEL_CONV_MIN_K``; ``panels`` True or False overrides the host's
+        # the panel products (``PANEL_CONV``, ``PANEL_CONV_MIN``; ``panels`` True or False overrides the host's
         # choice for a float32 im2col convolution of one group)
         self.panels = group == 1 and cdt == F32 and not self.empty and not self.direct and (
-            PANEL_CONV and self.wc.shape[2] >= PANEL_CONV_MIN_K if panels is None else bool(panels))
+            PANEL_CONV and self.wc.shape[2] >= PANEL_CONV_MIN and self.L >= PANEL_CONV_MIN
+            and self.Mg >= PANEL if panels is None else bool(panels))
         if b is not None and b.shape != (M,):
             raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
         self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)

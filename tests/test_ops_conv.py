@@ -90,8 +90,8 @@ def test_conv_1d_and_3d():
 @pytest.mark.parametrize("xshape,wshape,attrs", [
     ((1, 16, 20, 20), (32, 16, 3, 3), dict(pads=[1, 1, 1, 1])),                       # L = 400, whole panels
     ((2, 8, 13, 11), (24, 8, 3, 3), dict(strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 3])),  # ragged L
-    ((1, 6, 40), (10, 6, 5), dict(strides=[2], pads=[2, 2])),                          # 1-d
-    ((1, 4, 6, 7, 8), (8, 4, 3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1])),                 # 3-d
+    ((1, 6, 40), (16, 6, 5), dict(strides=[2], pads=[2, 2])),                          # 1-d
+    ((1, 4, 6, 7, 8), (16, 4, 3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1])),                # 3-d
 ])
 def test_conv_panel_products_on_any_host(monkeypatch, panels, xshape, wshape, attrs):
     """The im2col convolution written into panels and multiplied there (``ops.conv._conv_panels``, taken on
@@ -101,7 +101,7 @@ def test_conv_panel_products_on_any_host(monkeypatch, panels, xshape, wshape, at
     real = conv._conv_panels
     monkeypatch.setattr(conv, "_conv_panels", lambda *a: (calls.append(1), real(*a))[1])
     monkeypatch.setattr(conv, "PANEL_CONV", panels)
-    monkeypatch.setattr(conv, "PANEL_CONV_MIN_K", 0)
+    monkeypatch.setattr(conv, "PANEL_CONV_MIN", 0)
     _compare("Conv", {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}, rtol=1e-4, atol=1e-4,
              **attrs)
     assert bool(calls) == panels

@@ -51,10 +51,10 @@ def _im2col(x, col, ksz, st, pb, dil, osz):
 
 @njit(**_OPTS)
 def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1, dst0=0):
-    """Rows [r0, r1) of ``_im2col``, row r written as ``col``'s row ``r - dst0``.  Flat unsigned indices (no view reference counts across threads, no
-    negative-index wraparound in the copy loops); the row's channel and taps are counted up from r0's, and a
-    column stride of 1 bounds its valid outputs without a division (a row of a small convolution costs a few
-    outputs' copies, less than the integer divisions that located it)."""
+    """Rows [r0, r1) of ``_im2col``, row r written as ``col``'s row ``r - dst0``.  Flat unsigned indices (no view
+    reference counts across threads, no negative-index wraparound in the copy loops); the row's channel and taps
+    are counted up from r0's, and a column stride of 1 bounds its valid outputs without a division (a row of a small
+    convolution costs a few outputs' copies, less than the integer divisions that located it)."""
     Cg, D, H, W = x.shape
     kd, kh, kw = ksz[0], ksz[1], ksz[2]
     od, oh, ow = osz[0], osz[1], osz[2]
@@ -119,7 +119,8 @@ def _im2col_rows(x, col, ksz, st, pb, dil, osz, r0, r1, dst0=0):
 _BATCH_COL_BYTES = 64 << 20  # a batch's im2col columns are made at once below this size
 # A float32 convolution of one group through im2col runs on the panel products of ``ops/_panels.py`` on hosts with
 # AVX-512 (where those take their blocked register tiles), from ``PANEL_CONV_MIN`` column rows (Cg * kernel
-# taps) and output pixels and 16 output channels up: its columns are written straight into the panels (``_im2col_panels``), so the product costs no packing pass.
+# taps) and output pixels and 16 output channels up: its columns are written straight into the panels
+# (``_im2col_panels``), so the product costs no packing pass.
 # In one process, alternating, with the panels against numpy's BLAS: YOLOv8n at 320x320 26.0 against 30.7 ms,
 # the ddddocr recognizer 20.6 against 24.8 ms.  1x1 convolutions stay on BLAS, which reads the image in place
 # (a 1x1 over 256 channels of 7600 pixels took 5.7 ms through packed panels against 3.9), as do columns of
@@ -460,7 +461,7 @@ class _ConvPlan:
         out = np.empty((N, G, Mg, L), cdt)
         if out.size:
             xc = _blas_ready(x.astype(cdt, copy=False)).reshape((N, G, Cg, *i3))
-            col = np.empty((0, 0) if self.direct else (wc.shape[2], L), cdt)
+            col = np.empty((0, 0) if self.direct or self.panels else (wc.shape[2], L), cdt)
             if self.empty:
                 out[...] = 0
             elif self.panels:

@@ -137,9 +137,11 @@ def _im2col_panels(x, wp, ksz, st, pb, dil, osz):
     ``_panels.pack_panels_into`` lays them out (zeros past L): each row is made in a buffer of the task's, then
     cut into its panels' rows."""
     P, K = wp.shape[0], wp.shape[1]
+    L = osz[0] * osz[1] * osz[2]
     nt = min(K, 64)
     for t in prange(nt):
-        buf = np.zeros((1, P * PANEL), np.float32)
+        buf = np.empty((1, P * PANEL), np.float32)  # each row writes [0, L); the last panel's tail stays zero
+        buf[0, L:] = 0.0
         for r in range(t * K // nt, (t + 1) * K // nt):
             _im2col_rows(x, buf, ksz, st, pb, dil, osz, r, r + 1, r)
             for q in range(P):

@@ -20,7 +20,7 @@ accumulated over blocks in order; zero is ``zdef`` or ``zf[g, blk, i]``.  Withou
 ``contrib_quant.zero_terms``) and start the block's integer sum from it, so the float update is two products
 and an add (``dot`` and ``zdef * asum`` are integers below 2**24, so their float difference is exact and the
 bits are those of the float form; at 8 rows a pass with the float update left out took 70% of the time, so the
-update's multiplies are what a pass of several rows saves on).  Scales and zero points are
+update is about 30% of a pass of several rows, and each product taken out of it counts).  Scales and zero points are
 ``[G, nb, 8]``: a group's blocks one after another, so the codes and the scales of a column group are two
 sequential streams (a scale table ordered by block first is read at a stride of the whole width: 896x4864
 products streamed from memory took 184 us against 156).  Codes are 0..15 and activations

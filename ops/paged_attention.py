@@ -178,7 +178,6 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
         lo, hi = key_range(past[b] + s, totals[b], causal, window)
         n = hi - lo
         sc = np.empty((group, max(n, 1)), np.float32)
-        mx = np.full(group, -np.inf, np.float32)
         qg = np.empty((group, D), np.float32)
         for g in range(group):
             for d in range(D):
@@ -202,7 +201,7 @@ def paged_attend_par(q, kpool, vpool, table, past, totals, params, causal, windo
                 j += 1
                 row += 1
         for g in range(group):  # scale, softcap and the maximum; smooth softmax: a zero logit joins the two
-            m = mx[g]
+            m = np.float32(-np.inf)
             for c in range(n):
                 x = sc[g, c] * scale
                 if softcap > 0:

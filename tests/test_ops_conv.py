@@ -102,9 +102,34 @@ def test_conv_panel_products_on_any_host(monkeypatch, panels, xshape, wshape, at
     monkeypatch.setattr(conv, "_conv_panels", lambda *a: (calls.append(1), real(*a))[1])
     monkeypatch.setattr(conv, "PANEL_CONV", panels)
     monkeypatch.setattr(conv, "PANEL_CONV_MIN", 0)
+    monkeypatch.setattr(conv, "SHIFTED_CONV", False)
     _compare("Conv", {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}, rtol=1e-4, atol=1e-4,
              **attrs)
     assert bool(calls) == panels
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs", [
+    ((1, 16, 20, 20), (32, 16, 3, 3), dict(pads=[1, 1, 1, 1])),                        # grid 20 x 22
+    ((2, 8, 13, 11), (24, 8, 3, 3), dict(strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 3])),  # phases, batch
+    ((1, 5, 7, 9), (7, 5, 5, 3), dict(strides=[3, 2], pads=[3, 0, 1, 4])),             # padding past the kernel
+    ((1, 6, 40), (16, 6, 5), dict(strides=[2], pads=[2, 2])),                           # 1-d
+    ((2, 24, 9, 10), (20, 24, 1, 1), {}),                                               # 1x1 in place, ragged tail
+    ((1, 12, 9, 9), (16, 12, 1, 1), dict(strides=[2, 2])),                              # 1x1 strided: one phase
+    ((1, 600, 3, 3), (8, 600, 1, 1), {}),                                               # K past one chunk
+])
+def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
+    """The convolution as products over shifted rows of the input (``ops._shifted``, taken on AVX-512 hosts),
+    forced on whatever the host: against onnxruntime, and seen to run."""
+    from ops import _shifted, conv
+    calls = []
+    real = _shifted.conv2d
+    monkeypatch.setattr(_shifted, "conv2d", lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(conv, "SHIFTED_CONV", True)
+    monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
+    monkeypatch.setattr(conv, "SHIFTED_1X1_MIN_L", 0)
+    _compare("Conv", {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}, rtol=1e-4, atol=1e-4,
+             **attrs)
+    assert calls
 
 
 def test_conv_float16_matches_float32():

@@ -529,18 +529,35 @@ def conv_nd(x, w, b, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=No
     return _ConvPlan(x.shape, x.dtype, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, name)(x)
 
 
-def _conv_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+def _conv_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+                  act=0, p0=0.0, p1=0.0):
     last = [None]  # (x shape, dtype, W, B, plan): the weights are the node's initializers, the same every run
 
     def run(X, W, B=None):
         entry = last[0]  # read once: a concurrent run may replace it
         if entry is None or entry[0] != X.shape or entry[1] != X.dtype or entry[2] is not W or entry[3] is not B:
             entry = (X.shape, X.dtype, W, B, _ConvPlan(X.shape, X.dtype, W, B, auto_pad, dilations, group,
-                                                        kernel_shape, pads, strides, "Conv"))
+                                                        kernel_shape, pads, strides, "Conv", act=act, p0=p0, p1=p1))
             last[0] = entry
         return entry[4](X)
 
     return run
+
+
+def _conv_activation_factory(ctx, activation=b"", activation_params=None, auto_pad="NOTSET", dilations=None,
+                             group=1, kernel_shape=None, pads=None, strides=None):
+    """``onnx_numba.FusedConv`` (``runtime/passes/conv_fusions.FuseConvActivation``): Y = activation(Conv(X, W,
+    B)), the activation applied by the convolution's own epilogue (``_shifted.ACTIVATIONS``)."""
+    from .elementwise import cpu_kernel
+    act = activation.decode() if isinstance(activation, bytes) else str(activation)
+    if act not in _shifted.ACTIVATIONS or not act:
+        raise InvalidAttributeError(f"{ctx.name or 'FusedConv'}: activation must be one of "
+                                    f"{sorted(a for a in _shifted.ACTIVATIONS if a and '_' not in a)}, got {act!r}")
+    if act in ("Sigmoid", "SiLU") and cpu_kernel("sigmoid") == "sigmoid_mlas":
+        act += "_mlas"
+    p = [float(np.float32(v)) for v in (activation_params or [])] + [0.0, 0.0]
+    return _conv_factory(ctx, auto_pad, dilations, group, kernel_shape, pads, strides, _shifted.ACTIVATIONS[act],
+                         p[0], p[1])
 
 
 op("Conv", 1, factory=True)(_conv_factory)
@@ -594,6 +611,7 @@ def _fused_conv_factory(ctx, activation=None, activation_params=None, auto_pad="
 
 
 op("FusedConv", 1, domain="com.microsoft", factory=True)(_fused_conv_factory)
+op("FusedConv", 1, domain="onnx_numba", factory=True)(_conv_activation_factory)
 
 
 

@@ -196,3 +196,61 @@ def test_batchnorm_stays_when_the_conv_output_has_another_reader():
     g = graph_from_proto(onnx.load_from_string(_conv_bn(True, second_reader=True)).graph, {"": 17})
     assert not FuseConvBatchNorm()(g).modified
     assert [n.op_type for n in g.nodes] == ["Conv", "BatchNormalization", "Relu"]
+
+
+def _conv_act(act: str, extra_reader: str = ""):
+    """Conv (3x3, 4 -> 16 channels, 10x10) then ``act`` (SiLU: Sigmoid then Mul); ``extra_reader`` "conv" or
+    "sigmoid" adds a Relu reading that value as a second graph output."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    if act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    else:
+        ins = {"Clip": ["c", "lo", "hi"], "ClipHigh": ["c", "", "hi"]}.get(act, ["c"])
+        attrs = {"LeakyRelu": dict(alpha=0.2), "HardSigmoid": dict(alpha=0.3, beta=0.4)}.get(act, {})
+        nodes.append(helper.make_node(act.replace("ClipHigh", "Clip"), ins, ["y"], **attrs))
+    outs = [_vi("y", [1, 16, 10, 10])]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", [{"conv": "c", "sigmoid": "s"}[extra_reader]], ["r"]))
+        outs.append(_vi("r", [1, 16, 10, 10]))
+    g = helper.make_graph(nodes, "g", [_vi("x", [1, 4, 10, 10])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("act", ["Relu", "LeakyRelu", "Clip", "ClipHigh", "HardSigmoid", "HardSwish", "Sigmoid",
+                                 "Tanh", "SiLU"])
+def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, shifted):
+    """Conv and its activation become one onnx_numba.FusedConv whose float32 result is the unfused graph's bit for
+    bit, with the activation applied after the whole convolution or per tile of the shifted-row products (forced
+    on or off, whatever the host), and within 1e-5 of onnxruntime."""
+    import onnxruntime as ort
+    from ops import _shifted, conv
+    monkeypatch.setattr(conv, "SHIFTED_CONV", shifted)
+    monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
+    calls = []
+    real = _shifted.conv2d
+    monkeypatch.setattr(_shifted, "conv2d", lambda *a: (calls.append(1), real(*a))[1])
+    m = _conv_act(act)
+    x = (np.random.default_rng(6).standard_normal((1, 4, 10, 10)) * 0.3).astype(np.float32)
+    sess = InferenceSession(m)
+    assert [(n.domain, n.op_type) for n in sess._graph.nodes] == [("onnx_numba", "FusedConv")]
+    off = InferenceSession(m, disabled_optimizers=["ConvActivationFusion"])
+    assert "FusedConv" not in [n.op_type for n in off._graph.nodes]
+    (y,), (want,) = sess.run(None, {"x": x}), off.run(None, {"x": x})
+    assert bool(calls) == shifted
+    np.testing.assert_array_equal(y, want)
+    (ref,) = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,reader", [("Relu", "conv"), ("SiLU", "conv"), ("SiLU", "sigmoid")])
+def test_conv_activation_stays_apart_when_a_hidden_value_has_another_reader(act, reader):
+    import onnx
+    from runtime.passes.conv_fusions import FuseConvActivation
+    g = graph_from_proto(onnx.load_from_string(_conv_act(act, reader)).graph, {"": 17})
+    assert not FuseConvActivation()(g).modified

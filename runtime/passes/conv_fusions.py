@@ -1,4 +1,4 @@
-"""Fusions of a convolution with what follows it, as onnxruntime's basic optimizations do.
+"""Fusions of a convolution with what follows it, as onnxruntime's basic and extended optimizations do.
 
 ``FuseConvBatchNorm`` folds an inference ``BatchNormalization`` into the ``Conv`` that feeds it: with
 ``alpha = scale / sqrt(var + epsilon)`` per output channel, the weights become ``W * alpha`` (along the output
@@ -6,7 +6,17 @@ channels) and the bias ``(B - mean) * alpha + bias`` (``bias - mean * alpha`` wh
 step in the weights' float type, in onnxruntime's order (``ConvBNFusion``), so the fused model computes what
 onnxruntime's fused model computes.  A whole normalization pass over the activations is saved per pair.
 
+``FuseConvActivation`` rewrites a ``Conv`` followed by an activation into one ``onnx_numba.FusedConv`` (the
+Conv's inputs and attributes, plus ``activation`` and ``activation_params`` as com.microsoft's FusedConv takes
+them), whose kernel applies the activation to each tile of the output while it is in cache instead of in a
+second pass over memory (``ops/_shifted.py``): Relu, LeakyRelu, Clip (constant bounds), HardSigmoid, HardSwish,
+Sigmoid, Tanh, and SiLU, ``Mul(y, Sigmoid(y))`` in either operand order.  The activation is its unary op's own
+expression, so the fused node gives the bits of the nodes it replaces for float32.
+
 Invariants:
+- an activation is fused only when the Conv's output is read by the activation's nodes alone and is not a graph
+  output, and (SiLU) the Sigmoid's output by the Mul alone; the fused node keeps the Conv's name and produces
+  the activation's output value;
 - fused only when the Conv's output is read by the BatchNormalization alone and is not a graph output, the
   BatchNormalization is in inference form (one output, no ``training_mode``, ``spatial`` 1), and the weights,
   Conv bias and the four statistics are float32 or float64 initializers of the shapes the ops require;
@@ -22,13 +32,15 @@ from ..ir import Graph, Node
 from .base import Pass, PassResult
 from .cuda_fusions import _readers
 
-__all__ = ["FuseConvBatchNorm", "ONNXRUNTIME_NAMES"]
+__all__ = ["FuseConvActivation", "FuseConvBatchNorm", "ONNXRUNTIME_NAMES"]
 
 _STD = ("", "ai.onnx")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # onnxruntime's names of these optimizers (InferenceSession's ``disabled_optimizers``)
-ONNXRUNTIME_NAMES = {"ConvBNFusion": "FuseConvBatchNorm"}
+ONNXRUNTIME_NAMES = {"ConvBNFusion": "FuseConvBatchNorm", "ConvActivationFusion": "FuseConvActivation"}
+FUSED_DOMAIN = "onnx_numba"
+_INF = float("inf")
 
 
 class FuseConvBatchNorm(Pass):
@@ -92,3 +104,85 @@ class FuseConvBatchNorm(Pass):
             k += 1
             out = f"{name}_{k}"
         return out
+
+
+def _f32(v) -> float:
+    return float(np.float32(v))
+
+
+class FuseConvActivation(Pass):
+    name = "fuse_conv_activation"
+
+    def call(self, graph: Graph) -> PassResult:
+        readers = _readers(graph)
+        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        drop, replace = set(), {}
+        for node in graph.nodes:
+            if id(node) in drop or node.domain not in _STD:
+                continue
+            m = self._match(node, producer, readers, graph.initializers)
+            if m is None or id(m[0]) in replace or id(m[0]) in drop:
+                continue
+            conv, act, params, hidden = m
+            attrs = dict(conv.attrs, activation=act, activation_params=params)
+            replace[id(conv)] = Node("FusedConv", list(conv.inputs), [node.outputs[0]], attrs, conv.name,
+                                     FUSED_DOMAIN, 1)
+            drop.update(id(h) for h in hidden)
+        if not replace:
+            return PassResult(False)
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+        return PassResult(True, [n.name or n.outputs[0] for n in replace.values()])
+
+    @staticmethod
+    def _conv(name, producer, readers, n_readers):
+        conv = producer.get(name)
+        if conv is None or conv.op_type != "Conv" or conv.domain not in _STD or len(conv.outputs) != 1:
+            return None
+        return conv if readers.get(name, 0) == n_readers else None
+
+    def _match(self, node, producer, readers, inits):
+        """(conv, activation, params, nodes hidden) when ``node`` ends a Conv-and-activation pattern."""
+        op = node.op_type
+        if op == "Mul" and len(node.inputs) == 2:  # SiLU: Mul(y, Sigmoid(y))
+            for k in (0, 1):
+                sig = producer.get(node.inputs[1 - k])
+                y = node.inputs[k]
+                if sig is None or sig.op_type != "Sigmoid" or sig.domain not in _STD or sig.inputs[0] != y or \
+                        readers.get(sig.outputs[0], 0) != 1:
+                    continue
+                conv = self._conv(y, producer, readers, 2)
+                if conv is not None:
+                    return conv, "SiLU", [], [sig, node]
+            return None
+        if not node.inputs or not node.inputs[0]:
+            return None
+        if op in ("Relu", "Sigmoid", "Tanh"):
+            params = []
+        elif op == "HardSwish":  # x * HardSigmoid(x) with alpha 1/6 and beta 0.5
+            params = [_f32(1 / 6), 0.5]
+        elif op == "LeakyRelu":
+            params = [_f32(node.attrs.get("alpha", 0.01))]
+        elif op == "HardSigmoid":
+            params = [_f32(node.attrs.get("alpha", 0.2)), _f32(node.attrs.get("beta", 0.5))]
+        elif op == "Clip":
+            params = self._clip_bounds(node, inits)
+            if params is None:
+                return None
+        else:
+            return None
+        conv = self._conv(node.inputs[0], producer, readers, 1)
+        return None if conv is None else (conv, op, params, [node])
+
+    @staticmethod
+    def _clip_bounds(node, inits):
+        """[min, max] of a Clip with constant bounds (attributes before opset 11, scalar initializers after)."""
+        if node.opset and node.opset < 11:
+            return [_f32(node.attrs.get("min", -_INF)), _f32(node.attrs.get("max", _INF))]
+        bounds = [-_INF, _INF]
+        for i in (1, 2):
+            if len(node.inputs) > i and node.inputs[i]:
+                v = inits.get(node.inputs[i])
+                if v is None or v.size != 1 or v.dtype != np.float32:
+                    return None
+                bounds[i - 1] = float(v.reshape(-1)[0])
+        return bounds

@@ -476,10 +476,12 @@ def test_onnxruntimes_fused_conv_with_a_sum_input(act, params):
     ((1, 3, 6, 7, 8), (2, 3, 2), (2, 1, 2), (1, 0, 1, 1, 1, 0), (1, 2, 1), False),
     ((2, 1, 3, 4), (2, 2), (1, 1), (3, 3, 3, 3), (1, 1), False),  # pads past the kernel: windows reaching nothing
     ((2, 2, 10, 11), (3, 2), (3, 2), (0, 1, 0, 0), (1, 1), True),  # ceil_mode: last windows past the end
+    ((1, 4, 13, 13), (13, 13), (1, 1), (6, 6, 6, 6), (1, 1), False),  # an SPP block's widest window
 ])
 def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shape, k, s, pads, d, ceil):
-    """MaxPool without indices takes the row kernel: the same outputs as the general kernel's max mode, NaN
-    (first or later in a window), infinities, ties and windows that reach no element included."""
+    """MaxPool without indices takes the row kernel, or for 2-d windows the separable one: the same outputs as the
+    general kernel's max mode, NaN (first or later in a window), infinities, ties and windows that reach no
+    element included."""
     import numba
     from ops import pool
     from ops._common import pad3, window_geometry
@@ -500,3 +502,7 @@ def test_maxpool_rows_give_the_general_kernels_bits_with_nan_and_infinities(shap
     pool._max_rows(xc, got, pad3(kk, 1), pad3(ss, 1), pad3(pb, 0), pad3(dd, 1), numba.get_num_threads())
     np.testing.assert_array_equal(got, want)
     assert np.isnan(want).any() and np.isinf(want).any()
+    if len(shape) == 4:
+        sep = np.full_like(want, 7.0)
+        pool._max_separable(xc, sep, pad3(kk, 1), pad3(ss, 1), pad3(pb, 0), pad3(dd, 1), numba.get_num_threads())
+        np.testing.assert_array_equal(sep, want)

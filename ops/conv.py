@@ -131,14 +131,15 @@ PANEL_CONV = AVX512
 PANEL_CONV_MIN = 64  # column rows (Cg * taps) and output pixels from which the panels run
 # Before both, a float32 1-d or 2-d convolution of one group on an AVX-512 host runs as products over shifted rows
 # of the input (``ops/_shifted.py``: no columns written at all, the bias and the activation applied per tile),
-# from ``SHIFTED_MIN_MACS`` multiply-adds (below, its two thread-pool launches cost more than the product) and,
-# for a 1x1 kernel, from ``SHIFTED_1X1_MIN_L`` output pixels.  In one process, 2 threads, against the panels and
-# BLAS paths: 3x3 convolutions of 12 to 512 channels 1.1 to 1.8 times faster; a 1x1 of 64 channels at 56x56
-# 1.5 times and of 16 to 32 channels at 112x112 2.9 times; but a 1x1 over 169 to 196 pixels took 0.64 to 0.72
-# times BLAS's speed (each 4-row tile rereads a deep input tile that BLAS packs once).
+# from ``SHIFTED_MIN_MACS`` multiply-adds (below, its two thread-pool launches cost more than the product).  In
+# one process, 2 threads, against the panels and BLAS paths: 3x3 convolutions of 12 to 512 channels 1.1 to 1.8
+# times faster alone.  1x1 convolutions take it too: alone, one over 169 to 196 pixels ran at 0.64 to 0.72 times
+# BLAS's speed (each 4-row tile rereads a deep input tile that BLAS packs once), but inside models, where BLAS's
+# threads wake after Numba's, every model ran faster with them here (sessions alternating in one process: a
+# MobileNetV3 orientation classifier 5.41 -> 4.64 ms, the PaddleOCR direction classifier 3.19 -> 2.60 ms,
+# YOLOv8n 19.3 -> 18.1 ms), and 2**18 multiply-adds against 2**20 took another 3% off the small models.
 SHIFTED_CONV = AVX512
-SHIFTED_MIN_MACS = 1 << 20
-SHIFTED_1X1_MIN_L = 1024
+SHIFTED_MIN_MACS = 1 << 18
 _NO_BIAS = np.zeros(0, np.float32)
 
 
@@ -466,10 +467,8 @@ class _ConvPlan:
             and self.Mg >= PANEL if panels is None else bool(panels))
         # the shifted-row products (``SHIFTED_CONV`` and its thresholds; ``shifted`` True or False overrides the
         # host's choice for a float32 convolution of one group and depth 1)
-        one_by_one = bool(np.all(self.k3 == 1))
         self.shifted = group == 1 and cdt == F32 and not self.empty and self.k3[0] == 1 and self.i3[0] == 1 and (
-            SHIFTED_CONV and M * self.wc.shape[2] * self.L >= SHIFTED_MIN_MACS
-            and (not one_by_one or self.L >= SHIFTED_1X1_MIN_L) if shifted is None else bool(shifted))
+            SHIFTED_CONV and M * self.wc.shape[2] * self.L >= SHIFTED_MIN_MACS if shifted is None else bool(shifted))
         if b is not None and b.shape != (M,):
             raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
         self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)

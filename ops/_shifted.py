@@ -225,14 +225,31 @@ def _finish_in_place(buf, o, n, bv, act, p0, p1):
             a[i] = _act(a[i] + bv, 10, p0, p1)
 
 
+_FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` spreads the rows over the threads
+
+
 @njit(parallel=True, **_OPTS)
-def finish(out, bias, act, p0, p1):
-    """out (N, M, L) = act(out + bias[m]) in place, over the threads; ``bias`` empty for none.  The epilogue of
-    the convolutions that do not take it per tile."""
+def _finish_par(out, bias, act, p0, p1):
     N, M, L = out.shape
     nb = bias.shape[0] > 0
     of = out.reshape(-1)
     for nm in prange(N * M):
+        bv = bias[nm % M] if nb else np.float32(0)
+        _finish_in_place(of, nm * L, L, bv, act, p0, p1)
+
+
+@njit(**_OPTS)
+def finish(out, bias, act, p0, p1):
+    """out (N, M, L) = act(out + bias[m]) in place; ``bias`` empty for none.  The epilogue of the convolutions
+    that do not take it per tile: over the threads from ``_FINISH_PARALLEL_MIN`` elements, in this thread below
+    (a voice-activity model's convolutions of a few hundred outputs paid a thread-pool launch each)."""
+    if out.size >= _FINISH_PARALLEL_MIN:
+        _finish_par(out, bias, act, p0, p1)
+        return
+    N, M, L = out.shape
+    nb = bias.shape[0] > 0
+    of = out.reshape(-1)
+    for nm in range(N * M):
         bv = bias[nm % M] if nb else np.float32(0)
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 

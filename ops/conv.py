@@ -137,9 +137,12 @@ PANEL_CONV_MIN = 64  # column rows (Cg * taps) and output pixels from which the 
 # BLAS's speed (each 4-row tile rereads a deep input tile that BLAS packs once), but inside models, where BLAS's
 # threads wake after Numba's, every model ran faster with them here (sessions alternating in one process: a
 # MobileNetV3 orientation classifier 5.41 -> 4.64 ms, the PaddleOCR direction classifier 3.19 -> 2.60 ms,
-# YOLOv8n 19.3 -> 18.1 ms), and 2**18 multiply-adds against 2**20 took another 3% off the small models.
+# YOLOv8n 19.3 -> 18.1 ms), and 2**18 multiply-adds against 2**20 took another 3% off the small models.  Outputs
+# of fewer than ``_shifted.TILE`` pixels stay with BLAS: a tile of 64 would be mostly waste, and a batch of them
+# costs two launches per image (Silero VAD's batch of 64 STFT frames of 5 outputs each: 2.7 -> 5.6 ms).
 SHIFTED_CONV = AVX512
 SHIFTED_MIN_MACS = 1 << 18
+SHIFTED_MIN_PIXELS = _shifted.TILE
 _NO_BIAS = np.zeros(0, np.float32)
 
 
@@ -468,7 +471,8 @@ class _ConvPlan:
         # the shifted-row products (``SHIFTED_CONV`` and its thresholds; ``shifted`` True or False overrides the
         # host's choice for a float32 convolution of one group and depth 1)
         self.shifted = group == 1 and cdt == F32 and not self.empty and self.k3[0] == 1 and self.i3[0] == 1 and (
-            SHIFTED_CONV and M * self.wc.shape[2] * self.L >= SHIFTED_MIN_MACS if shifted is None else bool(shifted))
+            SHIFTED_CONV and M * self.wc.shape[2] * self.L >= SHIFTED_MIN_MACS and self.L >= SHIFTED_MIN_PIXELS
+            if shifted is None else bool(shifted))
         if b is not None and b.shape != (M,):
             raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
         self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)

@@ -126,6 +126,7 @@ def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     monkeypatch.setattr(_shifted, "conv2d", lambda *a: (calls.append(1), real(*a))[1])
     monkeypatch.setattr(conv, "SHIFTED_CONV", True)
     monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
+    monkeypatch.setattr(conv, "SHIFTED_MIN_PIXELS", 0)
     _compare("Conv", {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}, rtol=1e-4, atol=1e-4,
              **attrs)
     assert calls

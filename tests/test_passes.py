@@ -232,6 +232,7 @@ def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act
     from ops import _shifted, conv
     monkeypatch.setattr(conv, "SHIFTED_CONV", shifted)
     monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
+    monkeypatch.setattr(conv, "SHIFTED_MIN_PIXELS", 0)
     calls = []
     real = _shifted.conv2d
     monkeypatch.setattr(_shifted, "conv2d", lambda *a: (calls.append(1), real(*a))[1])

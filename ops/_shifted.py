@@ -32,7 +32,7 @@ from numba.core.extending import intrinsic
 
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
-__all__ = ["ACTIVATIONS", "TILE", "conv2d", "finish", "make_planes", "row_tile"]
+__all__ = ["ACTIVATIONS", "TILE", "activate", "conv2d", "finish", "make_planes", "row_tile"]
 
 TILE = 64  # grid positions per tile: 4 vectors of 16
 KC = 512  # weight columns per chunk of a tile's product
@@ -45,8 +45,11 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 # activation -> code; its parameters p0, p1 are those of the unary op (``ops/elementwise.py``)
 # ("SiLU" is x * Sigmoid(x), Sigmoid then Mul; the "_mlas" codes take MLAS's logistic, as Sigmoid does under
 # ``ONNX_NUMBA_MLAS_ORDER``)
+# "HardSwishRelu6" is the form Paddle exports write, x * Clip(x + 3, 0, 6) / 6: its four float32 steps in order.
 ACTIVATIONS = {"": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "HardSigmoid": 4, "HardSwish": 5, "Sigmoid": 6,
-               "Tanh": 7, "SiLU": 8, "Sigmoid_mlas": 9, "SiLU_mlas": 10}
+               "Tanh": 7, "SiLU": 8, "Sigmoid_mlas": 9, "SiLU_mlas": 10, "HardSwishRelu6": 11}
+_THREE, _SIX, _ZERO = np.float32(3), np.float32(6), np.float32(0)
+_NO_ADD = np.float32(-0.0)  # the bias of none: x + -0.0 is x for every x, -0.0 included (x + 0.0 is not)
 
 
 def _row_tile(R: int):
@@ -126,8 +129,9 @@ def _act(v, act, p0, p1):
         return v if v > 0 or v != v else 0
     if act == 2:
         return v if v >= 0 else p0 * v
-    if act == 3:
-        return v if v != v else min(max(v, p0), p1)
+    if act == 3:  # Clip's kernel: NaN passes, and lo > hi gives hi
+        c = p0 if v < p0 else v
+        return p1 if c > p1 else c
     if act == 4:
         return (p0 * v + p1) if (p0 * v + p1) != (p0 * v + p1) else max(0, min(1, p0 * v + p1))
     if act == 5:
@@ -140,7 +144,12 @@ def _act(v, act, p0, p1):
         return v * fsigmoid(v)
     if act == 9:
         return fsigmoid_mlas(v)
-    return v * fsigmoid_mlas(v)
+    if act == 10:
+        return v * fsigmoid_mlas(v)
+    t = v + _THREE  # Add, Clip, Mul, Div as their kernels compute them in float32
+    t = _ZERO if t < _ZERO else t
+    t = _SIX if t > _SIX else t
+    return (v * t) / _SIX
 
 
 @njit(inline="always", **_OPTS)
@@ -180,9 +189,12 @@ def _finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
     elif act == 9:
         for i in range(n):
             d[i] = _act(a[i] + bv, 9, p0, p1)
-    else:
+    elif act == 10:
         for i in range(n):
             d[i] = _act(a[i] + bv, 10, p0, p1)
+    else:
+        for i in range(n):
+            d[i] = _act(a[i] + bv, 11, p0, p1)
 
 
 @njit(inline="always", **_OPTS)
@@ -220,12 +232,35 @@ def _finish_in_place(buf, o, n, bv, act, p0, p1):
     elif act == 9:
         for i in range(n):
             a[i] = _act(a[i] + bv, 9, p0, p1)
-    else:
+    elif act == 10:
         for i in range(n):
             a[i] = _act(a[i] + bv, 10, p0, p1)
+    else:
+        for i in range(n):
+            a[i] = _act(a[i] + bv, 11, p0, p1)
 
 
-_FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` spreads the rows over the threads
+_FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` and ``activate`` spread over the threads
+
+
+@njit(parallel=True, **_OPTS)
+def _activate_par(x, out, act, p0, p1, nchunk):
+    n = x.shape[0]
+    for t in prange(nchunk):
+        i0, i1 = t * n // nchunk, (t + 1) * n // nchunk
+        _finish_run(x, i0, out, i0, i1 - i0, _NO_ADD, act, p0, p1)
+
+
+@njit(**_OPTS)
+def activate(x, out, act, p0, p1):
+    """out = act(x) over flat float32 arrays (a fused activation that follows no convolution), over the threads
+    from ``_FINISH_PARALLEL_MIN`` elements."""
+    n = x.shape[0]
+    if n >= _FINISH_PARALLEL_MIN:
+        _activate_par(x, out, act, p0, p1, max(1, min(64, n // (_FINISH_PARALLEL_MIN // 2))))
+    else:
+        _finish_run(x, 0, out, 0, n, _NO_ADD, act, p0, p1)
+
 
 
 @njit(parallel=True, **_OPTS)
@@ -234,7 +269,7 @@ def _finish_par(out, bias, act, p0, p1):
     nb = bias.shape[0] > 0
     of = out.reshape(-1)
     for nm in prange(N * M):
-        bv = bias[nm % M] if nb else np.float32(0)
+        bv = bias[nm % M] if nb else _NO_ADD
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
@@ -250,7 +285,7 @@ def finish(out, bias, act, p0, p1):
     nb = bias.shape[0] > 0
     of = out.reshape(-1)
     for nm in range(N * M):
-        bv = bias[nm % M] if nb else np.float32(0)
+        bv = bias[nm % M] if nb else _NO_ADD
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
@@ -336,7 +371,7 @@ def _tiles(xf, offs, tail, tail_offs, w, out, bias, act, p0, p1, RW, OW, G, dire
             if direct and j1 - j0 == TILE:
                 _tile(xf, offs, w, out, r0, r1, j0, j0)
                 for r in range(r0, r1):
-                    _finish_in_place(of, r * L + j0, TILE, bias[r] if nb else np.float32(0), act, p0, p1)
+                    _finish_in_place(of, r * L + j0, TILE, bias[r] if nb else _NO_ADD, act, p0, p1)
                 continue
             if direct:
                 _tile(tail, tail_offs, w, ot, r0, r1, 0, 0)
@@ -351,7 +386,7 @@ def _tiles(xf, offs, tail, tail_offs, w, out, bias, act, p0, p1, RW, OW, G, dire
                 if hi > ow0:
                     for r in range(r0, r1):
                         _finish_run(otf, r * TILE + j - j0, of, r * L + oh * OW + ow0, hi - ow0,
-                                    bias[r] if nb else np.float32(0), act, p0, p1)
+                                    bias[r] if nb else _NO_ADD, act, p0, p1)
                 j += n
                 oh += 1
                 ow0 = 0

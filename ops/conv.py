@@ -941,3 +941,21 @@ def DeformConv(X, W, offset, B=None, mask=None, *, dilations=None, group=1, kern
 
 
 op("DeformConv", 22)(DeformConv)
+
+
+def _hardswish_relu6_factory(ctx):
+    """``onnx_numba.HardSwishRelu6`` (``runtime/passes/conv_fusions.FuseHardSwishRelu6``): x * Clip(x + 3, 0, 6) / 6
+    in one pass, the four float32 steps of the nodes it replaces; float32 only (the pass fuses no other)."""
+    code = _shifted.ACTIVATIONS["HardSwishRelu6"]
+
+    def run(x):
+        if x.dtype != F32:
+            raise InvalidArgumentError(f"{ctx.name or 'HardSwishRelu6'} expects float32, got {x.dtype}")
+        out = np.empty(x.shape, F32)
+        if x.size:
+            _shifted.activate(np.ascontiguousarray(x).reshape(-1), out.reshape(-1), code, 0.0, 0.0)
+        return out
+    return run
+
+
+op("HardSwishRelu6", 1, domain="onnx_numba", factory=True)(_hardswish_relu6_factory)

@@ -209,6 +209,9 @@ def _conv_act(act: str, extra_reader: str = ""):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])]
     if act == "SiLU":
         nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    elif act == "HardSwishRelu6":
+        nodes += _hardswish_relu6_nodes("c", "y")
+        inits += _hardswish_relu6_constants()
     else:
         ins = {"Clip": ["c", "lo", "hi"], "ClipHigh": ["c", "", "hi"]}.get(act, ["c"])
         attrs = {"LeakyRelu": dict(alpha=0.2), "HardSigmoid": dict(alpha=0.3, beta=0.4)}.get(act, {})
@@ -221,9 +224,20 @@ def _conv_act(act: str, extra_reader: str = ""):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+def _hardswish_relu6_nodes(x: str, y: str, add_to: str = "three"):
+    """y = x * Clip(x + 3, 0, 6) / 6 as Paddle exports write it (the Add's constant named ``add_to``)."""
+    return [helper.make_node("Add", [x, add_to], [f"{y}_a"]), helper.make_node("Clip", [f"{y}_a", "zero", "six"], [f"{y}_c"]),
+            helper.make_node("Mul", [x, f"{y}_c"], [f"{y}_m"]), helper.make_node("Div", [f"{y}_m", "six"], [y])]
+
+
+def _hardswish_relu6_constants():
+    return [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+            (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("two", 2.0))]
+
+
 @pytest.mark.parametrize("shifted", [False, True])
 @pytest.mark.parametrize("act", ["Relu", "LeakyRelu", "Clip", "ClipHigh", "HardSigmoid", "HardSwish", "Sigmoid",
-                                 "Tanh", "SiLU"])
+                                 "Tanh", "SiLU", "HardSwishRelu6"])
 def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, shifted):
     """Conv and its activation become one onnx_numba.FusedConv whose float32 result is the unfused graph's bit for
     bit, with the activation applied after the whole convolution or per tile of the shifted-row products (forced
@@ -255,3 +269,24 @@ def test_conv_activation_stays_apart_when_a_hidden_value_has_another_reader(act,
     from runtime.passes.conv_fusions import FuseConvActivation
     g = graph_from_proto(onnx.load_from_string(_conv_act(act, reader)).graph, {"": 17})
     assert not FuseConvActivation()(g).modified
+
+
+
+@pytest.mark.parametrize("add_to,fused", [("three", True), ("two", False)])
+def test_hardswish_written_as_four_nodes_runs_as_one_with_their_bits(add_to, fused):
+    """x * Clip(x + 3, 0, 6) / 6 over a graph input becomes one onnx_numba.HardSwishRelu6 giving the four nodes'
+    float32 bits, NaN, infinities and signed zeros included; with another constant it stays four nodes."""
+    import onnxruntime as ort
+    g = helper.make_graph(_hardswish_relu6_nodes("x", "y", add_to), "g", [_vi("x", [3, 50, 40])],
+                          [_vi("y", [3, 50, 40])], _hardswish_relu6_constants())
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    x = (np.random.default_rng(7).standard_normal((3, 50, 40)) * 4).astype(np.float32)
+    x.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, -0.0, 0.0, -3.0]
+    sess = InferenceSession(m)
+    ops = [(n.domain, n.op_type) for n in sess._graph.nodes]
+    assert (ops == [("onnx_numba", "HardSwishRelu6")]) == fused and (len(ops) == 4) != fused
+    (y,) = sess.run(None, {"x": x})
+    (want,) = InferenceSession(m, disabled_optimizers=["FuseHardSwishRelu6"]).run(None, {"x": x})
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    (ref,) = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)

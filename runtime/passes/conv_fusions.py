@@ -13,7 +13,15 @@ second pass over memory (``ops/_shifted.py``): Relu, LeakyRelu, Clip (constant b
 Sigmoid, Tanh, and SiLU, ``Mul(y, Sigmoid(y))`` in either operand order.  The activation is its unary op's own
 expression, so the fused node gives the bits of the nodes it replaces for float32.
 
+``FuseHardSwishRelu6`` first rewrites ``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (either Mul operand order;
+float32 scalar constants of exactly those values), the HardSwish that Paddle exports write as four nodes, into
+one ``onnx_numba.HardSwishRelu6(x)`` that computes the same four float32 steps in one pass;
+``FuseConvActivation`` then takes it into a Conv that produces ``x`` like any other activation.  onnxruntime
+runs the four nodes as they are.
+
 Invariants:
+- HardSwishRelu6 is fused only when the Add, Clip and Mul results are read by the next node of the pattern
+  alone and are not graph outputs, and ``x`` is float32 (the Add's constant is);
 - an activation is fused only when the Conv's output is read by the activation's nodes alone and is not a graph
   output, and (SiLU) the Sigmoid's output by the Mul alone; the fused node keeps the Conv's name and produces
   the activation's output value;
@@ -32,13 +40,14 @@ from ..ir import Graph, Node
 from .base import Pass, PassResult
 from .cuda_fusions import _readers
 
-__all__ = ["FuseConvActivation", "FuseConvBatchNorm", "ONNXRUNTIME_NAMES"]
+__all__ = ["FuseConvActivation", "FuseConvBatchNorm", "FuseHardSwishRelu6", "ONNXRUNTIME_NAMES"]
 
 _STD = ("", "ai.onnx")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # onnxruntime's names of these optimizers (InferenceSession's ``disabled_optimizers``)
 ONNXRUNTIME_NAMES = {"ConvBNFusion": "FuseConvBatchNorm", "ConvActivationFusion": "FuseConvActivation"}
+# (FuseHardSwishRelu6 has no onnxruntime counterpart: it is disabled by its own name)
 FUSED_DOMAIN = "onnx_numba"
 _INF = float("inf")
 
@@ -118,7 +127,7 @@ class FuseConvActivation(Pass):
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         drop, replace = set(), {}
         for node in graph.nodes:
-            if id(node) in drop or node.domain not in _STD:
+            if id(node) in drop or node.domain not in _STD + (FUSED_DOMAIN,):
                 continue
             m = self._match(node, producer, readers, graph.initializers)
             if m is None or id(m[0]) in replace or id(m[0]) in drop:
@@ -156,7 +165,11 @@ class FuseConvActivation(Pass):
             return None
         if not node.inputs or not node.inputs[0]:
             return None
-        if op in ("Relu", "Sigmoid", "Tanh"):
+        if node.domain == FUSED_DOMAIN:
+            if op != "HardSwishRelu6":
+                return None
+            params = []
+        elif op in ("Relu", "Sigmoid", "Tanh"):
             params = []
         elif op == "HardSwish":  # x * HardSigmoid(x) with alpha 1/6 and beta 0.5
             params = [_f32(1 / 6), 0.5]
@@ -186,3 +199,55 @@ class FuseConvActivation(Pass):
                     return None
                 bounds[i - 1] = float(v.reshape(-1)[0])
         return bounds
+
+
+class FuseHardSwishRelu6(Pass):
+    name = "fuse_hardswish_relu6"
+
+    def call(self, graph: Graph) -> PassResult:
+        readers = _readers(graph)
+        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        inits = graph.initializers
+        drop, replace = set(), {}
+        for div in graph.nodes:
+            m = self._match(div, producer, readers, inits)
+            if m is None or any(id(h) in drop for h in m[1]):
+                continue
+            x, hidden = m
+            replace[id(div)] = Node("HardSwishRelu6", [x], [div.outputs[0]], {}, div.name, FUSED_DOMAIN, 1)
+            drop.update(id(h) for h in hidden)
+        if not replace:
+            return PassResult(False)
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+        return PassResult(True, [n.outputs[0] for n in replace.values()])
+
+    @staticmethod
+    def _match(div, producer, readers, inits):
+        """(x, the Add, Clip and Mul it hides) when ``div`` ends the pattern, or None."""
+        def const(name, value):
+            v = inits.get(name)
+            return v is not None and v.dtype == np.float32 and v.size == 1 and v.ndim <= 1 and \
+                float(v.reshape(-1)[0]) == value
+
+        def only(node, name, op):
+            n = producer.get(name)
+            ok = n is not None and n.op_type == op and n.domain in _STD and readers.get(name, 0) == 1
+            return n if ok and len(n.outputs) == 1 else None
+
+        if div.op_type != "Div" or div.domain not in _STD or len(div.inputs) != 2 or not const(div.inputs[1], 6.0):
+            return None
+        mul = only(div, div.inputs[0], "Mul")
+        if mul is None or len(mul.inputs) != 2:
+            return None
+        for k in (0, 1):
+            clip = only(mul, mul.inputs[1 - k], "Clip")
+            if clip is None or len(clip.inputs) != 3 or clip.opset < 11 or not const(clip.inputs[1], 0.0) or \
+                    not const(clip.inputs[2], 6.0):
+                continue
+            add = only(clip, clip.inputs[0], "Add")
+            if add is None or len(add.inputs) != 2:
+                continue
+            x = mul.inputs[k]
+            if add.inputs[0] == x and const(add.inputs[1], 3.0) or add.inputs[1] == x and const(add.inputs[0], 3.0):
+                return x, [add, clip, mul]
+        return None

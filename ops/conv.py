@@ -1,14 +1,19 @@
-"""Convolutions: Conv, ConvTranspose, ConvInteger, Col2Im, and com.microsoft FusedConv.
+"""Convolutions: Conv, ConvTranspose, ConvInteger, Col2Im, com.microsoft FusedConv, and the fusion passes'
+onnx_numba FusedConv and HardSwishRelu6.
 
 Every spatial rank (1-d, 2-d, 3-d) is canonicalized to 3-d by inserting unit
-leading spatial axes, so each kernel compiles once per dtype.  Conv is
-im2col followed by a BLAS matmul per (batch, group); a float32 im2col Conv of one
-group on an AVX-512 host writes its columns as the panels of ``ops/_panels.py``
-and multiplies the weight rows against them there (``_conv_panels``,
-``PANEL_CONV``); ConvTranspose is the
-reverse, a matmul followed by a col2im scatter-add.  16-bit floats are
-computed in float32; integer convs (ConvInteger) in float64, which is exact
-for the int32 accumulations their inputs allow.
+leading spatial axes, so each kernel compiles once per dtype.  A float32 1-d or
+2-d Conv of one group on an AVX-512 host runs as products over shifted rows of
+its input (``ops/_shifted.py``, ``SHIFTED_CONV``), the bias and a fused
+activation applied per tile; otherwise Conv is im2col followed by a BLAS matmul
+per (batch, group), and a float32 im2col Conv of one group on an AVX-512 host
+writes its columns as the panels of ``ops/_panels.py`` and multiplies the weight
+rows against them there (``_conv_panels``, ``PANEL_CONV``).  ``onnx_numba.FusedConv``
+(``runtime/passes/conv_fusions.py``) is a Conv with the activation that followed
+it, applied by the same plan.  ConvTranspose is the reverse, a matmul followed
+by a col2im scatter-add.  16-bit floats are computed in float32; integer convs
+(ConvInteger) in float64, which is exact for the int32 accumulations their
+inputs allow.
 
 Invariants: kernels receive C-contiguous arrays and never write into their
 inputs; attribute checks (channel/group consistency, kernel shape) happen in

@@ -3,8 +3,10 @@
 ``SessionOptions.optimized_model_filepath`` saves the graph the session runs: folded, simplified and fused.
 The fusions' ops (domain ``onnx_numba``) are not ONNX ops, so each fused node is written as a call of a
 model-local function whose body is the standard ops it replaced (one function per op and variant, e.g.
-``GatedActivation_silu_2``); a loader that knows the op may use it, any other inlines the body.  An op of the
-domain with no known body makes saving fail with its name, rather than writing a model nobody can load.
+``GatedActivation_silu_2``); a loader that knows the op may use it, any other inlines the body.  A fused node
+whose attributes differ from node to node (``FusedConv``: a Conv's pads, strides and groups) is written back as
+the standard nodes it replaced instead, as is ``HardSwishRelu6``.  An op of the domain with no known body makes
+saving fail with its name, rather than writing a model nobody can load.
 
 Initializers of at least ``min_external_bytes`` go to ``external_file`` beside the model when one is named
 (onnxruntime's ``session.optimized_model_external_initializers_*`` config entries).
@@ -65,8 +67,64 @@ def _plus_one_half(e: str, g: str) -> list:
             helper.make_node("Mul", ["gh", "e1"], ["a"])]
 
 
+def _scalar(name: str, value: float):
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.FLOAT, [],
+                                                                             [value]))
+
+
+def _activation_nodes(act: str, params: list, x: str, y: str, opset: int) -> list:
+    """Standard nodes computing ``y = act(x)`` for an activation of ``onnx_numba.FusedConv`` (or HardSwishRelu6)."""
+    p = list(params) + [0.0, 0.0]
+    if act in ("Relu", "Sigmoid", "Tanh"):
+        return [helper.make_node(act, [x], [y])]
+    if act == "LeakyRelu":
+        return [helper.make_node(act, [x], [y], alpha=p[0])]
+    if act == "HardSigmoid":
+        return [helper.make_node(act, [x], [y], alpha=p[0], beta=p[1])]
+    if act == "HardSwish":
+        if opset >= 14:
+            return [helper.make_node(act, [x], [y])]
+        return [helper.make_node("HardSigmoid", [x], [y + "__hs"], alpha=p[0], beta=p[1]),
+                helper.make_node("Mul", [x, y + "__hs"], [y])]
+    if act == "Clip":
+        if opset < 11:
+            return [helper.make_node(act, [x], [y], min=p[0], max=p[1])]
+        return [_scalar(y + "__lo", p[0]), _scalar(y + "__hi", p[1]),
+                helper.make_node(act, [x, y + "__lo", y + "__hi"], [y])]
+    if act == "SiLU":
+        return [helper.make_node("Sigmoid", [x], [y + "__s"]), helper.make_node("Mul", [x, y + "__s"], [y])]
+    if act == "HardSwishRelu6":
+        return [_scalar(y + "__3", 3.0), _scalar(y + "__0", 0.0), _scalar(y + "__6", 6.0),
+                helper.make_node("Add", [x, y + "__3"], [y + "__a"]),
+                helper.make_node("Clip", [y + "__a", y + "__0", y + "__6"], [y + "__c"]),
+                helper.make_node("Mul", [x, y + "__c"], [y + "__m"]), helper.make_node("Div", [y + "__m", y + "__6"], [y])]
+    raise NotSupportedError(f"FusedConv activation {act!r} has no ONNX form")
+
+
+def _unfused(node, opset: int) -> list:
+    """The standard nodes a ``FusedConv`` or ``HardSwishRelu6`` node replaced."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    y = node.output[0]
+    if node.op_type == "HardSwishRelu6":
+        return _activation_nodes("HardSwishRelu6", [], node.input[0], y, opset)
+    act = attrs.pop("activation", b"")
+    act = act.decode() if isinstance(act, bytes) else act
+    params = attrs.pop("activation_params", [])
+    conv = helper.make_node("Conv", list(node.input), [y + "__conv"], name=node.name or None, **attrs)
+    return [conv] + _activation_nodes(act, params, y + "__conv", y, opset)
+
+
 def _functions(model: onnx.ModelProto, opset: int) -> list:
-    """Rename each fused node to its variant's function and return the functions' definitions."""
+    """Rename each fused node to its variant's function and return the functions' definitions (nodes written
+    back as standard ones, ``_unfused``, first)."""
+    nodes = []
+    for node in model.graph.node:
+        if node.domain == FUSED_DOMAIN and node.op_type in ("FusedConv", "HardSwishRelu6"):
+            nodes += _unfused(node, opset)
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     defined: dict = {}
     for node in model.graph.node:
         if node.domain != FUSED_DOMAIN:

@@ -170,6 +170,34 @@ def test_optimized_model_filepath_writes_a_model_onnxruntime_runs(tmp_path):
     np.testing.assert_allclose(again, want, rtol=1e-6, atol=1e-6)
 
 
+def test_optimized_model_with_fused_convolutions_is_written_back_as_standard_nodes(tmp_path):
+    """A Conv with its SiLU and a HardSwish written as x * Clip(x + 3, 0, 6) / 6 run fused here; the saved model
+    holds the standard nodes again, and onnxruntime runs it to the unoptimized model's result."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")] + \
+        [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], strides=[2, 1]),
+             h.make_node("Sigmoid", ["c"], ["s"]), h.make_node("Mul", ["c", "s"], ["y"]),
+             h.make_node("Add", ["x", "three"], ["a"]), h.make_node("Clip", ["a", "zero", "six"], ["k"]),
+             h.make_node("Mul", ["x", "k"], ["m"]), h.make_node("Div", ["m", "six"], ["z"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+               [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 4, 8]), h.make_tensor_value_info("z", T.FLOAT, [1, 3, 8, 8])],
+               inits)
+    path = tmp_path / "model.onnx"
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(path)
+    s = ort.InferenceSession(m.SerializeToString(), so)
+    assert {"FusedConv", "HardSwishRelu6"} <= {n.op_type for n in s._graph.nodes}
+    saved = onnx.load(str(path))
+    assert sorted(n.op_type for n in saved.graph.node if n.op_type != "Constant") == \
+        ["Add", "Clip", "Conv", "Div", "Mul", "Mul", "Sigmoid"]
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_session_config_entries_are_kept_and_missing_keys_named():
     so = ort.SessionOptions()
     so.add_session_config_entry("CONFIG_KEY", "CONFIG_VAL")

@@ -133,7 +133,9 @@ class FuseConvActivation(Pass):
             if m is None or id(m[0]) in replace or id(m[0]) in drop:
                 continue
             conv, act, params, hidden = m
-            attrs = dict(conv.attrs, activation=act, activation_params=params)
+            attrs = dict(conv.attrs, activation=act)
+            if params:  # (an empty list is no ONNX attribute: its type cannot be told)
+                attrs["activation_params"] = params
             replace[id(conv)] = Node("FusedConv", list(conv.inputs), [node.outputs[0]], attrs, conv.name,
                                      FUSED_DOMAIN, 1)
             drop.update(id(h) for h in hidden)

@@ -72,6 +72,18 @@ def _pool(x, out, idx, mode, p, ksz, st, pb, pe, dil, storage_order, want_idx):
                         out[nc, zo, yo, xo] = acc ** (1.0 / p)
 
 
+@njit(**_OPTS)
+def _first_taps(los, his, OW):
+    """Per output column: its first width tap inside the row (-1: none), from ``tap_runs``' runs."""
+    fe = np.full(OW, -1, np.int64)
+    for ow in range(OW):
+        for e in range(los.shape[0]):
+            if ow >= los[e] and ow < his[e]:
+                fe[ow] = e
+                break
+    return fe
+
+
 @njit(parallel=True, **_OPTS)
 def _max_rows(x, out, ksz, st, pb, dil, nthreads):
     """MaxPool without indices, as ``_pool``'s mode 0 computes it, a row at a time: each output starts at the
@@ -85,12 +97,7 @@ def _max_rows(x, out, ksz, st, pb, dil, nthreads):
     KD, KH, KW = ksz[0], ksz[1], ksz[2]
     s2 = st[2]
     los, his = tap_runs(KW, dil[2], pb[2], s2, W, OW)  # per width tap: the outputs inside the row
-    fe = np.full(OW, -1, np.int64)  # per output: its first width tap inside the row (-1: none)
-    for ow in range(OW):
-        for e in range(KW):
-            if ow >= los[e] and ow < his[e]:
-                fe[ow] = e
-                break
+    fe = _first_taps(los, his, OW)
     xf = x.reshape(-1)
     of = out.reshape(-1)
     T = max(1, min(nthreads, NC))
@@ -153,12 +160,7 @@ def _max_separable(x, out, ksz, st, pb, dil, nthreads):
     KH, KW = ksz[1], ksz[2]
     s1, s2 = st[1], st[2]
     los, his = tap_runs(KW, dil[2], pb[2], s2, W, OW)
-    fe = np.full(OW, -1, np.int64)  # per output column: its first width tap inside the row (-1: none)
-    for ow in range(OW):
-        for e in range(KW):
-            if ow >= los[e] and ow < his[e]:
-                fe[ow] = e
-                break
+    fe = _first_taps(los, his, OW)
     xf = x.reshape(-1)
     of = out.reshape(-1)
     T = max(1, min(nthreads, NC))

@@ -275,8 +275,8 @@ def _run_pool(name, x, mode, p, kernel_shape, auto_pad, ceil_mode, dilations, pa
         xc = np.ascontiguousarray(x, dtype=cdt).reshape((N * C, *i3))
         # taps past the end padding (they only exist because of ceil_mode) never count, even as padding
         pe3 = pad3(pe, 0)
-        if mode == 0 and not want_idx and i3[0] == 1 and k[-1] * (k[-2] if len(k) > 1 else 1) >= \
-                _SEPARABLE_MIN_TAPS and np.dtype(cdt).kind == "f":
+        if mode == 0 and not want_idx and len(k) <= 2 and int(np.prod(k)) >= _SEPARABLE_MIN_TAPS and \
+                np.dtype(cdt).kind == "f":
             _max_separable(xc, out, pad3(k, 1), pad3(s, 1), pad3(pb, 0), pad3(d, 1), get_num_threads())
         elif mode == 0 and not want_idx:
             _max_rows(xc, out, pad3(k, 1), pad3(s, 1), pad3(pb, 0), pad3(d, 1), get_num_threads())

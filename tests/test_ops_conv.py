@@ -174,6 +174,12 @@ def test_maxpool_with_indices():
              storage_order=1)
 
 
+def test_maxpool_3d_of_depth_one_with_padded_depth_windows():
+    """A 3-d window over an input of depth 1 whose depth padding makes three output planes (the separable 2-d
+    kernel is for 2-d windows only): against onnxruntime."""
+    _compare("MaxPool", {"x": _randn(1, 2, 1, 7, 6)}, kernel_shape=[3, 3, 3], pads=[2, 1, 1, 2, 1, 1])
+
+
 def test_maxpool_uint8_dilated_3d():
     x = RNG.integers(0, 255, (1, 3, 16, 17)).astype(np.uint8)
     _compare("MaxPool", {"x": x}, kernel_shape=[3, 3], dilations=[2, 2], strides=[1, 2])

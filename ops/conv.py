@@ -148,7 +148,6 @@ PANEL_CONV_MIN = 64  # column rows (Cg * taps) and output pixels from which the 
 SHIFTED_CONV = AVX512
 SHIFTED_MIN_MACS = 1 << 18
 SHIFTED_MIN_PIXELS = _shifted.TILE
-_NO_BIAS = np.zeros(0, np.float32)
 
 
 @njit(parallel=True, **_OPTS)
@@ -483,6 +482,7 @@ class _ConvPlan:
         self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)
         # the activation applied to the result (``_shifted.ACTIVATIONS``: a Conv fused with what follows it)
         self.act, self.p0, self.p1 = int(act), float(p0), float(p1)
+        self.bias = self.b if self.b is not None else np.zeros(0, cdt)  # as the kernels take it: empty for none
 
     def __call__(self, x):
         N, G, Cg, Mg, L, cdt = self.N, self.G, self.Cg, self.Mg, self.L, self.cdt
@@ -490,9 +490,8 @@ class _ConvPlan:
         out = np.empty((N, G, Mg, L), cdt)
         if out.size and self.shifted:
             xc = np.ascontiguousarray(x, dtype=cdt).reshape((N, Cg, i3[1], i3[2]))
-            _shifted.conv2d(xc, wc[0], out.reshape((N, Mg, o3[1], o3[2])), _NO_BIAS if self.b is None else self.b,
-                            self.act, self.p0, self.p1, k3[1], k3[2], s3[1], s3[2], pb3[1], pb3[2], d3[1], d3[2],
-                            get_num_threads())
+            _shifted.conv2d(xc, wc[0], out.reshape((N, Mg, o3[1], o3[2])), self.bias, self.act, self.p0, self.p1,
+                            k3[1], k3[2], s3[1], s3[2], pb3[1], pb3[2], d3[1], d3[2], get_num_threads())
             out = out.reshape((N, G * Mg, *self.osp))
             return out.astype(self.dt) if out.dtype != self.dt else out
         if out.size:
@@ -526,7 +525,7 @@ class _ConvPlan:
                 _conv_run(xc, wc, out, col, k3, s3, pb3, d3, o3, self.direct)
         out = out.reshape((N, G * Mg, L))
         if (self.b is not None or self.act) and out.size:
-            _shifted.finish(out, np.zeros(0, cdt) if self.b is None else self.b, self.act, self.p0, self.p1)
+            _shifted.finish(out, self.bias, self.act, self.p0, self.p1)
         out = out.reshape((N, G * Mg, *self.osp))
         return out.astype(self.dt) if out.dtype != self.dt else out
 

@@ -231,22 +231,22 @@ class FuseHardSwishRelu6(Pass):
             return v is not None and v.dtype == np.float32 and v.size == 1 and v.ndim <= 1 and \
                 float(v.reshape(-1)[0]) == value
 
-        def only(node, name, op):
+        def only(name, op):
             n = producer.get(name)
             ok = n is not None and n.op_type == op and n.domain in _STD and readers.get(name, 0) == 1
             return n if ok and len(n.outputs) == 1 else None
 
         if div.op_type != "Div" or div.domain not in _STD or len(div.inputs) != 2 or not const(div.inputs[1], 6.0):
             return None
-        mul = only(div, div.inputs[0], "Mul")
+        mul = only(div.inputs[0], "Mul")
         if mul is None or len(mul.inputs) != 2:
             return None
         for k in (0, 1):
-            clip = only(mul, mul.inputs[1 - k], "Clip")
+            clip = only(mul.inputs[1 - k], "Clip")
             if clip is None or len(clip.inputs) != 3 or clip.opset < 11 or not const(clip.inputs[1], 0.0) or \
                     not const(clip.inputs[2], 6.0):
                 continue
-            add = only(clip, clip.inputs[0], "Add")
+            add = only(clip.inputs[0], "Add")
             if add is None or len(add.inputs) != 2:
                 continue
             x = mul.inputs[k]

@@ -119,7 +119,8 @@ def test_conv_panel_products_on_any_host(monkeypatch, panels, xshape, wshape, at
 ])
 def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     """The convolution as products over shifted rows of the input (``ops._shifted``, taken on AVX-512 hosts),
-    forced on whatever the host: against onnxruntime, and seen to run."""
+    forced on whatever the host: against onnxruntime and the ONNX reference evaluator, and seen to run."""
+    from onnx.reference import ReferenceEvaluator
     from ops import _shifted, conv
     calls = []
     real = _shifted.conv2d
@@ -127,9 +128,11 @@ def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     monkeypatch.setattr(conv, "SHIFTED_CONV", True)
     monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
     monkeypatch.setattr(conv, "SHIFTED_MIN_PIXELS", 0)
-    _compare("Conv", {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}, rtol=1e-4, atol=1e-4,
-             **attrs)
+    feeds, inits = {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}
+    (y,) = _compare("Conv", feeds, inits, rtol=1e-4, atol=1e-4, **attrs)
     assert calls
+    (ref,) = ReferenceEvaluator(_model("Conv", feeds, inits, **attrs)).run(None, feeds)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_conv_float16_matches_float32():

@@ -241,7 +241,7 @@ def _hardswish_relu6_constants():
 def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, shifted):
     """Conv and its activation become one onnx_numba.FusedConv whose float32 result is the unfused graph's bit for
     bit, with the activation applied after the whole convolution or per tile of the shifted-row products (forced
-    on or off, whatever the host), and within 1e-5 of onnxruntime."""
+    on or off, whatever the host), within 1e-5 of onnxruntime and 1e-4 of the ONNX reference evaluator."""
     import onnxruntime as ort
     from ops import _shifted, conv
     monkeypatch.setattr(conv, "SHIFTED_CONV", shifted)
@@ -261,6 +261,8 @@ def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act
     np.testing.assert_array_equal(y, want)
     (ref,) = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    from onnx.reference import ReferenceEvaluator  # the convolutions' own tolerance (tests/test_ops_conv.py)
+    np.testing.assert_allclose(y, ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("act,reader", [("Relu", "conv"), ("SiLU", "conv"), ("SiLU", "sigmoid")])
@@ -275,7 +277,8 @@ def test_conv_activation_stays_apart_when_a_hidden_value_has_another_reader(act,
 @pytest.mark.parametrize("add_to,fused", [("three", True), ("two", False)])
 def test_hardswish_written_as_four_nodes_runs_as_one_with_their_bits(add_to, fused):
     """x * Clip(x + 3, 0, 6) / 6 over a graph input becomes one onnx_numba.HardSwishRelu6 giving the four nodes'
-    float32 bits, NaN, infinities and signed zeros included; with another constant it stays four nodes."""
+    float32 bits, NaN, infinities and signed zeros included, and within 1e-6 of onnxruntime and the ONNX reference
+    evaluator; with another constant it stays four nodes."""
     import onnxruntime as ort
     g = helper.make_graph(_hardswish_relu6_nodes("x", "y", add_to), "g", [_vi("x", [3, 50, 40])],
                           [_vi("y", [3, 50, 40])], _hardswish_relu6_constants())
@@ -290,3 +293,5 @@ def test_hardswish_written_as_four_nodes_runs_as_one_with_their_bits(add_to, fus
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
     (ref,) = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+    from onnx.reference import ReferenceEvaluator
+    np.testing.assert_allclose(y, ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)

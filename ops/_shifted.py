@@ -34,7 +34,8 @@ from numba.core.extending import intrinsic
 
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
-__all__ = ["ACTIVATIONS", "TILE", "activate", "conv2d", "finish", "make_planes", "row_tile"]
+__all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "finish", "make_planes",
+           "product_tile", "row_tile"]
 
 TILE = 64  # grid positions per tile: 4 vectors of 16
 KC = 512  # weight columns per chunk of a tile's product
@@ -51,7 +52,7 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 ACTIVATIONS = {"": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "HardSigmoid": 4, "HardSwish": 5, "Sigmoid": 6,
                "Tanh": 7, "SiLU": 8, "Sigmoid_mlas": 9, "SiLU_mlas": 10, "HardSwishRelu6": 11}
 _THREE, _SIX, _ZERO = np.float32(3), np.float32(6), np.float32(0)
-_NO_ADD = np.float32(-0.0)  # the bias of none: x + -0.0 is x for every x, -0.0 included (x + 0.0 is not)
+NO_ADD = np.float32(-0.0)  # the bias of none: x + -0.0 is x for every x, -0.0 included (x + 0.0 is not)
 
 
 def _row_tile(R: int):
@@ -124,7 +125,7 @@ _row_tile1 = _row_tile(1)
 
 
 @njit(inline="always", **_OPTS)
-def _act(v, act, p0, p1):
+def act_value(v, act, p0, p1):
     """The activation ``act`` (``ACTIVATIONS``) of ``v``, by the expression of its unary kernel."""
     if act == 0:
         return v
@@ -168,37 +169,37 @@ def _finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
             d[i] = a[i] + bv
     elif act == 1:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 1, p0, p1)
+            d[i] = act_value(a[i] + bv, 1, p0, p1)
     elif act == 2:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 2, p0, p1)
+            d[i] = act_value(a[i] + bv, 2, p0, p1)
     elif act == 3:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 3, p0, p1)
+            d[i] = act_value(a[i] + bv, 3, p0, p1)
     elif act == 4:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 4, p0, p1)
+            d[i] = act_value(a[i] + bv, 4, p0, p1)
     elif act == 5:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 5, p0, p1)
+            d[i] = act_value(a[i] + bv, 5, p0, p1)
     elif act == 6:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 6, p0, p1)
+            d[i] = act_value(a[i] + bv, 6, p0, p1)
     elif act == 7:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 7, p0, p1)
+            d[i] = act_value(a[i] + bv, 7, p0, p1)
     elif act == 8:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 8, p0, p1)
+            d[i] = act_value(a[i] + bv, 8, p0, p1)
     elif act == 9:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 9, p0, p1)
+            d[i] = act_value(a[i] + bv, 9, p0, p1)
     elif act == 10:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 10, p0, p1)
+            d[i] = act_value(a[i] + bv, 10, p0, p1)
     else:
         for i in range(n):
-            d[i] = _act(a[i] + bv, 11, p0, p1)
+            d[i] = act_value(a[i] + bv, 11, p0, p1)
 
 
 @njit(**_OPTS)
@@ -211,37 +212,37 @@ def _finish_in_place(buf, o, n, bv, act, p0, p1):
             a[i] = a[i] + bv
     elif act == 1:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 1, p0, p1)
+            a[i] = act_value(a[i] + bv, 1, p0, p1)
     elif act == 2:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 2, p0, p1)
+            a[i] = act_value(a[i] + bv, 2, p0, p1)
     elif act == 3:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 3, p0, p1)
+            a[i] = act_value(a[i] + bv, 3, p0, p1)
     elif act == 4:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 4, p0, p1)
+            a[i] = act_value(a[i] + bv, 4, p0, p1)
     elif act == 5:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 5, p0, p1)
+            a[i] = act_value(a[i] + bv, 5, p0, p1)
     elif act == 6:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 6, p0, p1)
+            a[i] = act_value(a[i] + bv, 6, p0, p1)
     elif act == 7:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 7, p0, p1)
+            a[i] = act_value(a[i] + bv, 7, p0, p1)
     elif act == 8:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 8, p0, p1)
+            a[i] = act_value(a[i] + bv, 8, p0, p1)
     elif act == 9:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 9, p0, p1)
+            a[i] = act_value(a[i] + bv, 9, p0, p1)
     elif act == 10:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 10, p0, p1)
+            a[i] = act_value(a[i] + bv, 10, p0, p1)
     else:
         for i in range(n):
-            a[i] = _act(a[i] + bv, 11, p0, p1)
+            a[i] = act_value(a[i] + bv, 11, p0, p1)
 
 
 _FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` and ``activate`` spread over the threads
@@ -252,7 +253,7 @@ def _activate_par(x, out, act, p0, p1, nchunk):
     n = x.shape[0]
     for t in prange(nchunk):
         i0, i1 = t * n // nchunk, (t + 1) * n // nchunk
-        _finish_run(x, i0, out, i0, i1 - i0, _NO_ADD, act, p0, p1)
+        _finish_run(x, i0, out, i0, i1 - i0, NO_ADD, act, p0, p1)
 
 
 @njit(**_OPTS)
@@ -263,7 +264,7 @@ def activate(x, out, act, p0, p1):
     if n >= _FINISH_PARALLEL_MIN:
         _activate_par(x, out, act, p0, p1, max(1, min(64, n // (_FINISH_PARALLEL_MIN // 2))))
     else:
-        _finish_run(x, 0, out, 0, n, _NO_ADD, act, p0, p1)
+        _finish_run(x, 0, out, 0, n, NO_ADD, act, p0, p1)
 
 
 
@@ -273,7 +274,7 @@ def _finish_par(out, bias, act, p0, p1):
     nb = bias.shape[0] > 0
     of = out.reshape(-1)
     for nm in prange(N * M):
-        bv = bias[nm % M] if nb else _NO_ADD
+        bv = bias[nm % M] if nb else NO_ADD
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
@@ -289,7 +290,7 @@ def finish(out, bias, act, p0, p1):
     nb = bias.shape[0] > 0
     of = out.reshape(-1)
     for nm in range(N * M):
-        bv = bias[nm % M] if nb else _NO_ADD
+        bv = bias[nm % M] if nb else NO_ADD
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
@@ -333,7 +334,7 @@ def make_planes(x, planes, used, s1, s2, pt, pl, RH, RW, PS):
 
 
 @njit(**_OPTS)
-def _tile(xf, offs, w, ot, r0, r1, j0, o0):
+def product_tile(xf, offs, w, ot, r0, r1, j0, o0):
     """``ot[r0:r1, o0:o0+64]`` = ``w[r0:r1] @`` the tile at grid position j0, chunk by chunk of K."""
     K = w.shape[1]
     for k0 in range(0, K, KC):
@@ -376,14 +377,14 @@ def _tiles(xf, offs, tail, tail_offs, w, out, bias, act, p0, p1, RW, OW, G, dire
             j0 = tile * TILE
             j1 = min(G, j0 + TILE)
             if direct and j1 - j0 == TILE:
-                _tile(xf, offs, w, out, r0, r1, j0, j0)
+                product_tile(xf, offs, w, out, r0, r1, j0, j0)
                 for r in range(r0, r1):
-                    _finish_in_place(of, r * L + j0, TILE, bias[r] if nb else _NO_ADD, act, p0, p1)
+                    _finish_in_place(of, r * L + j0, TILE, bias[r] if nb else NO_ADD, act, p0, p1)
                 continue
             if direct:
-                _tile(tail, tail_offs, w, ot, r0, r1, 0, 0)
+                product_tile(tail, tail_offs, w, ot, r0, r1, 0, 0)
             else:
-                _tile(xf, offs, w, ot, r0, r1, j0, 0)
+                product_tile(xf, offs, w, ot, r0, r1, j0, 0)
             oh = j0 // RW
             ow0 = j0 - oh * RW
             j = j0
@@ -393,7 +394,7 @@ def _tiles(xf, offs, tail, tail_offs, w, out, bias, act, p0, p1, RW, OW, G, dire
                 if hi > ow0:
                     for r in range(r0, r1):
                         _finish_run(otf, r * TILE + j - j0, of, r * L + oh * OW + ow0, hi - ow0,
-                                    bias[r] if nb else _NO_ADD, act, p0, p1)
+                                    bias[r] if nb else NO_ADD, act, p0, p1)
                 j += n
                 oh += 1
                 ow0 = 0

@@ -135,6 +135,31 @@ def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("xshape,wshape,attrs,bias", [
+    ((1, 129, 4), (128, 129, 3), dict(pads=[1, 1]), True),                            # 1-d, 4 outputs
+    ((3, 16, 5, 6), (70, 16, 3, 3), dict(strides=[2, 2], dilations=[1, 2], pads=[1, 2, 0, 1]), True),  # M past a tile
+    ((64, 1, 640), (258, 1, 256), dict(strides=[128]), False),                         # a batch over the threads
+    ((1, 600, 1, 1), (8, 600, 1, 1), {}, True),                                         # K past one chunk, 1 pixel
+    ((2, 4, 3, 3, 3), (6, 4, 2, 2, 2), dict(pads=[0, 1, 0, 1, 0, 0]), True),           # 3-d
+    ((1, 5, 2, 2), (7, 5, 5, 5), dict(pads=[3, 3, 3, 3], strides=[3, 3]), True),      # padding past the image
+])
+def test_conv_few_pixels(monkeypatch, xshape, wshape, attrs, bias):
+    """Outputs of fewer than ``FEW_PIXELS`` pixels as one call over W transposed (``ops.conv._few_pixels`` and
+    its batch-parallel twin): against onnxruntime and the ONNX reference evaluator, and seen to run."""
+    from onnx.reference import ReferenceEvaluator
+    from ops import conv
+    calls = []
+    for name in ("_few_pixels", "_few_pixels_par"):
+        real = getattr(conv, name)
+        monkeypatch.setattr(conv, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    feeds = {"x": _randn(*xshape)}
+    inits = {"w": _randn(*wshape), **({"b": _randn(wshape[0])} if bias else {})}
+    (y,) = _compare("Conv", feeds, inits, rtol=1e-4, atol=1e-4, **attrs)
+    assert calls == ["_few_pixels_par" if xshape[0] == 64 else "_few_pixels"]
+    (ref,) = ReferenceEvaluator(_model("Conv", feeds, inits, **attrs)).run(None, feeds)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_float16_matches_float32():
     x = _randn(1, 16, 20, 20)
     w = _randn(8, 16, 3, 3) * 0.1

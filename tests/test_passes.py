@@ -235,21 +235,24 @@ def _hardswish_relu6_constants():
             (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("two", 2.0))]
 
 
-@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("path", ["im2col", "shifted", "few"])
 @pytest.mark.parametrize("act", ["Relu", "LeakyRelu", "Clip", "ClipHigh", "HardSigmoid", "HardSwish", "Sigmoid",
                                  "Tanh", "SiLU", "HardSwishRelu6"])
-def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, shifted):
+def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, path):
     """Conv and its activation become one onnx_numba.FusedConv whose float32 result is the unfused graph's bit for
-    bit, with the activation applied after the whole convolution or per tile of the shifted-row products (forced
-    on or off, whatever the host), within 1e-5 of onnxruntime and 1e-4 of the ONNX reference evaluator."""
+    bit, with the activation applied after the whole convolution, per tile of the shifted-row products, or per
+    output of the few-pixel product (each forced on or off, whatever the host), within 1e-5 of onnxruntime and
+    1e-4 of the ONNX reference evaluator."""
     import onnxruntime as ort
     from ops import _shifted, conv
-    monkeypatch.setattr(conv, "SHIFTED_CONV", shifted)
+    monkeypatch.setattr(conv, "SHIFTED_CONV", path == "shifted")
     monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
     monkeypatch.setattr(conv, "SHIFTED_MIN_PIXELS", 0)
+    monkeypatch.setattr(conv, "FEW_PIXELS", 128 if path == "few" else 0)  # the output has 100 pixels
     calls = []
-    real = _shifted.conv2d
-    monkeypatch.setattr(_shifted, "conv2d", lambda *a: (calls.append(1), real(*a))[1])
+    module, name = (_shifted, "conv2d") if path == "shifted" else (conv, "_few_pixels")
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: (calls.append(1), real(*a))[1])
     m = _conv_act(act)
     x = (np.random.default_rng(6).standard_normal((1, 4, 10, 10)) * 0.3).astype(np.float32)
     sess = InferenceSession(m)
@@ -257,7 +260,7 @@ def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act
     off = InferenceSession(m, disabled_optimizers=["ConvActivationFusion"])
     assert "FusedConv" not in [n.op_type for n in off._graph.nodes]
     (y,), (want,) = sess.run(None, {"x": x}), off.run(None, {"x": x})
-    assert bool(calls) == shifted
+    assert bool(calls) == (path != "im2col")
     np.testing.assert_array_equal(y, want)
     (ref,) = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)

@@ -252,7 +252,7 @@ def gather_cpu(b: GatherOp, ctx):
             raise InvalidArgumentError("Gather: data must have rank >= 1, got a scalar")
         ax = norm_axis(axis, data.ndim)
         n = data.shape[ax]
-        if indices.ndim == 0 and indices.dtype.kind in "iu" and -n <= indices < n:
+        if indices.ndim == 0 and indices.dtype.kind in "iu" and -n <= int(indices) < n:
             # one index (a dimension of a Shape, a layer of a state): a copy of that slice, without the index
             # array's conversion and checks
             x = contig(data)

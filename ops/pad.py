@@ -10,13 +10,11 @@ tensors are validated before a kernel reads memory.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
-from ._common import as_int_list, norm_axis, out_buffer
+from ._common import Resolved, as_int_list, norm_axis, out_buffer, value_key
 from .movement import I64, MAXR, OBJ, contig, out_of, strided_copy, uview
 from .registry import op
 
@@ -112,51 +110,67 @@ def pad_maps(shape, before, after, mode) -> list:
 
 def _pad(x, pads, mode, value, axes=None, buf=None):
     x = contig(x)
-    r = x.ndim
-    before, after = pad_geometry(x.shape, pads, mode, axes)
-    # Negative pads crop first.
-    crop = tuple(slice(-b if b < 0 else 0, x.shape[i] + a if a < 0 else None)
-                 for i, (b, a) in enumerate(zip(before, after)))
-    if any(b < 0 or a < 0 for b, a in zip(before, after)):
-        x = np.ascontiguousarray(x[crop])
-        before = [max(b, 0) for b in before]
-        after = [max(a, 0) for a in after]
-    out_shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after))
-    if mode == "reflect":
-        for d, b, a in zip(x.shape, before, after):
-            if d > 0 and (b > d - 1 or a > d - 1) and d > 1:
-                pass  # onnxruntime and numpy reflect repeatedly; so does _pad_map
-    out = out_buffer(buf, out_shape, x.dtype)
+    key = (x.shape, x.dtype, mode, _key(pads), _key(axes))
+    plan = _PLANS.get(key, lambda: _PadPlan(x.shape, x.dtype, x.strides, pads, mode, axes))
+    if plan.crop is not None:  # negative pads crop first
+        x = np.ascontiguousarray(x[plan.crop])
+    out = out_buffer(buf, plan.out_shape, x.dtype)
     if out.size == 0:
         return out
-    fill = pad_fill(value, x.dtype)
     if mode == "constant":
-        out[...] = fill
-        inner = tuple(slice(b, b + d) for b, d in zip(before, x.shape))
-        strided_copy(out, out[inner], x, x)
+        out[...] = pad_fill(value, x.dtype)
+        strided_copy(out, out[plan.inner], x, x)
         return out
-    u = uview(x)
-    if u is None or r > MAXR or u[1] != 1:
-        np_mode = {"edge": "edge", "wrap": "wrap", "reflect": "reflect"}[mode]
-        out[...] = np.pad(x, list(zip(before, after)), mode=np_mode)
+    if plan.gather is None:
+        out[...] = np.pad(x, list(zip(plan.before, plan.after)), mode=mode)
         return out
-    maps, mstart, n = _gather_plan(x.shape, tuple(s // x.dtype.itemsize for s in x.strides), tuple(before),
-                                   tuple(after), mode)
-    _gather6(u[0], maps, mstart, n, out.reshape(-1).view(u[0].dtype),
-             fill.reshape(()).view(u[0].dtype)[()] if fill.dtype == x.dtype else u[0].dtype.type(0))
+    u = uview(x)[0]
+    _gather6(u, *plan.gather, out.reshape(-1).view(u.dtype), u.dtype.type(0))
     return out
 
 
-@functools.lru_cache(maxsize=256)
+def _key(v):
+    """A hashable key of pads or axes given as an attribute (a list) or an input (an array)."""
+    return v if v is None else value_key(v) if isinstance(v, np.ndarray) else tuple(v)
+
+
+class _PadPlan:
+    """Pad's geometry for one input shape and one value of pads and axes, worked out once (a model pads the same
+    way every run, and this costs more than the copy of a small input): the crop of negative pads, the
+    (before, after) pads of the cropped input, the output shape, and for the modes that repeat data the
+    gather maps of ``_gather6`` (None where numpy's pad runs instead)."""
+
+    def __init__(self, shape, dtype, strides, pads, mode, axes):
+        before, after = pad_geometry(shape, pads, mode, axes)
+        self.crop = None
+        if any(b < 0 or a < 0 for b, a in zip(before, after)):
+            self.crop = tuple(slice(-b if b < 0 else 0, shape[i] + a if a < 0 else None)
+                              for i, (b, a) in enumerate(zip(before, after)))
+            shape = tuple(len(range(*sl.indices(d))) for sl, d in zip(self.crop, shape))
+            strides = tuple(int(np.prod(shape[k + 1:])) * dtype.itemsize for k in range(len(shape)))
+            before = [max(b, 0) for b in before]
+            after = [max(a, 0) for a in after]
+        self.before, self.after = before, after
+        self.out_shape = tuple(d + b + a for d, b, a in zip(shape, before, after))
+        self.inner = tuple(slice(b, b + d) for b, d in zip(before, shape))
+        self.gather = None
+        if mode != "constant" and dtype != OBJ and not dtype.hasobject and len(shape) <= MAXR and (
+                dtype.itemsize in (1, 2, 4, 8)):
+            self.gather = _gather_plan(shape, tuple(s // dtype.itemsize for s in strides), tuple(before),
+                                       tuple(after), mode)
+
+
 def _gather_plan(shape, strides, before, after, mode):
-    """``_gather6``'s maps (concatenated), their starts and lengths for one geometry, made once: a model pads
-    the same shapes every run, and making the maps costs more than the gather on small inputs.  The kernel
-    only reads them."""
+    """``_gather6``'s maps (concatenated), their starts and lengths for one geometry.  The kernel only reads
+    them."""
     maps = [_pad_map(d, b, a, mode, s) for d, b, a, s in zip(shape, before, after, strides)]
     maps = [np.zeros(1, I64)] * (MAXR - len(shape)) + maps
     n = np.array([len(m) for m in maps], I64)
     mstart = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(I64)
     return np.concatenate(maps), mstart, n
+
+
+_PLANS = Resolved(64)
 
 
 def pad_fill(value, dtype):

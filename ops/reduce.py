@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError
-from ._common import F32, as_int_list, lowp, norm_axis, norm_axes, out_buffer
+from ._common import F32, Resolved, as_int_list, lowp, norm_axis, norm_axes, out_buffer, value_key
 from ._fastmath import maxnum, minnum
 from .registry import op
 
@@ -385,6 +385,9 @@ def run_reduce(mode: int, x: np.ndarray, axes: tuple, keepdims, buf=None) -> np.
 
 # -- wrappers --------------------------------------------------------------------------------------
 
+_ROW_MODES = {SUM: reduce_rows, SUMSQ: reduce_rows, L1: reduce_rows, L2: reduce_rows, MEAN: reduce_rows,
+              LOGSUM: reduce_rows, MAX: extreme_rows, MIN: extreme_rows}
+
 REDUCE_MODES = {"ReduceSum": SUM, "ReduceMean": MEAN, "ReduceMax": MAX, "ReduceMin": MIN, "ReduceProd": PROD,
                 "ReduceL1": L1, "ReduceL2": L2, "ReduceLogSum": LOGSUM, "ReduceLogSumExp": LOGSUMEXP,
                 "ReduceSumSquare": SUMSQ}
@@ -422,12 +425,40 @@ def reduce_axes(b: ReduceOp, rank: int, axes=None) -> tuple:
     return norm_axes(given, rank)
 
 
+def _rows_route(b: ReduceOp, data, axes):
+    """(output shape, (outer, n), kernel) when a float reduction of ``data`` over ``axes`` is one call of
+    ``reduce_rows`` or ``extreme_rows`` over its rows in place, else False (``run_reduce`` decides)."""
+    ax = reduce_axes(b, data.ndim, axes)
+    dt = data.dtype
+    if not ax or dt.kind != "f" or lowp(dt) or b.mode not in _ROW_MODES:
+        return False
+    shp3, perm = canon3(data.shape, ax)
+    oshape = reduce_shape(data.shape, ax, b.keepdims)
+    if perm is not None or shp3[2] != 1 or shp3[1] == 0 or math.prod(oshape) == 0:
+        return False
+    return oshape, (shp3[0], shp3[1]), _ROW_MODES[b.mode]
+
+
 def reduce_cpu(b: ReduceOp, ctx):
-    """The reductions on the CPU (ReduceSum's region form shares the bind)."""
+    """The reductions on the CPU (ReduceSum's region form shares the bind).  Where a float reduction is one
+    kernel call over rows of the input in place, the route is kept per input shape (a few of them)."""
     buf = ctx.out[0] if ctx.out else None
+    routes = Resolved()
+    mode = b.mode
 
     def run(data, axes=None):
-        return run_reduce(b.mode, data, reduce_axes(b, data.ndim, axes), b.keepdims, buf)
+        key = (data.shape, data.dtype, None if axes is None else value_key(axes))
+        route = routes.get(key, lambda: _rows_route(b, data, axes))
+        if route is False:
+            return run_reduce(mode, data, reduce_axes(b, data.ndim, axes), b.keepdims, buf)
+        oshape, rows, kernel = route
+        out = out_buffer(buf, oshape, data.dtype)
+        x = data if data.flags.c_contiguous else np.ascontiguousarray(data)
+        if kernel is reduce_rows:
+            reduce_rows(x.reshape(rows), out.reshape(rows[0]), mode)
+        else:
+            extreme_rows(x.reshape(rows), out.reshape(rows[0]), mode == MAX)
+        return out
     return run
 
 

@@ -34,8 +34,8 @@ from numba.core.extending import intrinsic
 
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
-__all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "finish", "make_planes",
-           "product_tile", "row_tile"]
+__all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "depthwise2d", "finish",
+           "make_planes", "product_tile", "row_tile"]
 
 TILE = 64  # grid positions per tile: 4 vectors of 16
 KC = 512  # weight columns per chunk of a tile's product
@@ -158,91 +158,95 @@ def act_value(v, act, p0, p1):
 
 @njit(**_OPTS)
 def _finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
-    """dst[d0 + i] = act(src[s0 + i] + bv) for i < n: two different flat arrays.  One loop per activation over
-    views of the runs, so that each vectorizes (a test of ``act`` per element, or an index that may be negative,
-    keeps a loop scalar).  Called, not inlined: its twelve vectorized loops compiled into every caller took a
-    first convolution's compile from 18 to 41 s."""
-    a = src[s0:s0 + n]
-    d = dst[d0:d0 + n]
+    """dst[d0 + i] = act(src[s0 + i] + bv) for i < n: two different flat arrays.  One loop per activation, each
+    indexing with unsigned integers, so that each vectorizes (a test of ``act`` per element, or an index that may
+    be negative, keeps a loop scalar) and no view is made (a view's reference counting cost more than a short
+    run).  Called, not inlined: its twelve vectorized loops compiled into every caller took a first convolution's
+    compile from 18 to 41 s."""
+    s = np.uint64(s0)
+    d = np.uint64(d0)
+    m = np.uint64(n)
     if act == 0:
-        for i in range(n):
-            d[i] = a[i] + bv
+        for i in range(m):
+            dst[d + i] = src[s + i] + bv
     elif act == 1:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 1, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 1, p0, p1)
     elif act == 2:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 2, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 2, p0, p1)
     elif act == 3:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 3, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 3, p0, p1)
     elif act == 4:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 4, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 4, p0, p1)
     elif act == 5:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 5, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 5, p0, p1)
     elif act == 6:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 6, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 6, p0, p1)
     elif act == 7:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 7, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 7, p0, p1)
     elif act == 8:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 8, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 8, p0, p1)
     elif act == 9:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 9, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 9, p0, p1)
     elif act == 10:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 10, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 10, p0, p1)
     else:
-        for i in range(n):
-            d[i] = act_value(a[i] + bv, 11, p0, p1)
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 11, p0, p1)
 
 
 @njit(**_OPTS)
 def _finish_in_place(buf, o, n, bv, act, p0, p1):
-    """buf[o + i] = act(buf[o + i] + bv) for i < n, through one view: with the run passed as a source and a
-    destination that may alias, the loops stayed scalar (Sigmoid 7 times slower)."""
-    a = buf[o:o + n]
+    """buf[o + i] = act(buf[o + i] + bv) for i < n, unsigned indices into the one array (with the run passed as a
+    source and a destination that may alias, the loops stayed scalar: Sigmoid 7 times slower)."""
+    s = np.uint64(o)
+    d = s
+    m = np.uint64(n)
     if act == 0:
-        for i in range(n):
-            a[i] = a[i] + bv
+        for i in range(m):
+            buf[d + i] = buf[s + i] + bv
     elif act == 1:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 1, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 1, p0, p1)
     elif act == 2:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 2, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 2, p0, p1)
     elif act == 3:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 3, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 3, p0, p1)
     elif act == 4:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 4, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 4, p0, p1)
     elif act == 5:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 5, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 5, p0, p1)
     elif act == 6:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 6, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 6, p0, p1)
     elif act == 7:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 7, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 7, p0, p1)
     elif act == 8:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 8, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 8, p0, p1)
     elif act == 9:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 9, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 9, p0, p1)
     elif act == 10:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 10, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 10, p0, p1)
     else:
-        for i in range(n):
-            a[i] = act_value(a[i] + bv, 11, p0, p1)
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 11, p0, p1)
 
 
 _FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` and ``activate`` spread over the threads
@@ -294,6 +298,41 @@ def finish(out, bias, act, p0, p1):
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
+@njit(**_OPTS)
+def _channel_planes(xf, xb, H, W, planes, base, used, s1, s2, pt, pl, RH, RW, PS):
+    """The stride-phase planes of the H x W input plane at ``xf[xb:]``, written from ``planes[base]`` on (see
+    ``make_planes``).  Unsigned indices: with signed ones Numba's negative-index wraparound kept the copy loops
+    scalar (a 64-channel 56 x 56 input took 184 us to copy, 13 us unsigned)."""
+    for pr in range(s1):
+        for pc in range(s2):
+            if not used[pr * s2 + pc]:
+                continue
+            pb = base + (pr * s2 + pc) * PS
+            # columns j whose input column j*s2 + pc - pl lies inside the image
+            j_lo = min(max(0, (pl - pc + s2 - 1) // s2), RW)
+            j_hi = max(j_lo, min(RW, (W - 1 + pl - pc) // s2 + 1)) if W - 1 + pl - pc >= 0 else j_lo
+            for i in range(RH):
+                ih = i * s1 + pr - pt
+                rb = np.uint64(pb + i * RW)
+                if ih < 0 or ih >= H:
+                    for j in range(np.uint64(RW)):
+                        planes[rb + j] = 0
+                    continue
+                src = xb + ih * W + pc - pl  # >= 0 from column j_lo on
+                for j in range(np.uint64(j_lo)):
+                    planes[rb + j] = 0
+                if s2 == 1:
+                    for j in range(j_lo, j_hi):
+                        planes[np.uint64(pb + i * RW + j)] = xf[np.uint64(src + j)]
+                else:
+                    for j in range(j_lo, j_hi):
+                        planes[np.uint64(pb + i * RW + j)] = xf[np.uint64(src + j * s2)]
+                for j in range(np.uint64(j_hi), np.uint64(RW)):
+                    planes[rb + j] = 0
+            for j in range(np.uint64(pb + RH * RW), np.uint64(pb + PS)):
+                planes[j] = 0
+
+
 @njit(parallel=True, **_OPTS)
 def make_planes(x, planes, used, s1, s2, pt, pl, RH, RW, PS):
     """The stride-phase planes of every channel of x (C, H, W): ``planes[((c*s1 + pr)*s2 + pc)*PS + i*RW + j]``
@@ -303,34 +342,69 @@ def make_planes(x, planes, used, s1, s2, pt, pl, RH, RW, PS):
     C, H, W = x.shape
     xf = x.reshape(-1)
     for c in prange(C):
-        for pr in range(s1):
-            for pc in range(s2):
-                if not used[pr * s2 + pc]:
-                    continue
-                base = ((c * s1 + pr) * s2 + pc) * PS
-                # columns j whose input column j*s2 + pc - pl lies inside the image
-                j_lo = min(max(0, (pl - pc + s2 - 1) // s2), RW)
-                j_hi = max(j_lo, min(RW, (W - 1 + pl - pc) // s2 + 1)) if W - 1 + pl - pc >= 0 else j_lo
-                for i in range(RH):
-                    ih = i * s1 + pr - pt
-                    rb = base + i * RW
-                    if ih < 0 or ih >= H:
-                        for j in range(RW):
-                            planes[rb + j] = 0
-                        continue
-                    src = (c * H + ih) * W + pc - pl
-                    for j in range(j_lo):
-                        planes[rb + j] = 0
-                    if s2 == 1:
-                        for j in range(j_lo, j_hi):
-                            planes[rb + j] = xf[src + j]
-                    else:
-                        for j in range(j_lo, j_hi):
-                            planes[rb + j] = xf[src + j * s2]
-                    for j in range(j_hi, RW):
-                        planes[rb + j] = 0
-                for j in range(RH * RW, PS):
-                    planes[base + j] = 0
+        _channel_planes(xf, c * H * W, H, W, planes, c * s1 * s2 * PS, used, s1, s2, pt, pl, RH, RW, PS)
+
+
+@njit(**_OPTS)
+def _grid(OH, OW, KH, KW, s1, s2, d1, d2):
+    """(RH, RW, G, PS): a phase plane's rows and columns, the grid positions of the output (OH rows RW wide) and
+    a plane's length, room for the furthest tap's stretch of the last tile included."""
+    RH = ((OH - 1) * s1 + (KH - 1) * d1 + s1) // s1
+    RW = ((OW - 1) * s2 + (KW - 1) * d2 + s2) // s2
+    G = OH * RW
+    maxshift = ((KH - 1) * d1 // s1) * RW + (KW - 1) * d2 // s2
+    return RH, RW, G, max((G + TILE - 1) // TILE * TILE + maxshift, RH * RW)
+
+
+@njit(**_OPTS)
+def _taps(C, KH, KW, s1, s2, d1, d2, RW, PS, offs, used):
+    """offs[k] for weight column k = (c, b, e): where its stretch starts in the planes of C channels; ``used``
+    set for the phases some tap reads."""
+    for b in range(KH):
+        for e in range(KW):
+            used[(b * d1 % s1) * s2 + e * d2 % s2] = True
+    k = 0
+    for c in range(C):
+        for b in range(KH):
+            for e in range(KW):
+                r, q = b * d1, e * d2
+                offs[k] = ((c * s1 + r % s1) * s2 + q % s2) * PS + (r // s1) * RW + q // s2
+                k += 1
+
+
+@njit(parallel=True, **_OPTS)
+def depthwise2d(x, w, out, bias, act, p0, p1, KH, KW, s1, s2, pt, pl, d1, d2, nthreads):
+    """out (N, C, OH, OW) = act(depthwise conv(x (N, C, H, W), w (C, KH*KW)) + bias) with one filter per
+    channel; ``bias`` empty for none.  Each of up to ``nthreads`` tasks takes a run of channels; a channel's
+    planes are made in the task's scratch and every tile of its grid is one row of ``row_tile`` over the taps
+    (the sums in tap order from zero, one fused multiply-add per tap, then the bias), then each output row is
+    finished from the grid."""
+    N, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    K = KH * KW
+    RH, RW, G, PS = _grid(OH, OW, KH, KW, s1, s2, d1, d2)
+    GP = (G + TILE - 1) // TILE * TILE
+    offs = np.empty(K, np.int64)
+    used = np.zeros(s1 * s2, np.bool_)
+    _taps(1, KH, KW, s1, s2, d1, d2, RW, PS, offs, used)
+    NC = N * C
+    T = max(1, min(nthreads, NC))
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    nb = bias.shape[0] > 0
+    for t in prange(T):
+        planes = np.empty(s1 * s2 * PS, np.float32)
+        grid = np.empty((1, GP), np.float32)
+        gf = grid.reshape(-1)
+        for nc in range(t * NC // T, (t + 1) * NC // T):
+            c = nc % C
+            _channel_planes(xf, nc * H * W, H, W, planes, 0, used, s1, s2, pt, pl, RH, RW, PS)
+            wr = w[c:c + 1]
+            for j0 in range(0, G, TILE):
+                _row_tile1(planes, offs, wr, grid, 0, j0, j0, 0, K, True)
+            bv = bias[c] if nb else NO_ADD
+            for oh in range(OH):
+                _finish_run(gf, oh * RW, of, (nc * OH + oh) * OW, OW, bv, act, p0, p1)
 
 
 @njit(**_OPTS)
@@ -407,10 +481,7 @@ def conv2d(x, w, out, bias, act, p0, p1, KH, KW, s1, s2, pt, pl, d1, d2, nthread
     N, C, H, W = x.shape
     M, K = w.shape
     OH, OW = out.shape[2], out.shape[3]
-    RH = ((OH - 1) * s1 + (KH - 1) * d1 + s1) // s1
-    RW = ((OW - 1) * s2 + (KW - 1) * d2 + s2) // s2
-    G = OH * RW
-    ntile = (G + TILE - 1) // TILE
+    RH, RW, G, PS = _grid(OH, OW, KH, KW, s1, s2, d1, d2)
     direct = KH == 1 and KW == 1 and s1 == 1 and s2 == 1 and pt == 0 and pl == 0 and H == OH and W == OW
     offs = np.empty(K, np.int64)
     if direct:
@@ -422,22 +493,11 @@ def conv2d(x, w, out, bias, act, p0, p1, KH, KW, s1, s2, pt, pl, d1, d2, nthread
         for k in range(K):
             offs[k] = k * PS
     else:
-        maxshift = ((KH - 1) * d1 // s1) * RW + (KW - 1) * d2 // s2
-        PS = max(ntile * TILE + maxshift, RH * RW)
         planes = np.empty(C * s1 * s2 * PS, np.float32)
         tail = planes[:0]
         tail_offs = offs[:0]
         used = np.zeros(s1 * s2, np.bool_)
-        for b in range(KH):
-            for e in range(KW):
-                used[(b * d1 % s1) * s2 + e * d2 % s2] = True
-        k = 0
-        for c in range(C):
-            for b in range(KH):
-                for e in range(KW):
-                    r, q = b * d1, e * d2
-                    offs[k] = ((c * s1 + r % s1) * s2 + q % s2) * PS + (r // s1) * RW + q // s2
-                    k += 1
+        _taps(C, KH, KW, s1, s2, d1, d2, RW, PS, offs, used)
     for n in range(N):
         o2 = out[n].reshape((M, OH * OW))
         if direct:

@@ -160,6 +160,30 @@ def test_conv_few_pixels(monkeypatch, xshape, wshape, attrs, bias):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("xshape,wshape,attrs", [
+    ((2, 6, 13, 11), (6, 1, 3, 3), dict(pads=[1, 1, 1, 1])),                           # batch, ragged grid
+    ((1, 5, 17, 16), (5, 1, 5, 5), dict(strides=[2, 2], pads=[2, 1, 2, 3])),            # stride 2, 5x5
+    ((1, 4, 12, 12), (4, 1, 3, 3), dict(dilations=[2, 3], pads=[4, 0, 1, 5])),          # dilation, pads past it
+    ((1, 3, 9, 10), (3, 1, 3, 2), dict(strides=[3, 1], pads=[0, 1, 2, 0])),            # stride past 2
+    ((2, 8, 40), (8, 1, 7), dict(strides=[2], pads=[3, 3])),                            # 1-d
+])
+def test_conv_depthwise_tiles_on_any_host(monkeypatch, xshape, wshape, attrs):
+    """A depthwise convolution on the shifted-row register tiles, one row per channel (``ops._shifted.depthwise2d``,
+    taken on AVX-512 hosts), forced on whatever the host: against onnxruntime and the ONNX reference evaluator,
+    and seen to run."""
+    from onnx.reference import ReferenceEvaluator
+    from ops import _shifted, conv
+    calls = []
+    real = _shifted.depthwise2d
+    monkeypatch.setattr(_shifted, "depthwise2d", lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(conv, "SHIFTED_DEPTHWISE", True)
+    feeds, inits = {"x": _randn(*xshape)}, {"w": _randn(*wshape), "b": _randn(wshape[0])}
+    (y,) = _compare("Conv", feeds, inits, rtol=1e-4, atol=1e-4, group=xshape[1], **attrs)
+    assert calls
+    (ref,) = ReferenceEvaluator(_model("Conv", feeds, inits, group=xshape[1], **attrs)).run(None, feeds)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_float16_matches_float32():
     x = _randn(1, 16, 20, 20)
     w = _randn(8, 16, 3, 3) * 0.1
@@ -437,11 +461,15 @@ def _depthwise_in_tap_order(x, w, b, strides, pads, dils):
     ((3, 6, 50), (7,), (3,), (3, 2), (2,)),                      # 1-d
     ((1, 3, 5, 6, 4), (3, 2, 3), (2, 1, 1), (1, 0, 1, 1, 1, 0), (1, 2, 1)),  # 3-d: several depth taps
 ])
-@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("wide", [True, False, "tiles"])
 def test_depthwise_sums_each_tap_in_order_bit_for_bit(monkeypatch, shape, k, strides, pads, dils, wide):
-    """Both depthwise kernels, on every geometry (the choice between them is forced)."""
+    """Both direct depthwise kernels, on every geometry (the choice between them is forced), bit for bit; the
+    register tiles of ``_shifted.depthwise2d`` (one fused multiply-add per tap) within 1e-5, except in 3-d,
+    which they leave to the direct kernels."""
     import ops.conv
+    tiles = wide == "tiles" and len(shape) < 5
     monkeypatch.setattr(ops.conv, "_depthwise_wide_pays", lambda ow, col_stride: wide)
+    monkeypatch.setattr(ops.conv, "SHIFTED_DEPTHWISE", wide == "tiles")
     rng = np.random.default_rng(11)
     C = shape[1]
     x = rng.standard_normal(shape).astype(np.float32)
@@ -449,7 +477,11 @@ def test_depthwise_sums_each_tap_in_order_bit_for_bit(monkeypatch, shape, k, str
     b = rng.standard_normal(C).astype(np.float32)
     (y,) = _ours("Conv", {"x": x}, {"w": w, "b": b}, group=C, strides=list(strides), pads=list(pads),
                  dilations=list(dils))
-    np.testing.assert_array_equal(y, _depthwise_in_tap_order(x, w, b, strides, pads, dils))
+    want = _depthwise_in_tap_order(x, w, b, strides, pads, dils)
+    if tiles:
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(y, want)
 
 
 _FUSED_ACTS = [("Relu", {}, None), ("Tanh", {}, None), ("Sigmoid", {}, None),

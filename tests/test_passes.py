@@ -198,15 +198,18 @@ def test_batchnorm_stays_when_the_conv_output_has_another_reader():
     assert [n.op_type for n in g.nodes] == ["Conv", "BatchNormalization", "Relu"]
 
 
-def _conv_act(act: str, extra_reader: str = ""):
-    """Conv (3x3, 4 -> 16 channels, 10x10) then ``act`` (SiLU: Sigmoid then Mul); ``extra_reader`` "conv" or
-    "sigmoid" adds a Relu reading that value as a second graph output."""
+def _conv_act(act: str, extra_reader: str = "", depthwise: bool = False):
+    """Conv (3x3, 4 -> 16 channels, 10x10; ``depthwise``: 4 -> 4, one filter per channel) then ``act`` (SiLU:
+    Sigmoid then Mul); ``extra_reader`` "conv" or "sigmoid" adds a Relu reading that value as a second graph
+    output."""
     rng = np.random.default_rng(5)
-    inits = [numpy_helper.from_array(rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b"),
+    M = 4 if depthwise else 16
+    inits = [numpy_helper.from_array(rng.standard_normal((M, 1 if depthwise else 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(M).astype(np.float32), "b"),
              numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
              numpy_helper.from_array(np.array(1.5, np.float32), "hi")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1],
+                              group=4 if depthwise else 1)]
     if act == "SiLU":
         nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
     elif act == "HardSwishRelu6":
@@ -216,10 +219,10 @@ def _conv_act(act: str, extra_reader: str = ""):
         ins = {"Clip": ["c", "lo", "hi"], "ClipHigh": ["c", "", "hi"]}.get(act, ["c"])
         attrs = {"LeakyRelu": dict(alpha=0.2), "HardSigmoid": dict(alpha=0.3, beta=0.4)}.get(act, {})
         nodes.append(helper.make_node(act.replace("ClipHigh", "Clip"), ins, ["y"], **attrs))
-    outs = [_vi("y", [1, 16, 10, 10])]
+    outs = [_vi("y", [1, M, 10, 10])]
     if extra_reader:
         nodes.append(helper.make_node("Relu", [{"conv": "c", "sigmoid": "s"}[extra_reader]], ["r"]))
-        outs.append(_vi("r", [1, 16, 10, 10]))
+        outs.append(_vi("r", [1, M, 10, 10]))
     g = helper.make_graph(nodes, "g", [_vi("x", [1, 4, 10, 10])], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
@@ -235,25 +238,28 @@ def _hardswish_relu6_constants():
             (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("two", 2.0))]
 
 
-@pytest.mark.parametrize("path", ["im2col", "shifted", "few"])
+@pytest.mark.parametrize("path", ["im2col", "shifted", "few", "depthwise", "depthwise_tiles"])
 @pytest.mark.parametrize("act", ["Relu", "LeakyRelu", "Clip", "ClipHigh", "HardSigmoid", "HardSwish", "Sigmoid",
                                  "Tanh", "SiLU", "HardSwishRelu6"])
 def test_conv_activation_fuses_into_one_node_with_the_same_bits(monkeypatch, act, path):
     """Conv and its activation become one onnx_numba.FusedConv whose float32 result is the unfused graph's bit for
-    bit, with the activation applied after the whole convolution, per tile of the shifted-row products, or per
-    output of the few-pixel product (each forced on or off, whatever the host), within 1e-5 of onnxruntime and
-    1e-4 of the ONNX reference evaluator."""
+    bit, with the activation applied after the whole convolution, per tile of the shifted-row products, per
+    output of the few-pixel product, after a depthwise convolution or per output row of the depthwise tiles
+    (each forced on or off, whatever the host), within 1e-5 of onnxruntime and 1e-4 of the ONNX reference
+    evaluator."""
     import onnxruntime as ort
     from ops import _shifted, conv
     monkeypatch.setattr(conv, "SHIFTED_CONV", path == "shifted")
     monkeypatch.setattr(conv, "SHIFTED_MIN_MACS", 0)
     monkeypatch.setattr(conv, "SHIFTED_MIN_PIXELS", 0)
     monkeypatch.setattr(conv, "FEW_PIXELS", 128 if path == "few" else 0)  # the output has 100 pixels
+    monkeypatch.setattr(conv, "SHIFTED_DEPTHWISE", path == "depthwise_tiles")
     calls = []
-    module, name = (_shifted, "conv2d") if path == "shifted" else (conv, "_few_pixels")
+    module, name = {"shifted": (_shifted, "conv2d"), "depthwise": (conv, "_depthwise"),
+                    "depthwise_tiles": (_shifted, "depthwise2d")}.get(path, (conv, "_few_pixels"))
     real = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a: (calls.append(1), real(*a))[1])
-    m = _conv_act(act)
+    m = _conv_act(act, depthwise=path.startswith("depthwise"))
     x = (np.random.default_rng(6).standard_normal((1, 4, 10, 10)) * 0.3).astype(np.float32)
     sess = InferenceSession(m)
     assert [(n.domain, n.op_type) for n in sess._graph.nodes] == [("onnx_numba", "FusedConv")]

@@ -16,6 +16,10 @@ whole tiles straight into the output.  Against im2col written to memory and mult
 this reads each input element from cache instead of writing and reading nine copies of it: on 2 Zen 4 cores 3x3
 convolutions of 12 to 512 channels ran 1.1 to 1.8 times faster.
 
+A depthwise convolution (``depthwise2d``) is one row per channel: its planes, then its grid's tiles with the
+channel's taps as the weight row.  ``ops/conv.py`` also multiplies outputs of a few pixels on these tiles, with
+the roles turned: the pixels' columns are the rows and the vectors run over the output channels.
+
 Every output sums ``w[m, k] * x`` over k in order from zero and then adds the bias, as im2col's product and the
 bias pass did, so the bits are those of the panel path.  The activation is the unary op's own expression
 (``_elementwise_kernels``), so a fused Conv and activation give the bits of the two nodes.

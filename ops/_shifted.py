@@ -39,7 +39,7 @@ from numba.core.extending import intrinsic
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
 __all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "depthwise2d", "finish",
-           "make_planes", "product_tile", "row_tile"]
+           "finish_run", "make_planes", "product_tile", "row_tile"]
 
 TILE = 64  # grid positions per tile: 4 vectors of 16
 KC = 512  # weight columns per chunk of a tile's product
@@ -161,7 +161,7 @@ def act_value(v, act, p0, p1):
 
 
 @njit(**_OPTS)
-def _finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
+def finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
     """dst[d0 + i] = act(src[s0 + i] + bv) for i < n: two different flat arrays.  One loop per activation, each
     indexing with unsigned integers, so that each vectorizes (a test of ``act`` per element, or an index that may
     be negative, keeps a loop scalar) and no view is made (a view's reference counting cost more than a short
@@ -261,7 +261,7 @@ def _activate_par(x, out, act, p0, p1, nchunk):
     n = x.shape[0]
     for t in prange(nchunk):
         i0, i1 = t * n // nchunk, (t + 1) * n // nchunk
-        _finish_run(x, i0, out, i0, i1 - i0, NO_ADD, act, p0, p1)
+        finish_run(x, i0, out, i0, i1 - i0, NO_ADD, act, p0, p1)
 
 
 @njit(**_OPTS)
@@ -272,7 +272,7 @@ def activate(x, out, act, p0, p1):
     if n >= _FINISH_PARALLEL_MIN:
         _activate_par(x, out, act, p0, p1, max(1, min(64, n // (_FINISH_PARALLEL_MIN // 2))))
     else:
-        _finish_run(x, 0, out, 0, n, NO_ADD, act, p0, p1)
+        finish_run(x, 0, out, 0, n, NO_ADD, act, p0, p1)
 
 
 
@@ -408,7 +408,7 @@ def depthwise2d(x, w, out, bias, act, p0, p1, KH, KW, s1, s2, pt, pl, d1, d2, nt
                 _row_tile1(planes, offs, wr, grid, 0, j0, j0, 0, K, True)
             bv = bias[c] if nb else NO_ADD
             for oh in range(OH):
-                _finish_run(gf, oh * RW, of, (nc * OH + oh) * OW, OW, bv, act, p0, p1)
+                finish_run(gf, oh * RW, of, (nc * OH + oh) * OW, OW, bv, act, p0, p1)
 
 
 @njit(**_OPTS)
@@ -471,7 +471,7 @@ def _tiles(xf, offs, tail, tail_offs, w, out, bias, act, p0, p1, RW, OW, G, dire
                 hi = min(ow0 + n, OW)
                 if hi > ow0:
                     for r in range(r0, r1):
-                        _finish_run(otf, r * TILE + j - j0, of, r * L + oh * OW + ow0, hi - ow0,
+                        finish_run(otf, r * TILE + j - j0, of, r * L + oh * OW + ow0, hi - ow0,
                                     bias[r] if nb else NO_ADD, act, p0, p1)
                 j += n
                 oh += 1

@@ -157,24 +157,32 @@ SHIFTED_MIN_PIXELS = _shifted.TILE
 
 
 # An output of fewer than ``FEW_PIXELS`` pixels (a voice-activity model's convolutions over 1 to 5 frames, a
-# classifier's last small maps) is one call: its columns, transposed, are the rows of ``_shifted``'s register
-# tiles and the 64-wide vectors run over the output channels (the weights packed at plan time as (K, M) rows
-# padded to whole tiles), so the product, the bias and the activation cost one kernel call instead of the
-# column, product and epilogue steps of the im2col path.  Each output sums its terms in order from zero and then
-# adds the bias, as the other paths of one group do.  Inside Silero VAD (alternating with onnxruntime) its six
-# convolutions of 1 to 4 outputs took 59 us together, against 119 through im2col, BLAS and the epilogue.
+# classifier's last 7x7 and 1x1 maps) runs on ``_shifted``'s register tiles with the roles turned: the output
+# pixels' columns, transposed, are the rows, and the 64-wide vectors run over the output channels, the weights
+# packed at plan time tile by tile ((M/64, K, 64), zeros past M) so that each tile streams its weights front to
+# back.  The product, the bias and the activation are one kernel call instead of the column, product and
+# epilogue steps of the im2col path, and the (image, channel tile) tasks go over the threads from
+# ``_FEW_PIXELS_PARALLEL_MIN`` multiply-adds.  Each output sums its terms in order from zero and then adds the
+# bias, as the other paths of one group do.  Inside Silero VAD (alternating with onnxruntime) its six
+# convolutions of 1 to 4 outputs took 59 us together, against 119 through im2col, BLAS and the epilogue; in one
+# process, sessions alternating, against im2col and BLAS: a MobileNetV3 classifier (7x7 and 1x1 maps) 4.37 ->
+# 3.99 ms, Silero's batch of 64 frames 2.88 -> 2.11 ms, a CRNN recognizer and magika unchanged.
 FEW_PIXELS = _shifted.TILE
-FEW_PIXELS_MAX_MACS = 1 << 22  # above, per image, the threaded paths win
-_FEW_PIXELS_PARALLEL_MIN = 1 << 18  # multiply-adds of a batch from which its images go to the threads
+_FEW_PIXELS_PARALLEL_MIN = 1 << 18  # multiply-adds from which the tasks go to the threads
 
 
 @njit(**_OPTS)
-def _columns_t(x, colt, ksz, st, pb, dil, osz):
-    """im2col's columns transposed: colt[j, k] is output pixel j's input under weight column k = (c, a, b, e)
-    of x (Cg, D, H, W), 0 outside the image."""
+def _columns_t(x, colt, ksz, st, pb, dil, osz, c0, c1):
+    """im2col's columns transposed, for the input channels [c0, c1): colt[j, k] is output pixel j's input under
+    weight column k = (c, a, b, e) of x (Cg, D, H, W), 0 outside the image.  Flat unsigned indices (signed ones
+    cost Numba's negative-index wraparound on every element)."""
     Cg, D, H, W = x.shape
-    k = 0
-    for c in range(Cg):
+    K = colt.shape[1]
+    xf = x.reshape(-1)
+    cf = colt.reshape(-1)
+    taps = ksz[0] * ksz[1] * ksz[2]
+    for c in range(c0, c1):
+        k = c * taps
         for a in range(ksz[0]):
             for b in range(ksz[1]):
                 for e in range(ksz[2]):
@@ -184,46 +192,81 @@ def _columns_t(x, colt, ksz, st, pb, dil, osz):
                         for y in range(osz[1]):
                             yi = y * st[1] - pb[1] + b * dil[1]
                             inside = 0 <= zi < D and 0 <= yi < H
+                            row = ((c * D + zi) * H + yi) * W
                             for o in range(osz[2]):
                                 xi = o * st[2] - pb[2] + e * dil[2]
-                                colt[j, k] = x[c, zi, yi, xi] if inside and 0 <= xi < W else 0
+                                v = np.float32(0.0)
+                                if inside and 0 <= xi < W:
+                                    v = xf[np.uint64(row + xi)]
+                                cf[np.uint64(j * K + k)] = v
                                 j += 1
                     k += 1
 
 
 @njit(**_OPTS)
-def _few_pixels_image(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz, colt, ot):
-    """out (M, L) = act(W @ im2col(x) + bias) for one image x (Cg, D, H, W); ``wt`` holds W transposed,
-    (K, MP) flat with MP a whole number of tiles, ``offs[k] = k * MP``; colt (L, K) and ot (L, MP) are
+def _few_pixels_task(colt, wt, offs, out, bias, act, p0, p1, mt, r0, r1, ot):
+    """out[m, j] = act(sum_k colt[j, k] * W[m, k] + bias[m]) for the output channels m of tile ``mt`` and the
+    pixels j in [r0, r1); ``wt`` holds W tile by tile, (MT, K, 64) flat, ``offs[k] = k * 64``; ot (L, 64) is
     scratch."""
     M, L = out.shape
-    MP = ot.shape[1]
-    _columns_t(x, colt, ksz, st, pb, dil, osz)
-    for j0 in range(0, MP, _shifted.TILE):
-        _shifted.product_tile(wt, offs, colt, ot, 0, L, j0, j0)
+    TILE = _shifted.TILE
+    _shifted.product_tile(wt, offs, colt, ot, r0, r1, mt * offs.shape[0] * TILE, 0)
     nb = bias.shape[0] > 0
-    for m in range(M):
-        bv = bias[m] if nb else _shifted.NO_ADD
-        for j in range(L):
-            out[m, j] = _shifted.act_value(ot[j, m] + bv, act, p0, p1)
+    m0 = mt * TILE
+    if r1 - r0 < 8:
+        for m in range(m0, min(M, m0 + TILE)):
+            bv = bias[m] if nb else _shifted.NO_ADD
+            for j in range(r0, r1):
+                out[m, j] = _shifted.act_value(ot[j, m - m0] + bv, act, p0, p1)
+        return
+    # longer runs: each channel's column gathered, then finished by the vectorized loops of ``_shifted``
+    col = np.empty(r1 - r0, np.float32)
+    of = out.reshape(-1)
+    for m in range(m0, min(M, m0 + TILE)):
+        for j in range(r0, r1):
+            col[j - r0] = ot[j, m - m0]
+        _shifted.finish_run(col, 0, of, m * L + r0, r1 - r0, bias[m] if nb else _shifted.NO_ADD, act, p0, p1)
 
 
 @njit(**_OPTS)
 def _few_pixels(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz):
-    """``_few_pixels_image`` over a batch x (N, Cg, D, H, W) -> out (N, M, L), in this thread."""
-    K, L, MP = offs.shape[0], out.shape[2], wt.shape[0] // offs.shape[0]
-    colt, ot = np.empty((L, K), np.float32), np.empty((L, MP), np.float32)
+    """out (N, M, L) = act(W @ im2col(x[n]) + bias) for x (N, Cg, D, H, W), in this thread."""
+    K, L = offs.shape[0], out.shape[2]
+    MT = wt.shape[0] // (K * _shifted.TILE)
+    colt, ot = np.empty((L, K), np.float32), np.empty((L, _shifted.TILE), np.float32)
     for n in range(x.shape[0]):
-        _few_pixels_image(x[n], wt, offs, out[n], bias, act, p0, p1, ksz, st, pb, dil, osz, colt, ot)
+        _columns_t(x[n], colt, ksz, st, pb, dil, osz, 0, x.shape[1])
+        for mt in range(MT):
+            _few_pixels_task(colt, wt, offs, out[n], bias, act, p0, p1, mt, 0, L, ot)
 
 
 @njit(parallel=True, **_OPTS)
-def _few_pixels_par(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz):
-    """``_few_pixels`` with the images spread over the threads."""
-    K, L, MP = offs.shape[0], out.shape[2], wt.shape[0] // offs.shape[0]
-    for n in prange(x.shape[0]):
-        colt, ot = np.empty((L, K), np.float32), np.empty((L, MP), np.float32)
-        _few_pixels_image(x[n], wt, offs, out[n], bias, act, p0, p1, ksz, st, pb, dil, osz, colt, ot)
+def _few_pixels_par(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz, nthreads):
+    """``_few_pixels`` over the threads: the columns by runs of input channels, then tasks of (image, channel
+    tile, block of pixels), the pixels cut into blocks of six rows of the tiles until there are tasks for
+    every thread twice over."""
+    N, Cg, K, L = x.shape[0], x.shape[1], offs.shape[0], out.shape[2]
+    MT = wt.shape[0] // (K * _shifted.TILE)
+    colt = np.empty((N, L, K), np.float32)
+    P = max(1, min(nthreads, Cg))
+    for task in prange(N * P):
+        n = task // P
+        part = task - n * P
+        _columns_t(x[n], colt[n], ksz, st, pb, dil, osz, part * Cg // P, (part + 1) * Cg // P)
+    RB = L
+    while N * MT * ((L + RB - 1) // RB) < 2 * nthreads and RB > 6:
+        RB = max(6, (RB // 2 + 5) // 6 * 6)
+    LB = (L + RB - 1) // RB
+    ntask = N * MT * LB
+    T = max(1, min(nthreads, ntask))
+    for t in prange(T):
+        ot = np.empty((L, _shifted.TILE), np.float32)
+        for task in range(t * ntask // T, (t + 1) * ntask // T):
+            n = task // (MT * LB)
+            rest = task - n * MT * LB
+            mt = rest // LB
+            r0 = (rest - mt * LB) * RB
+            _few_pixels_task(colt[n], wt, offs, out[n], bias, act, p0, p1, mt, r0, min(L, r0 + RB), ot)
 
 
 @njit(parallel=True, **_OPTS)
@@ -565,15 +608,16 @@ class _ConvPlan:
         # outputs of a few pixels: one call (``_few_pixels``) over W transposed into rows of whole tiles
         K = self.wc.shape[2]
         self.few = (group == 1 and cdt == F32 and not self.empty and not self.shifted and not self.panels
-                    and 0 < self.L < FEW_PIXELS
-                    and M * K * self.L <= FEW_PIXELS_MAX_MACS)
+                    and 0 < self.L < FEW_PIXELS)
         if self.few:
-            MP = -(-M // _shifted.TILE) * _shifted.TILE
-            wt = np.zeros((K, MP), F32)
-            wt[:, :M] = self.wc[0].T
-            self.wt, self.offs = wt.reshape(-1), np.arange(K, dtype=np.int64) * MP
+            T = _shifted.TILE
+            MT = -(-M // T)
+            wt = np.zeros((MT * T, K), F32)
+            wt[:M] = self.wc[0]
+            self.wt = np.ascontiguousarray(wt.reshape(MT, T, K).transpose(0, 2, 1)).reshape(-1)
+            self.offs = np.arange(K, dtype=np.int64) * T
             self.x5 = (N, C, *(int(v) for v in self.i3))
-            self.few_par = N > 1 and N * M * K * self.L >= _FEW_PIXELS_PARALLEL_MIN
+            self.few_par = N * M * K * self.L >= _FEW_PIXELS_PARALLEL_MIN and (N * MT > 1 or self.L > 6)
 
     def __call__(self, x):
         N, G, Cg, Mg, L, cdt = self.N, self.G, self.Cg, self.Mg, self.L, self.cdt
@@ -590,9 +634,12 @@ class _ConvPlan:
         if self.few:
             out = np.empty((N, Mg, L), F32)
             xc = x if x.dtype == F32 and x.flags.c_contiguous else np.ascontiguousarray(x, dtype=F32)
-            (_few_pixels_par if self.few_par else _few_pixels)(
-                xc.reshape(self.x5), self.wt, self.offs, out, self.bias, self.act, self.p0, self.p1, k3, s3, pb3,
-                d3, o3)
+            if self.few_par:
+                _few_pixels_par(xc.reshape(self.x5), self.wt, self.offs, out, self.bias, self.act, self.p0, self.p1,
+                                k3, s3, pb3, d3, o3, get_num_threads())
+            else:
+                _few_pixels(xc.reshape(self.x5), self.wt, self.offs, out, self.bias, self.act, self.p0, self.p1,
+                            k3, s3, pb3, d3, o3)
             out = out.reshape((N, Mg, *self.osp))
             return out.astype(self.dt) if out.dtype != self.dt else out
         out = np.empty((N, G, Mg, L), cdt)

@@ -135,17 +135,19 @@ def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("xshape,wshape,attrs,bias", [
-    ((1, 129, 4), (128, 129, 3), dict(pads=[1, 1]), True),                            # 1-d, 4 outputs
-    ((3, 16, 5, 6), (70, 16, 3, 3), dict(strides=[2, 2], dilations=[1, 2], pads=[1, 2, 0, 1]), True),  # M past a tile
-    ((64, 1, 640), (258, 1, 256), dict(strides=[128]), False),                         # a batch over the threads
-    ((1, 600, 1, 1), (8, 600, 1, 1), {}, True),                                         # K past one chunk, 1 pixel
-    ((2, 4, 3, 3, 3), (6, 4, 2, 2, 2), dict(pads=[0, 1, 0, 1, 0, 0]), True),           # 3-d
-    ((1, 5, 2, 2), (7, 5, 5, 5), dict(pads=[3, 3, 3, 3], strides=[3, 3]), True),      # padding past the image
+@pytest.mark.parametrize("xshape,wshape,attrs,bias,threads", [
+    ((1, 129, 4), (128, 129, 3), dict(pads=[1, 1]), True, False),                     # 1-d, 4 outputs
+    ((3, 16, 5, 6), (70, 16, 3, 3), dict(strides=[2, 2], dilations=[1, 2], pads=[1, 2, 0, 1]), True, False),
+    ((64, 1, 640), (258, 1, 256), dict(strides=[128]), False, True),                  # a batch over the threads
+    ((1, 512, 7, 7), (300, 512, 1, 1), {}, True, True),                                # channel tiles over them
+    ((1, 600, 1, 1), (8, 600, 1, 1), {}, True, False),                                 # K past one chunk, 1 pixel
+    ((2, 4, 3, 3, 3), (6, 4, 2, 2, 2), dict(pads=[0, 1, 0, 1, 0, 0]), True, False),   # 3-d
+    ((1, 5, 2, 2), (7, 5, 5, 5), dict(pads=[3, 3, 3, 3], strides=[3, 3]), True, False),  # padding past the image
 ])
-def test_conv_few_pixels(monkeypatch, xshape, wshape, attrs, bias):
-    """Outputs of fewer than ``FEW_PIXELS`` pixels as one call over W transposed (``ops.conv._few_pixels`` and
-    its batch-parallel twin): against onnxruntime and the ONNX reference evaluator, and seen to run."""
+def test_conv_few_pixels(monkeypatch, xshape, wshape, attrs, bias, threads):
+    """Outputs of fewer than ``FEW_PIXELS`` pixels on the register tiles with the roles turned
+    (``ops.conv._few_pixels``, and ``_few_pixels_par`` over (image, channel tile) tasks): against onnxruntime and
+    the ONNX reference evaluator, and seen to run."""
     from onnx.reference import ReferenceEvaluator
     from ops import conv
     calls = []
@@ -155,7 +157,7 @@ def test_conv_few_pixels(monkeypatch, xshape, wshape, attrs, bias):
     feeds = {"x": _randn(*xshape)}
     inits = {"w": _randn(*wshape), **({"b": _randn(wshape[0])} if bias else {})}
     (y,) = _compare("Conv", feeds, inits, rtol=1e-4, atol=1e-4, **attrs)
-    assert calls == ["_few_pixels_par" if xshape[0] == 64 else "_few_pixels"]
+    assert calls == ["_few_pixels_par" if threads else "_few_pixels"]
     (ref,) = ReferenceEvaluator(_model("Conv", feeds, inits, **attrs)).run(None, feeds)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 

@@ -3,14 +3,17 @@
 Each unary kernel ``u_<op>(x, out, p0, p1)`` maps a flat contiguous array
 into ``out`` (p0, p1: the op's float attributes).  Each binary op has a flat
 kernel ``b_<op>(x, y, out)`` for equal shapes and ``b4_<op>(x, y, out)`` for
-4-d broadcasting, where an input axis of extent 1 is read at index 0.
+4-d broadcasting, where an input axis of extent 1 is read at index 0.  Their
+parallel twins ``pu_<op>(x, out, p0, p1, nchunk)`` and ``pb_<op>(x, y, out,
+nchunk)`` run ``nchunk`` runs of the flat arrays over the threads, and
+``pb4_<op>(x, y, out)`` the rows of the first three axes.
 ``segment_op(op, x, y, out, o)`` is the fused segments' row op number ``op``
 (``SEGMENT`` names them), with the expression of that op's kernel.
 """
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ._fastmath import fexp, fgelu_tanh, fgelu_tanh_mlas, fsigmoid, fsigmoid_mlas, ftanh
 
@@ -98,11 +101,25 @@ def u_abs(xs, out, p0, p1):
         out[i] = abs(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_abs(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_abs(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_neg(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = -x
+
+
+@njit(parallel=True, **_OPTS)
+def pu_neg(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_neg(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -112,11 +129,25 @@ def u_exp(xs, out, p0, p1):
         out[i] = fexp(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_exp(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_exp(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_log(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_log(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_log(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -126,11 +157,25 @@ def u_sqrt(xs, out, p0, p1):
         out[i] = math.sqrt(x) if x >= 0 else math.nan
 
 
+@njit(parallel=True, **_OPTS)
+def pu_sqrt(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sqrt(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_reciprocal(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = 1 / x if x != 0 else math.copysign(math.inf, x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_reciprocal(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_reciprocal(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -140,11 +185,25 @@ def u_tanh(xs, out, p0, p1):
         out[i] = ftanh(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_tanh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_tanh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_sigmoid(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = fsigmoid(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_sigmoid(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sigmoid(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -154,11 +213,25 @@ def u_sigmoid_mlas(xs, out, p0, p1):
         out[i] = fsigmoid_mlas(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_sigmoid_mlas(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sigmoid_mlas(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_erf(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.erf(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_erf(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_erf(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -168,11 +241,25 @@ def u_sin(xs, out, p0, p1):
         out[i] = math.sin(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_sin(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sin(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_cos(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.cos(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_cos(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_cos(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -182,11 +269,25 @@ def u_tan(xs, out, p0, p1):
         out[i] = math.tan(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_tan(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_tan(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_asin(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.asin(x) if -1 <= x <= 1 else math.nan
+
+
+@njit(parallel=True, **_OPTS)
+def pu_asin(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_asin(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -196,11 +297,25 @@ def u_acos(xs, out, p0, p1):
         out[i] = math.acos(x) if -1 <= x <= 1 else math.nan
 
 
+@njit(parallel=True, **_OPTS)
+def pu_acos(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_acos(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_atan(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.atan(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_atan(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_atan(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -210,11 +325,25 @@ def u_sinh(xs, out, p0, p1):
         out[i] = math.sinh(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_sinh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sinh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_cosh(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.cosh(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_cosh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_cosh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -224,11 +353,25 @@ def u_asinh(xs, out, p0, p1):
         out[i] = math.asinh(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_asinh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_asinh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_acosh(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.acosh(x) if x >= 1 else math.nan
+
+
+@njit(parallel=True, **_OPTS)
+def pu_acosh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_acosh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -238,11 +381,25 @@ def u_atanh(xs, out, p0, p1):
         out[i] = math.atanh(x) if -1 < x < 1 else (math.copysign(math.inf, x) if abs(x) == 1 else math.nan)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_atanh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_atanh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_floor(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = math.floor(x) if abs(x) < 4503599627370496.0 else x
+
+
+@njit(parallel=True, **_OPTS)
+def pu_floor(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_floor(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -252,11 +409,25 @@ def u_ceil(xs, out, p0, p1):
         out[i] = math.ceil(x) if abs(x) < 4503599627370496.0 else x
 
 
+@njit(parallel=True, **_OPTS)
+def pu_ceil(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_ceil(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_round(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = _round_half_even(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_round(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_round(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -266,11 +437,25 @@ def u_sign(xs, out, p0, p1):
         out[i] = int(x > 0) - int(x < 0)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_sign(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sign(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_sign_f(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x if x != x else ((x > 0) * 1.0 - (x < 0) * 1.0)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_sign_f(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_sign_f(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -280,11 +465,25 @@ def u_not_(xs, out, p0, p1):
         out[i] = not x
 
 
+@njit(parallel=True, **_OPTS)
+def pu_not_(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_not_(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_isnan(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x != x
+
+
+@njit(parallel=True, **_OPTS)
+def pu_isnan(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_isnan(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -294,11 +493,25 @@ def u_isinf(xs, out, p0, p1):
         out[i] = (x == math.inf and p0 != 0) or (x == -math.inf and p1 != 0)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_isinf(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_isinf(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_relu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x if x > 0 or x != x else False
+
+
+@njit(parallel=True, **_OPTS)
+def pu_relu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_relu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -308,11 +521,25 @@ def u_softplus(xs, out, p0, p1):
         out[i] = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
 
 
+@njit(parallel=True, **_OPTS)
+def pu_softplus(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_softplus(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_softsign(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x / (1 + abs(x))
+
+
+@njit(parallel=True, **_OPTS)
+def pu_softsign(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_softsign(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -322,11 +549,25 @@ def u_mish(xs, out, p0, p1):
         out[i] = x * math.tanh(x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x)))
 
 
+@njit(parallel=True, **_OPTS)
+def pu_mish(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_mish(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_hardswish(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x * ((p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1)))
+
+
+@njit(parallel=True, **_OPTS)
+def pu_hardswish(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_hardswish(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -336,11 +577,25 @@ def u_elu(xs, out, p0, p1):
         out[i] = x if x >= 0 else p0 * (math.exp(x) - 1)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_elu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_elu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_selu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = p1 * x if x > 0 else p1 * (p0 * (math.exp(x) - 1))
+
+
+@njit(parallel=True, **_OPTS)
+def pu_selu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_selu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -350,11 +605,25 @@ def u_celu(xs, out, p0, p1):
         out[i] = max(0, x) + (p0 * (math.exp(x / p0) - 1) if not p0 * (math.exp(x / p0) - 1) > 0 else False)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_celu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_celu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_leakyrelu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x if x >= 0 else p0 * x
+
+
+@njit(parallel=True, **_OPTS)
+def pu_leakyrelu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_leakyrelu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -364,11 +633,25 @@ def u_hardsigmoid(xs, out, p0, p1):
         out[i] = (p0 * x + p1) if (p0 * x + p1) != (p0 * x + p1) else max(0, min(1, p0 * x + p1))
 
 
+@njit(parallel=True, **_OPTS)
+def pu_hardsigmoid(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_hardsigmoid(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_thresholdedrelu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x if x > p0 else False
+
+
+@njit(parallel=True, **_OPTS)
+def pu_thresholdedrelu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_thresholdedrelu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -378,11 +661,25 @@ def u_shrink(xs, out, p0, p1):
         out[i] = x + p0 if x < -p1 else (x - p0 if x > p1 else False)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_shrink(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_shrink(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_gelu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = 0.5 * x * (1 + math.erf(x * 0.7071067811865476))
+
+
+@njit(parallel=True, **_OPTS)
+def pu_gelu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_gelu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -392,11 +689,25 @@ def u_gelu_tanh(xs, out, p0, p1):
         out[i] = fgelu_tanh(x)
 
 
+@njit(parallel=True, **_OPTS)
+def pu_gelu_tanh(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_gelu_tanh(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_gelu_tanh_mlas(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = fgelu_tanh_mlas(x)
+
+
+@njit(parallel=True, **_OPTS)
+def pu_gelu_tanh_mlas(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_gelu_tanh_mlas(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -406,6 +717,13 @@ def u_swish(xs, out, p0, p1):
         out[i] = x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))
 
 
+@njit(parallel=True, **_OPTS)
+def pu_swish(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_swish(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_bitwise_not(xs, out, p0, p1):
     for i in range(xs.shape[0]):
@@ -413,11 +731,25 @@ def u_bitwise_not(xs, out, p0, p1):
         out[i] = ~x
 
 
+@njit(parallel=True, **_OPTS)
+def pu_bitwise_not(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_bitwise_not(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
+
+
 @njit(**_OPTS)
 def u_quick_gelu(xs, out, p0, p1):
     for i in range(xs.shape[0]):
         x = xs[i]
         out[i] = x / (1 + math.exp(-p0 * x)) if p0 * x >= 0 else x * math.exp(p0 * x) / (1 + math.exp(p0 * x))
+
+
+@njit(parallel=True, **_OPTS)
+def pu_quick_gelu(xs, out, p0, p1, nchunk):
+    n = xs.shape[0]
+    for c in prange(nchunk):
+        u_quick_gelu(xs[c * n // nchunk:(c + 1) * n // nchunk], out[c * n // nchunk:(c + 1) * n // nchunk], p0, p1)
 
 
 @njit(**_OPTS)
@@ -448,6 +780,35 @@ def b4_add(xs, ys, out):
                     out[i0, i1, i2, i3] = x + y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_add(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_add(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_add(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x + y
+
+
 @njit(**_OPTS)
 def b_sub(xs, ys, out):
     for i in range(out.shape[0]):
@@ -474,6 +835,35 @@ def b4_sub(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x - y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_sub(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_sub(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_sub(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x - y
 
 
 @njit(**_OPTS)
@@ -504,6 +894,35 @@ def b4_mul(xs, ys, out):
                     out[i0, i1, i2, i3] = x * y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_mul(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_mul(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_mul(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x * y
+
+
 @njit(**_OPTS)
 def b_div_f(xs, ys, out):
     for i in range(out.shape[0]):
@@ -530,6 +949,35 @@ def b4_div_f(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x / y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_div_f(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_div_f(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_div_f(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x / y
 
 
 @njit(**_OPTS)
@@ -560,6 +1008,35 @@ def b4_div_i(xs, ys, out):
                     out[i0, i1, i2, i3] = _idiv(x, y)
 
 
+@njit(parallel=True, **_OPTS)
+def pb_div_i(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_div_i(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_div_i(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _idiv(x, y)
+
+
 @njit(**_OPTS)
 def b_mod_i(xs, ys, out):
     for i in range(out.shape[0]):
@@ -586,6 +1063,35 @@ def b4_mod_i(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = _imod(x, y)
+
+
+@njit(parallel=True, **_OPTS)
+def pb_mod_i(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_mod_i(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_mod_i(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _imod(x, y)
 
 
 @njit(**_OPTS)
@@ -616,6 +1122,35 @@ def b4_fmod_i(xs, ys, out):
                     out[i0, i1, i2, i3] = _ifmod(x, y)
 
 
+@njit(parallel=True, **_OPTS)
+def pb_fmod_i(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_fmod_i(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_fmod_i(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _ifmod(x, y)
+
+
 @njit(**_OPTS)
 def b_fmod_f(xs, ys, out):
     for i in range(out.shape[0]):
@@ -642,6 +1177,35 @@ def b4_fmod_f(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = np.fmod(x, y) if y != 0 else math.nan
+
+
+@njit(parallel=True, **_OPTS)
+def pb_fmod_f(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_fmod_f(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_fmod_f(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = np.fmod(x, y) if y != 0 else math.nan
 
 
 @njit(**_OPTS)
@@ -672,6 +1236,35 @@ def b4_mod_f(xs, ys, out):
                     out[i0, i1, i2, i3] = _fmod_py(x, y)
 
 
+@njit(parallel=True, **_OPTS)
+def pb_mod_f(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_mod_f(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_mod_f(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _fmod_py(x, y)
+
+
 @njit(**_OPTS)
 def b_pow(xs, ys, out):
     for i in range(out.shape[0]):
@@ -698,6 +1291,35 @@ def b4_pow(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = _pow(x, y)
+
+
+@njit(parallel=True, **_OPTS)
+def pb_pow(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_pow(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_pow(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _pow(x, y)
 
 
 @njit(**_OPTS)
@@ -728,6 +1350,35 @@ def b4_max(xs, ys, out):
                     out[i0, i1, i2, i3] = x if (x >= y or x != x) else y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_max(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_max(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_max(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x if (x >= y or x != x) else y
+
+
 @njit(**_OPTS)
 def b_min(xs, ys, out):
     for i in range(out.shape[0]):
@@ -754,6 +1405,35 @@ def b4_min(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x if (x <= y or x != x) else y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_min(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_min(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_min(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x if (x <= y or x != x) else y
 
 
 @njit(**_OPTS)
@@ -784,6 +1464,35 @@ def b4_equal(xs, ys, out):
                     out[i0, i1, i2, i3] = x == y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_equal(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_equal(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_equal(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x == y
+
+
 @njit(**_OPTS)
 def b_less(xs, ys, out):
     for i in range(out.shape[0]):
@@ -810,6 +1519,35 @@ def b4_less(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x < y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_less(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_less(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_less(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x < y
 
 
 @njit(**_OPTS)
@@ -840,6 +1578,35 @@ def b4_less_equal(xs, ys, out):
                     out[i0, i1, i2, i3] = x <= y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_less_equal(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_less_equal(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_less_equal(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x <= y
+
+
 @njit(**_OPTS)
 def b_greater(xs, ys, out):
     for i in range(out.shape[0]):
@@ -866,6 +1633,35 @@ def b4_greater(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x > y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_greater(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_greater(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_greater(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x > y
 
 
 @njit(**_OPTS)
@@ -896,6 +1692,35 @@ def b4_greater_equal(xs, ys, out):
                     out[i0, i1, i2, i3] = x >= y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_greater_equal(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_greater_equal(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_greater_equal(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x >= y
+
+
 @njit(**_OPTS)
 def b_and_(xs, ys, out):
     for i in range(out.shape[0]):
@@ -922,6 +1747,35 @@ def b4_and_(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x and y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_and_(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_and_(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_and_(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x and y
 
 
 @njit(**_OPTS)
@@ -952,6 +1806,35 @@ def b4_or_(xs, ys, out):
                     out[i0, i1, i2, i3] = x or y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_or_(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_or_(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_or_(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x or y
+
+
 @njit(**_OPTS)
 def b_xor(xs, ys, out):
     for i in range(out.shape[0]):
@@ -978,6 +1861,35 @@ def b4_xor(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x != y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_xor(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_xor(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_xor(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x != y
 
 
 @njit(**_OPTS)
@@ -1008,6 +1920,35 @@ def b4_bitwise_and(xs, ys, out):
                     out[i0, i1, i2, i3] = x & y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_bitwise_and(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_bitwise_and(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_bitwise_and(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x & y
+
+
 @njit(**_OPTS)
 def b_bitwise_or(xs, ys, out):
     for i in range(out.shape[0]):
@@ -1034,6 +1975,35 @@ def b4_bitwise_or(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x | y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_bitwise_or(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_bitwise_or(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_bitwise_or(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x | y
 
 
 @njit(**_OPTS)
@@ -1064,6 +2034,35 @@ def b4_bitwise_xor(xs, ys, out):
                     out[i0, i1, i2, i3] = x ^ y
 
 
+@njit(parallel=True, **_OPTS)
+def pb_bitwise_xor(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_bitwise_xor(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_bitwise_xor(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x ^ y
+
+
 @njit(**_OPTS)
 def b_shl(xs, ys, out):
     for i in range(out.shape[0]):
@@ -1090,6 +2089,35 @@ def b4_shl(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = _shl(x, y, xs.itemsize * 8)
+
+
+@njit(parallel=True, **_OPTS)
+def pb_shl(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_shl(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_shl(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _shl(x, y, xs.itemsize * 8)
 
 
 @njit(**_OPTS)
@@ -1120,6 +2148,35 @@ def b4_shr(xs, ys, out):
                     out[i0, i1, i2, i3] = _shr(x, y, xs.itemsize * 8)
 
 
+@njit(parallel=True, **_OPTS)
+def pb_shr(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_shr(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_shr(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = _shr(x, y, xs.itemsize * 8)
+
+
 @njit(**_OPTS)
 def b_prelu(xs, ys, out):
     for i in range(out.shape[0]):
@@ -1146,6 +2203,35 @@ def b4_prelu(xs, ys, out):
                     x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
                     y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
                     out[i0, i1, i2, i3] = x if x >= 0 else x * y
+
+
+@njit(parallel=True, **_OPTS)
+def pb_prelu(xs, ys, out, nchunk):
+    n = out.shape[0]
+    for c in prange(nchunk):
+        lo, hi = c * n // nchunk, (c + 1) * n // nchunk
+        b_prelu(xs[lo:hi], ys[lo:hi], out[lo:hi])
+
+
+@njit(parallel=True, **_OPTS)
+def pb4_prelu(xs, ys, out):
+    n0, n1, n2, n3 = out.shape
+    a0 = xs.shape[0] != 1
+    a1 = xs.shape[1] != 1
+    a2 = xs.shape[2] != 1
+    a3 = xs.shape[3] != 1
+    c0 = ys.shape[0] != 1
+    c1 = ys.shape[1] != 1
+    c2 = ys.shape[2] != 1
+    c3 = ys.shape[3] != 1
+    for t in prange(n0 * n1 * n2):
+        i0 = t // (n1 * n2)
+        i1 = t // n2 - i0 * n1
+        i2 = t - (i0 * n1 + i1) * n2
+        for i3 in range(n3):
+            x = xs[i0 * a0, i1 * a1, i2 * a2, i3 * a3]
+            y = ys[i0 * c0, i1 * c1, i2 * c2, i3 * c3]
+            out[i0, i1, i2, i3] = x if x >= 0 else x * y
 
 
 SEGMENT = ('add', 'sub', 'mul', 'div_f', 'relu', 'neg', 'exp', 'tanh', 'sigmoid', 'abs', 'sigmoid_mlas')

@@ -79,3 +79,34 @@ def test_generated_modules_are_what_the_generator_writes():
     for rel, make in gen.OUTPUTS.items():
         with open(os.path.join(root, rel)) as f:
             assert f.read() == make(), f"{rel} is stale: run python tools/gen_elementwise.py"
+
+
+@pytest.mark.parametrize("op,shapes,twin", [("Tanh", [(3, 1000)], "pu_tanh"), ("Sigmoid", [(2, 517)], "pu_sigmoid"),
+                                            ("Add", [(7, 300), (7, 300)], "pb_add"),
+                                            ("Mul", [(3, 1, 5, 70), (1, 4, 5, 1)], "pb4_mul"),
+                                            ("Sub", [(2, 3, 4, 5, 6), (3, 1, 1, 6)], "pb4_sub")])
+def test_parallel_twins_give_the_serial_bits(monkeypatch, op, shapes, twin):
+    """From ``PARALLEL_MIN`` elements the kernels' parallel twins run (on two threads) and give the bits of the
+    serial kernels, odd extents and broadcasts included."""
+    import runtime as rt
+    from ops import _elementwise_kernels as K, elementwise as E
+    arrays = [rng.standard_normal(s).astype(np.float32) * 3 for s in shapes]
+    names = [f"x{i}" for i in range(len(arrays))]
+    g = helper.make_graph([helper.make_node(op, names, ["y"])], "g",
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in
+                           zip(names, arrays)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    so = rt.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess, feeds = InferenceSession(m, so), dict(zip(names, arrays))
+    (serial,) = sess.run(None, feeds)
+    calls = []
+    real = getattr(K, twin)
+    monkeypatch.setattr(K, twin, lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(E, "_TWINS", {})
+    monkeypatch.setattr(E, "PARALLEL_MIN", 64)
+    (par,) = sess.run(None, feeds)
+    assert calls
+    np.testing.assert_array_equal(par.view(np.uint32), serial.view(np.uint32))
+    (ref,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(par, ref, rtol=1e-5, atol=1e-6)

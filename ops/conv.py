@@ -162,13 +162,15 @@ SHIFTED_MIN_PIXELS = _shifted.TILE
 # packed at plan time tile by tile ((M/64, K, 64), zeros past M) so that each tile streams its weights front to
 # back.  The product, the bias and the activation are one kernel call instead of the column, product and
 # epilogue steps of the im2col path, and the (image, channel tile) tasks go over the threads from
-# ``_FEW_PIXELS_PARALLEL_MIN`` multiply-adds.  Each output sums its terms in order from zero and then adds the
-# bias, as the other paths of one group do.  Inside Silero VAD (alternating with onnxruntime) its six
-# convolutions of 1 to 4 outputs took 59 us together, against 119 through im2col, BLAS and the epilogue; in one
-# process, sessions alternating, against im2col and BLAS: a MobileNetV3 classifier (7x7 and 1x1 maps) 4.37 ->
-# 3.99 ms, Silero's batch of 64 frames 2.88 -> 2.11 ms, a CRNN recognizer and magika unchanged.
+# ``_FEW_PIXELS_PARALLEL_MIN`` multiply-adds (below, waking the threads costs more: Silero's STFT convolution,
+# 2**18 of them, took 17 us in this thread and 43 us on two, alternating with onnxruntime).  Each output sums its
+# terms in order from zero and then adds the bias, as the other paths of one group do.  Inside Silero VAD
+# (alternating with onnxruntime) its six convolutions of 1 to 4 outputs took 59 us together, against 119 through
+# im2col, BLAS and the epilogue; in one process, sessions alternating, against im2col and BLAS: a MobileNetV3
+# classifier (7x7 and 1x1 maps) 4.37 -> 3.99 ms, Silero's batch of 64 frames 2.88 -> 2.11 ms, a CRNN recognizer
+# and magika unchanged.
 FEW_PIXELS = _shifted.TILE
-_FEW_PIXELS_PARALLEL_MIN = 1 << 18  # multiply-adds from which the tasks go to the threads
+_FEW_PIXELS_PARALLEL_MIN = 1 << 19  # multiply-adds from which the tasks go to the threads
 
 
 @njit(**_OPTS)

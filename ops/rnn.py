@@ -355,7 +355,18 @@ def _qlstm_kernel(X, W8, W16, wcol, wform, wscale, R8, R16, rcol, rform, rscale,
         Yc[d] = c
 
 
+_ACTIVATIONS: dict = {}  # the arrays of each node's activation attributes, made once (the kernels only read them)
+
+
 def _activations(op_name, activations, alpha, beta, defaults, D):
+    key = (op_name, tuple(activations or ()), tuple(alpha or ()), tuple(beta or ()), tuple(defaults), D)
+    got = _ACTIVATIONS.get(key)
+    if got is None:
+        got = _ACTIVATIONS[key] = _activation_arrays(op_name, activations, alpha, beta, defaults, D)
+    return got
+
+
+def _activation_arrays(op_name, activations, alpha, beta, defaults, D):
     names = list(activations) if activations else list(defaults) * D
     k = len(defaults)
     if len(names) == k and D == 2:

@@ -620,6 +620,7 @@ class _ConvPlan:
             self.offs = np.arange(K, dtype=np.int64) * T
             self.x5 = (N, C, *(int(v) for v in self.i3))
             self.few_par = N * M * K * self.L >= _FEW_PIXELS_PARALLEL_MIN and (N * MT > 1 or self.L > 6)
+            self.wc = None  # the tiles hold the weights now
 
     def __call__(self, x):
         N, G, Cg, Mg, L, cdt = self.N, self.G, self.Cg, self.Mg, self.L, self.cdt

@@ -864,6 +864,52 @@ def _conv_integer_float(x, w, x_zero_point, w_zero_point, auto_pad, dilations, g
     return np.rint(y).astype(np.int32)
 
 
+@njit(parallel=True, **_OPTS)
+def _rows_u8(xp, rows, rsum, ksz, st, dil, osz):
+    """The windows of one uint8 image as rows: ``xp`` (C, D, H, W) is the image already padded with its zero
+    point, so every window lies inside it; rows[j, k] is output pixel j's code under weight column k = (c, a, b,
+    e) and rsum[j] the row's sum.  Pixels in blocks over the threads, flat unsigned indices (no bounds tests,
+    no negative-index wraparound); columns past K stay as they are (zeros)."""
+    C, D, H, W = xp.shape
+    L, K4 = rows.shape
+    xf = xp.reshape(-1)
+    rf = rows.reshape(-1)
+    oh, ow = osz[1], osz[2]
+    nb = (L + 63) // 64
+    for blk in prange(nb):
+        for j in range(blk * 64, min(L, blk * 64 + 64)):
+            z = j // (oh * ow)
+            y = (j // ow) % oh
+            o = j % ow
+            s = np.int32(0)
+            k = np.uint64(j * K4)
+            for c in range(C):
+                for a in range(ksz[0]):
+                    for b in range(ksz[1]):
+                        base = ((c * D + z * st[0] + a * dil[0]) * H + y * st[1] + b * dil[1]) * W + o * st[2]
+                        for e in range(ksz[2]):
+                            v = xf[np.uint64(base + e * dil[2])]
+                            rf[k] = v
+                            s += np.int32(v)
+                            k += np.uint64(1)
+            rsum[j] = s
+
+
+@njit(parallel=True, **_OPTS)
+def _zero_points_t(acc, rsum, cb, za, zb, shift, K, out):
+    """out[m, j] (M, L) = acc[j, m] - (zb[m] - shift) * rsum[j] - za * cb[m] + K * za * zb[m] in int32 (wrapping
+    as onnxruntime's sums do): ``_u8s8.zero_point_terms`` for one zero point of x, written transposed."""
+    M, L = out.shape
+    z = np.int32(za)
+    per = 1 if zb.shape[0] > 1 else 0
+    for m in prange(M):
+        zj = np.int32(zb[m * per])
+        c = np.int32(z * cb[m]) - np.int32(K) * z * zj
+        f = zj - np.int32(shift)
+        for j in range(L):
+            out[m, j] = np.int32(acc[j, m] - f * rsum[j] - c)
+
+
 _8BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
@@ -896,21 +942,24 @@ def _conv_integer_gemm(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, st
         packed["w"] = got
     form = got[3]
     out = np.empty((N, M, L), np.int32)
-    col = np.empty((K, L), np.int16)
-    xs = (x.astype(np.int16) - xz.astype(np.int16).reshape(())).reshape((N, C, *i3))
     if dots:
         bp, cb, zb, shift = form
         rows = np.zeros((L, 4 * bp.shape[1]), np.uint8)
+        rsum = np.empty(L, np.int32)
         acc = np.empty((L, 8 * bp.shape[0]), np.int32)
-        res = np.empty((L, M), np.int32)
-        za = xz.astype(np.int32).reshape(1)
+        za = np.uint8(xz.reshape(-1)[0])
+        # the images padded with their zero point, far enough for every window
+        ext = [max(int(pb3[i]) + int(i3[i]), (int(o3[i]) - 1) * int(s3[i]) + (int(k3[i]) - 1) * int(d3[i]) + 1)
+               for i in range(3)]
+        xp = np.full((N, C, *ext), za, np.uint8)
+        xp[:, :, pb3[0]:pb3[0] + i3[0], pb3[1]:pb3[1] + i3[1], pb3[2]:pb3[2] + i3[2]] = x.reshape((N, C, *i3))
         for n in range(N):
-            _im2col(xs[n], col, k3, s3, pb3, d3, o3)
-            rows[:, :K] = col.T + xz.astype(np.int16).reshape(())  # the codes, the padding at the zero point
+            _rows_u8(xp[n], rows, rsum, k3, s3, d3, o3)
             _u8s8.host_gemm_tasks(rows, bp, acc)
-            _u8s8.zero_point_terms(acc, rows[:, :K], cb, za, zb, shift, res)
-            out[n] = res.T
+            _zero_points_t(acc, rsum, cb, np.int32(za), zb, shift, K, out[n])
         return out.reshape((N, M, *osp))
+    col = np.empty((K, L), np.int16)
+    xs = (x.astype(np.int16) - xz.astype(np.int16).reshape(())).reshape((N, C, *i3))
     bp = form
     rows = np.zeros((L, 2 * bp.shape[1]), np.int16)
     acc = np.empty((L, 8 * bp.shape[0]), np.int32)

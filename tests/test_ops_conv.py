@@ -358,23 +358,37 @@ def test_col2im_matches_ort():
              pads=[0, 1, 0, 1])
 
 
-@pytest.mark.parametrize("case", ["2d", "strided_dilated", "1d", "grouped"])
+@pytest.mark.parametrize("case", ["2d", "strided_dilated", "1d", "grouped", "per_channel", "3d"])
 def test_conv_integer_equals_onnxruntime(case):
-    """ConvInteger's int16-pair products (and the float path it keeps for groups) equal onnxruntime's integers:
-    uint8 codes with zero points near the middle, a batch of 2, SAME padding, strides and dilations, 1-d."""
+    """ConvInteger's integer products (``vpdpbusd`` on VNNI hosts, int16 pairs elsewhere; the float path it keeps
+    for groups) equal onnxruntime's integers: uint8 codes with zero points near the middle, a batch of 2, SAME
+    padding, strides and dilations, 1-d and 3-d; with one weight zero point per output channel, which
+    onnxruntime refuses, the ONNX reference evaluator's."""
     if case == "1d":
         x = RNG.integers(0, 256, (2, 6, 50)).astype(np.uint8)
         w = RNG.integers(0, 256, (5, 6, 4)).astype(np.uint8)
         kw = dict(strides=[2], pads=[1, 2])
+    elif case == "3d":
+        x = RNG.integers(0, 256, (2, 3, 5, 7, 6)).astype(np.uint8)
+        w = RNG.integers(0, 256, (4, 3, 2, 3, 2)).astype(np.uint8)
+        kw = dict(pads=[1, 0, 1, 0, 2, 1], strides=[1, 2, 1])
     else:
         x = RNG.integers(0, 256, (2, 12, 19, 17)).astype(np.uint8)
         w = RNG.integers(0, 256, (10, 3 if case == "grouped" else 12, 3, 3)).astype(np.uint8)
         kw = {"2d": dict(auto_pad="SAME_UPPER"), "strided_dilated": dict(strides=[2, 1], dilations=[2, 2]),
-              "grouped": dict(group=4, pads=[1, 1, 1, 1])}[case]
+              "grouped": dict(group=4, pads=[1, 1, 1, 1]), "per_channel": dict(pads=[2, 0, 1, 1])}[case]
     if case == "grouped":
         w = RNG.integers(0, 256, (12, 3, 3, 3)).astype(np.uint8)
-    inits = {"w": w, "xz": np.array(131, np.uint8), "wz": np.array(118, np.uint8)}
-    _compare("ConvInteger", {"x": x}, inits, rtol=0, atol=0, opset=10, **kw)
+    wz = RNG.integers(100, 140, w.shape[0]).astype(np.uint8) if case == "per_channel" else np.array(118, np.uint8)
+    inits = {"w": w, "xz": np.array(131, np.uint8), "wz": wz}
+    if case != "per_channel":
+        _compare("ConvInteger", {"x": x}, inits, rtol=0, atol=0, opset=10, **kw)
+        return
+    from onnx.reference import ReferenceEvaluator
+    (want,) = ReferenceEvaluator(_model("ConvInteger", {"x": x}, inits, opset=10, **kw)).run(None, {"x": x})
+    (y,) = _ours("ConvInteger", {"x": x}, inits, opset=10, **kw)
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, want)
 
 
 def test_quantized_convs():

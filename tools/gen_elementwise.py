@@ -287,6 +287,11 @@ def _expr(name):
     return BINARY[name] if name in BINARY else UNARY[name]
 
 
+# which axes of a 4-d operand are read at their index (an axis of extent 1 is read at 0): b4_ and pb4_ share them
+_BROADCAST_FLAGS = "".join(f"    {v}{k} = {a}.shape[{k}] != 1\n"
+                           for v, a in (("a", "xs"), ("c", "ys")) for k in range(4))
+
+
 def cpu_source() -> str:
     out = [CPU_HEADER, _helpers('@njit(inline="always", **_OPTS)', list(UNARY.values()) + list(BINARY.values()),
                                 HELPERS)]
@@ -320,15 +325,7 @@ def b_{name}(xs, ys, out):
 @njit(**_OPTS)
 def b4_{name}(xs, ys, out):
     n0, n1, n2, n3 = out.shape
-    a0 = xs.shape[0] != 1
-    a1 = xs.shape[1] != 1
-    a2 = xs.shape[2] != 1
-    a3 = xs.shape[3] != 1
-    c0 = ys.shape[0] != 1
-    c1 = ys.shape[1] != 1
-    c2 = ys.shape[2] != 1
-    c3 = ys.shape[3] != 1
-    for i0 in range(n0):
+{_BROADCAST_FLAGS}    for i0 in range(n0):
         for i1 in range(n1):
             for i2 in range(n2):
                 for i3 in range(n3):
@@ -348,15 +345,7 @@ def pb_{name}(xs, ys, out, nchunk):
 @njit(parallel=True, **_OPTS)
 def pb4_{name}(xs, ys, out):
     n0, n1, n2, n3 = out.shape
-    a0 = xs.shape[0] != 1
-    a1 = xs.shape[1] != 1
-    a2 = xs.shape[2] != 1
-    a3 = xs.shape[3] != 1
-    c0 = ys.shape[0] != 1
-    c1 = ys.shape[1] != 1
-    c2 = ys.shape[2] != 1
-    c3 = ys.shape[3] != 1
-    for t in prange(n0 * n1 * n2):
+{_BROADCAST_FLAGS}    for t in prange(n0 * n1 * n2):
         i0 = t // (n1 * n2)
         i1 = t // n2 - i0 * n1
         i2 = t - (i0 * n1 + i1) * n2

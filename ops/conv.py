@@ -156,11 +156,11 @@ SHIFTED_DEPTHWISE = AVX512
 SHIFTED_MIN_PIXELS = _shifted.TILE
 
 
-# An output of fewer than ``FEW_PIXELS`` pixels (a voice-activity model's convolutions over 1 to 5 frames, a
-# classifier's last 7x7 and 1x1 maps) runs on ``_shifted``'s register tiles with the roles turned: the output
-# pixels' columns, transposed, are the rows, and the 64-wide vectors run over the output channels, the weights
-# packed at plan time tile by tile ((M/64, K, 64), zeros past M) so that each tile streams its weights front to
-# back.  The product, the bias and the activation are one kernel call instead of the column, product and
+# On an AVX-512 host an output of fewer than ``FEW_PIXELS`` pixels (a voice-activity model's convolutions over 1
+# to 5 frames, a classifier's last 7x7 and 1x1 maps) runs on ``_shifted``'s register tiles with the roles turned:
+# the output pixels' columns, transposed, are the rows, and the 64-wide vectors run over the output channels, the
+# weights packed at plan time tile by tile ((M/64, K, 64), zeros past M) so that each tile streams its weights
+# front to back.  The product, the bias and the activation are one kernel call instead of the column, product and
 # epilogue steps of the im2col path, and the (image, channel tile) tasks go over the threads from
 # ``_FEW_PIXELS_PARALLEL_MIN`` multiply-adds (below, waking the threads costs more: Silero's STFT convolution,
 # 2**18 of them, took 17 us in this thread and 43 us on two, alternating with onnxruntime).  Each output sums its
@@ -169,7 +169,7 @@ SHIFTED_MIN_PIXELS = _shifted.TILE
 # im2col, BLAS and the epilogue; in one process, sessions alternating, against im2col and BLAS: a MobileNetV3
 # classifier (7x7 and 1x1 maps) 4.37 -> 3.99 ms, Silero's batch of 64 frames 2.88 -> 2.11 ms, a CRNN recognizer
 # and magika unchanged.
-FEW_PIXELS = _shifted.TILE
+FEW_PIXELS = _shifted.TILE if AVX512 else 0  # (the tiles' 16-lane vectors would spill on narrower hosts)
 _FEW_PIXELS_PARALLEL_MIN = 1 << 19  # multiply-adds from which the tasks go to the threads
 
 

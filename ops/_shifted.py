@@ -36,6 +36,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from ._common import serial_twin
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
 __all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "depthwise2d", "finish",
@@ -275,7 +276,6 @@ def activate(x, out, act, p0, p1):
         finish_run(x, 0, out, 0, n, NO_ADD, act, p0, p1)
 
 
-
 @njit(parallel=True, **_OPTS)
 def _finish_par(out, bias, act, p0, p1):
     N, M, L = out.shape
@@ -286,6 +286,9 @@ def _finish_par(out, bias, act, p0, p1):
         _finish_in_place(of, nm * L, L, bv, act, p0, p1)
 
 
+_finish_serial = serial_twin(_finish_par)
+
+
 @njit(**_OPTS)
 def finish(out, bias, act, p0, p1):
     """out (N, M, L) = act(out + bias[m]) in place; ``bias`` empty for none.  The epilogue of the convolutions
@@ -293,13 +296,8 @@ def finish(out, bias, act, p0, p1):
     (a voice-activity model's convolutions of a few hundred outputs paid a thread-pool launch each)."""
     if out.size >= _FINISH_PARALLEL_MIN:
         _finish_par(out, bias, act, p0, p1)
-        return
-    N, M, L = out.shape
-    nb = bias.shape[0] > 0
-    of = out.reshape(-1)
-    for nm in range(N * M):
-        bv = bias[nm % M] if nb else NO_ADD
-        _finish_in_place(of, nm * L, L, bv, act, p0, p1)
+    else:
+        _finish_serial(out, bias, act, p0, p1)
 
 
 @njit(**_OPTS)

@@ -52,12 +52,16 @@ FUSED_DOMAIN = "onnx_numba"
 _INF = float("inf")
 
 
+def _links(graph: Graph):
+    """(value name -> how many inputs read it, value name -> the node that writes it)."""
+    return _readers(graph), {o: n for n in graph.nodes for o in n.outputs if o}
+
+
 class FuseConvBatchNorm(Pass):
     name = "fuse_conv_batchnorm"
 
     def call(self, graph: Graph) -> PassResult:
-        readers = _readers(graph)
-        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        readers, producer = _links(graph)
         inits = graph.initializers
         fused, drop = [], set()
         for bn in graph.nodes:
@@ -123,8 +127,7 @@ class FuseConvActivation(Pass):
     name = "fuse_conv_activation"
 
     def call(self, graph: Graph) -> PassResult:
-        readers = _readers(graph)
-        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        readers, producer = _links(graph)
         drop, replace = set(), {}
         for node in graph.nodes:
             if id(node) in drop or node.domain not in _STD + (FUSED_DOMAIN,):
@@ -207,8 +210,7 @@ class FuseHardSwishRelu6(Pass):
     name = "fuse_hardswish_relu6"
 
     def call(self, graph: Graph) -> PassResult:
-        readers = _readers(graph)
-        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        readers, producer = _links(graph)
         inits = graph.initializers
         drop, replace = set(), {}
         for div in graph.nodes:

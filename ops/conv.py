@@ -206,10 +206,10 @@ def _columns_t(x, colt, ksz, st, pb, dil, osz, c0, c1):
 
 
 @njit(**_OPTS)
-def _few_pixels_task(colt, wt, offs, out, bias, act, p0, p1, mt, r0, r1, ot):
+def _few_pixels_task(colt, wt, offs, out, bias, act, p0, p1, mt, r0, r1, ot, col):
     """out[m, j] = act(sum_k colt[j, k] * W[m, k] + bias[m]) for the output channels m of tile ``mt`` and the
-    pixels j in [r0, r1); ``wt`` holds W tile by tile, (MT, K, 64) flat, ``offs[k] = k * 64``; ot (L, 64) is
-    scratch."""
+    pixels j in [r0, r1); ``wt`` holds W tile by tile, (MT, K, 64) flat, ``offs[k] = k * 64``; ot (L, 64) and
+    col (L,) are scratch."""
     M, L = out.shape
     TILE = _shifted.TILE
     _shifted.product_tile(wt, offs, colt, ot, r0, r1, mt * offs.shape[0] * TILE, 0)
@@ -222,12 +222,11 @@ def _few_pixels_task(colt, wt, offs, out, bias, act, p0, p1, mt, r0, r1, ot):
                 out[m, j] = _shifted.act_value(ot[j, m - m0] + bv, act, p0, p1)
         return
     # longer runs: each channel's column gathered, then finished by the vectorized loops of ``_shifted``
-    col = np.empty(r1 - r0, np.float32)
     of = out.reshape(-1)
     for m in range(m0, min(M, m0 + TILE)):
         for j in range(r0, r1):
-            col[j - r0] = ot[j, m - m0]
-        _shifted.finish_run(col, 0, of, m * L + r0, r1 - r0, bias[m] if nb else _shifted.NO_ADD, act, p0, p1)
+            col[j] = ot[j, m - m0]
+        _shifted.finish_run(col, r0, of, m * L + r0, r1 - r0, bias[m] if nb else _shifted.NO_ADD, act, p0, p1)
 
 
 @njit(**_OPTS)
@@ -235,11 +234,11 @@ def _few_pixels(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz):
     """out (N, M, L) = act(W @ im2col(x[n]) + bias) for x (N, Cg, D, H, W), in this thread."""
     K, L = offs.shape[0], out.shape[2]
     MT = wt.shape[0] // (K * _shifted.TILE)
-    colt, ot = np.empty((L, K), np.float32), np.empty((L, _shifted.TILE), np.float32)
+    colt, ot, col = np.empty((L, K), np.float32), np.empty((L, _shifted.TILE), np.float32), np.empty(L, np.float32)
     for n in range(x.shape[0]):
         _columns_t(x[n], colt, ksz, st, pb, dil, osz, 0, x.shape[1])
         for mt in range(MT):
-            _few_pixels_task(colt, wt, offs, out[n], bias, act, p0, p1, mt, 0, L, ot)
+            _few_pixels_task(colt, wt, offs, out[n], bias, act, p0, p1, mt, 0, L, ot, col)
 
 
 @njit(parallel=True, **_OPTS)
@@ -262,13 +261,13 @@ def _few_pixels_par(x, wt, offs, out, bias, act, p0, p1, ksz, st, pb, dil, osz, 
     ntask = N * MT * LB
     T = max(1, min(nthreads, ntask))
     for t in prange(T):
-        ot = np.empty((L, _shifted.TILE), np.float32)
+        ot, col = np.empty((L, _shifted.TILE), np.float32), np.empty(L, np.float32)
         for task in range(t * ntask // T, (t + 1) * ntask // T):
             n = task // (MT * LB)
             rest = task - n * MT * LB
             mt = rest // LB
             r0 = (rest - mt * LB) * RB
-            _few_pixels_task(colt[n], wt, offs, out[n], bias, act, p0, p1, mt, r0, min(L, r0 + RB), ot)
+            _few_pixels_task(colt[n], wt, offs, out[n], bias, act, p0, p1, mt, r0, min(L, r0 + RB), ot, col)
 
 
 @njit(parallel=True, **_OPTS)
@@ -599,8 +598,8 @@ class _ConvPlan:
             SHIFTED_CONV and M * self.wc.shape[2] * self.L >= SHIFTED_MIN_MACS and self.L >= SHIFTED_MIN_PIXELS
             if shifted is None else bool(shifted))
         # a float32 depthwise convolution of depth 1 on ``_shifted``'s tiles (``SHIFTED_DEPTHWISE``)
-        self.dw_tiles = (SHIFTED_DEPTHWISE and group == C and group > 1 and self.Cg == 1 and self.Mg == 1
-                         and cdt == F32 and not self.empty and self.k3[0] == 1 and self.i3[0] == 1)
+        self.dw_tiles = (SHIFTED_DEPTHWISE and group == C > 1 and self.Mg == 1 and cdt == F32 and not self.empty
+                         and self.k3[0] == 1 and self.i3[0] == 1)
         if b is not None and b.shape != (M,):
             raise ShapeMismatchError(f"{name}: B must have shape [{M}], got {list(b.shape)}")
         self.b = None if b is None else np.ascontiguousarray(b, dtype=cdt)
@@ -914,12 +913,13 @@ _8BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _conv_integer_gemm(x, w, xz, wz, auto_pad, dilations, kernel_shape, pads, strides, packed):
-    """An ungrouped ConvInteger as onnxruntime's integer GEMM sums it: each image's windows as rows (im2col of
-    x minus its zero point, transposed) against the weights packed once per node (``packed``: the weights,
-    their zero points and the packed form).  uint8 x on VNNI hosts: the codes (the padding at the zero point)
-    against the weights as int8 (less 128 when uint8) by ``vpdpbusd`` (``_u8s8.dot_gemm``), the zero points
-    through row and column sums (``_u8s8.zero_point_terms``); elsewhere the codes minus their zero points as
-    exact int16 pairs (``_i16pairs``).  Both are the exact integers."""
+    """An ungrouped ConvInteger as onnxruntime's integer GEMM sums it: each image's windows as rows against the
+    weights packed once per node (``packed``: the weights, their zero points and the packed form).  uint8 x on
+    VNNI hosts: the codes, read from the image padded with its zero point (``_rows_u8``, which also sums each
+    row), against the weights as int8 (less 128 when uint8) by ``vpdpbusd`` (``_u8s8.host_gemm_tasks``), the
+    zero points through the row and column sums (``_zero_points_t``, written straight into the output);
+    elsewhere the codes minus their zero point (im2col, transposed) as exact int16 pairs (``_i16pairs``).  Both
+    are the exact integers."""
     N, C = x.shape[:2]
     M = w.shape[0]
     ks = kernel_shape if kernel_shape else w.shape[2:]

@@ -140,6 +140,7 @@ def test_conv_shifted_rows_on_any_host(monkeypatch, xshape, wshape, attrs):
     ((3, 16, 5, 6), (70, 16, 3, 3), dict(strides=[2, 2], dilations=[1, 2], pads=[1, 2, 0, 1]), True, False),
     ((64, 1, 640), (258, 1, 256), dict(strides=[128]), False, True),                  # a batch over the threads
     ((1, 512, 7, 7), (300, 512, 1, 1), {}, True, True),                                # channel tiles over them
+    ((1, 480, 1, 40), (60, 480, 1, 3), dict(pads=[0, 1, 0, 1]), True, True),         # one tile: pixel blocks
     ((1, 600, 1, 1), (8, 600, 1, 1), {}, True, False),                                 # K past one chunk, 1 pixel
     ((2, 4, 3, 3, 3), (6, 4, 2, 2, 2), dict(pads=[0, 1, 0, 1, 0, 0]), True, False),   # 3-d
     ((1, 5, 2, 2), (7, 5, 5, 5), dict(pads=[3, 3, 3, 3], strides=[3, 3]), True, False),  # padding past the image

@@ -23,8 +23,9 @@ __all__ = ["fingerprint", "refresh"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _RUNTIME = os.path.join(os.path.dirname(_HERE), "runtime")
-# Compiled code outside ops/ that calls the package's kernels (the fused segments call ``_elementwise_kernels``).
-_CALLERS = [os.path.join(_RUNTIME, "segments.py")]
+# Compiled code outside ops/ that calls the package's kernels (the fused segments call ``_elementwise_kernels``),
+# and the pipeline generated regions compile under (it decides the types their kernels are compiled for).
+_CALLERS = [os.path.join(_RUNTIME, "segments.py"), os.path.join(_RUNTIME, "region_compiler.py")]
 _FP = None
 
 

@@ -281,14 +281,34 @@ def window_taps(o0, dil, k, n, pe):
     return t0, max(t0, t1), upto
 
 
+def _renamed(f, suffix, globals_):
+    g = _pytypes.FunctionType(f.__code__, globals_, f.__name__ + suffix, f.__defaults__, f.__closure__)
+    g.__qualname__ = f.__qualname__ + suffix  # the name the cache index is kept under
+    g.__module__ = f.__module__
+    return g
+
+
 def serial_twin(dispatcher, suffix="_serial"):
     """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
     f = dispatcher.py_func
-    g = _pytypes.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__, f.__closure__)
-    g.__qualname__ = f.__qualname__ + suffix
-    g.__module__ = f.__module__
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
-    return njit(cache=True, **opts)(g)
+    return njit(cache=True, **opts)(_renamed(f, suffix, f.__globals__))
+
+
+def constant_twin(dispatcher, suffix, **constants):
+    """``dispatcher``'s source compiled with some of its module's globals given other values, cached apart.
+
+    Numba reads a global as a compile-time constant and drops a branch on one (``if _MLAS:``, ``if _MLAS and x:``)
+    before typing, so the kernels only the dropped branch calls are neither typed nor compiled nor linked into
+    the caller.  An option fixed at plan time (onnxruntime's order, say) thus picks one of two dispatchers, and
+    the default one carries none of the other's code.  The globals are copied when the twin is made: make it
+    after everything the function reads is defined."""
+    f = dispatcher.py_func
+    missing = sorted(set(constants) - set(f.__globals__))
+    if missing:
+        raise NameError(f"constant_twin of {f.__qualname__}: no module global {', '.join(missing)} to replace")
+    opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("nopython", "boundscheck")}
+    return njit(cache=True, **opts)(_renamed(f, suffix, {**f.__globals__, **constants}))
 
 
 class Plain(NamedTuple):

@@ -152,8 +152,8 @@ def attend_blocked(q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
     rows = group * S
     nblk = (rows + QROWS - 1) // QROWS
     for t in prange(B * kvH * nblk):
-        _task(t, nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode,
-              kt, vp, out)
+        _task(np.int64(t), nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink,
+              sink_mode, kt, vp, out)  # t as int64: one compile of _task whichever type the parfor gives t
 
 
 @njit(cache=True, nogil=True)
@@ -188,10 +188,10 @@ def _task(t, nblk, q, pk, pv, past_b, total_b, kbase, params, causal, window, bi
     sc = np.empty((R, Lp), np.float32)
     o = np.empty((R, Dv), np.float32)
     if p1 > p0:
-        blocked_cols(qa, kt[bk], sc, p0, p1, 0, D, True)
+        blocked_cols(qa, kt[bk], sc, p0, p1, np.int64(0), D, True)  # no literal: one compile for both calls
         _softmax_rows(sc, r0, R, group, kh, b, past, T, klo, khi, params, causal, window, bias, has_bias,
                       kbase[b], sink, sink_mode)
-        blocked_cols(sc, vp[bk], o, 0, Dv // PANEL, klo, khi, True)
+        blocked_cols(sc, vp[bk], o, np.int64(0), Dv // PANEL, klo, khi, True)
     else:
         for i in range(R):  # no key in range for any row: zeros, as the row kernel gives
             for d in range(Dv):

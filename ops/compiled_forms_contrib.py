@@ -25,12 +25,14 @@ from numba import njit, prange
 
 from . import compiled_forms as _cf
 from . import contrib_quant as _cq
+from ._common import constant_twin
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, float_only, product_expr, raise_on, form
 
-__all__ = ["mnb_f32"]
+__all__ = ["mnb_f32", "mnb_f32_mlas"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
+_MLAS = False  # MLAS's int4 order compiled in (the ``_mlas`` twins; see ``_common.constant_twin``)
 
 
 def _s(x):
@@ -53,7 +55,8 @@ TILE_ELEMS = _cq.TILE_ELEMS
 @njit(**_OPTS)
 def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, mlas):
     """MatMulNBits over A (M, K) float32: (out (M, N), error code into ``MNB_ERRORS``).  zp_mode 0 none, 1 packed
-    uint8, 2 float; ``mlas``: the int4 path's order (``_cq.mlas_path``: 0 blockwise, else MLAS's for a host)."""
+    uint8, 2 float; ``mlas``: the int4 path's order (``_cq.mlas_path``: 0 blockwise, else MLAS's for a host),
+    which only the twin ``mnb_f32_mlas`` compiles (``_MLAS``)."""
     nb = (K + bs - 1) // bs
     blob = bs * bits // 8
     M = a2.shape[0]
@@ -77,7 +80,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, m
         pass
     elif bits == 4 and quant and bs % 16 == 0:  # _cq.int4_path
         qi, sct, zft = _cq.int4_layout(b3, sc, zf, has_zp)
-        if mlas:
+        if _MLAS and mlas:
             if has_bias and bias.size != N:
                 return np.empty((0, 0), np.float32), 5
             _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES, bias, has_bias,
@@ -223,14 +226,14 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 @njit(**_OPTS)
 def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
     """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: nonzero, in
-    that MLAS order (``_cq.gemv_q4i8_mlas``, which adds the bias itself)."""
+    that MLAS order (``_cq.gemv_q4i8_mlas``, which adds the bias itself), in the twin ``gemv_q4i8_t_mlas``."""
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
     if has_bias and bias.size != N:
         return np.empty((0, 0), np.float32), 5
     out = np.empty((a2.shape[0], N), np.float32)
     parallel = qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES
-    if mlas:
+    if _MLAS and mlas:
         _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
         return out, 0
     _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel)
@@ -239,6 +242,10 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
             for n in range(N):
                 out[m, n] += bias[n]
     return out, 0
+
+
+mnb_f32_mlas = constant_twin(mnb_f32, "_mlas", _MLAS=True)
+gemv_q4i8_t_mlas = constant_twin(gemv_q4i8_t, "_mlas", _MLAS=True)
 
 
 def _valid(m, b, scales, zp, zp_mode) -> bool:
@@ -288,7 +295,8 @@ def _matmul_nbits(e, m):
         if zp_mode < 0:
             raise Decline("zero point dtype")
     quant = m.level4 and zp_mode != 2
-    k = e.use(__name__, "mnb_f32")
+    order = _cq.mlas_path(bs)
+    k = e.use(__name__, "mnb_f32_mlas" if order else "mnb_f32")
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]
     zp = "{i3}.reshape(({i3}.size,))" if zp_mode else "np.zeros(1, np.float32)"
     bias = "{i5}.reshape(({i5}.size,))" if e.has(5) else "np.zeros(1, np.float32)"
@@ -300,15 +308,16 @@ def _matmul_nbits(e, m):
         else:
             packed = _repack(m, e.const(1), e.const(2), e.const(3), zp_mode)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
-            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), {bits}, {bs}, {quant}, {_cq.mlas_path(bs)})")
+            f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), "
+            f"{bits}, {bs}, {quant}, {order})")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
-        g = e.use(__name__, "gemv_q4i8_t")
+        g = e.use(__name__, "gemv_q4i8_t_mlas" if order else "gemv_q4i8_t")
         # Every row count runs over the repacked codes (prefill as fast as the dequantized tiles + BLAS, measured
         # at 256 rows), so the original B is never read after plan time and its pages can be released.
         e.line(f"{{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
                f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)}, "
-               f"{_cq.mlas_path(bs)})")
+               f"{order})")
     elif packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")

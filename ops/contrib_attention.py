@@ -111,7 +111,7 @@ def _gqa_prefill_kernel(q, pk, pv, past_b, total_b, kbase, params, causal, windo
             out[b, s, h, d] = acc_v[d]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # a dispatch only: inlined, no compiled level of its own
 def gqa_prefill(q, pk, pv, past_b, total_b, kbase, params, causal, window, bias, has_bias, sink, sink_mode, qk,
                 qk_mode, out):
     """Attention of several query rows, arguments as ``_gqa_prefill_kernel``'s: the blocked products of

@@ -186,15 +186,16 @@ def _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified
 
 @njit(**_OPTS)
 def _rows(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas):
-    """Every row norm of ``x`` (see ``_row``)."""
+    """Every row norm of ``x`` (see ``_row``).  Both drivers pass the row as uint64 (the type ``prange`` gives
+    it), so ``_row`` and the kernels below it compile once for the two."""
     for r in range(x.shape[0]):
-        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, r)
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, np.uint64(r))
 
 
 @njit(parallel=True, **_OPTS)
 def _rows_par(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas):
     for r in prange(x.shape[0]):
-        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, r)
+        _row(x, skip, bias, ssum, scale, beta, y, mean_out, inv_out, eps, simplified, mlas, np.uint64(r))
 
 
 @njit(fastmath=FAST, **_OPTS)

@@ -357,13 +357,13 @@ def _prep_rows_par(a2, r0, take, bs, aq, ascale, asum):
         _prep_a_i8(a2[r0 + r], bs, aq[r], ascale[r], asum[r])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # a dispatch only: inlined, no compiled level of its own
 def _q4i8_pass(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, parallel):
     """One pass of ``_simd.ROWS`` rows over every column group, on the thread pool or on this thread."""
     if parallel:
         _q4i8_par(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y)
     else:
-        _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, 0, qi.shape[0])
+        _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, np.int64(0), qi.shape[0])
 
 
 @njit(cache=True, nogil=True)
@@ -388,7 +388,7 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
         while M - done >= PAD_ROWS_MIN:
             take = min(R, M - done)  # fewer than R rows: the last one repeated fills the pass
             if parallel and nb >= PREP_PARALLEL_BLOCKS:
-                _prep_rows_par(a2, done, take, bs, aqr, ascr, asur)
+                _prep_rows_par(a2, np.int64(done), take, bs, aqr, ascr, asur)
             else:
                 for r in range(take):
                     _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asur[r])
@@ -416,7 +416,7 @@ def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
         if parallel:
             _q4i8_par(qi, aq, ascale, asum, zt, z, zft, has_zp, sct, y)
         else:
-            _q4i8_groups(qi, aq, ascale, asum, zt, z, zft, has_zp, sct, y, 0, G)
+            _q4i8_groups(qi, aq, ascale, asum, zt, z, zft, has_zp, sct, y, np.int64(0), G)
         for n in range(N):
             out[m, n] = y[n]
 

@@ -29,18 +29,20 @@ from numba import njit
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _mlas_attention as ma
 from . import contrib_attention as ca
-from ._common import mlas_order, raise_coded
+from ._common import constant_twin, mlas_order, raise_coded
 from ._simd import AVX512
 from .attention import rope_tok_kernel
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["Gqa", "bind_gqa", "gqa_inputs", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
-           "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk"]
+           "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk", "gqa_f32_mlas", "driver"]
 
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
+_MLAS = False       # ``gqa_f32_mlas``: MLAS's order (a compile-time constant: see ``_common.constant_twin``)
+_FLASH = not AVX512  # the flash kernels compiled in: MLAS's order, or a host without the blocked prefill kernel
 
 
 class Gqa(NamedTuple):
@@ -246,7 +248,7 @@ def mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal):
     return causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0 and not windowed
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)  # a dispatch only: inlined into the driver, no compiled level of its own
 def _attend(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
             qk, qk_mode):
     """Attention of q4 (B, S, H, D) over the caches kc/vc (B, kvH, L, D): out (B, S, H, D).  One new row
@@ -342,16 +344,18 @@ def rotate_qk(q4, k4, pos, cosc, sinc, interleaved):
 @njit(**_OPTS)
 def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, sinc, pos_ids, has_pos, bias,
             has_bias, sink, has_sink, H, kvH, scale, softcap, window, rotary, interleaved, smooth, causal, windowed,
-            share, qk_mode, fresh_k, fresh_v, mlas, l2, ort_threads):
+            share, qk_mode, fresh_k, fresh_v, l2, ort_threads):
     """GroupQueryAttention on float32 arrays (absent inputs as small dummies with their flag False):
     ``(error code, output (B, S, H * D), present_key, present_value, qk (B, H, S, total) or a dummy)``.
     ``share``: the past buffers may be written and returned as the present (kv_share_buffer's donated caches),
     which happens when they have room for the total; ``qk_mode`` > 0 fills ``qk`` (1 scores, 2 probabilities).
     ``fresh_k``/``fresh_v``: zero-filled present buffers of the step's shape, taken when they fit (the CPU
     wrapper's, from ``np.zeros``, which the OS zeroes lazily: a long cache costs its live rows, not its
-    length); any other shape (the form's dummies) and the driver allocates its own.  ``mlas``: the rotary and the
-    attention in MLAS's order (``ops/_mlas_attention``) where onnxruntime runs its flash kernels (``mlas_step``),
-    ``l2`` and ``ort_threads`` the host's L2 cache bytes and onnxruntime's thread count they depend on."""
+    length); any other shape (the form's dummies) and the driver allocates its own.  ``gqa_f32_mlas``, the same
+    source with ``_MLAS`` set, runs the rotary and the attention in MLAS's order (``ops/_mlas_attention``) where
+    onnxruntime runs its flash kernels (``mlas_step``), ``l2`` and ``ort_threads`` the host's L2 cache bytes and
+    onnxruntime's thread count they depend on; this one compiles none of those kernels on a host with AVX-512
+    (``_FLASH``)."""
     z4 = np.zeros((1, 1, 1, 1), np.float32)
     err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
         query.shape, key.shape, value.shape, packed, pk.shape, pv.shape, has_past, seqlens, total, H, kvH,
@@ -361,16 +365,18 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
-    eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
-    use_mlas = mlas and eligible
-    # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any case:
-    # on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).
-    flash = use_mlas or (eligible and S > 1 and not AVX512)
+    use_mlas = flash = False
+    if _FLASH:
+        eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
+        use_mlas = _MLAS and eligible
+        # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any
+        # case: on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).
+        flash = use_mlas or (eligible and S > 1 and not AVX512)
     if rotary:
         err, pos = gqa_positions(pos_ids, has_pos, abs_past, totals, S, cosc.shape, sinc.shape, D)
         if err:
             return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
-        if use_mlas:
+        if _FLASH and use_mlas:
             q4 = ma.rope_mlas(q4, pos, cosc, sinc, interleaved)
             k4 = ma.rope_mlas(k4, pos, cosc, sinc, interleaved)
         else:
@@ -384,11 +390,12 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         pres_k, pres_v = pk, pv
     elif fresh_k.shape == (B, kvH, rows, D) and fresh_v.shape == (B, kvH, rows, D):
         pres_k, pres_v = fresh_k, fresh_v
-        _presents(pk, pv, has_past, past_b, pres_k, pres_v, S, False)
+        # plain flags (np.bool_, not literals): one compile of _presents for both calls
+        _presents(pk, pv, has_past, past_b, pres_k, pres_v, S, np.bool_(False))
     else:
         pres_k = np.empty((B, kvH, rows, D), np.float32)
         pres_v = np.empty((B, kvH, rows, D), np.float32)
-        _presents(pk, pv, has_past, past_b, pres_k, pres_v, S, True)
+        _presents(pk, pv, has_past, past_b, pres_k, pres_v, S, np.bool_(True))
     ca.cache_write(past_b, k4, pres_k)
     ca.cache_write(past_b, v4, pres_v)
     params = np.empty(2, np.float32)
@@ -397,7 +404,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     att_total = past_b + n_new if windowed else totals
     sink_mode = 2 if has_sink else (1 if smooth else 0)
     qk = np.zeros((B, H, S, total), np.float32) if qk_mode else z4
-    if flash:
+    if _FLASH and flash:
         out = np.empty((B, S, H, D), np.float32)
         ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out, window, bias, has_bias)
         return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
@@ -406,6 +413,14 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if windowed:
         pres_k, pres_v = _evict(pres_k, pres_v, past_b, n_new, totals, P, window)
     return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
+
+
+gqa_f32_mlas = constant_twin(gqa_f32, "_mlas", _MLAS=True, _FLASH=True)
+
+
+def driver(mlas: bool):
+    """The driver for a node: ``gqa_f32_mlas`` when MLAS's order is asked for (float32 steps), else ``gqa_f32``."""
+    return gqa_f32_mlas if mlas else gqa_f32
 
 
 # -- the CPU wrapper and the region form -------------------------------------------------------------
@@ -442,15 +457,14 @@ def _cpu(b: Gqa, ctx):
             L = max(total, 0 if pk is None else pk.shape[2])
             fk, fv = np.zeros((B, b.kvH, L, D), np.float32), np.zeros((B, b.kvH, L, D), np.float32)
         qf = _f32(q)
-        err, y, pres_k, pres_v, qk = gqa_f32(
+        err, y, pres_k, pres_v, qk = driver(mlas and dtype == F32)(
             qf, qf if k is None else _f32(k), qf if v is None else _f32(v), k is None,
             _Z4 if pk is None else _f32(pk), _Z4 if pv is None else _f32(pv), pk is not None,
             np.asarray(sl).reshape(-1).astype(np.int64), total, _ZC if cos is None else _f32(cos),
             _ZC if sin is None else _f32(sin), _ZP if pos is None else positions_2d(pos), pos is not None,
             _Z4 if bias is None else _f32(bias), bias is not None, _Z1 if sink is None else _f32(sink),
             sink is not None, b.H, b.kvH, b.scale, b.softcap, b.window, b.rotary, b.interleaved, b.smooth, b.causal,
-            b.windowed, False, b.qk_output if want_qk else 0, fk, fv, mlas and dtype == F32, ma.L2_BYTES,
-            ma.ORT_THREADS)
+            b.windowed, False, b.qk_output if want_qk else 0, fk, fv, ma.L2_BYTES, ma.ORT_THREADS)
         if err:
             raise_gqa_error(err)
         if dtype != F32:
@@ -483,8 +497,8 @@ def _form(e, b: Gqa):
            "{i9}.reshape(({i9}.shape[0], {i9}.size // max({i9}.shape[0], 1))).astype(np.int64)" if e.rank(9) == 2
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
-    g = e.use(__name__, "gqa_f32")
     mlas = mlas_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
+    g = e.use(__name__, "gqa_f32_mlas" if mlas else "gqa_f32")
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "
@@ -492,7 +506,7 @@ def _form(e, b: Gqa):
            f"{'{i7}' if has(7) else zc}, {'{i8}' if has(8) else zc}, {pos}, {has(9)}, "
            f"{'{i10}' if has(10) else z4}, {has(10)}, {'{i11}' if has(11) else z1}, {has(11)}, {b.H}, {b.kvH}, "
            f"{b.scale!r}, {b.softcap!r}, {b.window}, {b.rotary}, {b.interleaved}, {b.smooth}, {b.causal}, "
-           f"{b.windowed}, {share}, 0, {z4}, {z4}, {mlas}, {ma.L2_BYTES}, {ma.ORT_THREADS})")
+           f"{b.windowed}, {share}, 0, {z4}, {z4}, {ma.L2_BYTES}, {ma.ORT_THREADS})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GQA_ERRORS.items()])
     e.declare(0, F32, 3)
     for k, var in ((1, "{p}_pk"), (2, "{p}_pv")):

@@ -342,6 +342,43 @@ def test_layers_that_differ_in_an_attribute_do_not_share_code():
     np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_kernels_called_from_a_region_compile_once_for_any_flag_values():
+    """The region pipeline types a constant passed to a kernel by its plain type: the norm and the skip norm
+    (``has_skip``, ``want_stats`` ... written as constants) share one compile of ``row_norm``."""
+    from ops import contrib_norm
+    n = 8
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], epsilon=1e-6, axis=-1),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["y", "x", "g"], ["w", "", "", "sum"], domain=MS,
+                         epsilon=1e-5),
+    ]
+    inits = [numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "g")]
+    model = _model(nodes, [_vi("x", F, ["b", "s", n])], [_vi("w", F, None)], inits)
+    fused = _check(model, {"x": RNG.standard_normal((2, 3, n)).astype(np.float32)}, len(nodes), exact=False)
+    assert len({r.module_name for r in fused.plan.regions}) == 1
+    sigs = [s for s in contrib_norm.row_norm.signatures if s[0].ndim == 3 and str(s[0].dtype) == "float32"]
+    assert sigs and not any("Literal" in str(t) for s in sigs for t in s), sigs
+
+
+def test_a_constant_twin_compiles_only_its_own_branch():
+    """``_common.constant_twin``: a branch on a global the twin fixes is dropped before typing, so the kernel
+    only the other value calls is never compiled."""
+    from numba import njit
+    from ops import _common
+    g = {"_FLAG": False, "np": np}
+    exec(compile("def heavy(x):\n    return x * 2\n"
+                 "def light(x):\n    return x + 1\n"
+                 "def f(x):\n    if _FLAG and x > 0:\n        return heavy(x)\n    return light(x)\n",
+                 __file__, "exec"), g)
+    g["heavy"], g["light"] = njit(g["heavy"]), njit(g["light"])
+    f = njit(g["f"])
+    assert f(3) == 4 and not g["heavy"].signatures
+    twin = _common.constant_twin(f, "_on", _FLAG=True)
+    assert twin(3) == 6 and g["heavy"].signatures and f(3) == 4
+    with pytest.raises(NameError, match="_NOT_THERE"):
+        _common.constant_twin(f, "_x", _NOT_THERE=True)
+
+
 def test_an_error_inside_a_shared_layer_names_that_layers_node():
     nodes = []
     for l in range(4):

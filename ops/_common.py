@@ -308,7 +308,8 @@ def constant_twin(dispatcher, suffix, **constants):
     if missing:
         raise NameError(f"constant_twin of {f.__qualname__}: no module global {', '.join(missing)} to replace")
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("nopython", "boundscheck")}
-    return njit(cache=True, **opts)(_renamed(f, suffix, {**f.__globals__, **constants}))
+    cached = type(dispatcher._cache).__name__ != "NullCache"  # cached as the original is
+    return njit(cache=cached, **opts)(_renamed(f, suffix, {**f.__globals__, **constants}))
 
 
 class Plain(NamedTuple):

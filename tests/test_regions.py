@@ -3,6 +3,7 @@ gives the per-node plan's results, declines what it cannot express, and names th
 import numpy as np
 
 import pytest
+from numba import njit
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime import InferenceSession, SessionOptions
@@ -360,23 +361,35 @@ def test_kernels_called_from_a_region_compile_once_for_any_flag_values():
     assert sigs and not any("Literal" in str(t) for s in sigs for t in s), sigs
 
 
+_TWIN_FLAG = False
+
+
+@njit(cache=False)
+def _heavy(x):
+    return x * 2
+
+
+@njit(cache=False)
+def _light(x):
+    return x + 1
+
+
+@njit(cache=False)
+def _flagged(x):
+    if _TWIN_FLAG and x > 0:
+        return _heavy(x)
+    return _light(x)
+
+
 def test_a_constant_twin_compiles_only_its_own_branch():
     """``_common.constant_twin``: a branch on a global the twin fixes is dropped before typing, so the kernel
     only the other value calls is never compiled."""
-    from numba import njit
     from ops import _common
-    g = {"_FLAG": False, "np": np}
-    exec(compile("def heavy(x):\n    return x * 2\n"
-                 "def light(x):\n    return x + 1\n"
-                 "def f(x):\n    if _FLAG and x > 0:\n        return heavy(x)\n    return light(x)\n",
-                 __file__, "exec"), g)
-    g["heavy"], g["light"] = njit(g["heavy"]), njit(g["light"])
-    f = njit(g["f"])
-    assert f(3) == 4 and not g["heavy"].signatures
-    twin = _common.constant_twin(f, "_on", _FLAG=True)
-    assert twin(3) == 6 and g["heavy"].signatures and f(3) == 4
+    assert _flagged(3) == 4 and not _heavy.signatures
+    twin = _common.constant_twin(_flagged, "_on", _TWIN_FLAG=True)
+    assert twin(3) == 6 and _heavy.signatures and _flagged(3) == 4
     with pytest.raises(NameError, match="_NOT_THERE"):
-        _common.constant_twin(f, "_x", _NOT_THERE=True)
+        _common.constant_twin(_flagged, "_x", _NOT_THERE=True)
 
 
 def test_an_error_inside_a_shared_layer_names_that_layers_node():

@@ -25,7 +25,9 @@ arguments, so equal layers generate the same text, hence the same module, compil
 48-layer model of one width share every function, and compile time and memory do not grow with depth.
 The first run of a plan shows a progress bar over the kinds it compiles (``CompileProgress``) and deletes
 and recompiles a damaged Numba cache file it reads (``repair_cache``); a cache folder that cannot be
-written costs a warning, never the session.
+written costs a warning, never the session.  The functions compile under ``region_compiler.RegionCompiler``,
+which types the constants a block passes to a kernel plainly, so that blocks differing only in flag values
+(and the wrappers, calling from Python) share each kernel's one compile.
 
 Invariants:
 - every array inside a region is C-contiguous (feeds are made contiguous by

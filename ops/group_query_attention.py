@@ -498,7 +498,7 @@ def _form(e, b: Gqa):
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
     mlas = mlas_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
-    g = e.use(__name__, "gqa_f32_mlas" if mlas else "gqa_f32")
+    g = e.use(__name__, driver(mlas).py_func.__name__)  # the twin's function carries its own name
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "

@@ -292,7 +292,8 @@ def serial_twin(dispatcher, suffix="_serial"):
     """``dispatcher``'s source compiled without ``parallel`` (``prange`` becomes ``range``), cached apart."""
     f = dispatcher.py_func
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython", "boundscheck")}
-    return njit(cache=True, **opts)(_renamed(f, suffix, f.__globals__))
+    return njit(cache=True, pipeline_class=dispatcher._compiler.pipeline_class, **opts)(
+        _renamed(f, suffix, f.__globals__))
 
 
 def constant_twin(dispatcher, suffix, **constants):
@@ -308,8 +309,9 @@ def constant_twin(dispatcher, suffix, **constants):
     if missing:
         raise NameError(f"constant_twin of {f.__qualname__}: no module global {', '.join(missing)} to replace")
     opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("nopython", "boundscheck")}
-    cached = type(dispatcher._cache).__name__ != "NullCache"  # cached as the original is
-    return njit(cache=cached, **opts)(_renamed(f, suffix, {**f.__globals__, **constants}))
+    cached = type(dispatcher._cache).__name__ != "NullCache"  # cached and compiled as the original is
+    return njit(cache=cached, pipeline_class=dispatcher._compiler.pipeline_class, **opts)(
+        _renamed(f, suffix, {**f.__globals__, **constants}))
 
 
 class Plain(NamedTuple):

@@ -26,6 +26,7 @@ from numba import njit, prange
 from . import compiled_forms as _cf
 from . import contrib_quant as _cq
 from ._common import constant_twin
+from ._glue import GlueCompiler
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, float_only, product_expr, raise_on, form
 
@@ -223,7 +224,7 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
     return out, 0
 
 
-@njit(**_OPTS)
+@njit(pipeline_class=GlueCompiler, **_OPTS)
 def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
     """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: nonzero, in
     that MLAS order (``_cq.gemv_q4i8_mlas``, which adds the bias itself), in the twin ``gemv_q4i8_t_mlas``."""

@@ -59,6 +59,7 @@ from runtime.errors import InvalidAttributeError
 from . import _simd
 from ._common import F32, mlas_order, raise_coded
 from ._fastmath import FAST
+from ._glue import GlueCompiler
 from .registry import op
 
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
@@ -366,7 +367,7 @@ def _q4i8_pass(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, parallel):
         _q4i8_groups(qi, aq, ascale, asum, zt, zdef, zft, has_zp, sct, y, np.int64(0), qi.shape[0])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, pipeline_class=GlueCompiler)
 def gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel):
     """out [M, N] = A [M, K] @ dequant(B)^T on the int8-activation kernels (``int4_layout`` arrays;
     ``parallel`` splits the columns over the thread pool): ``_simd.ROWS`` rows at a time through one pass

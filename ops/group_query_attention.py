@@ -30,6 +30,7 @@ from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMis
 from . import _mlas_attention as ma
 from . import contrib_attention as ca
 from ._common import constant_twin, mlas_order, raise_coded
+from ._glue import GlueCompiler
 from ._simd import AVX512
 from .attention import rope_tok_kernel
 from .forms import Decline, float_only, raise_on, form
@@ -341,7 +342,7 @@ def rotate_qk(q4, k4, pos, cosc, sinc, interleaved):
     return q4, k4
 
 
-@njit(**_OPTS)
+@njit(pipeline_class=GlueCompiler, **_OPTS)
 def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, sinc, pos_ids, has_pos, bias,
             has_bias, sink, has_sink, H, kvH, scale, softcap, window, rotary, interleaved, smooth, causal, windowed,
             share, qk_mode, fresh_k, fresh_v, l2, ort_threads):

@@ -21,12 +21,14 @@ from __future__ import annotations
 import operator
 
 from numba.core import ir
-from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler import CompilerBase
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.dispatcher import Dispatcher
 from numba.core.ir_utils import get_definition, guard
 from numba.core.typed_passes import NopythonTypeInference
 from numba.core.untyped_passes import LiteralPropagationSubPipelinePass
+
+from ops._glue import glue_pipeline
 
 __all__ = ["RegionCompiler", "PlainConstantArgs"]
 
@@ -71,10 +73,11 @@ class PlainConstantArgs(FunctionPass):
 
 
 class RegionCompiler(CompilerBase):
-    """Numba's nopython pipeline with ``PlainConstantArgs`` before the passes that type calls."""
+    """Numba's nopython pipeline with ``PlainConstantArgs`` before the passes that type calls, lowering as glue
+    (``ops._glue``): a region's work is in the kernels it calls, which are not optimized a second time."""
 
     def define_pipelines(self):
-        pm = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pm = glue_pipeline(self.state)
         # Before the first pass that types calls: literal propagation's partial type inference already
         # compiles the callees it resolves.
         at = next(k for k, (cls, _) in enumerate(pm.passes)

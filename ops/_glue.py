@@ -1,0 +1,77 @@
+"""The Numba pipeline for glue functions: drivers whose work is done by the kernels they call.
+
+Numba links every callee's compiled module into its caller's and then runs LLVM's whole O3 module pipeline over
+the result, so a driver re-optimizes every kernel below it, and a generated region re-optimizes the drivers and
+kernels below it again.  The callees arrive already optimized (each was finalized when it compiled), so that
+second pass mostly repeats work: at the 24-layer package's sizes it was about 7 s of a cold start's region
+compiles and 2.5 s of GroupQueryAttention's driver.
+
+``GlueCompiler`` is Numba's nopython pipeline with one change, in the code library its functions are lowered
+into (``GlueLibrary``): the function's own module is optimized at O3 *before* the callees are linked in, and
+the linked whole then gets only Numba's cheap module pass (the one that prunes reference-count pairs).
+
+Invariants:
+- numerics are those of the default pipeline: every instruction of a callee is the code its own compile
+  optimized, and the function's own code gets the same O3 pipeline, only without the callees' bodies in view;
+- what is lost is inlining a callee into the glue: a loop in a glue function that calls a small jitted helper
+  per element makes a call per element.  Such loops belong in a kernel (compiled by the default pipeline) or in
+  an ``inline="always"`` helper, which Numba inlines before lowering;
+- the machine code and its on-disk cache entry are made as for any other function.
+"""
+from __future__ import annotations
+
+from numba.core.codegen import JITCodeLibrary
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import LoweringPass, register_pass
+from numba.core.typed_passes import NativeLowering
+
+__all__ = ["GlueCompiler", "GlueLibrary", "glue_pipeline"]
+
+
+class GlueLibrary(JITCodeLibrary):
+    """A code library whose own module is optimized before linking, and the linked whole only cheaply."""
+
+    def finalize(self):
+        mpm, mpb = self._codegen._module_pass_manager()  # the default O3 module pipeline, on this code alone
+        mpm.run(self._final_module, mpb)
+        super().finalize()  # links the callees, then runs _optimize_final_module below
+
+    def _optimize_final_module(self):
+        cg = self._codegen
+        mpm, mpb = cg._module_pass_manager(loop_vectorize=cg._loopvect, slp_vectorize=False, opt=cg._opt_level,
+                                           cost="cheap")
+        mpm.run(self._final_module, mpb)
+
+
+@register_pass(mutates_CFG=False, analysis_only=False)
+class UseGlueLibrary(LoweringPass):
+    """Lower into a ``GlueLibrary`` (Numba's lowering pass otherwise makes a default library)."""
+
+    _name = "onnx_numba_glue_library"
+
+    def __init__(self):
+        LoweringPass.__init__(self)
+
+    def run_pass(self, state):
+        if state.library is None:
+            state.library = GlueLibrary(state.targetctx.codegen(), state.func_id.func_qualname)
+            state.library.enable_object_caching()  # so that the cache can serialize it, as Numba's pass does
+        return False
+
+
+def glue_pipeline(state):
+    """Numba's nopython pass manager with ``UseGlueLibrary`` before lowering; not finalized, so that a
+    subclass can add passes."""
+    pm = DefaultPassBuilder.define_nopython_pipeline(state)
+    at = next(k for k, (cls, _) in enumerate(pm.passes) if cls is NativeLowering)
+    pm.passes.insert(at, (UseGlueLibrary, "lower into a library that does not re-optimize its callees"))
+    return pm
+
+
+class GlueCompiler(CompilerBase):
+    """Numba's nopython pipeline, lowering into a ``GlueLibrary``: ``@njit(pipeline_class=GlueCompiler)``."""
+
+    def define_pipelines(self):
+        pm = glue_pipeline(self.state)
+        pm.finalize()
+        return [pm]

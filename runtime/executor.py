@@ -244,11 +244,27 @@ class Plan:
         names = [o for k in range(i, end_i) for o in L["graph"].nodes[k].outputs if o]
         return {n for n in names if L["last_use"][L["slot_of"][n]] >= end_i}
 
+    def _returned(self, i, end_i):
+        """The values the region over nodes [i, end_i) returns: those read after it, and those at the positions
+        any region of its node signatures returns, so that regions of one structure generate one source (a
+        value nobody reads is then returned and dropped, never a second compile)."""
+        L = self._layout
+        if "returned_at" not in L:
+            by_kind, produced_at = {}, {}
+            for a, b, em in L["regions"]:
+                produced = [o for k in range(a, b) for o in L["graph"].nodes[k].outputs if o]
+                read = self._read_after(a, b)
+                key = tuple(e.signature() for e in em)
+                by_kind.setdefault(key, set()).update(j for j, o in enumerate(produced) if o in read)
+                produced_at[a] = (key, produced)
+            L["returned_at"] = {a: {produced[j] for j in by_kind[key]} for a, (key, produced) in produced_at.items()}
+        return self._read_after(i, end_i) | L["returned_at"].get(i, set())
+
     def _region_step(self, i, end_i, emitted):
         """(step, Region, end_i) for the compiled region over nodes [i, end_i)."""
         from .regions import Region
         L = self._layout
-        reg = Region(L["graph"].nodes[i:end_i], emitted, self._read_after(i, end_i), L["slot_of"])
+        reg = Region(L["graph"].nodes[i:end_i], emitted, self._returned(i, end_i), L["slot_of"])
         return self._group_step(i, end_i, reg.run, reg.in_slots, reg.out_slots), reg, end_i
 
     def _segment_step(self, i, end_i):

@@ -184,6 +184,11 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
                 FuseGatedActivation()(graph).modified and provider == CUDA_PROVIDER:
             FuseGatedMatMul()(graph)
             FuseGatedMatMulNBits()(graph)
+    if getattr(options, "graph_optimization_level", 99) and getattr(options, "compiled_regions", False) \
+            and provider != CUDA_PROVIDER:
+        # The last layer's closing norm exposes the residual sum as the others do: one region kind, not two.
+        from .passes.layer_kinds import ExposeSkipSums
+        ExposeSkipSums()(graph)
     return graph
 
 

@@ -204,7 +204,9 @@ def test_regions_are_off_by_default_and_source_is_reused():
 
 
 def test_native_decoder_runs_one_region_per_step():
-    """The pipeline's native decoder compiles the whole llama decoder step into one region."""
+    """The pipeline's native decoder runs the whole llama decoder step as compiled regions: the embedding, one
+    call per layer (both layers one kind, the last layer's norm exposing its residual sum as the first's does),
+    and the head."""
     import os
     from pipeline.backends import BackendChoice
     from pipeline.metadata import load_package
@@ -214,7 +216,8 @@ def test_native_decoder_runs_one_region_per_step():
     spec = load_package(pkg)
     pipe = Pipeline(spec, BackendChoice(set(), True, "cpu"))
     plan = pipe.decoder.session.plan
-    assert len(plan.regions) == 1 and len(plan.steps) == 1
+    assert len(plan.regions) == len(plan.steps) == 4
+    assert len({r.module_name for r in plan.regions}) == 3
     assert _covered(pipe.decoder.session) == len(plan.graph.nodes)
 
 
@@ -327,6 +330,57 @@ def test_identical_layers_compile_one_function_per_kind_at_any_depth():
     assert all(len(r.fn.signatures) == 1 for r in six.plan.regions)
     np.testing.assert_allclose(twelve.run(None, feeds6)[0], InferenceSession(_stack(12)).run(None, feeds6)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def _skip_stack(n_layers, width=8):
+    """Layers closed by a skip norm, as decoder exports write them: each norm hands the next layer its residual
+    sum (output 3), except the last, which has no reader for it and lacks the output."""
+    r = np.random.default_rng(2)
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "g_in"], ["n0"], epsilon=1e-6, axis=-1)]
+    inits = [numpy_helper.from_array(r.standard_normal(width).astype(np.float32), "g_in")]
+    for l in range(n_layers):
+        last = l == n_layers - 1
+        nodes += [helper.make_node("MatMul", [f"n{l}", f"w{l}"], [f"h{l}"]),
+                  helper.make_node("Sigmoid", [f"h{l}"], [f"s{l}"]),
+                  helper.make_node("Mul", [f"h{l}", f"s{l}"], [f"a{l}"]),
+                  helper.make_node("MatMul", [f"a{l}", f"u{l}"], [f"d{l}"]),
+                  helper.make_node("Relu", [f"d{l}"], [f"e{l}"]),
+                  helper.make_node("SkipSimplifiedLayerNormalization", [f"e{l}", "x" if l == 0 else f"r{l}", f"g{l}"],
+                                   [f"n{l + 1}"] if last else [f"n{l + 1}", "", "", f"r{l + 1}"], domain=MS,
+                                   epsilon=1e-6)]
+        inits += [numpy_helper.from_array(r.standard_normal((width, 2 * width)).astype(np.float32), f"w{l}"),
+                  numpy_helper.from_array(r.standard_normal((2 * width, width)).astype(np.float32) * 0.1, f"u{l}"),
+                  numpy_helper.from_array(r.standard_normal(width).astype(np.float32), f"g{l}")]
+    nodes.append(helper.make_node("MatMul", [f"n{n_layers}", "head"], ["y"]))
+    inits.append(numpy_helper.from_array(r.standard_normal((width, 5)).astype(np.float32), "head"))
+    return _model(nodes, [_vi("x", F, ["b", "s", width])], [_vi("y", F, None)], inits, opset=20)
+
+
+def test_a_last_layer_without_its_residual_output_shares_the_layers_kind():
+    """``ExposeSkipSums`` gives the last layer's norm the sum its siblings return, and a region returns every
+    value its kind returns: four layers, one layer kind, the per-node plan's results."""
+    fused, plain = _sessions(_skip_stack(4))
+    layers = [r for r in fused.plan.regions if len(r.nodes) == 6]
+    assert len(layers) == 4 and len({r.module_name for r in layers}) == 1
+    assert len(_kinds(fused)) == 3  # the first norm, the layers, the head
+    for S in (3, 1):
+        feeds = {"x": RNG.standard_normal((2, S, 8)).astype(np.float32)}
+        np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_expose_skip_sums_changes_only_norms_whose_siblings_expose_the_sum():
+    from runtime.loader import load_graph
+    from runtime.ir import ValueInfo
+    from runtime.passes.layer_kinds import ExposeSkipSums
+    g = load_graph(_skip_stack(3))
+    last = [n for n in g.nodes if n.op_type == "SkipSimplifiedLayerNormalization"][-1]
+    g.value_info[last.inputs[0]] = ValueInfo(last.inputs[0], np.dtype(np.float32), ("b", "s", 8))
+    assert ExposeSkipSums()(g).modified and last.outputs[3] and last.outputs[1:3] == ["", ""]
+    assert g.value_info[last.outputs[3]].shape == ("b", "s", 8)
+    assert g.value_info[last.inputs[0]].name == last.inputs[0]  # a copy, the input's own info untouched
+    assert not ExposeSkipSums()(g).modified
+    lone = load_graph(_skip_stack(1))  # one norm, none exposing the sum: left as it is
+    assert not ExposeSkipSums()(lone).modified
 
 
 def test_layers_that_differ_in_an_attribute_do_not_share_code():
@@ -522,8 +576,9 @@ def test_warm_compiles_a_package_ahead_and_a_second_warm_compiles_nothing(capsys
     import re
     compiled, cached = (int(x) for x in re.search(r"(\d+) region kind\(s\) compiled, (\d+) already cached",
                                                   first).groups())
-    assert compiled + cached == 1  # the fixture's decoder is one kind, compiled now or by an earlier test
-    assert "warmed" in second and ": 0 region kind(s) compiled, 1 already cached" in second
+    # the fixture's decoder is three kinds (embedding, layer, head), compiled now or by an earlier test
+    assert compiled + cached == 3
+    assert "warmed" in second and ": 0 region kind(s) compiled, 3 already cached" in second
 
 
 def test_warm_with_digests_records_the_data_files_and_later_damage_fails_the_load(tmp_path, capsys):

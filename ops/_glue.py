@@ -59,12 +59,12 @@ class UseGlueLibrary(LoweringPass):
         return False
 
 
-def glue_pipeline(state):
-    """Numba's nopython pass manager with ``UseGlueLibrary`` before lowering; not finalized, so that a
-    subclass can add passes."""
+def glue_pipeline(state, library_pass=UseGlueLibrary):
+    """Numba's nopython pass manager with ``library_pass`` (``UseGlueLibrary`` or a pass like it) before
+    lowering; not finalized, so that a subclass can add passes."""
     pm = DefaultPassBuilder.define_nopython_pipeline(state)
     at = next(k for k, (cls, _) in enumerate(pm.passes) if cls is NativeLowering)
-    pm.passes.insert(at, (UseGlueLibrary, "lower into a library that does not re-optimize its callees"))
+    pm.passes.insert(at, (library_pass, "lower into a library that does not re-optimize its callees"))
     return pm
 
 

@@ -505,6 +505,19 @@ def test_a_cold_start_shows_its_progress_and_a_warm_one_prints_nothing(monkeypat
     assert "compiling" not in capfd.readouterr().err
 
 
+def test_a_region_loaded_from_the_cache_keeps_only_its_machine_code(monkeypatch, tmp_path):
+    """A region's cache entry names its symbols instead of carrying its IR for linking (nothing links a
+    region), so loading it parses no copy of the kernels below it."""
+    import sys
+    model, name = _fresh(monkeypatch, tmp_path)
+    _works(model)
+    sys.modules.pop(name)
+    sess = _works(model)  # the module imported again: Numba loads its cached entry
+    (cres,) = sess.plan.regions[0].fn.overloads.values()
+    bodies = [str(f) for f in cres.library._shared_module.functions if not f.is_declaration]
+    assert bodies and all("unreachable" in b and "call" not in b for b in bodies)
+
+
 def test_a_region_cache_that_cannot_be_created_warns_and_works(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -28,6 +28,7 @@ from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _mlas_attention as ma
+from . import _prefill_attention as pa
 from . import contrib_attention as ca
 from ._common import constant_twin, mlas_order, raise_coded
 from ._glue import GlueCompiler
@@ -37,13 +38,15 @@ from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 __all__ = ["Gqa", "bind_gqa", "gqa_inputs", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
-           "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk", "gqa_f32_mlas", "driver"]
+           "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk", "gqa_f32_mlas", "gqa_f32_blocked",
+           "blocked_prefill", "driver"]
 
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 _MLAS = False       # ``gqa_f32_mlas``: MLAS's order (a compile-time constant: see ``_common.constant_twin``)
 _FLASH = not AVX512  # the flash kernels compiled in: MLAS's order, or a host without the blocked prefill kernel
+_BLOCKED = False  # ``gqa_f32_blocked``: every several-row step on the blocked prefill (``blocked_prefill``)
 
 
 class Gqa(NamedTuple):
@@ -98,6 +101,7 @@ GQA_ERRORS = {
     12: ("ShapeMismatchError", "attention_bias must have shape (batch or 1, num_heads or 1, sequence or 1, "
                                "at least the total length)"),
     13: ("ShapeMismatchError", "head_sink must have num_heads entries"),
+    14: ("ShapeMismatchError", "the head size is not the one the plan compiled this node's blocked attention for"),
 }
 
 
@@ -250,22 +254,47 @@ def mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal):
 
 
 @njit(inline="always", **_OPTS)  # a dispatch only: inlined into the driver, no compiled level of its own
+def _decode(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
+            out):
+    """One new row without a ``qk`` output: the decode kernel (serial below ``GQA_DECODE_PARALLEL_WORK``)."""
+    B, S, H, D = q4.shape
+    if B * H * max(total, 1) * D < ca.GQA_DECODE_PARALLEL_WORK:
+        ca.gqa_decode_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias,
+                             sink, sink_mode, out)
+    else:
+        ca.gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias,
+                          sink, sink_mode, out)
+
+
+@njit(inline="always", **_OPTS)
 def _attend(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
             qk, qk_mode):
     """Attention of q4 (B, S, H, D) over the caches kc/vc (B, kvH, L, D): out (B, S, H, D).  One new row
-    without a ``qk`` output: the decode kernel (serial below ``GQA_DECODE_PARALLEL_WORK``); else the prefill."""
+    without a ``qk`` output: the decode kernel; else the prefill."""
     B, S, H, D = q4.shape
     out = np.empty((B, S, H, D), np.float32)
     if S == 1 and qk_mode == 0:
-        if B * H * max(total, 1) * D < ca.GQA_DECODE_PARALLEL_WORK:
-            ca.gqa_decode_serial(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias,
-                                 sink, sink_mode, out)
-        else:
-            ca.gqa_decode_par(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias,
-                              sink, sink_mode, out)
+        _decode(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
+                out)
     else:
         ca.gqa_prefill(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias, sink,
                        sink_mode, qk, qk_mode, out)
+    return out
+
+
+@njit(inline="always", **_OPTS)
+def _attend_blocked(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode,
+                    causal):
+    """``_attend`` where the blocked prefill serves every step of several rows (``blocked_prefill``): the
+    decode kernel or ``attend_blocked``, and the per-row prefill kernel is neither typed nor compiled."""
+    B, S, H, D = q4.shape
+    out = np.empty((B, S, H, D), np.float32)
+    if S == 1:
+        _decode(q4, kc, vc, past_b, att_total, kbase, params, total, window, bias, has_bias, sink, sink_mode, causal,
+                out)
+    else:
+        pa.attend_blocked(q4, kc, vc, past_b, att_total, kbase, params, causal, window, bias, has_bias, sink,
+                          sink_mode, out)
     return out
 
 
@@ -356,13 +385,16 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     source with ``_MLAS`` set, runs the rotary and the attention in MLAS's order (``ops/_mlas_attention``) where
     onnxruntime runs its flash kernels (``mlas_step``), ``l2`` and ``ort_threads`` the host's L2 cache bytes and
     onnxruntime's thread count they depend on; this one compiles none of those kernels on a host with AVX-512
-    (``_FLASH``)."""
+    (``_FLASH``).  ``gqa_f32_blocked`` (``_BLOCKED``) runs several-row steps on the blocked prefill only, and
+    refuses (code 14) a head size or score output that would need the per-row kernel it does not compile."""
     z4 = np.zeros((1, 1, 1, 1), np.float32)
     err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
         query.shape, key.shape, value.shape, packed, pk.shape, pv.shape, has_past, seqlens, total, H, kvH,
         windowed, window)
     if err == 0:
         err = gqa_extras(bias.shape, has_bias, sink.size, has_sink, B, H, S, totals)
+    if err == 0 and _BLOCKED and (qk_mode != 0 or not pa.usable(D, D, 0)):
+        err = 14
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
@@ -409,19 +441,32 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         out = np.empty((B, S, H, D), np.float32)
         ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out, window, bias, has_bias)
         return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
-    out = _attend(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
-                  sink.reshape((sink.size,)), sink_mode, causal, qk, qk_mode)
+    if _BLOCKED:
+        out = _attend_blocked(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
+                              sink.reshape((sink.size,)), sink_mode, causal)
+    else:
+        out = _attend(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
+                      sink.reshape((sink.size,)), sink_mode, causal, qk, qk_mode)
     if windowed:
         pres_k, pres_v = _evict(pres_k, pres_v, past_b, n_new, totals, P, window)
     return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
 
 
 gqa_f32_mlas = constant_twin(gqa_f32, "_mlas", _MLAS=True, _FLASH=True)
+gqa_f32_blocked = constant_twin(gqa_f32, "_blocked", _BLOCKED=True)
 
 
-def driver(mlas: bool):
-    """The driver for a node: ``gqa_f32_mlas`` when MLAS's order is asked for (float32 steps), else ``gqa_f32``."""
-    return gqa_f32_mlas if mlas else gqa_f32
+def blocked_prefill(head_size) -> bool:
+    """Every several-row step of a node with this head size (None: not known at plan time) and no score output
+    runs on the blocked prefill: a host with AVX-512 and a head size of whole panels."""
+    return head_size is not None and AVX512 and head_size % pa.PANEL == 0
+
+
+def driver(mlas: bool, blocked: bool = False):
+    """The driver for a node: ``gqa_f32_mlas`` when MLAS's order is asked for (float32 steps); else
+    ``gqa_f32_blocked`` where ``blocked_prefill`` holds (its steps compile no per-row prefill kernel), else
+    ``gqa_f32``."""
+    return gqa_f32_mlas if mlas else gqa_f32_blocked if blocked else gqa_f32
 
 
 # -- the CPU wrapper and the region form -------------------------------------------------------------
@@ -478,6 +523,14 @@ def _cpu(b: Gqa, ctx):
     return run
 
 
+def _head_size(e, b: Gqa):
+    """The head size the query's static width gives (None when the width is not known at plan time)."""
+    shape = getattr(e.t.value_info.get(e.node.inputs[0]), "shape", None)
+    width = shape[-1] if shape else None
+    heads = b.H if e.has(1) else b.H + 2 * b.kvH
+    return width // heads if isinstance(width, int) and width > 0 and width % heads == 0 else None
+
+
 def _form(e, b: Gqa):
     """The region form: ``gqa_f32`` called on the node's float32 values, its codes raised as the wrapper
     raises them; donated past caches (distinct, not windowed) are shared."""
@@ -499,7 +552,7 @@ def _form(e, b: Gqa):
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
     mlas = mlas_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
-    g = e.use(__name__, driver(mlas).py_func.__name__)  # the twin's function carries its own name
+    g = e.use(__name__, driver(mlas, blocked_prefill(_head_size(e, b))).py_func.__name__)  # twins carry their names
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "

@@ -183,6 +183,33 @@ def test_group_query_attention(S, past, rotary, softcap, window, heads):
     _check(model, _gqa_feeds(H, kvH, D, S, S + past, past), n, exact=False)
 
 
+@pytest.mark.parametrize("S,past", [(6, 0), (3, 5), (1, 7)])
+def test_group_query_attention_with_a_static_head_of_whole_panels(S, past):
+    """A query width known at plan time whose head size is whole panels: on a host with AVX-512 the region calls
+    ``gqa_f32_blocked``, which compiles no per-row prefill kernel, with the per-node plan's results."""
+    from ops import group_query_attention as gq
+    H, kvH, D = 4, 2, 16
+    model, n = _gqa_model(H, kvH, D, "p", do_rotary=1)
+    fused = _check(model, _gqa_feeds(H, kvH, D, S, S + past, past), n, exact=False)
+    src = "".join(r.source for r in fused.plan.regions)
+    assert gq.blocked_prefill(D) == gq.AVX512 and not gq.blocked_prefill(8) and not gq.blocked_prefill(None)
+    assert ("gqa_f32_blocked" in src) == gq.blocked_prefill(D)
+
+
+def test_the_blocked_twin_refuses_a_head_it_was_not_planned_for():
+    """A head size the blocked prefill cannot take (8 floats) is refused with code 14 before any cache is written."""
+    from ops import group_query_attention as gq
+    B, S, H, kvH, D, P = 1, 3, 2, 1, 8, 6
+    qkv = RNG.standard_normal((B, S, (H + 2 * kvH) * D)).astype(np.float32)
+    pk, pv = np.zeros((B, kvH, P, D), np.float32), np.zeros((B, kvH, P, D), np.float32)
+    z4, z1, zc = np.zeros((1, 1, 1, 1), np.float32), np.zeros(1, np.float32), np.zeros((1, 1), np.float32)
+    err = gq.gqa_f32_blocked(qkv, qkv, qkv, True, pk, pv, True, np.array([S - 1], np.int64), S, zc, zc,
+                             np.zeros((1, 1), np.int64), False, z4, False, z1, False, H, kvH, 0.0, 0.0, -1, False,
+                             False, False, True, False, True, 0, z4, z4, 1 << 20, 1)[0]
+    assert err == 14 and not pk.any() and not pv.any()
+    assert "head size" in gq.GQA_ERRORS[14][1]
+
+
 def test_a_node_without_a_form_splits_the_region():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
              helper.make_node("TopK", ["b", "k"], ["v", "i"], axis=-1),

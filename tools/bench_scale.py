@@ -5,7 +5,9 @@
 For each package, two fresh processes generate one greedy token natively: the first with empty Numba and
 region caches (a new ``NUMBA_CACHE_DIR``), the second with the caches the first left.  Each reports the
 seconds from its start to the first token, the seconds its first run spent in compiled regions' first calls,
-its peak resident memory (VmHWM) and the bytes of KV cache the decoder allocated.  A baseline process that
+its peak resident memory (VmHWM), its resident file-backed pages after the token (RssFile: code pages of shared
+libraries such as LLVM's, which Numba's start-up touches, and mapped package pages) and the bytes of KV cache
+the decoder allocated.  A baseline process that
 imports the project and loads nothing gives the interpreter's own peak, which the memory figures are taken
 above.  The last lines compare each cold compile with the first package's (give packages of one width and
 several depths: the ratio shows whether compile time grows with depth) and put each warm peak beside
@@ -30,12 +32,14 @@ mode, pkg, n_prompt, max_length = sys.argv[1], sys.argv[2], int(sys.argv[3]), in
 import runtime  # first: the CPU settings numpy reads when it loads
 import numpy as np
 import ops, runtime, pipeline.runner, pipeline.metadata, pipeline.backends  # the project, loaded
-def hwm():
+def status(key):
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
+def hwm():
+    return status("VmHWM")
 if mode == "baseline":
-    print(json.dumps({"peak_mb": hwm()}))
+    print(json.dumps({"peak_mb": hwm(), "file_mb": status("RssFile")}))
     sys.exit(0)
 from pipeline.backends import BackendChoice
 from pipeline.metadata import load_package
@@ -50,7 +54,7 @@ d = pipe.decoder
 kv = d.cache.nbytes()
 plan = d.session.plan
 print(json.dumps({"first_token_s": t1 - t0, "token": int(first), "peak_mb": hwm(), "kv_mb": kv / 2**20,
-                  "compile_s": sum(plan.compile_seconds.values()), "kinds": len({r.module_name for r in plan.regions}),
+                  "compile_s": sum(plan.compile_seconds.values()), "file_mb": status("RssFile"), "kinds": len({r.module_name for r in plan.regions}),
                   "regions": len(plan.regions), "nodes": len(plan.graph.nodes)}))
 """
 
@@ -81,7 +85,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     env = dict(os.environ, ONNX_NUMBA_PROGRESS="0")
     env.pop("ONNX_NUMBA_REGION_DIR", None)
-    base = _child("baseline", "-", env, 0, 0)["peak_mb"]
+    baseline = _child("baseline", "-", env, 0, 0)
+    base = baseline["peak_mb"]
     print(f"baseline: the interpreter with the project imported peaks at {base:.0f} MB")
     rows = []
     for pkg in args.packages:
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
               f"{cold['compile_s']:.1f} s), warm first token {warm['first_token_s']:.2f} s; peak above baseline: "
               f"warm {warm['peak_mb'] - base:.0f} MB, cold {cold['peak_mb'] - base:.0f} MB; package {disk:.0f} MB + "
               f"KV {warm['kv_mb']:.1f} MB, x1.3 = {budget:.0f} MB; tokens {cold['token']}/{warm['token']}")
+        print(f"  after the warm token, file-backed pages (shared libraries' code, the package's mapped pages) "
+              f"above baseline: {warm['file_mb'] - baseline['file_mb']:.0f} MB")
     ref = rows[0]["cold"]["first_token_s"]
     for row in rows[1:]:
         print(f"cold start {os.path.basename(row['package'].rstrip('/'))} / {os.path.basename(rows[0]['package'].rstrip('/'))}: "

@@ -22,12 +22,15 @@ repeats with some period, one piece per period, the rest cut the same way in tur
 than ``MAX_NODES`` nodes.  The generated source names values by position and nodes by index (error
 messages carry ``@nodeK@``, which ``Region.locate`` turns back into the node's name) and takes weights as
 arguments, so equal layers generate the same text, hence the same module, compiled once; a 4-layer and a
-48-layer model of one width share every function, and compile time and memory do not grow with depth.
+48-layer model of one width share every function, and compile time and memory do not grow with depth.  A piece
+returns every value that any piece of its node structure returns (the planner's ``_returned``), so a layer whose
+output nobody reads after it still generates its kind's text.
 The first run of a plan shows a progress bar over the kinds it compiles (``CompileProgress``) and deletes
 and recompiles a damaged Numba cache file it reads (``repair_cache``); a cache folder that cannot be
 written costs a warning, never the session.  The functions compile under ``region_compiler.RegionCompiler``,
 which types the constants a block passes to a kernel plainly, so that blocks differing only in flag values
-(and the wrappers, calling from Python) share each kernel's one compile.
+(and the wrappers, calling from Python) share each kernel's one compile, and lowers them as glue: the kernels
+they link are not optimized a second time.
 
 Invariants:
 - every array inside a region is C-contiguous (feeds are made contiguous by

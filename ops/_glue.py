@@ -25,7 +25,7 @@ from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import LoweringPass, register_pass
 from numba.core.typed_passes import NativeLowering
 
-__all__ = ["GlueCompiler", "GlueLibrary", "glue_pipeline"]
+__all__ = ["GlueCompiler", "GlueLibrary", "UseGlueLibrary", "glue_pipeline"]
 
 
 class GlueLibrary(JITCodeLibrary):
@@ -45,16 +45,18 @@ class GlueLibrary(JITCodeLibrary):
 
 @register_pass(mutates_CFG=False, analysis_only=False)
 class UseGlueLibrary(LoweringPass):
-    """Lower into a ``GlueLibrary`` (Numba's lowering pass otherwise makes a default library)."""
+    """Lower into a ``library`` (a ``GlueLibrary``; Numba's lowering pass otherwise makes a default one).  A
+    subclass that sets another library class registers itself under its own ``_name``."""
 
     _name = "onnx_numba_glue_library"
+    library = GlueLibrary
 
     def __init__(self):
         LoweringPass.__init__(self)
 
     def run_pass(self, state):
         if state.library is None:
-            state.library = GlueLibrary(state.targetctx.codegen(), state.func_id.func_qualname)
+            state.library = self.library(state.targetctx.codegen(), state.func_id.func_qualname)
             state.library.enable_object_caching()  # so that the cache can serialize it, as Numba's pass does
         return False
 

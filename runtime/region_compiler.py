@@ -27,7 +27,7 @@ import operator
 
 from numba.core import ir
 from numba.core.compiler import CompilerBase
-from numba.core.compiler_machinery import FunctionPass, LoweringPass, register_pass
+from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.dispatcher import Dispatcher
 from numba.core.ir_utils import get_definition, guard
 from numba.core.typed_passes import NopythonTypeInference
@@ -35,7 +35,7 @@ from numba.core.untyped_passes import LiteralPropagationSubPipelinePass
 
 from llvmlite import binding as ll
 
-from ops._glue import GlueLibrary, glue_pipeline
+from ops._glue import GlueLibrary, UseGlueLibrary, glue_pipeline
 
 __all__ = ["RegionCompiler", "RegionLibrary", "PlainConstantArgs"]
 
@@ -83,7 +83,7 @@ class RegionLibrary(GlueLibrary):
     """A region's code library, cached without the IR a caller would link.
 
     Numba's cache entry holds a function's machine code and, for callers that link it, the LLVM module of the
-    function with every kernel below it; loading the entry parses that module (at 24 layers about 12 MB for
+    function with every kernel below it; loading the entry parses that module (at 24 layers about 16 MB for
     the layer kind) and keeps it.  Nothing calls a region from compiled code, so its entry carries a module
     that only names the symbols the machine code defines, which is all the loader reads from it."""
 
@@ -101,19 +101,11 @@ class RegionLibrary(GlueLibrary):
 
 
 @register_pass(mutates_CFG=False, analysis_only=False)
-class UseRegionLibrary(LoweringPass):
+class UseRegionLibrary(UseGlueLibrary):
     """Lower into a ``RegionLibrary``."""
 
     _name = "onnx_numba_region_library"
-
-    def __init__(self):
-        LoweringPass.__init__(self)
-
-    def run_pass(self, state):
-        if state.library is None:
-            state.library = RegionLibrary(state.targetctx.codegen(), state.func_id.func_qualname)
-            state.library.enable_object_caching()
-        return False
+    library = RegionLibrary
 
 
 class RegionCompiler(CompilerBase):

@@ -11,8 +11,10 @@ into (``GlueLibrary``): the function's own module is optimized at O3 *before* th
 the linked whole then gets only Numba's cheap module pass (the one that prunes reference-count pairs).
 
 Invariants:
-- numerics are those of the default pipeline: every instruction of a callee is the code its own compile
-  optimized, and the function's own code gets the same O3 pipeline, only without the callees' bodies in view;
+- a callee runs the code its own compile optimized, the code it runs when called from Python (the default
+  pipeline may instead re-optimize it inside the caller: inlined, specialized on constant arguments, which can
+  change the order of a fast-math reduction); the function's own code gets the same O3 pipeline as by default,
+  only without the callees' bodies in view;
 - what is lost is inlining a callee into the glue: a loop in a glue function that calls a small jitted helper
   per element makes a call per element.  Such loops belong in a kernel (compiled by the default pipeline) or in
   an ``inline="always"`` helper, which Numba inlines before lowering;

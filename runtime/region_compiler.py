@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import operator
 
+from llvmlite import binding as ll
 from numba.core import ir
 from numba.core.compiler import CompilerBase
 from numba.core.compiler_machinery import FunctionPass, register_pass
@@ -32,8 +33,6 @@ from numba.core.dispatcher import Dispatcher
 from numba.core.ir_utils import get_definition, guard
 from numba.core.typed_passes import NopythonTypeInference
 from numba.core.untyped_passes import LiteralPropagationSubPipelinePass
-
-from llvmlite import binding as ll
 
 from ops._glue import GlueLibrary, UseGlueLibrary, glue_pipeline
 

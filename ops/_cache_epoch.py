@@ -19,7 +19,7 @@ import glob
 import hashlib
 import os
 
-__all__ = ["fingerprint", "refresh"]
+__all__ = ["fingerprint", "numba_cache_folder", "refresh"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _RUNTIME = os.path.join(os.path.dirname(_HERE), "runtime")
@@ -43,13 +43,30 @@ def fingerprint() -> str:
     return _FP
 
 
+def numba_cache_folder(py_file: str):
+    """The folder Numba caches the functions of the source file ``py_file`` in: its first cache locator that
+    applies, as Numba chooses (under ``NUMBA_CACHE_DIR`` a folder named for the source's folder and a hash of its
+    path; else ``__pycache__`` beside the source when writable; else a user-wide folder).  None when no locator
+    applies (Numba then caches nothing of that file)."""
+    try:
+        from numba.core import caching
+        impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")
+        for cls in impl._locator_classes:
+            loc = cls.from_function(numba_cache_folder, py_file)
+            if loc is not None:
+                return loc.get_cache_path()
+    except Exception:  # pragma: no cover - another Numba layout: only the folders beside the sources are flushed
+        pass
+    return None
+
+
 def _cache_dirs() -> list:
-    dirs = [os.path.join(d, "__pycache__") for d in (_HERE, os.path.join(_HERE, "cuda"), _RUNTIME)]
-    base = os.environ.get("NUMBA_CACHE_DIR")
-    if base:
-        # Numba mirrors a module's folder under NUMBA_CACHE_DIR.
-        for d in (_HERE, os.path.join(_HERE, "cuda"), _RUNTIME):
-            dirs.append(os.path.join(base, os.path.splitdrive(d)[1].lstrip(os.sep)))
+    folders = (_HERE, os.path.join(_HERE, "cuda"), _RUNTIME)
+    dirs = [os.path.join(d, "__pycache__") for d in folders]
+    for d in folders:
+        found = numba_cache_folder(os.path.join(d, "__init__.py"))
+        if found and found not in dirs:
+            dirs.append(found)
     return dirs
 
 

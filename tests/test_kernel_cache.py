@@ -1,9 +1,10 @@
 """Numba's on-disk caches across processes: what a second start loads must run.
 
-Each case runs fresh interpreters against one private cache folder, in the order that once crashed: a
-``parallel=True`` kernel cached by one process, a cached caller of it compiled by a second (linking the cached
-kernel), and the caller loaded from the cache by a third.  Without the package starting Numba's threading
-layer at import, the third process segfaults.
+Each case runs fresh interpreters against one private cache folder.  A parallel kernel's cached caller runs
+them in the order that once crashed: a ``parallel=True`` kernel cached by one process, a cached caller of it
+compiled by a second (linking the cached kernel), and the caller loaded from the cache by a third.  Without the
+package starting Numba's threading layer at import, the third process segfaults.  The source epoch flushes
+the folder Numba really caches in.
 """
 from __future__ import annotations
 
@@ -69,3 +70,22 @@ def test_cached_caller_of_a_parallel_kernel_loads_and_runs(tmp_path):
                            text=True, timeout=600)
         assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
             f"{step} run failed (rc {r.returncode}): {r.stdout[-500:]} {r.stderr[-2000:]}")
+
+
+
+def test_the_source_epoch_flushes_the_folder_numba_caches_in(tmp_path, monkeypatch):
+    from numba.core import config
+    from numba.core.caching import FunctionCache
+
+    from ops import _cache_epoch
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    used = FunctionCache(_cache_epoch.fingerprint)._cache_path  # where Numba caches a function of ops/
+    assert used.startswith(str(tmp_path))
+    stale = os.path.join(used, "kernel-1.py311.nbi")
+    with open(stale, "w") as fh:
+        fh.write("compiled against other kernel sources")
+    _cache_epoch.refresh()
+    assert not os.path.exists(stale)
+    with open(os.path.join(used, "onnx_numba_sources.sha1")) as fh:
+        assert fh.read().strip() == _cache_epoch.fingerprint()

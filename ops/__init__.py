@@ -8,7 +8,9 @@ import pkgutil
 
 from runtime import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 
-from . import _cache_epoch, registry  # noqa: F401
+from . import _cache_epoch, _nrt_cache, registry  # noqa: F401
+
+_nrt_cache.install()  # before anything starts Numba's runtime: its module then loads from the kernels' cache
 
 # Start Numba's threading layer now.  A cached function that calls a ``parallel=True`` kernel, when loaded from
 # the cache, jumps into the parallel launcher without starting it (Numba's loader starts it only for a cached

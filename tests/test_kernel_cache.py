@@ -3,12 +3,14 @@
 Each case runs fresh interpreters against one private cache folder.  A parallel kernel's cached caller runs
 them in the order that once crashed: a ``parallel=True`` kernel cached by one process, a cached caller of it
 compiled by a second (linking the cached kernel), and the caller loaded from the cache by a third.  Without the
-package starting Numba's threading layer at import, the third process segfaults.  The source epoch flushes
-the folder Numba really caches in.
+package starting Numba's threading layer at import, the third process segfaults.  Numba's runtime module is
+compiled by the first process that needs it and loaded by the next; a damaged entry or a folder that cannot
+be written still ends in a working runtime.  The source epoch flushes the folder Numba really caches in.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -71,6 +73,58 @@ def test_cached_caller_of_a_parallel_kernel_loads_and_runs(tmp_path):
         assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
             f"{step} run failed (rc {r.returncode}): {r.stdout[-500:]} {r.stderr[-2000:]}")
 
+
+_RUNTIME_USE = textwrap.dedent('''
+    import os, sys
+    sys.path[:0] = [sys.argv[2]]
+    import ops
+    from ops import _nrt_cache
+    if sys.argv[1] == "unwritable":
+        _nrt_cache.numba_cache_folder = lambda path: os.path.join(sys.argv[3], "no", "such", "folder")
+    import numpy as np
+    from numba import njit
+    from numba.core.runtime import rtsys
+
+    @njit
+    def f(n):  # arrays in a list: allocation, and the reference counts of the runtime module
+        parts = [np.full(3, i) for i in range(n)]
+        return sum([p.sum() for p in parts])
+
+    assert f(10) == 135
+    s = rtsys.get_allocation_stats()
+    assert s.alloc == s.free and s.mi_alloc == s.mi_free, s
+    print(_nrt_cache.last_source)
+''')
+
+
+def test_numbas_runtime_module_is_compiled_once_and_then_loaded(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(_RUNTIME_USE)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), NUMBA_NRT_STATS="1")
+
+    def run(step):
+        r = subprocess.run([sys.executable, str(script), step, ROOT, str(tmp_path)], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, f"{step} run failed (rc {r.returncode}): {r.stdout[-500:]} {r.stderr[-2000:]}"
+        return r.stdout.strip().splitlines()[-1]
+
+    def entries():
+        return sorted(cache.glob("*/onnx_numba_nrt-*.nbo"))
+
+    assert run("first") == "compiled"
+    [entry] = entries()
+    assert run("second") == "loaded"
+    entry.write_bytes(b"not a pickle")
+    assert run("damaged") == "compiled"
+    assert entries() == [entry]
+    with open(entry, "rb") as fh:
+        key, (name, kind, data) = pickle.load(fh)
+    assert kind == "object" and len(data) == 2
+    assert run("again") == "loaded"
+    entry.unlink()
+    assert run("unwritable") == "compiled"
+    assert entries() == []
 
 
 def test_the_source_epoch_flushes_the_folder_numba_caches_in(tmp_path, monkeypatch):

@@ -173,6 +173,14 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def numpy_dtype(dt: np.dtype) -> bool:
+    """Whether ``dt`` is one of numpy's own dtypes (booleans, numbers, datetimes, strings), which numpy's copies
+    and ``np.concatenate`` handle.  ``isbuiltin`` alone does not say it: an array a cached Numba function returns
+    carries an unpickled copy of its descriptor, for which numpy reports 0, like a structured dtype's."""
+    return dt.isbuiltin == 1 or (dt.isbuiltin == 0 and dt.names is None and dt.subdtype is None
+                                 and np.dtype(dt.str) == dt)
+
+
 def merge_axes(shape, ss, ds):
     """(extent, src stride, dst stride) per axis of a strided copy: unit axes dropped, neighbours that are
     contiguous in both source and destination merged (the CPU and CUDA copies share it)."""
@@ -194,9 +202,12 @@ def strided_copy(dst_base: np.ndarray, dst_view: np.ndarray, src_base: np.ndarra
     element) for the others (ml_dtypes' bfloat16, float8 and so on)."""
     if dst_view.size == 0:
         return
+    if not isinstance(src_view, np.ndarray):  # one element picked by an integer index: a scalar, not a view
+        dst_view[...] = src_view
+        return
     if src_view.shape != dst_view.shape:
         src_view = np.broadcast_to(src_view, dst_view.shape)
-    if src_base.dtype.isbuiltin == 1 and dst_base.dtype == src_base.dtype:
+    if numpy_dtype(src_base.dtype) and dst_base.dtype == src_base.dtype:
         # numpy's own strided copy: no setup in Python (a 64x64 slice: 0.6 us against 18 us for the kernel
         # below), as fast on large copies, and safe when the two views overlap
         np.copyto(dst_view, src_view)
@@ -394,7 +405,7 @@ def concat_cpu(b: ConcatOp, ctx):
     def run(*inputs):
         xs = [x for x in inputs if x is not None]
         ax, dt, shape = checked.get(tuple((x.shape, x.dtype) for x in xs), lambda: concat_shape(xs, axis))
-        if dt.isbuiltin != 1:
+        if not numpy_dtype(dt):
             return _concat(xs, axis, out)
         o = out_buffer(out, shape, dt)
         np.concatenate(xs, axis=ax, out=o)

@@ -75,6 +75,20 @@ def test_gather_one_scalar_index(axis, k):
     assert y.flags.c_contiguous
 
 
+def test_gather_one_index_of_a_vector_whose_dtype_was_unpickled():
+    """An array a cached Numba function returns (a compiled region's Shape, say) carries an unpickled copy of its
+    dtype, which numpy does not call built-in.  Picking one element of such a vector took the copy kernel's path
+    with a scalar for a view, and read memory at an unrelated address."""
+    import pickle
+    from ops.movement import numpy_dtype
+    i64 = pickle.loads(pickle.dumps(np.dtype(np.int64)))
+    assert i64.isbuiltin == 0 and numpy_dtype(i64)
+    x = np.array([1, 96, 8, -5], dtype=i64)
+    for k in range(-4, 4):
+        (y,) = _run_ours("Gather", {"x": x, "i": np.array(k, np.int64)}, axis=0)
+        assert y.shape == () and int(y) == int(x[k])
+
+
 def test_gather_elements():
     x = RNG.standard_normal((64, 512), dtype=np.float32)
     idx = RNG.integers(-512, 512, (64, 100)).astype(np.int64)

@@ -193,16 +193,6 @@ def np_type(dt) -> str:
     return names[dt.name]
 
 
-def lit(v, dt) -> str:
-    """A typed scalar literal that reproduces ``v`` exactly."""
-    dt = np.dtype(dt)
-    if dt.kind == "f":
-        return f"{np_type(dt)}({float(v)!r})"
-    if dt.kind == "b":
-        return "True" if bool(v) else "False"
-    return f"{np_type(dt)}({int(v)})"
-
-
 def _shape_tuple(var, rank, dims=None):
     dims = range(rank) if dims is None else dims
     parts = [f"{var}.shape[{d}]" for d in dims]

@@ -220,6 +220,20 @@ def test_a_node_without_a_form_splits_the_region():
     assert len(fused.plan.regions) == 2
 
 
+def test_blocks_that_differ_only_in_a_constant_share_one_source():
+    """A scale and shift by constant scalars (an image model repeats the pair with other values) reads its
+    constants as arguments: both pairs, cut apart by a node without a form, are one kind."""
+    nodes = [helper.make_node("Mul", ["x", "s0"], ["a"]), helper.make_node("Add", ["a", "t0"], ["b"]),
+             helper.make_node("TopK", ["b", "k"], ["v", "i"], axis=-1),
+             helper.make_node("Mul", ["v", "s1"], ["c"]), helper.make_node("Add", ["c", "t1"], ["d"])]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "k")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("s0", 0.75), ("t0", -1.5), ("s1", 3.0), ("t1", 0.125))]
+    model = _model(nodes, [_vi("x", F, [3, 6])], [_vi("d", F, None), _vi("i", I64, None)], inits)
+    fused = _check(model, {"x": RNG.standard_normal((3, 6)).astype(np.float32)}, 4)
+    assert len(fused.plan.regions) == 2 and len({r.module_name for r in fused.plan.regions}) == 1
+
+
 def test_regions_are_off_by_default_and_source_is_reused():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
     model = _model(nodes, [_vi("x", F, [4])], [_vi("b", F, None)])

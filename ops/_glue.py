@@ -17,7 +17,9 @@ Invariants:
   only without the callees' bodies in view;
 - what is lost is inlining a callee into the glue: a loop in a glue function that calls a small jitted helper
   per element makes a call per element.  Such loops belong in a kernel (compiled by the default pipeline) or in
-  an ``inline="always"`` helper, which Numba inlines before lowering;
+  an ``inline="always"`` helper, which Numba inlines before lowering.  An array expression (``x * s + t`` over
+  arrays) is not such a callee: Numba compiles its loop body into a library of its own, which is linked into
+  the function's module before that module is optimized, so it inlines and vectorizes as by default;
 - the machine code and its on-disk cache entry are made as for any other function.
 """
 from __future__ import annotations
@@ -29,11 +31,21 @@ from numba.core.typed_passes import NativeLowering
 
 __all__ = ["GlueCompiler", "GlueLibrary", "UseGlueLibrary", "glue_pipeline"]
 
+_ARRAY_EXPR = "__numba_array_expr_"  # the name of the library Numba compiles an array expression's loop body into
+
 
 class GlueLibrary(JITCodeLibrary):
     """A code library whose own module is optimized before linking, and the linked whole only cheaply."""
 
     def finalize(self):
+        # The loops Numba generated for this function's own array expressions are part of its code: linked and
+        # optimized with it, so that they inline and vectorize (left to the cheap pass, an array expression made
+        # one call per element: a scale-and-shift over 1.6 M floats took 5.1 ms against 0.43).
+        own = [lib for lib in dict.fromkeys(self._linking_libraries) if lib.name.startswith(_ARRAY_EXPR)]
+        for lib in own:
+            self._reload_init.update(lib._reload_init)
+            self._final_module.link_in(lib._get_module_for_linking(), preserve=True)
+        self._linking_libraries = [lib for lib in self._linking_libraries if lib not in own]
         mpm, mpb = self._codegen._module_pass_manager()  # the default O3 module pipeline, on this code alone
         mpm.run(self._final_module, mpb)
         super().finalize()  # links the callees, then runs _optimize_final_module below

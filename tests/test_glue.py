@@ -52,3 +52,20 @@ def test_the_linked_kernels_get_no_second_full_optimization(monkeypatch):
     del full[:]
     njit(cache=False, pipeline_class=GlueCompiler)(_driver)(x)
     assert "GlueLibrary" not in full
+
+
+def _scale_shift(x, s, t):
+    y = x * s  # two array expressions: Numba compiles each one's loop body into a library of its own
+    return y + t
+
+
+def test_a_glue_functions_array_expressions_are_inlined_into_it():
+    """The loop body of an array expression is the function's own code: optimized with it, so the compiled loop
+    makes no call per element, and the bits are the default pipeline's."""
+    import re
+    glue = njit(cache=False, pipeline_class=GlueCompiler)(_scale_shift)
+    x = np.random.default_rng(1).standard_normal((3, 5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(glue(x, np.float32(0.75), np.float32(-2.0)),
+                                  njit(cache=False)(_scale_shift)(x, np.float32(0.75), np.float32(-2.0)))
+    (lib,) = [cr.library for cr in glue.overloads.values()]
+    assert not re.search(r"call [^\n]*__numba_array_expr", lib.get_llvm_str())

@@ -4,9 +4,10 @@ Numba compiles one small LLVM module of its runtime's helpers (the atomic refere
 ``incref``/``decref``) in every process, the first time anything compiles or loads a cached function.  That
 compile runs LLVM's optimizer and code generator, and their code pages stay resident: at a warm start of the
 24-layer int4 package, 27 MB of file-backed pages of LLVM's shared library (of 77 MB the process held above
-its weights), for a module of a few hundred bytes of machine code.  ``install()`` makes Numba's ``rtsys.initialize`` take the module from an entry written beside the
-kernels' cache (the folder Numba caches this package's kernels in) when one matches, which touches only LLVM's
-object loader; otherwise it compiles as Numba does and writes the entry.
+its weights), for a module of a few hundred bytes of machine code.  ``install()`` makes Numba's
+``rtsys.initialize`` take the module from an entry written in the folder Numba caches this package's kernels
+in, when one matches, which touches only LLVM's object loader; otherwise it compiles as Numba does and writes
+the entry.
 
 Invariants:
 - the entry is keyed by the module's LLVM IR text (built by Numba's own code, in Python, without LLVM), the

@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import tempfile
+
+from runtime.atomic import write_atomic
 
 from ._cache_epoch import numba_cache_folder
 
@@ -57,14 +58,7 @@ def _read(path: str, key: str):
 
 def _write(path: str, key: str, state) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump((key, state), f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, pickle.dumps((key, state)))
     except Exception:
         pass
 

@@ -24,6 +24,7 @@ import sys
 import warnings
 import zlib
 
+from .atomic import write_atomic
 from .errors import ExternalDataDamagedError
 
 __all__ = ["record", "record_file", "FileDigests", "SUFFIX", "CHUNK"]
@@ -51,16 +52,9 @@ def record_file(path: str, chunk: int = CHUNK) -> str | None:
             crcs = []
     body = {"format": _FORMAT, "file": os.path.basename(path), "size": size, "chunk": chunk, "crc32": crcs}
     out = path + SUFFIX
-    tmp = f"{out}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(body, f)
-        os.replace(tmp, out)  # atomic: a reader sees the old record or the new one
+        write_atomic(out, json.dumps(body))  # a reader sees the old record or the new one
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         warnings.warn(f"could not write the digest record of {path!r} ({e}); its weights load unchecked",
                       RuntimeWarning, stacklevel=2)
         return None

@@ -59,6 +59,7 @@ import numpy as np
 from numba import get_num_threads
 
 from ops.forms import NODE as NODE_TOKEN
+from .atomic import write_atomic
 from .segments import runs_of
 
 __all__ = ["find_regions", "layer_pieces", "Region", "cache_dir", "cold_kinds", "CompileProgress", "repair_cache",
@@ -440,14 +441,7 @@ def _import_file(module_name, src, folder):
     except (OSError, UnicodeDecodeError):
         current = False
     if not current:  # absent, or damaged: write it anew
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                f.write(src)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_atomic(path, src)
     spec = importlib.util.spec_from_file_location(module_name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # RuntimeError when Numba finds no folder to cache it in

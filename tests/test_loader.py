@@ -355,3 +355,20 @@ def test_damage_no_value_check_can_see_is_caught_by_the_digest_record(tmp_path, 
         warnings.simplefilter("error")  # the damaged record was left as it was: still a warning, not a failure
         with pytest.raises(RuntimeWarning):
             InferenceSession(path)
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """Digest records, region modules and Numba's cached runtime module are written through ``write_atomic``."""
+    from runtime import atomic
+    path = tmp_path / "record.json"
+    atomic.write_atomic(str(path), "old")
+    atomic.write_atomic(str(path), b"new")
+    assert path.read_bytes() == b"new"
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "replace", refuse)
+    with pytest.raises(OSError):
+        atomic.write_atomic(str(path), "half")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["record.json"]

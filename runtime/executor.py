@@ -37,6 +37,7 @@ from .ir import Graph, free_names, subgraphs
 from .planner import KernelError, Slots, bind_node, check_static_sizes, frees_of, liveness, node_context, \
     node_inputs, observed, raise_at
 from .providers import PROVIDERS
+from .region_tuner import RegionTuner
 from .segments import Segment, find_segments
 
 __all__ = ["Plan", "DirectCall", "KernelError", "liveness", "raise_at"]
@@ -56,24 +57,28 @@ def _observed(steps, observer) -> list:
     return [(observed(k, fn, observer), get, out, frees) for k, (fn, get, out, frees) in enumerate(steps)]
 
 
-def _fused_runs(graph, bound, slot_of, last_use, session_options, provider):
-    """(regions, segments, nodes in a region, nodes in a segment): runs of nodes with compiled forms become one
-    generated function each, when asked for; runs of small elementwise nodes one compiled segment.
-    ``graph_optimization_level`` 0 (ORT_DISABLE_ALL) runs every node as its own kernel."""
-    regions, segments = [], []
+def regions_mode(session_options, provider) -> str:
+    """"on", "off" or "auto" (the tuner's choice, ``RegionTuner``): compiled regions run on the CPU provider, when
+    the graph is optimized, as ``SessionOptions.compiled_regions`` asks (True, False, or None for auto)."""
+    if provider != "CPUExecutionProvider" or int(getattr(session_options, "graph_optimization_level", 99)) <= 0:
+        return "off"
+    asked = getattr(session_options, "compiled_regions", None)
+    return "auto" if asked is None else ("on" if asked else "off")
+
+
+def _fused_runs(graph, bound, regions, session_options, provider):
+    """(segments, nodes in a region, nodes in a segment): runs of small elementwise nodes outside ``regions``
+    become one compiled segment each.  ``graph_optimization_level`` 0 (ORT_DISABLE_ALL) runs every node as its
+    own kernel."""
+    segments = []
     optimize = int(getattr(session_options, "graph_optimization_level", 99)) > 0
     cpu = provider == "CPUExecutionProvider"
-    if optimize and cpu and getattr(session_options, "compiled_regions", False):
-        from .regions import find_regions
-        read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
-        donated = graph.donatable_inputs() if getattr(session_options, "kv_share_buffer", False) else set()
-        regions = find_regions(graph.nodes, bound, graph.value_info, graph.initializers, read_later, donated=donated)
     in_region = {i for a, b, _ in regions for i in range(a, b)}
     if optimize and cpu and getattr(session_options, "fused_segments", True):
         segments = [(a, b) for a, b in find_segments(graph.nodes, bound, graph.value_info, graph.initializers)
                     if not in_region.intersection(range(a, b))]
     in_segment = {i for a, b in segments for i in range(a, b)}
-    return regions, segments, in_region, in_segment
+    return segments, in_region, in_segment
 
 
 class DirectCall(NamedTuple):
@@ -119,18 +124,43 @@ class Plan:
         for s in range(len(values)):
             for r in roots[s]:
                 end[r] = max(end[r], last_use[s])
-        regions, segments, in_region, in_segment = _fused_runs(graph, bound, slot_of, last_use, session_options,
-                                                               provider)
-        seg_values = {slot_of[o] for i in in_segment for o in graph.nodes[i].outputs if o}
-        # Views of a feed, an initializer or segment scratch that are returned must be copied.
-        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
-        self.copy_out = [any(r in protected for r in roots[s]) for s in self.output_slots]
-
         discard = sl.discard()
         self._layout = dict(graph=graph, bound=bound, preallocate=preallocate, provider=provider,
                             session_options=session_options, slot_of=slot_of, end=end, INF=INF, roots=roots,
-                            last_use=last_use, step_reads=step_reads, regions=regions, segments=segments,
-                            in_region=in_region, in_segment=in_segment, seg_values=seg_values, discard=discard)
+                            last_use=last_use, step_reads=step_reads, discard=discard)
+        self.template = values
+        self.nslots = len(values)
+        self._gen = 0  # bumped when the steps are rebound (the tuner turning regions on): older spares are dropped
+        self._busy = threading.Lock()  # held by the run using ``steps``
+        self._spare_lock = threading.Lock()
+        mode = regions_mode(session_options, provider)
+        self._tuner = RegionTuner() if mode == "auto" else None
+        self.region_choice = None  # in auto mode, once made: the tuner's choice (runtime/region_tuner.py)
+        self._configure(self._find_regions() if mode == "on" else [])
+
+    def _find_regions(self) -> list:
+        """The compiled regions of this graph: [start, end) runs of nodes with compiled forms, with their code."""
+        from .regions import find_regions
+        L = self._layout
+        graph, slot_of, last_use = L["graph"], L["slot_of"], L["last_use"]
+        read_later = {n for n in slot_of if n and last_use[slot_of[n]] >= 0}
+        donated = graph.donatable_inputs() if getattr(L["session_options"], "kv_share_buffer", False) else set()
+        return find_regions(graph.nodes, L["bound"], graph.value_info, graph.initializers, read_later,
+                            donated=donated)
+
+    def _configure(self, regions) -> None:
+        """Bind the steps around ``regions`` (fused segments take the runs of elementwise nodes outside them)."""
+        L = self._layout
+        graph, slot_of = L["graph"], L["slot_of"]
+        segments, in_region, in_segment = _fused_runs(graph, L["bound"], regions, L["session_options"],
+                                                      L["provider"])
+        seg_values = {slot_of[o] for i in in_segment for o in graph.nodes[i].outputs if o}
+        # Views of a feed, an initializer or segment scratch that are returned must be copied.
+        protected = self.init_slots | set(self.input_slots) | set(self.outer_slots) | seg_values
+        self.copy_out = [any(r in protected for r in L["roots"][s]) for s in self.output_slots]
+        L.update(regions=regions, segments=segments, in_region=in_region, in_segment=in_segment,
+                 seg_values=seg_values)
+        L.pop("returned_at", None)
         self._region_steps = {}
         (self.steps, self.step_nodes, self.segments, self.regions, self.step_region,
          self.arena_bytes, self._plain) = self._bind_steps()
@@ -138,8 +168,6 @@ class Plan:
         at = {id(n): k for k, n in enumerate(self.step_nodes)}
         for seg in self.segments:
             self._groups[at[id(seg.nodes[0])]] = seg.nodes
-        self.template = values
-        self.nslots = len(values)
         self._run_state()
 
     def _run_state(self):
@@ -148,12 +176,10 @@ class Plan:
         self._spare = []  # step lists for runs that overlap the one using ``steps`` (built on demand)
         self._into_cache = {}  # IOBinding's bound outputs -> steps writing into them (run_into)
         self._deps = None  # run_parallel's schedule
-        self._pool = None
-        self._pool_size = 0
+        self._pool = getattr(self, "_pool", None)  # (kept when the steps are rebound)
+        self._pool_size = getattr(self, "_pool_size", 0)
         self._free_lists = []  # step lists without arena buffers, for run_parallel
         self._into_bufs = {}
-        self._spare_lock = threading.Lock()
-        self._busy = threading.Lock()  # held by the run using ``steps``
         self._direct = self._direct_region()
         self._cold = None  # before the first run of a plan with regions: the kinds it compiles (maybe none)
         self.compile_seconds = {}  # region module -> seconds its first call took, when this plan compiled it
@@ -361,6 +387,7 @@ class Plan:
                 self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnx_numba-inter-op")
                 self._pool_size = workers
             steps = self._free_lists.pop() if self._free_lists else None
+            gen = self._gen
         if steps is None:
             steps = self._bind_steps(arena=False)[0]
         call = call or (lambda fn, *a: fn(*a))
@@ -418,7 +445,8 @@ class Plan:
                             running[self._pool.submit(contextvars.copy_context().run, one, nxt)] = nxt
         finally:
             with self._spare_lock:
-                self._free_lists.append(steps)
+                if gen == self._gen:
+                    self._free_lists.append(steps)
         res = [vals[q] for q in self.output_slots]
         for j, c in enumerate(self.copy_out):
             if c and isinstance(res[j], np.ndarray):
@@ -558,7 +586,16 @@ class Plan:
             return self.compile(feeds, outer)
         if self._direct is not None and observer is None:
             return self._run_direct(feeds)
+        if self._tuner is not None and observer is None:
+            return self._tuner.run(self, feeds, outer)
         return self._run_steps(feeds, outer, observer=observer)
+
+    def use_regions(self, regions) -> None:
+        """Rebind the steps around ``regions`` (some of ``_find_regions``: the tuner's choice); runs in progress
+        finish on the steps they started with."""
+        with self._busy, self._spare_lock:
+            self._gen += 1
+            self._configure(regions)
 
     def _run_steps(self, feeds, outer=(), steps=None, observer=None) -> list:
         if steps is not None:  # the first run's timed steps (compile) are bound to the main arena
@@ -571,13 +608,15 @@ class Plan:
                 self._busy.release()
         with self._spare_lock:
             steps = self._spare.pop() if self._spare else None
+            gen = self._gen
         if steps is None:
             steps = self._bind_steps()[0]
         try:
             return self._execute(steps, feeds, outer, observer)
         finally:
             with self._spare_lock:
-                self._spare.append(steps)
+                if gen == self._gen:
+                    self._spare.append(steps)
 
     def _execute(self, steps, feeds, outer, observer) -> list:
         vals = self.template[:]

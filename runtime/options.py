@@ -104,7 +104,8 @@ class SessionOptions:
         self.preallocate = True
         self.fused_segments = True
         # Runs of nodes with compiled forms run as one generated function each (runtime/regions.py).  None: the
-        # caller's default (off for a session; the pipeline's native decoder turns it on).
+        # caller's default (for a session, each plan turns on those that pay, measured on its own runs:
+        # runtime/region_tuner.py; the pipeline's native decoder turns them all on).
         self.compiled_regions = None
         # GroupQueryAttention nodes whose past_key/past_value are graph inputs read by nothing else write the new
         # rows into those buffers and return them as present when they have room for the total sequence (past and

@@ -334,6 +334,7 @@ for _name in _BIN:  # the binds of ops.elementwise: the wrappers' and the CUDA l
 
 def _matmul(e, b):
     float_only(e, 0, 1)
+    e.exact = False  # several rows: the panel product here, BLAS in the wrapper
     ra, rb = e.rank(0), e.rank(1)
     if rb != 2 or ra < 1:
         raise Decline("batched weights")

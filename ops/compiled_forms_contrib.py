@@ -296,6 +296,7 @@ def _matmul_nbits(e, m):
         if zp_mode < 0:
             raise Decline("zero point dtype")
     quant = m.level4 and zp_mode != 2
+    e.exact = quant  # integer block dots are exact in any order; float accumulation is not
     order = _cq.mlas_path(bs)
     k = e.use(__name__, "mnb_f32_mlas" if order else "mnb_f32")
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]

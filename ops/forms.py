@@ -60,6 +60,10 @@ class Emitted:
         self.imports = {}
         self.declared = {}
         self.constants = []  # arrays prepared at plan time (repacked weights), passed to the region as arguments
+        # The block gives the node's wrapper's bits for every input.  A form whose kernels sum floats in another
+        # order than the wrapper's for some shapes says False: regions are then never chosen for it behind the
+        # user's back (runtime/region_tuner.py), since a run would give other bits than the runs before it.
+        self.exact = True
 
     # static facts
     @property

@@ -582,13 +582,20 @@ class Plan:
         Runs may overlap (several threads): the first uses ``steps`` and its arena, each overlapping one a step
         list of its own (built once, then kept for reuse).  ``observer`` (``before(k)``, ``after(k, args, result,
         t0_ns)``) sees every step: it can stop the run (``RunOptions.terminate``) or time it (profiling)."""
+        if self._tuner is not None and observer is None:
+            return self._tuner.run(self, feeds, outer)
+        return self._run(feeds, outer, observer)
+
+    def _run(self, feeds, outer=(), observer=None) -> list:
         if self._cold is not None:
             return self.compile(feeds, outer)
         if self._direct is not None and observer is None:
             return self._run_direct(feeds)
-        if self._tuner is not None and observer is None:
-            return self._tuner.run(self, feeds, outer)
         return self._run_steps(feeds, outer, observer=observer)
+
+    def run_on(self, steps, feeds, outer=()) -> list:
+        """A run on ``steps``, a step list this plan had before ``use_regions`` (the tuner's check)."""
+        return self._execute(steps, feeds, outer, None)
 
     def use_regions(self, regions) -> None:
         """Rebind the steps around ``regions`` (some of ``_find_regions``: the tuner's choice); runs in progress

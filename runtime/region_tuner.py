@@ -16,7 +16,9 @@ and that replace at least two steps, provided that what they save, estimated as 
 step, is at least ``MIN_GAIN`` of the run's time.  Otherwise the plan stays as it is and is never timed again.
 
 Invariants:
-- the choice changes which steps run, never a result: a region's blocks call the kernels the steps call;
+- the choice changes which steps run, never a result: only regions whose every block gives its node's wrapper's
+  bits are candidates (``Emitted.exact``: a MatMul's panel product is not), and the first run on the regions is
+  checked against the steps they replace, on the same feeds; one differing bit turns them off for good;
 - it is made once per plan (a control-flow body's plan chooses for itself), from runs without an observer
   (profiling and ``RunOptions`` runs are neither counted nor timed);
 - runs that overlap the switch finish on the steps they started with (``Plan.use_regions``).
@@ -28,13 +30,14 @@ import time
 
 import numpy as np
 
-__all__ = ["RegionTuner", "WARM_RUNS", "TIMED_RUNS", "SMALL_ELEMENTS", "DISPATCH_NS", "MIN_GAIN"]
+__all__ = ["RegionTuner", "WARM_RUNS", "TIMED_RUNS", "SMALL_ELEMENTS", "DISPATCH_NS", "MIN_GAIN", "SETTLE_RUNS"]
 
 WARM_RUNS = 2  # runs before timing: the first loads or compiles each kernel, a control-flow body its own regions
 TIMED_RUNS = 2  # runs timed step by step; each step's fastest time counts
 SMALL_ELEMENTS = 1 << 14  # a step returning at most this many elements is small (ops._shifted's parallel bound)
 DISPATCH_NS = 1_500  # what a region saves per step it replaces (estimate)
 MIN_GAIN = 0.03  # regions are turned on when they save at least this fraction of a run
+SETTLE_RUNS = WARM_RUNS + TIMED_RUNS  # runs after which a plan has chosen; the next compiles what it chose
 
 
 class _StepTimer:
@@ -64,7 +67,8 @@ def _elements(result) -> int:
 
 
 class RegionTuner:
-    """Counts a plan's runs, times the sampled ones and makes the choice (``decide``) after the last."""
+    """Counts a plan's runs, times the sampled ones, makes the choice (``decide``) after the last and checks it
+    on the run that follows (``check``)."""
 
     def __init__(self):
         self.runs = 0
@@ -73,17 +77,21 @@ class RegionTuner:
         self.elements = None  # per step: the most elements it returned in a timed run
         self.wall = None  # the fastest timed run (ns)
         self.choice = None  # after deciding: what was found, chosen and estimated (``Plan.region_choice``)
+        self._before = None  # the step list the regions replaced, until the run that checks them
         self._lock = threading.Lock()
 
     def run(self, plan, feeds, outer=()) -> list:
         with self._lock:
             k = self.runs
             self.runs += 1
-        if not WARM_RUNS <= k < WARM_RUNS + TIMED_RUNS:
-            return plan._run_steps(feeds, outer)
+            before, self._before = (self._before, None) if k >= SETTLE_RUNS else (None, None)
+        if k < WARM_RUNS:
+            return plan._run(feeds, outer)
+        if k >= SETTLE_RUNS:
+            return plan._run(feeds, outer) if before is None else self.check(plan, before, feeds, outer)
         timer = _StepTimer(len(plan.steps))
         t0 = time.perf_counter_ns()
-        out = plan._run_steps(feeds, outer, observer=timer)
+        out = plan._run(feeds, outer, timer)
         wall = time.perf_counter_ns() - t0
         with self._lock:
             first = self.best is None
@@ -105,14 +113,44 @@ class RegionTuner:
         chosen, saved = [], 0
         for a, b, em in candidates:
             steps = {step_of[id(n)] for n in nodes[a:b]}
-            if len(steps) >= 2 and all(elements[k] <= SMALL_ELEMENTS for k in steps):
+            if len(steps) >= 2 and all(e.exact for e in em) and all(elements[k] <= SMALL_ELEMENTS for k in steps):
                 chosen.append((a, b, em))
                 saved += (len(steps) - 1) * DISPATCH_NS
         on = bool(chosen) and saved >= MIN_GAIN * wall
         self.choice = {"candidates": len(candidates), "small": len(chosen), "saved_ns": saved, "run_ns": wall,
                        "on": on}
-        if on:
-            plan.use_regions(chosen)
-        plan._tuner = None
         plan.region_choice = self.choice
+        if on:
+            with self._lock:  # the next run to start checks the regions
+                self._before = plan.steps
+                plan.use_regions(chosen)
+        else:
+            plan._tuner = None
         return self.choice
+
+    def check(self, plan, before, feeds, outer) -> list:
+        """The first run on the regions (it compiles them), checked against the steps they replaced on the same
+        feeds: a result that differs in one bit turns them off again for good (``choice["same"]``)."""
+        out = plan._run(feeds, outer)
+        ref = plan.run_on(before, feeds, outer)
+        same = len(out) == len(ref) and all(_same(a, b) for a, b in zip(out, ref))
+        self.choice["same"] = same
+        if not same:
+            self.choice["on"] = False
+            plan.use_regions([])
+        plan._tuner = None
+        return ref
+
+
+def _same(a, b) -> bool:
+    """Bit for bit (NaN equal to NaN); values that are not arrays compare equal when ``==`` says so."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and \
+            np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that cannot say: not the same
+        return False

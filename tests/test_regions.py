@@ -234,7 +234,7 @@ def test_blocks_that_differ_only_in_a_constant_share_one_source():
     assert len(fused.plan.regions) == 2 and len({r.module_name for r in fused.plan.regions}) == 1
 
 
-def test_regions_are_off_by_default_and_source_is_reused():
+def test_a_default_plan_starts_without_regions_and_source_is_reused():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
     model = _model(nodes, [_vi("x", F, [4])], [_vi("b", F, None)])
     assert not InferenceSession(model).plan.regions

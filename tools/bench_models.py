@@ -10,7 +10,8 @@ For each model the native session and onnxruntime's get the same ``intra_op_num_
 off, ``session.intra_op.allow_spinning`` = 0, so its idle threads do not take the cores from the native run that
 follows).  The native load and first run are timed apart: the first run compiles the kernels, or loads them
 from Numba's on-disk cache when an earlier run left them there, so it is a cold start only on a fresh cache.
-After one warm-up each the two alternate, native then onnxruntime, ``--runs`` times, and the table shows the
+After warm-ups (the native plans' choice of compiled regions, ``runtime/region_tuner.py``, and their compile,
+if any; one for onnxruntime) the two alternate, native then onnxruntime, ``--runs`` times, and the table shows the
 medians and their ratio.  Outputs are compared as the largest absolute difference per output and as decoded
 results (equal or not).  A model that fails to fetch, load or run natively is a row carrying the error's first
 line, never a crash of the tool.  The last line is the median ratio over the models that ran.
@@ -538,6 +539,7 @@ def bench(entry: dict, path: str, runs: int, threads: int) -> Row:
     """``entry``'s row (see the module docstring); errors of the native side become the row's ``error``."""
     import onnx
     import runtime as rt
+    from runtime.region_tuner import SETTLE_RUNS
     row = Row(entry["name"], entry["req"], entry["member"])
     feeds = synthesize(entry["inputs"], onnx.load(path))
     try:
@@ -554,7 +556,8 @@ def bench(entry: dict, path: str, runs: int, threads: int) -> Row:
         t = time.perf_counter()
         native.run(None, feeds)
         row.first_run_s = time.perf_counter() - t
-        got = native.run(None, feeds)  # the warm-up
+        for _ in range(SETTLE_RUNS + 1):  # warm-ups: the plans choose their compiled regions and compile them
+            got = native.run(None, feeds)
     except Exception as e:  # a row, not a crash of the tool
         row.error = _first_line(e)
         return row

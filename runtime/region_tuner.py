@@ -37,7 +37,8 @@ TIMED_RUNS = 2  # runs timed step by step; each step's fastest time counts
 SMALL_ELEMENTS = 1 << 14  # a step returning at most this many elements is small (ops._shifted's parallel bound)
 DISPATCH_NS = 1_500  # what a region saves per step it replaces (estimate)
 MIN_GAIN = 0.03  # regions are turned on when they save at least this fraction of a run
-SETTLE_RUNS = WARM_RUNS + TIMED_RUNS  # runs after which a plan has chosen; the next compiles what it chose
+SETTLE_RUNS = WARM_RUNS + TIMED_RUNS  # runs (one after another) after which a plan has chosen; the next
+# compiles what it chose
 
 
 class _StepTimer:
@@ -71,8 +72,9 @@ class RegionTuner:
     on the run that follows (``check``)."""
 
     def __init__(self):
-        self.runs = 0
-        self.timed = 0
+        self.finished = 0  # runs that have returned
+        self.started = 0  # timed runs started
+        self.timed = 0  # timed runs finished
         self.best = None  # per step: its fastest time over the timed runs (ns)
         self.elements = None  # per step: the most elements it returned in a timed run
         self.wall = None  # the fastest timed run (ns)
@@ -81,19 +83,25 @@ class RegionTuner:
         self._lock = threading.Lock()
 
     def run(self, plan, feeds, outer=()) -> list:
+        # A run is timed only once WARM_RUNS runs have returned: runs that overlap the first ones (other
+        # threads) would time their compiles.
         with self._lock:
-            k = self.runs
-            self.runs += 1
-            before, self._before = (self._before, None) if k >= SETTLE_RUNS else (None, None)
-        if k < WARM_RUNS:
-            return plan._run(feeds, outer)
-        if k >= SETTLE_RUNS:
-            return plan._run(feeds, outer) if before is None else self.check(plan, before, feeds, outer)
+            timed = self.finished >= WARM_RUNS and self.started < TIMED_RUNS
+            self.started += timed
+            before, self._before = self._before, None
+        if before is not None:
+            return self.check(plan, before, feeds, outer)
+        if not timed:
+            out = plan._run(feeds, outer)
+            with self._lock:
+                self.finished += 1
+            return out
         timer = _StepTimer(len(plan.steps))
         t0 = time.perf_counter_ns()
         out = plan._run(feeds, outer, timer)
         wall = time.perf_counter_ns() - t0
         with self._lock:
+            self.finished += 1
             first = self.best is None
             self.best = timer.ns if first else [min(a, b) for a, b in zip(self.best, timer.ns)]
             self.elements = timer.elements if first else [max(a, b) for a, b in zip(self.elements, timer.elements)]

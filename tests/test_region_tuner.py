@@ -47,7 +47,9 @@ def _expected(x, n):
     return x
 
 
-def test_small_steps_get_regions_after_the_timed_runs_and_results_do_not_change():
+def test_small_steps_get_regions_after_the_timed_runs_and_results_do_not_change(monkeypatch):
+    from runtime import region_tuner
+    monkeypatch.setattr(region_tuner, "MIN_GAIN", 0.0)  # the gain rule has its own test, free of timing noise
     model, n = _chain(48, 4), 48
     s = _session(model)
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
@@ -60,6 +62,21 @@ def test_small_steps_get_regions_after_the_timed_runs_and_results_do_not_change(
     for _ in range(3):
         np.testing.assert_array_equal(s.run(None, {"x": x})[0], _expected(x, n))
     assert choice["same"] is True  # the first run on the regions was checked against the steps
+
+
+def test_regions_are_turned_on_only_when_they_save_enough_of_a_run():
+    from runtime.region_tuner import DISPATCH_NS, MIN_GAIN, RegionTuner
+    model = _chain(48, 4)
+    for wall_factor, on in ((0.5, True), (2.0, False)):
+        s = _session(model)
+        plan = s.plan
+        t = RegionTuner()
+        t.elements = [16] * len(plan.steps)
+        # (every node of the chain is a step of its own: a region of k nodes replaces k steps by one)
+        saved = sum(b - a - 1 for a, b, _ in plan._find_regions()) * DISPATCH_NS
+        t.wall = int(saved / MIN_GAIN * wall_factor)
+        choice = t.decide(plan)
+        assert choice["saved_ns"] == saved and choice["on"] is on and bool(plan.regions) is on, choice
 
 
 def test_large_tensors_keep_their_own_kernels():
@@ -138,7 +155,11 @@ def test_observed_runs_are_neither_counted_nor_timed():
     assert s.plan.region_choice is None and not s.plan.regions
 
 
-def test_runs_from_several_threads_across_the_switch_give_serial_results():
+def test_runs_from_several_threads_across_the_switch_give_serial_results(monkeypatch):
+    from runtime import region_tuner
+    # Runs that overlap inflate the timed runs' walls (four threads on the suite's two cores: up to milliseconds),
+    # which may leave the estimate short of MIN_GAIN; the switch itself is what this test needs.
+    monkeypatch.setattr(region_tuner, "MIN_GAIN", 0.0)
     model, n = _chain(48, 4), 48
     s = _session(model)
     rng = np.random.default_rng(1)

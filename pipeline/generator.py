@@ -80,6 +80,7 @@ class Generator:
         self._last_ids = None
         self._finished = [False] * self.batch
         self._done = False
+        self._next = None  # the last step's tokens (get_next_tokens), None when the rows' last ids are
 
     @property
     def _seq(self) -> list:
@@ -97,6 +98,7 @@ class Generator:
             if lengths.min() < 1:
                 raise RequestError(f"append_tokens: row {int(np.argmin(lengths))} holds only pads "
                                    f"({self._pad}); each row needs at least one token")
+        self._next = None
         first = self._fed == 0
         if first:
             self.pipe.begin(cur, self.external, self.max_length)
@@ -163,19 +165,27 @@ class Generator:
             self._beam_step(logits)
             return
         picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
+        tokens = []
         for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
             if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
                 tok = self._pad
             elif tok in self._eos:
                 self._finished[b] = True
-            self._rows[b].append(int(tok))
-        self._logits = None
+            tokens.append(int(tok))
+        self._next = tokens
+        # The step that ends the last row is not appended (onnxruntime-genai 0.18: a prompt of one row never
+        # holds its EOS; in a batch, the rows that ended before hold theirs and then pads).
+        if not all(self._finished):
+            for row, tok in zip(self._rows, tokens):
+                row.append(tok)
+            self._logits = None
         self._done = all(self._finished) or len(self._seq) >= self.max_length
 
     def _beam_step(self, logits):
         """One beam-search step of every prompt: the new beams continue their parents' rows (within the
         prompt's rows), caches reordered to match."""
         nb = int(self.search.num_beams)
+        self._next = None
         tokens, parents = [], []
         for b, search in enumerate(self.beams):
             at = slice(b * nb, (b + 1) * nb)
@@ -189,6 +199,8 @@ class Generator:
         self._done = all(search.done for search in self.beams) or len(self._seq) >= self.max_length
 
     def get_next_tokens(self) -> np.ndarray:
+        if self._next is not None:
+            return np.asarray(self._next, np.int32)
         return np.asarray([r[-1] for r in self._rows] if self._seq else [], np.int32)
 
     def get_sequence(self, index: int = 0) -> np.ndarray:
@@ -266,5 +278,6 @@ class Generator:
         for r in self._rows:
             del r[length:]
         self._logits = None
+        self._next = None
         self._finished = [False] * self.batch
         self._done = False

@@ -189,6 +189,40 @@ def _batch(api, **kw):
     return [lg.shape] + [g.get_sequence(i).tolist() for i in range(3)]
 
 
+def _eos_steps(api, case):
+    """EOS steered into one row of one, into both rows of two at once, or into the two rows one after the other:
+    the step that ends the last row is not appended (the sequences never hold it), rows that ended before hold
+    their EOS and then pads, and ``get_next_tokens`` reports the step's tokens all the same."""
+    m = api.Model(LLAMA)
+    tok = api.Tokenizer(m)
+    bs = 1 if case == "one" else 2
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=16, batch_size=bs)
+    g = api.Generator(m, params)
+    g.append_tokens(tok.encode_batch(["hello", "wor"][:bs]))
+    lg = g.get_logits()
+    lg[0, 0, 2] = 100.0
+    if case == "both":
+        lg[1, 0, 2] = 100.0
+    g.set_logits(lg)
+    g.generate_next_token()
+    if case == "in turn":
+        g.generate_next_token()
+        lg = g.get_logits()
+        lg[1, 0, 2] = 100.0
+        g.set_logits(lg)
+        g.generate_next_token()
+    return g.is_done(), [g.get_sequence(i).tolist() for i in range(bs)], g.get_next_tokens().tolist(), \
+        g.token_count()
+
+
+@pytest.mark.parametrize("case", ["one", "both", "in turn"])
+def test_the_step_that_ends_the_last_row_is_not_appended(ort_genai, case):
+    got = _eos_steps(og, case)
+    assert got == _eos_steps(ort_genai, case)
+    assert 2 in got[2]
+
+
 @pytest.mark.parametrize("native", ["all", "none"])
 def test_a_padded_batch_decodes_as_onnxruntime_genai_does(ort_genai, native):
     """Each row of a right-padded batch keeps its own length (mask, positions, cache rows): its tokens are the

@@ -147,7 +147,12 @@ class DecoderComponent:
         return CopiedKV(spec, self.io.kv_inputs, windows, self.max_length)
 
     def _cache_spec(self, name) -> CacheSpec:
-        return CacheSpec(tuple(self._concrete(name, 0)), self._seq_axis(name), np_type(self.inputs[name].type))
+        return CacheSpec(tuple(self._concrete(name, 0)), self._seq_axis(name), np_type(self.inputs[name].type),
+                         self._batch_axis(name))
+
+    def _batch_axis(self, name) -> int:
+        """A cache's batch axis: 1 for a combined key-and-value cache, else 0 (every other input's)."""
+        return self.io.kv_batch_axis if name in self.io.kv_inputs else 0
 
     def _zeros(self, shape, dtype):
         return np.zeros(shape, dtype)
@@ -209,18 +214,20 @@ class DecoderComponent:
 
     def _seq_axis(self, name):
         shape = self.inputs[name].shape
-        axes = [k for k, d in enumerate(shape) if k > 0 and not isinstance(d, int) and not _is_head_dim(d)]
+        b = self._batch_axis(name)
+        axes = [k for k, d in enumerate(shape) if k > b and not isinstance(d, int) and not _is_head_dim(d)]
         if len(axes) != 1:
             raise MetadataError(f"decoder input {name!r} has shape {shape}: cannot tell its sequence axis")
         return axes[0]
 
     def _concrete(self, name, seq_len=0):
         shape = self.inputs[name].shape
+        b = self._batch_axis(name)
         out = []
         for k, d in enumerate(shape):
             if isinstance(d, int):
                 out.append(d)
-            elif k == 0:
+            elif k == b:
                 out.append(self.batch)
             elif _is_head_dim(d) and self.pipeline.head_size:
                 out.append(self.pipeline.head_size)
@@ -305,7 +312,8 @@ class DecoderComponent:
     def runs_ragged(self) -> bool:
         """Rows of a batch may have different lengths: the decoder has attention caches and a mask, and no
         recurrent state (a row's padding would run through it: the graphs do not mask it), sliding-window
-        caches or positions that carry an image's maxima (``carry_max``).  Position ids (rank 2, or rank 3
+        caches, positions that carry an image's maxima (``carry_max``) or combined key-and-value caches (whose
+        Attention appends a row's new keys after the whole batch's past).  Position ids (rank 2, or rank 3
         with the same text positions in each stream) are built per row."""
         io = self.io
         pos = self.pipeline.positions
@@ -313,7 +321,7 @@ class DecoderComponent:
         carried = bool(pname and pname in self.inputs and pos is not None and pos.rank == 3
                        and pos.continuation == "carry_max")
         return bool(io.attention_mask_input in self.inputs and not io.state_pairs and not self._window
-                    and not carried)
+                    and not carried and io.kv_batch_axis == 0)
 
     def _ragged(self, lengths, seq_len):
         """``lengths``: how many of the ``seq_len`` new positions of each row are real (a right-padded batch,
@@ -333,7 +341,8 @@ class DecoderComponent:
             if not self.runs_ragged:
                 raise NotImplementedError(f"decoder {self.spec.name!r}: rows of different lengths are run for "
                                           f"decoders with attention caches and a mask only (no recurrent state, "
-                                          f"sliding-window caches or positions that carry an image's maxima)")
+                                          f"sliding-window caches, positions that carry an image's maxima or "
+                                          f"combined key-and-value caches)")
             self.row_lengths = np.full(self.batch, self.cache.length, np.int64)
             self.cache.ragged = True
         return n

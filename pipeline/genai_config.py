@@ -1,7 +1,8 @@
 """Read a ``genai_config.json`` package, as the onnxruntime-genai model builder writes it, into a ``PipelineSpec``.
 
 The config names one decoder whose KV-cache and recurrent-state port names are
-``%d`` templates expanded over the layers.  Hybrid decoders (qwen3.5, lfm2)
+``%d`` templates expanded over the layers (separate key and value caches, or onnxruntime-genai's legacy
+combined ``past_%d``/``present_%d`` of shape ``(2, batch, heads, positions, head_size)``).  Hybrid decoders (qwen3.5, lfm2)
 have attention caches on some layers and conv/recurrent states on the others,
 so a template is expanded only for the layer indices that exist in the
 decoder's ONNX graph.  A split VLM config (``vision`` / ``embedding`` /
@@ -37,6 +38,9 @@ GENAI_CONFIG = "genai_config.json"
 # genai_config template keys: (input key, output key, kind)
 _KV_TEMPLATES = (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names"))
 _STATE_TEMPLATES = (("past_conv_names", "present_conv_names"), ("past_recurrent_names", "present_recurrent_names"))
+# onnxruntime-genai's legacy combined cache: keys and values of a layer in one (2, batch, heads, positions, head)
+# tensor (GPT-2 exports with com.microsoft Attention)
+_COMBINED_TEMPLATE = ("past_names", "present_names")
 
 
 def _expand(template, n, key):
@@ -77,6 +81,14 @@ def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filen
         return got
 
     keys, values = (pairs(*t) for t in _KV_TEMPLATES)
+    combined = pairs(*_COMBINED_TEMPLATE)
+    if combined and (keys or values):
+        raise MetadataError(f"{key}.inputs: past_names (combined caches) excludes past_key_names and "
+                            f"past_value_names")
+    for i in sorted(combined):
+        io.kv_inputs.append(combined[i][0])
+        io.kv_outputs.append(combined[i][1])
+        io.kv_batch_axis = 1
     if set(keys) != set(values):
         raise IncompletePackageError(f"{key}: layers {sorted(set(keys) ^ set(values))} have a key cache without a "
                                      f"value cache (or the reverse) in {filename}")
@@ -88,7 +100,7 @@ def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filen
         for d in (conv, rec):
             if i in d:
                 io.state_pairs.append(StatePair(*d[i]))
-    has_cache = any(t[0] in inputs for t in _KV_TEMPLATES + _STATE_TEMPLATES)
+    has_cache = any(t[0] in inputs for t in _KV_TEMPLATES + _STATE_TEMPLATES + (_COMBINED_TEMPLATE,))
     if has_cache and not all(covered):
         raise IncompletePackageError(f"{key}: layers {[i for i, c in enumerate(covered) if not c]} have neither "
                                      f"a KV cache nor a recurrent state among the inputs of {filename}")

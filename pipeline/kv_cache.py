@@ -59,10 +59,12 @@ def kv_rows(needed: int, reach: int | None, max_length: int, current: int = 0) -
 
 
 class CacheSpec(NamedTuple):
-    """One cache input: its concrete shape (any extent on the sequence axis), that axis and its dtype."""
+    """One cache input: its concrete shape (any extent on the sequence axis), that axis, its dtype and its batch
+    axis (1 for a combined key-and-value cache)."""
     shape: tuple
     axis: int
     dtype: np.dtype
+    batch: int = 0
 
     def with_rows(self, rows: int) -> tuple:
         s = list(self.shape)
@@ -201,13 +203,13 @@ class KVCache:
         self.length = length
 
     def reorder(self, rows):
-        """Row ``b`` (batch axis 0) of every cache becomes what row ``rows[b]`` held (beam search), in the same
-        buffers; host memory only."""
+        """Row ``b`` (along each cache's batch axis) of every cache becomes what row ``rows[b]`` held (beam
+        search), in the same buffers; host memory only."""
         idx = np.asarray(rows, np.int64)
-        for r in self.rows.values():
+        for n, r in self.rows.items():
             if not isinstance(r.buf, np.ndarray):
                 raise NotImplementedError("reordering device caches between beams is not implemented yet")
-            r.buf[...] = r.buf[idx]
+            r.buf[...] = np.take(r.buf, idx, axis=self.spec(n).batch)
         for n, w in self.window.items():
             self.window[n] = np.ascontiguousarray(np.asarray(w)[idx])
 

@@ -62,6 +62,7 @@ class IOSpec:
     position_ids_input: str | None = None
     kv_inputs: list = field(default_factory=list)
     kv_outputs: list = field(default_factory=list)
+    kv_batch_axis: int = 0  # 1 for combined caches (2, batch, heads, positions, head_size): GPT-2's past_%d
     state_pairs: list = field(default_factory=list)     # StatePair
     optional_inputs: dict = field(default_factory=dict)  # port -> AbsentValue
 

@@ -22,6 +22,7 @@ for recognizers, a voiced, syllable-modulated signal framed with silero's 64-sam
 bytes of a small Python file for magika, token ids inside the embedding table for the tashkeel taggers.
 
     python -m tools.bench_models [--cache DIR] [--only NAME ...] [--runs 10] [--threads 2] [--list] [--json FILE]
+    python -m tools.bench_models --regions [--only NAME ...] [--runs 30]   # compiled regions: default vs off
 """
 from __future__ import annotations
 
@@ -575,6 +576,44 @@ def bench(entry: dict, path: str, runs: int, threads: int) -> Row:
     return row
 
 
+def regions_line(entry: dict, path: str, runs: int, threads: int) -> str:
+    """``--regions``: the native session's default (each plan choosing its compiled regions,
+    ``runtime/region_tuner.py``) against regions off, in one process, runs alternating; the settling runs'
+    extra time (the choice and its compile), the regions chosen over every plan (control-flow bodies too) and
+    whether every output is identical."""
+    import gc
+
+    import onnx
+    import runtime as rt
+    from runtime.executor import Plan
+    from runtime.region_tuner import SETTLE_RUNS
+    feeds = synthesize(entry["inputs"], onnx.load(path))
+    sessions, settle, outs = {}, {}, {}
+    for mode in (False, None):
+        so = rt.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.compiled_regions = mode
+        s = rt.InferenceSession(path, so)
+        s.run(None, feeds)  # kernels compiled or loaded: not counted
+        t = time.perf_counter()
+        for _ in range(SETTLE_RUNS):
+            outs[mode] = s.run(None, feeds)
+        settle[mode] = time.perf_counter() - t
+        sessions[mode] = s
+    times = {False: [], None: []}
+    for _ in range(runs):
+        for mode, s in sessions.items():
+            t = time.perf_counter()
+            s.run(None, feeds)
+            times[mode].append(time.perf_counter() - t)
+    off, auto = (1e3 * statistics.median(times[m]) for m in (False, None))
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(outs[False], outs[None]))
+    chosen = sum(len(p.regions) for p in gc.get_objects() if isinstance(p, Plan)
+                 and getattr(p.session_options, "compiled_regions", 0) is None)
+    return (f"{entry['name']:<24} {off:9.3f} {auto:9.3f} {auto / off:6.2f} {settle[None] - settle[False]:8.2f} "
+            f"{chosen:7d}  {'yes' if same else 'NO'}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reporting.
 
@@ -611,6 +650,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the manifest and exit")
     ap.add_argument("--json", metavar="FILE", help="write the rows to FILE")
     ap.add_argument("--models-dir", help=argparse.SUPPRESS)  # already-extracted members, at their wheel paths
+    ap.add_argument("--regions", action="store_true",
+                    help="instead: the native default (compiled regions where they pay) against regions off")
     a = ap.parse_args(argv)
     by_name = {e["name"]: e for e in MANIFEST}
     if a.list:
@@ -621,6 +662,15 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; --list shows the names")
     entries = [by_name[n] for n in a.only] if a.only else MANIFEST
+    if a.regions:
+        print(f"intra_op_num_threads={a.threads}, medians of {a.runs} interleaved runs, ratio = default / off")
+        print(f"{'model':<24} {'off ms':>9} {'dflt ms':>9} {'ratio':>6} {'settle s':>8} {'regions':>7}  identical")
+        for e in entries:
+            try:
+                print(regions_line(e, locate(e, a.cache, a.models_dir), a.runs, a.threads), flush=True)
+            except Exception as exc:  # a row, not a crash of the tool
+                print(f"{e['name']:<24} error: {_first_line(exc)}", flush=True)
+        return 0
     print(f"intra_op_num_threads={a.threads}, medians of {a.runs} interleaved runs, ratio = native / onnxruntime")
     print(_COLUMNS, flush=True)
     rows = []

@@ -23,7 +23,4 @@ EXCLUDED: dict[str, str] = {
     # sequence holds; our output equals the expected one (tests/test_control_flow.py checks it).
     r"^test_loop16_seq_none_cpu$":
         "onnx's test runner cannot compare a sequence holding a 0-d tensor; checked in test_control_flow.py",
-    # Decoding JPEG/PNG/WebP/... needs an image codec library, which is not a dependency of the runtime.
-    r"^test_image_decoder_.*_cpu$":
-        "ImageDecoder needs an image codec library; the runtime has no kernel for it",
 }

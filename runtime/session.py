@@ -177,6 +177,14 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
             FuseHardSwishRelu6()(graph)
         if provider != CUDA_PROVIDER and not disabled & {"ConvActivationFusion", "FuseConvActivation"}:
             FuseConvActivation()(graph)
+        # The decomposed forms of encoder exports as one node each (runtime/passes/encoder_fusions.py)
+        from .passes.encoder_fusions import ONNXRUNTIME_NAMES, FuseGelu, FuseLayerNormalization, FuseMatMulAdd
+        fused = False
+        for ort_name, cls in zip(ONNXRUNTIME_NAMES, (FuseLayerNormalization, FuseGelu, FuseMatMulAdd)):
+            if not disabled & {ort_name, cls.__name__}:
+                fused |= cls()(graph).modified
+        if fused:
+            EliminateDeadNodes()(graph)
         # The feed-forward gate as one kernel (runtime/passes/cuda_fusions.py): on the CPU one pass over memory
         # where the export has three; on a GPU also the gate and value products merged (launch-bound steps).
         from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul, FuseGatedMatMulNBits

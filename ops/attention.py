@@ -372,6 +372,32 @@ def Attention_25(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad
 
 # -- RotaryEmbedding -------------------------------------------------------------------------------
 
+@op("ScaledDotAttention", 1, domain="onnx_numba")
+def ScaledDotAttention(Q, K, V, *, ctx=None, scale=1.0, axis=-1, legacy_softmax=0):
+    """``MatMul(Softmax(MatMul(Q, Transpose(K)) * scale), V)``, the encoder pattern that
+    ``runtime/passes/encoder_fusions.FuseAttention`` replaces: 4-d float32 ``Q (B, H, S, D)``, ``K (B, H, T, D)``
+    and ``V (B, H, T, Dv)`` of one batch and head count run as opset 23's Attention; any other operands (MatMul's
+    broadcasting, another rank or dtype) as the three nodes compute them, the Softmax over ``axis`` with its
+    opset's semantics (``legacy_softmax``: before opset 13, the axes from ``axis`` on flattened into one)."""
+    if Q.ndim == K.ndim == V.ndim == 4 and Q.shape[:2] == K.shape[:2] == V.shape[:2] and Q.shape[3] == K.shape[3] \
+            and K.shape[2] == V.shape[2] and Q.dtype == K.dtype == V.dtype == F32 and axis in (-1, 3):
+        y = _attention(ctx, Q, K, V, None, None, None, None, is_causal=0, kv_num_heads=None, q_num_heads=None,
+                       qk_matmul_output_mode=0, scale=float(scale), softcap=0.0, softmax_precision=None,
+                       left_window_size=-1, right_window_size=-1)
+        return y[0] if isinstance(y, tuple) else y
+    s = np.matmul(Q, np.swapaxes(K, -1, -2))
+    if scale != 1.0:
+        s = s * s.dtype.type(scale)
+    ax = axis + s.ndim if axis < 0 else axis
+    shape = s.shape
+    if legacy_softmax:
+        s = s.reshape(shape[:ax] + (-1,))
+        ax = s.ndim - 1
+    e = np.exp(s - s.max(axis=ax, keepdims=True))
+    p = (e / e.sum(axis=ax, keepdims=True)).reshape(shape)
+    return np.matmul(p, V)
+
+
 @op("RotaryEmbedding", 23)
 def RotaryEmbedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
                     rotary_embedding_dim=0):

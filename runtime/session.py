@@ -178,9 +178,10 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
         if provider != CUDA_PROVIDER and not disabled & {"ConvActivationFusion", "FuseConvActivation"}:
             FuseConvActivation()(graph)
         # The decomposed forms of encoder exports as one node each (runtime/passes/encoder_fusions.py; CPU kernels)
-        from .passes.encoder_fusions import ONNXRUNTIME_NAMES, FuseGelu, FuseLayerNormalization, FuseMatMulAdd
+        from .passes.encoder_fusions import ONNXRUNTIME_NAMES, FuseAttention, FuseGelu, FuseLayerNormalization, \
+            FuseMatMulAdd
         fused = False
-        for ort_name, cls in zip(ONNXRUNTIME_NAMES, (FuseLayerNormalization, FuseGelu, FuseMatMulAdd)):
+        for ort_name, cls in zip(ONNXRUNTIME_NAMES, (FuseLayerNormalization, FuseGelu, FuseMatMulAdd, FuseAttention)):
             if provider != CUDA_PROVIDER and not disabled & {ort_name, cls.__name__}:
                 fused |= cls()(graph).modified
         if fused:

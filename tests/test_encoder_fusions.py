@@ -94,3 +94,30 @@ def test_matmul_and_add_are_one_gemm():
     # three-dimensional A stays a MatMul and an Add
     s = InferenceSession(_model(n, {"w": RNG.standard_normal((12, 7)), "b": RNG.standard_normal(7)}, [2, 5, 12]))
     assert ("", "Gemm") not in _ops(s)
+
+
+def _attention_model(q_shape, k_shape, opset=13, scale_op="Mul"):
+    ins = [helper.make_tensor_value_info(n, F, s) for n, s in (("q", q_shape), ("k", k_shape), ("v", k_shape))]
+    n = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+         helper.make_node("MatMul", ["q", "kt"], ["s"]),
+         helper.make_node(scale_op, ["s", "c"], ["ss"]),
+         helper.make_node("Softmax", ["ss"], ["p"], axis=3 if opset < 13 else -1),
+         helper.make_node("MatMul", ["p", "v"], ["y"])]
+    g = helper.make_graph(n, "g", ins, [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(np.array(0.35 if scale_op == "Mul" else 2.5, np.float32), "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("q_shape,k_shape,opset,scale_op", [
+    ((2, 3, 5, 8), (2, 3, 7, 8), 13, "Mul"), ((1, 4, 6, 8), (1, 4, 6, 8), 12, "Div"),
+    ((2, 3, 5, 8), (1, 3, 7, 8), 13, "Mul")])  # the last broadcasts K and V over the batch (the three nodes' way)
+def test_an_encoder_self_attention_is_one_node(q_shape, k_shape, opset, scale_op):
+    model = _attention_model(q_shape, k_shape, opset, scale_op)
+    feeds = {"q": RNG.standard_normal(q_shape).astype(np.float32),
+             "k": RNG.standard_normal(k_shape).astype(np.float32),
+             "v": RNG.standard_normal(k_shape).astype(np.float32)}
+    fused, plain = _check(model, "AttentionFusion", 1e-5, feeds)
+    assert _ops(fused) == {("onnx_numba", "ScaledDotAttention"): 1}
+    assert _ops(plain)[("", "Softmax")] == 1

@@ -14,6 +14,11 @@ the Div), into ``com.microsoft.Gelu(x)``.
 ``FuseMatMulAdd`` (``MatMulAddFusion``) rewrites ``Add(MatMul(A, W), b)`` with ``A`` of rank 2, ``W`` a 2-d and
 ``b`` a 1-d (or ``[1, N]``) float initializer into ``Gemm(A, W, b)``: the bias is added in the product's pass.
 
+``FuseAttention`` rewrites ``MatMul(Softmax(MatMul(Q, Transpose(K, perm=[0, 1, 3, 2])) [* or / scalar]), V)``,
+the self-attention that encoder exports write out, into one ``onnx_numba.ScaledDotAttention(Q, K, V)``: the
+scores never make a tensor of their own (``ops/attention.py``; 4-d operands of one batch and head count run as
+opset 23's Attention, anything else as the three nodes compute it).
+
 Invariants:
 - a pattern is fused only when each of its intermediate values is read by the pattern alone and is not a graph
   output, and its constants are initializers with exactly the values above (within float32 rounding for
@@ -33,12 +38,12 @@ from ..ir import Graph, Node
 from .base import Pass, PassResult
 from .cuda_fusions import _readers
 
-__all__ = ["FuseGelu", "FuseLayerNormalization", "FuseMatMulAdd", "ONNXRUNTIME_NAMES"]
+__all__ = ["FuseAttention", "FuseGelu", "FuseLayerNormalization", "FuseMatMulAdd", "ONNXRUNTIME_NAMES"]
 
 _STD = ("", "ai.onnx")
 # onnxruntime's names of these optimizers (InferenceSession's ``disabled_optimizers``)
 ONNXRUNTIME_NAMES = {"LayerNormFusion": "FuseLayerNormalization", "GeluFusion": "FuseGelu",
-                     "MatMulAddFusion": "FuseMatMulAdd"}
+                     "MatMulAddFusion": "FuseMatMulAdd", "AttentionFusion": "FuseAttention"}
 
 
 def _scalar(graph: Graph, name: str):
@@ -251,3 +256,41 @@ class FuseMatMulAdd(_Fusion):
                 continue
             return Node("Gemm", [a, w, b], [node.outputs[0]], {}, node.name, "", node.opset), [mm]
         return None
+
+
+class FuseAttention(_Fusion):
+    name = "fuse_attention"
+
+    def _match(self, node):
+        g = self.graph
+        if node.op_type != "MatMul" or len(node.inputs) != 2:
+            return None
+        sm = self._from(node.inputs[0], "Softmax")
+        if sm is None:
+            return None
+        legacy = 0 < node.opset < 13 if sm.opset == 0 else sm.opset < 13
+        axis = int(sm.attrs.get("axis", 1 if legacy else -1))
+        if axis not in (-1, 3):
+            return None
+        scale, hidden, scores = 1.0, [sm], sm.inputs[0]
+        sc = self.producer.get(scores)
+        if sc is not None and sc.op_type in ("Mul", "Div") and sc.domain in _STD and self._from(scores, sc.op_type):
+            for k in ((0, 1) if sc.op_type == "Mul" else (0,)):
+                v = _scalar(g, sc.inputs[1 - k])
+                if v is not None and v != 0.0:
+                    scale = v if sc.op_type == "Mul" else 1.0 / v
+                    hidden.append(sc)
+                    scores = sc.inputs[k]
+                    break
+        mm = self._from(scores, "MatMul")
+        if mm is None:
+            return None
+        tr = self._from(mm.inputs[1], "Transpose")
+        if tr is None or [int(a) for a in tr.attrs.get("perm", ())] != [0, 1, 3, 2]:
+            return None
+        q, k, v = mm.inputs[0], tr.inputs[0], node.inputs[1]
+        if any((g.value_info.get(x) is None or g.value_info[x].dtype != np.float32) for x in (q, k, v)):
+            return None
+        attrs = {"scale": float(scale), "axis": axis, "legacy_softmax": int(legacy)}
+        return Node("ScaledDotAttention", [q, k, v], [node.outputs[0]], attrs, node.name, "onnx_numba", 1), \
+            hidden + [mm, tr]

@@ -5,7 +5,7 @@ The fusions' ops (domain ``onnx_numba``) are not ONNX ops, so each fused node is
 model-local function whose body is the standard ops it replaced (one function per op and variant, e.g.
 ``GatedActivation_silu_2``); a loader that knows the op may use it, any other inlines the body.  A fused node
 whose attributes differ from node to node (``FusedConv``: a Conv's pads, strides and groups) is written back as
-the standard nodes it replaced instead, as is ``HardSwishRelu6``.  An op of the domain with no known body makes
+the standard nodes it replaced instead, as are ``HardSwishRelu6`` and ``ScaledDotAttention`` (its scale).  An op of the domain with no known body makes
 saving fail with its name, rather than writing a model nobody can load.
 
 Initializers of at least ``min_external_bytes`` go to ``external_file`` beside the model when one is named
@@ -102,9 +102,21 @@ def _activation_nodes(act: str, params: list, x: str, y: str, opset: int) -> lis
 
 
 def _unfused(node, opset: int) -> list:
-    """The standard nodes a ``FusedConv`` or ``HardSwishRelu6`` node replaced."""
+    """The standard nodes a ``FusedConv``, ``HardSwishRelu6`` or ``ScaledDotAttention`` node replaced."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     y = node.output[0]
+    if node.op_type == "ScaledDotAttention":
+        q, k, v = node.input
+        out = [helper.make_node("Transpose", [k], [y + "__kt"], perm=[0, 1, 3, 2]),
+               helper.make_node("MatMul", [q, y + "__kt"], [y + "__s"], name=node.name or None)]
+        scores = y + "__s"
+        if float(attrs.get("scale", 1.0)) != 1.0:
+            out += [helper.make_node("Constant", [], [y + "__c"], value=helper.make_tensor(
+                        y + "__c", onnx.TensorProto.FLOAT, [], [float(attrs["scale"])])),
+                    helper.make_node("Mul", [scores, y + "__c"], [y + "__ss"])]
+            scores = y + "__ss"
+        return out + [helper.make_node("Softmax", [scores], [y + "__p"], axis=int(attrs.get("axis", -1))),
+                      helper.make_node("MatMul", [y + "__p", v], [y])]
     if node.op_type == "HardSwishRelu6":
         return _activation_nodes("HardSwishRelu6", [], node.input[0], y, opset)
     act = attrs.pop("activation", b"")
@@ -119,7 +131,7 @@ def _functions(model: onnx.ModelProto, opset: int) -> list:
     back as standard ones, ``_unfused``, first)."""
     nodes = []
     for node in model.graph.node:
-        if node.domain == FUSED_DOMAIN and node.op_type in ("FusedConv", "HardSwishRelu6"):
+        if node.domain == FUSED_DOMAIN and node.op_type in ("FusedConv", "HardSwishRelu6", "ScaledDotAttention"):
             nodes += _unfused(node, opset)
         else:
             nodes.append(node)

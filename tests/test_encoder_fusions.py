@@ -121,3 +121,20 @@ def test_an_encoder_self_attention_is_one_node(q_shape, k_shape, opset, scale_op
     fused, plain = _check(model, "AttentionFusion", 1e-5, feeds)
     assert _ops(fused) == {("onnx_numba", "ScaledDotAttention"): 1}
     assert _ops(plain)[("", "Softmax")] == 1
+
+
+def test_an_optimized_model_with_the_fused_nodes_loads_in_onnxruntime(tmp_path):
+    """The fused attention is written back as the nodes it replaced; Gelu and LayerNormalization are ops
+    onnxruntime has."""
+    from runtime import SessionOptions
+    shapes = (("q", (2, 3, 5, 8)), ("k", (2, 3, 7, 8)), ("v", (2, 3, 7, 8)))
+    for name, model, feeds in (
+            ("attention", _attention_model((2, 3, 5, 8), (2, 3, 7, 8), 12, "Div"),
+             {k: RNG.standard_normal(s).astype(np.float32) for k, s in shapes}),
+            ("gelu", _gelu(True, False), {"x": RNG.standard_normal((3, 40)).astype(np.float32)}),
+            ("layer_norm", _layer_norm(), {"x": RNG.standard_normal((2, 3, 16)).astype(np.float32)})):
+        so = SessionOptions()
+        so.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        got = InferenceSession(model, so).run(None, feeds)[0]
+        ref = onnxruntime.InferenceSession(so.optimized_model_filepath, providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(got, ref.run(None, feeds)[0], rtol=0, atol=1e-5)

@@ -39,7 +39,7 @@ from numba.core.extending import intrinsic
 from ._common import serial_twin
 from ._fastmath import fsigmoid, fsigmoid_mlas, ftanh
 
-__all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "conv2d", "depthwise2d", "finish",
+__all__ = ["ACTIVATIONS", "NO_ADD", "TILE", "act_value", "activate", "add_activate", "conv2d", "depthwise2d", "finish",
            "finish_run", "make_planes", "product_tile", "row_tile"]
 
 TILE = 64  # grid positions per tile: 4 vectors of 16
@@ -274,6 +274,45 @@ def activate(x, out, act, p0, p1):
         _activate_par(x, out, act, p0, p1, max(1, min(64, n // (_FINISH_PARALLEL_MIN // 2))))
     else:
         finish_run(x, 0, out, 0, n, NO_ADD, act, p0, p1)
+
+
+@njit(**_OPTS)
+def _add_act_run(y, z, i0, i1, act, p0, p1):
+    """y[i] = act(y[i] + z[i]) for i0 <= i < i1: one loop per common activation (the test hoisted out of it, and
+    unsigned indices, so that it vectorizes), the others through ``act_value``."""
+    a = np.uint64(i0)
+    m = np.uint64(i1 - i0)
+    if act == 0:
+        for i in range(m):
+            y[a + i] = y[a + i] + z[a + i]
+    elif act == 1:
+        for i in range(m):
+            y[a + i] = act_value(y[a + i] + z[a + i], 1, p0, p1)
+    elif act == 3:
+        for i in range(m):
+            y[a + i] = act_value(y[a + i] + z[a + i], 3, p0, p1)
+    else:
+        for i in range(m):
+            y[a + i] = act_value(y[a + i] + z[a + i], act, p0, p1)
+
+
+@njit(parallel=True, **_OPTS)
+def _add_act_par(y, z, act, p0, p1, nchunk):
+    n = y.shape[0]
+    for t in prange(nchunk):
+        _add_act_run(y, z, t * n // nchunk, (t + 1) * n // nchunk, act, p0, p1)
+
+
+@njit(**_OPTS)
+def add_activate(y, z, act, p0, p1):
+    """y = act(y + z) in place over flat float32 arrays of one length, in one pass (a convolution fused with the
+    residual Add and the activation after it), the Add's then the activation's float32 steps; over the threads
+    from ``_FINISH_PARALLEL_MIN`` elements."""
+    n = y.shape[0]
+    if n >= _FINISH_PARALLEL_MIN:
+        _add_act_par(y, z, act, p0, p1, max(1, min(64, n // (_FINISH_PARALLEL_MIN // 2))))
+    else:
+        _add_act_run(y, z, 0, n, act, p0, p1)
 
 
 @njit(parallel=True, **_OPTS)

@@ -710,18 +710,44 @@ def _conv_factory(ctx, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
 
 def _conv_activation_factory(ctx, activation=b"", activation_params=None, auto_pad="NOTSET", dilations=None,
                              group=1, kernel_shape=None, pads=None, strides=None):
-    """``onnx_numba.FusedConv`` (``runtime/passes/conv_fusions.FuseConvActivation``): Y = activation(Conv(X, W,
-    B)), the activation applied by the convolution's own epilogue (``_shifted.ACTIVATIONS``)."""
+    """``onnx_numba.FusedConv`` (``runtime/passes/conv_fusions``): Y = activation(Conv(X, W, B)), the activation
+    applied by the convolution's own epilogue (``_shifted.ACTIVATIONS``); with a fourth input Z (the residual
+    Add, ``FuseConvAddActivation``), Y = activation(Conv(X, W, B) + Z) in one pass after the convolution (an
+    empty activation: the Add alone).  A Z of another shape is broadcast to the output's, as the Add would."""
     from .elementwise import cpu_kernel
     act = activation.decode() if isinstance(activation, bytes) else str(activation)
-    if act not in _shifted.ACTIVATIONS or not act:
-        raise InvalidAttributeError(f"{ctx.name or 'FusedConv'}: activation must be one of "
+    name = ctx.name or "FusedConv"
+    with_z = len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3]) if getattr(ctx, "node", None) else False
+    if act not in _shifted.ACTIVATIONS or (not act and not with_z):
+        raise InvalidAttributeError(f"{name}: activation must be one of "
                                     f"{sorted(a for a in _shifted.ACTIVATIONS if a and '_' not in a)}, got {act!r}")
     if act in ("Sigmoid", "SiLU") and cpu_kernel("sigmoid") == "sigmoid_mlas":
         act += "_mlas"
     p = [float(np.float32(v)) for v in (activation_params or [])] + [0.0, 0.0]
-    return _conv_factory(ctx, auto_pad, dilations, group, kernel_shape, pads, strides, _shifted.ACTIVATIONS[act],
+    code = _shifted.ACTIVATIONS[act]
+    conv = _conv_factory(ctx, auto_pad, dilations, group, kernel_shape, pads, strides, 0 if with_z else code,
                          p[0], p[1])
+    if not with_z:
+        return conv
+    p0, p1 = np.float32(p[0]), np.float32(p[1])
+
+    def run(X, W, B=None, Z=None):
+        y = conv(X, W, B)  # a fresh array
+        if Z is None or y.dtype != F32 or Z.dtype != F32:
+            raise InvalidArgumentError(f"{name}: the residual Z must be float32 like the convolution, got "
+                                       f"{None if Z is None else Z.dtype}")
+        if Z.shape != y.shape:  # the Add's broadcasting (numpy's error names the shapes when they do not fit)
+            try:
+                r = np.add(y, Z)
+            except ValueError:
+                raise ShapeMismatchError(f"{name}: the residual Z of shape {list(Z.shape)} does not broadcast with "
+                                         f"the convolution's {list(y.shape)}") from None
+            flat = r.reshape(-1)
+            _shifted.activate(flat, flat, code, p0, p1)
+            return r
+        _shifted.add_activate(y.reshape(-1), np.ascontiguousarray(Z).reshape(-1), code, p0, p1)
+        return y
+    return run
 
 
 op("Conv", 1, factory=True)(_conv_factory)

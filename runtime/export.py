@@ -122,7 +122,14 @@ def _unfused(node, opset: int) -> list:
     act = attrs.pop("activation", b"")
     act = act.decode() if isinstance(act, bytes) else act
     params = attrs.pop("activation_params", [])
-    conv = helper.make_node("Conv", list(node.input), [y + "__conv"], name=node.name or None, **attrs)
+    ins = list(node.input)
+    if len(ins) > 3 and ins[3]:  # the residual Add (FuseConvAddActivation)
+        conv = helper.make_node("Conv", [i for i in ins[:3] if i], [y + "__conv"], name=node.name or None, **attrs)
+        if not act:
+            return [conv, helper.make_node("Add", [y + "__conv", ins[3]], [y])]
+        return [conv, helper.make_node("Add", [y + "__conv", ins[3]], [y + "__sum"])] + \
+            _activation_nodes(act, params, y + "__sum", y, opset)
+    conv = helper.make_node("Conv", ins, [y + "__conv"], name=node.name or None, **attrs)
     return [conv] + _activation_nodes(act, params, y + "__conv", y, opset)
 
 

@@ -172,9 +172,11 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
             EliminateDeadNodes()(graph)  # the unfused weights, unless another node reads them
     if int(getattr(options, "graph_optimization_level", 99)) >= 2:
         # A Conv and the activation after it as one kernel that applies the activation per tile (CPU kernels)
-        from .passes.conv_fusions import FuseConvActivation, FuseHardSwishRelu6
+        from .passes.conv_fusions import FuseConvActivation, FuseConvAddActivation, FuseHardSwishRelu6
         if provider != CUDA_PROVIDER and "FuseHardSwishRelu6" not in disabled:
             FuseHardSwishRelu6()(graph)
+        if provider != CUDA_PROVIDER and not disabled & {"ConvAddActivationFusion", "FuseConvAddActivation"}:
+            FuseConvAddActivation()(graph)
         if provider != CUDA_PROVIDER and not disabled & {"ConvActivationFusion", "FuseConvActivation"}:
             FuseConvActivation()(graph)
         # The decomposed forms of encoder exports as one node each (runtime/passes/encoder_fusions.py; CPU kernels)

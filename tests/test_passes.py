@@ -304,3 +304,55 @@ def test_hardswish_written_as_four_nodes_runs_as_one_with_their_bits(add_to, fus
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
     from onnx.reference import ReferenceEvaluator
     np.testing.assert_allclose(y, ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+
+
+def _conv_add(act: str, z_shape, bias: bool = True):
+    """x -> Conv(3x3, pad 1) -> Add(z) [-> act]: a residual block's end."""
+    rng = np.random.default_rng(5)
+    ins = ["x", "w"] + (["b"] if bias else [])
+    nodes = [helper.make_node("Conv", ins, ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["z", "c"], ["s" if act else "y"])]
+    if act == "Clip":
+        nodes.append(helper.make_node("Clip", ["s", "lo", "hi"], ["y"]))
+    elif act:
+        nodes.append(helper.make_node(act, ["s"], ["y"]))
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b"),
+             numpy_helper.from_array(np.float32(-0.5), "lo"), numpy_helper.from_array(np.float32(0.7), "hi")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 9, 11]),
+                                       helper.make_tensor_value_info("z", TensorProto.FLOAT, list(z_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("act,z_shape,bias", [("Relu", (2, 6, 9, 11), True), ("", (2, 6, 9, 11), False),
+                                              ("Clip", (2, 6, 9, 11), True), ("Sigmoid", (1, 6, 1, 1), True)])
+def test_conv_add_activation_is_one_node_with_the_same_bits(tmp_path, act, z_shape, bias):
+    """The residual Add and the activation after a Conv run in one pass after it (a Z of another shape is
+    broadcast as the Add would): the bits of the unfused nodes, and an optimized model onnxruntime loads."""
+    import onnxruntime
+    model = _conv_add(act, z_shape, bias)
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((2, 4, 9, 11)).astype(np.float32),
+             "z": rng.standard_normal(z_shape).astype(np.float32)}
+    so = SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "fused.onnx")
+    fused = InferenceSession(model, so)
+    plain = InferenceSession(model, disabled_optimizers=["ConvAddActivationFusion"])
+    assert [n.op_type for n in fused._graph.nodes] == ["FusedConv"]
+    assert fused._graph.nodes[0].inputs[3] == "z"
+    got = fused.run(None, feeds)[0]
+    np.testing.assert_array_equal(got, plain.run(None, feeds)[0])
+    ref = onnxruntime.InferenceSession(so.optimized_model_filepath, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, ref.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_conv_add_stays_apart_when_the_conv_output_has_another_reader():
+    model = _conv_add("Relu", (2, 6, 9, 11))
+    import onnx
+    m = onnx.load_from_string(model)
+    m.graph.output.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    s = InferenceSession(m.SerializeToString())
+    assert "Add" in [n.op_type for n in s._graph.nodes]

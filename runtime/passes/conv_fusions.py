@@ -40,13 +40,15 @@ from ..ir import Graph, Node
 from .base import Pass, PassResult
 from .cuda_fusions import _readers
 
-__all__ = ["FuseConvActivation", "FuseConvBatchNorm", "FuseHardSwishRelu6", "ONNXRUNTIME_NAMES"]
+__all__ = ["FuseConvActivation", "FuseConvAddActivation", "FuseConvBatchNorm", "FuseHardSwishRelu6",
+           "ONNXRUNTIME_NAMES"]
 
 _STD = ("", "ai.onnx")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # onnxruntime's names of these optimizers (InferenceSession's ``disabled_optimizers``)
-ONNXRUNTIME_NAMES = {"ConvBNFusion": "FuseConvBatchNorm", "ConvActivationFusion": "FuseConvActivation"}
+ONNXRUNTIME_NAMES = {"ConvBNFusion": "FuseConvBatchNorm", "ConvActivationFusion": "FuseConvActivation",
+                     "ConvAddActivationFusion": "FuseConvAddActivation"}
 # (FuseHardSwishRelu6 has no onnxruntime counterpart: it is disabled by its own name)
 FUSED_DOMAIN = "onnx_numba"
 _INF = float("inf")
@@ -204,6 +206,80 @@ class FuseConvActivation(Pass):
                     return None
                 bounds[i - 1] = float(v.reshape(-1)[0])
         return bounds
+
+
+class FuseConvAddActivation(Pass):
+    """``act(Add(Conv(X, W, B), Z))`` (a residual block's end; the activation optional, any of
+    ``FuseConvActivation``'s but SiLU) into ``onnx_numba.FusedConv(X, W, B, Z, activation=act)``: the Add and the
+    activation in one pass over the convolution's output, as onnxruntime's ``ConvAddActivationFusion``.  Fused
+    only when Z and the Conv's output are float32, the Conv's output is read by the Add alone and the Add's by
+    the activation alone (neither a graph output); a Z of another shape is broadcast at run time as the Add
+    would broadcast it."""
+    name = "fuse_conv_add_activation"
+
+    def call(self, graph: Graph) -> PassResult:
+        readers, producer = _links(graph)
+        outputs = {v.name for v in graph.outputs}
+        drop, replace = set(), {}
+        for node in reversed(graph.nodes):  # (an activation before the Add it follows: the longer pattern first)
+            if id(node) in drop or id(node) in replace or node.domain not in _STD:
+                continue
+            m = self._match(node, producer, readers, outputs, graph)
+            if m is None or id(m[0]) in replace or id(m[0]) in drop:
+                continue
+            conv, z, act, params, hidden = m
+            attrs = dict(conv.attrs, activation=act)
+            if params:
+                attrs["activation_params"] = params
+            ins = list(conv.inputs) + [""] * (3 - len(conv.inputs)) + [z]
+            replace[id(conv)] = Node("FusedConv", ins, [node.outputs[0]], attrs, conv.name, FUSED_DOMAIN, 1)
+            drop.update(id(h) for h in hidden)
+        if not replace:
+            return PassResult(False)
+        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+        return PassResult(True, [n.name or n.outputs[0] for n in replace.values()])
+
+    def _match(self, node, producer, readers, outputs, graph):
+        act, params, hidden, add = "", [], [], node
+        if node.op_type != "Add":
+            add = producer.get(node.inputs[0]) if node.inputs else None
+            if add is None or add.op_type != "Add" or add.domain not in _STD or len(add.outputs) != 1 \
+                    or readers.get(add.outputs[0], 0) != 1 or add.outputs[0] in outputs:
+                return None
+            act, params = self._activation(node, graph.initializers)
+            if act is None:
+                return None
+            hidden = [node]
+        if len(add.inputs) != 2:
+            return None
+        for k in (0, 1):
+            y, z = add.inputs[k], add.inputs[1 - k]
+            conv = producer.get(y)
+            if conv is None or conv.op_type != "Conv" or conv.domain not in _STD or len(conv.outputs) != 1 \
+                    or readers.get(y, 0) != 1 or y in outputs:
+                continue
+            vy, vz = graph.value_info.get(y), graph.value_info.get(z)
+            if vy is None or vz is None or vy.dtype != np.float32 or vz.dtype != np.float32:
+                continue
+            return conv, z, act, params, hidden + [add]
+        return None
+
+    @staticmethod
+    def _activation(node, inits):
+        """(name, params) of an activation ``FuseConvActivation`` fuses (SiLU aside), else (None, None)."""
+        op = node.op_type
+        if op in ("Relu", "Sigmoid", "Tanh"):
+            return op, []
+        if op == "HardSwish":
+            return op, [_f32(1 / 6), 0.5]
+        if op == "LeakyRelu":
+            return op, [_f32(node.attrs.get("alpha", 0.01))]
+        if op == "HardSigmoid":
+            return op, [_f32(node.attrs.get("alpha", 0.2)), _f32(node.attrs.get("beta", 0.5))]
+        if op == "Clip":
+            b = FuseConvActivation._clip_bounds(node, inits)
+            return (op, b) if b is not None else (None, None)
+        return None, None
 
 
 class FuseHardSwishRelu6(Pass):

@@ -314,6 +314,8 @@ def _conv_add(act: str, z_shape, bias: bool = True):
              helper.make_node("Add", ["z", "c"], ["s" if act else "y"])]
     if act == "Clip":
         nodes.append(helper.make_node("Clip", ["s", "lo", "hi"], ["y"]))
+    elif act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", ["s"], ["g"]), helper.make_node("Mul", ["g", "s"], ["y"])]
     elif act:
         nodes.append(helper.make_node(act, ["s"], ["y"]))
     inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "w"),
@@ -328,7 +330,8 @@ def _conv_add(act: str, z_shape, bias: bool = True):
 
 
 @pytest.mark.parametrize("act,z_shape,bias", [("Relu", (2, 6, 9, 11), True), ("", (2, 6, 9, 11), False),
-                                              ("Clip", (2, 6, 9, 11), True), ("Sigmoid", (1, 6, 1, 1), True)])
+                                              ("Clip", (2, 6, 9, 11), True), ("Sigmoid", (1, 6, 1, 1), True),
+                                              ("SiLU", (2, 6, 9, 11), True)])
 def test_conv_add_activation_is_one_node_with_the_same_bits(tmp_path, act, z_shape, bias):
     """The residual Add and the activation after a Conv run in one pass after it (a Z of another shape is
     broadcast as the Add would): the bits of the unfused nodes, and an optimized model onnxruntime loads."""

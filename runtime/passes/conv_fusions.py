@@ -210,7 +210,7 @@ class FuseConvActivation(Pass):
 
 class FuseConvAddActivation(Pass):
     """``act(Add(Conv(X, W, B), Z))`` (a residual block's end; the activation optional, any of
-    ``FuseConvActivation``'s but SiLU) into ``onnx_numba.FusedConv(X, W, B, Z, activation=act)``: the Add and the
+    ``FuseConvActivation``'s, SiLU included) into ``onnx_numba.FusedConv(X, W, B, Z, activation=act)``: the Add and the
     activation in one pass over the convolution's output, as onnxruntime's ``ConvAddActivationFusion``.  Fused
     only when Z and the Conv's output are float32, the Conv's output is read by the Add alone and the Add's by
     the activation alone (neither a graph output); a Z of another shape is broadcast at run time as the Add
@@ -241,7 +241,19 @@ class FuseConvAddActivation(Pass):
 
     def _match(self, node, producer, readers, outputs, graph):
         act, params, hidden, add = "", [], [], node
-        if node.op_type != "Add":
+        if node.op_type == "Mul" and len(node.inputs) == 2:  # SiLU: Mul(s, Sigmoid(s)) with s the Add's output
+            for k in (0, 1):
+                sig, s = producer.get(node.inputs[1 - k]), node.inputs[k]
+                if sig is not None and sig.op_type == "Sigmoid" and sig.domain in _STD and sig.inputs[0] == s \
+                        and readers.get(sig.outputs[0], 0) == 1 and sig.outputs[0] not in outputs:
+                    add = producer.get(s)
+                    if add is not None and add.op_type == "Add" and add.domain in _STD and len(add.outputs) == 1 \
+                            and readers.get(s, 0) == 2 and s not in outputs:
+                        act, hidden = "SiLU", [node, sig]
+                        break
+            else:
+                return None
+        elif node.op_type != "Add":
             add = producer.get(node.inputs[0]) if node.inputs else None
             if add is None or add.op_type != "Add" or add.domain not in _STD or len(add.outputs) != 1 \
                     or readers.get(add.outputs[0], 0) != 1 or add.outputs[0] in outputs:

@@ -30,6 +30,8 @@ nothing (``ops/conv.py`` does); ``row_tile`` reads ``xf[offs[k] + j0 : + 64]`` f
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -55,8 +57,9 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 # ``ONNX_NUMBA_MLAS_ORDER``)
 # "HardSwishRelu6" is the form Paddle exports write, x * Clip(x + 3, 0, 6) / 6: its four float32 steps in order.
 ACTIVATIONS = {"": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "HardSigmoid": 4, "HardSwish": 5, "Sigmoid": 6,
-               "Tanh": 7, "SiLU": 8, "Sigmoid_mlas": 9, "SiLU_mlas": 10, "HardSwishRelu6": 11}
+               "Tanh": 7, "SiLU": 8, "Sigmoid_mlas": 9, "SiLU_mlas": 10, "HardSwishRelu6": 11, "Gelu": 12}
 _THREE, _SIX, _ZERO = np.float32(3), np.float32(6), np.float32(0)
+_HALF, _ONE, _RS2 = np.float32(0.5), np.float32(1.0), np.float32(1.0 / math.sqrt(2.0))
 NO_ADD = np.float32(-0.0)  # the bias of none: x + -0.0 is x for every x, -0.0 included (x + 0.0 is not)
 
 
@@ -155,6 +158,8 @@ def act_value(v, act, p0, p1):
         return fsigmoid_mlas(v)
     if act == 10:
         return v * fsigmoid_mlas(v)
+    if act == 12:  # com.microsoft Gelu's float32 expression (ops/contrib_norm.py)
+        return _HALF * v * (_ONE + math.erf(v * _RS2))
     t = v + _THREE  # Add, Clip, Mul, Div as their kernels compute them in float32
     t = _ZERO if t < _ZERO else t
     t = _SIX if t > _SIX else t
@@ -204,9 +209,12 @@ def finish_run(src, s0, dst, d0, n, bv, act, p0, p1):
     elif act == 10:
         for i in range(m):
             dst[d + i] = act_value(src[s + i] + bv, 10, p0, p1)
-    else:
+    elif act == 11:
         for i in range(m):
             dst[d + i] = act_value(src[s + i] + bv, 11, p0, p1)
+    else:
+        for i in range(m):
+            dst[d + i] = act_value(src[s + i] + bv, 12, p0, p1)
 
 
 @njit(**_OPTS)
@@ -249,9 +257,12 @@ def _finish_in_place(buf, o, n, bv, act, p0, p1):
     elif act == 10:
         for i in range(m):
             buf[d + i] = act_value(buf[s + i] + bv, 10, p0, p1)
-    else:
+    elif act == 11:
         for i in range(m):
             buf[d + i] = act_value(buf[s + i] + bv, 11, p0, p1)
+    else:
+        for i in range(m):
+            buf[d + i] = act_value(buf[s + i] + bv, 12, p0, p1)
 
 
 _FINISH_PARALLEL_MIN = 1 << 14  # elements from which ``finish`` and ``activate`` spread over the threads

@@ -93,6 +93,8 @@ def _activation_nodes(act: str, params: list, x: str, y: str, opset: int) -> lis
                 helper.make_node(act, [x, y + "__lo", y + "__hi"], [y])]
     if act == "SiLU":
         return [helper.make_node("Sigmoid", [x], [y + "__s"]), helper.make_node("Mul", [x, y + "__s"], [y])]
+    if act == "Gelu":
+        return [helper.make_node("Gelu", [x], [y], domain="com.microsoft")]
     if act == "HardSwishRelu6":
         return [_scalar(y + "__3", 3.0), _scalar(y + "__0", 0.0), _scalar(y + "__6", 6.0),
                 helper.make_node("Add", [x, y + "__3"], [y + "__a"]),
@@ -174,6 +176,9 @@ def save_model(graph: Graph, path: str, external_file: str | None = None, min_ex
     model = model_to_proto(graph)
     opset = graph.opsets.get("", 1)
     funcs = _functions(model, opset)
+    declared = {o.domain for o in model.opset_import}
+    for domain in sorted({n.domain for n in model.graph.node if n.domain and n.domain != FUSED_DOMAIN} - declared):
+        model.opset_import.append(helper.make_opsetid(domain, 1))  # (com.microsoft: a written-back Gelu)
     if funcs:
         model.functions.extend(funcs)
         if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):

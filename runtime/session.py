@@ -171,15 +171,8 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
         if not disabled & {"ConvBNFusion", "FuseConvBatchNorm"} and FuseConvBatchNorm()(graph).modified:
             EliminateDeadNodes()(graph)  # the unfused weights, unless another node reads them
     if int(getattr(options, "graph_optimization_level", 99)) >= 2:
-        # A Conv and the activation after it as one kernel that applies the activation per tile (CPU kernels)
-        from .passes.conv_fusions import FuseConvActivation, FuseConvAddActivation, FuseHardSwishRelu6
-        if provider != CUDA_PROVIDER and "FuseHardSwishRelu6" not in disabled:
-            FuseHardSwishRelu6()(graph)
-        if provider != CUDA_PROVIDER and not disabled & {"ConvAddActivationFusion", "FuseConvAddActivation"}:
-            FuseConvAddActivation()(graph)
-        if provider != CUDA_PROVIDER and not disabled & {"ConvActivationFusion", "FuseConvActivation"}:
-            FuseConvActivation()(graph)
-        # The decomposed forms of encoder exports as one node each (runtime/passes/encoder_fusions.py; CPU kernels)
+        # The decomposed forms of encoder exports as one node each (runtime/passes/encoder_fusions.py; CPU kernels),
+        # first: a Gelu so written then joins the Conv before it.
         from .passes.encoder_fusions import ONNXRUNTIME_NAMES, FuseAttention, FuseGelu, FuseLayerNormalization, \
             FuseMatMulAdd
         fused = False
@@ -188,6 +181,14 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
                 fused |= cls()(graph).modified
         if fused:
             EliminateDeadNodes()(graph)
+        # A Conv and the activation after it as one kernel that applies the activation per tile (CPU kernels)
+        from .passes.conv_fusions import FuseConvActivation, FuseConvAddActivation, FuseHardSwishRelu6
+        if provider != CUDA_PROVIDER and "FuseHardSwishRelu6" not in disabled:
+            FuseHardSwishRelu6()(graph)
+        if provider != CUDA_PROVIDER and not disabled & {"ConvAddActivationFusion", "FuseConvAddActivation"}:
+            FuseConvAddActivation()(graph)
+        if provider != CUDA_PROVIDER and not disabled & {"ConvActivationFusion", "FuseConvActivation"}:
+            FuseConvActivation()(graph)
         # The feed-forward gate as one kernel (runtime/passes/cuda_fusions.py): on the CPU one pass over memory
         # where the export has three; on a GPU also the gate and value products merged (launch-bound steps).
         from .passes.cuda_fusions import FuseGatedActivation, FuseGatedMatMul, FuseGatedMatMulNBits

@@ -316,6 +316,8 @@ def _conv_add(act: str, z_shape, bias: bool = True):
         nodes.append(helper.make_node("Clip", ["s", "lo", "hi"], ["y"]))
     elif act == "SiLU":
         nodes += [helper.make_node("Sigmoid", ["s"], ["g"]), helper.make_node("Mul", ["g", "s"], ["y"])]
+    elif act == "Gelu":
+        nodes.append(helper.make_node("Gelu", ["s"], ["y"], domain="com.microsoft"))
     elif act:
         nodes.append(helper.make_node(act, ["s"], ["y"]))
     inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "w"),
@@ -324,14 +326,14 @@ def _conv_add(act: str, z_shape, bias: bool = True):
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 9, 11]),
                                        helper.make_tensor_value_info("z", TensorProto.FLOAT, list(z_shape))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
     m.ir_version = 8
     return m.SerializeToString()
 
 
 @pytest.mark.parametrize("act,z_shape,bias", [("Relu", (2, 6, 9, 11), True), ("", (2, 6, 9, 11), False),
                                               ("Clip", (2, 6, 9, 11), True), ("Sigmoid", (1, 6, 1, 1), True),
-                                              ("SiLU", (2, 6, 9, 11), True)])
+                                              ("SiLU", (2, 6, 9, 11), True), ("Gelu", (2, 6, 9, 11), True)])
 def test_conv_add_activation_is_one_node_with_the_same_bits(tmp_path, act, z_shape, bias):
     """The residual Add and the activation after a Conv run in one pass after it (a Z of another shape is
     broadcast as the Add would): the bits of the unfused nodes, and an optimized model onnxruntime loads."""
@@ -359,3 +361,27 @@ def test_conv_add_stays_apart_when_the_conv_output_has_another_reader():
     m.graph.output.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
     s = InferenceSession(m.SerializeToString())
     assert "Add" in [n.op_type for n in s._graph.nodes]
+
+
+def test_a_gelu_written_out_after_a_conv_joins_it():
+    """Conv, then Gelu in its erf form: FuseGelu first, then the Conv takes the Gelu in its epilogue, with the
+    bits of the Conv followed by com.microsoft's Gelu."""
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Div", ["c", "s2"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["c", "a"], ["h"]),
+             helper.make_node("Mul", ["h", "half"], ["y"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((5, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.float32(np.sqrt(2.0)), "s2"), numpy_helper.from_array(np.float32(1), "one"),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    model = m.SerializeToString()
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    fused = InferenceSession(model)
+    assert [(n.op_type, n.attrs.get("activation")) for n in fused._graph.nodes] == [("FusedConv", "Gelu")]
+    apart = InferenceSession(model, disabled_optimizers=["ConvActivationFusion"])
+    assert [n.op_type for n in apart._graph.nodes] == ["Conv", "Gelu"]
+    np.testing.assert_array_equal(fused.run(None, {"x": x})[0], apart.run(None, {"x": x})[0])

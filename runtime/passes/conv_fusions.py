@@ -10,8 +10,10 @@ onnxruntime's fused model computes.  A whole normalization pass over the activat
 Conv's inputs and attributes, plus ``activation`` and ``activation_params`` as com.microsoft's FusedConv takes
 them), whose kernel applies the activation to each tile of the output while it is in cache instead of in a
 second pass over memory (``ops/_shifted.py``): Relu, LeakyRelu, Clip (constant bounds), HardSigmoid, HardSwish,
-Sigmoid, Tanh, and SiLU, ``Mul(y, Sigmoid(y))`` in either operand order.  The activation is its unary op's own
-expression, so the fused node gives the bits of the nodes it replaces for float32.
+Sigmoid, Tanh, SiLU (``Mul(y, Sigmoid(y))`` in either operand order) and com.microsoft's erf ``Gelu``.  The
+activation is its op's own expression, so the fused node gives the bits of the nodes it replaces for float32.
+``FuseConvAddActivation`` does the same for a Conv followed by a residual ``Add`` (and, optionally, one of
+those activations): the Add and the activation run in one pass after the convolution.
 
 ``FuseHardSwishRelu6`` first rewrites ``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (either Mul operand order;
 float32 scalar constants of exactly those values), the HardSwish that Paddle exports write as four nodes, into
@@ -44,6 +46,7 @@ __all__ = ["FuseConvActivation", "FuseConvAddActivation", "FuseConvBatchNorm", "
            "ONNXRUNTIME_NAMES"]
 
 _STD = ("", "ai.onnx")
+_MS = "com.microsoft"
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # onnxruntime's names of these optimizers (InferenceSession's ``disabled_optimizers``)
@@ -132,7 +135,7 @@ class FuseConvActivation(Pass):
         readers, producer = _links(graph)
         drop, replace = set(), {}
         for node in graph.nodes:
-            if id(node) in drop or node.domain not in _STD + (FUSED_DOMAIN,):
+            if id(node) in drop or node.domain not in _STD + (FUSED_DOMAIN, _MS):
                 continue
             m = self._match(node, producer, readers, graph.initializers)
             if m is None or id(m[0]) in replace or id(m[0]) in drop:
@@ -174,6 +177,10 @@ class FuseConvActivation(Pass):
             return None
         if node.domain == FUSED_DOMAIN:
             if op != "HardSwishRelu6":
+                return None
+            params = []
+        elif node.domain == _MS:  # the erf Gelu (FuseGelu writes it so), in its kernel's float32 steps
+            if op != "Gelu" or len(node.inputs) != 1:
                 return None
             params = []
         elif op in ("Relu", "Sigmoid", "Tanh"):
@@ -222,7 +229,7 @@ class FuseConvAddActivation(Pass):
         outputs = {v.name for v in graph.outputs}
         drop, replace = set(), {}
         for node in reversed(graph.nodes):  # (an activation before the Add it follows: the longer pattern first)
-            if id(node) in drop or id(node) in replace or node.domain not in _STD:
+            if id(node) in drop or id(node) in replace or node.domain not in _STD + (_MS,):
                 continue
             m = self._match(node, producer, readers, outputs, graph)
             if m is None or id(m[0]) in replace or id(m[0]) in drop:
@@ -280,6 +287,8 @@ class FuseConvAddActivation(Pass):
     def _activation(node, inits):
         """(name, params) of an activation ``FuseConvActivation`` fuses (SiLU aside), else (None, None)."""
         op = node.op_type
+        if node.domain == _MS:
+            return ("Gelu", []) if op == "Gelu" and len(node.inputs) == 1 else (None, None)
         if op in ("Relu", "Sigmoid", "Tanh"):
             return op, []
         if op == "HardSwish":

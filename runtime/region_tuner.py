@@ -10,7 +10,7 @@ runs in parallel (an OCR detector's feature maps: 1.13 times slower with every r
 costs seconds of compile on an empty cache.
 
 So a plan in auto mode runs its first ``WARM_RUNS`` runs step by step (they load or compile the kernels), times
-each step over the next ``TIMED_RUNS`` runs and counts the elements it returns, and then keeps the regions in
+the next ``TIMED_RUNS`` runs and counts the elements each of their steps returns, and then keeps the regions in
 which no step returned more than ``SMALL_ELEMENTS`` elements (below that the kernels run on one thread anyway)
 and that replace at least two steps, provided that what they save, estimated as ``DISPATCH_NS`` per replaced
 step, is at least ``MIN_GAIN`` of the run's time.  Otherwise the plan stays as it is and is never timed again.
@@ -33,7 +33,7 @@ import numpy as np
 __all__ = ["RegionTuner", "WARM_RUNS", "TIMED_RUNS", "SMALL_ELEMENTS", "DISPATCH_NS", "MIN_GAIN", "SETTLE_RUNS"]
 
 WARM_RUNS = 2  # runs before timing: the first loads or compiles each kernel, a control-flow body its own regions
-TIMED_RUNS = 2  # runs timed step by step; each step's fastest time counts
+TIMED_RUNS = 2  # runs timed (the fastest counts), with the elements each step returns
 SMALL_ELEMENTS = 1 << 14  # a step returning at most this many elements is small (ops._shifted's parallel bound)
 DISPATCH_NS = 1_500  # what a region saves per step it replaces (estimate)
 MIN_GAIN = 0.03  # regions are turned on when they save at least this fraction of a run
@@ -41,20 +41,18 @@ SETTLE_RUNS = WARM_RUNS + TIMED_RUNS  # runs (one after another) after which a p
 # compiles what it chose
 
 
-class _StepTimer:
-    """An observer (``Plan.run``'s protocol) that keeps each step's time and the elements it returned."""
+class _StepSizes:
+    """An observer (``Plan.run``'s protocol) that keeps the elements each step returned."""
 
-    __slots__ = ("ns", "elements")
+    __slots__ = ("elements",)
 
     def __init__(self, nsteps: int):
-        self.ns = [0] * nsteps
         self.elements = [0] * nsteps
 
     def before(self, k: int) -> None:
         pass
 
     def after(self, k: int, args, result, t0_ns: int) -> None:
-        self.ns[k] = time.perf_counter_ns() - t0_ns
         self.elements[k] = _elements(result)
 
 
@@ -68,14 +66,13 @@ def _elements(result) -> int:
 
 
 class RegionTuner:
-    """Counts a plan's runs, times the sampled ones, makes the choice (``decide``) after the last and checks it
-    on the run that follows (``check``)."""
+    """Counts a plan's runs, times the sampled ones (and the sizes of their steps), makes the choice (``decide``)
+    after the last and checks it on the run that follows (``check``)."""
 
     def __init__(self):
         self.finished = 0  # runs that have returned
         self.started = 0  # timed runs started
         self.timed = 0  # timed runs finished
-        self.best = None  # per step: its fastest time over the timed runs (ns)
         self.elements = None  # per step: the most elements it returned in a timed run
         self.wall = None  # the fastest timed run (ns)
         self.choice = None  # after deciding: what was found, chosen and estimated (``Plan.region_choice``)
@@ -96,15 +93,14 @@ class RegionTuner:
             with self._lock:
                 self.finished += 1
             return out
-        timer = _StepTimer(len(plan.steps))
+        sizes = _StepSizes(len(plan.steps))
         t0 = time.perf_counter_ns()
-        out = plan._run(feeds, outer, timer)
+        out = plan._run(feeds, outer, sizes)
         wall = time.perf_counter_ns() - t0
         with self._lock:
             self.finished += 1
-            first = self.best is None
-            self.best = timer.ns if first else [min(a, b) for a, b in zip(self.best, timer.ns)]
-            self.elements = timer.elements if first else [max(a, b) for a, b in zip(self.elements, timer.elements)]
+            first = self.elements is None
+            self.elements = sizes.elements if first else [max(a, b) for a, b in zip(self.elements, sizes.elements)]
             self.wall = wall if self.wall is None else min(self.wall, wall)
             self.timed += 1
             last = self.timed == TIMED_RUNS

@@ -2,8 +2,8 @@
 
 The config names one decoder whose KV-cache and recurrent-state port names are
 ``%d`` templates expanded over the layers (separate key and value caches, or onnxruntime-genai's legacy
-combined ``past_%d``/``present_%d`` of shape ``(2, batch, heads, positions, head_size)``).  Hybrid decoders (qwen3.5, lfm2)
-have attention caches on some layers and conv/recurrent states on the others,
+combined ``past_%d``/``present_%d`` of shape ``(2, batch, heads, positions, head_size)``).  Hybrid decoders
+(qwen3.5, lfm2) have attention caches on some layers and conv/recurrent states on the others,
 so a template is expanded only for the layer indices that exist in the
 decoder's ONNX graph.  A split VLM config (``vision`` / ``embedding`` /
 ``decoder`` sections) becomes a three-component composite run in the stages

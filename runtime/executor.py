@@ -386,10 +386,8 @@ class Plan:
             if self._pool is None or self._pool_size != workers:
                 self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnx_numba-inter-op")
                 self._pool_size = workers
-            steps = self._free_lists.pop() if self._free_lists else None
+            steps = self._free_lists.pop() if self._free_lists else self._bind_steps(arena=False)[0]
             gen = self._gen
-        if steps is None:
-            steps = self._bind_steps(arena=False)[0]
         call = call or (lambda fn, *a: fn(*a))
         vals = self.template[:]
         for q, v in zip(self.input_slots, feeds):
@@ -613,11 +611,9 @@ class Plan:
                 return self._execute(self.steps, feeds, outer, observer)
             finally:
                 self._busy.release()
-        with self._spare_lock:
-            steps = self._spare.pop() if self._spare else None
+        with self._spare_lock:  # (bound under the lock: ``use_regions`` may be rebinding the layout)
+            steps = self._spare.pop() if self._spare else self._bind_steps()[0]
             gen = self._gen
-        if steps is None:
-            steps = self._bind_steps()[0]
         try:
             return self._execute(steps, feeds, outer, observer)
         finally:

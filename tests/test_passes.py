@@ -385,3 +385,24 @@ def test_a_gelu_written_out_after_a_conv_joins_it():
     apart = InferenceSession(model, disabled_optimizers=["ConvActivationFusion"])
     assert [n.op_type for n in apart._graph.nodes] == ["Conv", "Gelu"]
     np.testing.assert_array_equal(fused.run(None, {"x": x})[0], apart.run(None, {"x": x})[0])
+
+
+def test_conv_add_whose_residual_is_computed_after_the_conv():
+    """The residual Z is produced by a node after the Conv (a shortcut branch exported second): the fused node
+    takes the Add's place, where Z exists, with the unfused bits."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["z"]),
+             helper.make_node("Add", ["c", "z"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((6, 4, 1, 1)).astype(np.float32), "w2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    model = m.SerializeToString()
+    x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)
+    fused = InferenceSession(model)
+    assert sum(n.op_type == "FusedConv" and len(n.inputs) > 3 for n in fused._graph.nodes) == 1
+    plain = InferenceSession(model, disabled_optimizers=["ConvAddActivationFusion", "ConvActivationFusion"])
+    np.testing.assert_array_equal(fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0])

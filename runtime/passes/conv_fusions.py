@@ -239,8 +239,9 @@ class FuseConvAddActivation(Pass):
             if params:
                 attrs["activation_params"] = params
             ins = list(conv.inputs) + [""] * (3 - len(conv.inputs)) + [z]
-            replace[id(conv)] = Node("FusedConv", ins, [node.outputs[0]], attrs, conv.name, FUSED_DOMAIN, 1)
-            drop.update(id(h) for h in hidden)
+            # In the last node's place: Z may be produced after the Conv (a shortcut branch exported second).
+            replace[id(node)] = Node("FusedConv", ins, [node.outputs[0]], attrs, conv.name, FUSED_DOMAIN, 1)
+            drop.update(id(h) for h in [conv] + hidden if h is not node)
         if not replace:
             return PassResult(False)
         graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]

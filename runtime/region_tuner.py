@@ -135,8 +135,13 @@ class RegionTuner:
     def check(self, plan, before, feeds, outer) -> list:
         """The first run on the regions (it compiles them), checked against the steps they replaced on the same
         feeds: a result that differs in one bit turns them off again for good (``choice["same"]``)."""
-        out = plan._run(feeds, outer)
-        ref = plan.run_on(before, feeds, outer)
+        try:
+            out = plan._run(feeds, outer)
+            ref = plan.run_on(before, feeds, outer)
+        except BaseException:  # (a bad feed, say): the next run checks instead; nothing unchecked runs
+            with self._lock:
+                self._before = before
+            raise
         same = len(out) == len(ref) and all(_same(a, b) for a, b in zip(out, ref))
         self.choice["same"] = same
         if not same:

@@ -4,6 +4,7 @@ first run on them against the steps they replace."""
 import threading
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime import InferenceSession, RunOptions, SessionOptions
@@ -181,3 +182,25 @@ def test_runs_from_several_threads_across_the_switch_give_serial_results(monkeyp
         t.join()
     assert not errors, errors[0]
     assert s.plan.region_choice is not None and s.plan.region_choice["on"] and s.plan.regions
+
+
+def test_a_run_that_fails_on_the_regions_leaves_the_check_to_the_next(monkeypatch):
+    from runtime import region_tuner
+    from runtime.executor import Plan
+    monkeypatch.setattr(region_tuner, "MIN_GAIN", 0.0)
+    s = _session(_chain(48, 4))
+    x = np.ones((4, 4), np.float32)
+    for _ in range(DECIDED):
+        s.run(None, {"x": x})
+    real = Plan._run
+
+    def fails_once(plan, *a, **k):
+        monkeypatch.setattr(Plan, "_run", real)
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(Plan, "_run", fails_once)
+    with pytest.raises(RuntimeError, match="a kernel failed"):
+        s.run(None, {"x": x})
+    assert s.plan.region_choice.get("same") is None  # not checked yet
+    s.run(None, {"x": x})
+    assert s.plan.region_choice["same"] is True

@@ -64,6 +64,7 @@ class _Fusion(Pass):
     def call(self, graph: Graph) -> PassResult:
         self.readers = _readers(graph)
         self.producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        self.outputs = {v.name for v in graph.outputs}
         self.graph = graph
         drop, replace = set(), {}
         for node in graph.nodes:
@@ -88,7 +89,7 @@ class _Fusion(Pass):
         n = self.producer.get(value)
         if n is None or n.op_type != op_type or n.domain not in _STD or len(n.outputs) != 1:
             return None
-        if self.readers.get(value, 0) != readers or value in {v.name for v in self.graph.outputs}:
+        if self.readers.get(value, 0) != readers or value in self.outputs:
             return None
         return n
 

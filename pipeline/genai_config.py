@@ -5,7 +5,9 @@ The config names one decoder whose KV-cache and recurrent-state port names are
 combined ``past_%d``/``present_%d`` of shape ``(2, batch, heads, positions, head_size)``).  Hybrid decoders
 (qwen3.5, lfm2) have attention caches on some layers and conv/recurrent states on the others,
 so a template is expanded only for the layer indices that exist in the
-decoder's ONNX graph.  A split VLM config (``vision`` / ``embedding`` /
+decoder's ONNX graph.  A port the config leaves out takes onnxruntime-genai's default name
+(``input_ids``, ``attention_mask``, ``position_ids``, ``logits``, ``past_key_values.%d.key``, ...) when the
+graph has a port of that name.  A split VLM config (``vision`` / ``embedding`` /
 ``decoder`` sections) becomes a three-component composite run in the stages
 vision (prompt only), embed and decode.
 
@@ -49,8 +51,26 @@ def _expand(template, n, key):
     return [template % i for i in range(n)]
 
 
+# onnxruntime-genai's default port names: a name the config leaves out is used when the graph has it
+_DEFAULT_INPUTS = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+                   "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
+                   "past_conv_names": "past_conv.%d"}
+_DEFAULT_OUTPUTS = {"logits": "logits", "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value", "present_conv_names": "present_conv.%d"}
+
+
+def _with_defaults(given: dict, defaults: dict, ports: dict) -> dict:
+    """``given`` with each default name the graph has (a template's layer 0) added where the config is silent."""
+    out = dict(given)
+    for k, name in defaults.items():
+        if k not in out and (name.replace("%d", "0") if "%d" in name else name) in ports:
+            out[k] = name
+    return out
+
+
 def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filename: str) -> IOSpec:
-    inputs, outputs = sec.get("inputs") or {}, sec.get("outputs") or {}
+    inputs = _with_defaults(sec.get("inputs") or {}, _DEFAULT_INPUTS, ins)
+    outputs = _with_defaults(sec.get("outputs") or {}, _DEFAULT_OUTPUTS, outs)
     io = IOSpec()
     io.token_input = inputs.get("input_ids") if "inputs_embeds" not in inputs else None
     if "inputs_embeds" in inputs:
@@ -131,7 +151,7 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
         if hs is not None and isinstance(shape[3], int) and shape[3] != hs:
             raise MetadataError(f"{key}.head_size is {hs} but the graph's {name!r} has head size {shape[3]} "
                                 f"(shape {shape})")
-    template = (((dec.get("inputs") or {}).get("past_key_names")) or "")
+    template = (dec.get("inputs") or {}).get("past_key_names") or _DEFAULT_INPUTS["past_key_names"]
     if "%d" in template:
         pat = re.compile("^" + re.escape(template).replace("%d", r"(\d+)") + "$")
         layers = sorted({int(m.group(1)) for n in ins for m in [pat.match(n)] if m})

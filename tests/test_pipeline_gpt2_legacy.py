@@ -59,3 +59,21 @@ def test_a_padded_batch_is_refused_with_combined_caches(package):
     g = og.Generator(m, params)
     with pytest.raises(NotImplementedError, match="combined key-and-value caches"):
         g.append_tokens(np.array([[1, 7, 8, 9], [1, 7, 3, 3]], np.int32))
+
+
+def test_ports_the_config_leaves_out_take_onnxruntime_genai_s_default_names(package, ort_genai, tmp_path):
+    """onnxruntime-genai's own tiny GPT-2 config names only its caches: input_ids, attention_mask, position_ids
+    and logits are found under their default names."""
+    import json
+    import shutil
+    from pipeline.genai_config import load_genai_config
+    folder = shutil.copytree(package, tmp_path / "defaults")
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["inputs"] = {"past_names": "past_%d"}
+    cfg["model"]["decoder"]["outputs"] = {"present_names": "present_%d"}
+    (folder / "genai_config.json").write_text(json.dumps(cfg))
+    io = load_genai_config(str(folder)).components["decoder"].io
+    assert (io.token_input, io.attention_mask_input, io.position_ids_input, io.logits_output) == \
+        ("input_ids", "attention_mask", "position_ids", "logits")
+    assert _generate(og, str(folder), [1, 7, 8, 9], max_length=16, native="all") == \
+        _generate(ort_genai, str(folder), [1, 7, 8, 9], max_length=16)

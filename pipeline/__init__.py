@@ -2,16 +2,24 @@
 
 The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``,
 ``GeneratorParams``, ``Generator``, ``Tensor``, ``NamedTensors`` and a one-call
-``generate``.  ``python -m pipeline parity|generate``
+``generate``; the process-wide calls (providers on hand, logging, telemetry) are in
+``pipeline/environment.py``.  ``python -m pipeline parity|generate``
 are the command-line entry points.  Submodules load on first use, so
 ``import pipeline.spec`` stays light.
 """
-__all__ = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors",
-           "generate"]
+_API = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors", "generate"]
+_ENVIRONMENT = ["is_cuda_available", "is_dml_available", "is_openvino_available", "is_qnn_available",
+                "is_webgpu_available", "set_log_options", "set_log_callback", "enable_telemetry_events",
+                "disable_telemetry_events", "get_current_gpu_device_id", "set_current_gpu_device_id",
+                "register_execution_provider_library", "unregister_execution_provider_library"]
+__all__ = _API + _ENVIRONMENT
 
 
 def __getattr__(name):
-    if name in __all__:
+    if name in _API:
         from . import api
         return getattr(api, name)
+    if name in _ENVIRONMENT:
+        from . import environment
+        return getattr(environment, name)
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

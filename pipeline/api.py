@@ -38,7 +38,7 @@ from .spec import RequestError
 __all__ = ["Config", "Model", "Tokenizer", "Tensor", "NamedTensors", "GeneratorParams", "Generator", "generate",
            "SEARCH_KEYS"]
 
-_PROVIDERS = {"cpu": "cpu", "cuda": "cuda", "CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"}
+_PROVIDERS = {"cpu": "cpu", "cuda": "cuda", "cpuexecutionprovider": "cpu", "cudaexecutionprovider": "cuda"}
 
 
 class Config:
@@ -65,20 +65,29 @@ class Config:
         self.providers = []
 
     def append_provider(self, name: str):
-        if name not in _PROVIDERS:
-            raise RequestError(f"Unknown provider name \"{name}\" (this runtime has {', '.join(sorted(_PROVIDERS))})")
-        self.providers = (self.providers or []) + [name]
-        self.provider_options.setdefault(name, {})
+        """Adds ``name`` to the providers; as in onnxruntime-genai, a name is checked when the model loads."""
+        self.providers = (self.providers or []) + [str(name)]
+        self.provider_options.setdefault(str(name), {})
 
     def set_provider_option(self, provider: str, key: str, value: str):
-        self.provider_options.setdefault(provider, {})[str(key)] = str(value)
+        if provider not in (self.providers or []):
+            self.append_provider(provider)
+        self.provider_options[str(provider)][str(key)] = str(value)
 
     @property
     def device(self) -> str | None:
-        """``cuda`` when a CUDA provider was appended, ``cpu`` when only the CPU, None when not said."""
+        """``cuda`` when a CUDA provider was appended, ``cpu`` when only the CPU, None when not said.  A provider
+        this runtime does not have is a ``RuntimeError`` naming it."""
         if not self.providers:
             return None
-        return "cuda" if any(_PROVIDERS[p] == "cuda" for p in self.providers) else "cpu"
+        kinds = []
+        for p in self.providers:
+            kind = _PROVIDERS.get(p.lower()) if isinstance(p, str) else None
+            if kind is None:
+                raise RequestError(f"Unknown provider name '{p}'. Currently supported values are 'cpu'/"
+                                   f"'CPUExecutionProvider' and 'cuda'/'CUDAExecutionProvider'.")
+            kinds.append(kind)
+        return "cuda" if "cuda" in kinds else "cpu"
 
     def merged_overlay(self) -> dict:
         from .genai_config import merged
@@ -98,7 +107,9 @@ class Model:
         self.config = config
         self.path = config.path
         self.spec = load_package(self.path, config.merged_overlay() or None)
-        device = device or (config.device if config.device == "cuda" else None)
+        if device is None and config.device == "cuda":
+            from .environment import get_current_gpu_device_id
+            device = f"cuda:{get_current_gpu_device_id()}"
         dec = self.spec.decoder.name
         if native is None and device is None:
             self.choice = choice_from_environment([n for n in self.spec.components if n != dec], dec)
@@ -161,7 +172,20 @@ class Tensor:
 
 
 class NamedTensors(dict):
-    """Named inputs for ``Generator.set_inputs`` (a dict of name -> array)."""
+    """Named inputs for ``Generator.set_inputs``: name -> ``Tensor`` (an array assigned is wrapped in one, as
+    onnxruntime-genai does)."""
+
+    def __setitem__(self, name, value):
+        super().__setitem__(name, value if isinstance(value, Tensor) else Tensor(value))
+
+    def keys(self) -> list:
+        """The names, as a list (deleting while iterating over them is allowed, as in onnxruntime-genai)."""
+        return list(super().keys())
+
+
+def _arrays(named: dict) -> dict:
+    """name -> numpy array from a mapping of arrays or ``Tensor``s."""
+    return {k: v.as_numpy() if isinstance(v, Tensor) else v for k, v in named.items()}
 
 
 class Tokenizer:
@@ -265,7 +289,7 @@ class GeneratorParams:
 
     def set_inputs(self, named=None, **more):
         """Extra inputs of prompt-only components, e.g. pixel_values=..."""
-        self.extra_inputs.update(dict(named or {}), **more)
+        self.extra_inputs.update(_arrays(dict(named or {}, **more)))
 
 
 def generate(model: Model, prompt_ids, max_new_tokens=None, inputs=None, **search) -> list:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import environment as env
 from .beam_search import BeamSearch
 from .sampling import Sampler, repeated_ngram_ends, without_ids
 from .spec import RequestError
@@ -141,6 +142,8 @@ class Generator:
         if not a.shape[1]:
             return
         self._run(a)
+        if env.logging_of("append_next_tokens"):
+            env.log("append_next_tokens", " ".join(str(t) for t in a.reshape(-1).tolist()) + " ")
         self._finished = [False] * self.batch
         self._done = False
 
@@ -154,6 +157,11 @@ class Generator:
         if not self._seq:
             raise RequestError("append_tokens must come before generate_next_token: the sequence is empty")
         logits = self._current_logits()[:, -1, :]
+        if env.logging_of("generate_next_token"):
+            s = self.search
+            env.log("generate_next_token", f"do_sample: {int(bool(s.do_sample))} top_k: {int(s.top_k)} top_p: "
+                                           f"{float(s.top_p):g} temperature: {float(s.temperature):g} "
+                                           f"sequence length: {len(self._seq)}")
         if self._eos and len(self._seq) < int(self.search.min_length):
             logits = without_ids(logits, self._eos)
         n = int(self.search.no_repeat_ngram_size)
@@ -171,8 +179,12 @@ class Generator:
                 tok = self._pad
             elif tok in self._eos:
                 self._finished[b] = True
+                if env.logging_of("hit_eos"):
+                    env.log("hit_eos", f"EOS seen on batch {b}")
             tokens.append(int(tok))
         self._next = tokens
+        if env.logging_of("append_next_tokens"):
+            env.log("append_next_tokens", " ".join(map(str, tokens)) + " ")
         # The step that ends the last row is not appended (onnxruntime-genai 0.18: a prompt of one row never
         # holds its EOS; in a batch, the rows that ended before hold theirs and then pads).
         if not all(self._finished):
@@ -180,6 +192,8 @@ class Generator:
                 row.append(tok)
             self._logits = None
         self._done = all(self._finished) or len(self._seq) >= self.max_length
+        if len(self._seq) >= self.max_length and env.logging_of("hit_max_length"):
+            env.log("hit_max_length", "greedy cpu hit")
 
     def _beam_step(self, logits):
         """One beam-search step of every prompt: the new beams continue their parents' rows (within the
@@ -254,7 +268,8 @@ class Generator:
 
     def set_inputs(self, named=None, **more):
         """Inputs of the prompt-only components (e.g. pixel_values), for the sequence's first run."""
-        self.external.update(dict(named or {}), **more)
+        for k, v in dict(named or {}, **more).items():
+            self.external[k] = v.as_numpy() if hasattr(v, "as_numpy") else v
 
     def set_model_input(self, name: str, value):
         self.external[name] = value

@@ -17,14 +17,78 @@ continues (the caller reorders the decoder's caches by ``parents``).  The rules 
 - ``finish(rows)`` (at the end) adds the open beams as hypotheses with their sums; ``hypothesis(i)`` is the
   i-th best.
 
-Invariants: sums are float32 as onnxruntime-genai keeps them; ties among scores go to the lower flat index
-(row-major over rows and tokens); at most ``num_beams`` hypotheses are kept, best first.
+Invariants: sums are float32 as onnxruntime-genai keeps them; the best pairs are taken as onnxruntime-genai's
+``std::partial_sort`` over the flat indices (row-major over rows and tokens) takes them, ties included
+(``top_pairs`` follows libstdc++'s heap select and heap sort step by step); at most ``num_beams`` hypotheses
+are kept, best first.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BeamSearch"]
+__all__ = ["BeamSearch", "log_softmax", "top_pairs"]
+
+
+def _adjust_heap(h: list, hole: int, n: int, value: int, better) -> None:
+    """libstdc++'s ``__adjust_heap`` then ``__push_heap`` on the index heap ``h[:n]``."""
+    top, child = hole, hole
+    while child < (n - 1) // 2:
+        child = 2 * (child + 1)
+        if better(h[child], h[child - 1]):
+            child -= 1
+        h[hole] = h[child]
+        hole = child
+    if n % 2 == 0 and child == (n - 2) // 2:
+        child = 2 * (child + 1)
+        h[hole] = h[child - 1]
+        hole = child - 1
+    parent = (hole - 1) // 2
+    while hole > top and better(h[parent], value):
+        h[hole] = h[parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    h[hole] = value
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Each row's log-softmax in onnxruntime-genai's float32 steps: x - max, the exponentials summed one after
+    the other from the first (a cumulative sum, not numpy's pairwise sum), their log subtracted.  Each exp and
+    log is rounded from float64, as the C library's float functions round them."""
+    d = x - x.max(axis=1, keepdims=True)
+    total = np.cumsum(np.exp(d.astype(np.float64)).astype(np.float32), axis=1, dtype=np.float32)[:, -1:]
+    return d - np.log(total.astype(np.float64)).astype(np.float32)
+
+
+def top_pairs(scores: np.ndarray, k: int) -> np.ndarray:
+    """The flat indices of the ``k`` best scores in the order ``std::partial_sort`` (libstdc++) leaves them
+    with the comparator ``scores[a] > scores[b]`` over indices 0..n-1: a heap of the first ``k`` indices, each
+    later index that beats the heap's worst replacing it, then a heap sort.  Equal scores therefore come out
+    as onnxruntime-genai's beam search takes them.  Only the indices that beat the worst at their turn are
+    visited one by one."""
+    n = scores.shape[0]
+    k = min(int(k), n)
+    sc = scores.tolist() if n <= k else None
+
+    def better(a, b):
+        return scores[a] > scores[b]
+
+    h = list(range(k))
+    for parent in range((k - 2) // 2, -1, -1):  # make_heap
+        _adjust_heap(h, parent, k, h[parent], better)
+    i = k
+    while i < n and sc is None:
+        rest = np.flatnonzero(scores[i:] > scores[h[0]])
+        if rest.size == 0:
+            break
+        i += int(rest[0])
+        value = i
+        _adjust_heap(h, 0, k, value, better)  # __pop_heap(first, middle, i): i's index enters, the worst leaves
+        i += 1
+    for last in range(k - 1, 0, -1):  # sort_heap
+        value = h[last]
+        h[last] = h[0]
+        _adjust_heap(h, 0, last, value, better)
+    return np.asarray(h, np.int64)
 
 
 class BeamSearch:
@@ -60,10 +124,9 @@ class BeamSearch:
         if self.done:
             return [self.pad] * nb, list(range(nb))
         x = np.asarray(logits, np.float32)
-        m = x.max(axis=1, keepdims=True)
-        logp = (x - m) - np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float32))
+        logp = log_softmax(x)
         scores = (logp + self.sums[:, None]).astype(np.float32).reshape(-1)
-        top = np.argsort(-scores, kind="stable")[:2 * nb]
+        top = top_pairs(scores, 2 * nb)
         vocab = x.shape[1]
         tokens, parents, sums = [], [], []
         for j, flat in enumerate(top.tolist()):

@@ -140,10 +140,16 @@ class Model:
     def device_type(self) -> str:
         return "CUDA" if self.choice.device.startswith("cuda") else "CPU"
 
+    def _new_pipeline(self, max_length, batch=1):
+        if self.spec.marian_ports is not None:
+            from .marian import MarianPipeline
+            return MarianPipeline(self.spec, self.choice, max_length, batch=batch)
+        return Pipeline(self.spec, self.choice, max_length, batch=batch)
+
     @property
     def pipeline(self) -> Pipeline:
         if self._pipeline is None:
-            self._pipeline = Pipeline(self.spec, self.choice, self.max_length)
+            self._pipeline = self._new_pipeline(self.max_length)
         return self._pipeline
 
     def pipeline_for(self, max_length: int, batch: int = 1) -> Pipeline:
@@ -151,7 +157,7 @@ class Model:
         hold ``max_length`` positions."""
         p = self.pipeline
         if p.batch != batch or p.max_length < max_length:
-            self._pipeline = Pipeline(self.spec, self.choice, max(int(max_length), p.max_length), batch=batch)
+            self._pipeline = self._new_pipeline(max(int(max_length), p.max_length), batch=batch)
         return self._pipeline
 
 

@@ -31,6 +31,7 @@ import os
 from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value,
                              read_document, required, resolve_in_package, search_options)
 from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
+from .marian import is_marian, load_marian_config
 from .text_only import admit_text_only
 
 __all__ = ["load_genai_config", "merged", "GENAI_CONFIG"]
@@ -184,6 +185,8 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None 
     if overlay:
         cfg = merged(cfg, overlay)
     model, dec = _model_sections(cfg)
+    if is_marian(model):
+        return load_marian_config(root, cfg, model)
     graphs = Graphs()
     decoder, n_layers, ins = _load_decoder(root, dec, graphs)
     components = _side_components(root, model)

@@ -110,7 +110,10 @@ class Generator:
             r.extend(ids)
         self._fed = len(self._rows[0])
         self._outputs = {"logits": logits}
-        at = np.full(self.batch, cur.shape[1] - 1) if lengths is None else lengths - 1
+        if logits.shape[1] == 1:  # the decoder gave the last position only (an encoder-decoder's step)
+            at = np.zeros(self.batch, np.int64)
+        else:
+            at = np.full(self.batch, cur.shape[1] - 1) if lengths is None else lengths - 1
         self._logits = np.ascontiguousarray(logits[np.arange(self.batch), at][:, None, :])
         self._last_ids = cur
 

@@ -32,6 +32,10 @@ __all__ = ["resolve_in_package", "read_document", "graph_ports", "Graphs", "chec
 # search keys the builder writes that only matter for beam search; accepted at their neutral values
 _NEUTRAL_SEARCH = {"num_beams": 1, "num_return_sequences": 1, "no_repeat_ngram_size": 0, "diversity_penalty": 0.0,
                    "length_penalty": 1.0, "early_stopping": None}
+# read from a genai_config's search section (onnxruntime-genai's beam search); an inference_metadata spec, whose
+# runner has no beams, takes them at their neutral values only
+_BEAM_FIELDS = {"num_beams": int, "num_return_sequences": int, "no_repeat_ngram_size": int, "length_penalty": float,
+                "early_stopping": bool}
 _SEARCH_FIELDS = {"max_length": int, "min_length": int, "do_sample": bool, "top_k": int, "top_p": float,
                   "min_p": float, "temperature": float, "repetition_penalty": float,
                   "past_present_share_buffer": bool, "seed": int}
@@ -158,6 +162,13 @@ def search_options(d, key: str, strict: bool) -> SearchOptions:
     if not isinstance(d, dict):
         raise MetadataError(f"{key}: expected a mapping, got {type(d).__name__}")
     for k, v in d.items():
+        if not strict and k in _BEAM_FIELDS:  # a genai_config's beam search (og.Generator runs it)
+            t = _BEAM_FIELDS[k]
+            if isinstance(v, bool) != (t is bool) or not isinstance(v, (int, float)) or \
+                    (t is int and not isinstance(v, int)):
+                raise MetadataError(f"{key}.{k}: expected {t.__name__}, got {v!r}")
+            setattr(s, k, t(v))
+            continue
         if k in _NEUTRAL_SEARCH:
             neutral = _NEUTRAL_SEARCH[k]
             if neutral is not None and v != neutral:
@@ -182,7 +193,9 @@ def search_options(d, key: str, strict: bool) -> SearchOptions:
         setattr(s, k, t(v))
     checks = [("max_length", s.max_length >= 1), ("min_length", 0 <= s.min_length <= s.max_length),
               ("top_k", s.top_k >= 0), ("top_p", 0.0 < s.top_p <= 1.0), ("min_p", 0.0 <= s.min_p <= 1.0),
-              ("temperature", s.temperature >= 0.0), ("repetition_penalty", s.repetition_penalty > 0.0)]
+              ("temperature", s.temperature >= 0.0), ("repetition_penalty", s.repetition_penalty > 0.0),
+              ("num_beams", s.num_beams >= 1), ("num_return_sequences", 1 <= s.num_return_sequences <= s.num_beams),
+              ("no_repeat_ngram_size", s.no_repeat_ngram_size >= 0)]
     for k, ok in checks:
         if not ok:
             raise MetadataError(f"{key}.{k}: value {getattr(s, k)!r} is out of range")

@@ -147,6 +147,7 @@ class PipelineSpec:
     hidden_size: int | None = None
     vocab_size: int | None = None
     source: str = "genai_config"                # or "inference_metadata"
+    marian_ports: tuple | None = None           # a Marian package's (encoder, decoder) port names (marian.py)
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -145,11 +145,19 @@ def test_genai_config_filename_escaping_package(tmp_path):
         load_package(pkg)
 
 
-def test_genai_config_beam_search_rejected(tmp_path):
+def test_genai_config_beam_search_is_read_and_checked(tmp_path):
     cfg = _genai_cfg()
-    cfg["search"]["num_beams"] = 4
+    cfg["search"].update(num_beams=4, num_return_sequences=2, length_penalty=0.5, early_stopping=False)
     _llama_pkg(tmp_path, cfg)
-    with pytest.raises(MetadataError, match="search.num_beams"):
+    s = load_package(tmp_path).search
+    assert (s.num_beams, s.num_return_sequences, s.length_penalty, s.early_stopping) == (4, 2, 0.5, False)
+    cfg["search"]["num_return_sequences"] = 5
+    _llama_pkg(tmp_path, cfg)
+    with pytest.raises(MetadataError, match="search.num_return_sequences"):
+        load_package(tmp_path)
+    cfg["search"].update(num_return_sequences=1, num_beams=2.5)
+    _llama_pkg(tmp_path, cfg)
+    with pytest.raises(MetadataError, match="search.num_beams: expected int"):
         load_package(tmp_path)
 
 

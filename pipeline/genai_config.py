@@ -5,20 +5,27 @@ The config names one decoder whose KV-cache and recurrent-state port names are
 combined ``past_%d``/``present_%d`` of shape ``(2, batch, heads, positions, head_size)``).  Hybrid decoders
 (qwen3.5, lfm2) have attention caches on some layers and conv/recurrent states on the others,
 so a template is expanded only for the layer indices that exist in the
-decoder's ONNX graph.  A port the config leaves out takes onnxruntime-genai's default name
-(``input_ids``, ``attention_mask``, ``position_ids``, ``logits``, ``past_key_values.%d.key``, ...) when the
-graph has a port of that name.  A split VLM config (``vision`` / ``embedding`` /
-``decoder`` sections) becomes a three-component composite run in the stages
-vision (prompt only), embed and decode.
+decoder's ONNX graph.  As in onnxruntime-genai:
+- a port the config leaves out takes onnxruntime-genai's default name (``input_ids``, ``attention_mask``,
+  ``position_ids``, ``logits``, ``past_key_values.%d.key``, ``past_conv.%d``, ...) when the graph has it, and
+  the recurrent states of a hybrid decoder are found under names derived from the KV template
+  (``past_key_values.%d.conv_state`` and ``.recurrent_state``);
+- an ``attention_mask`` or ``position_ids`` the graph does not take is not fed;
+- the layer count is the graph's (the highest layer its cache inputs name, plus one); ``num_hidden_layers``
+  counts only for a decoder without caches.
+A split VLM config (``vision`` / ``embedding`` / ``decoder`` sections) becomes a three-component composite run
+in the stages vision (prompt only), embed and decode.
 
 Invariants of the returned spec (besides those ``metadata`` states for every spec):
-- every layer below ``num_hidden_layers`` has a KV cache (key and value) or a
+- every layer below the layer count has a KV cache (key and value) or a
   recurrent state among the decoder's inputs, once any cache template is given;
-- the head counts, head size and layer count the config declares agree with
+- the head counts and head size the config declares agree with
   the decoder graph's cache shapes and attention nodes (``MetadataError`` otherwise);
-- search keys that only matter for beam search are accepted at their neutral
-  values only; other unknown search keys are ignored (the builder writes more);
+- a search section's beam options (``num_beams``, ``num_return_sequences``, ``length_penalty``,
+  ``early_stopping``, ``no_repeat_ngram_size``) are read; other unknown search keys are ignored (the builder
+  writes more);
 - ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
+- A Marian encoder-decoder (``type`` ``marian-*``) is read by ``pipeline/marian.py``.
 
 A split VLM whose image preprocessing cannot be represented, or a builder
 ``*_vl_text`` decoder, is admitted for text only (see ``text_only``).
@@ -61,17 +68,63 @@ _DEFAULT_OUTPUTS = {"logits": "logits", "present_key_names": "present.%d.key",
 
 
 def _with_defaults(given: dict, defaults: dict, ports: dict) -> dict:
-    """``given`` with each default name the graph has (a template's layer 0) added where the config is silent."""
+    """``given`` with each default name the graph has (a template's name for some layer) added where the
+    config is silent."""
     out = dict(given)
     for k, name in defaults.items():
-        if k not in out and (name.replace("%d", "0") if "%d" in name else name) in ports:
+        if k not in out and name and _layers_of(name, ports) != []:
             out[k] = name
     return out
 
 
-def _decoder_io(sec: dict, n_layers: int, ins: dict, outs: dict, key: str, filename: str) -> IOSpec:
+def _layers_of(name: str, ports: dict):
+    """The layer indices a ``%d`` template names among ``ports`` (sorted); for a plain name, [0] when present."""
+    import re
+    if "%d" not in name:
+        return [0] if name in ports else []
+    pat = re.compile("^" + re.escape(name).replace("%d", r"(\d+)") + "$")
+    return sorted({int(m.group(1)) for p in ports for m in [pat.match(p)] if m})
+
+
+def _derived_state_names(inputs: dict, outputs: dict) -> tuple[dict, dict]:
+    """onnxruntime-genai's recurrent-state names derived from the KV templates (``past_key_values.%d.key`` ->
+    ``past_key_values.%d.conv_state`` and ``.recurrent_state``), used where the config names no state."""
+    def derive(template, suffix):
+        return template[:template.rfind(".") + 1] + suffix if isinstance(template, str) and "." in template else None
+    ins = {"past_conv_names": derive(inputs.get("past_key_names", _DEFAULT_INPUTS["past_key_names"]), "conv_state"),
+           "past_recurrent_names": derive(inputs.get("past_key_names", _DEFAULT_INPUTS["past_key_names"]),
+                                          "recurrent_state")}
+    outs = {"present_conv_names": derive(outputs.get("present_key_names", _DEFAULT_OUTPUTS["present_key_names"]),
+                                         "conv_state"),
+            "present_recurrent_names": derive(outputs.get("present_key_names",
+                                                          _DEFAULT_OUTPUTS["present_key_names"]), "recurrent_state")}
+    return ins, outs
+
+
+def _decoder_ports(sec: dict, ins: dict, outs: dict) -> tuple[dict, dict]:
+    """The decoder's input and output names: the config's, then onnxruntime-genai's defaults the graph has,
+    then state names derived from the KV templates.  An ``attention_mask`` or ``position_ids`` the graph does
+    not take is left out, as onnxruntime-genai leaves it out."""
     inputs = _with_defaults(sec.get("inputs") or {}, _DEFAULT_INPUTS, ins)
     outputs = _with_defaults(sec.get("outputs") or {}, _DEFAULT_OUTPUTS, outs)
+    d_in, d_out = _derived_state_names(inputs, outputs)
+    inputs = _with_defaults(inputs, d_in, ins)
+    outputs = _with_defaults(outputs, d_out, outs)
+    for k in ("attention_mask", "position_ids"):
+        if k in inputs and inputs[k] not in ins:
+            del inputs[k]
+    return inputs, outputs
+
+
+def _graph_layers(inputs: dict, ins: dict) -> int | None:
+    """How many layers the graph's cache and state inputs span (the highest index + 1), None when none."""
+    found = [i for t in _KV_TEMPLATES + _STATE_TEMPLATES + (_COMBINED_TEMPLATE,) if isinstance(inputs.get(t[0]), str)
+             for i in _layers_of(inputs[t[0]], ins)]
+    return max(found) + 1 if found else None
+
+
+def _decoder_io(inputs: dict, outputs: dict, n_layers: int, ins: dict, outs: dict, key: str,
+                filename: str) -> IOSpec:
     io = IOSpec()
     io.token_input = inputs.get("input_ids") if "inputs_embeds" not in inputs else None
     if "inputs_embeds" in inputs:
@@ -132,11 +185,9 @@ _ATTENTION_OPS = ("GroupQueryAttention", "MultiHeadAttention", "Attention", "Pag
 
 
 def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_layers: int, key: str) -> None:
-    """The head counts, head size and layer count the config declares against the decoder graph: its cache
+    """The head counts and head size the config declares against the decoder graph: its cache
     inputs (heads at axis 1, head size at axis 3 where static) and its attention nodes' ``num_heads`` and
     ``kv_num_heads``.  A config that contradicts the graph would otherwise run and decode garbage."""
-    import re
-
     import onnx
     kv = int_value(dec.get("num_key_value_heads"), f"{key}.num_key_value_heads")
     heads = int_value(dec.get("num_attention_heads"), f"{key}.num_attention_heads")
@@ -152,13 +203,6 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
         if hs is not None and isinstance(shape[3], int) and shape[3] != hs:
             raise MetadataError(f"{key}.head_size is {hs} but the graph's {name!r} has head size {shape[3]} "
                                 f"(shape {shape})")
-    template = (dec.get("inputs") or {}).get("past_key_names") or _DEFAULT_INPUTS["past_key_names"]
-    if "%d" in template:
-        pat = re.compile("^" + re.escape(template).replace("%d", r"(\d+)") + "$")
-        layers = sorted({int(m.group(1)) for n in ins for m in [pat.match(n)] if m})
-        if layers and layers[-1] >= n_layers:
-            raise MetadataError(f"{key}.num_hidden_layers is {n_layers} but the graph has caches for "
-                                f"{layers[-1] + 1} layers ({template % layers[-1]!r})")
     if heads is None and kv is None:
         return
     try:
@@ -227,12 +271,17 @@ def _model_sections(cfg: dict) -> tuple[dict, dict]:
 
 def _load_decoder(root: str, dec: dict, graphs: Graphs) -> tuple[ComponentSpec, int, dict]:
     """The decoder component with its io expanded over the layers, its layer count and its graph inputs."""
-    n_layers = int_value(required(dec, "num_hidden_layers", "model.decoder"), "model.decoder.num_hidden_layers",
-                    optional=False, minimum=1)
+    n_declared = int_value(dec.get("num_hidden_layers"), "model.decoder.num_hidden_layers", minimum=1)
     fname = resolve_in_package(root, required(dec, "filename", "model.decoder"), "model.decoder.filename")
     decoder = ComponentSpec("decoder", fname, "decoder")
     ins, outs = graphs(decoder)
-    decoder.io = _decoder_io(dec, n_layers, ins, outs, "model.decoder", fname)
+    inputs, outputs = _decoder_ports(dec, ins, outs)
+    # onnxruntime-genai counts the layers the graph's caches name; num_hidden_layers only where they name none
+    n_layers = _graph_layers(inputs, ins) or n_declared
+    if n_layers is None:
+        raise MetadataError("model.decoder.num_hidden_layers: required key is missing (the decoder's inputs name "
+                            "no cache layers)")
+    decoder.io = _decoder_io(inputs, outputs, n_layers, ins, outs, "model.decoder", fname)
     return decoder, n_layers, ins
 
 

@@ -117,9 +117,31 @@ def test_genai_config_hybrid_pairs_only_existing_layers(tmp_path):
     assert spec.positions.continuation == "linear_increment"
 
 
+def test_genai_config_hybrid_states_under_names_derived_from_the_kv_template(tmp_path):
+    """onnxruntime-genai's qwen3.5 test package: the config names only the KV templates (and a position_ids
+    the graph does not take); the states are past_key_values.N.conv_state / .recurrent_state, and the config's
+    num_hidden_layers (1) undercounts the graph's layers (3)."""
+    ins = [("input_ids", I64, ["batch", "seq"]), ("attention_mask", I64, ["batch", "total"]), *_kv(2),
+           *[(f"past_key_values.{i}.{k}", F, ["batch", 4, 3]) for i in (0, 1) for k in ("conv_state",
+                                                                                         "recurrent_state")]]
+    outs = [("logits", F, ["batch", "seq", 32]), *_present(2),
+            *[(f"present.{i}.{k}", F, ["batch", 4, 3]) for i in (0, 1) for k in ("conv_state", "recurrent_state")]]
+    _onnx(tmp_path / "model.onnx", ins, outs)
+    cfg = _genai_cfg(num_hidden_layers=1)
+    cfg["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
+    (tmp_path / "genai_config.json").write_text(json.dumps(cfg))
+    spec = load_package(tmp_path)
+    io = spec.decoder.io
+    assert spec.num_layers == 3 and io.position_ids_input is None
+    assert io.kv_inputs == ["past_key_values.2.key", "past_key_values.2.value"]
+    assert io.state_pairs == [StatePair(f"past_key_values.{i}.{k}", f"present.{i}.{k}")
+                              for i in (0, 1) for k in ("conv_state", "recurrent_state")]
+
+
 def test_genai_config_layer_without_cache_is_incomplete(tmp_path):
-    ins = [("input_ids", I64, ["batch", "seq"]), ("attention_mask", I64, ["batch", "total"]), *_kv(0)]
-    outs = [("logits", F, ["batch", "seq", 32]), *_present(0)]
+    """Caches for layers 0 and 2: layer 1 has none."""
+    ins = [("input_ids", I64, ["batch", "seq"]), ("attention_mask", I64, ["batch", "total"]), *_kv(0), *_kv(2)]
+    outs = [("logits", F, ["batch", "seq", 32]), *_present(0), *_present(2)]
     _onnx(tmp_path / "model.onnx", ins, outs)
     (tmp_path / "genai_config.json").write_text(json.dumps(_genai_cfg()))
     with pytest.raises(IncompletePackageError, match=r"layers \[1\]"):
@@ -440,11 +462,20 @@ def test_vlm_without_processor_config_kept_as_declared(tmp_path):
 @pytest.mark.parametrize("key,value,match", [
     ("num_key_value_heads", 4, r"num_key_value_heads is 4 but the graph's 'past_key_values.0.key' has 2 heads"),
     ("head_size", 16, r"head_size is 16 but the graph's 'past_key_values.0.key' has head size 8"),
-    ("num_hidden_layers", 1, r"num_hidden_layers is 1 but the graph has caches for 2 layers"),
 ])
 def test_genai_config_contradicting_the_graph_is_refused(tmp_path, key, value, match):
     with pytest.raises(MetadataError, match=match):
         load_package(str(_llama_pkg(tmp_path, _genai_cfg(**{key: value}))))
+
+
+def test_the_graph_s_cache_layers_count_over_num_hidden_layers(tmp_path):
+    """onnxruntime-genai counts the layers the graph's caches name; the config's num_hidden_layers is read only
+    for a decoder without caches."""
+    for declared in (1, 5):
+        assert load_package(str(_llama_pkg(tmp_path, _genai_cfg(num_hidden_layers=declared)))).num_layers == 2
+    cfg = _genai_cfg()
+    del cfg["model"]["decoder"]["num_hidden_layers"]
+    assert load_package(str(_llama_pkg(tmp_path, cfg))).num_layers == 2
 
 
 def test_genai_config_head_count_checked_against_attention_nodes(tmp_path):

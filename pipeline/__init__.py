@@ -8,17 +8,21 @@ are the command-line entry points.  Submodules load on first use, so
 ``import pipeline.spec`` stays light.
 """
 _API = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors", "generate"]
+_MULTIMODAL = ["Images", "MultiModalProcessor"]
 _ENVIRONMENT = ["is_cuda_available", "is_dml_available", "is_openvino_available", "is_qnn_available",
                 "is_webgpu_available", "set_log_options", "set_log_callback", "enable_telemetry_events",
                 "disable_telemetry_events", "get_current_gpu_device_id", "set_current_gpu_device_id",
                 "register_execution_provider_library", "unregister_execution_provider_library"]
-__all__ = _API + _ENVIRONMENT
+__all__ = _API + _MULTIMODAL + _ENVIRONMENT
 
 
 def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name in _MULTIMODAL:
+        from . import multimodal
+        return getattr(multimodal, name)
     if name in _ENVIRONMENT:
         from . import environment
         return getattr(environment, name)

@@ -119,6 +119,11 @@ class Model:
         self._pipeline = None
         self._pad = None
 
+    def create_multimodal_processor(self):
+        """The package's prompt-and-image processor (``pipeline/multimodal.py``)."""
+        from .multimodal import MultiModalProcessor
+        return MultiModalProcessor(self)
+
     @property
     def pad_token_id(self) -> int:
         """The id that pads a batch's rows, one rule for the tokenizer and the generator: the package's, else
@@ -211,6 +216,9 @@ class Tokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return self._tok.encode(text).astype(np.int32)
+
+    def encode_plain(self, text: str) -> list:
+        return self._tok.encode_plain(text)
 
     def encode_batch(self, texts) -> Tensor:
         """The encodings of ``texts`` as one [n, longest] int32 ``Tensor``, right-padded with the pad id."""

@@ -350,7 +350,8 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         num_kv_heads=int_value(dec.get("num_key_value_heads"), "model.decoder.num_key_value_heads"),
         head_size=int_value(dec.get("head_size"), "model.decoder.head_size"), source="genai_config",
         sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
-        vocab_size=model.get("vocab_size"))
+        vocab_size=model.get("vocab_size"),
+        vision_config=model["vision"] if isinstance(model.get("vision"), dict) else None)
 
 
 def _mark_text_only(spec: PipelineSpec, graphs: Graphs) -> None:

@@ -270,9 +270,21 @@ class Generator:
         raise RequestError(f"get_input: no input {name!r} to report (the token input is {dec.io.token_input!r})")
 
     def set_inputs(self, named=None, **more):
-        """Inputs of the prompt-only components (e.g. pixel_values), for the sequence's first run."""
+        """A multimodal package's inputs, as a processor returns them: ``input_ids`` are appended (the prompt,
+        image placeholders included); the others (``pixel_values``, ``image_sizes``, ...) go to the components
+        that take them.  A package with only a decoder takes no inputs this way (onnxruntime-genai's rule)."""
+        if len(self.model.spec.components) == 1:
+            raise RequestError(f"Please use generator.AppendTokens for {self.model.spec.model_type}. SetInputs is "
+                               f"not supported for this model type.")
+        ids = None
         for k, v in dict(named or {}, **more).items():
-            self.external[k] = v.as_numpy() if hasattr(v, "as_numpy") else v
+            v = v.as_numpy() if hasattr(v, "as_numpy") else v
+            if k == "input_ids":
+                ids = v
+            else:
+                self.external[k] = v
+        if ids is not None:
+            self.append_tokens(ids)
 
     def set_model_input(self, name: str, value):
         self.external[name] = value

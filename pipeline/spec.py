@@ -148,6 +148,7 @@ class PipelineSpec:
     vocab_size: int | None = None
     source: str = "genai_config"                # or "inference_metadata"
     marian_ports: tuple | None = None           # a Marian package's (encoder, decoder) port names (marian.py)
+    vision_config: dict | None = None           # genai_config model.vision (processor config file, port names)
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -1,0 +1,188 @@
+"""onnxruntime-genai's ``Images`` and ``MultiModalProcessor``: a prompt and its images to the model's inputs.
+
+``Images.open(*paths)`` / ``Images.open_bytes(*blobs)`` hold encoded images; they are decoded by the
+processor's ``DecodeImage`` step.  ``Model.create_multimodal_processor()`` reads the package's processor config
+(``model.vision.config_filename``, default ``processor_config.json``) and returns a ``MultiModalProcessor``;
+``processor(prompt, images=...)`` returns ``NamedTensors`` under onnxruntime-genai's nominal names.
+
+The ``phi3v`` processor, as onnxruntime-genai's:
+
+- each image runs the config's transforms (``pipeline/image_transforms.py``) to ``pixel_values``
+  ``(17, 3, 336, 336)``, ``image_sizes`` ``(2,)`` and ``num_image_tokens``; the images are stacked, and
+  ``pixel_values`` takes the vision model's input type (float32, float16 or bfloat16 rounded to nearest even);
+- the prompt is split at its ``<|image_N|>`` tags; each piece is tokenized without special tokens (as
+  onnxruntime-genai's ``Tokenizer::Encode`` tokenizes it) and tag ``N`` becomes ``num_image_tokens[N-1]``
+  copies of ``-N``; ``input_ids`` is ``(1, length)`` int32.  The tags must name each image once (onnxruntime-
+  genai's wording for a mismatch).
+
+Only ``phi3v`` is implemented.  Another multimodal type is a ``NotImplementedError`` naming it; a text
+decoder is a ``RuntimeError`` with onnxruntime-genai's words.  Known difference: JPEG images are decoded by
+Pillow (libjpeg-turbo), onnxruntime-genai's by IJG libjpeg 9, whose chroma upsampling differs, so JPEG pixel
+values differ by a few grey levels at colour edges; PNG and other lossless images give the same pixels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from .image_transforms import TRANSFORMS, UnsupportedTransform
+from .spec import RequestError
+
+__all__ = ["Images", "MultiModalProcessor", "create_processor"]
+
+_MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
+                     "mistral3", "whisper", "nemotron_speech", "parakeet"}
+_IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
+
+
+class Images:
+    """Encoded images, in the order given."""
+
+    def __init__(self, blobs: list):
+        self.blobs = list(blobs)
+
+    @classmethod
+    def open(cls, *paths) -> "Images":
+        blobs = []
+        for p in paths:
+            p = os.fspath(p)
+            if not os.path.isfile(p):
+                raise RequestError(f"Image path does not exist: {p}")
+            with open(p, "rb") as fh:
+                blobs.append(fh.read())
+        return cls(blobs)
+
+    @classmethod
+    def open_bytes(cls, *blobs) -> "Images":
+        for b in blobs:
+            if not isinstance(b, (bytes, bytearray, memoryview)):
+                raise TypeError(f"Images.open_bytes: expected bytes, got {type(b).__name__}")
+        return cls([bytes(b) for b in blobs])
+
+    def __len__(self):
+        return len(self.blobs)
+
+
+def _transforms(path: str) -> list:
+    """(type, attrs) of each transform the processor config lists."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        steps = doc["processor"]["transforms"]
+        out = [(s["operation"]["type"], dict(s["operation"].get("attrs") or {})) for s in steps]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RequestError(f"processor config {path!r}: expected processor.transforms with an operation type "
+                           f"each ({type(exc).__name__}: {exc})") from None
+    unknown = [t for t, _ in out if t not in TRANSFORMS]
+    if unknown:
+        raise UnsupportedTransform(f"processor config {path!r}: transform(s) {unknown} are not implemented here "
+                                   f"(implemented: {sorted(TRANSFORMS)})")
+    return out
+
+
+def _round_to(values: np.ndarray, onnx_type: str) -> np.ndarray:
+    if onnx_type == "tensor(float16)":
+        return values.astype(np.float16)
+    if onnx_type == "tensor(bfloat16)":
+        import ml_dtypes
+        return values.astype(ml_dtypes.bfloat16)
+    return values.astype(np.float32)
+
+
+class MultiModalProcessor:
+    """A package's prompt-and-image processor (``phi3v``); ``decode`` and ``create_stream`` are its tokenizer's."""
+
+    def __init__(self, model):
+        from .api import Tokenizer
+        spec = model.spec
+        kind = spec.model_type or ""
+        if kind != "phi3v":
+            if kind in _MULTIMODAL_TYPES:
+                raise NotImplementedError(f"MultiModalProcessor: the {kind} processor is not implemented here "
+                                          f"(implemented: phi3v)")
+            raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
+                               f"model type.")
+        vision = spec.components.get("vision")
+        if vision is None:
+            raise RequestError("MultiModalProcessor: the package has no model.vision section")
+        self.tokenizer = Tokenizer(model)
+        section = spec.vision_config or {}
+        self.steps = _transforms(os.path.join(spec.root, section.get("config_filename", "processor_config.json")))
+        self.pixel_type = _input_type(vision.filename, (section.get("inputs") or {}).get("pixel_values",
+                                                                                          "pixel_values"))
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+    def create_stream(self):
+        return self.tokenizer.create_stream()
+
+    def __call__(self, prompt=None, images=None, audios=None, **kwargs):
+        from .api import NamedTensors
+        if kwargs:
+            raise TypeError(f"MultiModalProcessor: unexpected argument(s) {sorted(kwargs)}")
+        if audios is not None:
+            raise NotImplementedError("MultiModalProcessor: the phi3v processor takes no audio")
+        if prompt is None:
+            prompt = ""
+        if not isinstance(prompt, str):
+            raise TypeError(f"MultiModalProcessor: the phi3v processor takes one prompt string, got "
+                            f"{type(prompt).__name__}")
+        out = NamedTensors()
+        counts = []
+        if images is not None and len(images):
+            pixels, sizes = [], []
+            for blob in images.blobs:
+                value = blob
+                for kind, attrs in self.steps:
+                    value = TRANSFORMS[kind](value, **attrs)
+                pv, size, tokens = value
+                pixels.append(pv)
+                sizes.append(size)
+                counts.append(int(tokens[0]))
+            out["input_ids"] = self._prompt_ids(prompt, counts)
+            out["pixel_values"] = _round_to(np.stack(pixels), self.pixel_type)
+            out["image_sizes"] = np.stack(sizes).astype(np.int64)
+            out["num_image_tokens"] = np.asarray(counts, np.int64).reshape(-1, 1)
+        else:
+            out["input_ids"] = self._prompt_ids(prompt, counts)
+        return out
+
+    def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:
+        chunks = _IMAGE_TAG.split(prompt)
+        tags = [int(t[8:-2]) for t in _IMAGE_TAG.findall(prompt)]
+        if len(set(tags)) != len(counts):
+            raise RequestError("Number of unique image tags does not match the number of images.")
+        ids = []
+        for i, chunk in enumerate(chunks):
+            ids += self.tokenizer.encode_plain(chunk)
+            if i < len(tags):
+                n = tags[i]
+                if not 1 <= n <= len(counts):
+                    raise RequestError(f"Encountered unexpected value of image_id in the prompt. Expected a value "
+                                       f"<= {len(counts)}. Actual value: {n}")
+                ids += [-n] * counts[n - 1]
+        return np.asarray(ids, np.int32).reshape(1, -1)
+
+
+def _input_type(filename: str, name: str) -> str:
+    """The ONNX type name of the vision model's input ``name``."""
+    import onnx
+    names = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.FLOAT16: "tensor(float16)",
+             onnx.TensorProto.BFLOAT16: "tensor(bfloat16)"}
+    m = onnx.load(filename, load_external_data=False)
+    for i in m.graph.input:
+        if i.name == name:
+            t = i.type.tensor_type.elem_type
+            if t not in names:
+                raise RequestError(f"MultiModalProcessor: the vision model's {name!r} has element type {t}; "
+                                   f"expected float32, float16 or bfloat16")
+            return names[t]
+    raise RequestError(f"MultiModalProcessor: the vision model {filename!r} has no input {name!r}")
+
+
+def create_processor(model) -> MultiModalProcessor:
+    return MultiModalProcessor(model)

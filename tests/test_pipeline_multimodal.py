@@ -1,0 +1,92 @@
+"""onnxruntime-genai's ``Images`` and ``MultiModalProcessor`` (``pipeline/multimodal.py``,
+``pipeline/image_transforms.py``) on the Phi-3-vision style fixture (``fixtures/phi3v_package.py``), against
+onnxruntime-genai's own processor and generator in the same test.
+
+Tolerances, fixed before comparing: the 336 x 336 crops and every integer output are equal; the bicubic global
+view is within 1e-5 (float32 results of a float64 accumulation, values below 2.2 in magnitude)."""
+import os
+
+import numpy as np
+import pytest
+
+import pipeline as og
+from fixtures import phi3v_package as P
+from pipeline.spec import RequestError
+
+PROMPT = "<|user|>\n<|image_1|>\nwhat is it?<|end|>\n<|assistant|>\n"
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    return P.build(str(tmp_path_factory.mktemp("phi3v")))
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("images")
+    return {"wide": P.png(str(d / "wide.png"), 1, (700, 300)),            # padded in height
+            "tall": P.png(str(d / "tall.png"), 2, (90, 400), "P"),        # a palette image, padded in width
+            "small": P.png(str(d / "small.png"), 3, (40, 30))}
+
+
+@pytest.fixture(scope="module")
+def ort_genai():
+    return pytest.importorskip("onnxruntime_genai")
+
+
+def _process(api, package, prompt, paths):
+    proc = api.Model(package).create_multimodal_processor()
+    out = proc(prompt, images=api.Images.open(*paths))
+    return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
+
+
+@pytest.mark.parametrize("names", [["wide"], ["tall"], ["small"], ["tall", "wide"]])
+def test_the_processor_gives_onnxruntime_genai_s_inputs(package, images, ort_genai, names):
+    paths = [images[n] for n in names]
+    prompt = "<|user|>\n" + "".join(f"<|image_{i + 1}|>\n" for i in range(len(paths))) + "Compare them.<|end|>\n"
+    got, ref = _process(og, package, prompt, paths), _process(ort_genai, package, prompt, paths)
+    assert sorted(got) == sorted(ref)
+    for k in ("input_ids", "image_sizes", "num_image_tokens"):
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+    assert got["pixel_values"].shape == ref["pixel_values"].shape and got["pixel_values"].dtype == np.float32
+    assert np.array_equal(got["pixel_values"][:, 1:], ref["pixel_values"][:, 1:])
+    np.testing.assert_allclose(got["pixel_values"][:, 0], ref["pixel_values"][:, 0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+@pytest.mark.parametrize("name", ["wide", "tall"])
+def test_image_prompts_decode_as_onnxruntime_genai_decodes_them(package, images, ort_genai, native, name):
+    def run(api, **kw):
+        m = api.Model(package, **kw)
+        inputs = m.create_multimodal_processor()(PROMPT, images=api.Images.open(images[name]))
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native=native) == run(ort_genai)
+
+
+def test_image_tags_must_name_each_image_once(package, images, ort_genai):
+    for api in (og, ort_genai):
+        proc = api.Model(package).create_multimodal_processor()
+        with pytest.raises(RuntimeError, match="Number of unique image tags does not match the number of images"):
+            proc("<|image_1|><|image_2|>", images=api.Images.open(images["wide"]))
+        with pytest.raises(RuntimeError, match="Expected a value <= 1. Actual value: 3"):
+            proc("<|image_3|>", images=api.Images.open(images["wide"]))
+
+
+def test_what_the_processor_and_set_inputs_refuse(package, images):
+    with pytest.raises(RuntimeError, match="Image path does not exist"):
+        og.Images.open(images["wide"] + ".missing")
+    text = og.Model(os.path.join(os.path.dirname(P.__file__), "packages", "llama_fp32"))
+    with pytest.raises(RuntimeError, match="is not a registered multi-modal model type"):
+        text.create_multimodal_processor()
+    params = og.GeneratorParams(text)
+    with pytest.raises(RuntimeError, match="Please use generator.AppendTokens"):
+        og.Generator(text, params).set_inputs(og.NamedTensors())
+    proc = og.Model(package).create_multimodal_processor()
+    with pytest.raises(ValueError, match="cannot be decoded"):
+        proc(PROMPT, images=og.Images.open_bytes(b"not an image"))

@@ -1,0 +1,40 @@
+"""onnxruntime-genai's own API tests (``test/python/test_onnxruntime_genai_api.py`` of its repository, with its
+test models) against ``pipeline``, through the plugin ``tests/genai_shim/onnx_numba_as_genai.py``.
+
+Its files are not part of this repository: set ``ONNX_NUMBA_GENAI_REPO`` to a checkout of onnxruntime-genai to run
+this (each backend in a child pytest).  Without it the test is skipped, and counts as nothing.  Every test of the
+file must pass or be one that cannot apply here, listed below with its reason; its own skips (models it
+downloads, other providers) are its business and stay skips.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.environ.get("ONNX_NUMBA_GENAI_REPO")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# test name prefix -> why it cannot pass here
+CANNOT_APPLY = {
+    "test_whisper_preprocessing": "the Whisper audio processor (log-mel features, og.Audios) is not implemented",
+}
+
+
+@pytest.mark.skipif(not REPO, reason="ONNX_NUMBA_GENAI_REPO (a checkout of onnxruntime-genai) is not set")
+@pytest.mark.parametrize("native", ["none", "all"])
+def test_onnxruntime_genai_s_api_tests_pass(native):
+    folder = os.path.join(REPO, "test", "python")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "genai_shim"), ROOT, folder]),
+               ONNX_NUMBA_NATIVE_DECODER="1" if native == "all" else "0", ONNX_NUMBA_NATIVE_COMPONENTS=native)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "onnx_numba_as_genai", "-p", "no:cacheprovider",
+                          "-q", "-rA", "test_onnxruntime_genai_api.py", "--test_models",
+                          os.path.join(REPO, "test", "test_models")],
+                         cwd=folder, env=env, capture_output=True, text=True, timeout=1800)
+    outcomes = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", run.stdout, re.M)
+    assert outcomes, run.stdout[-3000:] + run.stderr[-3000:]
+    unexpected = [(o, t) for o, t in outcomes if o != "PASSED"
+                  and not any(t.split("::")[-1].startswith(k) for k in CANNOT_APPLY)]
+    assert not unexpected, run.stdout[-6000:]

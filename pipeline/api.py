@@ -220,6 +220,10 @@ class Tokenizer:
     def encode_plain(self, text: str) -> list:
         return self._tok.encode_plain(text)
 
+    def update_options(self, **options):
+        """``add_special_tokens`` / ``skip_special_tokens`` (``"true"``/``"false"``), as onnxruntime-genai's."""
+        self._tok.update_options(**options)
+
     def encode_batch(self, texts) -> Tensor:
         """The encodings of ``texts`` as one [n, longest] int32 ``Tensor``, right-padded with the pad id."""
         rows = self._tok.encode_batch(list(texts))

@@ -1,12 +1,12 @@
 """Text <-> token ids for a GenAI package, after onnxruntime-genai's ``Tokenizer`` and ``TokenizerStream``.
 
 ``Tokenizer(folder)`` loads ``folder/tokenizer.json`` with the ``tokenizers``
-library (a path to the json file itself is accepted too).  ``encode`` adds
-special tokens the way the tokenizer's own post-processor says; only when
-``tokenizer_config.json`` asks for ``add_bos_token`` / ``add_eos_token`` and
-the post-processor did not already add that token is it added here (the
-model builder writes byte-level BPE tokenizers whose post-processor adds
-nothing).  ``decode`` skips special tokens.
+library (a path to the json file itself is accepted too).  As onnxruntime-genai's tokenizer, ``encode`` adds no
+special token and ``decode`` skips them, unless ``update_options(add_special_tokens=..., skip_special_tokens=...)``
+says otherwise.  With ``add_special_tokens`` on, special tokens are added the way the tokenizer's own
+post-processor says, and where ``tokenizer_config.json`` asks for ``add_bos_token`` / ``add_eos_token`` and the
+post-processor did not already add that token it is added here (Hugging Face's rule; onnxruntime-genai's
+tokenizer may add an EOS more).
 
 ``Tokenizer.create_stream()`` gives a ``TokenizerStream`` whose
 ``decode(token_id)`` returns only the text completed by that token.
@@ -73,6 +73,20 @@ class Tokenizer:
         self.pad_token_id = self._config_token_id("pad_token")
         self._add_bos = bool(self.config.get("add_bos_token", False)) and self.bos_token_id is not None
         self._add_eos = bool(self.config.get("add_eos_token", False)) and self.eos_token_id is not None
+        self.add_special_tokens = False  # onnxruntime-genai's defaults
+        self.skip_special_tokens = True
+
+    def update_options(self, **options):
+        """onnxruntime-genai's tokenizer options ``add_special_tokens`` and ``skip_special_tokens`` (``"true"`` /
+        ``"false"`` or a bool); another key is a ``RuntimeError`` naming it."""
+        for key, value in options.items():
+            if key not in ("add_special_tokens", "skip_special_tokens"):
+                raise RuntimeError(f"Invalid tokenizer option key: {key}")
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            if not isinstance(value, bool):
+                raise RuntimeError(f"Invalid tokenizer option value for {key}: {value!r} (expected true or false)")
+            setattr(self, key, value)
 
     def _config_token_id(self, key):
         text = token_text(self.config.get(key))
@@ -96,9 +110,11 @@ class Tokenizer:
         return np.asarray(ids, dtype=np.int64)
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids (int64 [n]) of ``text``, special tokens added per the post-processor (and config hints)."""
+        """Token ids (int64 [n]) of ``text``; special tokens only with ``add_special_tokens`` (see above)."""
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode expects a str, got {type(text).__name__}")
+        if not self.add_special_tokens:
+            return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int64)
         return self._finish(self._tok.encode(text, add_special_tokens=True).ids)
 
     def encode_plain(self, text: str) -> list:
@@ -109,12 +125,15 @@ class Tokenizer:
 
     def encode_batch(self, texts) -> list:
         """``encode`` of each text, as a list of int64 arrays (lengths differ; no padding)."""
+        if not self.add_special_tokens:
+            return [np.asarray(e.ids, np.int64) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
         return [self._finish(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
 
     def decode(self, ids) -> str:
-        """Text of ``ids`` (any integer sequence or array), special tokens skipped."""
+        """Text of ``ids`` (any integer sequence or array), special tokens skipped unless ``skip_special_tokens``
+        is off."""
         seq = np.asarray(ids).reshape(-1).tolist()
-        return self._tok.decode([int(i) for i in seq], skip_special_tokens=True)
+        return self._tok.decode([int(i) for i in seq], skip_special_tokens=self.skip_special_tokens)
 
     def create_stream(self) -> "TokenizerStream":
         return TokenizerStream(self)
@@ -125,6 +144,7 @@ class TokenizerStream:
 
     def __init__(self, tokenizer: Tokenizer):
         self._tok = tokenizer._tok
+        self._skip = tokenizer.skip_special_tokens
         self.reset()
 
     def reset(self):
@@ -135,8 +155,8 @@ class TokenizerStream:
 
     def decode(self, token_id) -> str:
         self._ids.append(int(token_id))
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
-        text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=True)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=self._skip)
+        text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=self._skip)
         pending = len(self._ids) - self._read
         if pending < _MAX_PENDING and (len(text) <= len(prefix_text) or text.endswith(_REPLACEMENT)):
             return ""  # nothing new (a skipped special token) or the last character is not complete yet

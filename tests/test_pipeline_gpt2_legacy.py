@@ -77,3 +77,23 @@ def test_ports_the_config_leaves_out_take_onnxruntime_genai_s_default_names(pack
         ("input_ids", "attention_mask", "position_ids", "logits")
     assert _generate(og, str(folder), [1, 7, 8, 9], max_length=16, native="all") == \
         _generate(ort_genai, str(folder), [1, 7, 8, 9], max_length=16)
+
+
+def test_the_tokenizer_adds_no_special_token_unless_asked_as_onnxruntime_genai(package, ort_genai, tmp_path):
+    """onnxruntime-genai creates its tokenizer with add_special_tokens off: a post-processor that adds <s> is not
+    applied by encode; ``update_options(add_special_tokens="true")`` turns it on."""
+    import shutil
+    from test_pipeline_sampling import make_tokenizer
+    folder = shutil.copytree(package, tmp_path / "bos")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    make_tokenizer(folder, config={"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"})
+    ours, ref = og.Tokenizer(og.Model(str(folder))), ort_genai.Tokenizer(ort_genai.Model(str(folder)))
+    assert ours.encode("hello world").tolist() == ref.encode("hello world").tolist()
+    assert ours.encode_batch(["hello", "hello world"]).as_numpy().tolist() == \
+        ref.encode_batch(["hello", "hello world"]).as_numpy().tolist()
+    ours.update_options(add_special_tokens="true")
+    assert ours.encode("hello world").tolist()[0] == 0
+    for tok in (ours, ref):
+        tok.update_options(skip_special_tokens="false")
+    assert ours.decode([0, 70, 71, 1]) == ref.decode([0, 70, 71, 1]) == "<s>ef</s>"

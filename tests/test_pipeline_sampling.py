@@ -285,9 +285,12 @@ def test_tokenizer_round_trip(tmp_path):
     from pipeline.tokenizer import Tokenizer
 
     tok = Tokenizer(make_tokenizer(tmp_path / "tok"))
+    plain = tok.encode("hello world")  # onnxruntime-genai's default: no special token
+    assert tok.id_to_token(int(plain[0])) == "hello"
+    tok.update_options(add_special_tokens="true")
     ids = tok.encode("hello world")
     assert ids.dtype == np.int64
-    assert ids[0] == 0  # <s> from the post-processor
+    assert ids[0] == 0 and list(ids[1:]) == list(plain)  # <s> from the post-processor
     assert tok.id_to_token(int(ids[1])) == "hello"
     assert tok.decode(ids) == "hello world"
     assert tok.decode(np.append(ids, 1)) == "hello world"  # </s> skipped
@@ -295,19 +298,27 @@ def test_tokenizer_round_trip(tmp_path):
     assert tok.decode(tok.encode(text)) == text
     assert [list(e) for e in tok.encode_batch(["hello", "he"])] == [list(tok.encode("hello")), list(tok.encode("he"))]
     # a path to the json file itself works too
-    assert list(Tokenizer(tmp_path / "tok" / "tokenizer.json").encode("hello")) == list(tok.encode("hello"))
+    assert list(Tokenizer(tmp_path / "tok" / "tokenizer.json").encode("hello")) == list(tok.encode("hello"))[1:]
+    tok.update_options(skip_special_tokens=False)
+    assert tok.decode(np.append(ids, 1)) == "<s>hello world</s>"
+    with pytest.raises(RuntimeError, match="Invalid tokenizer option key: foo"):
+        tok.update_options(foo="1")
 
 
 def test_tokenizer_config_bos_hint(tmp_path):
     from pipeline.tokenizer import Tokenizer
 
-    plain = Tokenizer(make_tokenizer(tmp_path / "a", bos_post_processor=False))
+    def special(folder):
+        t = Tokenizer(folder)
+        t.update_options(add_special_tokens="true")
+        return t
+    plain = special(make_tokenizer(tmp_path / "a", bos_post_processor=False))
     assert plain.encode("hello")[0] != 0
-    hinted = Tokenizer(make_tokenizer(tmp_path / "b", config={"add_bos_token": True, "bos_token": "<s>"},
-                                      bos_post_processor=False))
+    hinted = special(make_tokenizer(tmp_path / "b", config={"add_bos_token": True, "bos_token": "<s>"},
+                                    bos_post_processor=False))
     assert list(hinted.encode("hello")) == [0] + list(plain.encode("hello"))
     # the post-processor already adds <s>: not doubled
-    both = Tokenizer(make_tokenizer(tmp_path / "c", config={"add_bos_token": True, "bos_token": {"content": "<s>"}}))
+    both = special(make_tokenizer(tmp_path / "c", config={"add_bos_token": True, "bos_token": {"content": "<s>"}}))
     ids = both.encode("hello")
     assert ids[0] == 0 and ids[1] != 0
     assert both.bos_token_id == 0
@@ -324,6 +335,7 @@ def test_tokenizer_stream_pieces(tmp_path):
     from pipeline.tokenizer import Tokenizer
 
     tok = Tokenizer(make_tokenizer(tmp_path / "tok"))
+    tok.update_options(add_special_tokens=True)
     text = "hello wé 日本🙂!"
     ids = tok.encode(text)
     stream = tok.create_stream()

@@ -217,9 +217,6 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         return self._tok.encode(text).astype(np.int32)
 
-    def encode_plain(self, text: str) -> list:
-        return self._tok.encode_plain(text)
-
     def update_options(self, **options):
         """``add_special_tokens`` / ``skip_special_tokens`` (``"true"``/``"false"``), as onnxruntime-genai's."""
         self._tok.update_options(**options)

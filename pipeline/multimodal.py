@@ -10,8 +10,8 @@ The ``phi3v`` processor, as onnxruntime-genai's:
 - each image runs the config's transforms (``pipeline/image_transforms.py``) to ``pixel_values``
   ``(17, 3, 336, 336)``, ``image_sizes`` ``(2,)`` and ``num_image_tokens``; the images are stacked, and
   ``pixel_values`` takes the vision model's input type (float32, float16 or bfloat16 rounded to nearest even);
-- the prompt is split at its ``<|image_N|>`` tags; each piece is tokenized without special tokens (as
-  onnxruntime-genai's ``Tokenizer::Encode`` tokenizes it) and tag ``N`` becomes ``num_image_tokens[N-1]``
+- the prompt is split at its ``<|image_N|>`` tags; each piece is tokenized by the package's tokenizer with its
+  options (no special token by default, as onnxruntime-genai's ``Tokenizer::Encode``) and tag ``N`` becomes ``num_image_tokens[N-1]``
   copies of ``-N``; ``input_ids`` is ``(1, length)`` int32.  The tags must name each image once (onnxruntime-
   genai's wording for a mismatch).
 
@@ -158,7 +158,7 @@ class MultiModalProcessor:
             raise RequestError("Number of unique image tags does not match the number of images.")
         ids = []
         for i, chunk in enumerate(chunks):
-            ids += self.tokenizer.encode_plain(chunk)
+            ids += self.tokenizer.encode(chunk).tolist()
             if i < len(tags):
                 n = tags[i]
                 if not 1 <= n <= len(counts):

@@ -117,12 +117,6 @@ class Tokenizer:
             return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int64)
         return self._finish(self._tok.encode(text, add_special_tokens=True).ids)
 
-    def encode_plain(self, text: str) -> list:
-        """Token ids of ``text`` with no special token added (a piece of a prompt the caller assembles)."""
-        if not isinstance(text, str):
-            raise TypeError(f"Tokenizer.encode_plain expects a str, got {type(text).__name__}")
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
-
     def encode_batch(self, texts) -> list:
         """``encode`` of each text, as a list of int64 arrays (lengths differ; no padding)."""
         if not self.add_special_tokens:

@@ -10,10 +10,15 @@ A processor config lists transforms by ``type``; each is a function here from th
   is a multiple of 336 and at most 16 crops of 336 x 336 cover it, padded with white to a multiple of 336 on
   the shorter side, normalized with CLIP's mean and standard deviation, then a bicubic 336 x 336 global view
   first and the crops after, zero crops up to 17; returns ``pixel_values`` ``(17, 3, 336, 336)`` float32,
-  ``image_sizes`` ``(2,)`` (padded height, width) and ``num_img_tokens`` ``(1,)`` int64.
+  ``image_sizes`` ``(2,)`` (padded height, width) and ``num_img_tokens`` ``(1,)`` int64;
+- ``Resize`` (fixed size, or Qwen's ``smart_resize`` to a multiple of ``patch_size * merge_size`` within a
+  pixel budget), ``Rescale`` (times ``rescale_factor`` in float32), ``Normalize`` (``(x - mean) / std``;
+  ``qwen2_5_vl`` reverses the channels first) and ``PatchImage`` (Qwen's ``patch_size`` squares with the frame
+  repeated ``temporal_patch_size`` times, in groups of ``merge_size``): the Qwen2.5-VL and Qwen3-VL chain, whose
+  last step returns ``pixel_values`` ``(patches, C * 2 * patch_size**2)`` and ``image_grid_thw`` ``(1, 3)``.
 
-Resampling is Pillow's ``Image.resize`` with a box over the whole image: onnxruntime-extensions carries a copy
-of Pillow's resampling code, so the bytes agree.  A transform this module does not have is an error naming it
+Resampling is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy of Pillow's
+resampling code and always runs the passes in that order, so the bytes agree.  A transform this module does not have is an error naming it
 (``UnsupportedTransform``); nothing is skipped.
 """
 from __future__ import annotations
@@ -22,7 +27,8 @@ import io
 
 import numpy as np
 
-__all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform"]
+__all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform", "resize",
+           "rescale", "normalize", "patch_image"]
 
 _CROP = 336
 _MAX_CROPS = 16
@@ -54,6 +60,18 @@ def convert_rgb(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(image[:, :, ::-1])
 
 
+def _resample(img, size: tuple, flt):
+    """Pillow's resampling of a PIL image to ``size`` (width, height) over the whole image, the horizontal pass
+    first and then the vertical (onnxruntime-extensions' order; Pillow itself may take the vertical pass first,
+    and the rounding between the passes then differs)."""
+    w, h = img.size
+    if size[0] != w:
+        img = img.resize((size[0], h), flt, box=(0, 0, w, h))
+    if size[1] != h:
+        img = img.resize(size, flt, box=(0, 0, size[0], h))
+    return img
+
+
 def _hd_transform(image: np.ndarray) -> np.ndarray:
     """Phi-3-vision's HD resize and white padding of an RGB uint8 image (onnxruntime-extensions' order)."""
     from PIL import Image
@@ -67,7 +85,7 @@ def _hd_transform(image: np.ndarray) -> np.ndarray:
     new_h = int(new_w / ratio)
     if w < h:
         new_w, new_h = new_h, new_w
-    resized = np.asarray(Image.fromarray(image, "RGB").resize((new_w, new_h), Image.BILINEAR, box=(0, 0, w, h)))
+    resized = np.asarray(_resample(Image.fromarray(image, "RGB"), (new_w, new_h), Image.BILINEAR))
     if w < h:  # pad the width
         target = int(np.ceil(new_w / _CROP) * _CROP)
         left = int((target - new_w) / 2)
@@ -91,7 +109,7 @@ def phi3_image_transform(image: np.ndarray, **_attrs) -> tuple:
     chw = np.ascontiguousarray(chw, np.float32)
     out = np.zeros((_MAX_CROPS + 1, 3, _CROP, _CROP), np.float32)
     for k in range(3):
-        plane = Image.fromarray(chw[k], "F").resize((_CROP, _CROP), Image.BICUBIC, box=(0, 0, w, h))
+        plane = _resample(Image.fromarray(chw[k], "F"), (_CROP, _CROP), Image.BICUBIC)
         out[0, k] = np.asarray(plane, np.float32)
     m, n = h // _CROP, w // _CROP
     crops = chw.reshape(3, m, _CROP, n, _CROP).transpose(1, 3, 0, 2, 4).reshape(m * n, 3, _CROP, _CROP)
@@ -100,4 +118,77 @@ def phi3_image_transform(image: np.ndarray, **_attrs) -> tuple:
     return out, np.array([h, w], np.int64), np.array([tokens], np.int64)
 
 
-TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3ImageTransform": phi3_image_transform}
+def _smart_size(h: int, w: int, factor: int, min_pixels: int, max_pixels: int, max_ratio: float = 200.0):
+    """Qwen's ``smart_resize`` target (height, width): each a multiple of ``factor``, the pixel count within
+    [min_pixels, max_pixels], the aspect ratio kept as nearly as that allows (onnxruntime-extensions' integer
+    and float64 steps)."""
+    import math
+    if max(h, w) / min(h, w) > max_ratio:
+        raise ValueError(f"Resize: absolute aspect ratio must be smaller than {max_ratio:g}, got {h}x{w}")
+
+    def round_by(n):  # C's std::round: halves away from zero
+        return int(math.floor(n / factor + 0.5)) * factor
+
+    h_bar, w_bar = max(factor, round_by(h)), max(factor, round_by(w))
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        h_bar = int(math.floor(int(h / beta) / factor) * factor)
+        w_bar = int(math.floor(int(w / beta) / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        h_bar = int(math.ceil(int(h * beta) / factor) * factor)
+        w_bar = int(math.ceil(int(w * beta) / factor) * factor)
+    return h_bar, w_bar
+
+
+_FILTERS = {"NEAREST": 0, "LINEAR": 2, "CUBIC": 3, "LANCZOS": 1}  # Pillow's resampling constants
+
+
+def resize(image: np.ndarray, height: int = 256, width: int = 256, keep_aspect_ratio: int = 1,
+           interpolation: str = "CUBIC", smart_resize: int = 0, min_pixels: int = 3136, max_pixels: int = 12845056,
+           patch_size: int = 14, merge_size: int = 2) -> np.ndarray:
+    """onnxruntime-extensions' ``Resize``: to ``(height, width)``, or with ``smart_resize`` to Qwen's size for
+    the image (a multiple of ``patch_size * merge_size``); Pillow's filter over the whole image."""
+    from PIL import Image
+    if interpolation not in _FILTERS:
+        raise ValueError(f"Resize: interpolation must be one of {sorted(_FILTERS)}, got {interpolation!r}")
+    h, w = image.shape[:2]
+    th, tw = (_smart_size(h, w, patch_size * merge_size, min_pixels, max_pixels) if smart_resize
+              else (int(height), int(width)))
+    if keep_aspect_ratio:  # scales by max(target / target) = 1 here, as onnxruntime-extensions computes it
+        scale = max(tw / tw, th / th)
+        tw, th = int(tw * scale), int(th * scale)
+    out = _resample(Image.fromarray(np.ascontiguousarray(image), "RGB"), (tw, th), _FILTERS[interpolation])
+    return np.asarray(out, np.uint8)
+
+
+def rescale(image: np.ndarray, rescale_factor: float = 1.0 / 255.0) -> np.ndarray:
+    return image.astype(np.float32) * np.float32(rescale_factor)
+
+
+def normalize(image: np.ndarray, mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
+              qwen2_5_vl: int = 0, qwen3_vl: int = 0) -> np.ndarray:
+    """``(x - mean) / std`` per channel in float32; with ``qwen2_5_vl`` (or ``qwen3_vl``) the channels are
+    reversed first (the config's decode and ``ConvertRGB`` left them BGR)."""
+    x = image[:, :, ::-1] if (qwen2_5_vl or qwen3_vl) else image
+    return np.ascontiguousarray((x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32), np.float32)
+
+
+def patch_image(image: np.ndarray, patch_size: int = 14, temporal_patch_size: int = 2, merge_size: int = 2):
+    """Qwen's patches of an (H, W, C) float image: the frame repeated to ``temporal_patch_size``, cut into
+    ``patch_size`` squares grouped ``merge_size`` by ``merge_size``; returns ``(pixel_values [patches,
+    C * temporal_patch_size * patch_size**2], image_grid_thw [1, 3])``."""
+    h, w, c = image.shape
+    gh, gw = h // patch_size, w // patch_size
+    if gh % merge_size or gw % merge_size or gh * patch_size != h or gw * patch_size != w:
+        raise ValueError(f"PatchImage: a {h}x{w} image does not split into {patch_size}-pixel patches in groups "
+                         f"of {merge_size}")
+    frames = np.repeat(image.transpose(2, 0, 1)[None], temporal_patch_size, axis=0)  # [tp, C, H, W]
+    x = frames.reshape(1, temporal_patch_size, c, gh // merge_size, merge_size, patch_size, gw // merge_size,
+                       merge_size, patch_size)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, c * temporal_patch_size * patch_size * patch_size)
+    return np.ascontiguousarray(x, np.float32), np.array([[1, gh, gw]], np.int64)
+
+
+TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3ImageTransform": phi3_image_transform,
+              "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image}

@@ -15,7 +15,13 @@ The ``phi3v`` processor, as onnxruntime-genai's:
   copies of ``-N``; ``input_ids`` is ``(1, length)`` int32.  The tags must name each image once (onnxruntime-
   genai's wording for a mismatch).
 
-Only ``phi3v`` is implemented.  Another multimodal type is a ``NotImplementedError`` naming it; a text
+The Qwen processor (``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``fara``), as onnxruntime-genai's: each image runs
+the config's chain (``smart_resize`` ... ``PatchImage``) to ``pixel_values`` patches and an ``image_grid_thw``
+row; each ``<|vision_start|>`` of the prompt, up to its ``<|vision_end|>``, becomes ``<|vision_start|>``, one
+``<|image_pad|>`` per merged patch group (``t * h * w / spatial_merge_size**2``) and ``<|vision_end|>``; an empty
+prompt gets one such span per image; the count of spans must equal the count of images (its wording).
+
+Only these are implemented.  Another multimodal type is a ``NotImplementedError`` naming it; a text
 decoder is a ``RuntimeError`` with onnxruntime-genai's words.  Known difference: JPEG images are decoded by
 Pillow (libjpeg-turbo), onnxruntime-genai's by IJG libjpeg 9, whose chroma upsampling differs, so JPEG pixel
 values differ by a few grey levels at colour edges; PNG and other lossless images give the same pixels.
@@ -29,6 +35,7 @@ import re
 import numpy as np
 
 from .image_transforms import TRANSFORMS, UnsupportedTransform
+from .package_checks import resolve_in_package
 from .spec import RequestError
 
 __all__ = ["Images", "MultiModalProcessor", "create_processor"]
@@ -36,6 +43,9 @@ __all__ = ["Images", "MultiModalProcessor", "create_processor"]
 _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
+_QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
+_IMPLEMENTED = {"phi3v"} | _QWEN_TYPES
+_VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
 
 class Images:
@@ -99,20 +109,21 @@ class MultiModalProcessor:
         from .api import Tokenizer
         spec = model.spec
         kind = spec.model_type or ""
-        if kind != "phi3v":
+        if kind not in _IMPLEMENTED:
             if kind in _MULTIMODAL_TYPES:
                 raise NotImplementedError(f"MultiModalProcessor: the {kind} processor is not implemented here "
-                                          f"(implemented: phi3v)")
+                                          f"(implemented: {', '.join(sorted(_IMPLEMENTED))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
-        vision = spec.components.get("vision")
-        if vision is None:
-            raise RequestError("MultiModalProcessor: the package has no model.vision section")
+        if not spec.vision_config or not spec.vision_config.get("filename"):
+            raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
         self.tokenizer = Tokenizer(model)
+        self.kind = "qwen" if kind in _QWEN_TYPES else "phi3v"
         section = spec.vision_config or {}
+        self.merge = int(section.get("spatial_merge_size", 2))
         self.steps = _transforms(os.path.join(spec.root, section.get("config_filename", "processor_config.json")))
-        self.pixel_type = _input_type(vision.filename, (section.get("inputs") or {}).get("pixel_values",
-                                                                                          "pixel_values"))
+        vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
+        self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids)
@@ -125,21 +136,20 @@ class MultiModalProcessor:
         if kwargs:
             raise TypeError(f"MultiModalProcessor: unexpected argument(s) {sorted(kwargs)}")
         if audios is not None:
-            raise NotImplementedError("MultiModalProcessor: the phi3v processor takes no audio")
+            raise NotImplementedError("MultiModalProcessor: this processor takes no audio")
         if prompt is None:
             prompt = ""
         if not isinstance(prompt, str):
-            raise TypeError(f"MultiModalProcessor: the phi3v processor takes one prompt string, got "
+            raise TypeError(f"MultiModalProcessor: this processor takes one prompt string, got "
                             f"{type(prompt).__name__}")
+        if self.kind == "qwen":
+            return self._qwen(prompt, images)
         out = NamedTensors()
         counts = []
         if images is not None and len(images):
             pixels, sizes = [], []
             for blob in images.blobs:
-                value = blob
-                for kind, attrs in self.steps:
-                    value = TRANSFORMS[kind](value, **attrs)
-                pv, size, tokens = value
+                pv, size, tokens = self._run_steps(blob)
                 pixels.append(pv)
                 sizes.append(size)
                 counts.append(int(tokens[0]))
@@ -149,6 +159,54 @@ class MultiModalProcessor:
             out["num_image_tokens"] = np.asarray(counts, np.int64).reshape(-1, 1)
         else:
             out["input_ids"] = self._prompt_ids(prompt, counts)
+        return out
+
+    def _run_steps(self, blob):
+        value = blob
+        for kind, attrs in self.steps:
+            value = TRANSFORMS[kind](value, **attrs)
+        return value
+
+    def _qwen(self, prompt: str, images):
+        """Qwen2.5-VL / Qwen3-VL: the images' patches stacked (each image's padded with zero rows to the largest
+        image's count, as onnxruntime-genai returns them), ``image_grid_thw`` a row per image, each
+        ``<|vision_start|>...<|vision_end|>`` span of the prompt replaced by its image's ``<|image_pad|>``s."""
+        from .api import NamedTensors
+        out = NamedTensors()
+        grids = None
+        if images is not None and len(images):
+            patches, rows = [], []
+            for blob in images.blobs:
+                value = self._run_steps(blob)
+                if not (isinstance(value, tuple) and len(value) == 2):
+                    raise RequestError("MultiModalProcessor: the processor config must end with PatchImage for "
+                                       "a Qwen vision model")
+                patches.append(value[0])
+                rows.append(value[1])
+            grids = np.concatenate(rows).astype(np.int64)
+        pads = [] if grids is None else [int(t * h * w) // (self.merge * self.merge) for t, h, w in grids]
+        text = prompt
+        if not text:
+            text = " ".join(f"{_VISION_START} {_VISION_END}" for _ in pads)
+        starts = [m.start() for m in re.finditer(re.escape(_VISION_START), text)]
+        if len(starts) != len(pads):
+            raise RequestError(f"Prompt contained {len(starts)} vision_start tokens but received {len(pads)} images.")
+        if pads:
+            pieces, last = [], 0
+            for at, n in zip(starts, pads):
+                pieces.append(text[last:at] + _VISION_START + _IMAGE_PAD * n + _VISION_END)
+                end = text.find(_VISION_END, at + len(_VISION_START))
+                last = end + len(_VISION_END) if end >= 0 else at + len(_VISION_START)
+            text = "".join(pieces) + text[last:]
+        out["input_ids"] = self.tokenizer.encode(text).astype(np.int32).reshape(1, -1)
+        if grids is not None:  # onnxruntime-genai stacks the images' patches padded with zero rows to the most
+            most = max(p.shape[0] for p in patches)
+            stacked = np.zeros((len(patches) * most, patches[0].shape[1]), np.float32)
+            for i, p in enumerate(patches):
+                stacked[i * most:i * most + p.shape[0]] = p
+            out["pixel_values"] = _round_to(stacked, self.pixel_type)
+            out["image_grid_thw"] = grids
+        out["num_image_tokens"] = np.asarray([sum(pads)], np.int64)
         return out
 
     def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:

@@ -90,3 +90,52 @@ def test_what_the_processor_and_set_inputs_refuse(package, images):
     proc = og.Model(package).create_multimodal_processor()
     with pytest.raises(ValueError, match="cannot be decoded"):
         proc(PROMPT, images=og.Images.open_bytes(b"not an image"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Qwen2.5-VL: smart resize, patches, <|image_pad|> expansion (fixtures/qwen_vl_package.py); every output equal
+
+
+@pytest.fixture(scope="module")
+def qwen_package(tmp_path_factory):
+    from fixtures import qwen_vl_package
+    return qwen_vl_package.build(str(tmp_path_factory.mktemp("qwen_vl")))
+
+
+@pytest.fixture(scope="module")
+def qwen_images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen_images")
+    return {"wide": P.png(str(d / "wide.png"), 1, (700, 300)),
+            "tall": P.png(str(d / "tall.png"), 2, (90, 400), "P"),
+            "small": P.png(str(d / "small.png"), 3, (40, 30)),        # below min_pixels: scaled up
+            "big": P.png(str(d / "big.png"), 4, (1000, 800)),          # above max_pixels: scaled down
+            "odd": P.png(str(d / "odd.png"), 5, (70, 125)),   # widened, narrowed in height: the passes' order shows
+            "half": P.png(str(d / "half.png"), 6, (70, 126))}  # 2.5 and 4.5 patch groups: halves round up
+
+
+@pytest.mark.parametrize("names,prompt", [
+    (["wide"], "<|vision_start|><|image_pad|><|vision_end|>Describe this image"),
+    (["tall"], "Hi <|vision_start|><|vision_end|> and"),
+    (["small"], "<|vision_start|>x"),
+    (["big"], ""),
+    (["odd"], "<|vision_start|><|vision_end|>"),
+    (["half"], "<|vision_start|><|vision_end|>"),
+    (["wide", "tall"], "A<|vision_start|><|image_pad|><|vision_end|>B<|vision_start|><|image_pad|><|vision_end|>C"),
+    ([], "no image here"),
+])
+def test_the_qwen_processor_gives_onnxruntime_genai_s_inputs(qwen_package, qwen_images, ort_genai, names, prompt):
+    def run(api):
+        proc = api.Model(qwen_package).create_multimodal_processor()
+        out = proc(prompt, images=api.Images.open(*[qwen_images[n] for n in names]) if names else None)
+        return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
+    got, ref = run(og), run(ort_genai)
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+
+
+def test_the_qwen_processor_counts_vision_spans_against_images(qwen_package, qwen_images, ort_genai):
+    for api in (og, ort_genai):
+        proc = api.Model(qwen_package).create_multimodal_processor()
+        with pytest.raises(RuntimeError, match="Prompt contained 2 vision_start tokens but received 1 images"):
+            proc("<|vision_start|><|vision_start|>", images=api.Images.open(qwen_images["wide"]))

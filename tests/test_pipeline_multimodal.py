@@ -11,7 +11,6 @@ import pytest
 
 import pipeline as og
 from fixtures import phi3v_package as P
-from pipeline.spec import RequestError
 
 PROMPT = "<|user|>\n<|image_1|>\nwhat is it?<|end|>\n<|assistant|>\n"
 

@@ -291,6 +291,11 @@ class DecoderComponent:
         m = ones[:, :total]
         return m if self.batch == 1 else np.ascontiguousarray(m)
 
+    def carry_positions(self, top: int):
+        """The prompt's positions were given (an image's 3-D grid); decoding continues from ``top`` + 1 on every
+        stream (``carry_max``)."""
+        self._positions_max = np.full(3, int(top), np.int64)
+
     def _rank3_start(self, length, seq_len):
         """The first of ``seq_len`` new mrope positions per stream (from each stream's previous maximum + 1 with
         ``carry_max``, else from the cache length); records the new maxima."""

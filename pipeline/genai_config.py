@@ -27,8 +27,9 @@ Invariants of the returned spec (besides those ``metadata`` states for every spe
 - ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
 - A Marian encoder-decoder (``type`` ``marian-*``) is read by ``pipeline/marian.py``.
 
-A split VLM whose image preprocessing cannot be represented, or a builder
-``*_vl_text`` decoder, is admitted for text only (see ``text_only``).
+A split VLM of a type whose processor is implemented (``phi3v``, the Qwen-VL types: ``pipeline/multimodal.py``)
+keeps its vision side with images optional; another whose image preprocessing cannot be represented, or a
+builder ``*_vl_text`` decoder, is admitted for text only (see ``text_only``).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, impl
                              read_document, required, resolve_in_package, search_options)
 from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
 from .marian import is_marian, load_marian_config
-from .text_only import admit_text_only
+from .text_only import admit_text_only, images_optional
 
 __all__ = ["load_genai_config", "merged", "GENAI_CONFIG"]
 
@@ -351,12 +352,31 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         head_size=int_value(dec.get("head_size"), "model.decoder.head_size"), source="genai_config",
         sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
         vocab_size=model.get("vocab_size"),
-        vision_config=model["vision"] if isinstance(model.get("vision"), dict) else None)
+        vision_config=_vision_config(model))
+
+
+def _vision_config(model: dict) -> dict | None:
+    """``model.vision`` with the model's image token ids (``image_token_id``, ``vision_start_token_id``)."""
+    if not isinstance(model.get("vision"), dict):
+        return None
+    out = dict(model["vision"])
+    for k in ("image_token_id", "vision_start_token_id"):
+        if k in model:
+            out[k] = int_value(model[k], f"model.{k}")
+    return out
 
 
 def _mark_text_only(spec: PipelineSpec, graphs: Graphs) -> None:
-    """Text-only admission of a split VLM; a builder ``*_vl_text`` decoder is text-only as declared."""
-    if "vision" in spec.components:
+    """A split VLM of a type whose processor is implemented (``pipeline/multimodal.py``) keeps its vision side,
+    images optional (a Qwen-VL decoder's positions carry the image grid's maxima, ``pipeline/rope_index.py``);
+    another split VLM is admitted for text only where its preprocessing cannot be represented; a builder
+    ``*_vl_text`` decoder is text-only as declared."""
+    from .multimodal import PROCESSOR_TYPES, QWEN_TYPES
+    if "vision" in spec.components and spec.model_type in PROCESSOR_TYPES:
+        images_optional(spec, graphs, "model")
+        if spec.model_type in QWEN_TYPES and spec.positions is not None and spec.positions.rank == 3:
+            spec.positions.continuation = "carry_max"
+    elif "vision" in spec.components:
         admit_text_only(spec, graphs, "model")
     elif isinstance(spec.model_type, str) and spec.model_type.endswith("_vl_text"):
         # the builder's text half of a VLM: it can only ever decode text

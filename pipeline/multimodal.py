@@ -38,13 +38,13 @@ from .image_transforms import TRANSFORMS, UnsupportedTransform
 from .package_checks import resolve_in_package
 from .spec import RequestError
 
-__all__ = ["Images", "MultiModalProcessor", "create_processor"]
+__all__ = ["Images", "MultiModalProcessor", "create_processor", "PROCESSOR_TYPES", "QWEN_TYPES"]
 
 _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
-_QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-_IMPLEMENTED = {"phi3v"} | _QWEN_TYPES
+QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
+PROCESSOR_TYPES = {"phi3v"} | QWEN_TYPES
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
 
@@ -109,16 +109,16 @@ class MultiModalProcessor:
         from .api import Tokenizer
         spec = model.spec
         kind = spec.model_type or ""
-        if kind not in _IMPLEMENTED:
+        if kind not in PROCESSOR_TYPES:
             if kind in _MULTIMODAL_TYPES:
                 raise NotImplementedError(f"MultiModalProcessor: the {kind} processor is not implemented here "
-                                          f"(implemented: {', '.join(sorted(_IMPLEMENTED))})")
+                                          f"(implemented: {', '.join(sorted(PROCESSOR_TYPES))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
         self.tokenizer = Tokenizer(model)
-        self.kind = "qwen" if kind in _QWEN_TYPES else "phi3v"
+        self.kind = "qwen" if kind in QWEN_TYPES else "phi3v"
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
         self.steps = _transforms(os.path.join(spec.root, section.get("config_filename", "processor_config.json")))

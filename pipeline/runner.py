@@ -127,7 +127,21 @@ class Pipeline:
         self.decoder.reserve(positions)
         self.values = {}
         for st in self._stages("prompt_only"):
+            if self._without_images(st.model, external):
+                continue
             self._run_component(st.model, prompt, external)
+
+    def _without_images(self, name, external) -> bool:
+        """In an onnxruntime-genai package, a vision component none of whose caller inputs were given does not
+        run (a prompt without images): the inputs it would feed take their absent values.  Some of them given is
+        an error (``_feeds_for``), and so is any missing in an inference_metadata package."""
+        from .text_only import is_vision
+        if self.spec.source != "genai_config" or not is_vision(self.spec.components[name]):
+            return False
+        io = self.spec.components[name].io
+        own = [p for p in self.components[name].input_names
+               if p != io.token_input and (name, p) not in self._by_target]
+        return bool(own) and not any(p in external for p in own)
 
     def forward(self, cur, external, first: bool, want="logits", lengths=None):
         """The every-step stages and the decoder over the new ids ``cur`` [batch, n], appended to what the
@@ -137,7 +151,25 @@ class Pipeline:
         for st in self._stages("every_step"):
             self._run_component(st.model, cur, external)
         fwd = self.decoder.prefill if first else self.decoder.step
-        return fwd(**self._decoder_input(cur), want=want, lengths=lengths)
+        extra = self._image_positions(cur, external) if first else None
+        out = fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
+        return out
+
+    def _image_positions(self, cur, external):
+        """A Qwen-VL prompt with images: its 3-D positions (``pipeline/rope_index.py``) for the prefill, and the
+        decoder told to continue from their maximum; None otherwise (the decoder counts text positions)."""
+        vc = self.spec.vision_config or {}
+        pos = self.spec.positions
+        grid = external.get((vc.get("inputs") or {}).get("image_grid_thw", "image_grid_thw"))
+        if grid is None or pos is None or pos.rank != 3 or "image_token_id" not in vc:
+            return None
+        if self.batch != 1:
+            raise RequestError("a prompt with images takes one sequence (batch_size 1) here")
+        from .rope_index import qwen_rope_index
+        ids, top = qwen_rope_index(cur, grid, vc["image_token_id"], vc.get("vision_start_token_id", -1),
+                                   int(vc.get("spatial_merge_size", 2)), self.spec.pad_token_id)
+        self.decoder.carry_positions(int(top[0]))
+        return {pos.input: ids}
 
     def prefill(self, run: "_Run"):
         """The prompt-only stages, then the decoder over the whole prompt: the first new token."""

@@ -9,6 +9,9 @@ feeding the decoder's ``inputs_embeds`` takes the prompt ids, each of its
 inputs fed by the vision side gets a zero-token ``AbsentValue``, and
 ``spec.text_only`` / ``spec.text_only_reason`` are set.
 
+``images_optional`` is the first half of that admission without the removal: a split VLM whose processor is
+implemented keeps its vision side, and a prompt without images feeds the embedding the zero-token value.
+
 Admission only ever removes: a package it cannot reduce that way (no single
 embedder, a vision edge into another component) raises ``MetadataError``
 naming the reason.  A package without a processor config is left as declared.
@@ -21,7 +24,7 @@ import re
 from .package_checks import Graphs, position_rank
 from .spec import AbsentValue, ComponentSpec, MetadataError, PipelineSpec, Positions, Stage
 
-__all__ = ["preprocessing_unrepresentable", "admit_text_only", "is_vision"]
+__all__ = ["preprocessing_unrepresentable", "admit_text_only", "images_optional", "is_vision"]
 
 _PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 _DYNAMIC_RESIZE = re.compile(r"smart_?resize|min_pixels|max_pixels|qwen2(_5)?_?vl|qwen3_?vl", re.IGNORECASE)
@@ -68,11 +71,10 @@ def _absent_value(shape, dtype, hidden) -> AbsentValue:
     return AbsentValue(out, dtype)
 
 
-def admit_text_only(spec: PipelineSpec, graphs: Graphs, key: str):
-    """Drop the vision side of a split VLM whose image preprocessing cannot be represented."""
-    reason = preprocessing_unrepresentable(spec.root)
-    if reason is None:
-        return
+def images_optional(spec: PipelineSpec, graphs: Graphs, key: str, reason: str = "images optional"):
+    """Keep the vision side of a split VLM but let a prompt come without images: the embedding's inputs fed by
+    vision get a zero-token ``AbsentValue`` (fed when the vision stage did not run); returns the embedding and
+    the vision component names."""
     decoder = spec.decoder
     vision = [n for n, c in spec.components.items() if is_vision(c)]
     embedders = {e.src for e in spec.dataflow if e.dst == decoder.name and e.src not in vision}
@@ -95,6 +97,17 @@ def admit_text_only(spec: PipelineSpec, graphs: Graphs, key: str):
         if e.src in vision and e.dst == emb.name and e.dst_port not in emb.io.optional_inputs:
             shape, dtype = eins[e.dst_port]
             emb.io.optional_inputs[e.dst_port] = _absent_value(shape, dtype, hidden)
+    return emb, vision
+
+
+def admit_text_only(spec: PipelineSpec, graphs: Graphs, key: str, reason: str | None = None):
+    """Drop the vision side of a split VLM whose image preprocessing cannot be represented (``reason``: why; by
+    default the processor config's)."""
+    reason = reason or preprocessing_unrepresentable(spec.root)
+    if reason is None:
+        return
+    emb, vision = images_optional(spec, graphs, key, reason)
+    decoder = spec.decoder
     for e in spec.dataflow:
         if e.src in vision and e.dst not in vision and e.dst != emb.name:
             raise MetadataError(f"{key}: text-only admission cannot drop the edge {e.src}.{e.src_port} -> "

@@ -183,7 +183,7 @@ def test_genai_config_beam_search_is_read_and_checked(tmp_path):
         load_package(tmp_path)
 
 
-def _vlm_genai(d, processor):
+def _vlm_genai(d, processor, kind="qwen2_5_vl"):
     """A split VLM as onnxruntime-genai configures Qwen2.5-VL: vision, embedding, decoder sections."""
     _onnx(d / "vision.onnx", [("pixel_values", F, ["patches", 12]), ("image_grid_thw", I64, ["images", 3])],
           [("image_features", F, ["image_tokens", 16])])
@@ -196,7 +196,7 @@ def _vlm_genai(d, processor):
     dec_in = cfg["model"]["decoder"]["inputs"]
     del dec_in["input_ids"]
     dec_in.update(inputs_embeds="inputs_embeds", position_ids="position_ids")
-    cfg["model"].update(type="qwen2_5_vl", embedding={
+    cfg["model"].update(type=kind, embedding={
         "filename": "embedding.onnx", "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
         "outputs": {"inputs_embeds": "inputs_embeds"}}, vision={
         "filename": "vision.onnx", "spatial_merge_size": 2,
@@ -214,8 +214,19 @@ QWEN_PROCESSOR = {"processor": {"name": "qwen2_5_image_processor", "transforms":
                                                                  "max_pixels": 12845056}}}]}}
 
 
-def test_genai_config_vlm_admitted_text_only(tmp_path):
+def test_genai_config_vlm_with_a_processor_keeps_vision_images_optional(tmp_path):
+    """A type whose processor is implemented (pipeline/multimodal.py) keeps its vision side; a prompt may come
+    without images (the embedding's image features then absent), and positions carry the image grid's maxima."""
     spec = load_package(_vlm_genai(tmp_path, QWEN_PROCESSOR))
+    assert not spec.text_only and list(spec.components) == ["vision", "embedding", "decoder"]
+    assert spec.components["embedding"].io.optional_inputs == {"image_features": AbsentValue([0, 16], "float32")}
+    assert [(s.model, s.run_on) for s in spec.stages] == \
+        [("vision", "prompt_only"), ("embedding", "every_step"), ("decoder", "every_step")]
+    assert (spec.positions.rank, spec.positions.continuation) == (3, "carry_max")
+
+
+def test_genai_config_vlm_admitted_text_only(tmp_path):
+    spec = load_package(_vlm_genai(tmp_path, QWEN_PROCESSOR, kind="some_vl"))
     assert spec.text_only and "smart" in spec.text_only_reason
     assert list(spec.components) == ["embedding", "decoder"]
     emb, dec = spec.components["embedding"], spec.decoder

@@ -138,3 +138,41 @@ def test_the_qwen_processor_counts_vision_spans_against_images(qwen_package, qwe
         proc = api.Model(qwen_package).create_multimodal_processor()
         with pytest.raises(RuntimeError, match="Prompt contained 2 vision_start tokens but received 1 images"):
             proc("<|vision_start|><|vision_start|>", images=api.Images.open(qwen_images["wide"]))
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+@pytest.mark.parametrize("names,prompt", [
+    (["wide"], "<|vision_start|><|image_pad|><|vision_end|>Describe this image"),
+    (["tall"], "Hi there, describe <|vision_start|><|vision_end|> please"),
+    ([], "just text, no image"),
+])
+def test_qwen_image_prompts_decode_as_onnxruntime_genai_decodes_them(qwen_package, qwen_images, ort_genai, native,
+                                                                      names, prompt):
+    """The image tokens' 3-D positions (``pipeline/rope_index.py``), decoding on from their maximum, and a prompt
+    without images (the vision component does not run)."""
+    def run(api, **kw):
+        m = api.Model(qwen_package, **kw)
+        images = api.Images.open(*[qwen_images[n] for n in names]) if names else None
+        inputs = m.create_multimodal_processor()(prompt, images=images)
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 10)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native=native) == run(ort_genai)
+
+
+def test_a_phi3v_prompt_without_images_decodes_as_onnxruntime_genai(package, ort_genai):
+    def run(api, **kw):
+        m = api.Model(package, **kw)
+        inputs = m.create_multimodal_processor()("<|user|>\njust text<|end|>\n")
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native="all") == run(ort_genai)

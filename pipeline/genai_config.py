@@ -131,6 +131,8 @@ def _decoder_io(inputs: dict, outputs: dict, n_layers: int, ins: dict, outs: dic
     if "inputs_embeds" in inputs:
         io.sequence_source, io.inputs_embeds_input = "inputs_embeds", inputs["inputs_embeds"]
         io.token_input = None
+        if inputs.get("input_ids") in ins:  # the embeddings and the ids both, as onnxruntime-genai feeds them
+            io.ids_beside_embeds = inputs["input_ids"]
     io.logits_output = outputs.get("logits")
     io.attention_mask_input = inputs.get("attention_mask")
     io.position_ids_input = inputs.get("position_ids")

@@ -71,8 +71,9 @@ class Pipeline:
         io = self.spec.components[name].io
         feeds = {}
         for port in comp.input_names:
-            if io.token_input == port:
-                feeds[port] = np.asarray(tokens, dtype=np.int64).reshape(self.batch, -1)
+            if io.token_input == port:  # in the graph's integer type (int64, or int32 as some exports take)
+                t = np.int32 if comp.inputs[port].type == "tensor(int32)" else np.int64
+                feeds[port] = np.asarray(tokens, dtype=t).reshape(self.batch, -1)
             elif (name, port) in self._by_target:
                 e = self._by_target[(name, port)]
                 if (e.src, e.src_port) in self.values:
@@ -152,8 +153,11 @@ class Pipeline:
             self._run_component(st.model, cur, external)
         fwd = self.decoder.prefill if first else self.decoder.step
         extra = self._image_positions(cur, external) if first else None
-        out = fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
-        return out
+        ids_port = self.spec.components[self.decoder_name].io.ids_beside_embeds
+        if ids_port is not None:
+            t = np.int32 if self.decoder.inputs[ids_port].type == "tensor(int32)" else np.int64
+            extra = dict(extra or {}, **{ids_port: np.asarray(cur, t).reshape(self.batch, -1)})
+        return fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
 
     def _image_positions(self, cur, external):
         """A Qwen-VL prompt with images: its 3-D positions (``pipeline/rope_index.py``) for the prefill, and the

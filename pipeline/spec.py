@@ -57,6 +57,7 @@ class IOSpec:
     token_input: str | None = None           # receives the prompt ids, then the running token
     sequence_source: str = "token_ids"       # "token_ids" or "inputs_embeds" (decoders)
     inputs_embeds_input: str | None = None
+    ids_beside_embeds: str | None = None     # a decoder reading inputs_embeds that takes the token ids too
     logits_output: str | None = None
     attention_mask_input: str | None = None
     position_ids_input: str | None = None

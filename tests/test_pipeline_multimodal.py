@@ -176,3 +176,64 @@ def test_a_phi3v_prompt_without_images_decodes_as_onnxruntime_genai(package, ort
             g.generate_next_token()
         return g.get_sequence(0).tolist()
     assert run(og, native="all") == run(ort_genai)
+
+
+def test_a_decoder_that_takes_the_ids_beside_the_embeddings(package, ort_genai, tmp_path):
+    """onnxruntime-genai feeds a decoder that declares both inputs_embeds and input_ids the token ids too."""
+    import json
+    import shutil
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    folder = shutil.copytree(package, tmp_path / "ids")
+    m = onnx.load(str(folder / "decoder.onnx"))
+    g = m.graph
+    g.input.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]))
+    g.initializer.append(numpy_helper.from_array(np.linspace(-1, 1, P.VOCAB).astype(np.float32)[None], "idw"))
+    logits = next(n for n in g.node if n.output[0] == "logits")
+    logits.output[0] = "logits0"
+    g.node.extend([helper.make_node("Cast", ["input_ids"], ["idsf"], to=TensorProto.FLOAT),
+                   helper.make_node("Unsqueeze", ["idsf", "last_axis"], ["ids3"]),
+                   helper.make_node("Mul", ["ids3", "idw"], ["id_term"]),
+                   helper.make_node("Add", ["logits0", "id_term"], ["logits"])])
+    g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "last_axis"))
+    onnx.save(m, str(folder / "decoder.onnx"))
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["inputs"]["input_ids"] = "input_ids"
+    (folder / "genai_config.json").write_text(json.dumps(cfg))
+
+    def run(api, **kw):
+        m = api.Model(str(folder), **kw)
+        inputs = m.create_multimodal_processor()("<|user|>\nids too<|end|>\n")
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native="all") == run(og, native="none") == run(ort_genai)
+
+
+def test_an_embedding_that_takes_int32_ids(package, images, ort_genai, tmp_path):
+    """Token ids go to a component in its graph's integer type (onnxruntime-genai's test packages use int32)."""
+    import shutil
+
+    import onnx
+    from onnx import TensorProto
+    folder = shutil.copytree(package, tmp_path / "int32")
+    m = onnx.load(str(folder / "embedding.onnx"))
+    next(i for i in m.graph.input if i.name == "input_ids").type.tensor_type.elem_type = TensorProto.INT32
+    onnx.save(m, str(folder / "embedding.onnx"))
+
+    def run(api, **kw):
+        m = api.Model(str(folder), **kw)
+        inputs = m.create_multimodal_processor()(PROMPT, images=api.Images.open(images["tall"]))
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native="all") == run(og, native="none") == run(ort_genai)

@@ -15,7 +15,9 @@ A processor config lists transforms by ``type``; each is a function here from th
   pixel budget), ``Rescale`` (times ``rescale_factor`` in float32), ``Normalize`` (``(x - mean) / std``;
   ``qwen2_5_vl`` reverses the channels first) and ``PatchImage`` (Qwen's ``patch_size`` squares with the frame
   repeated ``temporal_patch_size`` times, in groups of ``merge_size``): the Qwen2.5-VL and Qwen3-VL chain, whose
-  last step returns ``pixel_values`` ``(patches, C * 2 * patch_size**2)`` and ``image_grid_thw`` ``(1, 3)``.
+  last step returns ``pixel_values`` ``(patches, C * 2 * patch_size**2)`` and ``image_grid_thw`` ``(1, 3)``;
+- ``CenterCrop`` (``height`` x ``width`` from the middle) and ``Permute3D`` (axes reordered, ``dims``): with
+  ``Resize``, ``Rescale`` and ``Normalize`` the Gemma 3 chain, whose last step returns ``(3, H, W)``.
 
 Resampling is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy of Pillow's
 resampling code and always runs the passes in that order, so the bytes agree.  A transform this module does not have is an error naming it
@@ -28,7 +30,7 @@ import io
 import numpy as np
 
 __all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform", "resize",
-           "rescale", "normalize", "patch_image"]
+           "rescale", "normalize", "patch_image", "center_crop", "permute3d"]
 
 _CROP = 336
 _MAX_CROPS = 16
@@ -190,5 +192,22 @@ def patch_image(image: np.ndarray, patch_size: int = 14, temporal_patch_size: in
     return np.ascontiguousarray(x, np.float32), np.array([[1, gh, gw]], np.int64)
 
 
+def center_crop(image: np.ndarray, height: int = 224, width: int = 224) -> np.ndarray:
+    h, w = image.shape[:2]
+    if height > h or width > w:
+        raise ValueError(f"CenterCrop: a {height}x{width} crop does not fit a {h}x{w} image")
+    top, left = (h - height) // 2, (w - width) // 2
+    return np.ascontiguousarray(image[top:top + height, left:left + width])
+
+
+def permute3d(image: np.ndarray, dims=(2, 0, 1)) -> np.ndarray:
+    dims = [int(d) for d in dims]
+    if image.ndim != 3 or sorted(dims) != [0, 1, 2]:
+        raise ValueError(f"Permute3D: expected a 3-d image and a permutation of 0, 1, 2, got shape "
+                         f"{list(image.shape)} and dims {dims}")
+    return np.ascontiguousarray(image.transpose(dims))
+
+
 TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3ImageTransform": phi3_image_transform,
-              "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image}
+              "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image,
+              "CenterCrop": center_crop, "Permute3D": permute3d}

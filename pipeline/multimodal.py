@@ -21,6 +21,10 @@ row; each ``<|vision_start|>`` of the prompt, up to its ``<|vision_end|>``, beco
 ``<|image_pad|>`` per merged patch group (``t * h * w / spatial_merge_size**2``) and ``<|vision_end|>``; an empty
 prompt gets one such span per image; the count of spans must equal the count of images (its wording).
 
+The ``gemma3`` processor: each image through the config's chain to ``(3, 896, 896)``, stacked; each
+``<start_of_image>`` becomes two newlines, itself, 256 ``<image_soft_token>``, ``<end_of_image>`` and two
+newlines (an empty prompt gets one per image); ``token_type_ids`` mark the soft tokens.
+
 Only these are implemented.  Another multimodal type is a ``NotImplementedError`` naming it; a text
 decoder is a ``RuntimeError`` with onnxruntime-genai's words.  Known difference: JPEG images are decoded by
 Pillow (libjpeg-turbo), onnxruntime-genai's by IJG libjpeg 9, whose chroma upsampling differs, so JPEG pixel
@@ -44,7 +48,8 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-PROCESSOR_TYPES = {"phi3v"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "gemma3"} | QWEN_TYPES
+_BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
 
@@ -118,7 +123,7 @@ class MultiModalProcessor:
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
         self.tokenizer = Tokenizer(model)
-        self.kind = "qwen" if kind in QWEN_TYPES else "phi3v"
+        self.kind = "qwen" if kind in QWEN_TYPES else kind
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
         self.steps = _transforms(os.path.join(spec.root, section.get("config_filename", "processor_config.json")))
@@ -144,6 +149,8 @@ class MultiModalProcessor:
                             f"{type(prompt).__name__}")
         if self.kind == "qwen":
             return self._qwen(prompt, images)
+        if self.kind == "gemma3":
+            return self._gemma3(prompt, images)
         out = NamedTensors()
         counts = []
         if images is not None and len(images):
@@ -207,6 +214,31 @@ class MultiModalProcessor:
             out["pixel_values"] = _round_to(stacked, self.pixel_type)
             out["image_grid_thw"] = grids
         out["num_image_tokens"] = np.asarray([sum(pads)], np.int64)
+        return out
+
+    def _gemma3(self, prompt: str, images):
+        """Gemma 3: the images' ``(3, H, W)`` stacked; each ``<start_of_image>`` of the prompt becomes two newlines,
+        itself, 256 ``<image_soft_token>``, ``<end_of_image>`` and two newlines; ``token_type_ids`` mark the soft
+        tokens.  Without images only ``input_ids`` come back (as onnxruntime-genai's)."""
+        from .api import NamedTensors
+        out = NamedTensors()
+        pixels = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        text = prompt
+        if not text and pixels:
+            text = " ".join([_BOI] * len(pixels))
+        found = text.count(_BOI)
+        if found != len(pixels):
+            raise RequestError(f"Prompt contained {found} image tokens but received {len(pixels)} images.")
+        if pixels:
+            text = text.replace(_BOI, "\n\n" + _BOI + _IMAGE_SOFT * _GEMMA_IMAGE_TOKENS + _EOI + "\n\n")
+        ids = self.tokenizer.encode(text).astype(np.int32).reshape(1, -1)
+        out["input_ids"] = ids
+        if not pixels:
+            return out
+        soft = self.tokenizer.to_token_id(_IMAGE_SOFT)
+        out["token_type_ids"] = (ids == soft).astype(np.int32)
+        out["pixel_values"] = _round_to(np.stack(pixels), self.pixel_type)
+        out["num_image_tokens"] = np.asarray([_GEMMA_IMAGE_TOKENS], np.int64)
         return out
 
     def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:

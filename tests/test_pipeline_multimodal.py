@@ -237,3 +237,52 @@ def test_an_embedding_that_takes_int32_ids(package, images, ort_genai, tmp_path)
             g.generate_next_token()
         return g.get_sequence(0).tolist()
     assert run(og, native="all") == run(og, native="none") == run(ort_genai)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 3: fixed 896 x 896 resize, channels first, 256 soft tokens per <start_of_image> (fixtures/gemma3_vl_package)
+
+
+@pytest.fixture(scope="module")
+def gemma_package(tmp_path_factory):
+    from fixtures import gemma3_vl_package
+    return gemma3_vl_package.build(str(tmp_path_factory.mktemp("gemma3")))
+
+
+@pytest.mark.parametrize("names,prompt", [(["wide"], "<start_of_image>Describe"),
+                                          (["wide", "tall"], "A <start_of_image> B <start_of_image> C"),
+                                          (["tall"], ""), ([], "text only")])
+def test_the_gemma3_processor_gives_onnxruntime_genai_s_inputs(gemma_package, images, ort_genai, names, prompt):
+    def run(api):
+        proc = api.Model(gemma_package).create_multimodal_processor()
+        out = proc(prompt, images=api.Images.open(*[images[n] for n in names]) if names else None)
+        return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
+    got, ref = run(og), run(ort_genai)
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+@pytest.mark.parametrize("names,prompt", [(["wide"], "<start_of_image>Describe"), ([], "text only")])
+def test_gemma3_image_prompts_decode_as_onnxruntime_genai_decodes_them(gemma_package, images, ort_genai, native,
+                                                                        names, prompt):
+    def run(api, **kw):
+        m = api.Model(gemma_package, **kw)
+        inputs = m.create_multimodal_processor()(prompt, images=api.Images.open(*[images[n] for n in names])
+                                                 if names else None)
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native=native) == run(ort_genai)
+
+
+def test_the_gemma3_processor_counts_image_tokens_against_images(gemma_package, images, ort_genai):
+    for api in (og, ort_genai):
+        proc = api.Model(gemma_package).create_multimodal_processor()
+        with pytest.raises(RuntimeError, match="Prompt contained 2 image tokens but received 1 images"):
+            proc("<start_of_image><start_of_image>", images=api.Images.open(images["wide"]))

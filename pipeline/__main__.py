@@ -59,11 +59,17 @@ def _prompt(args, spec):
     return [int(x) for x in Tokenizer(spec.tokenizer_dir).encode(args.prompt)]
 
 
+def _with_processor(spec) -> bool:
+    """The package's images go through onnxruntime-genai's processor (``pipeline/multimodal.py``)."""
+    from .multimodal import PROCESSOR_TYPES
+    return spec.source == "genai_config" and spec.model_type in PROCESSOR_TYPES and bool(spec.vision_config)
+
+
 def _external(args, spec=None):
     ext = {}
     if getattr(args, "pixel_values", None):
         ext["pixel_values"] = np.load(args.pixel_values)
-    if getattr(args, "image", None):
+    if getattr(args, "image", None) and not _with_processor(spec):
         from .preprocess import find_preprocessor, preprocess_image
         ext["pixel_values"] = preprocess_image(args.image, find_preprocessor(spec.root))
     return ext
@@ -190,6 +196,8 @@ def cmd_generate(args) -> int:
     tok = og.Tokenizer(model) if model.spec.tokenizer_dir else None
     params = _params(args, model)
     params.set_inputs(_external(args, model.spec))
+    if args.image and _with_processor(model.spec) and (args.chat or args.batch_file):
+        raise RequestError("--image goes with one --prompt here, not with --chat or --batch-file")
     if args.chat:
         if tok is None:
             raise RequestError("--chat needs the package's tokenizer.json")
@@ -206,7 +214,13 @@ def cmd_generate(args) -> int:
             args.prompt = text
             out.write(f"[{k}] ")
         gen = og.Generator(model, params)
-        gen.append_tokens(_prompt(args, model.spec))
+        if args.image and _with_processor(model.spec):  # the prompt names the image as the model expects it
+            if args.prompt is None:
+                raise RequestError("--image needs --prompt TEXT (with the image's tag, e.g. <|image_1|>)")
+            from .multimodal import Images
+            gen.set_inputs(model.create_multimodal_processor()(args.prompt, images=Images.open(args.image)))
+        else:
+            gen.append_tokens(_prompt(args, model.spec))
         ids = _decode_into(gen, args.max_new_tokens, tok, out)
         out.write("\n")
         print(f"token_ids: {ids}", file=out)
@@ -296,7 +310,8 @@ def main(argv=None) -> int:
         p.add_argument("--prompt", help="the prompt text (tokenized with the package's tokenizer.json)")
         p.add_argument("--prompt-ids", help="the prompt as comma-separated token ids")
         p.add_argument("--pixel-values", help="a .npy array fed to the vision component's pixel_values")
-        p.add_argument("--image", help="an image file, through the package's declared preprocessing")
+        p.add_argument("--image", help="an image file, through the package's declared preprocessing (an "
+                       "onnxruntime-genai multimodal package: its processor, the prompt holding the image's tag)")
         _backend_options(p)
         if name == "parity":
             p.add_argument("--tokens", type=_count, default=16, help="greedy tokens to compare (default 16)")

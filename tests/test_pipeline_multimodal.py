@@ -286,3 +286,22 @@ def test_the_gemma3_processor_counts_image_tokens_against_images(gemma_package, 
         proc = api.Model(gemma_package).create_multimodal_processor()
         with pytest.raises(RuntimeError, match="Prompt contained 2 image tokens but received 1 images"):
             proc("<start_of_image><start_of_image>", images=api.Images.open(images["wide"]))
+
+
+def test_the_command_line_takes_an_image_through_the_processor(package, images, ort_genai, capsys):
+    from pipeline.__main__ import main
+    assert main(["generate", package, "--prompt", PROMPT, "--image", images["tall"], "--max-new-tokens", "6",
+                 "--native", "none"]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    m = ort_genai.Model(package)
+    inputs = m.create_multimodal_processor()(PROMPT, images=ort_genai.Images.open(images["tall"]))
+    params = ort_genai.GeneratorParams(m)
+    n = inputs["input_ids"].as_numpy().shape[1]
+    params.set_search_options(max_length=n + 6)
+    g = ort_genai.Generator(m, params)
+    g.set_inputs(inputs)
+    while not g.is_done():
+        g.generate_next_token()
+    assert printed == f"token_ids: {g.get_sequence(0)[n:].tolist()}"
+    assert main(["generate", package, "--prompt", "no tag", "--image", images["tall"], "--native", "none"]) == 2
+    assert "Number of unique image tags" in capsys.readouterr().err

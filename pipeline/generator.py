@@ -296,6 +296,9 @@ class Generator:
             raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
         if self.beams is not None:
             raise RequestError("RewindToLength is not supported with beam search")
+        if not getattr(self.pipe, "rewindable", True):
+            raise RequestError(f"rewind_to: a {self.model.spec.model_type} encoder-decoder runs its prompt once "
+                               f"through the encoder; start a new Generator instead")
         if self.batch > 1 and length != 0:  # onnxruntime-genai's rule and wording
             raise RequestError("RewindToLength must be called with new_length=0 when batch_size > 1")
         keep = length - 1  # the last kept token is fed again: its logits are the next position's

@@ -125,7 +125,9 @@ def _dtype(node_arg) -> np.dtype:
 
 class MarianPipeline:
     """What ``Generator`` runs for a Marian package: ``begin`` encodes the prompt rows, ``forward`` runs one
-    decoder step and returns its logits ``[rows, 1, vocab]``."""
+    decoder step and returns its logits ``[rows, 1, vocab]``.  Not rewindable: the prompt is the encoder's."""
+
+    rewindable = False
 
     def __init__(self, spec: PipelineSpec, choice, max_length: int | None = None, batch: int = 1):
         from .backends import native_providers

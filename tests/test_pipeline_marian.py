@@ -55,7 +55,8 @@ def test_the_sequence_holds_the_prompt_then_the_translation(package):
     assert [s[0] for s in steps] == seqs[0][3:3 + len(steps)]
 
 
-def test_one_token_per_row_after_the_prompt(package):
+def test_what_a_marian_generator_refuses(package):
+    """One token per row after the prompt, and no rewind (the prompt is the encoder's)."""
     m = og.Model(package, native="all")
     params = og.GeneratorParams(m)
     params.set_search_options(max_length=14)
@@ -64,6 +65,8 @@ def test_one_token_per_row_after_the_prompt(package):
     g.generate_next_token()
     with pytest.raises(RequestError, match="one token per row"):
         g.append_tokens(np.array([[3, 4]], np.int32))
+    with pytest.raises(RequestError, match="encoder-decoder"):
+        g.rewind_to(3)
 
 
 def test_top_pairs_take_ties_as_libstdcxx_partial_sort_does():

@@ -20,8 +20,8 @@ A processor config lists transforms by ``type``; each is a function here from th
   ``Resize``, ``Rescale`` and ``Normalize`` the Gemma 3 chain, whose last step returns ``(3, H, W)``.
 
 Resampling is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy of Pillow's
-resampling code and always runs the passes in that order, so the bytes agree.  A transform this module does not have is an error naming it
-(``UnsupportedTransform``); nothing is skipped.
+resampling code and always runs the passes in that order, so the bytes agree. A transform this module does not have
+is an error naming it (``UnsupportedTransform``); nothing is skipped.
 """
 from __future__ import annotations
 

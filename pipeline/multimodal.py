@@ -11,9 +11,9 @@ The ``phi3v`` processor, as onnxruntime-genai's:
   ``(17, 3, 336, 336)``, ``image_sizes`` ``(2,)`` and ``num_image_tokens``; the images are stacked, and
   ``pixel_values`` takes the vision model's input type (float32, float16 or bfloat16 rounded to nearest even);
 - the prompt is split at its ``<|image_N|>`` tags; each piece is tokenized by the package's tokenizer with its
-  options (no special token by default, as onnxruntime-genai's ``Tokenizer::Encode``) and tag ``N`` becomes ``num_image_tokens[N-1]``
-  copies of ``-N``; ``input_ids`` is ``(1, length)`` int32.  The tags must name each image once (onnxruntime-
-  genai's wording for a mismatch).
+  options (no special token by default, as onnxruntime-genai's ``Tokenizer::Encode``) and tag ``N`` becomes
+  ``num_image_tokens[N-1]`` copies of ``-N``; ``input_ids`` is ``(1, length)`` int32. The tags must name each
+  image once (onnxruntime-genai's wording for a mismatch).
 
 The Qwen processor (``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_5``, ``fara``), as onnxruntime-genai's: each image runs
 the config's chain (``smart_resize`` ... ``PatchImage``) to ``pixel_values`` patches and an ``image_grid_thw``
@@ -108,7 +108,8 @@ def _round_to(values: np.ndarray, onnx_type: str) -> np.ndarray:
 
 
 class MultiModalProcessor:
-    """A package's prompt-and-image processor (``phi3v``); ``decode`` and ``create_stream`` are its tokenizer's."""
+    """A package's prompt-and-image processor (``PROCESSOR_TYPES``); ``decode`` and ``create_stream`` are its
+    tokenizer's."""
 
     def __init__(self, model):
         from .api import Tokenizer
@@ -126,7 +127,8 @@ class MultiModalProcessor:
         self.kind = "qwen" if kind in QWEN_TYPES else kind
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
-        self.steps = _transforms(os.path.join(spec.root, section.get("config_filename", "processor_config.json")))
+        self.steps = _transforms(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
+                                                    "model.vision.config_filename"))
         vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
         self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
 

@@ -34,9 +34,29 @@ def ort_genai():
 
 
 def _process(api, package, prompt, paths):
+    """The processor's outputs as arrays (``paths``: the images, none for a text prompt)."""
     proc = api.Model(package).create_multimodal_processor()
-    out = proc(prompt, images=api.Images.open(*paths))
+    out = proc(prompt, images=api.Images.open(*paths) if paths else None)
     return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
+
+
+def _decode(api, package, prompt, paths, more=8, **kw):
+    """The whole sequence of a greedy run over the processor's inputs, ``more`` tokens past the prompt."""
+    m = api.Model(package, **kw)
+    inputs = m.create_multimodal_processor()(prompt, images=api.Images.open(*paths) if paths else None)
+    params = api.GeneratorParams(m)
+    params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + more)
+    g = api.Generator(m, params)
+    g.set_inputs(inputs)
+    while not g.is_done():
+        g.generate_next_token()
+    return g.get_sequence(0).tolist()
+
+
+def _same_inputs(got, ref):
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
 
 
 @pytest.mark.parametrize("names", [["wide"], ["tall"], ["small"], ["tall", "wide"]])
@@ -55,17 +75,8 @@ def test_the_processor_gives_onnxruntime_genai_s_inputs(package, images, ort_gen
 @pytest.mark.parametrize("native", ["all", "none"])
 @pytest.mark.parametrize("name", ["wide", "tall"])
 def test_image_prompts_decode_as_onnxruntime_genai_decodes_them(package, images, ort_genai, native, name):
-    def run(api, **kw):
-        m = api.Model(package, **kw)
-        inputs = m.create_multimodal_processor()(PROMPT, images=api.Images.open(images[name]))
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native=native) == run(ort_genai)
+    assert _decode(og, package, PROMPT, [images[name]], native=native) == \
+        _decode(ort_genai, package, PROMPT, [images[name]])
 
 
 def test_image_tags_must_name_each_image_once(package, images, ort_genai):
@@ -123,14 +134,8 @@ def qwen_images(tmp_path_factory):
     ([], "no image here"),
 ])
 def test_the_qwen_processor_gives_onnxruntime_genai_s_inputs(qwen_package, qwen_images, ort_genai, names, prompt):
-    def run(api):
-        proc = api.Model(qwen_package).create_multimodal_processor()
-        out = proc(prompt, images=api.Images.open(*[qwen_images[n] for n in names]) if names else None)
-        return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
-    got, ref = run(og), run(ort_genai)
-    assert sorted(got) == sorted(ref)
-    for k in ref:
-        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+    paths = [qwen_images[n] for n in names]
+    _same_inputs(_process(og, qwen_package, prompt, paths), _process(ort_genai, qwen_package, prompt, paths))
 
 
 def test_the_qwen_processor_counts_vision_spans_against_images(qwen_package, qwen_images, ort_genai):
@@ -150,32 +155,14 @@ def test_qwen_image_prompts_decode_as_onnxruntime_genai_decodes_them(qwen_packag
                                                                       names, prompt):
     """The image tokens' 3-D positions (``pipeline/rope_index.py``), decoding on from their maximum, and a prompt
     without images (the vision component does not run)."""
-    def run(api, **kw):
-        m = api.Model(qwen_package, **kw)
-        images = api.Images.open(*[qwen_images[n] for n in names]) if names else None
-        inputs = m.create_multimodal_processor()(prompt, images=images)
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 10)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native=native) == run(ort_genai)
+    paths = [qwen_images[n] for n in names]
+    assert _decode(og, qwen_package, prompt, paths, 10, native=native) == \
+        _decode(ort_genai, qwen_package, prompt, paths, 10)
 
 
 def test_a_phi3v_prompt_without_images_decodes_as_onnxruntime_genai(package, ort_genai):
-    def run(api, **kw):
-        m = api.Model(package, **kw)
-        inputs = m.create_multimodal_processor()("<|user|>\njust text<|end|>\n")
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native="all") == run(ort_genai)
+    prompt = "<|user|>\njust text<|end|>\n"
+    assert _decode(og, package, prompt, [], native="all") == _decode(ort_genai, package, prompt, [])
 
 
 def test_a_decoder_that_takes_the_ids_beside_the_embeddings(package, ort_genai, tmp_path):
@@ -202,17 +189,9 @@ def test_a_decoder_that_takes_the_ids_beside_the_embeddings(package, ort_genai, 
     cfg["model"]["decoder"]["inputs"]["input_ids"] = "input_ids"
     (folder / "genai_config.json").write_text(json.dumps(cfg))
 
-    def run(api, **kw):
-        m = api.Model(str(folder), **kw)
-        inputs = m.create_multimodal_processor()("<|user|>\nids too<|end|>\n")
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native="all") == run(og, native="none") == run(ort_genai)
+    prompt = "<|user|>\nids too<|end|>\n"
+    assert _decode(og, str(folder), prompt, [], native="all") == _decode(og, str(folder), prompt, [], native="none") \
+        == _decode(ort_genai, str(folder), prompt, [])
 
 
 def test_an_embedding_that_takes_int32_ids(package, images, ort_genai, tmp_path):
@@ -226,17 +205,10 @@ def test_an_embedding_that_takes_int32_ids(package, images, ort_genai, tmp_path)
     next(i for i in m.graph.input if i.name == "input_ids").type.tensor_type.elem_type = TensorProto.INT32
     onnx.save(m, str(folder / "embedding.onnx"))
 
-    def run(api, **kw):
-        m = api.Model(str(folder), **kw)
-        inputs = m.create_multimodal_processor()(PROMPT, images=api.Images.open(images["tall"]))
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native="all") == run(og, native="none") == run(ort_genai)
+    paths = [images["tall"]]
+    assert _decode(og, str(folder), PROMPT, paths, native="all") == _decode(og, str(folder), PROMPT, paths,
+                                                                           native="none") \
+        == _decode(ort_genai, str(folder), PROMPT, paths)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,32 +225,16 @@ def gemma_package(tmp_path_factory):
                                           (["wide", "tall"], "A <start_of_image> B <start_of_image> C"),
                                           (["tall"], ""), ([], "text only")])
 def test_the_gemma3_processor_gives_onnxruntime_genai_s_inputs(gemma_package, images, ort_genai, names, prompt):
-    def run(api):
-        proc = api.Model(gemma_package).create_multimodal_processor()
-        out = proc(prompt, images=api.Images.open(*[images[n] for n in names]) if names else None)
-        return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
-    got, ref = run(og), run(ort_genai)
-    assert sorted(got) == sorted(ref)
-    for k in ref:
-        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+    paths = [images[n] for n in names]
+    _same_inputs(_process(og, gemma_package, prompt, paths), _process(ort_genai, gemma_package, prompt, paths))
 
 
 @pytest.mark.parametrize("native", ["all", "none"])
 @pytest.mark.parametrize("names,prompt", [(["wide"], "<start_of_image>Describe"), ([], "text only")])
 def test_gemma3_image_prompts_decode_as_onnxruntime_genai_decodes_them(gemma_package, images, ort_genai, native,
                                                                         names, prompt):
-    def run(api, **kw):
-        m = api.Model(gemma_package, **kw)
-        inputs = m.create_multimodal_processor()(prompt, images=api.Images.open(*[images[n] for n in names])
-                                                 if names else None)
-        params = api.GeneratorParams(m)
-        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
-        g = api.Generator(m, params)
-        g.set_inputs(inputs)
-        while not g.is_done():
-            g.generate_next_token()
-        return g.get_sequence(0).tolist()
-    assert run(og, native=native) == run(ort_genai)
+    paths = [images[n] for n in names]
+    assert _decode(og, gemma_package, prompt, paths, native=native) == _decode(ort_genai, gemma_package, prompt, paths)
 
 
 def test_the_gemma3_processor_counts_image_tokens_against_images(gemma_package, images, ort_genai):
@@ -293,15 +249,7 @@ def test_the_command_line_takes_an_image_through_the_processor(package, images, 
     assert main(["generate", package, "--prompt", PROMPT, "--image", images["tall"], "--max-new-tokens", "6",
                  "--native", "none"]) == 0
     printed = capsys.readouterr().out.splitlines()[-1]
-    m = ort_genai.Model(package)
-    inputs = m.create_multimodal_processor()(PROMPT, images=ort_genai.Images.open(images["tall"]))
-    params = ort_genai.GeneratorParams(m)
-    n = inputs["input_ids"].as_numpy().shape[1]
-    params.set_search_options(max_length=n + 6)
-    g = ort_genai.Generator(m, params)
-    g.set_inputs(inputs)
-    while not g.is_done():
-        g.generate_next_token()
-    assert printed == f"token_ids: {g.get_sequence(0)[n:].tolist()}"
+    n = _process(ort_genai, package, PROMPT, [images["tall"]])["input_ids"].shape[1]
+    assert printed == f"token_ids: {_decode(ort_genai, package, PROMPT, [images['tall']], 6)[n:]}"
     assert main(["generate", package, "--prompt", "no tag", "--image", images["tall"], "--native", "none"]) == 2
     assert "Number of unique image tags" in capsys.readouterr().err

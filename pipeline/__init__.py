@@ -2,8 +2,8 @@
 
 The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``,
 ``GeneratorParams``, ``Generator``, ``Tensor``, ``NamedTensors`` and a one-call
-``generate``; the process-wide calls (providers on hand, logging, telemetry) are in
-``pipeline/environment.py``.  ``python -m pipeline parity|generate``
+``generate``, ``Images`` and ``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``); the
+process-wide calls (providers on hand, logging, telemetry) are in ``pipeline/environment.py``.  ``python -m pipeline parity|generate``
 are the command-line entry points.  Submodules load on first use, so
 ``import pipeline.spec`` stays light.
 """

@@ -63,6 +63,12 @@ class Pipeline:
             self.decoder = NativeDecoder(dec, spec, ml, batch, providers, session_options)
         self.batch = batch
         self._by_target = {(e.dst, e.dst_port): e for e in spec.dataflow}
+        self._token_types = {n: np.int32 if c.inputs.get(spec.components[n].io.token_input) is not None
+                             and c.inputs[spec.components[n].io.token_input].type == "tensor(int32)" else np.int64
+                             for n, c in self.components.items()}
+        port = dec.io.ids_beside_embeds  # (port, integer type) of a decoder that takes the ids beside embeddings
+        self._ids_beside = None if port is None else (
+            port, np.int32 if self.decoder.inputs[port].type == "tensor(int32)" else np.int64)
         self.values = {}
 
     # -- one component -----------------------------------------------------------------------------
@@ -72,8 +78,7 @@ class Pipeline:
         feeds = {}
         for port in comp.input_names:
             if io.token_input == port:  # in the graph's integer type (int64, or int32 as some exports take)
-                t = np.int32 if comp.inputs[port].type == "tensor(int32)" else np.int64
-                feeds[port] = np.asarray(tokens, dtype=t).reshape(self.batch, -1)
+                feeds[port] = np.asarray(tokens, dtype=self._token_types[name]).reshape(self.batch, -1)
             elif (name, port) in self._by_target:
                 e = self._by_target[(name, port)]
                 if (e.src, e.src_port) in self.values:
@@ -153,10 +158,9 @@ class Pipeline:
             self._run_component(st.model, cur, external)
         fwd = self.decoder.prefill if first else self.decoder.step
         extra = self._image_positions(cur, external) if first else None
-        ids_port = self.spec.components[self.decoder_name].io.ids_beside_embeds
-        if ids_port is not None:
-            t = np.int32 if self.decoder.inputs[ids_port].type == "tensor(int32)" else np.int64
-            extra = dict(extra or {}, **{ids_port: np.asarray(cur, t).reshape(self.batch, -1)})
+        if self._ids_beside is not None:
+            port, t = self._ids_beside
+            extra = dict(extra or {}, **{port: np.asarray(cur, t).reshape(self.batch, -1)})
         return fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
 
     def _image_positions(self, cur, external):

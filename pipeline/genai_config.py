@@ -27,14 +27,15 @@ Invariants of the returned spec (besides those ``metadata`` states for every spe
 - ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
 - A Marian encoder-decoder (``type`` ``marian-*``) is read by ``pipeline/marian.py``.
 
-A split VLM of a type whose processor is implemented (``phi3v``, the Qwen-VL types: ``pipeline/multimodal.py``)
-keeps its vision side with images optional; another whose image preprocessing cannot be represented, or a
+A split VLM of a type whose processor is implemented (``PROCESSOR_TYPES`` in ``pipeline/multimodal.py``) keeps
+its vision side with images optional; another whose image preprocessing cannot be represented, or a
 builder ``*_vl_text`` decoder, is admitted for text only (see ``text_only``).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 
 from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value,
                              read_document, required, resolve_in_package, search_options)
@@ -80,7 +81,6 @@ def _with_defaults(given: dict, defaults: dict, ports: dict) -> dict:
 
 def _layers_of(name: str, ports: dict):
     """The layer indices a ``%d`` template names among ``ports`` (sorted); for a plain name, [0] when present."""
-    import re
     if "%d" not in name:
         return [0] if name in ports else []
     pat = re.compile("^" + re.escape(name).replace("%d", r"(\d+)") + "$")

@@ -313,5 +313,14 @@ def generate(model: Model, prompt_ids, max_new_tokens=None, inputs=None, **searc
     if search:
         params.set_search_options(**search)
     s = params.search
+    if model.spec.marian_ports is not None:  # an encoder-decoder: the Generator's loop
+        ids = np.asarray(prompt_ids, np.int64).reshape(1, -1)
+        if max_new_tokens is not None:
+            params.set_search_options(max_length=ids.shape[1] + int(max_new_tokens))
+        g = Generator(model, params)
+        g.append_tokens(ids)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0)[ids.shape[1]:].tolist()
     return model.pipeline.generate(prompt_ids, max_new_tokens, sampler=Sampler(s), search=s, external=inputs)
 

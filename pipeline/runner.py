@@ -38,6 +38,9 @@ class Pipeline:
                  batch: int = 1, session_options=None, ort_providers=None):
         """``ort_providers``: onnxruntime's providers for the components that run on onnxruntime (default
         its CPU provider)."""
+        if spec.marian_ports is not None:
+            raise NotImplementedError("a Marian encoder-decoder package runs through og.Model and og.Generator "
+                                      "(pipeline/marian.py), not through this decode loop")
         self.spec = spec
         dec = spec.decoder
         self.decoder_name = dec.name

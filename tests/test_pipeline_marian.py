@@ -92,3 +92,10 @@ def test_log_softmax_sums_the_exponentials_in_order():
         for v in d.tolist():
             total = np.float32(total + np.float32(np.exp(np.float64(v))))
         assert np.array_equal(got, d - np.float32(np.log(np.float64(total))))
+
+
+def test_the_one_call_generate_and_what_the_decode_loop_refuses(package, ort_genai):
+    steps, seqs = _run(ort_genai, package, [[3, 4, 5]])
+    assert og.generate(og.Model(package, native="all"), [3, 4, 5], max_new_tokens=11) == seqs[0][3:]
+    from pipeline.__main__ import main
+    assert main(["parity", package, "--prompt-ids", "3,4,5"]) == 2  # the step-by-step loop is decoder-only

@@ -25,16 +25,20 @@ are kept, best first.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 __all__ = ["BeamSearch", "log_softmax", "top_pairs"]
 
 
-def _adjust_heap(h: list, hole: int, n: int, value: int, better) -> None:
-    """libstdc++'s ``__adjust_heap`` then ``__push_heap`` on the index heap ``h[:n]``."""
-    top, child = hole, hole
+@njit(cache=True, nogil=True)
+def _adjust_heap(h, hole, n, value, scores):
+    """libstdc++'s ``__adjust_heap`` then ``__push_heap`` on the index heap ``h[:n]``, the comparator being
+    ``scores[a] > scores[b]`` (so the heap's top is its worst score)."""
+    top = hole
+    child = hole
     while child < (n - 1) // 2:
         child = 2 * (child + 1)
-        if better(h[child], h[child - 1]):
+        if scores[h[child]] > scores[h[child - 1]]:
             child -= 1
         h[hole] = h[child]
         hole = child
@@ -43,11 +47,29 @@ def _adjust_heap(h: list, hole: int, n: int, value: int, better) -> None:
         h[hole] = h[child - 1]
         hole = child - 1
     parent = (hole - 1) // 2
-    while hole > top and better(h[parent], value):
+    while hole > top and scores[h[parent]] > scores[value]:
         h[hole] = h[parent]
         hole = parent
         parent = (hole - 1) // 2
     h[hole] = value
+
+
+@njit(cache=True, nogil=True)
+def _partial_sort(scores, k):
+    """``std::partial_sort`` of the indices 0..n-1 by ``scores[a] > scores[b]``, first ``k`` (libstdc++: heap
+    select, then heap sort)."""
+    n = scores.shape[0]
+    h = np.arange(k, dtype=np.int64)
+    for parent in range((k - 2) // 2, -1, -1):  # make_heap
+        _adjust_heap(h, parent, k, h[parent], scores)
+    for i in range(k, n):  # __pop_heap(first, middle, i): i enters when it beats the worst, which leaves
+        if scores[i] > scores[h[0]]:
+            _adjust_heap(h, 0, k, i, scores)
+    for last in range(k - 1, 0, -1):  # sort_heap
+        value = h[last]
+        h[last] = h[0]
+        _adjust_heap(h, 0, last, value, scores)
+    return h
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -63,32 +85,9 @@ def top_pairs(scores: np.ndarray, k: int) -> np.ndarray:
     """The flat indices of the ``k`` best scores in the order ``std::partial_sort`` (libstdc++) leaves them
     with the comparator ``scores[a] > scores[b]`` over indices 0..n-1: a heap of the first ``k`` indices, each
     later index that beats the heap's worst replacing it, then a heap sort.  Equal scores therefore come out
-    as onnxruntime-genai's beam search takes them.  Only the indices that beat the worst at their turn are
-    visited one by one."""
-    n = scores.shape[0]
-    k = min(int(k), n)
-    sc = scores.tolist() if n <= k else None
-
-    def better(a, b):
-        return scores[a] > scores[b]
-
-    h = list(range(k))
-    for parent in range((k - 2) // 2, -1, -1):  # make_heap
-        _adjust_heap(h, parent, k, h[parent], better)
-    i = k
-    while i < n and sc is None:
-        rest = np.flatnonzero(scores[i:] > scores[h[0]])
-        if rest.size == 0:
-            break
-        i += int(rest[0])
-        value = i
-        _adjust_heap(h, 0, k, value, better)  # __pop_heap(first, middle, i): i's index enters, the worst leaves
-        i += 1
-    for last in range(k - 1, 0, -1):  # sort_heap
-        value = h[last]
-        h[last] = h[0]
-        _adjust_heap(h, 0, last, value, better)
-    return np.asarray(h, np.int64)
+    as onnxruntime-genai's beam search takes them."""
+    x = np.ascontiguousarray(scores, np.float32)
+    return _partial_sort(x, min(int(k), x.shape[0]))
 
 
 class BeamSearch:

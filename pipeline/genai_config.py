@@ -26,6 +26,8 @@ Invariants of the returned spec (besides those ``metadata`` states for every spe
   writes more);
 - ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
 - A Marian encoder-decoder (``type`` ``marian-*``) is read by ``pipeline/marian.py``.
+- A Whisper package's ``encoder`` section is a component run once over the caller's ``audio_features``
+  (``audio_encoder``); its cross-attention caches feed the decoder's ``cross_past_*_names`` at every step.
 
 A split VLM of a type whose processor is implemented (``PROCESSOR_TYPES`` in ``pipeline/multimodal.py``) keeps
 its vision side with images optional; another whose image preprocessing cannot be represented, or a
@@ -238,7 +240,7 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None 
     decoder, n_layers, ins = _load_decoder(root, dec, graphs)
     components = _side_components(root, model)
     components["decoder"] = decoder
-    edges = _vlm_edges(model, components, decoder)
+    edges = _vlm_edges(model, components, decoder) + _audio_encoder(root, model, components, n_layers)
     for comp in components.values():
         check_io_ports(comp, graphs, f"model.{comp.name}")
     spec = _genai_spec(root, cfg, model, dec, components, edges, n_layers, ins)
@@ -303,6 +305,30 @@ def _side_components(root: str, model: dict) -> dict:
     return components
 
 
+def _audio_encoder(root: str, model: dict, components: dict, n_layers: int) -> list:
+    """A Whisper package's ``encoder`` section: the component (run once over the caller's ``audio_features``) and
+    the edges from its cross-attention caches (``cross_present_key_names`` / ``_value_names``) to the decoder's
+    (``cross_past_key_names`` / ``_value_names``), one pair per layer; no section, no edges."""
+    sec = model.get("encoder")
+    if model.get("type") != "whisper" or not isinstance(sec, dict):
+        return []
+    comp = ComponentSpec("encoder", resolve_in_package(root, required(sec, "filename", "model.encoder"),
+                                                       "model.encoder.filename"), "audio_encoder")
+    components["encoder"] = comp
+    enc_out = sec.get("outputs") or {}
+    dec_in = (model["decoder"].get("inputs") or {})
+    edges = []
+    for out_key, in_key in (("cross_present_key_names", "cross_past_key_names"),
+                            ("cross_present_value_names", "cross_past_value_names")):
+        if out_key not in enc_out or in_key not in dec_in:
+            raise MetadataError(f"model.encoder.outputs.{out_key} and model.decoder.inputs.{in_key}: both required "
+                                f"for a Whisper package's cross-attention caches")
+        for a, b in zip(_expand(enc_out[out_key], n_layers, f"model.encoder.outputs.{out_key}"),
+                        _expand(dec_in[in_key], n_layers, f"model.decoder.inputs.{in_key}")):
+            edges.append(Edge("encoder", a, "decoder", b))
+    return edges
+
+
 def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
     """Dataflow of a split VLM: embedding -> decoder ``inputs_embeds``, vision -> embedding image features."""
     edges = []
@@ -324,8 +350,11 @@ def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
 
 
 def _default_stages(components: dict) -> list:
-    """vision (prompt only), embed (every step) where present, then the autoregressive decode."""
+    """vision or the audio encoder (prompt only), embed (every step) where present, then the autoregressive
+    decode."""
     stages = []
+    if "encoder" in components:
+        stages.append(Stage("encode", "single_pass", "encoder", "prompt_only"))
     if "vision" in components:
         stages.append(Stage("vision", "single_pass", "vision", "prompt_only"))
     if "embedding" in components:

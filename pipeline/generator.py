@@ -102,6 +102,7 @@ class Generator:
         self._next = None
         first = self._fed == 0
         if first:
+            self._expand_for_beams()
             self.pipe.begin(cur, self.external, self.max_length)
         logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths), np.float32)
         if logits.ndim == 2:  # a decoder whose logits have no sequence axis
@@ -116,6 +117,20 @@ class Generator:
             at = np.full(self.batch, cur.shape[1] - 1) if lengths is None else lengths - 1
         self._logits = np.ascontiguousarray(logits[np.arange(self.batch), at][:, None, :])
         self._last_ids = cur
+
+    def _expand_for_beams(self):
+        """An audio encoder's inputs (one row per prompt) repeated for each prompt's beams, as onnxruntime-genai
+        expands them: the encoder then gives every beam its cross caches."""
+        nb = int(self.search.num_beams)
+        if nb == 1:
+            return
+        for comp in self.model.spec.components.values():
+            if comp.type != "audio_encoder":
+                continue
+            for name in list(self.external):
+                a = np.asarray(self.external[name])
+                if a.ndim and a.shape[0] == self.prompts and name in self.pipe.components[comp.name].input_names:
+                    self.external[name] = np.repeat(a, nb, axis=0)
 
     def _current_logits(self):
         if self._logits is None:

@@ -69,6 +69,7 @@ class Pipeline:
         self._token_types = {n: np.int32 if c.inputs.get(spec.components[n].io.token_input) is not None
                              and c.inputs[spec.components[n].io.token_input].type == "tensor(int32)" else np.int64
                              for n, c in self.components.items()}
+        self._decoder_edges = [e for e in spec.dataflow if e.dst == dec.name and e.dst_port != dec.io.inputs_embeds_input]
         port = dec.io.ids_beside_embeds  # (port, integer type) of a decoder that takes the ids beside embeddings
         self._ids_beside = None if port is None else (
             port, np.int32 if self.decoder.inputs[port].type == "tensor(int32)" else np.int64)
@@ -164,6 +165,8 @@ class Pipeline:
         if self._ids_beside is not None:
             port, t = self._ids_beside
             extra = dict(extra or {}, **{port: np.asarray(cur, t).reshape(self.batch, -1)})
+        if self._decoder_edges:  # inputs another component computed once (a Whisper encoder's cross caches)
+            extra = dict(extra or {}, **{e.dst_port: self.values[(e.src, e.src_port)] for e in self._decoder_edges})
         return fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
 
     def _image_positions(self, cur, external):

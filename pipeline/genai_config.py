@@ -383,7 +383,8 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         head_size=int_value(dec.get("head_size"), "model.decoder.head_size"), source="genai_config",
         sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
         vocab_size=model.get("vocab_size"),
-        vision_config=_vision_config(model))
+        vision_config=_vision_config(model),
+        speech_config=model["speech"] if isinstance(model.get("speech"), dict) else None)
 
 
 def _vision_config(model: dict) -> dict | None:

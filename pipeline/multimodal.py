@@ -25,6 +25,10 @@ The ``gemma3`` processor: each image through the config's chain to ``(3, 896, 89
 ``<start_of_image>`` becomes two newlines, itself, 256 ``<image_soft_token>``, ``<end_of_image>`` and two
 newlines (an empty prompt gets one per image); ``token_type_ids`` mark the soft tokens.
 
+The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
+log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
+``input_ids`` batch.
+
 Only these are implemented.  Another multimodal type is a ``NotImplementedError`` naming it; a text
 decoder is a ``RuntimeError`` with onnxruntime-genai's words.  Known difference: JPEG images are decoded by
 Pillow (libjpeg-turbo), onnxruntime-genai's by IJG libjpeg 9, whose chroma upsampling differs, so JPEG pixel
@@ -48,7 +52,7 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-PROCESSOR_TYPES = {"phi3v", "gemma3"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "gemma3"} | QWEN_TYPES  # the image processors; ``whisper`` has the audio one
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
@@ -115,6 +119,11 @@ class MultiModalProcessor:
         from .api import Tokenizer
         spec = model.spec
         kind = spec.model_type or ""
+        self.tokenizer = Tokenizer(model)
+        self.kind = kind
+        if kind == "whisper":
+            self._init_whisper(spec)
+            return
         if kind not in PROCESSOR_TYPES:
             if kind in _MULTIMODAL_TYPES:
                 raise NotImplementedError(f"MultiModalProcessor: the {kind} processor is not implemented here "
@@ -123,7 +132,6 @@ class MultiModalProcessor:
                                f"model type.")
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
-        self.tokenizer = Tokenizer(model)
         self.kind = "qwen" if kind in QWEN_TYPES else kind
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
@@ -131,6 +139,50 @@ class MultiModalProcessor:
                                                     "model.vision.config_filename"))
         vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
         self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
+
+    def _init_whisper(self, spec):
+        """The audio processor: ``audio_processor_config.json`` (``model.speech.config_filename``), its
+        ``feature_extraction.sequence`` of steps (``pipeline/audio.py``), the encoder's feature type."""
+        from .audio import AUDIO_STEPS
+        name = (spec.speech_config or {}).get("config_filename", "audio_processor_config.json")
+        path = resolve_in_package(spec.root, name, "model.speech.config_filename")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                seq = json.load(fh)["feature_extraction"]["sequence"]
+            steps = [(s["operation"]["type"], {k: v for k, v in (s["operation"].get("attrs") or {}).items()
+                                               if not k.startswith("_")}) for s in seq]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RequestError(f"audio processor config {path!r}: expected feature_extraction.sequence with an "
+                               f"operation type each ({type(exc).__name__}: {exc})") from None
+        unknown = [t for t, _ in steps if t not in AUDIO_STEPS]
+        if unknown:
+            raise UnsupportedTransform(f"audio processor config {path!r}: step(s) {unknown} are not implemented "
+                                       f"here (implemented: {sorted(AUDIO_STEPS)})")
+        self.steps = [(AUDIO_STEPS[t], a) for t, a in steps]
+        enc = spec.components.get("encoder")
+        if enc is None:
+            raise RequestError("MultiModalProcessor: the Whisper package has no model.encoder section")
+        self.pixel_type = _input_type(enc.filename, "audio_features")
+
+    def _whisper(self, prompt, audios):
+        """Whisper: each clip's log-mel features stacked (``audio_features``); the prompt, or one per clip,
+        encoded as a right-padded batch (``input_ids``), as onnxruntime-genai's ``EncodeBatch``."""
+        from .api import NamedTensors
+        if audios is None or not len(audios):
+            raise RequestError("No audios provided to process.")
+        if prompt is None or prompt == "" or prompt == []:
+            raise RequestError("No prompt or prompts provided to WhisperProcessor::Process.")
+        feats = []
+        for blob in audios.blobs:
+            value = blob
+            for fn, attrs in self.steps:
+                value = fn(value, **attrs)
+            feats.append(value)
+        out = NamedTensors()
+        out["audio_features"] = _round_to(np.stack(feats), self.pixel_type)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        out["input_ids"] = self.tokenizer.encode_batch(prompts).as_numpy()
+        return out
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids)
@@ -142,6 +194,8 @@ class MultiModalProcessor:
         from .api import NamedTensors
         if kwargs:
             raise TypeError(f"MultiModalProcessor: unexpected argument(s) {sorted(kwargs)}")
+        if self.kind == "whisper":
+            return self._whisper(prompt, audios)
         if audios is not None:
             raise NotImplementedError("MultiModalProcessor: this processor takes no audio")
         if prompt is None:

@@ -149,6 +149,7 @@ class PipelineSpec:
     vocab_size: int | None = None
     source: str = "genai_config"                # or "inference_metadata"
     marian_ports: tuple | None = None           # a Marian package's (encoder, decoder) port names (marian.py)
+    speech_config: dict | None = None           # genai_config model.speech (the audio processor's config file)
     vision_config: dict | None = None           # genai_config model.vision (processor config, port names) and
     #                                             the model's image_token_id / vision_start_token_id
 

@@ -51,12 +51,70 @@ def test_tokens_are_onnxruntime_genai_s(package, ort_genai, native, batch, searc
         _run(ort_genai, package, features, prompts, **search)
 
 
-def test_what_a_whisper_package_refuses(package):
+def test_a_whisper_package_needs_its_audio_features(package):
     m = og.Model(package)
-    with pytest.raises(NotImplementedError, match="whisper processor is not implemented"):
-        m.create_multimodal_processor()
     params = og.GeneratorParams(m)
     params.set_search_options(max_length=12)
     g = og.Generator(m, params)
     with pytest.raises(Exception, match="audio_features"):
         g.append_tokens(np.array([[1, 5, 6, 7]], np.int32))  # the encoder's input is nobody's to invent
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The audio processor (pipeline/audio.py).  Tolerance, fixed beforehand: 1e-4 on the log-mel features (float32
+# FFTs of different libraries, before a log10); token ids equal.
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clips")
+    out = {"wav": W.wav(str(d / "chirp.wav"))}
+    try:
+        import soundfile  # noqa: F401  (a test dependency; FLAC needs it)
+    except ImportError:
+        return out
+    out["flac"] = W.flac(str(d / "stereo44k.flac"))  # two channels at 44.1 kHz: mixed, filtered, resampled
+    return out
+
+
+def _features(api, package, prompt, paths):
+    out = api.Model(package).create_multimodal_processor()(prompt, audios=api.Audios.open(*paths))
+    return {k: np.asarray(out[k].as_numpy()) for k in out.keys()}
+
+
+@pytest.mark.parametrize("names,prompt", [(["wav"], "hello"), (["flac"], "hello"),
+                                          (["wav", "flac"], ["a b", "hello world"])])
+def test_the_audio_processor_gives_onnxruntime_genai_s_inputs(package, clips, ort_genai, names, prompt):
+    if any(n not in clips for n in names):
+        pytest.skip("the soundfile package (a test dependency) is not installed")
+    paths = [clips[n] for n in names]
+    got, ref = _features(og, package, prompt, paths), _features(ort_genai, package, prompt, paths)
+    assert sorted(got) == sorted(ref)
+    assert got["input_ids"].dtype == ref["input_ids"].dtype and np.array_equal(got["input_ids"], ref["input_ids"])
+    assert got["audio_features"].shape == ref["audio_features"].shape == (len(paths), W.MELS, W.FRAMES)
+    np.testing.assert_allclose(got["audio_features"], ref["audio_features"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+def test_a_clip_decodes_as_onnxruntime_genai_decodes_it(package, clips, ort_genai, native):
+    def run(api, **kw):
+        m = api.Model(package, **kw)
+        inputs = m.create_multimodal_processor()("hello world", audios=api.Audios.open(clips["wav"]))
+        params = api.GeneratorParams(m)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 8)
+        g = api.Generator(m, params)
+        g.set_inputs(inputs)
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert run(og, native=native) == run(ort_genai)
+
+
+def test_what_the_audio_processor_refuses(package, clips, ort_genai):
+    for api in (og, ort_genai):
+        proc = api.Model(package).create_multimodal_processor()
+        with pytest.raises(RuntimeError, match="No audios provided to process"):
+            proc("hello")
+        with pytest.raises(RuntimeError, match="No prompt or prompts provided"):
+            proc(audios=api.Audios.open(clips["wav"]))
+    with pytest.raises(RuntimeError, match="Audio path does not exist"):
+        og.Audios.open(clips["wav"] + ".missing")

@@ -23,43 +23,20 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import wave
 
 import numpy as np
 from numba import njit
 
-from .spec import RequestError
+from .multimodal import Blobs
 
 __all__ = ["Audios", "decode_audio", "stft_norm", "log_mel", "AUDIO_STEPS"]
 
 
-class Audios:
+class Audios(Blobs):
     """Encoded audio clips, in the order given."""
 
-    def __init__(self, blobs: list):
-        self.blobs = list(blobs)
-
-    @classmethod
-    def open(cls, *paths) -> "Audios":
-        blobs = []
-        for p in paths:
-            p = os.fspath(p)
-            if not os.path.isfile(p):
-                raise RequestError(f"Audio path does not exist: {p}")
-            with open(p, "rb") as fh:
-                blobs.append(fh.read())
-        return cls(blobs)
-
-    @classmethod
-    def open_bytes(cls, *blobs) -> "Audios":
-        for b in blobs:
-            if not isinstance(b, (bytes, bytearray, memoryview)):
-                raise TypeError(f"Audios.open_bytes: expected bytes, got {type(b).__name__}")
-        return cls([bytes(b) for b in blobs])
-
-    def __len__(self):
-        return len(self.blobs)
+    WHAT = "Audio"
 
 
 def _read(data: bytes) -> tuple:

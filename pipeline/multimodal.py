@@ -57,49 +57,61 @@ _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
 
-class Images:
-    """Encoded images, in the order given."""
+class Blobs:
+    """Encoded files (images, audio), in the order given; ``WHAT`` names them in messages."""
+
+    WHAT = "File"
 
     def __init__(self, blobs: list):
         self.blobs = list(blobs)
 
     @classmethod
-    def open(cls, *paths) -> "Images":
+    def open(cls, *paths):
         blobs = []
         for p in paths:
             p = os.fspath(p)
             if not os.path.isfile(p):
-                raise RequestError(f"Image path does not exist: {p}")
+                raise RequestError(f"{cls.WHAT} path does not exist: {p}")
             with open(p, "rb") as fh:
                 blobs.append(fh.read())
         return cls(blobs)
 
     @classmethod
-    def open_bytes(cls, *blobs) -> "Images":
+    def open_bytes(cls, *blobs):
         for b in blobs:
             if not isinstance(b, (bytes, bytearray, memoryview)):
-                raise TypeError(f"Images.open_bytes: expected bytes, got {type(b).__name__}")
+                raise TypeError(f"{cls.__name__}.open_bytes: expected bytes, got {type(b).__name__}")
         return cls([bytes(b) for b in blobs])
 
     def __len__(self):
         return len(self.blobs)
 
 
-def _transforms(path: str) -> list:
-    """(type, attrs) of each transform the processor config lists."""
+class Images(Blobs):
+    """Encoded images, in the order given."""
+
+    WHAT = "Image"
+
+
+def _steps(path: str, keys: tuple, table: dict, what: str) -> list:
+    """(function, attrs) of each step a processor config lists under ``keys`` (``processor.transforms``, or
+    ``feature_extraction.sequence``), each ``{"operation": {"type", "attrs"}}`` found in ``table``; attributes
+    whose names start with ``_`` are comments."""
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        steps = doc["processor"]["transforms"]
-        out = [(s["operation"]["type"], dict(s["operation"].get("attrs") or {})) for s in steps]
+            steps = json.load(fh)
+        for k in keys:
+            steps = steps[k]
+        out = [(s["operation"]["type"], {k: v for k, v in (s["operation"].get("attrs") or {}).items()
+                                         if not k.startswith("_")}) for s in steps]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RequestError(f"processor config {path!r}: expected processor.transforms with an operation type "
-                           f"each ({type(exc).__name__}: {exc})") from None
-    unknown = [t for t, _ in out if t not in TRANSFORMS]
+        raise RequestError(f"{what} config {path!r}: expected {'.'.join(keys)} with an operation type each "
+                           f"({type(exc).__name__}: {exc})") from None
+    unknown = [t for t, _ in out if t not in table]
     if unknown:
-        raise UnsupportedTransform(f"processor config {path!r}: transform(s) {unknown} are not implemented here "
-                                   f"(implemented: {sorted(TRANSFORMS)})")
-    return out
+        raise UnsupportedTransform(f"{what} config {path!r}: step(s) {unknown} are not implemented here "
+                                   f"(implemented: {sorted(table)})")
+    return [(table[t], a) for t, a in out]
 
 
 def _round_to(values: np.ndarray, onnx_type: str) -> np.ndarray:
@@ -135,8 +147,9 @@ class MultiModalProcessor:
         self.kind = "qwen" if kind in QWEN_TYPES else kind
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
-        self.steps = _transforms(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
-                                                    "model.vision.config_filename"))
+        self.steps = _steps(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
+                                               "model.vision.config_filename"), ("processor", "transforms"),
+                            TRANSFORMS, "processor")
         vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
         self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
 
@@ -146,19 +159,7 @@ class MultiModalProcessor:
         from .audio import AUDIO_STEPS
         name = (spec.speech_config or {}).get("config_filename", "audio_processor_config.json")
         path = resolve_in_package(spec.root, name, "model.speech.config_filename")
-        try:
-            with open(path, encoding="utf-8") as fh:
-                seq = json.load(fh)["feature_extraction"]["sequence"]
-            steps = [(s["operation"]["type"], {k: v for k, v in (s["operation"].get("attrs") or {}).items()
-                                               if not k.startswith("_")}) for s in seq]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RequestError(f"audio processor config {path!r}: expected feature_extraction.sequence with an "
-                               f"operation type each ({type(exc).__name__}: {exc})") from None
-        unknown = [t for t, _ in steps if t not in AUDIO_STEPS]
-        if unknown:
-            raise UnsupportedTransform(f"audio processor config {path!r}: step(s) {unknown} are not implemented "
-                                       f"here (implemented: {sorted(AUDIO_STEPS)})")
-        self.steps = [(AUDIO_STEPS[t], a) for t, a in steps]
+        self.steps = _steps(path, ("feature_extraction", "sequence"), AUDIO_STEPS, "audio processor")
         enc = spec.components.get("encoder")
         if enc is None:
             raise RequestError("MultiModalProcessor: the Whisper package has no model.encoder section")
@@ -172,12 +173,7 @@ class MultiModalProcessor:
             raise RequestError("No audios provided to process.")
         if prompt is None or prompt == "" or prompt == []:
             raise RequestError("No prompt or prompts provided to WhisperProcessor::Process.")
-        feats = []
-        for blob in audios.blobs:
-            value = blob
-            for fn, attrs in self.steps:
-                value = fn(value, **attrs)
-            feats.append(value)
+        feats = [self._run_steps(blob) for blob in audios.blobs]
         out = NamedTensors()
         out["audio_features"] = _round_to(np.stack(feats), self.pixel_type)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
@@ -226,8 +222,8 @@ class MultiModalProcessor:
 
     def _run_steps(self, blob):
         value = blob
-        for kind, attrs in self.steps:
-            value = TRANSFORMS[kind](value, **attrs)
+        for fn, attrs in self.steps:
+            value = fn(value, **attrs)
         return value
 
     def _qwen(self, prompt: str, images):

@@ -43,7 +43,7 @@ import re
 import numpy as np
 
 from .image_transforms import TRANSFORMS, UnsupportedTransform
-from .package_checks import resolve_in_package
+from .package_checks import graph_ports, resolve_in_package
 from .spec import RequestError
 
 __all__ = ["Images", "MultiModalProcessor", "create_processor", "PROCESSOR_TYPES", "QWEN_TYPES"]
@@ -114,13 +114,12 @@ def _steps(path: str, keys: tuple, table: dict, what: str) -> list:
     return [(table[t], a) for t, a in out]
 
 
-def _round_to(values: np.ndarray, onnx_type: str) -> np.ndarray:
-    if onnx_type == "tensor(float16)":
-        return values.astype(np.float16)
-    if onnx_type == "tensor(bfloat16)":
+def _round_to(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` in the model input's type (rounded to nearest even)."""
+    if dtype == "bfloat16":
         import ml_dtypes
         return values.astype(ml_dtypes.bfloat16)
-    return values.astype(np.float32)
+    return values.astype(np.float16 if dtype == "float16" else np.float32)
 
 
 class MultiModalProcessor:
@@ -311,19 +310,15 @@ class MultiModalProcessor:
 
 
 def _input_type(filename: str, name: str) -> str:
-    """The ONNX type name of the vision model's input ``name``."""
-    import onnx
-    names = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.FLOAT16: "tensor(float16)",
-             onnx.TensorProto.BFLOAT16: "tensor(bfloat16)"}
-    m = onnx.load(filename, load_external_data=False)
-    for i in m.graph.input:
-        if i.name == name:
-            t = i.type.tensor_type.elem_type
-            if t not in names:
-                raise RequestError(f"MultiModalProcessor: the vision model's {name!r} has element type {t}; "
-                                   f"expected float32, float16 or bfloat16")
-            return names[t]
-    raise RequestError(f"MultiModalProcessor: the vision model {filename!r} has no input {name!r}")
+    """The dtype name (``float32``, ``float16`` or ``bfloat16``) of the model's input ``name``."""
+    ins, _ = graph_ports(filename)
+    if name not in ins:
+        raise RequestError(f"MultiModalProcessor: the model {filename!r} has no input {name!r}")
+    dtype = ins[name][1]
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise RequestError(f"MultiModalProcessor: the model's {name!r} is {dtype}; expected float32, float16 or "
+                           f"bfloat16")
+    return dtype
 
 
 def create_processor(model) -> MultiModalProcessor:

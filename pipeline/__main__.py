@@ -196,8 +196,8 @@ def cmd_generate(args) -> int:
     tok = og.Tokenizer(model) if model.spec.tokenizer_dir else None
     params = _params(args, model)
     params.set_inputs(_external(args, model.spec))
-    if args.image and _with_processor(model.spec) and (args.chat or args.batch_file):
-        raise RequestError("--image goes with one --prompt here, not with --chat or --batch-file")
+    if (args.audio or args.image and _with_processor(model.spec)) and (args.chat or args.batch_file):
+        raise RequestError("--image and --audio go with one --prompt here, not with --chat or --batch-file")
     if args.chat:
         if tok is None:
             raise RequestError("--chat needs the package's tokenizer.json")
@@ -219,6 +219,12 @@ def cmd_generate(args) -> int:
                 raise RequestError("--image needs --prompt TEXT (with the image's tag, e.g. <|image_1|>)")
             from .multimodal import Images
             gen.set_inputs(model.create_multimodal_processor()(args.prompt, images=Images.open(args.image)))
+        elif args.audio:  # a speech package: the clip's features, the prompt as the decoder's first tokens
+            if args.prompt is None:
+                raise RequestError("--audio needs --prompt TEXT (the decoder's prompt, e.g. "
+                                   "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>)")
+            from .audio import Audios
+            gen.set_inputs(model.create_multimodal_processor()(args.prompt, audios=Audios.open(args.audio)))
         else:
             gen.append_tokens(_prompt(args, model.spec))
         ids = _decode_into(gen, args.max_new_tokens, tok, out)
@@ -324,6 +330,8 @@ def main(argv=None) -> int:
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the package's chat template; "
                            "without --prompt, converse line by line on standard input")
             p.add_argument("--batch-file", help="a text file of prompts, one per line, decoded as one batch")
+            p.add_argument("--audio", help="an audio file for a speech package (Whisper), through its processor; "
+                           "--prompt gives the decoder's first tokens")
             p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
             p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
             p.add_argument("--top-p", type=float, help="sample within this cumulative probability")

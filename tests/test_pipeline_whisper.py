@@ -118,3 +118,23 @@ def test_what_the_audio_processor_refuses(package, clips, ort_genai):
             proc(audios=api.Audios.open(clips["wav"]))
     with pytest.raises(RuntimeError, match="Audio path does not exist"):
         og.Audios.open(clips["wav"] + ".missing")
+
+
+def test_the_command_line_takes_an_audio_file(package, clips, ort_genai, capsys):
+    from pipeline.__main__ import main
+    prompt = "hello world"
+    assert main(["generate", package, "--prompt", prompt, "--audio", clips["wav"], "--max-new-tokens", "5",
+                 "--native", "none"]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    m = ort_genai.Model(package)
+    inputs = m.create_multimodal_processor()(prompt, audios=ort_genai.Audios.open(clips["wav"]))
+    n = inputs["input_ids"].as_numpy().shape[1]
+    params = ort_genai.GeneratorParams(m)
+    params.set_search_options(max_length=n + 5)
+    g = ort_genai.Generator(m, params)
+    g.set_inputs(inputs)
+    while not g.is_done():
+        g.generate_next_token()
+    assert printed == f"token_ids: {g.get_sequence(0)[n:].tolist()}"
+    assert main(["generate", package, "--audio", clips["wav"], "--native", "none"]) == 2
+    assert "--audio needs --prompt" in capsys.readouterr().err

@@ -21,6 +21,7 @@ internally), onnxruntime-extensions' dlib's in float32: features agree within ab
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import wave
@@ -175,8 +176,14 @@ def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: i
     return pcm.reshape(1, -1)
 
 
+@functools.lru_cache(maxsize=8)
 def _hann(n: int) -> np.ndarray:
-    return np.array([math.sin(math.pi * i / n) ** 2 for i in range(n)], np.float32)
+    """onnxruntime-extensions' periodic Hann window, ``sin(pi i / n)**2`` in float64 rounded to float32 (ONNX's
+    ``HannWindow`` in ``ops/signal.py`` takes ``0.5 - 0.5 cos``, which rounds differently).  Built once per size,
+    read-only."""
+    w = np.array([math.sin(math.pi * i / n) ** 2 for i in range(n)], np.float32)
+    w.flags.writeable = False
+    return w
 
 
 def stft_norm(pcm: np.ndarray, n_fft: int = 400, hop_length: int = 160, frame_length: int | None = None,
@@ -191,8 +198,10 @@ def stft_norm(pcm: np.ndarray, n_fft: int = 400, hop_length: int = 160, frame_le
     return np.ascontiguousarray(power.T)[None]
 
 
+@functools.lru_cache(maxsize=8)
 def _mel_filters(n_fft: int, n_mels: int, sr: int = 16000) -> np.ndarray:
-    """onnxruntime-extensions' mel filter bank, in its float32 steps."""
+    """onnxruntime-extensions' mel filter bank (Slaney's scale, not the HTK scale of ONNX's ``MelWeightMatrix``),
+    in its float32 steps; built once per shape, read-only."""
     f32 = np.float32
     freq_bins = np.array([f32(i * sr) / f32(n_fft) for i in range(n_fft // 2 + 1)], f32)
     max_mel = f32(45.245640471924965)  # a float parameter there
@@ -211,6 +220,7 @@ def _mel_filters(n_fft: int, n_mels: int, sr: int = 16000) -> np.ndarray:
     for i in range(n_mels):
         fb[i] = np.maximum(f32(0.0), np.minimum(-ramps[i] / spacing[i], ramps[i + 2] / spacing[i + 1]))
         fb[i] *= f32(2.0) / (freqs[i + 2] - freqs[i])
+    fb.flags.writeable = False
     return fb
 
 

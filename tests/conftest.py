@@ -37,3 +37,12 @@ def numba_threads_seen(monkeypatch):
 
     monkeypatch.setattr(Plan, "run", spy)
     return seen
+
+
+@pytest.fixture(scope="session")
+def ort_genai():
+    """onnxruntime-genai itself, the reference the pipeline tests compare against.  A test dependency
+    (``.[test]``): its absence fails those tests rather than skipping them, so a missing reference never reads
+    as agreement."""
+    import onnxruntime_genai
+    return onnxruntime_genai

@@ -128,11 +128,6 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor
             "{% if add_generation_prompt %}<a>{% endif %}{{ eos_token }}")
 
 
-@pytest.fixture(scope="module")
-def ort_genai():
-    return pytest.importorskip("onnxruntime_genai")
-
-
 def _session(api, **kw):
     """One walk through the API: every value onnxruntime-genai reports along the way."""
     m = api.Model(api.Config(LLAMA), **kw)

@@ -13,11 +13,6 @@ def package(tmp_path_factory):
     return gpt2_legacy.build(str(tmp_path_factory.mktemp("gpt2_legacy")))
 
 
-@pytest.fixture(scope="module")
-def ort_genai():
-    return pytest.importorskip("onnxruntime_genai")
-
-
 def _generate(api, path, prompt, **search):
     m = api.Model(path, **({"native": search.pop("native")} if "native" in search else {}))
     params = api.GeneratorParams(m)

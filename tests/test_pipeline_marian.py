@@ -15,11 +15,6 @@ def package(tmp_path_factory):
     return marian_ssru.build(str(tmp_path_factory.mktemp("marian")))
 
 
-@pytest.fixture(scope="module")
-def ort_genai():
-    return pytest.importorskip("onnxruntime_genai")
-
-
 def _run(api, path, prompts, native=None, **search):
     m = api.Model(path, **({} if native is None else {"native": native}))
     params = api.GeneratorParams(m)

@@ -28,11 +28,6 @@ def images(tmp_path_factory):
             "small": P.png(str(d / "small.png"), 3, (40, 30))}
 
 
-@pytest.fixture(scope="module")
-def ort_genai():
-    return pytest.importorskip("onnxruntime_genai")
-
-
 def _process(api, package, prompt, paths):
     """The processor's outputs as arrays (``paths``: the images, none for a text prompt)."""
     proc = api.Model(package).create_multimodal_processor()

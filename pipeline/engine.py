@@ -21,10 +21,17 @@ request is preempted: its blocks are returned and it waits to be computed again 
 Hybrid decoders (recurrent or convolution state pairs) keep each request's state beside its blocks; their
 prefix cache is off (a block's keys would not restore the state), and the engine says so in its log.
 
+Conversations (``submit(..., keep=True)``): a kept request that ends is parked with its blocks and state, and
+``extend(request, tokens, params)`` continues it from where it stopped (only the new tokens are computed);
+``truncate`` cuts its sequence back, ``release`` gives its blocks back.  A kept request's sequence leaves out
+the EOS that ended it (the EOS is never in the cache: it is in ``output`` only).  When the pool is short, parked
+requests give their blocks back first, oldest first; a parked request without blocks is computed again from its
+tokens when it is extended.
+
 Greedy output of a request does not depend on its batch: every kernel computes a row from that row alone.
 
-Invariants: blocks in use are exactly the blocks of running requests (``pool.in_use()`` is 0 once every request
-has ended); a request's token stream never repeats or skips a token; errors in a step fail the requests
+Invariants: blocks in use are exactly the blocks of running and parked requests (``pool.in_use()`` is 0 once every
+request has ended and none is parked); a request's token stream never repeats or skips a token; errors in a step fail the requests
 that were in it (``finish_reason == "error"``, the error kept in ``error``), never the engine.
 """
 from __future__ import annotations
@@ -40,7 +47,7 @@ import numpy as np
 
 from .paged import PagedDecoder
 from .paged_kv import BlockPool, PoolExhausted, chain_keys
-from .sampling import Sampler
+from .sampling import Sampler, repeated_ngram_ends, without_ids
 from .spec import RequestError, SearchOptions
 
 __all__ = ["Engine", "Request", "SamplingParams", "WAITING", "RUNNING", "FINISHED"]
@@ -53,7 +60,9 @@ HISTORY = 1024  # ended requests ``Engine.requests`` keeps, most recent
 @dataclass
 class SamplingParams:
     """A request's generation options (OpenAI's names): ``temperature`` 0 is greedy; ``top_k`` 0 is no limit;
-    ``stop_token_ids`` end the request besides the package's EOS ids (unless ``ignore_eos``)."""
+    ``stop_token_ids`` end the request besides the package's EOS ids (unless ``ignore_eos``); ``min_tokens``: no
+    EOS before that many output tokens; ``no_repeat_ngram_size``: no n-gram of the sequence (prompt included)
+    twice."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -63,6 +72,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop_token_ids: tuple = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    no_repeat_ngram_size: int = 0
 
     def check(self):
         if int(self.max_tokens) < 1:
@@ -75,6 +86,9 @@ class SamplingParams:
             raise RequestError(f"top_k must be >= 0, got {self.top_k}")
         if not (float(self.repetition_penalty) > 0):
             raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if int(self.min_tokens) < 0 or int(self.no_repeat_ngram_size) < 0:
+            raise RequestError(f"min_tokens and no_repeat_ngram_size must be >= 0, got {self.min_tokens} and "
+                               f"{self.no_repeat_ngram_size}")
 
     def search_options(self) -> SearchOptions:
         sample = float(self.temperature) > 0
@@ -87,8 +101,10 @@ class Request:
     """One request: its tokens (prompt, then output), its blocks and its stream.  ``output`` grows as tokens
     are sampled; ``stream()`` yields them as they come; ``wait()`` blocks until the request ends."""
 
-    def __init__(self, rid, prompt, params: SamplingParams, eos: tuple):
+    def __init__(self, rid, prompt, params: SamplingParams, eos: tuple, keep: bool = False):
         self.id = rid
+        self.keep = keep            # parked with its blocks when it ends, for ``Engine.extend``
+        self.stop_check = None      # optional ``fn(token) -> reason | None``, asked after each token
         self.prompt = [int(t) for t in prompt]
         self.params = params
         self.tokens = list(self.prompt)
@@ -105,6 +121,7 @@ class Request:
         self.preemptions = 0
         self.reused = 0             # prompt positions taken from the prefix cache at the last admission
         self.sampler = Sampler(params.search_options())
+        self._eos = tuple(eos)
         self._stop = set(int(t) for t in params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
         self.arrival = time.perf_counter()
         self.first_token_at = None
@@ -141,9 +158,22 @@ class Request:
     def _done_after(self, token: int) -> str | None:
         if token in self._stop:
             return "stop"
+        if self.stop_check is not None:
+            reason = self.stop_check(token)
+            if reason is not None:
+                return reason
         if len(self.output) >= int(self.params.max_tokens):
             return "length"
         return None
+
+    def _row(self, logits):
+        """``logits`` with what ``min_tokens`` and ``no_repeat_ngram_size`` forbid at this step set to -inf."""
+        p = self.params
+        if int(p.min_tokens) > len(self.output) and self._eos:
+            logits = without_ids(logits, self._eos)
+        if int(p.no_repeat_ngram_size) > 0:
+            logits = without_ids(logits, repeated_ngram_ends(self.tokens, int(p.no_repeat_ngram_size)))
+        return logits
 
     # -- for the caller ----------------------------------------------------------------------------
     @property
@@ -211,6 +241,7 @@ class Engine:
         self.vocab = spec.vocab_size
         self.waiting = deque()
         self.running = []
+        self.parked = OrderedDict()  # id -> kept Request that ended with its blocks, oldest first
         self.requests = OrderedDict()  # id -> Request: those not ended, then the last ``HISTORY`` ended ones
         self._ids = itertools.count()
         self._lock = threading.RLock()           # held for a whole step
@@ -223,9 +254,9 @@ class Engine:
                              computed_prompt_tokens=0, generated_tokens=0, steps=0)
 
     # -- requests ----------------------------------------------------------------------------------
-    def submit(self, prompt, params: SamplingParams | None = None, request_id=None) -> Request:
-        """Queue a request; ``RequestError`` when it cannot be served (nothing is queued then)."""
-        params = params or SamplingParams()
+    def _checked(self, prompt, params, before: int = 0):
+        """``prompt`` as ints, checked with ``params`` against the vocabulary, the context and the pool, after
+        ``before`` tokens a request already holds."""
         params.check()
         prompt = [int(t) for t in np.asarray(prompt, np.int64).reshape(-1)]
         if not prompt:
@@ -233,22 +264,83 @@ class Engine:
         if self.vocab and (min(prompt) < 0 or max(prompt) >= self.vocab):
             bad = [t for t in prompt if t < 0 or t >= self.vocab][:3]
             raise RequestError(f"prompt token ids {bad} are outside the vocabulary [0, {self.vocab})")
-        if len(prompt) + int(params.max_tokens) > self.max_model_len:
-            raise RequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                               f"the model's context of {self.max_model_len} tokens")
-        need = -(-(len(prompt) + int(params.max_tokens)) // self.block_size)
+        total = before + len(prompt) + int(params.max_tokens)
+        if total > self.max_model_len:
+            held = f"{before} tokens so far, " if before else ""
+            raise RequestError(f"{held}the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) "
+                               f"exceeds the model's context of {self.max_model_len} tokens")
+        need = -(-total // self.block_size)
         if need > self.pool.num_blocks:
             raise RequestError(f"the request needs {need} KV blocks; the pool has {self.pool.num_blocks}")
+        return prompt
+
+    def submit(self, prompt, params: SamplingParams | None = None, request_id=None, keep: bool = False) -> Request:
+        """Queue a request; ``RequestError`` when it cannot be served (nothing is queued then).  ``keep``: park
+        it with its blocks when it ends, for ``extend``."""
+        params = params or SamplingParams()
+        prompt = self._checked(prompt, params)
         with self._inbox_lock:
             rid = request_id if request_id is not None else f"req-{next(self._ids)}"
             if rid in self.requests and not self.requests[rid].done:
                 raise RequestError(f"request id {rid!r} is already running")
-            r = Request(rid, prompt, params, self.eos)
+            r = Request(rid, prompt, params, self.eos, keep)
             self.requests.pop(rid, None)
             self.requests[rid] = r
             self._inbox.append(("submit", r))
             self._wake.notify_all()
         return r
+
+    def extend(self, r: Request, tokens, params: SamplingParams | None = None) -> Request:
+        """Continue a kept request that has ended: ``tokens`` follow its sequence, and it generates under
+        ``params`` (its random stream goes on unless ``params.seed`` is set).  Its parked blocks are reused;
+        only the positions not yet in them are computed."""
+        params = params or SamplingParams()
+        with self._lock:
+            if not r.keep or not r.done:
+                raise RequestError(f"request {r.id!r} can be extended only when it was submitted with keep=True "
+                                   f"and has ended; it is {r.status}")
+            new = self._checked(tokens, params, len(r.tokens))
+            sampler = Sampler(params.search_options())
+            if params.seed is None:
+                sampler.rng = r.sampler.rng
+            with self._inbox_lock:
+                self.parked.pop(r.id, None)
+                r.params, r.sampler = params, sampler
+                r._stop = set(int(t) for t in params.stop_token_ids) | (set() if params.ignore_eos else set(r._eos))
+                r.prompt = new
+                r.tokens.extend(new)
+                r.output = []
+                r.status, r.finish_reason, r.error = WAITING, None, None
+                r.prefilled, r.cancelled = False, False
+                r.arrival, r.first_token_at, r.finished_at = time.perf_counter(), None, None
+                self.requests.pop(r.id, None)
+                self.requests[r.id] = r
+                self._inbox.append(("submit", r))
+                self._wake.notify_all()
+        return r
+
+    def truncate(self, r: Request, length: int):
+        """Cut an ended kept request's sequence to its first ``length`` tokens; its blocks go back to the pool
+        (the next ``extend`` computes the kept tokens again, reusing cached prefix blocks)."""
+        with self._lock:
+            if not r.keep or not r.done:
+                raise RequestError(f"request {r.id!r} can be truncated only when kept and ended; it is {r.status}")
+            if not 0 <= int(length) <= len(r.tokens):
+                raise RequestError(f"cannot truncate request {r.id!r} of {len(r.tokens)} tokens to {length}")
+            self.parked.pop(r.id, None)
+            self._free(r)
+            del r.tokens[int(length):]
+
+    def release(self, r: Request):
+        """Give back a kept request's blocks for good: cancelled if it is still running, its parked blocks
+        returned if it has ended."""
+        r.keep = False
+        if not r.done:
+            self.cancel(r)
+            return
+        with self._lock:
+            if self.parked.pop(r.id, None) is not None:
+                self._free(r)
 
     def cancel(self, request) -> bool:
         """End a request (a ``Request`` or its id): at once when no step is running, else as soon as the running
@@ -285,7 +377,7 @@ class Engine:
                 self.waiting.remove(r)
             if r in self.running:
                 self.running.remove(r)
-            self._free(r)
+            self._free(r)  # a kept request is computed again from its tokens if it is extended
             self.counters["cancelled"] += 1
             self._ended(r, "cancelled")
 
@@ -314,14 +406,30 @@ class Engine:
         """The stepping thread (``start``) is running."""
         return self._thread is not None and self._thread.is_alive()
 
+    def _reclaim(self, need: int) -> bool:
+        """Take parked requests' blocks back, oldest first, until ``need`` blocks are free; False if they do
+        not suffice."""
+        while self.pool.free_blocks() < need and self.parked:
+            _, victim = self.parked.popitem(last=False)
+            self._free(victim)
+            log.info("parked %s gave its blocks back: the KV pool is short", victim.id)
+        return self.pool.free_blocks() >= need
+
     def _admit(self, r: Request) -> bool:
-        """Give ``r`` the blocks of its tokens so far (reusing cached prefix blocks); False when the pool is
-        short (nothing is held then)."""
+        """Give ``r`` the blocks of its tokens so far (reusing cached prefix blocks, or the blocks a kept request
+        held); False when the pool is short (nothing more is held then)."""
         bs = self.block_size
+        if r.blocks:  # a kept request extended: its parked blocks and state are still its own
+            need = -(-len(r.tokens) // bs) - len(r.blocks)
+            if not self._reclaim(need):
+                return False
+            r.blocks += [self.pool.allocate() for _ in range(need)]
+            r.reused = 0
+            return True
         keys = chain_keys(r.tokens[:len(r.tokens) - 1], bs) if self.pool.prefix_cache else []
         hit = self.pool.match(keys)
         need = -(-len(r.tokens) // bs) - len(hit)
-        if need > self.pool.free_blocks():
+        if not self._reclaim(need):
             self.pool.release(hit)
             self.pool.hits -= len(hit)  # not reused after all
             return False
@@ -368,7 +476,7 @@ class Engine:
                 r.blocks.append(self.pool.allocate())
                 return True
             except PoolExhausted:
-                if not self._preempt_one(r):
+                if not self._reclaim(1) and not self._preempt_one(r):
                     return False
 
     # -- stepping ----------------------------------------------------------------------------------
@@ -376,14 +484,7 @@ class Engine:
         """One engine step (admission, one prefill chunk, one decode step); False when there was nothing to do."""
         with self._lock:
             self._take_inbox()
-            while self.waiting and len(self.running) < self.max_batch:
-                r = self.waiting[0]
-                if not self._admit(r):
-                    break
-                self.waiting.popleft()
-                r.status = RUNNING
-                self.running.append(r)
-                self.counters["computed_prompt_tokens"] += len(r.tokens) - r.computed
+            self._admit_waiting()
             pre = next((r for r in self.running if not r.prefilled), None)
             work = pre is not None
             if pre is not None:
@@ -395,6 +496,37 @@ class Engine:
             if work:
                 self.counters["steps"] += 1
             return work
+
+    def round(self) -> bool:
+        """Every running request one token further (onnxruntime-genai's engine step): admission, then each
+        prompt not yet computed, whole (in chunks of ``prefill_chunk``), ending with its first token, then one
+        decode step for the requests that were past their prompts before; False when there was nothing to do."""
+        with self._lock:
+            self._take_inbox()
+            self._admit_waiting()
+            dec = [r for r in self.running if r.prefilled]
+            work = False
+            for r in [r for r in self.running if not r.prefilled]:
+                while r in self.running and not r.prefilled:
+                    self._guarded([r], self._prefill_chunk)
+                    work = True
+            dec = [r for r in dec if r in self.running]
+            if dec:
+                work = True
+                self._guarded(dec, self._decode)
+            if work:
+                self.counters["steps"] += 1
+            return work
+
+    def _admit_waiting(self):
+        while self.waiting and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            if not self._admit(r):
+                break
+            self.waiting.popleft()
+            r.status = RUNNING
+            self.running.append(r)
+            self.counters["computed_prompt_tokens"] += len(r.tokens) - r.computed
 
     def _guarded(self, rows, fn):
         try:
@@ -453,7 +585,7 @@ class Engine:
 
     def _sample(self, rows, logits):
         for i, r in enumerate(rows):
-            tok = int(r.sampler.next_token(logits[i], r.tokens if r.params.repetition_penalty != 1 else None))
+            tok = int(r.sampler.next_token(r._row(logits[i]), r.tokens if r.params.repetition_penalty != 1 else None))
             r._emit(tok)
             self.counters["generated_tokens"] += 1
             reason = r._done_after(tok)
@@ -461,7 +593,12 @@ class Engine:
                 reason = "length"
             if reason is not None:
                 self.running.remove(r)
-                self._free(r)
+                if r.keep:  # parked: its blocks hold every token but the last, which is not computed yet
+                    if tok in r._stop:
+                        r.tokens.pop()  # the EOS ends the turn; it is not part of the conversation
+                    self.parked[r.id] = r
+                else:
+                    self._free(r)
                 self.counters["finished"] += 1
                 self._ended(r, reason)
 
@@ -507,6 +644,8 @@ class Engine:
             for r in list(self.waiting) + list(self.running):
                 self.cancel(r)
             self._take_inbox()
+            while self.parked:
+                self._free(self.parked.popitem()[1])
 
     def stats(self) -> dict:
         """Counters and gauges; read without waiting for a running step (each value is current, together they

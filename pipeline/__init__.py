@@ -2,19 +2,22 @@
 
 The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``, ``GeneratorParams``, ``Generator``,
 ``Tensor``, ``NamedTensors``, a one-call ``generate``, ``Images``, ``Audios`` and
-``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``, ``pipeline/audio.py``); the process-wide
-calls (providers on hand, logging, telemetry) are in ``pipeline/environment.py``.  ``python -m pipeline
-parity|generate`` are the command-line entry points.  Submodules load on first use, so ``import pipeline.spec``
-stays light.
+``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``, ``pipeline/audio.py``), the ``Engine`` of
+requests in turns and its events (``pipeline/engine_api.py``, over the serving engine ``pipeline/engine.py``); the
+process-wide calls (providers on hand, logging, telemetry) are in ``pipeline/environment.py``.  ``python -m
+pipeline parity|generate`` are the command-line entry points.  Submodules load on first use, so ``import
+pipeline.spec`` stays light.
 """
 _API = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors", "generate"]
 _MULTIMODAL = ["Images", "MultiModalProcessor"]
 _AUDIO = ["Audios"]
+_ENGINE = ["Engine", "Request", "RequestOptions", "TurnOptions", "TurnUsage", "EngineEvent", "EngineEventBuffer",
+           "EngineEventFlags", "EngineCapabilities", "FinishReason", "EngineErrorCode"]
 _ENVIRONMENT = ["is_cuda_available", "is_dml_available", "is_openvino_available", "is_qnn_available",
                 "is_webgpu_available", "set_log_options", "set_log_callback", "enable_telemetry_events",
                 "disable_telemetry_events", "get_current_gpu_device_id", "set_current_gpu_device_id",
                 "register_execution_provider_library", "unregister_execution_provider_library"]
-__all__ = _API + _MULTIMODAL + _AUDIO + _ENVIRONMENT
+__all__ = _API + _MULTIMODAL + _AUDIO + _ENGINE + _ENVIRONMENT
 
 
 def __getattr__(name):
@@ -27,6 +30,9 @@ def __getattr__(name):
     if name in _AUDIO:
         from . import audio
         return getattr(audio, name)
+    if name in _ENGINE:
+        from . import engine_api
+        return getattr(engine_api, name)
     if name in _ENVIRONMENT:
         from . import environment
         return getattr(environment, name)

@@ -115,6 +115,9 @@ class Model:
             self.choice = choice_from_environment([n for n in self.spec.components if n != dec], dec)
         else:
             self.choice = choice_from_names(self.spec, native if native is not None else "all", device)
+        # the decoder put on onnxruntime by the caller's word (an argument or the environment), not by default
+        self.decoder_on_onnxruntime = not self.choice.native_decoder and (
+            native is not None or os.environ.get("ONNX_NUMBA_NATIVE_DECODER", "").strip() != "")
         self.max_length = max_length
         self._pipeline = None
         self._pad = None

@@ -1,6 +1,7 @@
-"""onnxruntime-genai's ``Engine`` API: requests that hold a conversation in turns, stepped by the caller, their
-tokens handed back as events.  It runs on the serving engine (``pipeline/engine.py``: continuous batching over a
-paged KV cache, prefix reuse), natively.
+"""onnxruntime-genai's ``Engine`` API: conversations in turns, stepped by the caller, tokens handed back as events.
+
+It runs on the serving engine (``pipeline/engine.py``: continuous batching over a paged KV cache, prefix reuse),
+natively.
 
     engine = og.Engine(model)
     request = engine.create_request()
@@ -30,7 +31,8 @@ Where it differs, on purpose:
 - onnxruntime-genai batches a package without an ``engine.dynamic_batching`` section statically (a batch runs to
   its end before the next is admitted) and refuses per-turn seeds and stop strings there.  This engine is always
   continuous and paged, so both are served on every package; a request's tokens are the same either way (every
-  kernel computes a row from that row alone).
+  kernel computes a row from that row alone).  Likewise a prompt reuses cached prefix blocks on every package,
+  and ``cached_prompt_tokens`` counts them as onnxruntime-genai's paged engine does (its static path says 0).
 - token ids outside the vocabulary are refused by ``begin_turn`` (onnxruntime-genai fails the turn at run time).
 - grammar guidance (``set_guidance``) and speculative draft tokens are refused when the turn begins: neither is
   implemented here (``max_draft_tokens_per_proposal()`` is 0).

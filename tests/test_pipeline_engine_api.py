@@ -286,6 +286,28 @@ def test_stop_strings_and_seeds(models):
     assert sampled(5) != sampled(6)
 
 
+def test_cached_prompt_tokens_count_reused_prefix_blocks(models):
+    """A prompt that shares 20 tokens with an earlier one takes its first full block (16 positions) from the prefix
+    cache, as onnxruntime-genai's paged engine reports it; the tokens are those of the prompt alone."""
+    mod, model = models["pg"]
+    shared = list(range(30, 50))
+    alone = _script(mod, model, [(shared + [7, 8], {"max_generated_tokens": 3})])[0]
+    got = _script(mod, model, [(shared + [5, 6], {"max_generated_tokens": 3}),
+                               (shared + [7, 8], {"max_generated_tokens": 3})])
+    assert got[1][:-1] == alone[:-1]
+    engine = mod.Engine(model)
+    buf = engine.create_event_buffer(8)
+    usage = []
+    for tail in ([5, 6], [7, 8]):
+        r = engine.create_request()
+        r.begin_turn(np.array(shared + tail, np.int32), _options(mod, r, {"max_generated_tokens": 2}))
+        events = []
+        while engine.has_pending_requests():
+            events += list(engine.run(buf))
+        usage.append((events[-1].usage.prompt_tokens, events[-1].usage.cached_prompt_tokens))
+    assert usage == [(22, 0), (22, 16)]
+
+
 def test_hybrid_decoder_turns_equal_the_generator(ort_genai):
     """The qwen3.5 hybrid package (recurrent state beside the blocks): onnxruntime-genai's Engine cannot run its
     3-D positions, so the reference is its Generator over the whole conversation."""

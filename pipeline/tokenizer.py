@@ -1,7 +1,8 @@
 """Text <-> token ids for a GenAI package, after onnxruntime-genai's ``Tokenizer`` and ``TokenizerStream``.
 
 ``Tokenizer(folder)`` loads ``folder/tokenizer.json`` with the ``tokenizers``
-library (a path to the json file itself is accepted too).  As onnxruntime-genai's tokenizer, ``encode`` adds no
+library (a path to the json file itself is accepted too); an added token keeps the id the file declares, as in
+onnxruntime-genai (``tokenizers`` renumbers one declared past the vocabulary).  As onnxruntime-genai's tokenizer, ``encode`` adds no
 special token and ``decode`` skips them, unless ``update_options(add_special_tokens=..., skip_special_tokens=...)``
 says otherwise.  With ``add_special_tokens`` on, special tokens are added the way the tokenizer's own
 post-processor says, and where ``tokenizer_config.json`` asks for ``add_bos_token`` / ``add_eos_token`` and the
@@ -63,6 +64,16 @@ class Tokenizer:
         except Exception as exc:  # the tokenizers library raises a bare Exception on malformed files
             raise IncompletePackageError(f"cannot read tokenizer {file!r}: {exc}") from exc
         self.path = file
+        # tokenizers renumbers an added token whose declared id lies past the vocabulary (after the last entry);
+        # onnxruntime-genai's tokenizer keeps the declared id, so ids are translated both ways where they differ
+        with open(file, encoding="utf-8") as f:
+            added = json.load(f).get("added_tokens") or []
+        self._declared = {}  # tokenizers' id -> tokenizer.json's
+        for t in added:
+            own = self._tok.token_to_id(t.get("content", "")) if isinstance(t, dict) else None
+            if own is not None and isinstance(t.get("id"), int) and own != t["id"]:
+                self._declared[own] = t["id"]
+        self._own = {v: k for k, v in self._declared.items()}
         self.config = {}
         cfg = os.path.join(folder, "tokenizer_config.json")
         if os.path.isfile(cfg):
@@ -90,17 +101,26 @@ class Tokenizer:
 
     def _config_token_id(self, key):
         text = token_text(self.config.get(key))
-        return None if text is None else self._tok.token_to_id(text)
+        return None if text is None else self.token_to_id(text)
+
+    def _out(self, ids) -> list:
+        """tokenizers' ids as tokenizer.json declares them."""
+        return [self._declared.get(i, i) for i in ids] if self._declared else list(ids)
+
+    def _in(self, ids) -> list:
+        """Declared ids as tokenizers numbers them."""
+        return [self._own.get(int(i), int(i)) for i in ids] if self._own else [int(i) for i in ids]
 
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def token_to_id(self, token: str):
-        return self._tok.token_to_id(token)
+        t = self._tok.token_to_id(token)
+        return self._declared.get(t, t)
 
     def id_to_token(self, token_id: int):
-        return self._tok.id_to_token(int(token_id))
+        return self._tok.id_to_token(self._own.get(int(token_id), int(token_id)))
 
     def _finish(self, ids: list) -> np.ndarray:
         if self._add_bos and (not ids or ids[0] != self.bos_token_id):
@@ -114,20 +134,21 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode expects a str, got {type(text).__name__}")
         if not self.add_special_tokens:
-            return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int64)
-        return self._finish(self._tok.encode(text, add_special_tokens=True).ids)
+            return np.asarray(self._out(self._tok.encode(text, add_special_tokens=False).ids), np.int64)
+        return self._finish(self._out(self._tok.encode(text, add_special_tokens=True).ids))
 
     def encode_batch(self, texts) -> list:
         """``encode`` of each text, as a list of int64 arrays (lengths differ; no padding)."""
         if not self.add_special_tokens:
-            return [np.asarray(e.ids, np.int64) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
-        return [self._finish(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
+            return [np.asarray(self._out(e.ids), np.int64)
+                    for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [self._finish(self._out(e.ids)) for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
 
     def decode(self, ids) -> str:
         """Text of ``ids`` (any integer sequence or array), special tokens skipped unless ``skip_special_tokens``
         is off."""
         seq = np.asarray(ids).reshape(-1).tolist()
-        return self._tok.decode([int(i) for i in seq], skip_special_tokens=self.skip_special_tokens)
+        return self._tok.decode(self._in(seq), skip_special_tokens=self.skip_special_tokens)
 
     def create_stream(self) -> "TokenizerStream":
         return TokenizerStream(self)
@@ -138,6 +159,7 @@ class TokenizerStream:
 
     def __init__(self, tokenizer: Tokenizer):
         self._tok = tokenizer._tok
+        self._own = tokenizer._own
         self._skip = tokenizer.skip_special_tokens
         self.reset()
 
@@ -148,7 +170,7 @@ class TokenizerStream:
         self._read = 0    # tokens before this index have had their text returned
 
     def decode(self, token_id) -> str:
-        self._ids.append(int(token_id))
+        self._ids.append(self._own.get(int(token_id), int(token_id)))
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=self._skip)
         text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=self._skip)
         pending = len(self._ids) - self._read

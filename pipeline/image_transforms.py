@@ -17,7 +17,15 @@ A processor config lists transforms by ``type``; each is a function here from th
   repeated ``temporal_patch_size`` times, in groups of ``merge_size``): the Qwen2.5-VL and Qwen3-VL chain, whose
   last step returns ``pixel_values`` ``(patches, C * 2 * patch_size**2)`` and ``image_grid_thw`` ``(1, 3)``;
 - ``CenterCrop`` (``height`` x ``width`` from the middle) and ``Permute3D`` (axes reordered, ``dims``): with
-  ``Resize``, ``Rescale`` and ``Normalize`` the Gemma 3 chain, whose last step returns ``(3, H, W)``.
+  ``Resize``, ``Rescale`` and ``Normalize`` the Gemma 3 chain, whose last step returns ``(3, H, W)``;
+- ``Phi4VisionDynamicPreprocess``, ``Rescale``, ``Normalize`` and ``Phi4VisionProcessor``: Phi-4-multimodal's
+  chain.  The first picks a grid of at most ``dynamic_hd`` crops of ``dyhd_base_resolution`` (448) pixels, resizes
+  the image (bilinear) into it keeping its aspect ratio and pads it with white on the right or bottom; it returns a
+  ``Phi4HDImage``: the image with its attention mask (one value per 14 x 14 patch, 0 over the padding), which
+  ``Rescale`` and ``Normalize`` pass on untouched (the config's ``"inputs": [":0",
+  "phi4_vision_dynamic_preprocess:1"]``).  The last returns ``pixel_values`` ``(1 + crops, 3, 448, 448)`` float32
+  (a bicubic global view first), ``image_sizes`` ``(2,)``, ``image_attention_mask`` ``(1 + crops, 32, 32)`` int64
+  and ``num_img_tokens`` ``(1,)``; ``phi4_stack`` stacks several images' as onnxruntime-extensions does.
 
 Resampling is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy of Pillow's
 resampling code and always runs the passes in that order, so the bytes agree. A transform this module does not have
@@ -26,11 +34,15 @@ is an error naming it (``UnsupportedTransform``); nothing is skipped.
 from __future__ import annotations
 
 import io
+from typing import NamedTuple
 
 import numpy as np
 
+from .spec import RequestError
+
 __all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform", "resize",
-           "rescale", "normalize", "patch_image", "center_crop", "permute3d"]
+           "rescale", "normalize", "patch_image", "center_crop", "permute3d", "Phi4HDImage",
+           "phi4_dynamic_preprocess", "phi4_vision_processor", "phi4_stack"]
 
 _CROP = 336
 _MAX_CROPS = 16
@@ -41,6 +53,15 @@ _CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 
 class UnsupportedTransform(NotImplementedError):
     """A processor config names a transform this runtime does not implement."""
+
+
+class Phi4HDImage(NamedTuple):
+    """``Phi4VisionDynamicPreprocess``'s two outputs: the padded ``(H, W, 3)`` image (uint8, float32 after
+    ``Rescale``) and its ``(H // 14, W // 14)`` int64 attention mask, which ``Rescale`` and ``Normalize`` carry to
+    ``Phi4VisionProcessor`` unchanged."""
+
+    image: np.ndarray
+    attention_mask: np.ndarray
 
 
 def decode_image(data: bytes, color_space: str = "BGR") -> np.ndarray:
@@ -165,13 +186,19 @@ def resize(image: np.ndarray, height: int = 256, width: int = 256, keep_aspect_r
 
 
 def rescale(image: np.ndarray, rescale_factor: float = 1.0 / 255.0) -> np.ndarray:
+    """``image`` times ``rescale_factor`` in float32 (a ``Phi4HDImage``'s image, its mask passed on)."""
+    if isinstance(image, Phi4HDImage):
+        return image._replace(image=rescale(image.image, rescale_factor))
     return image.astype(np.float32) * np.float32(rescale_factor)
 
 
 def normalize(image: np.ndarray, mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
               qwen2_5_vl: int = 0, qwen3_vl: int = 0) -> np.ndarray:
     """``(x - mean) / std`` per channel in float32; with ``qwen2_5_vl`` (or ``qwen3_vl``) the channels are
-    reversed first (the config's decode and ``ConvertRGB`` left them BGR)."""
+    reversed first (the config's decode and ``ConvertRGB`` left them BGR).  A ``Phi4HDImage``'s image is
+    normalized and its mask passed on."""
+    if isinstance(image, Phi4HDImage):
+        return image._replace(image=normalize(image.image, mean, std, qwen2_5_vl, qwen3_vl))
     x = image[:, :, ::-1] if (qwen2_5_vl or qwen3_vl) else image
     return np.ascontiguousarray((x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32), np.float32)
 
@@ -208,6 +235,144 @@ def permute3d(image: np.ndarray, dims=(2, 0, 1)) -> np.ndarray:
     return np.ascontiguousarray(image.transpose(dims))
 
 
+_PHI4_PATCH = 14  # pixels per attention-mask value
+
+
+def _phi4_grid(width: int, height: int, max_num: int, size: int) -> tuple:
+    """(columns, rows) of ``size``-pixel crops for a ``width`` x ``height`` image, onnxruntime-extensions'
+    ``DynamicPreprocess`` with ``min_num`` 1 (its float32 arithmetic): ``ceil(side / size)`` each way if at most
+    ``max_num`` crops; else the grid ``(i, j)``, ``i * j <= max_num``, whose ``i / j`` is nearest the image's
+    aspect ratio (``FindClosestAspectRatio``): the candidates in ascending ``i * j``, and a later candidate at an
+    equal distance replaces the best when the image's area exceeds half the grid's pixel area.  Within one
+    ``i * j`` onnxruntime-extensions' unstable sort may order the grids otherwise; no two grids of one ``i * j`` are
+    neighbours among the ratios, so that order cannot decide a tie.  (For ``dynamic_hd`` up to 48 at 448 pixels and
+    sides up to 16384, every image that reaches the search and ties exactly has the area, so the largest of the tied
+    grids wins.)"""
+    f32 = np.float32
+    cols = int(np.ceil(f32(width) / f32(size)))
+    rows = int(np.ceil(f32(height) / f32(size)))
+    if cols * rows <= max_num:
+        return cols, rows
+    aspect = f32(width) / f32(height)
+    grids = sorted(((i, j) for i in range(1, max_num + 1) for j in range(1, max_num // i + 1)),
+                   key=lambda g: g[0] * g[1])
+    best, best_diff, area = (1, 1), f32(np.inf), width * height
+    for i, j in grids:
+        diff = abs(aspect - f32(i) / f32(j))
+        if diff < best_diff:
+            best, best_diff = (i, j), diff
+        elif diff == best_diff and area > 0.5 * size * size * i * j:
+            best = (i, j)
+    return best
+
+
+def phi4_dynamic_preprocess(image: np.ndarray, dynamic_hd: int = 36, dyhd_base_resolution: int = 448) -> Phi4HDImage:
+    """onnxruntime-extensions' ``Phi4VisionDynamicPreprocess`` of an ``(H, W, 3)`` uint8 RGB image: the crop grid
+    (``_phi4_grid``), the image resized (Pillow's bilinear, horizontal pass first) to fill the grid's width or its
+    height, whichever scale is smaller (the other side ``int(side * scale)``, float32), white padding on the right
+    and bottom, and the attention mask ``(32 * rows, 32 * columns)`` with its last ``padding // 14`` columns or
+    rows 0 where the padding is at least 14 pixels.  A side under 10 pixels after the resize is an error (the
+    aspect ratio is very extreme)."""
+    from PIL import Image
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        shape = list(getattr(image, "shape", []))
+        raise RequestError(f"Phi4VisionDynamicPreprocess: expected an (H, W, 3) uint8 RGB image, got shape {shape}"
+                           f"{'' if not shape else ' ' + str(image.dtype)}")
+    size, max_num = int(dyhd_base_resolution), int(dynamic_hd)
+    if size < _PHI4_PATCH or max_num < 1:
+        raise RequestError(f"Phi4VisionDynamicPreprocess: dyhd_base_resolution must be at least {_PHI4_PATCH} and "
+                           f"dynamic_hd at least 1, got {size} and {max_num}")
+    h, w = image.shape[:2]
+    cols, rows = _phi4_grid(w, h, max_num, size)
+    target_w, target_h = cols * size, rows * size
+    f32 = np.float32
+    scale_w, scale_h = f32(target_w) / f32(w), f32(target_h) / f32(h)
+    if scale_w < scale_h:
+        new_w, new_h = target_w, int(f32(h) * scale_w)
+    else:
+        new_w, new_h = int(f32(w) * scale_h), target_h
+    if min(new_w, new_h) < 10:
+        raise RequestError(f"Phi4VisionDynamicPreprocess: the aspect ratio is very extreme: a {w}x{h} image would be "
+                           f"resized to {new_w}x{new_h} in a {cols}x{rows} grid of {size}-pixel crops")
+    m = size // _PHI4_PATCH
+    mask = np.ones((m * rows, m * cols), np.int64)
+    pad_w, pad_h = target_w - new_w, target_h - new_h
+    if pad_w >= _PHI4_PATCH:
+        mask[:, mask.shape[1] - pad_w // _PHI4_PATCH:] = 0
+    if pad_h >= _PHI4_PATCH:
+        mask[mask.shape[0] - pad_h // _PHI4_PATCH:, :] = 0
+    resized = np.asarray(_resample(Image.fromarray(np.ascontiguousarray(image), "RGB"), (new_w, new_h),
+                                   Image.BILINEAR), np.uint8)
+    out = np.full((target_h, target_w, 3), 255, np.uint8)
+    out[:new_h, :new_w] = resized
+    return Phi4HDImage(out, mask)
+
+
+def phi4_vision_processor(value: Phi4HDImage, dyhd_base_resolution: int = 448, interpolation: str = "CUBIC") -> tuple:
+    """onnxruntime-extensions' ``Phi4VisionProcessor`` of the normalized ``Phi4HDImage``: ``(pixel_values
+    [1 + crops, 3, size, size] float32, image_sizes [2] int64, image_attention_mask [1 + crops, size // 14,
+    size // 14] int64, num_img_tokens [1] int64)``.  The global view is each channel resized to ``size`` x
+    ``size`` by Pillow's bicubic filter on a float image (onnxruntime-extensions validates ``interpolation`` but
+    always takes bicubic, and so does this); the crops follow row by row, the global view's mask all ones before
+    the crops' masks; ``image_sizes`` is the padded image's (height, width); ``num_img_tokens`` is
+    ``256 + 1 + 16`` plus the mask's values at even rows and even columns plus its even rows' first values
+    (``CountTokenNumber``)."""
+    from PIL import Image
+    if not isinstance(value, Phi4HDImage):
+        raise RequestError("Phi4VisionProcessor: expected the output of Phi4VisionDynamicPreprocess (the image and "
+                           "its attention mask), through Rescale and Normalize; got "
+                           f"{type(value).__name__}")
+    if interpolation not in _FILTERS:
+        raise RequestError(f"Phi4VisionProcessor: interpolation must be one of {sorted(_FILTERS)}, got "
+                           f"{interpolation!r}")
+    hd, mask = np.asarray(value.image, np.float32), np.asarray(value.attention_mask, np.int64)
+    size = int(dyhd_base_resolution)
+    m = size // _PHI4_PATCH
+    if (hd.ndim != 3 or hd.shape[2] != 3 or hd.shape[0] % size or hd.shape[1] % size or mask.ndim != 2
+            or mask.shape[0] * _PHI4_PATCH != hd.shape[0] or mask.shape[1] * _PHI4_PATCH != hd.shape[1]):
+        raise RequestError(f"Phi4VisionProcessor: expected a 3-channel image in {size}-pixel crops and its "
+                           f"{_PHI4_PATCH}-pixel mask, got image shape {list(hd.shape)} and mask shape "
+                           f"{list(mask.shape)} (is dyhd_base_resolution the dynamic preprocess's?)")
+    h, w = hd.shape[:2]
+    rows, cols = h // size, w // size
+    pixels = np.empty((1 + rows * cols, 3, size, size), np.float32)
+    for k in range(3):
+        plane = Image.fromarray(np.ascontiguousarray(hd[:, :, k]), "F")
+        pixels[0, k] = np.asarray(_resample(plane, (size, size), Image.BICUBIC), np.float32)
+    pixels[1:] = hd.reshape(rows, size, cols, size, 3).transpose(0, 2, 4, 1, 3).reshape(-1, 3, size, size)
+    masks = np.ones((1 + rows * cols, m, m), np.int64)
+    masks[1:] = mask.reshape(rows, m, cols, m).transpose(0, 2, 1, 3).reshape(-1, m, m)
+    tokens = 256 + 1 + 16 + int(mask[::2, ::2].sum()) + int(mask[::2, 0].sum())
+    return pixels, np.array([h, w], np.int64), masks, np.array([tokens], np.int64)
+
+
+def phi4_stack(results: list) -> tuple:
+    """Several images' ``phi4_vision_processor`` tuples stacked as onnxruntime-extensions' ``StackTensors`` and
+    ``phi4-vision-aligner`` return them: ``(pixel_values [n, most, 3, size, size] float32, image_sizes [n, 2]
+    int64, image_attention_mask [n, most, m, m] float32, num_image_tokens [n, 1] int64)``, ``most`` the largest
+    crop count; an image with fewer crops is padded with zero pixels and zero masks, then every mask whose
+    top-left value is not positive (the padding's, or a crop's that begins in the image's padding) becomes all
+    ones."""
+    if not results:
+        raise RequestError("phi4_stack: no images")
+    most = max(r[0].shape[0] for r in results)
+    n = len(results)
+    first_pixels, first_mask = results[0][0], results[0][2]
+    pixels = np.zeros((n, most) + first_pixels.shape[1:], np.float32)
+    masks = np.zeros((n, most) + first_mask.shape[1:], np.float32)
+    for i, (pv, _, mk, _) in enumerate(results):
+        if pv.shape[1:] != first_pixels.shape[1:] or mk.shape[1:] != first_mask.shape[1:]:
+            raise RequestError(f"phi4_stack: images of crop shape {list(pv.shape[1:])} and "
+                               f"{list(first_pixels.shape[1:])} cannot be stacked")
+        pixels[i, :pv.shape[0]] = pv
+        masks[i, :mk.shape[0]] = mk
+    masks[masks[:, :, 0, 0] <= 0] = 1.0
+    sizes = np.stack([np.asarray(r[1], np.int64).reshape(2) for r in results])
+    tokens = np.stack([np.asarray(r[3], np.int64).reshape(1) for r in results])
+    return pixels, sizes, masks, tokens
+
+
 TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3ImageTransform": phi3_image_transform,
               "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image,
-              "CenterCrop": center_crop, "Permute3D": permute3d}
+              "CenterCrop": center_crop, "Permute3D": permute3d,
+              "Phi4VisionDynamicPreprocess": phi4_dynamic_preprocess, "Phi4VisionProcessor": phi4_vision_processor}

@@ -1,23 +1,36 @@
-"""Audio for onnxruntime-genai's speech processors: ``Audios`` and the Whisper feature chain, as
-onnxruntime-extensions computes it.
+"""Audio for onnxruntime-genai's speech processors: ``Audios``, the Whisper feature chain and Phi-4-multimodal's,
+as onnxruntime-extensions computes them.
 
 ``Audios.open(*paths)`` / ``Audios.open_bytes(*blobs)`` hold encoded audio.  An ``audio_processor_config.json``
 lists the steps, each a function here:
 
-- ``AudioDecoder`` (``target_sample_rate`` 16000, ``stereo_to_mono`` 1): WAV (16-bit PCM, read by the standard
-  library) or, when the ``soundfile`` package is installed, FLAC, MP3 and what else libsndfile reads; samples as
-  float32 ``x / 32768``; two channels averaged; a higher rate brought down as onnxruntime-extensions does it
-  (a 4-pole Butterworth low-pass at half the target rate, in float64, then Kaiser-windowed sinc interpolation,
-  beta 6), a lower one refused;
+- ``AudioDecoder`` (``target_sample_rate`` 16000, ``stereo_to_mono`` 1, ``max_samples`` 480000): WAV (16-bit
+  PCM, read by the standard library) or, when the ``soundfile`` package is installed, FLAC, MP3 and what else
+  libsndfile reads; samples as float32 ``x / 32768``; two channels averaged; a higher rate brought down as
+  onnxruntime-extensions does it (a 4-pole Butterworth low-pass at half the target rate, in float64, then
+  Kaiser-windowed sinc interpolation, beta 6), a lower one refused; then cut to its first ``max_samples`` (30 s at
+  16 kHz; 0 keeps all);
 - ``STFTNorm`` (``n_fft``, ``hop_length``): the power spectrum ``|rfft|**2`` of frames of ``n_fft`` samples every
   ``hop_length``, under a periodic Hann window, the signal zero-padded by ``n_fft / 2`` at both ends;
 - ``LogMelSpectrum`` (``n_mel``, ``chunk_size`` seconds): Whisper's mel filters (Slaney scale, as
   onnxruntime-extensions builds them), the last frame dropped, ``log10`` of at least 1e-10, floored 8 below the
   maximum, ``(x + 4) / 4``; padded with the floor's value to ``chunk_size * 100`` frames (truncated past it).
 
+Phi-4-multimodal's ``audio_feature_extraction.json`` (``phi4_audio_stack`` stacks its clips):
+
+- ``AudioDecoderEx`` (``target_sample_rates``, e.g. ``[8000, 16000]``): decoded as ``AudioDecoder``, brought down to
+  the highest target rate at or below the clip's (11.025 kHz to 8 kHz, 22.05 kHz to 16 kHz), at most 480000
+  samples kept; ``(pcm, rate)``;
+- ``Phi4AudioEmbed`` (``stft_normal/...``, ``logmel/...`` for 16 kHz, ``..._8k/...`` for 8 kHz): SpeechLib's
+  features, unpadded frames with pre-emphasis under a Hamming window, dlib's float32 real FFT, SpeechLib's mel
+  bank (``1127 ln(1 + f / 700)``), ``ln(max(1, x))``; ``(features [frames, 80], mask [frames], size)``.  These
+  reproduce onnxruntime-extensions' float32 steps in its order (its FFT, ``logf``, its product order): equal to
+  onnxruntime-genai's bit for bit on the clips tried.  A clip shorter than one frame is refused (onnxruntime-genai
+  fails on it or reads past its end).
+
 Known difference: MP3 decoders differ (onnxruntime-extensions uses dr_mp3, libsndfile mpg123), so MP3 features
 differ slightly; WAV and FLAC are lossless and give onnxruntime-genai's samples.  The FFT is numpy's (float64
-internally), onnxruntime-extensions' dlib's in float32: features agree within about 1e-5.
+internally), onnxruntime-extensions' dlib's in float32: Whisper's features agree within about 1e-5.
 """
 from __future__ import annotations
 
@@ -30,8 +43,10 @@ import numpy as np
 from numba import njit
 
 from .multimodal import Blobs
+from .spec import RequestError
 
-__all__ = ["Audios", "decode_audio", "stft_norm", "log_mel", "AUDIO_STEPS"]
+__all__ = ["Audios", "decode_audio", "stft_norm", "log_mel", "decode_audio_ex", "phi4_audio_embed",
+           "phi4_audio_stack", "AUDIO_STEPS"]
 
 
 class Audios(Blobs):
@@ -150,9 +165,13 @@ def _butterworth(cutoff: float):
     return num, den
 
 
-def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: int = 1,
-                 target_sample_rates=None) -> np.ndarray:
-    """``[1, samples]`` float32 at the target rate (see the module docstring)."""
+def _decode(data: bytes, rates: list, stereo_to_mono, max_samples) -> tuple:
+    """(float32 samples, rate): the clip mixed to mono and brought down to the highest of ``rates`` (sorted) at or
+    below its own rate (no ``rates``, its own rate), its first ``max_samples`` kept (0: all), as
+    onnxruntime-extensions' ``AudioDecoder``."""
+    max_samples = int(max_samples)
+    if max_samples < 0:
+        raise RequestError(f"AudioDecoder: max_samples must be >= 0, got {max_samples}")
     samples, rate = _read(data)
     if stereo_to_mono and samples.shape[1] > 1:
         if samples.shape[1] != 2:
@@ -160,9 +179,9 @@ def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: i
         pcm = ((samples[:, 0] + samples[:, 1]) / np.float32(2.0)).astype(np.float32)
     else:
         pcm = np.ascontiguousarray(samples.reshape(-1), np.float32)
-    rates = sorted(target_sample_rates) if target_sample_rates else [int(target_sample_rate)]
-    if rate < rates[0]:
-        raise ValueError(f"AudioDecoder: the audio's sample rate {rate} is below {rates[0]}")
+    if rates and rate < rates[0]:
+        raise RequestError(f"AudioDecoder: only down-sampling supported; the audio's sample rate {rate} is below "
+                           f"{rates[0]}")
     target = rate
     for r in rates:
         if r > rate:
@@ -173,7 +192,17 @@ def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: i
     if target != rate:
         num, den = _butterworth(0.5 * target / rate)
         pcm = _kaiser_resample(_lowpass(pcm, num, den), float(rate), float(target))
-    return pcm.reshape(1, -1)
+    if max_samples and pcm.shape[0] > max_samples:
+        pcm = pcm[:max_samples]
+    return pcm, int(target)
+
+
+def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: int = 1,
+                 target_sample_rates=None, max_samples: int = 480000) -> np.ndarray:
+    """``[1, samples]`` float32 at the target rate, at most ``max_samples`` of them (onnxruntime-extensions'
+    default, 30 s at 16 kHz; 0 keeps all) (see the module docstring)."""
+    rates = sorted(target_sample_rates) if target_sample_rates else [int(target_sample_rate)]
+    return _decode(data, rates, stereo_to_mono, max_samples)[0].reshape(1, -1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -243,4 +272,430 @@ def log_mel(power: np.ndarray, n_mel: int = 80, n_fft: int = 400, hop_length: in
     return out
 
 
-AUDIO_STEPS = {"AudioDecoder": decode_audio, "STFTNorm": stft_norm, "LogMelSpectrum": log_mel}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Phi-4-multimodal: AudioDecoderEx -> Phi4AudioEmbed (onnxruntime-extensions' SpeechLib features).
+
+_DECODER_EX_KEYS = {"target_sample_rate", "target_sample_rates", "stereo_to_mono", "max_samples"}
+
+
+def decode_audio_ex(data: bytes, **attrs) -> tuple:
+    """onnxruntime-extensions' ``AudioDecoderEx`` (``AudioDecoder::ComputeNoOpt2``): ``(pcm [1, samples] float32,
+    rate)``.  The clip is decoded and mixed as ``AudioDecoder`` (``decode_audio``) does, then brought down to the
+    highest of ``target_sample_rates`` (default ``[target_sample_rate]``, 16000) at or below its own rate: an
+    11.025 kHz clip to 8 kHz, 22.05 or 44.1 kHz to 16 kHz; a rate below all of them is refused, an empty list keeps
+    the clip's rate.  At most ``max_samples`` (default 480000, 0 for no limit) samples at that rate are kept."""
+    unknown = sorted(set(attrs) - _DECODER_EX_KEYS)
+    if unknown:
+        raise RequestError(f"AudioDecoderEx: unknown attribute(s) {unknown} (known: {sorted(_DECODER_EX_KEYS)})")
+    rates = [int(attrs.get("target_sample_rate", 16000))]
+    if "target_sample_rates" in attrs:  # read after target_sample_rate there (the attributes are sorted by name)
+        rates = sorted(int(r) for r in attrs["target_sample_rates"])
+    pcm, rate = _decode(data, rates, attrs.get("stereo_to_mono", 1), attrs.get("max_samples", 480000))
+    return pcm.reshape(1, -1), rate
+
+
+@functools.lru_cache(maxsize=8)
+def _hamming(n: int) -> np.ndarray:
+    """onnxruntime-extensions' symmetric Hamming window, ``0.08 + 0.92 sin(pi i / (n - 1))**2`` in float64 rounded
+    to float32; built once per size, read-only."""
+    w = np.array([0.08 + 0.92 * math.sin(math.pi * i / (n - 1)) ** 2 for i in range(n)], np.float32)
+    w.flags.writeable = False
+    return w
+
+
+@functools.lru_cache(maxsize=8)
+def _kiss_plan(n_fft: int) -> tuple:
+    """dlib's ``kiss_fftr`` plan for a real FFT of ``n_fft`` points: the half-size complex FFT's factors (radix 4
+    first, then 2, 3, 5, ...: ``kf_factor``) as ``[p0, m0, p1, m1, ...]``, the input order its recursion reads
+    (digit reversal), its twiddles ``exp(-2 pi i k / (n_fft / 2))`` and the real FFT's super-twiddles
+    ``exp(-i pi ((k + 1) / (n_fft / 2) + 1 / 2))``, each taken in float64 and rounded to float32.  Read-only."""
+    if n_fft < 4 or n_fft % 2:
+        raise RequestError(f"Phi4AudioEmbed: n_fft must be even and at least 4, got {n_fft}")
+    nh = n_fft // 2
+    factors, n, p, root = [], nh, 4, math.floor(math.sqrt(nh))
+    while True:
+        while n % p:
+            p = 2 if p == 4 else 3 if p == 2 else p + 2
+            if p > root:
+                p = n
+        n //= p
+        factors += [p, n]
+        if n <= 1:
+            break
+    order = np.empty(nh, np.int64)
+
+    def read(out, start, stride, level):
+        radix, m = factors[2 * level], factors[2 * level + 1]
+        for j in range(radix):
+            if m == 1:
+                order[out + j] = start + j * stride
+            else:
+                read(out + j * m, start + j * stride, stride * radix, level + 1)
+
+    read(0, 0, 1, 0)
+    tw = [complex(math.cos(-2.0 * math.pi * k / nh), math.sin(-2.0 * math.pi * k / nh)) for k in range(nh)]
+    sup = [-math.pi * ((k + 1) / nh + 0.5) for k in range(nh // 2)]
+    plan = (np.array(factors, np.int64), order,
+            np.array([t.real for t in tw], np.float32), np.array([t.imag for t in tw], np.float32),
+            np.array([math.cos(a) for a in sup], np.float32), np.array([math.sin(a) for a in sup], np.float32))
+    for a in plan:
+        a.flags.writeable = False
+    return plan
+
+
+@njit(cache=True, nogil=True)
+def _kiss_stage(re, im, base, fstride, m, p, twr, twi, sr, si):
+    """One ``kf_bfly2/3/4/5/generic`` recombination (forward) of ``p`` length-``m`` DFTs at ``base``, in float32
+    (each complex product ``(ac - bd, ad + bc)``, as C++'s ``complex<float>``); ``sr``/``si`` are scratch."""
+    half = np.float32(0.5)
+    if p == 2:
+        for i in range(m):
+            a, b = base + i, base + m + i
+            wr, wi = twr[i * fstride], twi[i * fstride]
+            tr = re[b] * wr - im[b] * wi
+            ti = re[b] * wi + im[b] * wr
+            re[b] = re[a] - tr
+            im[b] = im[a] - ti
+            re[a] += tr
+            im[a] += ti
+    elif p == 3:
+        er = twi[fstride * m]
+        for k in range(m):
+            a, b, c = base + k, base + k + m, base + k + 2 * m
+            w1r, w1i, w2r, w2i = twr[k * fstride], twi[k * fstride], twr[2 * k * fstride], twi[2 * k * fstride]
+            s1r = re[b] * w1r - im[b] * w1i
+            s1i = re[b] * w1i + im[b] * w1r
+            s2r = re[c] * w2r - im[c] * w2i
+            s2i = re[c] * w2i + im[c] * w2r
+            s3r, s3i = s1r + s2r, s1i + s2i
+            s0r, s0i = s1r - s2r, s1i - s2i
+            re[b] = re[a] - half * s3r
+            im[b] = im[a] - half * s3i
+            s0r *= er
+            s0i *= er
+            re[a] += s3r
+            im[a] += s3i
+            re[c] = re[b] + s0i
+            im[c] = im[b] - s0r
+            re[b] -= s0i
+            im[b] += s0r
+    elif p == 4:
+        for k in range(m):
+            a, b, c, d = base + k, base + m + k, base + 2 * m + k, base + 3 * m + k
+            w1r, w1i = twr[k * fstride], twi[k * fstride]
+            w2r, w2i = twr[2 * k * fstride], twi[2 * k * fstride]
+            w3r, w3i = twr[3 * k * fstride], twi[3 * k * fstride]
+            s0r = re[b] * w1r - im[b] * w1i
+            s0i = re[b] * w1i + im[b] * w1r
+            s1r = re[c] * w2r - im[c] * w2i
+            s1i = re[c] * w2i + im[c] * w2r
+            s2r = re[d] * w3r - im[d] * w3i
+            s2i = re[d] * w3i + im[d] * w3r
+            s5r, s5i = re[a] - s1r, im[a] - s1i
+            re[a] += s1r
+            im[a] += s1i
+            s3r, s3i = s0r + s2r, s0i + s2i
+            s4r, s4i = s0r - s2r, s0i - s2i
+            re[c] = re[a] - s3r
+            im[c] = im[a] - s3i
+            re[a] += s3r
+            im[a] += s3i
+            re[b] = s5r + s4i
+            im[b] = s5i - s4r
+            re[d] = s5r - s4i
+            im[d] = s5i + s4r
+    elif p == 5:
+        yar, yai = twr[fstride * m], twi[fstride * m]
+        ybr, ybi = twr[2 * fstride * m], twi[2 * fstride * m]
+        for u in range(m):
+            f0, f1, f2, f3, f4 = base + u, base + m + u, base + 2 * m + u, base + 3 * m + u, base + 4 * m + u
+            s0r, s0i = re[f0], im[f0]
+            w = u * fstride
+            s1r = re[f1] * twr[w] - im[f1] * twi[w]
+            s1i = re[f1] * twi[w] + im[f1] * twr[w]
+            s2r = re[f2] * twr[2 * w] - im[f2] * twi[2 * w]
+            s2i = re[f2] * twi[2 * w] + im[f2] * twr[2 * w]
+            s3r = re[f3] * twr[3 * w] - im[f3] * twi[3 * w]
+            s3i = re[f3] * twi[3 * w] + im[f3] * twr[3 * w]
+            s4r = re[f4] * twr[4 * w] - im[f4] * twi[4 * w]
+            s4i = re[f4] * twi[4 * w] + im[f4] * twr[4 * w]
+            s7r, s7i = s1r + s4r, s1i + s4i
+            s10r, s10i = s1r - s4r, s1i - s4i
+            s8r, s8i = s2r + s3r, s2i + s3i
+            s9r, s9i = s2r - s3r, s2i - s3i
+            re[f0] += s7r + s8r
+            im[f0] += s7i + s8i
+            s5r = s0r + s7r * yar + s8r * ybr
+            s5i = s0i + s7i * yar + s8i * ybr
+            s6r = s10i * yai + s9i * ybi
+            s6i = -s10r * yai - s9r * ybi
+            re[f1], im[f1] = s5r - s6r, s5i - s6i
+            re[f4], im[f4] = s5r + s6r, s5i + s6i
+            s11r = s0r + s7r * ybr + s8r * yar
+            s11i = s0i + s7i * ybr + s8i * yar
+            s12r = -s10i * ybi + s9i * yai
+            s12i = s10r * ybi - s9r * yai
+            re[f2], im[f2] = s11r + s12r, s11i + s12i
+            re[f3], im[f3] = s11r - s12r, s11i - s12i
+    else:
+        n = twr.shape[0]
+        for u in range(m):
+            for q in range(p):
+                sr[q] = re[base + u + q * m]
+                si[q] = im[base + u + q * m]
+            for q1 in range(p):
+                k = u + q1 * m
+                accr, acci = sr[0], si[0]
+                idx = 0
+                for q in range(1, p):
+                    idx += fstride * k
+                    if idx >= n:
+                        idx -= n
+                    accr += sr[q] * twr[idx] - si[q] * twi[idx]
+                    acci += sr[q] * twi[idx] + si[q] * twr[idx]
+                re[base + k] = accr
+                im[base + k] = acci
+
+
+@njit(cache=True, nogil=True)
+def _kiss_power(frames, factors, order, twr, twi, supr, supi):
+    """``[frames, n_fft / 2 + 1]`` float32 ``|fftr|**2`` of each float32 row (zero-padded to ``n_fft``), as dlib's
+    ``kiss_fftr`` computes it in float32: the rows read as ``n_fft / 2`` complex points (even samples real, odd
+    imaginary), their complex FFT by the plan's stages (deepest first), the two real spectra split with the
+    super-twiddles; then ``std::norm``, ``re * re + im * im``."""
+    nh = order.shape[0]
+    n_fft = 2 * nh
+    out = np.zeros((frames.shape[0], nh + 1), np.float32)
+    re = np.empty(nh, np.float32)
+    im = np.empty(nh, np.float32)
+    width = 1
+    for j in range(0, factors.shape[0], 2):
+        width = max(width, factors[j])
+    sr = np.empty(width, np.float32)
+    si = np.empty(width, np.float32)
+    half = np.float32(0.5)
+    length = min(frames.shape[1], n_fft)
+    levels = factors.shape[0] // 2
+    for f in range(frames.shape[0]):
+        for j in range(nh):
+            t = 2 * order[j]
+            re[j] = frames[f, t] if t < length else np.float32(0.0)
+            im[j] = frames[f, t + 1] if t + 1 < length else np.float32(0.0)
+        for level in range(levels - 1, -1, -1):
+            fstride = 1
+            for j in range(level):
+                fstride *= factors[2 * j]
+            p, m = factors[2 * level], factors[2 * level + 1]
+            for b in range(fstride):
+                _kiss_stage(re, im, b * p * m, fstride, m, p, twr, twi, sr, si)
+        dc, ny = re[0] + im[0], re[0] - im[0]
+        out[f, 0] = dc * dc
+        out[f, nh] = ny * ny
+        for k in range(1, nh // 2 + 1):
+            pr, pi = re[k], im[k]
+            nr, ni = re[nh - k], -im[nh - k]
+            f1r, f1i = pr + nr, pi + ni
+            f2r, f2i = pr - nr, pi - ni
+            wr, wi = supr[k - 1], supi[k - 1]
+            tr = f2r * wr - f2i * wi
+            ti = f2r * wi + f2i * wr
+            ar, ai = half * (f1r + tr), half * (f1i + ti)
+            br, bi = half * (f1r - tr), -(half * (f1i - ti))
+            out[f, k] = ar * ar + ai * ai
+            out[f, nh - k] = br * br + bi * bi
+    return out
+
+
+def speechlib_stft_norm(pcm: np.ndarray, n_fft: int, frame_length: int, hop_length: int,
+                        window: np.ndarray) -> np.ndarray:
+    """``[frames, n_fft / 2 + 1]`` float32 power spectrum, onnxruntime-extensions'
+    ``SpeechFeatures::SpeechLibSTFTNorm``: ``(len - frame_length) // hop_length + 1`` frames (no padding, the
+    remainder dropped); in each frame, pre-emphasis ``(x[i] - 0.97 x[i-1]) * 32768`` with ``x[-1]`` taken as
+    ``x[0]``, in float32; the window; ``|fftr|**2`` of the frame zero-padded (or cut) to ``n_fft``, by dlib's
+    float32 kiss FFT reproduced step by step (``_kiss_power``)."""
+    x = np.asarray(pcm, np.float32).reshape(-1)
+    frames = np.lib.stride_tricks.sliding_window_view(x, frame_length)[::hop_length]
+    prev = np.empty_like(frames)
+    prev[:, 1:] = frames[:, :-1]
+    prev[:, 0] = frames[:, 0]
+    y = (frames - np.float32(0.97) * prev) * np.float32(32768.0)
+    y = np.ascontiguousarray(y * window, np.float32)
+    return _kiss_power(y, *_kiss_plan(int(n_fft)))
+
+
+@njit(cache=True, nogil=True)
+def _logf(x):
+    """float32 natural logarithm of each float32 value, the C library's ``logf`` (which C++'s ``std::log(float)``
+    calls there; numpy's float32 ``log`` differs from it in the last bit)."""
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out.flat[i] = math.log(x.flat[i])
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _speechlib_mel(n_fft: int, n_mels: int, sr: int = 16000, fmin: float = 0.0,
+                   fmax: float = 7689.0) -> np.ndarray:
+    """onnxruntime-extensions' ``SpeechLibLogMel::MelFilterBank`` (SpeechLib's ``FbankFC``): ``[n_mels, n_fft / 2 +
+    1]`` triangles on the ``1127 ln(1 + f / 700)`` scale from ``fmin`` to ``fmax`` (7689 Hz there), over FFT bins
+    ``f2bin(fmin) + 1`` .. ``f2bin(fmax) - 1``, in its float32 steps with ``logf`` (a triangle's foot is a small
+    difference of two mel values, so a last-bit change of one moves a weight, and a feature, visibly); built once
+    per shape, read-only."""
+    f32 = np.float32
+
+    def mel(f):  # f: float32 array
+        return f32(1127.0) * _logf((f32(1.0) + f / f32(700.0)).astype(f32))
+
+    def f2bin(f):
+        return int(f32(f32(f32(f) * f32(n_fft)) / f32(sr) + f32(0.5)))
+
+    klo = f2bin(fmin) + 1
+    khi = max(f2bin(fmax), klo)
+    mlo, mhi = mel(np.array([fmin, fmax], f32))
+    step = f32((mhi - mlo) / f32(n_mels + 1))
+    centers = (mlo + np.arange(n_mels + 2, dtype=f32) * step).astype(f32)
+    width = n_fft // 2 + 1
+    bins = np.arange(klo, min(khi, width))
+    mbin = mel((bins.astype(f32) * f32(sr)).astype(f32) / f32(n_fft))
+    fb = np.zeros((n_mels, width), f32)
+    for m in range(n_mels):
+        inside = (mbin > centers[m]) & (mbin < centers[m + 2])
+        weight = f32(1.0) - np.abs(centers[m + 1] - mbin) / step
+        fb[m, bins[inside]] = np.maximum(f32(0.0), weight[inside])
+    fb.flags.writeable = False
+    return fb
+
+
+@njit(cache=True, nogil=True)
+def _log_mel_rows(power, fb, keep):
+    """``[frames, n_mel]`` ``logf(max(1, sum_j fb[m, j] * power[t, j]))`` over bins ``j < keep``, accumulated in
+    float32 in bin order, as dlib's float32 matrix product does it (bins of zero weight add an exact zero, so each
+    row's sum runs over its triangle only)."""
+    n_mel = fb.shape[0]
+    lo = np.zeros(n_mel, np.int64)
+    hi = np.zeros(n_mel, np.int64)
+    for m in range(n_mel):
+        first, last = keep, 0
+        for j in range(keep):
+            if fb[m, j] != 0.0:
+                first = min(first, j)
+                last = j + 1
+        lo[m], hi[m] = first, last
+    out = np.empty((power.shape[0], n_mel), np.float32)
+    one = np.float32(1.0)
+    for t in range(power.shape[0]):
+        for m in range(n_mel):
+            acc = np.float32(0.0)
+            for j in range(lo[m], hi[m]):
+                acc += fb[m, j] * power[t, j]
+            out[t, m] = math.log(max(acc, one))
+    return out
+
+
+def speechlib_log_mel(power: np.ndarray, n_fft: int, n_mel: int) -> np.ndarray:
+    """``[frames, n_mel]`` float32, onnxruntime-extensions' ``SpeechLibLogMel::Compute``: ``ln(max(1, mel @
+    power))`` with the filter bank of an ``n_fft`` FFT at 16 kHz.  A narrower spectrum (an 8 kHz clip's) is laid
+    into that bank's bins as there: its first ``bank_bins - bins - 1`` bins kept, the rest zero (so an 8 kHz clip's
+    two top bins, 3968 and 4000 Hz, are dropped).  The product in float32 in dlib's order, ``ln`` the C library's
+    ``logf``."""
+    fb = _speechlib_mel(int(n_fft), int(n_mel))
+    bins, bank_bins = power.shape[1], fb.shape[1]
+    keep, rows = (bank_bins - bins - 1, 2 * bins - 1) if bank_bins > bins else (bins, bins)
+    if rows != bank_bins:
+        raise RequestError(f"Phi4AudioEmbed: a {bins}-bin spectrum does not fit the log-mel bank of n_fft {n_fft} "
+                           f"({bank_bins} bins)")
+    return _log_mel_rows(np.ascontiguousarray(power, np.float32), fb, keep)
+
+
+_STFT_KEYS = {"n_fft", "hop_length", "frame_length", "win_fn", "hann_win", "_comment"}
+_LOGMEL_KEYS = {"n_fft", "hop_length", "n_mel", "chunk_size", "feature_first", "no_padding"}
+_EMBED_GROUPS = {"stft_normal/": _STFT_KEYS, "logmel/": _LOGMEL_KEYS, "stft_normal_8k/": _STFT_KEYS,
+                 "logmel_8k/": _LOGMEL_KEYS}
+
+
+def _embed_config(attrs: dict) -> tuple:
+    """Phi4AudioEmbed's attributes: ({group: {key: value}}, audio_compression_rate); unknown ones are an error."""
+    groups = {g: {} for g in _EMBED_GROUPS}
+    rate, unknown = 8, []
+    for key, value in attrs.items():
+        group = next((g for g in sorted(_EMBED_GROUPS, key=len, reverse=True) if key.startswith(g)), None)
+        if group is not None and key[len(group):] in _EMBED_GROUPS[group]:
+            groups[group][key[len(group):]] = value
+        elif key == "audio_compression_rate":
+            rate = int(value)
+        elif key != "qformer_compression_rate":  # read there, not used
+            unknown.append(key)
+    if unknown:
+        raise RequestError(f"Phi4AudioEmbed: unknown attribute(s) {sorted(unknown)}")
+    for g, keys in (("stft_normal", ("n_fft", "frame_length", "hop_length")), ("logmel", ("n_fft", "n_mel"))):
+        for suffix in ("/", "_8k/"):
+            missing = [g + suffix + k for k in keys if k not in groups[g + suffix]]
+            if missing:
+                raise RequestError(f"Phi4AudioEmbed: missing attribute(s) {missing}")
+        for suffix in ("/", "_8k/"):
+            win = groups["stft_normal" + suffix].get("win_fn", "hann") if g == "stft_normal" else "hann"
+            if win not in ("hann", "hamming"):
+                raise RequestError(f"Phi4AudioEmbed: stft_normal{suffix}win_fn must be hann or hamming, got {win!r}")
+    if rate < 1:
+        raise RequestError(f"Phi4AudioEmbed: audio_compression_rate must be positive, got {rate}")
+    return groups, rate
+
+
+def phi4_audio_embed(decoded: tuple, **attrs) -> tuple:
+    """onnxruntime-extensions' ``Phi4AudioEmbed`` for one clip ``(pcm [1, samples], rate)`` (``decode_audio_ex``'s):
+    ``(audio_embeds float32 [frames, n_mel], audio_attention_mask bool [frames] (all true), audio_size)``.  The
+    ``stft_normal/`` and ``logmel/`` attributes serve a 16 kHz clip, the ``_8k`` ones an 8 kHz clip (another rate
+    is refused): ``speechlib_stft_norm`` under the configured window (``win_fn`` hamming or hann, or an explicit
+    ``hann_win``), then ``speechlib_log_mel``; ``audio_size`` is ``ceil(frames / audio_compression_rate)``.  A clip
+    shorter than one frame is refused (onnxruntime-extensions reads past its end, or fails)."""
+    groups, compression = _embed_config(attrs)
+    pcm, rate = decoded
+    pcm = np.asarray(pcm, np.float32).reshape(-1)
+    if rate not in (8000, 16000):
+        raise RequestError(f"Phi4AudioEmbed: Only 8k and 16k Hz target sampling rate is supported (the clip is at "
+                           f"{rate} Hz).")
+    suffix = "_8k/" if rate == 8000 else "/"
+    stft, mel = groups["stft_normal" + suffix], groups["logmel" + suffix]
+    n_fft, frame_length, hop = int(stft["n_fft"]), int(stft["frame_length"]), int(stft["hop_length"])
+    if hop < 1 or frame_length < 2 or n_fft < 2:
+        raise RequestError(f"Phi4AudioEmbed: stft_normal{suffix}: n_fft {n_fft}, frame_length {frame_length} and "
+                           f"hop_length {hop} must be positive (frame_length and n_fft at least 2)")
+    if pcm.shape[0] == 0:
+        raise RequestError("Phi4AudioEmbed: the audio clip is empty")
+    if pcm.shape[0] < frame_length:
+        raise RequestError(f"Phi4AudioEmbed: the audio clip is too short: {pcm.shape[0]} samples at {rate} Hz, "
+                           f"fewer than one {frame_length}-sample frame")
+    if "hann_win" in stft:
+        window = np.asarray(stft["hann_win"], np.float64).astype(np.float32)
+        if window.shape != (frame_length,):
+            raise RequestError(f"Phi4AudioEmbed: stft_normal{suffix}hann_win has {window.size} values; "
+                               f"frame_length is {frame_length}")
+    else:
+        window = _hamming(frame_length) if stft.get("win_fn", "hann") == "hamming" else _hann(frame_length)
+    power = speechlib_stft_norm(pcm, n_fft, frame_length, hop, window)
+    embeds = speechlib_log_mel(power, int(mel["n_fft"]), int(mel["n_mel"]))
+    frames = embeds.shape[0]
+    size = int(math.ceil(np.float32(frames) / np.float32(compression)))
+    return embeds, np.ones(frames, np.bool_), size
+
+
+def phi4_audio_stack(results: list) -> tuple:
+    """Clips' ``phi4_audio_embed`` results stacked as onnxruntime-extensions' ``StackTensors`` does: ``(audio_embeds
+    float32 [n, max_frames, n_mel], audio_attention_mask bool [n, max_frames], audio_sizes int64 [n])``, each clip's
+    features padded with zeros and its mask with false to the longest clip's frames."""
+    if not results:
+        raise RequestError("No audios provided to process.")
+    longest = max(r[0].shape[0] for r in results)
+    n_mel = results[0][0].shape[1]
+    embeds = np.zeros((len(results), longest, n_mel), np.float32)
+    mask = np.zeros((len(results), longest), np.bool_)
+    for i, (e, m, _) in enumerate(results):
+        embeds[i, :e.shape[0]] = e
+        mask[i, :m.shape[0]] = m
+    return embeds, mask, np.array([r[2] for r in results], np.int64)
+
+
+AUDIO_STEPS = {"AudioDecoder": decode_audio, "STFTNorm": stft_norm, "LogMelSpectrum": log_mel,
+               "AudioDecoderEx": decode_audio_ex, "Phi4AudioEmbed": phi4_audio_embed}

@@ -291,10 +291,10 @@ def _load_decoder(root: str, dec: dict, graphs: Graphs) -> tuple[ComponentSpec, 
 
 
 def _side_components(root: str, model: dict) -> dict:
-    """The ``vision`` and ``embedding`` components a split VLM config declares (a section without a filename is
-    absent)."""
+    """The ``vision``, ``speech`` and ``embedding`` components a split multimodal config declares (a section
+    without a filename is absent)."""
     components = {}
-    for sec_name, ctype in (("vision", "vision_encoder"), ("embedding", "embedding")):
+    for sec_name, ctype in (("vision", "vision_encoder"), ("speech", "speech_encoder"), ("embedding", "embedding")):
         sec = model.get(sec_name)
         if not isinstance(sec, dict) or not sec.get("filename"):
             continue
@@ -339,10 +339,10 @@ def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
             raise MetadataError("model.decoder.inputs.inputs_embeds: required when model.embedding is present")
         edges.append(Edge("embedding", emb_out.get("inputs_embeds", "inputs_embeds"), "decoder",
                           decoder.io.inputs_embeds_input))
-        if "vision" in components:
-            vis_out = model["vision"].get("outputs") or {}
-            edges.append(Edge("vision", vis_out.get("image_features", "image_features"), "embedding",
-                              emb_in.get("image_features", "image_features")))
+        for sec, port in (("vision", "image_features"), ("speech", "audio_features")):
+            if sec in components:
+                out = model[sec].get("outputs") or {}
+                edges.append(Edge(sec, out.get(port, port), "embedding", emb_in.get(port, port)))
     elif decoder.io.sequence_source == "inputs_embeds":
         raise IncompletePackageError("model.decoder.inputs.inputs_embeds: the decoder takes embeddings but the "
                                      "package has no model.embedding component")
@@ -350,13 +350,15 @@ def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
 
 
 def _default_stages(components: dict) -> list:
-    """vision or the audio encoder (prompt only), embed (every step) where present, then the autoregressive
-    decode."""
+    """vision, speech or the audio encoder (prompt only), embed (every step) where present, then the
+    autoregressive decode."""
     stages = []
     if "encoder" in components:
         stages.append(Stage("encode", "single_pass", "encoder", "prompt_only"))
     if "vision" in components:
         stages.append(Stage("vision", "single_pass", "vision", "prompt_only"))
+    if "speech" in components:
+        stages.append(Stage("speech", "single_pass", "speech", "prompt_only"))
     if "embedding" in components:
         stages.append(Stage("embed", "single_pass", "embedding", "every_step"))
     stages.append(Stage("decode", "autoregressive", "decoder", "every_step", max_tokens=None))
@@ -384,7 +386,28 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         sliding_window=dec.get("sliding_window"), hidden_size=dec.get("hidden_size"),
         vocab_size=model.get("vocab_size"),
         vision_config=_vision_config(model),
-        speech_config=model["speech"] if isinstance(model.get("speech"), dict) else None)
+        speech_config=model["speech"] if isinstance(model.get("speech"), dict) else None,
+        input_aliases=_input_aliases(model))
+
+
+# onnxruntime-genai's names of what a processor returns, per section and config key
+_NOMINAL = {"vision": {"pixel_values": "pixel_values", "image_sizes": "image_sizes",
+                       "attention_mask": "image_attention_mask"},
+            "speech": {"audio_embeds": "audio_embeds", "attention_mask": "audio_attention_mask",
+                       "audio_sizes": "audio_sizes", "audio_projection_mode": "audio_projection_mode"}}
+
+
+def _input_aliases(model: dict) -> dict:
+    """A processor output's name -> the graph input it feeds, where the config renames it (onnxruntime-genai's
+    ``Config::AddMapping``)."""
+    out = {}
+    for sec, names in _NOMINAL.items():
+        inputs = (model.get(sec) or {}).get("inputs") if isinstance(model.get(sec), dict) else None
+        for key, nominal in names.items():
+            port = (inputs or {}).get(key)
+            if isinstance(port, str) and port != nominal:
+                out[nominal] = port
+    return out
 
 
 def _vision_config(model: dict) -> dict | None:
@@ -404,7 +427,7 @@ def _mark_text_only(spec: PipelineSpec, graphs: Graphs) -> None:
     another split VLM is admitted for text only where its preprocessing cannot be represented; a builder
     ``*_vl_text`` decoder is text-only as declared."""
     from .multimodal import PROCESSOR_TYPES, QWEN_TYPES
-    if "vision" in spec.components and spec.model_type in PROCESSOR_TYPES:
+    if ("vision" in spec.components or "speech" in spec.components) and spec.model_type in PROCESSOR_TYPES:
         images_optional(spec, graphs, "model")
         if spec.model_type in QWEN_TYPES and spec.positions is not None and spec.positions.rank == 3:
             spec.positions.continuation = "carry_max"

@@ -297,7 +297,7 @@ class Generator:
             if k == "input_ids":
                 ids = v
             else:
-                self.external[k] = v
+                self.external[self.model.spec.input_aliases.get(k, k)] = v
         if ids is not None:
             self.append_tokens(ids)
 

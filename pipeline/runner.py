@@ -142,15 +142,16 @@ class Pipeline:
             self._run_component(st.model, prompt, external)
 
     def _without_images(self, name, external) -> bool:
-        """In an onnxruntime-genai package, a vision component none of whose caller inputs were given does not
-        run (a prompt without images): the inputs it would feed take their absent values.  Some of them given is
+        """In an onnxruntime-genai package, a vision (or speech) component none of whose caller inputs were given
+        does not run (a prompt without images or clips): the inputs it would feed take their absent values.  Some of them given is
         an error (``_feeds_for``), and so is any missing in an inference_metadata package."""
-        from .text_only import is_vision
-        if self.spec.source != "genai_config" or not is_vision(self.spec.components[name]):
+        from .text_only import is_media
+        if self.spec.source != "genai_config" or not is_media(self.spec.components[name]):
             return False
         io = self.spec.components[name].io
+        always = self.spec.input_aliases.get("audio_projection_mode", "audio_projection_mode")  # every prompt has it
         own = [p for p in self.components[name].input_names
-               if p != io.token_input and (name, p) not in self._by_target]
+               if p != io.token_input and (name, p) not in self._by_target and p != always]
         return bool(own) and not any(p in external for p in own)
 
     def forward(self, cur, external, first: bool, want="logits", lengths=None):

@@ -150,6 +150,7 @@ class PipelineSpec:
     source: str = "genai_config"                # or "inference_metadata"
     marian_ports: tuple | None = None           # a Marian package's (encoder, decoder) port names (marian.py)
     speech_config: dict | None = None           # genai_config model.speech (the audio processor's config file)
+    input_aliases: dict = field(default_factory=dict)  # a processor's output name -> the graph port it feeds
     vision_config: dict | None = None           # genai_config model.vision (processor config, port names) and
     #                                             the model's image_token_id / vision_start_token_id
 

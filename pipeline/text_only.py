@@ -24,7 +24,7 @@ import re
 from .package_checks import Graphs, position_rank
 from .spec import AbsentValue, ComponentSpec, MetadataError, PipelineSpec, Positions, Stage
 
-__all__ = ["preprocessing_unrepresentable", "admit_text_only", "images_optional", "is_vision"]
+__all__ = ["preprocessing_unrepresentable", "admit_text_only", "images_optional", "is_vision", "is_media"]
 
 _PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 _DYNAMIC_RESIZE = re.compile(r"smart_?resize|min_pixels|max_pixels|qwen2(_5)?_?vl|qwen3_?vl", re.IGNORECASE)
@@ -32,6 +32,12 @@ _DYNAMIC_RESIZE = re.compile(r"smart_?resize|min_pixels|max_pixels|qwen2(_5)?_?v
 
 def is_vision(comp: ComponentSpec) -> bool:
     return "vision" in comp.type.lower() or "image" in comp.type.lower()
+
+
+def is_media(comp: ComponentSpec) -> bool:
+    """A component that turns the caller's images or clips into features for the embedding (vision, or a
+    Phi-4-multimodal speech encoder); a prompt may come without what it reads."""
+    return is_vision(comp) or comp.type == "speech_encoder"
 
 
 def preprocessing_unrepresentable(root: str) -> str | None:
@@ -76,7 +82,7 @@ def images_optional(spec: PipelineSpec, graphs: Graphs, key: str, reason: str = 
     vision get a zero-token ``AbsentValue`` (fed when the vision stage did not run); returns the embedding and
     the vision component names."""
     decoder = spec.decoder
-    vision = [n for n, c in spec.components.items() if is_vision(c)]
+    vision = [n for n, c in spec.components.items() if is_media(c)]
     embedders = {e.src for e in spec.dataflow if e.dst == decoder.name and e.src not in vision}
     if decoder.io.sequence_source != "inputs_embeds" or len(embedders) != 1:
         raise MetadataError(f"{key}: text-only admission needs one embedding component feeding the decoder's "

@@ -25,6 +25,14 @@ The ``gemma3`` processor: each image through the config's chain to ``(3, 896, 89
 ``<start_of_image>`` becomes two newlines, itself, 256 ``<image_soft_token>``, ``<end_of_image>`` and two
 newlines (an empty prompt gets one per image); ``token_type_ids`` mark the soft tokens.
 
+The ``phi4mm`` processor (Phi-4-multimodal), as onnxruntime-genai's: each image through the vision config's
+chain (``Phi4VisionDynamicPreprocess`` ... ``Phi4VisionProcessor``: a global 448 x 448 view and up to
+``dynamic_hd`` 448 x 448 crops, with their 32 x 32 masks), stacked and padded to the largest crop count; each
+clip through the speech config's chain (``AudioDecoderEx``, ``Phi4AudioEmbed``: 80 log-mel features per 10 ms at
+16 kHz or 8 kHz), stacked; the prompt's ``<|image_N|>`` and ``<|audio_N|>`` tags become the ids 200010 and 200011,
+expanded in order to each image's ``num_image_tokens`` and each clip's ``audio_sizes``; ``audio_projection_mode``
+says which came.
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -52,7 +60,10 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-PROCESSOR_TYPES = {"phi3v", "gemma3"} | QWEN_TYPES  # the image processors; ``whisper`` has the audio one
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3"} | QWEN_TYPES  # image processors (phi4mm's also takes clips);
+# ``whisper`` has the audio one
+_AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
+_PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
@@ -141,6 +152,8 @@ class MultiModalProcessor:
                                           f"(implemented: {', '.join(sorted(PROCESSOR_TYPES))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
+        if kind == "phi4mm":
+            self._init_phi4mm(spec)
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
         self.kind = "qwen" if kind in QWEN_TYPES else kind
@@ -151,6 +164,26 @@ class MultiModalProcessor:
                             TRANSFORMS, "processor")
         vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
         self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
+
+    def _init_phi4mm(self, spec):
+        """Phi-4-multimodal's audio side, when the package has one: the speech section's processor config
+        (``audio_feature_extraction.json`` steps, ``pipeline/audio.py``) and its model's feature and mask types;
+        the image mask's type.  A speech model without its processor config is onnxruntime-genai's error."""
+        from .audio import AUDIO_STEPS
+        self.audio_steps = None
+        speech = spec.speech_config or {}
+        name = speech.get("config_filename", "audio_processor_config.json")
+        path = resolve_in_package(spec.root, name, "model.speech.config_filename") if name else None
+        if path is not None and os.path.isfile(path):
+            self.audio_steps = _steps(path, ("feature_extraction", "sequence"), AUDIO_STEPS, "audio processor")
+            sfile = resolve_in_package(spec.root, speech["filename"], "model.speech.filename")
+            self.audio_type = _input_type(sfile, (speech.get("inputs") or {}).get("audio_embeds", "audio_embeds"))
+        elif speech.get("filename"):
+            raise RequestError(f"Speech model is configured (speech.filename={speech['filename']}) but the audio "
+                               f"processor config file was not found at: {path}")
+        vision = spec.vision_config or {}
+        vfile = resolve_in_package(spec.root, vision.get("filename", ""), "model.vision.filename")
+        self.mask_type = _input_type(vfile, (vision.get("inputs") or {}).get("attention_mask", "image_attention_mask"))
 
     def _init_whisper(self, spec):
         """The audio processor: ``audio_processor_config.json`` (``model.speech.config_filename``), its
@@ -191,6 +224,8 @@ class MultiModalProcessor:
             raise TypeError(f"MultiModalProcessor: unexpected argument(s) {sorted(kwargs)}")
         if self.kind == "whisper":
             return self._whisper(prompt, audios)
+        if self.kind == "phi4mm":
+            return self._phi4mm("" if prompt is None else prompt, images, audios)
         if audios is not None:
             raise NotImplementedError("MultiModalProcessor: this processor takes no audio")
         if prompt is None:
@@ -219,11 +254,66 @@ class MultiModalProcessor:
             out["input_ids"] = self._prompt_ids(prompt, counts)
         return out
 
-    def _run_steps(self, blob):
+    def _run_steps(self, blob, steps=None):
         value = blob
-        for fn, attrs in self.steps:
+        for fn, attrs in (self.steps if steps is None else steps):
             value = fn(value, **attrs)
         return value
+
+    def _phi4mm(self, prompt: str, images, audios):
+        """Phi-4-multimodal: each image through the vision chain and each clip through the audio chain, stacked as
+        onnxruntime-extensions stacks them; ``<|image_N|>`` and ``<|audio_N|>`` tags become the placeholder ids
+        200010 and 200011, expanded in order (the k-th tag takes the k-th image's token count, whatever its N);
+        ``audio_projection_mode`` says which of images and clips came (0 none, 1 images, 2 clips, 3 both)."""
+        from .api import NamedTensors
+        from .audio import phi4_audio_stack
+        from .image_transforms import phi4_stack
+        if not isinstance(prompt, str):
+            raise TypeError(f"MultiModalProcessor: this processor takes one prompt string, got {type(prompt).__name__}")
+        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        clips = []
+        if audios is not None and len(audios):
+            if self.audio_steps is None:
+                raise RequestError("Audio input was provided but audio/speech support is not configured. Ensure the "
+                                   "genai_config.json has a 'speech' section with both 'filename' and "
+                                   "'config_filename'.")
+            clips = [self._run_steps(blob, self.audio_steps) for blob in audios.blobs]
+        out = NamedTensors()
+        counts, sizes = [], []
+        if shots:
+            pixels, image_sizes, mask, tokens = phi4_stack(shots)
+            out["pixel_values"] = _round_to(pixels, self.pixel_type)
+            out["image_sizes"] = image_sizes
+            out["image_attention_mask"] = _round_to(mask, self.mask_type)
+            out["num_image_tokens"] = tokens
+            counts = [int(t) for t in tokens.reshape(-1)]
+        if clips:
+            embeds, amask, asizes = phi4_audio_stack(clips)
+            out["audio_embeds"] = _round_to(embeds, self.audio_type)
+            out["audio_attention_mask"] = amask
+            out["audio_sizes"] = asizes
+            sizes = [int(float(a) + 0.5) for a in asizes.reshape(-1)]
+        text = _AUDIO_TAG.sub("<|endoftext11|>", _IMAGE_TAG.sub("<|endoftext10|>", prompt))
+        ids = []
+        seen = {_PHI4_IMAGE: 0, _PHI4_AUDIO: 0}
+        for t in self.tokenizer.encode(text).tolist():
+            if t in seen:
+                have = counts if t == _PHI4_IMAGE else sizes
+                what = "image" if t == _PHI4_IMAGE else "audio"
+                if seen[t] >= len(have):
+                    raise RequestError(f"Number of {what} tokens exceeds the number of {what}s. Please fix the "
+                                       f"prompt.")
+                ids += [t] * have[seen[t]]
+                seen[t] += 1
+            else:
+                ids.append(t)
+        if seen[_PHI4_IMAGE] != len(counts):
+            raise RequestError("Number of image tokens does not match the number of images. Please fix the prompt.")
+        if seen[_PHI4_AUDIO] != len(sizes):
+            raise RequestError("Number of audio tokens does not match the number of audios. Please fix the prompt.")
+        out["input_ids"] = np.asarray(ids, np.int32).reshape(1, -1)
+        out["audio_projection_mode"] = np.asarray([(1 if shots else 0) + (2 if clips else 0)], np.int64)
+        return out
 
     def _qwen(self, prompt: str, images):
         """Qwen2.5-VL / Qwen3-VL: the images' patches stacked (each image's padded with zero rows to the largest

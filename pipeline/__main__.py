@@ -214,17 +214,19 @@ def cmd_generate(args) -> int:
             args.prompt = text
             out.write(f"[{k}] ")
         gen = og.Generator(model, params)
-        if args.image and _with_processor(model.spec):  # the prompt names the image as the model expects it
+        if args.image and _with_processor(model.spec) or args.audio:  # through the package's processor
             if args.prompt is None:
-                raise RequestError("--image needs --prompt TEXT (with the image's tag, e.g. <|image_1|>)")
-            from .multimodal import Images
-            gen.set_inputs(model.create_multimodal_processor()(args.prompt, images=Images.open(args.image)))
-        elif args.audio:  # a speech package: the clip's features, the prompt as the decoder's first tokens
-            if args.prompt is None:
-                raise RequestError("--audio needs --prompt TEXT (the decoder's prompt, e.g. "
+                raise RequestError("--image and --audio need --prompt TEXT (with the image's or clip's tag, e.g. "
+                                   "<|image_1|>, or a Whisper decoder's prompt, e.g. "
                                    "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>)")
             from .audio import Audios
-            gen.set_inputs(model.create_multimodal_processor()(args.prompt, audios=Audios.open(args.audio)))
+            from .multimodal import Images
+            media = {}
+            if args.image:
+                media["images"] = Images.open(args.image)
+            if args.audio:
+                media["audios"] = Audios.open(args.audio)
+            gen.set_inputs(model.create_multimodal_processor()(args.prompt, **media))
         else:
             gen.append_tokens(_prompt(args, model.spec))
         ids = _decode_into(gen, args.max_new_tokens, tok, out)
@@ -330,8 +332,8 @@ def main(argv=None) -> int:
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the package's chat template; "
                            "without --prompt, converse line by line on standard input")
             p.add_argument("--batch-file", help="a text file of prompts, one per line, decoded as one batch")
-            p.add_argument("--audio", help="an audio file for a speech package (Whisper), through its processor; "
-                           "--prompt gives the decoder's first tokens")
+            p.add_argument("--audio", help="an audio file for a speech package (Whisper, Phi-4-multimodal), through "
+                           "its processor; --prompt gives the decoder's first tokens or holds the clip's tag")
             p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
             p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
             p.add_argument("--top-p", type=float, help="sample within this cumulative probability")

@@ -119,3 +119,11 @@ def test_added_tokens_keep_their_declared_ids(package, ort_genai):
         found.append((ids.tolist(), tok.decode(ids), "".join(stream.decode(int(i)) for i in ids)))
     assert found[1] == found[0]
     assert 200010 in found[0][0]
+
+
+def test_the_command_line_takes_an_image_and_a_clip(package, reference, capsys):
+    from pipeline.__main__ import main
+    folder, image, clip = package
+    assert main(["generate", folder, "--prompt", PROMPTS["both"], "--image", image, "--audio", clip,
+                 "--max-new-tokens", "6", "--native", "all"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"token_ids: {reference['both'][2]}"

@@ -126,4 +126,4 @@ def test_the_command_line_takes_an_audio_file(package, clips, ort_genai, capsys)
         g.generate_next_token()
     assert printed == f"token_ids: {g.get_sequence(0)[n:].tolist()}"
     assert main(["generate", package, "--audio", clips["wav"], "--native", "none"]) == 2
-    assert "--audio needs --prompt" in capsys.readouterr().err
+    assert "--audio need --prompt" in capsys.readouterr().err

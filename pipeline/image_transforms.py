@@ -26,10 +26,16 @@ A processor config lists transforms by ``type``; each is a function here from th
   "phi4_vision_dynamic_preprocess:1"]``).  The last returns ``pixel_values`` ``(1 + crops, 3, 448, 448)`` float32
   (a bicubic global view first), ``image_sizes`` ``(2,)``, ``image_attention_mask`` ``(1 + crops, 32, 32)`` int64
   and ``num_img_tokens`` ``(1,)``; ``phi4_stack`` stacks several images' as onnxruntime-extensions does.
+- ``Gemma4ImageTransform``: Gemma 4's chain after ``DecodeImage`` (RGB).  The image is resized, keeping its aspect
+  ratio, to sides that are multiples of ``pooling_kernel_size * patch_size`` within ``max_soft_tokens`` pooled
+  tokens, by onnxruntime-extensions' float bicubic resampler (``_bicubic_float``: Pillow's kernel and weights, but
+  sums kept in float, the rescale to ``[0, 1]`` inside the horizontal pass, no rounding to bytes, no clamping), and
+  cut into ``patch_size`` squares row by row; returns ``pixel_values`` ``(patches, patch_size**2 * 3)`` float32,
+  ``pixel_position_ids`` ``(patches, 2)`` int64 and ``num_soft_tokens`` ``(1,)``.
 
-Resampling is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy of Pillow's
-resampling code and always runs the passes in that order, so the bytes agree. A transform this module does not have
-is an error naming it (``UnsupportedTransform``); nothing is skipped.
+Resampling (Gemma 4's aside) is Pillow's, one pass per axis, horizontal first: onnxruntime-extensions carries a copy
+of Pillow's resampling code and always runs the passes in that order, so the bytes agree. A transform this module
+does not have is an error naming it (``UnsupportedTransform``); nothing is skipped.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ from .spec import RequestError
 
 __all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform", "resize",
            "rescale", "normalize", "patch_image", "center_crop", "permute3d", "Phi4HDImage",
-           "phi4_dynamic_preprocess", "phi4_vision_processor", "phi4_stack"]
+           "phi4_dynamic_preprocess", "phi4_vision_processor", "phi4_stack", "gemma4_image_transform"]
 
 _CROP = 336
 _MAX_CROPS = 16
@@ -372,7 +378,147 @@ def phi4_stack(results: list) -> tuple:
     return pixels, sizes, masks, tokens
 
 
+def _cubic(x: np.ndarray) -> np.ndarray:
+    """Keys' cubic kernel (a = -0.5) in float64, written as onnxruntime-extensions' ``bicubic_kernel`` writes it
+    (Pillow's outer branch, ``-0.5`` times ``((x - 5) x + 8) x - 4``, gives the same doubles: the factor is a power
+    of two)."""
+    x = np.abs(x)
+    inner = ((1.5 * x - 2.5) * x) * x + 1.0
+    outer = ((-0.5 * x + 2.5) * x - 4.0) * x + 2.0
+    return np.where(x < 1.0, inner, np.where(x < 2.0, outer, 0.0))
+
+
+def _cubic_coeffs(in_size: int, out_size: int) -> tuple:
+    """``(start [out], count [out], weights [out, taps])`` of a bicubic pass from ``in_size`` to ``out_size`` samples
+    over the whole axis: Pillow's ``precompute_coeffs`` as onnxruntime-extensions' ``image_resample_float.h`` has it
+    (support 2 widened by the downscale, the window clipped to the axis, each row of weights summed tap by tap in
+    float64 and divided by that sum; weights past ``count`` are 0)."""
+    scale = float(in_size) / out_size
+    filter_scale = max(scale, 1.0)
+    support = 2.0 * filter_scale
+    taps = int(np.ceil(support)) * 2 + 1
+    center = (np.arange(out_size) + 0.5) * scale
+    start = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C's int cast truncates toward zero
+    count = np.minimum((center + support + 0.5).astype(np.int64), in_size) - start
+    weights = np.zeros((out_size, taps))
+    total = np.zeros(out_size)
+    inv = 1.0 / filter_scale
+    for j in range(taps):
+        live = j < count
+        w = np.where(live, _cubic(((j + start) - center + 0.5) * inv), 0.0)
+        weights[:, j] = w
+        total = np.where(live, total + w, total)
+    weights = np.where(total[:, None] != 0.0, weights / np.where(total == 0.0, 1.0, total)[:, None], weights)
+    return start, count, weights
+
+
+def _cubic_pass(src: np.ndarray, axis: int, out_size: int) -> np.ndarray:
+    """One float64 bicubic pass of ``src`` along ``axis`` (0 rows, 1 columns): each output sample's taps added in
+    order from the window's start, as the C loops add them."""
+    start, _, weights = _cubic_coeffs(src.shape[axis], out_size)
+    last = src.shape[axis] - 1
+    shape = [1, 1, 1]
+    shape[axis] = out_size
+    acc = np.zeros(src.shape[:axis] + (out_size,) + src.shape[axis + 1:])
+    for j in range(weights.shape[1]):
+        # taps past the window have weight 0 (adding +0.0 changes nothing); clip their index into the axis
+        acc += np.take(src, np.minimum(start + j, last), axis=axis) * weights[:, j].reshape(shape)
+    return acc
+
+
+def _bicubic_float(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """onnxruntime-extensions' ``BicubicResizeU8ToFloatRGB``: an ``(H, W, 3)`` uint8 image to ``(height, width, 3)``
+    float32 in ``[0, 1]`` plus bicubic overshoot (no clamping).  Horizontal pass first, on the bytes in float64,
+    each sum times ``1 / 255`` (float64) and then rounded to float32; the vertical pass sums those float32 values in
+    float64 and rounds to float32.  Without a horizontal pass the bytes are first scaled in float32 (``x *
+    float32(1 / 255)``); without either pass that scaling is the output."""
+    h, w = image.shape[:2]
+    if w != width:
+        out = (_cubic_pass(image.astype(np.float64), 1, width) * (1.0 / 255.0)).astype(np.float32)
+    else:
+        out = image.astype(np.float32) * np.float32(1.0 / 255.0)
+    if h != height:
+        out = _cubic_pass(out.astype(np.float64), 0, height).astype(np.float32)
+    return out
+
+
+def _gemma4_size(h: int, w: int, patch_size: int, max_patches: int, pooling: int) -> tuple:
+    """onnxruntime-extensions' ``GetAspectRatioPreservingSize``: (height, width), each ``floor(side * factor /
+    side_mult) * side_mult`` with ``factor = sqrt(max_patches * patch_size**2 / (h * w))`` (float64) and ``side_mult
+    = pooling * patch_size``; a side that comes out 0 becomes ``side_mult`` and the other ``floor(long / short) *
+    side_mult``, at most ``max_patches // pooling**2 * side_mult`` (and at least ``side_mult``); (0, 0) when both
+    come out 0."""
+    import math
+    mult = pooling * patch_size
+    factor = math.sqrt(float(max_patches) * patch_size * patch_size / (float(h) * w))
+    th = int(math.floor(factor * h / mult)) * mult
+    tw = int(math.floor(factor * w / mult)) * mult
+    most = (max_patches // (pooling * pooling)) * mult
+    if th == 0 and tw == 0:
+        return 0, 0
+    if th == 0:
+        th, tw = mult, min(int(math.floor(w / h)) * mult, most) or mult
+    elif tw == 0:
+        tw, th = mult, min(int(math.floor(h / w)) * mult, most) or mult
+    return th, tw
+
+
+def gemma4_image_transform(image: np.ndarray, patch_size: int = 16, max_soft_tokens: int = 280,
+                           pooling_kernel_size: int = 3, **unknown) -> tuple:
+    """onnxruntime-extensions' ``Gemma4ImageTransform`` of one ``(H, W, 3)`` uint8 RGB image, as onnxruntime-genai
+    (0.18) hands it to the vision model: ``(pixel_values [patches, patch_size**2 * 3] float32, pixel_position_ids
+    [patches, 2] int64, num_soft_tokens [1] int64)``.
+
+    - size: ``_gemma4_size`` with ``max_patches = max_soft_tokens * pooling_kernel_size**2``: both sides rounded
+      down to multiples of ``pooling_kernel_size * patch_size`` (48), the aspect ratio kept; a side that rounds to 0
+      (an aspect ratio past about ``max_soft_tokens``) is one multiple and the other as long as the budget allows;
+      both 0 (only when ``max_soft_tokens`` is under 1) is an error;
+    - resize: ``_bicubic_float`` (Keys' cubic, a = -0.5, antialiased, float64 sums, no clamping, the 1 / 255 rescale
+      inside the horizontal pass), so values may lie a little outside ``[0, 1]``;
+    - patches: row by row over the resized image (``patch = row * columns + column``), each patch's pixels in
+      raster order with the 3 channels innermost (HWC); ``pixel_position_ids`` are ``(x, y) = (column, row)``;
+    - ``num_soft_tokens`` is ``patches // pooling_kernel_size**2``.
+
+    onnxruntime-extensions pads both outputs to ``max_patches`` rows (zero pixels, positions ``(-1, -1)``);
+    onnxruntime-genai then keeps the first ``num_soft_tokens * 9`` rows (its pooling is fixed at 3 x 3) when that is
+    fewer, and this returns those rows: with ``pooling_kernel_size`` 3, exactly the image's patches, no padding.
+    (With another pooling size the padding rows that onnxruntime-genai keeps come back too.)"""
+    if unknown:
+        raise RequestError(f"[Gemma4ImageTransform]: unknown attribute '{sorted(unknown)[0]}'")
+    try:
+        ps, soft_most, pool = int(patch_size), int(max_soft_tokens), int(pooling_kernel_size)
+    except (TypeError, ValueError):
+        raise RequestError(f"[Gemma4ImageTransform]: patch_size, max_soft_tokens and pooling_kernel_size must be "
+                           f"integers, got {patch_size!r}, {max_soft_tokens!r} and {pooling_kernel_size!r}") from None
+    if ps < 1 or pool < 1 or soft_most < 0:
+        raise RequestError(f"[Gemma4ImageTransform]: patch_size and pooling_kernel_size must be at least 1 and "
+                           f"max_soft_tokens at least 0, got {ps}, {pool} and {soft_most}")
+    if (not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8
+            or 0 in image.shape):
+        raise RequestError("[Gemma4ImageTransform]: expected (H, W, 3) uint8 input, got shape "
+                           f"{list(getattr(image, 'shape', []))}")
+    h, w = image.shape[:2]
+    max_patches = soft_most * pool * pool
+    th, tw = _gemma4_size(h, w, ps, max_patches, pool)
+    if th == 0 or tw == 0:
+        raise RequestError(f"[Gemma4ImageTransform]: image has extreme aspect ratio ({h}, {w}) and cannot be "
+                           f"resized to fit the patch constraints")
+    resized = _bicubic_float(np.ascontiguousarray(image), th, tw)
+    rows, cols = th // ps, tw // ps
+    patches = rows * cols
+    keep = min(patches // (pool * pool) * 9, max_patches)  # onnxruntime-genai's trim (3 x 3 pooling assumed)
+    real = resized.reshape(rows, ps, cols, ps, 3).transpose(0, 2, 1, 3, 4).reshape(patches, ps * ps * 3)
+    pixels = np.zeros((keep, ps * ps * 3), np.float32)
+    positions = np.full((keep, 2), -1, np.int64)
+    n = min(patches, keep)
+    pixels[:n] = real[:n]
+    grid_y, grid_x = np.divmod(np.arange(n, dtype=np.int64), cols)
+    positions[:n, 0], positions[:n, 1] = grid_x, grid_y
+    return pixels, positions, np.array([patches // (pool * pool)], np.int64)
+
+
 TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3ImageTransform": phi3_image_transform,
               "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image,
               "CenterCrop": center_crop, "Permute3D": permute3d,
-              "Phi4VisionDynamicPreprocess": phi4_dynamic_preprocess, "Phi4VisionProcessor": phi4_vision_processor}
+              "Phi4VisionDynamicPreprocess": phi4_dynamic_preprocess, "Phi4VisionProcessor": phi4_vision_processor,
+              "Gemma4ImageTransform": gemma4_image_transform}

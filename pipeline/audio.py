@@ -1,5 +1,5 @@
-"""Audio for onnxruntime-genai's speech processors: ``Audios``, the Whisper feature chain and Phi-4-multimodal's,
-as onnxruntime-extensions computes them.
+"""Audio for onnxruntime-genai's speech processors: ``Audios``, the Whisper feature chain, Phi-4-multimodal's and
+Gemma 4's, as onnxruntime-extensions computes them.
 
 ``Audios.open(*paths)`` / ``Audios.open_bytes(*blobs)`` hold encoded audio.  An ``audio_processor_config.json``
 lists the steps, each a function here:
@@ -28,6 +28,15 @@ Phi-4-multimodal's ``audio_feature_extraction.json`` (``phi4_audio_stack`` stack
   onnxruntime-genai's bit for bit on the clips tried.  A clip shorter than one frame is refused (onnxruntime-genai
   fails on it or reads past its end).
 
+Gemma 4's ``audio_feature_extraction.json`` (one clip per prompt in onnxruntime-genai):
+
+- ``AudioDecoder`` as above, then ``Gemma4LogMel`` (``feature_size`` 128, 20 ms frames every 10 ms): the clip
+  padded by half a frame on the left, frames under a periodic Hann window (pre-emphasis optional), the magnitude
+  ``|rfft|`` by onnxruntime-extensions' float64 radix-2 FFT, an HTK-scale mel bank, ``ln(mel + mel_floor)``
+  (``logf``); ``(features [frames, 128], mask [frames])``, and ``gemma4_audio_sizes`` for ``audio_sizes``.  Equal
+  to onnxruntime-genai 0.18's bit for bit on the clips and settings tried.  A clip of fewer than half a frame plus
+  one sample (161 at 16 kHz) is refused (onnxruntime-genai dies on it).
+
 Known difference: MP3 decoders differ (onnxruntime-extensions uses dr_mp3, libsndfile mpg123), so MP3 features
 differ slightly; WAV and FLAC are lossless and give onnxruntime-genai's samples.  The FFT is numpy's (float64
 internally), onnxruntime-extensions' dlib's in float32: Whisper's features agree within about 1e-5.
@@ -46,7 +55,7 @@ from .multimodal import Blobs
 from .spec import RequestError
 
 __all__ = ["Audios", "decode_audio", "stft_norm", "log_mel", "decode_audio_ex", "phi4_audio_embed",
-           "phi4_audio_stack", "AUDIO_STEPS"]
+           "phi4_audio_stack", "gemma4_log_mel", "gemma4_audio_sizes", "AUDIO_STEPS"]
 
 
 class Audios(Blobs):
@@ -697,5 +706,250 @@ def phi4_audio_stack(results: list) -> tuple:
     return embeds, mask, np.array([r[2] for r in results], np.int64)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: AudioDecoder -> Gemma4LogMel (onnxruntime-extensions' ``shared/api/gemma4_audio_features.hpp``).
+
+# name: (default, kind); the kind is the JSON type onnxruntime-extensions reads the attribute as
+_GEMMA4_ATTRS = {"feature_size": (128, "int"), "sampling_rate": (16000, "int"), "frame_length_ms": (20.0, "float"),
+                 "hop_length_ms": (10.0, "float"), "min_frequency": (0.0, "float"),
+                 "max_frequency": (8000.0, "float"), "preemphasis": (0.0, "float"),
+                 "preemphasis_htk_flavor": (1, "int"), "fft_overdrive": (0, "int"), "mel_floor": (0.001, "float"),
+                 "per_bin_mean": (None, "list"), "per_bin_stddev": (None, "list")}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# kind: (test, what it asks for).  onnxruntime-extensions reads a JSON integer as int64, a number with a fraction
+# part or exponent as double, a non-empty list by its first element's type; an attribute of the other type fails.
+_GEMMA4_KINDS = {"int": (_is_int, "integer"),
+                 "float": (lambda v: isinstance(v, float), "number written with a fraction part (e.g. 20.0)"),
+                 "list": (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and isinstance(v[0], float)
+                          and all(isinstance(x, float) or _is_int(x) for x in v),
+                          "non-empty list of numbers, the first written with a fraction part")}
+
+
+def _c_round(x: float) -> int:
+    """C's ``std::round``: halves away from zero (Python's ``round`` takes them to even)."""
+    return int(math.copysign(math.floor(abs(x) + 0.5), x))
+
+
+def _gemma4_config(attrs: dict) -> dict:
+    """Gemma4LogMel's attributes over its defaults, with the derived sizes: ``frame_length`` and ``hop_length`` in
+    samples (``std::round(sampling_rate * ms / 1000)``) and ``n_fft``, the smallest power of two at or above the
+    frame, doubled under ``fft_overdrive``.  An unknown attribute, one of another JSON type than
+    onnxruntime-extensions reads (``20`` where it reads a double fails there, as does ``128.0`` for an integer, a
+    boolean, an empty list or one whose first value is an integer), a ``per_bin_mean``/``per_bin_stddev`` not of
+    ``feature_size`` values, or a frame or hop under one sample (onnxruntime-genai dies on a zero hop) is a
+    ``RequestError``."""
+    unknown = sorted(set(attrs) - set(_GEMMA4_ATTRS))
+    if unknown:
+        raise RequestError(f"Gemma4LogMel: unknown attribute(s) {unknown} (known: {sorted(_GEMMA4_ATTRS)})")
+    cfg = {}
+    for key, (default, kind) in _GEMMA4_ATTRS.items():
+        value = attrs.get(key, default)
+        if key in attrs and not _GEMMA4_KINDS[kind][0](value):
+            raise RequestError(f"Gemma4LogMel: attribute {key} must be a JSON {_GEMMA4_KINDS[kind][1]}, "
+                               f"got {value!r:.60}")
+        cfg[key] = value
+    n_mel = cfg["feature_size"]
+    for key in ("per_bin_mean", "per_bin_stddev"):
+        if cfg[key] is not None and len(cfg[key]) != n_mel:
+            raise RequestError(f"Gemma4LogMel: {key} length ({len(cfg[key])}) must equal feature_size ({n_mel})")
+    cfg["frame_length"] = _c_round(cfg["sampling_rate"] * cfg["frame_length_ms"] / 1000.0)
+    cfg["hop_length"] = _c_round(cfg["sampling_rate"] * cfg["hop_length_ms"] / 1000.0)
+    if n_mel < 1 or cfg["sampling_rate"] < 1 or cfg["frame_length"] < 1 or cfg["hop_length"] < 1:
+        raise RequestError(f"Gemma4LogMel: feature_size ({n_mel}), sampling_rate ({cfg['sampling_rate']}) and the "
+                           f"frame ({cfg['frame_length']}) and hop ({cfg['hop_length']}) lengths in samples must be "
+                           f"positive")
+    n_fft = 1
+    while n_fft < cfg["frame_length"]:
+        n_fft <<= 1
+    cfg["n_fft"] = n_fft << 1 if cfg["fft_overdrive"] else n_fft
+    return cfg
+
+
+@functools.lru_cache(maxsize=8)
+def _htk_mel_bank(n_bins: int, n_mels: int, sr: int, fmin: float, fmax: float) -> np.ndarray:
+    """``[n_bins, n_mels]`` float32, onnxruntime-extensions' ``Gemma4LogMel::MelFilterBank``: ``n_mels + 2`` points
+    evenly spaced on the HTK scale ``2595 log10(1 + f / 700)`` from ``fmin`` to ``fmax``, taken back to Hz
+    (``700 (10**(m / 2595) - 1)``) and to fractional FFT bins ``f (n_bins - 1) 2 / sr``; filter ``m`` rises over
+    ``(left, center]`` and falls over ``(center, right)``.  All in float64, in its operation order, through the C
+    library's ``log10`` and ``pow`` (Python's ``math`` calls them), each weight rounded to float32 once; built once
+    per shape, read-only."""
+    mel_lo = 2595.0 * math.log10(1.0 + fmin / 700.0)
+    mel_hi = 2595.0 * math.log10(1.0 + fmax / 700.0)
+    points = n_mels + 2
+    hz = [700.0 * (math.pow(10.0, (mel_lo + (mel_hi - mel_lo) * i / (points - 1)) / 2595.0) - 1.0)
+          for i in range(points)]
+    edge = [f * (n_bins - 1) * 2.0 / sr for f in hz]
+    fb = np.zeros((n_bins, n_mels), np.float32)
+    for m in range(n_mels):
+        left, center, right = edge[m], edge[m + 1], edge[m + 2]
+        for k in range(n_bins):
+            if left < k <= center and center > left:
+                fb[k, m] = (k - left) / (center - left)
+            elif center < k < right and right > center:
+                fb[k, m] = (right - k) / (right - center)
+    fb.flags.writeable = False
+    return fb
+
+
+@functools.lru_cache(maxsize=8)
+def _radix2_plan(n_fft: int) -> tuple:
+    """The radix-2 FFT's bit-reversal swaps (pairs ``i < j``, flattened, in the order its loop makes them) and
+    each stage's root ``exp(-2 pi i / len)`` for ``len = 2, 4, ..., n_fft`` as ``(cos, sin)`` of ``-2 pi / len``
+    (the C library's, in float64); read-only."""
+    swaps, j = [], 0
+    for i in range(1, n_fft):
+        bit = n_fft >> 1
+        while j & bit:
+            j ^= bit
+            bit >>= 1
+        j ^= bit
+        if i < j:
+            swaps += [i, j]
+    roots, length = [], 2
+    while length <= n_fft:
+        ang = -2.0 * math.pi / length
+        roots.append((math.cos(ang), math.sin(ang)))
+        length <<= 1
+    plan = np.array(swaps, np.int64), np.array(roots, np.float64).reshape(-1, 2)
+    for a in plan:
+        a.flags.writeable = False
+    return plan
+
+
+@njit(cache=True, nogil=True)
+def _gemma4_rows(padded, n_frames, frame_length, hop, window, preemphasis, htk, n_fft, swaps, roots, bank, lo, hi,
+                 floor, out):
+    """Each frame's ``logf(float32(sum_k |X_k| bank[k, m]) + floor)`` into ``out`` ``[n_frames, n_mel]``, as
+    ``Gemma4LogMel::Compute`` does it: the frame's ``frame_length`` samples at ``t * hop`` of ``padded`` (with
+    pre-emphasis when ``preemphasis > 0``: the HTK flavour ``x[0] (1 - p)``, ``x[i] - p x[i-1]``, else ``x[i+1] - p
+    x[i]`` over the unfolded ``frame_length + 1`` samples), times the window, in float32; zero-padded to ``n_fft``;
+    its ``RealFFTMagnitude``: an in-place radix-2 decimation-in-time FFT in complex float64 (bit-reversal swaps,
+    then butterflies whose twiddle is the stage root raised by repeated complex multiplication, ``w *= wlen``,
+    each product ``(ac - bd, ad + bc)``), ``|X_k|`` as ``hypot`` rounded to float32; the mel sum in float64 in bin
+    order (over each filter's nonzero bins ``lo[m]..hi[m]``: the others add exact zeros).  Buffers are allocated
+    once, outside the frame loop."""
+    n_mel = bank.shape[1]
+    n_bins = n_fft // 2 + 1
+    re = np.empty(n_fft, np.float64)
+    im = np.empty(n_fft, np.float64)
+    frame = np.empty(frame_length, np.float32)
+    mag = np.empty(n_bins, np.float32)
+    one = np.float32(1.0)
+    for t in range(n_frames):
+        base = t * hop
+        if preemphasis > 0.0:
+            if htk:
+                frame[0] = padded[base] * (one - preemphasis)
+                for i in range(1, frame_length):
+                    frame[i] = padded[base + i] - preemphasis * padded[base + i - 1]
+            else:
+                for i in range(frame_length):
+                    frame[i] = padded[base + i + 1] - preemphasis * padded[base + i]
+        else:
+            for i in range(frame_length):
+                frame[i] = padded[base + i]
+        for i in range(n_fft):
+            re[i] = np.float64(frame[i] * window[i]) if i < frame_length else 0.0
+            im[i] = 0.0
+        for s in range(0, swaps.shape[0], 2):
+            a, b = swaps[s], swaps[s + 1]
+            re[a], re[b] = re[b], re[a]
+            im[a], im[b] = im[b], im[a]
+        length, stage = 2, 0
+        while length <= n_fft:
+            lr, li = roots[stage, 0], roots[stage, 1]
+            half = length // 2
+            for i in range(0, n_fft, length):
+                wr, wi = 1.0, 0.0
+                for j in range(half):
+                    a, b = i + j, i + j + half
+                    ur, ui = re[a], im[a]
+                    vr = re[b] * wr - im[b] * wi
+                    vi = re[b] * wi + im[b] * wr
+                    re[a], im[a] = ur + vr, ui + vi
+                    re[b], im[b] = ur - vr, ui - vi
+                    wr, wi = wr * lr - wi * li, wr * li + wi * lr
+            length <<= 1
+            stage += 1
+        for k in range(n_bins):
+            mag[k] = np.float32(math.hypot(re[k], im[k]))
+        for m in range(n_mel):
+            acc = 0.0
+            for k in range(lo[m], hi[m]):
+                acc += np.float64(mag[k]) * np.float64(bank[k, m])
+            out[t, m] = math.log(np.float32(acc) + floor)
+
+
+def gemma4_log_mel(decoded, **attrs) -> tuple:
+    """onnxruntime-extensions' ``Gemma4LogMel`` (Gemma 4's USM-style log-mel features) for one clip, ``pcm [1,
+    samples]`` float32 at ``sampling_rate`` (``decode_audio``'s): ``(audio_embeds float32 [frames, feature_size],
+    audio_attention_mask bool [frames])``.
+
+    The clip is padded with ``frame_length / 2`` zeros on the left only (semicausal), cut into ``(samples +
+    frame_length / 2 - frame_length - 1) // hop_length + 1`` unfolded frames of ``frame_length + 1`` samples (20 ms
+    + 1 and 10 ms at 16 kHz: 321 and 160), each run through ``_gemma4_rows`` under the periodic Hann window
+    (``_hann``) and the HTK mel bank (``_htk_mel_bank``), ``ln(mel + mel_floor)`` by the C library's ``logf``.
+    A frame whose last sample is padding would be zeroed and masked false (none is: the padding is on the left);
+    then ``per_bin_mean`` is subtracted and ``per_bin_stddev`` (where not zero) divides, in float32.
+
+    Rounding: the same float32 and float64 steps in the same order, the same C library's ``log10``/``pow``/``cos``/
+    ``sin``/``hypot``/``logf``; only a compiler's contraction of a product and a sum into one fused multiply-add
+    there (not seen: the features came out bit-equal to onnxruntime-genai 0.18's) could round differently.
+
+    A clip of fewer than ``frame_length / 2 + 1`` samples gives no frame: refused here (onnxruntime-extensions
+    returns an empty tensor, and onnxruntime-genai 0.18's processor dies on it with a floating-point exception)."""
+    cfg = _gemma4_config(attrs)
+    if isinstance(decoded, tuple):
+        raise RequestError("Gemma4LogMel: expected AudioDecoder's (1, num_samples) samples, got a tuple "
+                           "(AudioDecoderEx's (samples, rate)?)")
+    pcm = np.asarray(decoded, np.float32)
+    if pcm.ndim != 2 or pcm.shape[0] != 1:
+        raise RequestError(f"Gemma4LogMel: expected (1, num_samples) float input, got shape {pcm.shape}")
+    pcm = pcm[0]
+    frame_length, hop, n_fft = cfg["frame_length"], cfg["hop_length"], cfg["n_fft"]
+    pad = frame_length // 2
+    padded = np.zeros(pcm.shape[0] + pad, np.float32)
+    padded[pad:] = pcm
+    if padded.shape[0] < frame_length + 1:
+        raise RequestError(f"Gemma4LogMel: the audio clip is too short: {pcm.shape[0]} samples, fewer than the "
+                           f"{frame_length + 1 - pad} one frame needs (onnxruntime-genai fails on it)")
+    n_frames = (padded.shape[0] - frame_length - 1) // hop + 1
+    n_mel = int(cfg["feature_size"])
+    bank = _htk_mel_bank(n_fft // 2 + 1, n_mel, int(cfg["sampling_rate"]), float(cfg["min_frequency"]),
+                         float(cfg["max_frequency"]))
+    nonzero = bank != 0
+    any_bin = nonzero.any(axis=0)
+    lo = np.where(any_bin, nonzero.argmax(axis=0), 0).astype(np.int64)
+    hi = np.where(any_bin, bank.shape[0] - nonzero[::-1].argmax(axis=0), 0).astype(np.int64)
+    out = np.empty((n_frames, n_mel), np.float32)
+    _gemma4_rows(padded, n_frames, frame_length, hop, _hann(frame_length), np.float32(cfg["preemphasis"]),
+                 bool(cfg["preemphasis_htk_flavor"]), n_fft, *_radix2_plan(n_fft), bank, lo, hi,
+                 np.float32(cfg["mel_floor"]), out)
+    ends = np.arange(n_frames) * hop + frame_length  # each unfolded frame's last sample
+    mask = (ends < padded.shape[0]) & (ends >= pad)
+    out[~mask] = 0.0
+    if cfg["per_bin_mean"] is not None:
+        out -= np.asarray(cfg["per_bin_mean"], np.float64).astype(np.float32)
+    if cfg["per_bin_stddev"] is not None:
+        std = np.asarray(cfg["per_bin_stddev"], np.float64).astype(np.float32)
+        out[:, std != 0] /= std[std != 0]
+    return out, mask
+
+
+def gemma4_audio_sizes(frames: int) -> int:
+    """onnxruntime-genai's ``audio_sizes`` for a Gemma 4 clip of ``frames`` feature frames: the speech encoder's two
+    stride-2 convolutions, ``(t - 1) / 2 + 1`` twice, in C's truncating integer division."""
+    t = int(frames)
+    for _ in range(2):
+        t = int((t - 1) / 2) + 1
+    return t
+
+
 AUDIO_STEPS = {"AudioDecoder": decode_audio, "STFTNorm": stft_norm, "LogMelSpectrum": log_mel,
-               "AudioDecoderEx": decode_audio_ex, "Phi4AudioEmbed": phi4_audio_embed}
+               "AudioDecoderEx": decode_audio_ex, "Phi4AudioEmbed": phi4_audio_embed,
+               "Gemma4LogMel": gemma4_log_mel}

@@ -330,7 +330,8 @@ def _audio_encoder(root: str, model: dict, components: dict, n_layers: int) -> l
 
 
 def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
-    """Dataflow of a split VLM: embedding -> decoder ``inputs_embeds``, vision -> embedding image features."""
+    """Dataflow of a split VLM: embedding -> decoder ``inputs_embeds`` (and ``per_layer_inputs``, Gemma 4), vision
+    and speech -> embedding image and audio features."""
     edges = []
     if "embedding" in components:
         emb_in = model["embedding"].get("inputs") or {}
@@ -339,6 +340,9 @@ def _vlm_edges(model: dict, components: dict, decoder: ComponentSpec) -> list:
             raise MetadataError("model.decoder.inputs.inputs_embeds: required when model.embedding is present")
         edges.append(Edge("embedding", emb_out.get("inputs_embeds", "inputs_embeds"), "decoder",
                           decoder.io.inputs_embeds_input))
+        dec_in = model["decoder"].get("inputs") or {}
+        if emb_out.get("per_layer_inputs") and dec_in.get("per_layer_inputs"):  # Gemma 4's per-layer conditioning
+            edges.append(Edge("embedding", emb_out["per_layer_inputs"], "decoder", dec_in["per_layer_inputs"]))
         for sec, port in (("vision", "image_features"), ("speech", "audio_features")):
             if sec in components:
                 out = model[sec].get("outputs") or {}

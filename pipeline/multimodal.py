@@ -33,6 +33,13 @@ clip through the speech config's chain (``AudioDecoderEx``, ``Phi4AudioEmbed``: 
 expanded in order to each image's ``num_image_tokens`` and each clip's ``audio_sizes``; ``audio_projection_mode``
 says which came.
 
+The ``gemma4`` processor (Gemma 4), as onnxruntime-genai 0.18's: each image through ``Gemma4ImageTransform``
+(an aspect-preserving bicubic resize to multiples of 48 pixels within the soft-token budget, 16-pixel patches and
+their (column, row) positions), stacked with zero pixels and (-1, -1) positions after the shorter ones; each
+``<|image>`` (or ``<|image|>``, or a tag put before the text) becomes its image's run of ``<|image|>`` between
+``<|image>`` and ``<image|>`` and blank lines; one clip through ``Gemma4LogMel``, its run of ``<|audio|>``
+(the frames halved twice) put at its ``<|audio|>``; ``token_type_ids`` mark the image tokens.
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -60,10 +67,12 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3"} | QWEN_TYPES  # image processors (phi4mm's also takes clips);
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4"} | QWEN_TYPES  # image processors (phi4mm's, gemma4's take clips);
 # ``whisper`` has the audio one
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
+_G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
+_G4_BOA, _G4_AUDIO, _G4_EOA = "<|audio>", "<|audio|>", "<audio|>"
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
@@ -152,8 +161,8 @@ class MultiModalProcessor:
                                           f"(implemented: {', '.join(sorted(PROCESSOR_TYPES))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
-        if kind == "phi4mm":
-            self._init_phi4mm(spec)
+        if kind in ("phi4mm", "gemma4"):
+            self._init_speech(spec)
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
         self.kind = "qwen" if kind in QWEN_TYPES else kind
@@ -165,10 +174,11 @@ class MultiModalProcessor:
         vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
         self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
 
-    def _init_phi4mm(self, spec):
-        """Phi-4-multimodal's audio side, when the package has one: the speech section's processor config
-        (``audio_feature_extraction.json`` steps, ``pipeline/audio.py``) and its model's feature and mask types;
-        the image mask's type.  A speech model without its processor config is onnxruntime-genai's error."""
+    def _init_speech(self, spec):
+        """Phi-4-multimodal's or Gemma 4's audio side, when the package has one: the speech section's processor
+        config (``audio_feature_extraction.json`` steps, ``pipeline/audio.py``) and its model's feature type; the
+        vision model's mask (Phi-4) or position (Gemma 4) input type.  A speech model without its processor config
+        is onnxruntime-genai's error."""
         from .audio import AUDIO_STEPS
         self.audio_steps = None
         speech = spec.speech_config or {}
@@ -183,7 +193,13 @@ class MultiModalProcessor:
                                f"processor config file was not found at: {path}")
         vision = spec.vision_config or {}
         vfile = resolve_in_package(spec.root, vision.get("filename", ""), "model.vision.filename")
-        self.mask_type = _input_type(vfile, (vision.get("inputs") or {}).get("attention_mask", "image_attention_mask"))
+        vin = vision.get("inputs") or {}
+        if spec.model_type == "phi4mm":
+            self.mask_type = _input_type(vfile, vin.get("attention_mask", "image_attention_mask"))
+        else:  # Gemma 4's patch positions: int32 or int64, as the vision model takes them
+            ins, _ = graph_ports(vfile)
+            port = vin.get("pixel_position_ids", "pixel_position_ids")
+            self.position_type = np.int32 if port in ins and ins[port][1] == "int32" else np.int64
 
     def _init_whisper(self, spec):
         """The audio processor: ``audio_processor_config.json`` (``model.speech.config_filename``), its
@@ -226,6 +242,8 @@ class MultiModalProcessor:
             return self._whisper(prompt, audios)
         if self.kind == "phi4mm":
             return self._phi4mm("" if prompt is None else prompt, images, audios)
+        if self.kind == "gemma4":
+            return self._gemma4("" if prompt is None else prompt, images, audios)
         if audios is not None:
             raise NotImplementedError("MultiModalProcessor: this processor takes no audio")
         if prompt is None:
@@ -271,13 +289,7 @@ class MultiModalProcessor:
         if not isinstance(prompt, str):
             raise TypeError(f"MultiModalProcessor: this processor takes one prompt string, got {type(prompt).__name__}")
         shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
-        clips = []
-        if audios is not None and len(audios):
-            if self.audio_steps is None:
-                raise RequestError("Audio input was provided but audio/speech support is not configured. Ensure the "
-                                   "genai_config.json has a 'speech' section with both 'filename' and "
-                                   "'config_filename'.")
-            clips = [self._run_steps(blob, self.audio_steps) for blob in audios.blobs]
+        clips = self._clips(audios)
         out = NamedTensors()
         counts, sizes = [], []
         if shots:
@@ -313,6 +325,83 @@ class MultiModalProcessor:
             raise RequestError("Number of audio tokens does not match the number of audios. Please fix the prompt.")
         out["input_ids"] = np.asarray(ids, np.int32).reshape(1, -1)
         out["audio_projection_mode"] = np.asarray([(1 if shots else 0) + (2 if clips else 0)], np.int64)
+        return out
+
+    def _clips(self, audios) -> list:
+        if audios is None or not len(audios):
+            return []
+        if self.audio_steps is None:
+            raise RequestError("Audio input was provided but audio/speech support is not configured. Ensure the "
+                               "genai_config.json has a 'speech' section with both 'filename' and "
+                               "'config_filename'.")
+        return [self._run_steps(blob, self.audio_steps) for blob in audios.blobs]
+
+    def _gemma4(self, prompt: str, images, audios):
+        """Gemma 4, as onnxruntime-genai 0.18's processor: each image's patches and positions
+        (``Gemma4ImageTransform``), stacked; the prompt's ``<|image>`` tags (or, when there are none, as many
+        ``<|image|>`` as images, or else tags put before the text) each become two newlines, ``<|image>``, its
+        image's soft-token count of ``<|image|>``, ``<image|>`` and two newlines; one clip's log-mel features
+        (``Gemma4LogMel``), its all-true mask and ``audio_sizes`` (the frames halved twice, rounding up), its
+        ``<|audio|>`` (or each ``<|audio>``, or the text's start) becoming the same run of ``<|audio|>``;
+        ``token_type_ids`` mark the ``<|image|>`` ids.  Without images or clips only ``input_ids`` come back."""
+        from .api import NamedTensors
+        from .audio import gemma4_audio_sizes
+        if not isinstance(prompt, str):
+            raise TypeError(f"MultiModalProcessor: this processor takes one prompt string, got {type(prompt).__name__}")
+        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        clips = self._clips(audios)
+        out = NamedTensors()
+        counts = [int(shot[2][0]) for shot in shots]
+        n_audio = 0
+        if clips:
+            if len(clips) > 1:
+                raise RequestError(f"Gemma4 audio processing currently supports only 1 audio clip per prompt, but "
+                                   f"received {len(clips)} clips.")
+            feats, mask = clips[0]
+            n_audio = gemma4_audio_sizes(feats.shape[0])
+            out["audio_embeds"] = _round_to(feats[None], self.audio_type)
+            out["audio_attention_mask"] = np.ones((1, feats.shape[0]), bool)
+            out["audio_sizes"] = np.asarray([n_audio], np.int64)
+        text = prompt
+        if shots:
+            if text.count(_G4_BOI) == 0:
+                if 0 < text.count(_G4_IMAGE) == len(shots):
+                    text = text.replace(_G4_IMAGE, _G4_BOI)
+                else:
+                    text = " ".join([_G4_BOI] * len(shots)) + (" " if text else "") + text
+        found = text.count(_G4_BOI)
+        if found != len(shots):
+            raise RequestError(f"Prompt contained {found} image tokens but received {len(shots)} images.")
+        pieces = text.split(_G4_BOI)
+        text = pieces[0] + "".join("\n\n" + _G4_BOI + _G4_IMAGE * n + _G4_EOI + "\n\n" + rest
+                                   for n, rest in zip(counts, pieces[1:]))
+        if n_audio > 0:
+            run = "\n\n" + _G4_BOA + _G4_AUDIO * n_audio + _G4_EOA + "\n\n"
+            markers = text.count(_G4_AUDIO)
+            if markers > 1:
+                raise RequestError(f"Gemma4 audio processing currently supports only 1 audio clip per prompt, but "
+                                   f"found {markers} audio markers in the prompt.")
+            if markers == 1:
+                text = text.replace(_G4_AUDIO, run, 1)
+            elif _G4_BOA in text:
+                text = text.replace(_G4_BOA, run)
+            else:
+                text = run + text
+        ids = self.tokenizer.encode(text).astype(np.int32).reshape(1, -1)
+        out["input_ids"] = ids
+        if not shots and not clips:
+            return out
+        out["token_type_ids"] = (ids == self.tokenizer.to_token_id(_G4_IMAGE)).astype(np.int32)
+        if shots:  # stacked as onnxruntime-genai 0.18 stacks them: zero pixels and (-1, -1) after the shorter ones
+            most = max(shot[0].shape[0] for shot in shots)
+            pixels = np.zeros((len(shots), most, shots[0][0].shape[1]), np.float32)
+            positions = np.full((len(shots), most, 2), -1, np.int64)
+            for i, (pv, pos, _) in enumerate(shots):
+                pixels[i, :pv.shape[0]] = pv
+                positions[i, :pos.shape[0]] = pos
+            out["pixel_values"] = _round_to(pixels, self.pixel_type)
+            out["num_image_tokens"] = np.asarray(counts, np.int64)
+            out["pixel_position_ids"] = positions.astype(self.position_type)
         return out
 
     def _qwen(self, prompt: str, images):

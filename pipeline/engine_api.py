@@ -252,6 +252,7 @@ class Request:
         self._turn = None           # the active turn: id, its prompt length, its cap, stop strings
         self._seen = 0              # output tokens of the active turn already turned into events
         self._closed = False
+        self._number = 0            # its place among the engine's requests (set by create_request)
 
     # -- the caller's calls ------------------------------------------------------------------------
     def begin_turn(self, tokens, turn_options: TurnOptions | None = None) -> int:
@@ -420,15 +421,14 @@ class Engine:
         self._serving = _ServingEngine(spec, block_size=block, num_blocks=blocks, max_batch=batch,
                                        max_model_len=self._max_session,
                                        providers=native_providers(model.choice.device))
-        self._active = []     # requests with a turn whose end is not reported yet, in creation order
-        self._order = {}      # request -> creation number
+        self._active = []     # requests with a turn whose end is not reported yet
         self._created = 0
         self._queue = deque()
         self._tok = None
 
     def create_request(self, *, options: RequestOptions | None = None) -> Request:
         r = Request(self, options)
-        self._order[id(r)] = self._created
+        r._number = self._created  # events come in the order the requests were created
         self._created += 1
         return r
 
@@ -468,7 +468,7 @@ class Engine:
 
     # -- internals ---------------------------------------------------------------------------------
     def _collect(self):
-        for r in sorted(self._active, key=lambda q: self._order[id(q)]):
+        for r in sorted(self._active, key=lambda q: q._number):
             events, ended = r._events()
             self._queue.extend(events)
             if ended:

@@ -275,8 +275,10 @@ def node_from_proto(n: NodeProto, opsets: dict) -> Node:
                 opsets.get(n.domain, opsets.get("ai.onnx", 0) if n.domain == "" else 0), list(n.attribute))
 
 
-def graph_from_proto(g: GraphProto, opsets: dict, initializers: dict | None = None) -> Graph:
-    """Build an IR graph; ``initializers`` may supply already loaded arrays by name."""
+def graph_from_proto(g: GraphProto, opsets: dict, initializers: dict | None = None, as_inputs=()) -> Graph:
+    """Build an IR graph; ``initializers`` may supply already loaded arrays by name.  ``as_inputs``: names of
+    graph inputs that also have an initializer (onnxruntime's overridable initializers) kept as inputs, their
+    initializers becoming ``graph.input_defaults``."""
     inits = {}
     for t in g.initializer:
         if initializers is not None and t.name in initializers:
@@ -285,6 +287,7 @@ def graph_from_proto(g: GraphProto, opsets: dict, initializers: dict | None = No
             inits[t.name] = numpy_helper.to_array(t)
     for sp in g.sparse_initializer:
         inits[sp.values.name] = _sparse_to_dense(sp)
+    defaults = {n: inits.pop(n) for n in as_inputs if n in inits}
     init_names = set(inits)
     inputs = [valueinfo_from_proto(v) for v in g.input if v.name not in init_names]
     outputs = [valueinfo_from_proto(v) for v in g.output]
@@ -295,7 +298,9 @@ def graph_from_proto(g: GraphProto, opsets: dict, initializers: dict | None = No
     for i, n in enumerate(nodes):
         if not n.name:
             n.name = f"{n.op_type}_{i}"
-    return Graph(nodes, inputs, outputs, inits, vinfo, dict(opsets), g.name or "graph")
+    graph = Graph(nodes, inputs, outputs, inits, vinfo, dict(opsets), g.name or "graph")
+    graph.input_defaults = defaults
+    return graph
 
 
 def graph_to_proto(graph: Graph, *, small_init_limit: int | None = None) -> GraphProto:

@@ -27,7 +27,7 @@ from . import isolate
 from .digests import FileDigests
 from .dtypes import np_dtype
 from .errors import ExternalDataDamagedError, ExternalDataPathError, ExternalDataRangeError, ModelFileNotFoundError, ModelLoadError, ModelParseError
-from .ir import Graph, graph_from_proto
+from .ir import Graph, graph_from_proto, valueinfo_from_proto
 from .settings import flag
 
 __all__ = ["load_model_proto", "load_graph", "resolve_external_path", "model_meta", "newest_opsets"]
@@ -390,12 +390,16 @@ def _bare_tensor(t: TensorProto) -> TensorProto:
     return bare
 
 
-def load_graph(model, initializers: dict | None = None) -> Graph:
+def load_graph(model, initializers: dict | None = None, overridable_as_inputs: bool = False) -> Graph:
     """Load ``model`` into an IR graph (external data mapped, local functions inlined).
 
     ``initializers`` (name -> array, ``SessionOptions.add_initializer``) replace the model's initializers of
     those names, whose data is then never read (it may live in an external file that does not exist); each
-    must name an initializer of the main graph and match its element type and shape."""
+    must name an initializer of the main graph and match its element type and shape.
+
+    Graph inputs that also have an initializer (IR version 4 on: onnxruntime's overridable initializers) are
+    listed in ``graph.overridable``; they stay constants unless ``overridable_as_inputs``, which keeps them as
+    inputs with their initializers as defaults (``graph.input_defaults``)."""
     isolate.prestart()  # its start overlaps the parsing and mapping below
     proto, base_dir = load_model_proto(model)
     if not proto.HasField("graph"):
@@ -422,8 +426,12 @@ def load_graph(model, initializers: dict | None = None) -> Graph:
         if t.data_location == TensorProto.EXTERNAL and t.name not in loaded:
             arr = ext.tensor(t)
             t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr), t.name))
+    init_names = {t.name for t in proto.graph.initializer}
+    overridable = [v for v in proto.graph.input if v.name in init_names] if proto.ir_version >= 4 else []
     try:
-        graph = graph_from_proto(proto.graph, opsets, loaded)
+        graph = graph_from_proto(proto.graph, opsets, loaded,
+                                 as_inputs={v.name for v in overridable} if overridable_as_inputs else ())
+        graph.overridable = [valueinfo_from_proto(v) for v in overridable]
     except (ValueError, TypeError) as e:
         raise ModelLoadError(f"model graph is malformed: {e}") from None
     graph.ir_version = proto.ir_version

@@ -71,7 +71,7 @@ class SessionOptions:
         "execution_order", "graph_optimization_level", "inter_op_num_threads", "intra_op_num_threads",
         "log_severity_level", "log_verbosity_level", "logid", "optimized_model_filepath", "profile_file_prefix",
         "use_deterministic_compute", "use_per_session_threads",
-        "_config", "_initializers", "_dim_by_name", "_dim_by_denotation", "_providers",
+        "_config", "_initializers", "_dim_by_name", "_dim_by_denotation", "_providers", "_overridable_inputs",
         # the native runtime's
         "strict_shape_inference", "preallocate", "fused_segments", "compiled_regions", "kv_share_buffer",
         "decode_inline_scan", "cuda_cpu_ops", "max_output_bytes",
@@ -97,6 +97,7 @@ class SessionOptions:
         self.use_per_session_threads = True
         self._config = {}
         self._initializers = {}
+        self._overridable_inputs = False  # overridable initializers planned as inputs (see InferenceSession.run)
         self._dim_by_name = {}
         self._dim_by_denotation = {}
         self._providers = []

@@ -145,7 +145,8 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     class names)."""
     disabled = set(disabled_optimizers or ())
     options = options or SessionOptions()
-    graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None))
+    graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None),
+                                                              bool(getattr(options, "_overridable_inputs", False)))
     _override_dims(graph, getattr(options, "_dim_by_name", {}), getattr(options, "_dim_by_denotation", {}))
     strict = bool(getattr(options, "strict_shape_inference", False))
     InferShapes(strict=strict)(graph)
@@ -265,6 +266,14 @@ class InferenceSession:
         self._input_info = {v.name: v for v in self._graph.inputs}
         self._input_index = {v.name: k for k, v in enumerate(self._graph.inputs)}
         self._output_index = {v.name: k for k, v in enumerate(self._graph.outputs)}
+        # onnxruntime's overridable initializers: constants here until a run feeds one, which then runs on a
+        # twin session that plans them as inputs (their initializers the values of those not fed)
+        self._defaults = dict(getattr(self._graph, "input_defaults", None) or {})
+        kept = bool(getattr(self._options, "_overridable_inputs", False))
+        self._overridable = [] if kept else [_arg(v) for v in getattr(self._graph, "overridable", None) or []]
+        self._overridable_names = frozenset(a.name for a in self._overridable)
+        self._source = source if self._overridable else None
+        self._twin = None
 
     def _save_optimized(self) -> None:
         path = getattr(self._options, "optimized_model_filepath", "") or ""
@@ -288,7 +297,8 @@ class InferenceSession:
         return list(self._outputs)
 
     def get_overridable_initializers(self):
-        return []
+        """The graph inputs that have an initializer (IR version 4 on): a run may feed them."""
+        return list(self._overridable)
 
     def get_modelmeta(self) -> ModelMetadata:
         meta = dict(getattr(self._graph, "model_meta", None) or {})
@@ -418,14 +428,15 @@ class InferenceSession:
     def _feeds(self, input_feed: dict) -> list:
         if not isinstance(input_feed, dict):
             raise InvalidFeedError(f"input_feed must be a dict of name -> array, got {type(input_feed).__name__}")
-        missing = [v.name for v in self._graph.inputs if v.name not in input_feed]
+        missing = [v.name for v in self._graph.inputs if v.name not in input_feed and v.name not in self._defaults]
         if missing:  # onnxruntime's wording
             raise InvalidFeedError(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
         for name in input_feed:
             if name not in self._input_index:
                 raise InvalidFeedError(
                     f"input {name!r} is not an input of this model; expected one of {list(self._input_index)}")
-        return [self._check_feed(v.name, input_feed[v.name]) for v in self._graph.inputs]
+        return [self._check_feed(v.name, input_feed[v.name]) if v.name in input_feed else self._defaults[v.name]
+                for v in self._graph.inputs]
 
     # -- decode sibling ------------------------------------------------------------------------------
     @property
@@ -494,10 +505,25 @@ class InferenceSession:
     def run(self, output_names, input_feed, run_options=None):
         """onnxruntime's ``run``: outputs named by ``output_names`` (all when None or empty) as numpy arrays
         (lists for sequences)."""
+        if self._overridable_names and isinstance(input_feed, dict) and not self._overridable_names.isdisjoint(input_feed):
+            return self._overriding().run(output_names, input_feed, run_options)
         idx = self._output_positions(output_names)
         feeds = self._feeds(input_feed)
         results = self._run_plan(feeds, run_options)
         return results if idx is None else [results[i] for i in idx]
+
+    def _overriding(self):
+        """The twin session whose plan takes this model's overridable initializers as inputs (built once, on the
+        first run that feeds one of them)."""
+        with self._sibling_lock:
+            if self._twin is None:
+                import copy
+                options = copy.copy(self._options)
+                options._overridable_inputs = True
+                options.optimized_model_filepath = ""
+                self._twin = InferenceSession(self._source, options,
+                                              providers=[(self._provider, self._provider_options or {})])
+        return self._twin
 
     def _output_positions(self, output_names):
         if not output_names:

@@ -278,3 +278,33 @@ def test_callback_exceptions_do_not_reach_the_session(_restore_environment, monk
     s = ort.InferenceSession(_relu())
     np.testing.assert_array_equal(s.run(None, {"x": -DENSE})[0], np.zeros_like(DENSE))
 
+
+
+def _overridable(ir_version=8):
+    """Y = X + A * 2, where A is both a graph input and an initializer (onnxruntime's overridable initializer)."""
+    from onnx import numpy_helper
+    g = h.make_graph([h.make_node("Mul", ["A", "two"], ["A2"]), h.make_node("Add", ["X", "A2"], ["Y"])], "g",
+                     [h.make_tensor_value_info("X", T.FLOAT, [3]), h.make_tensor_value_info("A", T.FLOAT, [3])],
+                     [h.make_tensor_value_info("Y", T.FLOAT, [3])],
+                     [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "A"),
+                      numpy_helper.from_array(np.array(2, np.float32), "two")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = ir_version
+    return m.SerializeToString()
+
+
+def test_overridable_initializers_are_listed_and_fed_as_onnxruntime_does():
+    model = _overridable()
+    ours = ort.InferenceSession(model)
+    ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    describe = lambda s: ([i.name for i in s.get_inputs()],  # noqa: E731
+                          [(i.name, i.type, i.shape) for i in s.get_overridable_initializers()])
+    assert describe(ours) == describe(ref) == (["X"], [("A", "tensor(float)", [3])])
+    x, a = np.ones(3, np.float32), np.array([5, -1, 0.5], np.float32)
+    for feeds in ({"X": x}, {"X": x, "A": a}, {"X": x}):  # fed, then the initializer again when it is not
+        np.testing.assert_array_equal(ours.run(None, feeds)[0], ref.run(None, feeds)[0])
+    np.testing.assert_array_equal(ours.run(None, {"X": x, "A": a})[0], x + 2 * a)
+    with pytest.raises(ortstate.InvalidArgument):  # a fed value is checked like any feed
+        ours.run(None, {"X": x, "A": np.ones(4, np.float32)})
+    old = ort.InferenceSession(_overridable(ir_version=3))  # before IR version 4 initializers are constants
+    assert old.get_overridable_initializers() == []

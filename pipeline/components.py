@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .kv_cache import CacheSpec, CopiedKV, policy_for
-from .spec import ComponentSpec, IncompletePackageError, MetadataError, PipelineSpec
+from .spec import ComponentSpec, IncompletePackageError, MetadataError, PipelineSpec, RequestError
 
 __all__ = ["ComponentSession", "OrtComponent", "NativeComponent", "DecoderComponent", "OrtDecoder",
            "NativeDecoder", "Transfers"]
@@ -117,6 +117,9 @@ class DecoderComponent:
         self.batch = batch
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
+        # graph inputs with an initializer (LoRA parameters): fed when the caller gives them, else their values
+        self.input_defaults = dict(getattr(session, "_defaults", None) or {})
+        self.overridable = [i.name for i in session.get_overridable_initializers()] + list(self.input_defaults)
         io = self.io
         if io.logits_output is None or io.logits_output not in self.output_names:
             raise MetadataError(f"decoder {spec.name!r}: logits_output {io.logits_output!r} is not an output of "
@@ -442,6 +445,7 @@ class NativeDecoder(DecoderComponent):
         # Attention caches share one buffer between past and present (written in place) unless the caller's
         # options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
         options = decoder_options(options, "ONNX_NUMBA_KV_SHARE_BUFFER", "kv_share_buffer")
+        options._overridable_inputs = True  # a LoRA adapter's parameters are inputs of every step's plan
         self._want_shared = bool(options.kv_share_buffer)
         sess = InferenceSession(spec.filename, options, providers=providers)
         super().__init__(spec, pipeline, sess, max_length, batch)
@@ -462,9 +466,9 @@ class NativeDecoder(DecoderComponent):
         for n in self._order:
             v = feeds.get(n)
             if v is None:
-                v = cache.past(n) if n in kv else state.get(n)
+                v = cache.past(n) if n in kv else state.get(n, self.input_defaults.get(n))
                 if v is None:
-                    raise MetadataError(f"decoder {self.spec.name!r}: nothing provides input {n!r}")
+                    raise RequestError(f"Missing Input: {n} (decoder {self.spec.name!r}: nothing provides it)")
             vals.append(v if v.flags.c_contiguous else np.ascontiguousarray(v))
         outs = self.session.run_prepared(vals)
         cache.store({i: outs[k] for i, k in self._kv_at}, seq_len)

@@ -72,6 +72,7 @@ class Generator:
         self.pipe = model.pipeline_for(ml, self.batch)
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
+        self._adapters = None  # the Adapters container this generator takes adapters from
         self._eos = [int(t) for t in (model.spec.eos_token_ids or [])]
         self._pad = model.pad_token_id
         self._rows = [[] for _ in range(self.batch)]  # each row's token ids (a padded row keeps its pads)
@@ -302,7 +303,25 @@ class Generator:
             self.append_tokens(ids)
 
     def set_model_input(self, name: str, value):
-        self.external[name] = value
+        """An input of the model's sessions by name (the decoder's own extra inputs included)."""
+        self.external[name] = value.as_numpy() if hasattr(value, "as_numpy") else value
+
+    def set_active_adapter(self, adapters, name: str):
+        """Feed adapter ``name``'s parameters (``pipeline/adapters.py``) to the decoder at every step from now on;
+        the adapter stays in use while this generator lives."""
+        import weakref
+        if self._adapters is None:
+            self._adapters = adapters
+        elif self._adapters is not adapters:
+            raise RequestError("Generator state can only register a single Adapters container.")
+        params = adapters._acquire(name)
+        weakref.finalize(self, adapters._release, name)
+        dec = self.pipe.decoder
+        unknown = sorted(set(params) - set(dec.inputs) - set(dec.overridable))
+        if unknown:
+            adapters._release(name)
+            raise RequestError(f"adapter {name!r}: {unknown[:5]} are not inputs of the decoder")
+        self.external.update(params)
 
     def rewind_to(self, length: int):
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""

@@ -73,7 +73,36 @@ class Pipeline:
         port = dec.io.ids_beside_embeds  # (port, integer type) of a decoder that takes the ids beside embeddings
         self._ids_beside = None if port is None else (
             port, np.int32 if self.decoder.inputs[port].type == "tensor(int32)" else np.int64)
+        self._free_required, self._free_optional = self._free_decoder_inputs()
         self.values = {}
+
+    def _free_decoder_inputs(self):
+        """The decoder's inputs that neither it nor a dataflow edge fills: the required ones (a caller's
+        ``set_model_input``, onnxruntime-genai's preset ``num_logits_to_keep``, else "Missing Input") and those
+        with an initializer (a LoRA adapter's parameters, fed when the caller gives them)."""
+        dec = self.spec.components[self.decoder_name]
+        io, pos = dec.io, self.spec.positions
+        managed = {io.token_input, io.inputs_embeds_input, io.attention_mask_input, io.position_ids_input,
+                   pos.input if pos is not None else None, *io.kv_inputs, *(p.input for p in io.state_pairs),
+                   *(io.optional_inputs or {}), *(e.dst_port for e in self.spec.dataflow if e.dst == dec.name),
+                   self._ids_beside[0] if self._ids_beside else None}
+        required = [n for n in self.decoder.inputs if n not in managed and n not in self.decoder.input_defaults]
+        return required, [n for n in self.decoder.overridable if n not in managed]
+
+    def _caller_inputs(self, external) -> dict:
+        add = {}
+        for n in self._free_required:
+            if n in external:
+                add[n] = external[n]
+            elif n == "num_logits_to_keep" or n.startswith("onnx::Neg_"):  # onnxruntime-genai's preset: 0, all
+                shape = [1] * len(self.decoder.inputs[n].shape or ())
+                add[n] = np.zeros(shape, np.int64)
+            else:
+                raise RequestError(f"Missing Input: {n}")
+        for n in self._free_optional:
+            if n in external:
+                add[n] = external[n]
+        return add
 
     # -- one component -----------------------------------------------------------------------------
     def _feeds_for(self, name, tokens, external):
@@ -168,6 +197,8 @@ class Pipeline:
             extra = dict(extra or {}, **{port: np.asarray(cur, t).reshape(self.batch, -1)})
         if self._decoder_edges:  # inputs another component computed once (a Whisper encoder's cross caches)
             extra = dict(extra or {}, **{e.dst_port: self.values[(e.src, e.src_port)] for e in self._decoder_edges})
+        if self._free_required or self._free_optional:
+            extra = dict(extra or {}, **self._caller_inputs(external))
         return fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
 
     def _image_positions(self, cur, external):

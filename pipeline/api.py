@@ -285,6 +285,15 @@ class GeneratorParams:
         self.model = model
         self.search = dataclasses.replace(model.spec.search)
         self.extra_inputs = {}
+        self.guidance = None  # (type, data): constrained decoding, pipeline/guidance.py
+
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False):
+        """Constrain the generated tokens to a grammar: ``type`` ``json_schema``, ``regex`` or ``lark_grammar``
+        (llguidance, ``pipeline/guidance.py``).  Forced tokens are not proposed here, so ``enable_ff_tokens``
+        changes nothing (the tokens are the same)."""
+        from .guidance import check_kind
+        check_kind(type)
+        self.guidance = (str(type), str(data))
 
     def set_search_options(self, **options):
         """onnxruntime-genai's search options (``SEARCH_KEYS``); an unknown name is a ``RuntimeError``."""

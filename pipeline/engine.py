@@ -62,7 +62,7 @@ class SamplingParams:
     """A request's generation options (OpenAI's names): ``temperature`` 0 is greedy; ``top_k`` 0 is no limit;
     ``stop_token_ids`` end the request besides the package's EOS ids (unless ``ignore_eos``); ``min_tokens``: no
     EOS before that many output tokens; ``no_repeat_ngram_size``: no n-gram of the sequence (prompt included)
-    twice."""
+    twice; ``guidance``: only what its grammar allows."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -74,6 +74,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     no_repeat_ngram_size: int = 0
+    guidance: object = None  # a one-row ``pipeline.guidance.Guidance``: the tokens its grammar allows
 
     def check(self):
         if int(self.max_tokens) < 1:
@@ -173,6 +174,8 @@ class Request:
             logits = without_ids(logits, self._eos)
         if int(p.no_repeat_ngram_size) > 0:
             logits = without_ids(logits, repeated_ngram_ends(self.tokens, int(p.no_repeat_ngram_size)))
+        if p.guidance is not None:
+            logits = p.guidance.mask(np.asarray(logits)[None])[0]
         return logits
 
     # -- for the caller ----------------------------------------------------------------------------
@@ -586,6 +589,8 @@ class Engine:
     def _sample(self, rows, logits):
         for i, r in enumerate(rows):
             tok = int(r.sampler.next_token(r._row(logits[i]), r.tokens if r.params.repetition_penalty != 1 else None))
+            if r.params.guidance is not None:
+                r.params.guidance.commit([tok])
             r._emit(tok)
             self.counters["generated_tokens"] += 1
             reason = r._done_after(tok)

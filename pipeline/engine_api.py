@@ -34,8 +34,8 @@ Where it differs, on purpose:
   kernel computes a row from that row alone).  Likewise a prompt reuses cached prefix blocks on every package,
   and ``cached_prompt_tokens`` counts them as onnxruntime-genai's paged engine does (its static path says 0).
 - token ids outside the vocabulary are refused by ``begin_turn`` (onnxruntime-genai fails the turn at run time).
-- grammar guidance (``set_guidance``) and speculative draft tokens are refused when the turn begins: neither is
-  implemented here (``max_draft_tokens_per_proposal()`` is 0).
+- speculative draft tokens are refused: they are not implemented here (``max_draft_tokens_per_proposal()`` is 0).
+  A turn's grammar (``set_guidance``) constrains its tokens through llguidance (``pipeline/guidance.py``).
 - the decoder runs natively; a ``Model`` whose decoder was explicitly put on onnxruntime is refused, never run
   natively behind the caller's back.  Decoders the paged engine cannot serve are refused with its reason.
 """
@@ -59,7 +59,6 @@ __all__ = ["Engine", "Request", "RequestOptions", "TurnOptions", "TurnUsage", "E
 _STATIC_MAX_BATCH = 4   # onnxruntime-genai's batch when the package configures none
 _MAX_STOP_STRINGS = 16
 _MAX_STOP_BYTES = 16 * 1024
-_GUIDANCE_TYPES = ("json_schema", "regex", "lark_grammar")
 
 
 class FinishReason(enum.IntEnum):
@@ -218,9 +217,8 @@ class TurnOptions:
         self.stop_strings = strings
 
     def set_guidance(self, kind: str, value: str):
-        if kind not in _GUIDANCE_TYPES:
-            raise RequestError(f"Unsupported guidance type: {kind} (only json_schema, regex, and lark_grammar are "
-                               f"supported).")
+        from .guidance import check_kind
+        check_kind(kind)
         self.guidance = (str(kind), str(value))
 
     def clear_guidance(self):
@@ -508,9 +506,6 @@ class Engine:
         if cap and o.min_generated_tokens > cap:
             raise RequestError(f"min_generated_tokens ({o.min_generated_tokens}) must not exceed "
                                f"max_generated_tokens ({cap}).")
-        if o.guidance is not None:
-            raise RequestError(f"grammar guidance ({o.guidance[0]}) is not implemented by this runtime; clear it "
-                               f"with TurnOptions.clear_guidance()")
         sample = bool(s.do_sample if o.do_sample is None else o.do_sample) and temperature > 0
         seed = o.seed if o.seed is not None else s.seed
         params = SamplingParams(max_tokens=min(cap, room) if cap else room,
@@ -518,6 +513,9 @@ class Engine:
                                 top_p=float(top_p) if sample else 1.0, top_k=int(top_k) if sample else 0,
                                 seed=seed, repetition_penalty=float(penalty),
                                 min_tokens=int(o.min_generated_tokens), no_repeat_ngram_size=int(ngram))
+        if o.guidance is not None:  # the turn's own grammar, from the turn's first token
+            from .guidance import Guidance
+            params.guidance = Guidance(self._model.spec, o.guidance[0], o.guidance[1], 1)
         return params, cap
 
 

@@ -73,6 +73,12 @@ class Generator:
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
         self._adapters = None  # the Adapters container this generator takes adapters from
+        self._guidance = None
+        if params.guidance is not None:  # constrained decoding (pipeline/guidance.py), one grammar per row
+            if nb > 1:
+                raise RequestError("guidance is not supported with beam search (num_beams > 1)")
+            from .guidance import Guidance
+            self._guidance = Guidance(model.spec, params.guidance[0], params.guidance[1], self.batch)
         self._eos = [int(t) for t in (model.spec.eos_token_ids or [])]
         self._pad = model.pad_token_id
         self._rows = [[] for _ in range(self.batch)]  # each row's token ids (a padded row keeps its pads)
@@ -188,10 +194,15 @@ class Generator:
             logits = np.array(logits, np.float32)
             for b, row in enumerate(self._rows):
                 logits[b] = without_ids(logits[b], repeated_ngram_ends(row, n))
+        if self._guidance is not None:
+            logits = self._guidance.mask(logits)
         if self.beams is not None:
             self._beam_step(logits)
             return
         picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
+        if self._guidance is not None:  # each row's grammar advances by its token (a row already ended: no more)
+            self._guidance.commit([t if not done else None for t, done in
+                                   zip(np.asarray(picked).reshape(-1).tolist(), self._finished)])
         tokens = []
         for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
             if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
@@ -348,3 +359,5 @@ class Generator:
         self._next = None
         self._finished = [False] * self.batch
         self._done = False
+        if self._guidance is not None:  # as onnxruntime-genai: the grammar starts over
+            self._guidance.reset()

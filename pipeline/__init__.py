@@ -9,6 +9,7 @@ The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``, ``Gener
 Submodules load on first use, so ``import pipeline.spec`` stays light.
 """
 _API = ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors", "generate"]
+_TOKENIZER = ["TokenizerStream"]
 _ADAPTERS = ["Adapters"]
 _MULTIMODAL = ["Images", "MultiModalProcessor"]
 _AUDIO = ["Audios"]
@@ -18,13 +19,16 @@ _ENVIRONMENT = ["is_cuda_available", "is_dml_available", "is_openvino_available"
                 "is_webgpu_available", "set_log_options", "set_log_callback", "enable_telemetry_events",
                 "disable_telemetry_events", "get_current_gpu_device_id", "set_current_gpu_device_id",
                 "register_execution_provider_library", "unregister_execution_provider_library"]
-__all__ = _API + _ADAPTERS + _MULTIMODAL + _AUDIO + _ENGINE + _ENVIRONMENT
+__all__ = _API + _TOKENIZER + _ADAPTERS + _MULTIMODAL + _AUDIO + _ENGINE + _ENVIRONMENT
 
 
 def __getattr__(name):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name in _TOKENIZER:
+        from . import tokenizer
+        return getattr(tokenizer, name)
     if name in _ADAPTERS:
         from . import adapters
         return getattr(adapters, name)

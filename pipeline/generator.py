@@ -73,6 +73,7 @@ class Generator:
         self.sampler = Sampler(s)
         self.external = dict(params.extra_inputs)
         self._adapters = None  # the Adapters container this generator takes adapters from
+        self._terminated = False  # set_runtime_option("terminate_session", "1"): no model run until "0"
         self._guidance = None
         if params.guidance is not None:  # constrained decoding (pipeline/guidance.py), one grammar per row
             if nb > 1:
@@ -98,6 +99,8 @@ class Generator:
     def _run(self, new: np.ndarray):
         """The model over the unfed tokens plus ``new`` [batch, n]; the current logits become each row's last
         real position's.  A batch's rows may end in pads (right-padded, as ``Tokenizer.encode_batch`` gives)."""
+        if self._terminated:
+            raise RequestError("Session in Terminated state, exiting!")
         unfed = np.asarray([r[self._fed:] for r in self._rows], np.int64).reshape(self.batch, -1)
         cur = np.concatenate([unfed, new], axis=1)
         lengths = None
@@ -312,6 +315,13 @@ class Generator:
                 self.external[self.model.spec.input_aliases.get(k, k)] = v
         if ids is not None:
             self.append_tokens(ids)
+
+    def set_runtime_option(self, key: str, value: str):
+        """onnxruntime-genai's run options: ``terminate_session`` "1" makes every later model run fail (another
+        thread may set it to stop a generation), "0" lifts it; other keys are accepted and change nothing, as
+        there."""
+        if key == "terminate_session":
+            self._terminated = str(value) == "1"
 
     def set_model_input(self, name: str, value):
         """An input of the model's sessions by name (the decoder's own extra inputs included)."""

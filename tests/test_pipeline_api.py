@@ -543,3 +543,24 @@ def test_command_line_mistakes_are_one_line_and_status_2(argv, words, capsys):
     assert main(["generate", LLAMA, "--prompt", "hello world", "--native", "none"] + argv) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_terminate_session_run_option(ort_genai):
+    """``set_runtime_option("terminate_session", "1")`` stops every later model run with onnxruntime-genai's
+    message; "0" lets the generator go on; the tokens before and after are onnxruntime-genai's."""
+    found = []
+    for mod in (ort_genai, og):
+        model = mod.Model(LLAMA) if mod is ort_genai else og.Model(LLAMA, native="all")
+        params = mod.GeneratorParams(model)
+        params.set_search_options(max_length=20)
+        g = mod.Generator(model, params)
+        g.append_tokens(np.array([[5, 9, 13]], np.int32))
+        g.generate_next_token()
+        g.set_runtime_option("terminate_session", "1")
+        with pytest.raises(RuntimeError) as e:
+            g.generate_next_token()
+        g.set_runtime_option("terminate_session", "0")
+        g.generate_next_token()
+        found.append((str(e.value), g.get_sequence(0).tolist()))
+    assert found[1] == found[0]
+    assert og.TokenizerStream is not None

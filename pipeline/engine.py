@@ -31,8 +31,8 @@ tokens when it is extended.
 Greedy output of a request does not depend on its batch: every kernel computes a row from that row alone.
 
 Invariants: blocks in use are exactly the blocks of running and parked requests (``pool.in_use()`` is 0 once every
-request has ended and none is parked); a request's token stream never repeats or skips a token; errors in a step fail the requests
-that were in it (``finish_reason == "error"``, the error kept in ``error``), never the engine.
+request has ended and none is parked); a request's token stream never repeats or skips a token; errors in a step
+fail the requests that were in it (``finish_reason == "error"``, the error kept in ``error``), never the engine.
 """
 from __future__ import annotations
 

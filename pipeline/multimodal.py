@@ -67,8 +67,8 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
                      "mistral3", "whisper", "nemotron_speech", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4"} | QWEN_TYPES  # image processors (phi4mm's, gemma4's take clips);
-# ``whisper`` has the audio one
+# the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"

@@ -172,8 +172,8 @@ class Pipeline:
 
     def _without_images(self, name, external) -> bool:
         """In an onnxruntime-genai package, a vision (or speech) component none of whose caller inputs were given
-        does not run (a prompt without images or clips): the inputs it would feed take their absent values.  Some of them given is
-        an error (``_feeds_for``), and so is any missing in an inference_metadata package."""
+        does not run (a prompt without images or clips): the inputs it would feed take their absent values.  Some
+        of them given is an error (``_feeds_for``), and so is any missing in an inference_metadata package."""
         from .text_only import is_media
         if self.spec.source != "genai_config" or not is_media(self.spec.components[name]):
             return False

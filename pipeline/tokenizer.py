@@ -1,10 +1,10 @@
 """Text <-> token ids for a GenAI package, after onnxruntime-genai's ``Tokenizer`` and ``TokenizerStream``.
 
-``Tokenizer(folder)`` loads ``folder/tokenizer.json`` with the ``tokenizers``
-library (a path to the json file itself is accepted too); an added token keeps the id the file declares, as in
-onnxruntime-genai (``tokenizers`` renumbers one declared past the vocabulary).  As onnxruntime-genai's tokenizer, ``encode`` adds no
-special token and ``decode`` skips them, unless ``update_options(add_special_tokens=..., skip_special_tokens=...)``
-says otherwise.  With ``add_special_tokens`` on, special tokens are added the way the tokenizer's own
+``Tokenizer(folder)`` loads ``folder/tokenizer.json`` with the ``tokenizers`` library (a path to the json file
+itself is accepted too); an added token keeps the id the file declares, as in onnxruntime-genai (``tokenizers``
+renumbers one declared past the vocabulary).  As onnxruntime-genai's tokenizer, ``encode`` adds no special token
+and ``decode`` skips them, unless ``update_options(add_special_tokens=..., skip_special_tokens=...)`` says
+otherwise.  With ``add_special_tokens`` on, special tokens are added the way the tokenizer's own
 post-processor says, and where ``tokenizer_config.json`` asks for ``add_bos_token`` / ``add_eos_token`` and the
 post-processor did not already add that token it is added here (Hugging Face's rule; onnxruntime-genai's
 tokenizer may add an EOS more).

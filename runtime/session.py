@@ -505,7 +505,8 @@ class InferenceSession:
     def run(self, output_names, input_feed, run_options=None):
         """onnxruntime's ``run``: outputs named by ``output_names`` (all when None or empty) as numpy arrays
         (lists for sequences)."""
-        if self._overridable_names and isinstance(input_feed, dict) and not self._overridable_names.isdisjoint(input_feed):
+        over = self._overridable_names
+        if over and isinstance(input_feed, dict) and not over.isdisjoint(input_feed):
             return self._overriding().run(output_names, input_feed, run_options)
         idx = self._output_positions(output_names)
         feeds = self._feeds(input_feed)

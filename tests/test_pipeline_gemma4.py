@@ -64,7 +64,8 @@ def _prompt_rules(mod, package):
     """input_ids for the tag rules, or the message of a refusal."""
     proc = mod.Model(package[0]).create_multimodal_processor()
     out = []
-    for prompt, kind, images in (("no tags", "image", 1), ("<|image|> and <|image|>", "image", 2), ("<|image>", "image", 2),
+    for prompt, kind, images in (("no tags", "image", 1), ("<|image|> and <|image|>", "image", 2),
+                                 ("<|image>", "image", 2),
                                  ("<|image|> once", "image", 2), ("", "image", 1), ("<|image> x", "text", 1),
                                  ("<|audio> x", "audio", 1), ("no tag", "audio", 1),
                                  ("<|audio|><|audio|>", "audio", 1)):

@@ -9,7 +9,8 @@ import pytest
 import pipeline as pg
 from test_pipeline_engine_api import LLAMA
 
-SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 5}},
+SCHEMA = json.dumps({"type": "object",
+                     "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 5}},
                      "required": ["a", "b"], "additionalProperties": False})
 GRAMMARS = {"regex": ("regex", "(cat|dog) [0-9]{2}"), "json": ("json_schema", SCHEMA),
             "lark": ("lark_grammar", 'start: "hello" " " NAME\nNAME: /[a-z]{2,6}/')}

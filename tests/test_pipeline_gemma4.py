@@ -9,7 +9,7 @@ import pytest
 import pipeline as pg
 from fixtures import gemma4_package
 from fixtures.phi3v_package import png
-from test_pipeline_phi4mm import _wav
+from fixtures.whisper_package import wav
 
 PROMPTS = {"text": "hello there", "image": "<|image>what is this", "audio": "<|audio|>say it",
            "both": "<|image><|audio|>what is this"}
@@ -19,7 +19,7 @@ PROMPTS = {"text": "hello there", "image": "<|image>what is this", "audio": "<|a
 def package(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma4")
     folder = gemma4_package.build(str(root / "pkg"))
-    return (folder, png(str(root / "a.png"), 3, (300, 200)), _wav(str(root / "a.wav")),
+    return (folder, png(str(root / "a.png"), 3, (300, 200)), wav(str(root / "a.wav"), 0.7),
             png(str(root / "b.png"), 4, (640, 130)))
 
 

@@ -13,12 +13,12 @@ import copy
 import json
 import os
 import shutil
-import wave
 
 import numpy as np
 import pytest
 
 from fixtures import gemma4_package as G4
+from fixtures.whisper_package import clip
 from pipeline.audio import AUDIO_STEPS, decode_audio, gemma4_audio_sizes, gemma4_log_mel
 from pipeline.spec import RequestError
 
@@ -36,28 +36,6 @@ REFUSED = {"mono8k": (8000, 0.5, 1),       # AudioDecoder only brings rates down
            "short": (16000, 160, 1)}       # no frame: refused here (onnxruntime-genai dies on it)
 
 
-def _wav(path, rate, length, channels, seed):
-    """A 16-bit PCM chirp (100 Hz to 0.45 of the rate) with a little noise, ``length`` seconds or samples; a
-    ``silence`` clip is all zeros."""
-    n = length if isinstance(length, int) else int(rate * length)
-    t = np.arange(n) / rate
-    secs = max(n / rate, 1e-3)
-    rng = np.random.default_rng(seed)
-    cols = []
-    for c in range(channels):
-        f0, f1 = 100.0 + 200 * c, 0.45 * rate
-        cols.append(0.5 * np.sin(2 * np.pi * (f0 * t + (f1 - f0) * t * t / (2 * secs)))
-                    + 0.05 * rng.standard_normal(n))
-    x = np.zeros((n, channels)) if "silence" in path else np.stack(cols, 1)
-    pcm = np.clip(np.round(x * 32767), -32768, 32767).astype("<i2")
-    with wave.open(path, "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path
-
-
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     return G4.build(str(tmp_path_factory.mktemp("gemma4")))
@@ -66,7 +44,7 @@ def package(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     d = tmp_path_factory.mktemp("gemma4_clips")
-    return {name: _wav(str(d / f"{name}.wav"), *spec, seed=i)
+    return {name: clip(str(d / f"{name}.wav"), *spec, seed=i, silence=name == "silence")
             for i, (name, spec) in enumerate({**CLIPS, **REFUSED}.items())}
 
 

@@ -2,8 +2,6 @@
 ``audio_projection_mode`` and the decoded tokens equal onnxruntime-genai's, with no media, an image, a clip and
 both, on both backends; the speech component runs only for a prompt with clips.  The image and audio features
 themselves are compared in ``test_pipeline_phi4mm_vision.py`` and ``test_pipeline_phi4mm_audio.py``."""
-import os
-import wave
 
 import numpy as np
 import pytest
@@ -11,28 +9,18 @@ import pytest
 import pipeline as pg
 from fixtures import phi4mm_package
 from fixtures.phi3v_package import png
+from fixtures.whisper_package import wav
 
 PROMPTS = {"text": "<|user|>what is this<|end|>", "image": "<|user|><|image_1|>what is this<|end|>",
            "audio": "<|user|><|audio_1|>transcribe<|end|>",
            "both": "<|user|><|image_1|><|audio_1|>what is this<|end|>"}
 
 
-def _wav(path, seconds=0.7, rate=16000):
-    t = np.arange(int(seconds * rate)) / rate
-    pcm = (np.sin(2 * np.pi * (300 + 500 * t) * t) * 12000).astype("<i2")
-    with wave.open(path, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path
-
-
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     root = tmp_path_factory.mktemp("phi4mm")
     folder = phi4mm_package.build(str(root / "pkg"))
-    return folder, png(str(root / "a.png"), 3, (500, 300)), _wav(str(root / "a.wav"))
+    return folder, png(str(root / "a.png"), 3, (500, 300)), wav(str(root / "a.wav"), 0.7)
 
 
 def _media(mod, package, kind):

@@ -8,12 +8,12 @@ features).  The steps reproduce dlib's float32 FFT, ``logf`` and the float32 mel
 clip here came out bit-equal; the tolerance stays the one fixed beforehand."""
 import json
 import os
-import wave
 
 import numpy as np
 import pytest
 
 from fixtures import phi4mm_package as P4
+from fixtures.whisper_package import clip
 from pipeline.audio import AUDIO_STEPS, decode_audio_ex, phi4_audio_embed, phi4_audio_stack
 from pipeline.spec import RequestError
 
@@ -31,26 +31,6 @@ CLIPS = {"mono16k": (16000, 1.3, 1),      # 16 kHz as it is
          "empty": (16000, 0, 1)}
 
 
-def _wav(path, rate, length, channels, seed):
-    """A 16-bit PCM chirp (100 Hz to 0.45 of the rate) with a little noise, ``length`` seconds or samples."""
-    n = length if isinstance(length, int) else int(rate * length)
-    t = np.arange(n) / rate
-    secs = max(n / rate, 1e-3)
-    rng = np.random.default_rng(seed)
-    cols = []
-    for c in range(channels):
-        f0, f1 = 100.0 + 200 * c, 0.45 * rate
-        cols.append(0.5 * np.sin(2 * np.pi * (f0 * t + (f1 - f0) * t * t / (2 * secs)))
-                    + 0.05 * rng.standard_normal(n))
-    pcm = np.clip(np.round(np.stack(cols, 1) * 32767), -32768, 32767).astype("<i2")
-    with wave.open(path, "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path
-
-
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     return P4.build(str(tmp_path_factory.mktemp("phi4mm")))
@@ -59,7 +39,7 @@ def package(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     d = tmp_path_factory.mktemp("clips")
-    return {name: _wav(str(d / f"{name}.wav"), *spec, seed) for seed, (name, spec) in enumerate(CLIPS.items())}
+    return {name: clip(str(d / f"{name}.wav"), *spec, seed) for seed, (name, spec) in enumerate(CLIPS.items())}
 
 
 @pytest.fixture(scope="module")

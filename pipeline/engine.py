@@ -489,16 +489,9 @@ class Engine:
             self._take_inbox()
             self._admit_waiting()
             pre = next((r for r in self.running if not r.prefilled), None)
-            work = pre is not None
             if pre is not None:
                 self._guarded([pre], self._prefill_chunk)
-            dec = [r for r in self.running if r.prefilled]
-            if dec:
-                work = True
-                self._guarded(dec, self._decode)
-            if work:
-                self.counters["steps"] += 1
-            return work
+            return self._decode_step([r for r in self.running if r.prefilled], pre is not None)
 
     def round(self) -> bool:
         """Every running request one token further (onnxruntime-genai's engine step): admission, then each
@@ -513,13 +506,16 @@ class Engine:
                 while r in self.running and not r.prefilled:
                     self._guarded([r], self._prefill_chunk)
                     work = True
-            dec = [r for r in dec if r in self.running]
-            if dec:
-                work = True
-                self._guarded(dec, self._decode)
-            if work:
-                self.counters["steps"] += 1
-            return work
+            return self._decode_step([r for r in dec if r in self.running], work)
+
+    def _decode_step(self, rows, work: bool) -> bool:
+        """One decode step for ``rows`` (if any); counts the step when it or the prefill before it did work."""
+        if rows:
+            work = True
+            self._guarded(rows, self._decode)
+        if work:
+            self.counters["steps"] += 1
+        return work
 
     def _admit_waiting(self):
         while self.waiting and len(self.running) < self.max_batch:

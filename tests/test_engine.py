@@ -102,11 +102,16 @@ def test_stream_on_the_engine_thread(engine):
         r = engine.submit(_prompts(1, [6], seed=11)[0], SamplingParams(max_tokens=6, ignore_eos=True))
         seen = list(r.stream(timeout=60))
         assert r.wait(60) and seen == r.output and len(seen) == 6
-        waiter = threading.Event()
+        waiter, proceed = threading.Event(), threading.Event()
+
+        def first_token():  # holds the engine's thread at its first token until the cancel is in
+            waiter.set()
+            proceed.wait(60)
         r2 = engine.submit(_prompts(1, [5], seed=12)[0], SamplingParams(max_tokens=50, ignore_eos=True))
-        r2.add_listener(waiter.set)
+        r2.add_listener(first_token)
         assert waiter.wait(60)
         engine.cancel(r2.id)
+        proceed.set()
         assert r2.wait(60) and r2.finish_reason == "cancelled"
     finally:
         engine.shutdown()

@@ -216,6 +216,31 @@ class Tokenizer:
         self._fill = model.pad_token_id  # what encode_batch pads with: the id the generator takes for padding
         eos = list(spec.eos_token_ids or []) or ([self._tok.eos_token_id] if self._tok.eos_token_id is not None else [])
         self.eos_token_ids = np.asarray(eos, np.int32)
+        self._type = spec.model_type or ""
+        self._tags = {}
+        cfg = os.path.join(spec.root, "genai_config.json")
+        if os.path.isfile(cfg):
+            with open(cfg, encoding="utf-8") as fh:
+                section = json.load(fh).get("model") or {}
+            self._tags = {k: section[k] for k in ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
+                          if isinstance(section.get(k), int)}
+
+    # tool-call and reasoning tags: genai_config's model section, else onnxruntime-genai's fallbacks by model type
+    _TAG_FALLBACKS = {"qwen2": {"bot_token_id": 151657, "eot_token_id": 151658},
+                      "qwen3": {"bot_token_id": 151657, "eot_token_id": 151658, "bor_token_id": 151667,
+                                "eor_token_id": 151668},
+                      "phi3": {"bot_token_id": 200025, "eot_token_id": 200026}}
+
+    def _tag(self, key: str) -> int:
+        value = self._tags.get(key, self._TAG_FALLBACKS.get(self._type, {}).get(key))
+        if value is None:
+            raise RequestError(f"{key} is not defined for this model")
+        return int(value)
+
+    bot_token_id = property(lambda self: self._tag("bot_token_id"), doc="The tool call's opening tag's id.")
+    eot_token_id = property(lambda self: self._tag("eot_token_id"), doc="The tool call's closing tag's id.")
+    bor_token_id = property(lambda self: self._tag("bor_token_id"), doc="The reasoning's opening tag's id.")
+    eor_token_id = property(lambda self: self._tag("eor_token_id"), doc="The reasoning's closing tag's id.")
 
     def encode(self, text: str) -> np.ndarray:
         return self._tok.encode(text).astype(np.int32)

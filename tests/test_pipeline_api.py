@@ -564,3 +564,35 @@ def test_terminate_session_run_option(ort_genai):
         found.append((str(e.value), g.get_sequence(0).tolist()))
     assert found[1] == found[0]
     assert og.TokenizerStream is not None
+
+
+def test_tool_and_reasoning_tag_ids(tmp_path, ort_genai):
+    """``bot/eot/bor/eor_token_id``: the genai_config's values, else onnxruntime-genai's by model type (qwen2 has
+    tool-call tags, no reasoning ones), else its "not defined" error."""
+    import json
+    import shutil
+    folders = []
+    for name, change in (("tags", dict(bot_token_id=5, eot_token_id=6, bor_token_id=7, eor_token_id=8)),
+                         ("qwen2", dict(type="qwen2")), ("plain", {})):
+        folder = str(tmp_path / name)
+        shutil.copytree(LLAMA, folder)
+        cfg = os.path.join(folder, "genai_config.json")
+        with open(cfg) as fh:
+            doc = json.load(fh)
+        doc["model"].update(change)
+        with open(cfg, "w") as fh:
+            json.dump(doc, fh)
+        folders.append(folder)
+    found = []
+    for mod in (ort_genai, og):
+        got = []
+        for folder in folders:
+            tok = mod.Tokenizer(mod.Model(folder))
+            for key in ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id"):
+                try:
+                    got.append(getattr(tok, key))
+                except RuntimeError as e:
+                    got.append(str(e))
+        found.append(got)
+    assert found[1] == found[0]
+    assert found[0][:6] == [5, 6, 7, 8, 151657, 151658]

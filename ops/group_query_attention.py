@@ -16,7 +16,9 @@ Invariants:
 - 16-bit float inputs are computed in float32 and rounded back once (the CPU wrapper converts);
 - the driver never writes its inputs except a past it is told it may share (``share``, the region form's
   donated caches); present rows past the live ones are zero in a fresh cache, left as they are in a shared one;
-- every index a kernel reads (positions into the cos/sin caches, cache rows) is checked before it is read.
+- every index a kernel reads (positions into the cos/sin caches, cache rows) is checked before it is read;
+- ``local_window_size`` 0 attends no key: the output is zeros, as onnxruntime's, and the caches are written as
+  usual (``-1``, the default, is no window).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class Gqa(NamedTuple):
     qk_output: int        # 0 none, 1 raw scores, 2 probabilities (output 3)
     windowed: bool        # sliding_window_cache
     n_outputs: int
+    no_keys: bool = False  # local_window_size 0: a window of no key, and onnxruntime's output is zeros
 
 
 def bind_gqa(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0,
@@ -79,7 +82,7 @@ def bind_gqa(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_win
     w = int(local_window_size)
     return Gqa(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
                bool(int(rotary_interleaved)), int(smooth_softmax) > 0, bool(int(causal)), int(qk_output),
-               bool(int(sliding_window_cache)), ctx.n_outputs)
+               bool(int(sliding_window_cache)), ctx.n_outputs, w == 0)
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -513,6 +516,8 @@ def _cpu(b: Gqa, ctx):
             b.windowed, False, b.qk_output if want_qk else 0, fk, fv, ma.L2_BYTES, ma.ORT_THREADS)
         if err:
             raise_gqa_error(err)
+        if b.no_keys:  # local_window_size 0 attends no key: onnxruntime returns zeros (the caches as usual)
+            y = np.zeros_like(y)
         if dtype != F32:
             y, pres_k, pres_v = y.astype(dtype), pres_k.astype(dtype), pres_v.astype(dtype)
         res = [y, pres_k, pres_v]
@@ -535,6 +540,8 @@ def _form(e, b: Gqa):
     """The region form: ``gqa_f32`` called on the node's float32 values, its codes raised as the wrapper
     raises them; donated past caches (distinct, not windowed) are shared."""
     float_only(e, 0, 1, 2, 3, 4, 7, 8, 10, 11)
+    if b.no_keys:
+        raise Decline("local_window_size 0 (zeros, in the node wrapper)")
     if len(e.node.outputs) > 3 or any(e.has(k) for k in range(12, 17)) or e.rank(0) != 3:
         raise Decline("extra inputs or outputs")
     if (e.has(1) and (not e.has(2) or e.rank(1) != 3 or e.rank(2) != 3)) or (e.has(3) != e.has(4)) \

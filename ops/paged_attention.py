@@ -65,6 +65,9 @@ def bind_paged(ctx, **attrs) -> Gqa:
     b = bind_gqa(ctx, **attrs)
     if b.qk_output:
         raise InvalidAttributeError(f"{OP}: qk_output is not supported")
+    if b.no_keys:
+        raise InvalidAttributeError(f"{OP}: local_window_size 0 attends no key (onnxruntime returns zeros); the "
+                                    f"paged cache does not serve it")
     if b.windowed and b.window <= 0:
         raise InvalidAttributeError(f"{OP}: sliding_window_cache=1 needs local_window_size > 0, got "
                                     f"{attrs.get('local_window_size', -1)}")

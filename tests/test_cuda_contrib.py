@@ -205,6 +205,8 @@ def test_gqa_smooth_softmax_sink_bias_and_scale():
 def test_gqa_window_of_one_and_qk_zeros():
     got = _gqa(1, 4, 0, 2, 2, 4, [3], 4, local_window_size=1, n_out=4)
     assert not np.any(got[3])
+    got = _gqa(2, 1, 6, 2, 1, 4, [5, 3], 6, local_window_size=0)  # a window of no key: zeros, as onnxruntime's
+    assert not np.any(got[0]) and np.any(got[1])
 
 
 @pytest.mark.parametrize("S,seqlens,rotary", [(1, [11, 6], False), (3, [13, 9], True), (1, [5], True)])

@@ -157,6 +157,15 @@ def test_gqa_local_window_softcap(S, P):
     _check(ours, want, sl, S)
 
 
+@pytest.mark.parametrize("S,P", [(5, 0), (1, 4)])
+def test_gqa_local_window_of_zero_keys(S, P):
+    """``local_window_size`` 0 attends no key: onnxruntime's output is zeros, its caches written as usual."""
+    B, H, kvH, D = 2, 4, 2, 16
+    ours, want, sl = _gqa(B, S, P, H, kvH, D, [P + S - 1] * B, P + S, rotary=True, local_window_size=0)
+    assert not want[0].any()
+    _check(ours, want, sl, S)
+
+
 @pytest.mark.parametrize("S,P", [(6, 0), (1, 9)])
 def test_gqa_bias_and_sink(S, P):
     B, H, kvH, D = 2, 4, 2, 8

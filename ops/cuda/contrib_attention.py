@@ -475,6 +475,9 @@ def _outputs(g: Gqa, y, pres_k, pres_v, seq_f, P, L, total):
             blocks, threads = grid1d(pres_k.size)
             _window_keep[blocks, threads](flat(stage_k), flat(stage_v), flat(pres_k), flat(pres_v), seq_f, kvH, L,
                                           P, D)
+    if g.no_keys and y.size:  # local_window_size 0: onnxruntime's output is zeros
+        blocks, threads = grid1d(y.size)
+        fill0[blocks, threads](flat(y))
     res = [y, pres_k, pres_v]
     if g.n_outputs > 3:
         qk = rc.device_empty((B, g.H, S, total), y.dtype)

@@ -382,13 +382,22 @@ class _Turn:
 
     def stop_checker(self, tokenizer):
         """``fn(token)``: 'stop_string' once the text of the turn's generated tokens contains a stop string (the
-        first listed one it contains).  The whole turn is decoded each time: a token's text can depend on the
-        tokens after it (a streaming decoder would see the match one token late)."""
+        first listed one it contains).  The tokens are decoded together, not streamed (a token's text can depend
+        on the tokens after it: a stream would see the match one token late), but only a tail of them: a match
+        that a token completes ends in that tail.  The tail is widened until its text is well past the longest
+        stop string, so the first token of the tail, whose leading space a decoder may drop, never touches it."""
         ids = []
+        longest = max(len(s) for s in self.stops)
 
         def check(token):
             ids.append(int(token))
-            text = tokenizer.decode(np.asarray(ids, np.int32))
+            k = 4 * longest + 8
+            while True:
+                start = max(0, len(ids) - k)
+                text = tokenizer.decode(np.asarray(ids[start:], np.int32))
+                if start == 0 or len(text) >= longest + 8:
+                    break
+                k *= 2
             for i, s in enumerate(self.stops):
                 if s in text:
                     self.matched = i

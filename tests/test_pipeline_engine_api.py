@@ -342,3 +342,24 @@ def test_refused_without_a_native_decoder_or_with_foreign_ids(models):
     assert not engine.has_pending_requests()
     with pytest.raises(RuntimeError, match="ready to decode"):
         r.set_draft_tokens(np.array([1], np.int32))
+
+
+def test_stop_string_late_in_a_long_turn(models):
+    """A stop string completed far into a turn (past the decoded tail's first width) ends it at the first token
+    whose text, with the tokens before it, contains the string."""
+    mod, model = models["pg"]
+    tok = mod.Tokenizer(model)
+    prompt, stop = PROMPTS[3], "it def"  # its greedy text holds "it def" once, about 50 tokens in
+    tokens = [e[1] for e in _script(mod, model, [(prompt, {"max_generated_tokens": 60})])[0] if e[1] is not None]
+    end = next(j for j in range(len(tokens)) if stop in tok.decode(np.array(tokens[:j + 1], np.int32)))
+    assert end > 4 * len(stop) + 8
+    engine = mod.Engine(model)
+    r = engine.create_request()
+    opts = _options(mod, r, {"max_generated_tokens": 60})
+    opts.set_stop_strings([stop])
+    r.begin_turn(np.array(prompt, np.int32), opts)
+    events = []
+    while engine.has_pending_requests():
+        events += list(engine.run(engine.create_event_buffer(64)))
+    assert [e.token for e in events] == tokens[:end + 1]
+    assert events[-1].finish_reason == mod.FinishReason.STOP_STRING

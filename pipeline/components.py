@@ -445,11 +445,12 @@ class NativeDecoder(DecoderComponent):
         # Attention caches share one buffer between past and present (written in place) unless the caller's
         # options say otherwise or ONNX_NUMBA_KV_SHARE_BUFFER=0.
         options = decoder_options(options, "ONNX_NUMBA_KV_SHARE_BUFFER", "kv_share_buffer")
-        options._overridable_inputs = True  # a LoRA adapter's parameters are inputs of every step's plan
         self._want_shared = bool(options.kv_share_buffer)
+        self._options, self._providers = options, providers
         sess = InferenceSession(spec.filename, options, providers=providers)
         super().__init__(spec, pipeline, sess, max_length, batch)
         self._order = [i.name for i in sess.get_inputs()]
+        self._twin = None  # the plan that takes the overridable initializers as inputs (see _plan_for)
         out_at = {n: k for k, n in enumerate(self.output_names)}
         self._logits_at = out_at[self.io.logits_output]
         self._kv_at = tuple((i, out_at[o]) for i, o in self._kv_pairs)
@@ -460,17 +461,33 @@ class NativeDecoder(DecoderComponent):
         policy = policy_for(self.session._graph, self.io.kv_inputs, windows, self._want_shared)
         return policy(spec, self.io.kv_inputs, windows, self.max_length)
 
+    def _plan_for(self, feeds):
+        """(session, its input order, defaults): the decoder's own, or, when a step feeds one of the graph's
+        overridable initializers (a LoRA adapter's parameters), a twin session built once that takes them as
+        inputs, the ones not fed at their initializers (the decoder's own plan keeps them as constants)."""
+        if not self.overridable or not any(n in feeds for n in self.overridable):
+            return self.session, self._order, self.input_defaults
+        if self._twin is None:
+            import copy
+            from runtime import InferenceSession
+            options = copy.copy(self._options)
+            options._overridable_inputs = True
+            twin = InferenceSession(self.spec.filename, options, providers=self._providers)
+            self._twin = (twin, [i.name for i in twin.get_inputs()], dict(twin._defaults))
+        return self._twin
+
     def _run(self, feeds, seq_len):
         cache, state, kv = self.cache, self.state, self._kv_names
+        session, order, defaults = self._plan_for(feeds)
         vals = []
-        for n in self._order:
+        for n in order:
             v = feeds.get(n)
             if v is None:
-                v = cache.past(n) if n in kv else state.get(n, self.input_defaults.get(n))
+                v = cache.past(n) if n in kv else state.get(n, defaults.get(n))
                 if v is None:
                     raise RequestError(f"Missing Input: {n} (decoder {self.spec.name!r}: nothing provides it)")
             vals.append(v if v.flags.c_contiguous else np.ascontiguousarray(v))
-        outs = self.session.run_prepared(vals)
+        outs = session.run_prepared(vals)
         cache.store({i: outs[k] for i, k in self._kv_at}, seq_len)
         for i, k in self._state_at:
             state[i] = outs[k]

@@ -66,8 +66,12 @@ class Tokenizer:
         self.path = file
         # tokenizers renumbers an added token whose declared id lies past the vocabulary (after the last entry);
         # onnxruntime-genai's tokenizer keeps the declared id, so ids are translated both ways where they differ
-        with open(file, encoding="utf-8") as f:
-            added = json.load(f).get("added_tokens") or []
+        # (only an added token outside the model's vocabulary can have been renumbered: else the file is not read)
+        decoder = self._tok.get_added_tokens_decoder()
+        added = []
+        if decoder and max(decoder) >= self._tok.get_vocab_size(with_added_tokens=False):
+            with open(file, encoding="utf-8") as f:
+                added = json.load(f).get("added_tokens") or []
         self._declared = {}  # tokenizers' id -> tokenizer.json's
         for t in added:
             own = self._tok.token_to_id(t.get("content", "")) if isinstance(t, dict) else None

@@ -2,12 +2,14 @@
 
 ``import runtime as ort`` is a drop-in for onnxruntime's Python module: ``InferenceSession``,
 ``SessionOptions``, ``RunOptions``, ``OrtValue``, ``IOBinding``, ``NodeArg``, ``ModelMetadata``, the option
-enums, the device and memory descriptions (``OrtDevice``, ``OrtMemoryInfo``), ``SparseTensor``, the
-process-wide settings (logger callback, seed, global thread pools), the provider queries and the exception
-classes (which also derive from onnxruntime's).
+enums, the device and memory descriptions (``OrtDevice``, ``OrtMemoryInfo``), ``SparseTensor``, LoRA adapter
+files (``AdapterFormat``, ``LoraAdapter``), the process-wide settings (logger callback, seed, global thread pools),
+the provider queries and the exception classes (which also derive from onnxruntime's).  ``runtime.capi`` stands
+in for ``onnxruntime.capi`` (its C-layer names, exception module and provider-argument helper).
 """
 from . import cpu_env  # noqa: F401  (first: settings numpy and Numba read when they load)
 from .errors import *  # noqa: F401,F403
+from .adapters import AdapterFormat, LoraAdapter
 from .errors import __all__ as _errors_all
 from .options import ExecutionMode, ExecutionOrder, GraphOptimizationLevel, RunOptions, SessionOptions
 from .devices import (OrtAllocatorType, OrtDevice, OrtDeviceMemoryType, OrtDeviceVendorId, OrtMemoryInfo,
@@ -63,4 +65,4 @@ __all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "RunOpt
            "OrtDevice", "OrtMemoryInfo", "OrtAllocatorType", "OrtMemType", "OrtDeviceMemoryType", "OrtDeviceVendorId",
            "OrtMemoryInfoDeviceType", "SparseTensor", "OrtSparseFormat", "set_default_logger_callback",
            "set_default_logger_verbosity", "set_seed", "set_global_thread_pool_sizes",
-           "build_graph", *_errors_all]
+           "build_graph", "AdapterFormat", "LoraAdapter", *_errors_all]

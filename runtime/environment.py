@@ -86,12 +86,16 @@ class _CallbackHandler(logging.Handler):
             self._inside.active = False
 
 
+class _NotCallable(TypeError, RuntimeError):
+    """A logger callback that is not callable: onnxruntime raises ``RuntimeError``; a ``TypeError`` too."""
+
+
 def set_default_logger_callback(callback, severity: int = 2) -> None:
     """Send the runtime's log records to ``callback(severity, category, logid, code_location, message)`` and set
     the default severity to ``severity``; ``None`` removes the callback (``severity`` is checked, not applied)."""
     sev = _check_severity(severity)
     if callback is not None and not callable(callback):
-        raise TypeError(f"set_default_logger_callback: callback must be callable or None, got "
+        raise _NotCallable(f"set_default_logger_callback: callback must be callable or None, got "
                         f"{type(callback).__name__}")
     with _state_lock:
         old = _state["handler"]

@@ -31,6 +31,7 @@ __all__ = [
     "OnnxCrashError",
     "NotSupportedError",
     "RunTerminatedError",
+    "UnknownProviderError",
 ]
 
 
@@ -107,6 +108,11 @@ class InvalidAttributeError(OnnxNumbaError, ValueError):
 
 class InvalidArgumentError(OnnxNumbaError, ValueError, _ort.InvalidArgument):
     """An input tensor has a value the op does not accept."""
+
+
+class UnknownProviderError(OnnxNumbaError, ValueError, RuntimeError):
+    """An execution provider name that neither this runtime nor onnxruntime knows (a ``RuntimeError`` as
+    onnxruntime's, and a ``ValueError``)."""
 
 
 class NotSupportedError(OnnxNumbaError, NotImplementedError, _ort.NotImplemented):

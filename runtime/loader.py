@@ -75,17 +75,25 @@ def resolve_external_path(base_dir: str | None, location: str) -> str:
 
 
 class _ExternalData:
-    """One read-only memory map per external file."""
+    """One read-only memory map per external file; ``files`` (location -> bytes, onnxruntime's external
+    initializer files in memory) stand in for files of those locations, which are then never opened."""
 
-    def __init__(self, base_dir: str | None):
+    def __init__(self, base_dir: str | None, files: dict | None = None):
         self.base_dir = base_dir
+        self.files = files or {}
         self.maps: dict[str, np.memmap] = {}
         self.digests: dict = {}  # path -> digests.FileDigests or None (no record)
 
     def tensor(self, t: TensorProto) -> np.ndarray:
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
-        path = resolve_external_path(self.base_dir, location)
+        if location in self.files:
+            path = "memory:" + location
+            if path not in self.maps:
+                self.maps[path] = np.frombuffer(self.files[location], np.uint8)
+                self.digests[path] = None
+        else:
+            path = resolve_external_path(self.base_dir, location)
         mm = self.maps.get(path)
         if mm is None:
             size = os.path.getsize(path)
@@ -390,12 +398,15 @@ def _bare_tensor(t: TensorProto) -> TensorProto:
     return bare
 
 
-def load_graph(model, initializers: dict | None = None, overridable_as_inputs: bool = False) -> Graph:
+def load_graph(model, initializers: dict | None = None, overridable_as_inputs: bool = False,
+               external_files: dict | None = None) -> Graph:
     """Load ``model`` into an IR graph (external data mapped, local functions inlined).
 
     ``initializers`` (name -> array, ``SessionOptions.add_initializer``) replace the model's initializers of
     those names, whose data is then never read (it may live in an external file that does not exist); each
-    must name an initializer of the main graph and match its element type and shape.
+    must name an initializer of the main graph and match its element type and shape.  ``external_files``
+    (location -> bytes, ``SessionOptions.add_external_initializers_from_files_in_memory``) hold the content of
+    external-data files of those locations, read instead of the disk.
 
     Graph inputs that also have an initializer (IR version 4 on: onnxruntime's overridable initializers) are
     listed in ``graph.overridable``; they stay constants unless ``overridable_as_inputs``, which keeps them as
@@ -416,7 +427,7 @@ def load_graph(model, initializers: dict | None = None, overridable_as_inputs: b
     for o in proto.opset_import:
         _text(o.domain, "an opset_import domain")
     _check_nodes(proto.graph, opsets)
-    ext = _ExternalData(base_dir)
+    ext = _ExternalData(base_dir, external_files)
     loaded = _user_initializers(proto.graph, initializers or {})
     for t in proto.graph.initializer:
         if t.data_location == TensorProto.EXTERNAL and t.name not in loaded:

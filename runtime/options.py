@@ -71,7 +71,8 @@ class SessionOptions:
         "execution_order", "graph_optimization_level", "inter_op_num_threads", "intra_op_num_threads",
         "log_severity_level", "log_verbosity_level", "logid", "optimized_model_filepath", "profile_file_prefix",
         "use_deterministic_compute", "use_per_session_threads",
-        "_config", "_initializers", "_dim_by_name", "_dim_by_denotation", "_providers", "_overridable_inputs",
+        "_config", "_initializers", "_external_files", "_dim_by_name", "_dim_by_denotation", "_providers",
+        "_overridable_inputs",
         # the native runtime's
         "strict_shape_inference", "preallocate", "fused_segments", "compiled_regions", "kv_share_buffer",
         "decode_inline_scan", "cuda_cpu_ops", "max_output_bytes",
@@ -97,6 +98,7 @@ class SessionOptions:
         self.use_per_session_threads = True
         self._config = {}
         self._initializers = {}
+        self._external_files = {}
         self._overridable_inputs = False  # overridable initializers planned as inputs (see InferenceSession.run)
         self._dim_by_name = {}
         self._dim_by_denotation = {}
@@ -170,6 +172,19 @@ class SessionOptions:
         for n, v in zip(names, values):
             self.add_initializer(n, v)
 
+    def add_external_initializers_from_files_in_memory(self, names, buffers, lengths) -> None:
+        """Content of external-data files, by the file name the model's initializers give as their location: the
+        loader reads these bytes instead of the files (which need not exist)."""
+        if not len(names) == len(buffers) == len(lengths):
+            raise ValueError(f"add_external_initializers_from_files_in_memory: {len(names)} names, {len(buffers)} "
+                             f"buffers and {len(lengths)} lengths; expected one of each per file")
+        for name, buf, n in zip(names, buffers, lengths):
+            data = bytes(memoryview(buf).cast("B"))
+            if int(n) < 0 or int(n) > len(data):
+                raise ValueError(f"external initializer file {name!r}: length {n} for a buffer of {len(data)} "
+                                 f"bytes")
+            self._external_files[str(name)] = data[:int(n)]
+
     def add_free_dimension_override_by_name(self, name: str, value: int) -> None:
         """Fix the symbolic dimension ``name`` of the graph inputs to ``value``."""
         self._dim_by_name[str(name)] = _dim(name, value)
@@ -202,7 +217,7 @@ class RunOptions:
     """onnxruntime's ``RunOptions``: ``terminate`` stops a run in progress at its next node."""
 
     __slots__ = ("log_severity_level", "log_verbosity_level", "logid", "terminate", "only_execute_path_to_fetches",
-                 "_config")
+                 "_config", "_adapters")
 
     def __init__(self):
         self.log_severity_level = -1
@@ -211,6 +226,7 @@ class RunOptions:
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self._config = {}
+        self._adapters = []
 
     @property
     def run_tag(self) -> str:
@@ -223,6 +239,12 @@ class RunOptions:
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
+
+    def add_active_adapter(self, adapter) -> None:
+        """Make a ``LoraAdapter`` active for runs with these options: its parameters are fed by name."""
+        if not hasattr(adapter, "parameters"):
+            raise TypeError(f"add_active_adapter: expected a LoraAdapter, got {type(adapter).__name__}")
+        self._adapters.append(adapter)
 
     def get_run_config_entry(self, key: str) -> str:
         try:

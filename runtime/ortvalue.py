@@ -25,7 +25,7 @@ from .dtypes import np_dtype, onnx_type, type_string
 from .errors import InvalidFeedError
 from .sparse import SparseTensor
 
-__all__ = ["OrtValue", "value_type_string"]
+__all__ = ["OrtValue", "OrtValueVector", "value_type_string", "is_dlpack_uint8_tensor"]
 
 
 def value_type_string(v) -> str:
@@ -53,7 +53,8 @@ class OrtValue:
     # -- construction (onnxruntime's static factories) -------------------------------------------------------------
     @staticmethod
     def ortvalue_from_numpy(numpy_obj, device_type: str = "cpu", device_id: int = 0, vendor_id: int = -1):
-        """Wrap ``numpy_obj`` (no copy on the CPU; a copy to the device for ``device_type='cuda'``)."""
+        """Wrap ``numpy_obj`` (no copy on the CPU; a copy to the device for ``device_type='cuda'``);
+        ``device_type`` may also be an ``OrtDevice``."""
         arr = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
         dev = _device(device_type, device_id, vendor_id)
         if dev.kind == "cuda":
@@ -183,12 +184,77 @@ class OrtValue:
             from . import cuda as rc
             rc.to_device(np.ascontiguousarray(src), out=t)
 
+    # -- onnxruntime's C-layer handle and DLPack ------------------------------------------------------------------
+    @property
+    def _ortvalue(self) -> "OrtValue":
+        """onnxruntime's Python ``OrtValue`` wraps a C one here; this class is both, so it is itself."""
+        return self
+
+    def _get_c_value(self) -> "OrtValue":
+        return self
+
+    def __dlpack__(self, *args, **kwargs):
+        """The CPU tensor as a DLPack capsule (numpy's export: the memory is shared, not copied)."""
+        t = self._tensor("__dlpack__")
+        if not isinstance(t, np.ndarray):
+            raise InvalidFeedError("OrtValue.__dlpack__: only CPU tensors are exported through DLPack here; copy "
+                                   "the value to the host with numpy() first")
+        return t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple:
+        self._tensor("__dlpack_device__")
+        return (1, 0) if isinstance(self._value, np.ndarray) else (2, 0)
+
+    def to_dlpack(self):
+        return self.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(data, is_bool_tensor: bool = False) -> "OrtValue":
+        """An ``OrtValue`` over a DLPack capsule or an object with ``__dlpack__`` (memory shared, not copied);
+        ``is_bool_tensor`` reads uint8 data as bool, as onnxruntime's flag does."""
+        source = _Capsule(data) if type(data).__name__ == "PyCapsule" else data
+        arr = np.from_dlpack(source)
+        if is_bool_tensor and arr.dtype == np.uint8:
+            arr = arr.view(np.bool_)
+        return OrtValue(arr)
+
     def __repr__(self):
         return f"OrtValue({self.data_type()}, device={self.device_name()})"
 
 
+class _Capsule:
+    """A bare DLPack capsule as the object ``np.from_dlpack`` takes (a CPU tensor's capsule)."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def is_dlpack_uint8_tensor(capsule) -> bool:
+    """Whether a DLPack capsule holds uint8 data (onnxruntime's check before reading one as bool)."""
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(capsule, b"dltensor")
+    # DLTensor: data pointer (8), device (2 x int32), ndim (int32), then dtype: code (uint8), bits (uint8)
+    code, bits = ctypes.cast(ptr + 20, ctypes.POINTER(ctypes.c_uint8))[0:2]
+    return code == 1 and bits == 8
+
+
+class OrtValueVector(list):
+    """onnxruntime's ``OrtValueVector``: the ``OrtValue`` results of ``run_with_ort_values``, as a list."""
+
+
 def _device(device_type, device_id, vendor_id):
-    """The runtime device (``providers.Device``) that onnxruntime's factory arguments name."""
+    """The runtime device (``providers.Device``) that onnxruntime's factory arguments name: a device name with
+    its index, or an ``OrtDevice`` (the form onnxruntime's C layer takes)."""
+    if isinstance(device_type, OrtDevice):
+        return runtime_device(device_type, "OrtValue")
     return runtime_device(OrtDevice.make(device_type or "cpu", device_id, vendor_id), "OrtValue")
 
 

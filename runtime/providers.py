@@ -22,6 +22,8 @@ import logging
 import warnings
 from dataclasses import dataclass
 
+from .errors import UnknownProviderError
+
 __all__ = ["Device", "CPU", "CUDA_PROVIDER", "PROVIDERS", "ONNXRUNTIME_PROVIDERS", "normalize_providers",
            "device_of", "check_available", "choose_provider", "available_providers"]
 
@@ -76,7 +78,8 @@ def normalize_providers(providers, provider_options=None) -> list[tuple[str, dic
     for k, p in enumerate(providers):
         name, opts = (p, {}) if isinstance(p, str) else (p[0], dict(p[1]))
         if name not in PROVIDERS and name not in ONNXRUNTIME_PROVIDERS:
-            raise ValueError(f"unknown execution provider {name!r}; available: {sorted(PROVIDERS)}")
+            raise UnknownProviderError(f"Unknown Provider Type: {name} (unknown execution provider {name!r}; "
+                                       f"available: {sorted(PROVIDERS)})")
         if provider_options is not None:
             opts.update(provider_options[k] or {})
         out.append((name, opts))
@@ -152,3 +155,49 @@ def _device_count(rc) -> int:
         return len(rc.cuda.gpus)
     except Exception:
         return 1
+
+
+def check_and_normalize_provider_args(providers, provider_options, available_provider_names):
+    """onnxruntime's provider-argument check: ``providers`` (names or (name, options) pairs) and
+    ``provider_options`` (a parallel list of dicts, or None) -> (names, options), the options as str -> str, each
+    provider once (a repeat is dropped with a ``UserWarning``).  A name missing from
+    ``available_provider_names`` is warned about, not refused; malformed arguments are ``ValueError``."""
+    if providers is None:
+        return [], []
+    if not isinstance(providers, (list, tuple)):
+        raise ValueError(f"'providers' should be a sequence, got {type(providers).__name__}")
+    names, options, seen = [], [], set()
+
+    def add(name, opts):
+        if name in seen:
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", UserWarning, stacklevel=3)
+            return
+        if name not in available_provider_names:
+            warnings.warn(f"Specified provider '{name}' is not in available provider names. Available providers: "
+                          f"'{', '.join(available_provider_names)}'", UserWarning, stacklevel=3)
+        seen.add(name)
+        names.append(name)
+        options.append({str(k): str(v) for k, v in opts.items()})
+
+    if provider_options is not None:
+        if not isinstance(provider_options, (list, tuple)):
+            raise ValueError(f"'provider_options' should be a sequence, got {type(provider_options).__name__}")
+        if len(providers) != len(provider_options):
+            raise ValueError(f"'providers' and 'provider_options' should be the same length: {len(providers)} "
+                             f"and {len(provider_options)}")
+        for name, opts in zip(providers, provider_options):
+            if not isinstance(name, str):
+                raise ValueError(f"Only string values for 'providers' are supported when 'provider_options' is "
+                                 f"given, got {name!r}")
+            if not isinstance(opts, dict):
+                raise ValueError(f"'provider_options' entries should be dicts, got {opts!r}")
+            add(name, opts)
+        return names, options
+    for p in providers:
+        if isinstance(p, str):
+            add(p, {})
+        elif (isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict)):
+            add(p[0], p[1])
+        else:
+            raise ValueError(f"'providers' values must be either strings or (string, dict) tuples, got {p!r}")
+    return names, options

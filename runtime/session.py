@@ -39,15 +39,17 @@ import ops  # noqa: F401  (registers every kernel)
 from ops import registry
 from ops._common import MAX_OUTPUT_BYTES
 from .dtypes import onnx_type, type_proto_string, type_string
-from .errors import InvalidFeedError, ModelLoadError
+from .errors import InvalidArgumentError, InvalidFeedError, ModelLoadError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
     symbol_positions
 from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
-from .options import CURRENT_RUN_OPTIONS, HONOURED_CONFIG, RunOptions, SessionOptions, severity_to_logging
+from .options import (CURRENT_RUN_OPTIONS, HONOURED_CONFIG, ExecutionMode, GraphOptimizationLevel, RunOptions,
+                      SessionOptions, severity_to_logging)
 from .environment import global_thread_pool_sizes
-from .ortvalue import OrtValue
+from .devices import OrtDevice, runtime_device
+from .ortvalue import OrtValue, OrtValueVector
 from .sparse import SparseTensor
 from .passes import EliminateDeadNodes, ExpandFunctions, InferShapes, simplify
 from .profiling import Profiler, RunObserver
@@ -146,7 +148,8 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     disabled = set(disabled_optimizers or ())
     options = options or SessionOptions()
     graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None),
-                                                              bool(getattr(options, "_overridable_inputs", False)))
+                                                              bool(getattr(options, "_overridable_inputs", False)),
+                                                              getattr(options, "_external_files", None))
     _override_dims(graph, getattr(options, "_dim_by_name", {}), getattr(options, "_dim_by_denotation", {}))
     strict = bool(getattr(options, "strict_shape_inference", False))
     InferShapes(strict=strict)(graph)
@@ -214,6 +217,8 @@ class InferenceSession:
         if unknown:
             raise TypeError(f"InferenceSession got unexpected keyword argument(s) {sorted(unknown)}")
         self._options = sess_options or SessionOptions()
+        if kwargs.get("read_config_from_model", os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL", "0") == "1"):
+            self._options = options_from_model(path_or_bytes, self._options)
         self._logger = _session_logger(self._options)
         self._profiler = Profiler(getattr(self._options, "profile_file_prefix", "onnxruntime_profile_")) \
             if getattr(self._options, "enable_profiling", False) else None
@@ -299,6 +304,45 @@ class InferenceSession:
     def get_overridable_initializers(self):
         """The graph inputs that have an initializer (IR version 4 on): a run may feed them."""
         return list(self._overridable)
+
+    def get_input_memory_infos(self) -> list:
+        """Where each input is expected: the session's device memory (``OrtMemoryInfo``)."""
+        return [self._memory_info() for _ in self._inputs]
+
+    def get_output_memory_infos(self) -> list:
+        return [self._memory_info() for _ in self._outputs]
+
+    def get_input_epdevices(self) -> list:
+        """onnxruntime's per-input plugin device of the EP that consumes it; None for each here (this runtime has
+        no plugin execution providers), one entry per input as onnxruntime gives."""
+        return [None for _ in self._inputs]
+
+    def _memory_info(self):
+        from .devices import OrtAllocatorType, OrtMemoryInfo, OrtMemType
+        name = "Cuda" if self._provider == CUDA_PROVIDER else "Cpu"
+        index = getattr(self._device, "index", 0) or 0
+        return OrtMemoryInfo(name, OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, OrtMemType.DEFAULT)
+
+    def get_provider_graph_assignment_info(self) -> list:
+        """The nodes of the planned graph by execution provider, one ``EpAssignedSubgraph`` per node (onnxruntime
+        assigns each node of a CPU session alone); needs the session config entry
+        ``session.record_ep_graph_assignment_info`` = "1", as in onnxruntime."""
+        cfg = getattr(self._options, "_config", {}) or {}
+        if cfg.get("session.record_ep_graph_assignment_info") != "1":
+            raise InvalidArgumentError("Session configuration entry 'session.record_ep_graph_assignment_info' must "
+                                       "be set to \"1\" to retrieve EP graph assignment information.")
+        placement = self.get_placement()
+        out = []
+        for i, n in enumerate(self._graph.nodes):
+            where = placement.get(n.name or f"#{i}", "cpu")
+            ep = CUDA_PROVIDER if where == "cuda" else "CPUExecutionProvider"
+            out.append(EpAssignedSubgraph(ep, [EpAssignedNode(n.domain or "", n.op_type, n.name or "")]))
+        return out
+
+    @property
+    def _sess(self) -> "_CSession":
+        """onnxruntime's C session under its Python one, with the C calls' argument order."""
+        return _CSession(self)
 
     def get_modelmeta(self) -> ModelMetadata:
         meta = dict(getattr(self._graph, "model_meta", None) or {})
@@ -504,7 +548,15 @@ class InferenceSession:
 
     def run(self, output_names, input_feed, run_options=None):
         """onnxruntime's ``run``: outputs named by ``output_names`` (all when None or empty) as numpy arrays
-        (lists for sequences)."""
+        (lists for sequences).  The parameters of ``run_options``' active adapters are fed by name, before
+        ``input_feed`` (which wins where both give a name)."""
+        adapters = getattr(run_options, "_adapters", None)
+        if adapters:
+            merged = {}
+            for a in adapters:
+                merged.update(a.parameters)
+            merged.update(input_feed)
+            input_feed = merged
         over = self._overridable_names
         if over and isinstance(input_feed, dict) and not over.isdisjoint(input_feed):
             return self._overriding().run(output_names, input_feed, run_options)
@@ -569,7 +621,7 @@ class InferenceSession:
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None) -> list:
         """``run`` with ``OrtValue`` feeds (numpy arrays are taken too), returning ``OrtValue`` results."""
-        return [OrtValue(r) for r in self.run(output_names, input_dict_ort_values, run_options)]
+        return OrtValueVector(OrtValue(r) for r in self.run(output_names, input_dict_ort_values, run_options))
 
     def run_async(self, output_names, input_feed, callback, user_data=None, run_options=None) -> None:
         """Run on a worker thread and call ``callback(results, user_data, error)`` there: ``error`` is '' on
@@ -593,6 +645,81 @@ class InferenceSession:
 
     def run_with_iobinding(self, binding: "IOBinding", run_options=None) -> None:
         binding._run(run_options)
+
+
+class _CSession:
+    """``InferenceSession._sess``: onnxruntime's C-session calls, argument order included."""
+
+    def __init__(self, session: InferenceSession):
+        self.session = session
+
+    def run_with_ort_values(self, feeds: dict, output_names, run_options=None) -> OrtValueVector:
+        return self.session.run_with_ort_values(output_names, feeds, run_options)
+
+    def run(self, output_names, feeds, run_options=None) -> list:
+        return self.session.run(output_names, feeds, run_options)
+
+    def run_with_iobinding(self, binding: "IOBinding", run_options=None) -> None:
+        binding._run(run_options)
+
+
+@dataclass
+class EpAssignedNode:
+    """A node of ``get_provider_graph_assignment_info``: its domain, op type and name."""
+    domain: str
+    op_type: str
+    name: str
+
+
+@dataclass
+class EpAssignedSubgraph:
+    """Nodes that one execution provider runs (``get_provider_graph_assignment_info``)."""
+    ep_name: str
+    nodes: list
+
+    def get_nodes(self) -> list:
+        return list(self.nodes)
+
+
+def options_from_model(source, options: SessionOptions) -> SessionOptions:
+    """``options`` with the session options a model carries in its ``ort_config`` metadata (onnxruntime's
+    ``ORT_LOAD_CONFIG_FROM_MODEL``): a copy, with ``intra_op_num_threads``, ``inter_op_num_threads``,
+    ``execution_mode``, ``graph_optimization_level`` and ``enable_profiling`` taken from the JSON's
+    ``session_options`` (integers, checked as onnxruntime checks them); other keys are ignored, as there."""
+    import copy
+    import json
+
+    from .loader import load_model_proto
+    proto, _ = load_model_proto(source)
+    text = next((p.value for p in proto.metadata_props if p.key == "ort_config"), None)
+    if text is None:
+        return options
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise InvalidFeedError(f"Json stored in the `ort_config` key cannot be parsed. Error message: {e}") from None
+    given = config.get("session_options") if isinstance(config, dict) else None
+    if not isinstance(given, dict):
+        return options
+    out = copy.copy(options)
+    allowed = {"intra_op_num_threads": lambda v: v >= 0, "inter_op_num_threads": lambda v: v >= 0,
+               "execution_mode": lambda v: v in (0, 1), "graph_optimization_level": lambda v: v in (0, 1, 2, 99),
+               "enable_profiling": lambda v: v in (0, 1)}
+    for key, value in given.items():
+        if key not in allowed:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidFeedError(f"{key} option in the model file must be an integer")
+        if not allowed[key](value):
+            raise InvalidFeedError(f"Unsupported value for {key} in ORT config: {value}")
+        if key == "execution_mode":
+            value = ExecutionMode(value)
+        elif key == "graph_optimization_level":
+            value = GraphOptimizationLevel(value)
+        elif key == "enable_profiling":
+            value = bool(value)
+        setattr(out, key, value)
+    return out
 
 
 def _strings(name, value: np.ndarray) -> np.ndarray:
@@ -624,7 +751,7 @@ class IOBinding:
     """
 
     def __init__(self, session: InferenceSession):
-        self._s = session
+        self._s = session.session if isinstance(session, _CSession) else session
         self._inputs: dict = {}
         self._outputs: dict = {}  # name -> (buffer or None, on_device)
         self._results: list = []
@@ -639,7 +766,8 @@ class IOBinding:
         self._inputs[name] = self._s._check_feed(name, array)
 
     def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None, buffer_ptr=None):
-        """onnxruntime's signature; ``device_type`` may also be a numpy or device array to write into."""
+        """onnxruntime's signature; ``device_type`` may also be an ``OrtDevice`` (onnxruntime's C form), or a
+        numpy or device array to write into."""
         if name not in self._s._output_index:
             raise InvalidFeedError(f"output {name!r} is not an output of this model; expected one of "
                                    f"{list(self._s._output_index)}")
@@ -647,6 +775,8 @@ class IOBinding:
             raise InvalidFeedError(f"output {name!r}: binding a raw buffer_ptr is not supported; bind a numpy "
                                    f"array or a device array instead")
         buf = None
+        if isinstance(device_type, OrtDevice):
+            device_type = runtime_device(device_type, f"output {name!r}").kind
         if device_type is None or isinstance(device_type, str):
             kind = (device_type or "cpu").lower()
             if kind not in ("cpu", "cuda", "gpu"):

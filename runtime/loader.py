@@ -399,20 +399,24 @@ def _bare_tensor(t: TensorProto) -> TensorProto:
 
 
 def load_graph(model, initializers: dict | None = None, overridable_as_inputs: bool = False,
-               external_files: dict | None = None) -> Graph:
+               external_files: dict | None = None, external_folder: str | None = None) -> Graph:
     """Load ``model`` into an IR graph (external data mapped, local functions inlined).
 
     ``initializers`` (name -> array, ``SessionOptions.add_initializer``) replace the model's initializers of
     those names, whose data is then never read (it may live in an external file that does not exist); each
     must name an initializer of the main graph and match its element type and shape.  ``external_files``
     (location -> bytes, ``SessionOptions.add_external_initializers_from_files_in_memory``) hold the content of
-    external-data files of those locations, read instead of the disk.
+    external-data files of those locations, read instead of the disk.  ``external_folder`` is where the external
+    data of a model given as bytes or a ``ModelProto`` lives (onnxruntime's
+    ``session.model_external_initializers_file_folder_path``; a model loaded from a file keeps its own folder).
 
     Graph inputs that also have an initializer (IR version 4 on: onnxruntime's overridable initializers) are
     listed in ``graph.overridable``; they stay constants unless ``overridable_as_inputs``, which keeps them as
     inputs with their initializers as defaults (``graph.input_defaults``)."""
     isolate.prestart()  # its start overlaps the parsing and mapping below
     proto, base_dir = load_model_proto(model)
+    if base_dir is None and external_folder:
+        base_dir = os.path.abspath(external_folder)
     if not proto.HasField("graph"):
         raise ModelLoadError("model has no graph")
     if proto.functions:

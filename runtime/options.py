@@ -52,6 +52,9 @@ HONOURED_CONFIG = {
     "session.optimized_model_external_initializers_min_size_in_bytes":
         "initializers of at least this many bytes go to the external file (default 1024)",
     "session.disable_cpu_ep_fallback": "always effectively 1: a node without a kernel is an error",
+    "session.model_external_initializers_file_folder_path":
+        "the folder of the external data of a model given as bytes (a model file keeps its own folder)",
+    "session.record_ep_graph_assignment_info": "\"1\": get_provider_graph_assignment_info() lists the nodes",
 }
 
 

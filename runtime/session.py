@@ -147,9 +147,10 @@ def build_graph(model, options: SessionOptions | None = None, provider: str = "C
     class names)."""
     disabled = set(disabled_optimizers or ())
     options = options or SessionOptions()
+    folder = (getattr(options, "_config", None) or {}).get("session.model_external_initializers_file_folder_path")
     graph = model if isinstance(model, Graph) else load_graph(model, getattr(options, "_initializers", None),
                                                               bool(getattr(options, "_overridable_inputs", False)),
-                                                              getattr(options, "_external_files", None))
+                                                              getattr(options, "_external_files", None), folder)
     _override_dims(graph, getattr(options, "_dim_by_name", {}), getattr(options, "_dim_by_denotation", {}))
     strict = bool(getattr(options, "strict_shape_inference", False))
     InferShapes(strict=strict)(graph)

@@ -190,3 +190,16 @@ def test_provider_arguments_are_normalized_as_onnxruntime_does(data):
     sess = ort.InferenceSession(os.path.join(data, "mul_1.onnx"))
     with pytest.raises(RuntimeError, match="Unknown Provider Type: InvalidProvider"):
         sess.set_providers(["InvalidProvider"])
+
+
+def test_external_data_folder_of_a_model_given_as_bytes(data):
+    raw = open(os.path.join(data, "model_with_orig_ext_data.onnx"), "rb").read()
+    x = {"X": np.array([[2.0, 3.0]], np.float32)}
+    with pytest.raises(ort.ExternalDataPathError, match="not loaded from a"):
+        ort.InferenceSession(raw)
+    ours, theirs = ort.SessionOptions(), onnxruntime.SessionOptions()
+    for so in (ours, theirs):
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", data)
+    got = ort.InferenceSession(raw, ours).run(None, x)[0]
+    assert np.array_equal(got, onnxruntime.InferenceSession(raw, theirs).run(None, x)[0])
+    assert np.array_equal(got, np.array([[2, 4, 6], [3, 6, 9]], np.float32) + np.arange(6).reshape(2, 3))

@@ -44,13 +44,42 @@ _PROVIDERS = {"cpu": "cpu", "cuda": "cuda", "cpuexecutionprovider": "cpu", "cuda
 class Config:
     """A package's configuration before loading: ``overlay(json)`` merges a JSON object into its
     genai_config.json; ``clear_providers`` / ``append_provider(name)`` choose the device (``cpu`` or
-    ``cuda``); ``set_provider_option`` records a provider's options."""
+    ``cuda``); ``set_provider_option`` records a provider's options; ``add_model_data(filename, data)`` gives a
+    model file's bytes in memory (the file need not exist; its external data is read from the package folder)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
         self.overlays = []
         self.providers = None  # None: the package's own choice (the CPU unless the caller says)
         self.provider_options = {}
+        self.model_data = {}   # the config's filename of a model -> its bytes
+
+    def add_model_data(self, model_filename: str, model_data):
+        """The bytes of the model the config names ``model_filename`` (``bytes``, or a one-dimensional uint8
+        buffer: ``bytearray``, ``memoryview``, a numpy array), used when a ``Model`` loads from this config."""
+        if isinstance(model_data, bytes):
+            data = model_data
+        else:
+            try:
+                view = memoryview(model_data)
+            except TypeError:
+                raise RequestError("Unsupported input type. Expected bytes or buffer.") from None
+            if view.ndim != 1 or view.format not in ("B", "<B", "=B"):
+                raise RequestError("Expected a 1D buffer of uint8_t")
+            data = view.tobytes()
+        if not data:
+            raise RequestError("Expected a valid model data pointer and length. Received nullptr or zero length.")
+        name = str(model_filename)
+        if name in self.model_data:
+            raise RequestError(f"Model data for '{name}' was already added previously. If you want to replace it, "
+                               f"please remove it first.")
+        self.model_data[name] = data
+
+    def remove_model_data(self, model_filename: str):
+        name = str(model_filename)
+        if name not in self.model_data:
+            raise RequestError(f"Model data for '{name}' was not found.")
+        del self.model_data[name]
 
     def overlay(self, json_text: str):
         try:
@@ -106,7 +135,7 @@ class Model:
         config = path_or_config if isinstance(path_or_config, Config) else Config(path_or_config)
         self.config = config
         self.path = config.path
-        self.spec = load_package(self.path, config.merged_overlay() or None)
+        self.spec = load_package(self.path, config.merged_overlay() or None, dict(config.model_data))
         if device is None and config.device == "cuda":
             from .environment import get_current_gpu_device_id
             device = f"cuda:{get_current_gpu_device_id()}"

@@ -24,6 +24,7 @@ out; ``transfers`` counts exactly those bytes.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,9 +36,33 @@ __all__ = ["ComponentSession", "OrtComponent", "NativeComponent", "DecoderCompon
            "NativeDecoder", "Transfers"]
 
 
-def _ort_session(path, providers=None):
+FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def model_source(spec: ComponentSpec, options=None):
+    """(what a session loads for ``spec``, its session options): the component's file; or, for bytes given in
+    memory (``og.Config.add_model_data``), the bytes, with the component's folder as the folder of their external
+    data (``session.model_external_initializers_file_folder_path``, as onnxruntime-genai sets it), in a copy of
+    ``options`` (this runtime's; new ones when None)."""
+    if spec.data is None:
+        return spec.filename, options
+    import copy
+    if options is None:
+        from runtime import SessionOptions
+        options = SessionOptions()
+    else:
+        options = copy.copy(options)
+    options.add_session_config_entry(FOLDER_KEY, os.path.dirname(spec.filename))
+    return spec.data, options
+
+
+def _ort_session(spec: ComponentSpec, providers=None):
     import onnxruntime as ort
-    return ort.InferenceSession(path, providers=providers or ["CPUExecutionProvider"])
+    options = None
+    if spec.data is not None:
+        options = ort.SessionOptions()
+        options.add_session_config_entry(FOLDER_KEY, os.path.dirname(spec.filename))
+    return ort.InferenceSession(spec.source, options, providers=providers or ["CPUExecutionProvider"])
 
 
 class ComponentSession:
@@ -65,7 +90,7 @@ class OrtComponent(ComponentSession):
     backend = "ort"
 
     def __init__(self, spec: ComponentSpec, providers=None):
-        super().__init__(spec, _ort_session(spec.filename, providers))
+        super().__init__(spec, _ort_session(spec, providers))
 
 
 class NativeComponent(ComponentSession):
@@ -73,7 +98,7 @@ class NativeComponent(ComponentSession):
 
     def __init__(self, spec: ComponentSpec, providers=None, options=None):
         from runtime import InferenceSession
-        super().__init__(spec, InferenceSession(spec.filename, options, providers=providers))
+        super().__init__(spec, InferenceSession(*model_source(spec, options), providers=providers))
 
 
 @dataclass
@@ -419,7 +444,7 @@ class OrtDecoder(DecoderComponent):
     backend = "ort"
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None):
-        super().__init__(spec, pipeline, _ort_session(spec.filename, providers), max_length, batch)
+        super().__init__(spec, pipeline, _ort_session(spec, providers), max_length, batch)
 
     def _run(self, feeds, seq_len):
         for i in self.io.kv_inputs:
@@ -447,7 +472,7 @@ class NativeDecoder(DecoderComponent):
         options = decoder_options(options, "ONNX_NUMBA_KV_SHARE_BUFFER", "kv_share_buffer")
         self._want_shared = bool(options.kv_share_buffer)
         self._options, self._providers = options, providers
-        sess = InferenceSession(spec.filename, options, providers=providers)
+        sess = InferenceSession(*model_source(spec, options), providers=providers)
         super().__init__(spec, pipeline, sess, max_length, batch)
         self._order = [i.name for i in sess.get_inputs()]
         self._twin = None  # the plan that takes the overridable initializers as inputs (see _plan_for)
@@ -472,7 +497,7 @@ class NativeDecoder(DecoderComponent):
             from runtime import InferenceSession
             options = copy.copy(self._options)
             options._overridable_inputs = True
-            twin = InferenceSession(self.spec.filename, options, providers=self._providers)
+            twin = InferenceSession(*model_source(self.spec, options), providers=self._providers)
             self._twin = (twin, [i.name for i in twin.get_inputs()], dict(twin._defaults))
         return self._twin
 

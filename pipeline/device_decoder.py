@@ -51,7 +51,7 @@ import numpy as np
 
 from runtime import cuda as rc
 
-from .components import DecoderComponent, Transfers, np_type, decoder_options
+from .components import DecoderComponent, Transfers, decoder_options, model_source, np_type
 from .kv_cache import CopiedKV, Memory, Rows, SharedKV, policy_for
 from .spec import MetadataError
 
@@ -198,7 +198,7 @@ class CudaDecoder(DecoderComponent):
         options = decoder_options(options, "ONNX_NUMBA_KV_SHARE_BUFFER", "kv_share_buffer")
         self._want_shared = bool(options.kv_share_buffer)
         # The session raises UnsupportedOpError for a node without a CUDA kernel: never caught here.
-        sess = InferenceSession(spec.filename, options, providers=providers or [CUDA_PROVIDER])
+        sess = InferenceSession(*model_source(spec, options), providers=providers or [CUDA_PROVIDER])
         self._dev = {}  # persistent device buffers: ("ones", dtype) / ("arange", dtype) / ("pos", dtype) / ...
         super().__init__(spec, pipeline, sess, max_length, batch)
         self.device = str(sess.device)

@@ -40,7 +40,7 @@ import os
 import re
 
 from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value,
-                             read_document, required, resolve_in_package, search_options)
+                             read_document, required, component_spec, search_options)
 from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
 from .marian import is_marian, load_marian_config
 from .text_only import admit_text_only, images_optional
@@ -211,7 +211,8 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
     if heads is None and kv is None:
         return
     try:
-        m = onnx.load(decoder.filename, load_external_data=False)
+        m = onnx.load_from_string(decoder.data) if decoder.data is not None else \
+            onnx.load(decoder.filename, load_external_data=False)
     except Exception:  # graph_ports read it already; nothing new to say
         return
     for n in m.graph.node:
@@ -226,21 +227,24 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
                                 f"kv_num_heads {a['kv_num_heads']}")
 
 
-def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None = None) -> PipelineSpec:
+def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None = None,
+                      files: dict | None = None) -> PipelineSpec:
     """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM.  ``overlay``:
     a mapping merged into the file's (``og.Config.overlay``): its mappings merge key by key, other values
-    replace the file's."""
+    replace the file's.  ``files``: model files given in memory (``og.Config.add_model_data``), by the name
+    the config gives them; such a file need not exist in the folder."""
+    files = files or {}
     cfg = _read_json(root, name)
     if overlay:
         cfg = merged(cfg, overlay)
     model, dec = _model_sections(cfg)
     if is_marian(model):
-        return load_marian_config(root, cfg, model)
+        return load_marian_config(root, cfg, model, files)
     graphs = Graphs()
-    decoder, n_layers, ins = _load_decoder(root, dec, graphs)
-    components = _side_components(root, model)
+    decoder, n_layers, ins = _load_decoder(root, dec, graphs, files)
+    components = _side_components(root, model, files)
     components["decoder"] = decoder
-    edges = _vlm_edges(model, components, decoder) + _audio_encoder(root, model, components, n_layers)
+    edges = _vlm_edges(model, components, decoder) + _audio_encoder(root, model, components, n_layers, files)
     for comp in components.values():
         check_io_ports(comp, graphs, f"model.{comp.name}")
     spec = _genai_spec(root, cfg, model, dec, components, edges, n_layers, ins)
@@ -274,11 +278,11 @@ def _model_sections(cfg: dict) -> tuple[dict, dict]:
     return model, dec
 
 
-def _load_decoder(root: str, dec: dict, graphs: Graphs) -> tuple[ComponentSpec, int, dict]:
+def _load_decoder(root: str, dec: dict, graphs: Graphs, files: dict) -> tuple[ComponentSpec, int, dict]:
     """The decoder component with its io expanded over the layers, its layer count and its graph inputs."""
     n_declared = int_value(dec.get("num_hidden_layers"), "model.decoder.num_hidden_layers", minimum=1)
-    fname = resolve_in_package(root, required(dec, "filename", "model.decoder"), "model.decoder.filename")
-    decoder = ComponentSpec("decoder", fname, "decoder")
+    decoder = component_spec(root, dec, "model.decoder", "decoder", "decoder", files)
+    fname = decoder.filename
     ins, outs = graphs(decoder)
     inputs, outputs = _decoder_ports(dec, ins, outs)
     # onnxruntime-genai counts the layers the graph's caches name; num_hidden_layers only where they name none
@@ -290,7 +294,7 @@ def _load_decoder(root: str, dec: dict, graphs: Graphs) -> tuple[ComponentSpec, 
     return decoder, n_layers, ins
 
 
-def _side_components(root: str, model: dict) -> dict:
+def _side_components(root: str, model: dict, files: dict) -> dict:
     """The ``vision``, ``speech`` and ``embedding`` components a split multimodal config declares (a section
     without a filename is absent)."""
     components = {}
@@ -298,22 +302,20 @@ def _side_components(root: str, model: dict) -> dict:
         sec = model.get(sec_name)
         if not isinstance(sec, dict) or not sec.get("filename"):
             continue
-        comp = ComponentSpec(sec_name, resolve_in_package(root, sec["filename"], f"model.{sec_name}.filename"),
-                             ctype)
+        comp = component_spec(root, sec, f"model.{sec_name}", sec_name, ctype, files)
         comp.io.token_input = (sec.get("inputs") or {}).get("input_ids")
         components[sec_name] = comp
     return components
 
 
-def _audio_encoder(root: str, model: dict, components: dict, n_layers: int) -> list:
+def _audio_encoder(root: str, model: dict, components: dict, n_layers: int, files: dict) -> list:
     """A Whisper package's ``encoder`` section: the component (run once over the caller's ``audio_features``) and
     the edges from its cross-attention caches (``cross_present_key_names`` / ``_value_names``) to the decoder's
     (``cross_past_key_names`` / ``_value_names``), one pair per layer; no section, no edges."""
     sec = model.get("encoder")
     if model.get("type") != "whisper" or not isinstance(sec, dict):
         return []
-    comp = ComponentSpec("encoder", resolve_in_package(root, required(sec, "filename", "model.encoder"),
-                                                       "model.encoder.filename"), "audio_encoder")
+    comp = component_spec(root, sec, "model.encoder", "encoder", "audio_encoder", files)
     components["encoder"] = comp
     enc_out = sec.get("outputs") or {}
     dec_in = (model["decoder"].get("inputs") or {})

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .package_checks import int_value, required, resolve_in_package, search_options, eos_list
+from .package_checks import component_spec, int_value, required, search_options, eos_list
 from .spec import ComponentSpec, MetadataError, PipelineSpec, RequestError, Stage
 
 __all__ = ["is_marian", "load_marian_config", "MarianPipeline"]
@@ -47,17 +47,16 @@ def _ports(sec: dict, defaults: dict) -> dict:
     return names
 
 
-def load_marian_config(root: str, cfg: dict, model: dict) -> PipelineSpec:
+def load_marian_config(root: str, cfg: dict, model: dict, files: dict | None = None) -> PipelineSpec:
     """The spec of a Marian package: components ``encoder`` and ``decoder``, their port names and the encoder's
-    hidden size (the recurrent state's last axis)."""
+    hidden size (the recurrent state's last axis); ``files``: model files given in memory, by name."""
     enc_sec = required(model, "encoder", "model")
     dec_sec = required(model, "decoder", "model")
     components = {}
     for name, sec in (("encoder", enc_sec), ("decoder", dec_sec)):
         if not isinstance(sec, dict):
             raise MetadataError(f"model.{name}: expected a mapping")
-        fname = resolve_in_package(root, required(sec, "filename", f"model.{name}"), f"model.{name}.filename")
-        components[name] = ComponentSpec(name, fname, name)
+        components[name] = component_spec(root, sec, f"model.{name}", name, name, files or {})
     hidden = int_value(required(enc_sec, "hidden_size", "model.encoder"), "model.encoder.hidden_size",
                        optional=False, minimum=1)
     bos = int_value(required(model, "bos_token_id", "model"), "model.bos_token_id", optional=False)

@@ -54,9 +54,10 @@ _SEQUENCE_SOURCES = ("token_ids", "inputs_embeds")
 
 # ----------------------------------------------------------------------------------------------- entry point
 
-def load_package(path, overlay: dict | None = None) -> PipelineSpec:
+def load_package(path, overlay: dict | None = None, files: dict | None = None) -> PipelineSpec:
     """Read the package at ``path`` (a folder, or its genai_config.json / inference_metadata.yaml); ``overlay``:
-    a mapping merged into a genai_config.json (``og.Config.overlay``)."""
+    a mapping merged into a genai_config.json (``og.Config.overlay``); ``files``: a genai_config.json package's
+    model files given in memory, by the name the config gives them (``og.Config.add_model_data``)."""
     path = os.fspath(path)
     if os.path.isfile(path):
         root, name = os.path.split(os.path.abspath(path))
@@ -72,11 +73,12 @@ def load_package(path, overlay: dict | None = None) -> PipelineSpec:
             raise IncompletePackageError(f"package folder {path!r} holds neither {INFERENCE_METADATA} nor "
                                          f"{GENAI_CONFIG}")
     if name.endswith((".yaml", ".yml")):
-        if overlay:
-            raise MetadataError(f"{path!r}: an overlay applies to a {GENAI_CONFIG}, not to {name}")
+        if overlay or files:
+            raise MetadataError(f"{path!r}: overlays and model data in memory apply to a {GENAI_CONFIG}, not to "
+                                f"{name}")
         return load_inference_metadata(root, name)
     if name.endswith(".json"):
-        return load_genai_config(root, name, overlay)
+        return load_genai_config(root, name, overlay, files)
     raise MetadataError(f"{path!r}: expected a {GENAI_CONFIG} or {INFERENCE_METADATA} file")
 
 

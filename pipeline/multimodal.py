@@ -59,7 +59,7 @@ import numpy as np
 
 from .image_transforms import TRANSFORMS, UnsupportedTransform
 from .package_checks import graph_ports, resolve_in_package
-from .spec import RequestError
+from .spec import ComponentSpec, RequestError
 
 __all__ = ["Images", "MultiModalProcessor", "create_processor", "PROCESSOR_TYPES", "QWEN_TYPES"]
 
@@ -171,8 +171,8 @@ class MultiModalProcessor:
         self.steps = _steps(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
                                                "model.vision.config_filename"), ("processor", "transforms"),
                             TRANSFORMS, "processor")
-        vision_file = resolve_in_package(spec.root, section["filename"], "model.vision.filename")
-        self.pixel_type = _input_type(vision_file, (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
+        self.pixel_type = _input_type(_model_of(spec, "vision", section),
+                                      (section.get("inputs") or {}).get("pixel_values", "pixel_values"))
 
     def _init_speech(self, spec):
         """Phi-4-multimodal's or Gemma 4's audio side, when the package has one: the speech section's processor
@@ -186,18 +186,18 @@ class MultiModalProcessor:
         path = resolve_in_package(spec.root, name, "model.speech.config_filename") if name else None
         if path is not None and os.path.isfile(path):
             self.audio_steps = _steps(path, ("feature_extraction", "sequence"), AUDIO_STEPS, "audio processor")
-            sfile = resolve_in_package(spec.root, speech["filename"], "model.speech.filename")
-            self.audio_type = _input_type(sfile, (speech.get("inputs") or {}).get("audio_embeds", "audio_embeds"))
+            self.audio_type = _input_type(_model_of(spec, "speech", speech),
+                                          (speech.get("inputs") or {}).get("audio_embeds", "audio_embeds"))
         elif speech.get("filename"):
             raise RequestError(f"Speech model is configured (speech.filename={speech['filename']}) but the audio "
                                f"processor config file was not found at: {path}")
         vision = spec.vision_config or {}
-        vfile = resolve_in_package(spec.root, vision.get("filename", ""), "model.vision.filename")
+        vcomp = _model_of(spec, "vision", vision)
         vin = vision.get("inputs") or {}
         if spec.model_type == "phi4mm":
-            self.mask_type = _input_type(vfile, vin.get("attention_mask", "image_attention_mask"))
+            self.mask_type = _input_type(vcomp, vin.get("attention_mask", "image_attention_mask"))
         else:  # Gemma 4's patch positions: int32 or int64, as the vision model takes them
-            ins, _ = graph_ports(vfile)
+            ins, _ = graph_ports(vcomp.filename, vcomp.data)
             port = vin.get("pixel_position_ids", "pixel_position_ids")
             self.position_type = np.int32 if port in ins and ins[port][1] == "int32" else np.int64
 
@@ -211,7 +211,7 @@ class MultiModalProcessor:
         enc = spec.components.get("encoder")
         if enc is None:
             raise RequestError("MultiModalProcessor: the Whisper package has no model.encoder section")
-        self.pixel_type = _input_type(enc.filename, "audio_features")
+        self.pixel_type = _input_type(enc, "audio_features")
 
     def _whisper(self, prompt, audios):
         """Whisper: each clip's log-mel features stacked (``audio_features``); the prompt, or one per clip,
@@ -488,11 +488,21 @@ class MultiModalProcessor:
         return np.asarray(ids, np.int32).reshape(1, -1)
 
 
-def _input_type(filename: str, name: str) -> str:
+def _model_of(spec, name: str, section: dict) -> ComponentSpec:
+    """The package's component ``name`` (its file, or its bytes given in memory); a section the spec holds no
+    component for (a model kept out of a text-only package) by its file."""
+    comp = spec.components.get(name)
+    if comp is not None:
+        return comp
+    return ComponentSpec(name, resolve_in_package(spec.root, section.get("filename", ""), f"model.{name}.filename"),
+                         name)
+
+
+def _input_type(comp: ComponentSpec, name: str) -> str:
     """The dtype name (``float32``, ``float16`` or ``bfloat16``) of the model's input ``name``."""
-    ins, _ = graph_ports(filename)
+    ins, _ = graph_ports(comp.filename, comp.data)
     if name not in ins:
-        raise RequestError(f"MultiModalProcessor: the model {filename!r} has no input {name!r}")
+        raise RequestError(f"MultiModalProcessor: the model {comp.filename!r} has no input {name!r}")
     dtype = ins[name][1]
     if dtype not in ("float32", "float16", "bfloat16"):
         raise RequestError(f"MultiModalProcessor: the model's {name!r} is {dtype}; expected float32, float16 or "

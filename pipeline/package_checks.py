@@ -27,7 +27,7 @@ from .spec import ComponentSpec, IncompletePackageError, MetadataError, Pipeline
 
 __all__ = ["resolve_in_package", "read_document", "graph_ports", "Graphs", "check_keys", "required", "str_value", "int_value",
            "search_options", "eos_list", "find_tokenizer_dir", "position_rank", "implicit_positions", "check_io_ports",
-           "check_edges"]
+           "check_edges", "component_spec"]
 
 # search keys the builder writes that only matter for beam search; accepted at their neutral values
 _NEUTRAL_SEARCH = {"num_beams": 1, "num_return_sequences": 1, "no_repeat_ngram_size": 0, "diversity_penalty": 0.0,
@@ -58,6 +58,15 @@ def resolve_in_package(root: str, rel, key: str, *, must_exist: bool = True, kin
     return full
 
 
+def component_spec(root: str, section: dict, key: str, name: str, ctype: str, files: dict) -> ComponentSpec:
+    """The component of a config section's ``filename``: its file in the package, or its bytes from ``files``
+    (then the file need not exist)."""
+    rel = required(section, "filename", key)
+    data = files.get(rel) if isinstance(rel, str) else None
+    fname = resolve_in_package(root, rel, f"{key}.filename", must_exist=data is None)
+    return ComponentSpec(name, fname, ctype, data=data)
+
+
 def read_document(root: str, name: str, load, errors, fmt: str, top: str) -> dict:
     """The mapping at the top of the package's config file ``name``, parsed by ``load``; ``errors`` are its
     parse errors (reported as not valid ``fmt``), ``top`` names the mapping in the message when it is not one."""
@@ -77,14 +86,15 @@ def _dtype_name(elem_type: int) -> str:
     return {"float": "float32", "double": "float64", "float16": "float16"}.get(name, name)
 
 
-def graph_ports(filename: str) -> tuple[dict, dict]:
-    """(inputs, outputs) of an ONNX file: name -> (shape list of int|str|None, dtype name).
+def graph_ports(filename: str, data: bytes | None = None) -> tuple[dict, dict]:
+    """(inputs, outputs) of an ONNX file (or of ``data``, its bytes given in memory): name -> (shape list of
+    int|str|None, dtype name).
 
     Initializers listed as graph inputs (old exporters) are not ports.  External data is not read.
     """
     import onnx
     try:
-        m = onnx.load(filename, load_external_data=False)
+        m = onnx.load_from_string(data) if data is not None else onnx.load(filename, load_external_data=False)
     except Exception as e:  # a truncated or non-ONNX file is a broken package
         raise IncompletePackageError(f"{filename}: not a readable ONNX model ({e})") from e
     inits = {t.name for t in m.graph.initializer}
@@ -109,7 +119,7 @@ class Graphs:
 
     def __call__(self, comp: ComponentSpec) -> tuple[dict, dict]:
         if comp.filename not in self._cache:
-            self._cache[comp.filename] = graph_ports(comp.filename)
+            self._cache[comp.filename] = graph_ports(comp.filename, comp.data)
         return self._cache[comp.filename]
 
 

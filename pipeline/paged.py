@@ -26,6 +26,8 @@ never copied; every block id and position is checked by the op before it reads o
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from runtime.passes.base import Pass, PassResult
@@ -157,7 +159,7 @@ class PagedDecoder:
             raise PagedUnsupportedError(f"decoder {dec.name!r} has no attention mask input")
         self.block_size = int(block_size)
         self.num_blocks = int(num_blocks)
-        graph = load_graph(dec.filename)
+        graph = load_graph(dec.source, external_folder=os.path.dirname(dec.filename))
         pas = MakePaged(zip(io.kv_inputs, io.kv_outputs), spec.head_size)
         pas(graph)
         options = decoder_options(options, "ONNX_NUMBA_COMPILED_REGIONS", "compiled_regions")

@@ -75,6 +75,12 @@ class ComponentSpec:
     type: str            # e.g. "decoder", "embedding", "vision_encoder"
     io: IOSpec = field(default_factory=IOSpec)
     tokenizer: str | None = None
+    data: bytes | None = field(default=None, repr=False)  # the model's bytes, given in memory in place of the file
+
+    @property
+    def source(self):
+        """What loads the model: its bytes when given in memory (``og.Config.add_model_data``), else its file."""
+        return self.data if self.data is not None else self.filename
 
 
 @dataclass

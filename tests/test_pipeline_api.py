@@ -596,3 +596,39 @@ def test_tool_and_reasoning_tag_ids(tmp_path, ort_genai):
         found.append(got)
     assert found[1] == found[0]
     assert found[0][:6] == [5, 6, 7, 8, 151657, 151658]
+
+
+@pytest.mark.parametrize("native", ["none", "all"])
+def test_a_model_given_in_memory_decodes_as_onnxruntime_genai_does(ort_genai, native, tmp_path):
+    import shutil
+    folder = tmp_path / "pkg"
+    shutil.copytree(LLAMA, folder)
+    data = (folder / "model.onnx").read_bytes()
+    (folder / "model.onnx").unlink()            # only the bytes remain; model.onnx.data stays in the folder
+
+    def decode(lib, **kw):
+        cfg = lib.Config(str(folder))
+        cfg.add_model_data("model.onnx", memoryview(data))
+        model = lib.Model(cfg, **kw)
+        cfg.remove_model_data("model.onnx")     # the model keeps what it loaded
+        params = lib.GeneratorParams(model)
+        params.set_search_options(max_length=14)
+        g = lib.Generator(model, params)
+        g.append_tokens(np.array([[285, 79, 339]], np.int32))
+        while not g.is_done():
+            g.generate_next_token()
+        return g.get_sequence(0).tolist()
+    assert decode(og, native=native) == decode(ort_genai)
+    cfg = og.Config(str(folder))
+    from pipeline.spec import IncompletePackageError
+    with pytest.raises(IncompletePackageError, match="model.onnx' is missing"):
+        og.Model(cfg)
+    for bad, words in ((b"", "Received nullptr or zero length"), ("text", "Expected bytes or buffer"),
+                       (np.zeros((2, 2), np.uint8), "Expected a 1D buffer of uint8_t")):
+        with pytest.raises(RuntimeError, match=words):
+            cfg.add_model_data("model.onnx", bad)
+    cfg.add_model_data("model.onnx", data)
+    with pytest.raises(RuntimeError, match="was already added previously"):
+        cfg.add_model_data("model.onnx", data)
+    with pytest.raises(RuntimeError, match="Model data for 'x.onnx' was not found."):
+        cfg.remove_model_data("x.onnx")

@@ -164,21 +164,12 @@ def _tree_kernel(X, modes, feats, splits, tnode, fnode, tleaf, fleaf, miss_true,
                 out[r, k] /= roots.shape[0]
 
 
-def _erfinv(x):
-    # Giles' single-precision approximation, as onnxruntime's PROBIT uses.
-    w = -np.log((1.0 - x) * (1.0 + x))
-    small = w < 5.0
-    ws = w - 2.5
-    p1 = 2.81022636e-08
-    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503, -0.00417768164,
-              0.246640727, 1.50140941):
-        p1 = c + p1 * ws
-    wl = np.sqrt(np.maximum(w, 5.0)) - 3.0
-    p2 = -0.000200214257
-    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613, 0.00943887047,
-              1.00167406, 2.83297682):
-        p2 = c + p2 * wl
-    return np.where(small, p1, p2) * x
+@njit(cache=True, nogil=True)
+def _probit_all(y, out):
+    """onnxruntime's PROBIT (``_probit32``, in float32) of every element of ``y`` into ``out``."""
+    flat, dst = y.ravel(), out.ravel()
+    for k in range(flat.shape[0]):
+        dst[k] = _probit32(np.float32(flat[k]))
 
 
 def _post(y, post_transform):
@@ -194,7 +185,9 @@ def _post(y, post_transform):
         s = e.sum(axis=1, keepdims=True)
         return np.where(s == 0, 0.0, e / np.where(s == 0, 1.0, s))
     if post_transform == 4:
-        return math.sqrt(2.0) * _erfinv(2.0 * y - 1.0)
+        out = np.empty(y.shape, np.float32)
+        _probit_all(np.ascontiguousarray(y), out)
+        return out
     raise InvalidAttributeError(f"TreeEnsemble: post_transform must be 0..4, got {post_transform}")
 
 
@@ -331,7 +324,7 @@ def _logistic32(v):
 @njit(cache=True, nogil=True)
 def _probit32(v):
     """onnxruntime's ComputeProbit in float32: sqrt(2) * ErfInv(2v - 1), ErfInv being Winitzki's approximation
-    with a = 0.147 (not the Giles polynomial ``_erfinv`` gives TreeEnsemble 5)."""
+    with a = 0.147 (TreeEnsemble 5's PROBIT too)."""
     x = np.float32(2.0) * v - _F1
     sgn = np.float32(-1.0) if x < 0 else _F1
     x = (_F1 - x) * (_F1 + x)

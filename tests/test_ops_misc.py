@@ -233,6 +233,20 @@ def test_tree_ensemble_against_ort():
     _compare("TreeEnsemble", {"X": X}, opsets=ML, domain="ai.onnx.ml", **attrs)
 
 
+def test_tree_ensemble_probit_is_onnxruntimes():
+    """PROBIT is onnxruntime's float32 formula (Winitzki's inverse error function, a = 0.147): Giles' polynomial
+    lands 4e-5 away.  LOGISTIC and SOFTMAX keep the spec's numbering (2 and 1), which onnxruntime's kernel swaps."""
+    attrs = dict(
+        nodes_featureids=[0, 1], nodes_modes=numpy_helper.from_array(np.array([0, 1], np.uint8)),
+        nodes_splits=numpy_helper.from_array(np.array([0.0, 0.5], np.float32)),
+        nodes_truenodeids=[0, 2], nodes_trueleafs=[1, 1], nodes_falsenodeids=[1, 3], nodes_falseleafs=[1, 1],
+        leaf_targetids=[0, 1, 0, 1],
+        leaf_weights=numpy_helper.from_array(RNG.uniform(0.05, 0.45, 4).astype(np.float32)),
+        tree_roots=[0, 1], n_targets=2, aggregate_function=1, post_transform=4)
+    X = RNG.uniform(-1, 2, (200, 2)).astype(np.float32)
+    _compare("TreeEnsemble", {"X": X}, rtol=1e-6, atol=1e-6, opsets=ML, domain="ai.onnx.ml", **attrs)
+
+
 def test_label_encoder_and_binarizer():
     X = _obj(["a", "b", "c", "zz"] * 50)
     _compare("LabelEncoder", {"X": X}, opsets=(("", 20), ("ai.onnx.ml", 4)), domain="ai.onnx.ml",

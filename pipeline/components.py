@@ -132,6 +132,7 @@ class DecoderComponent:
     (``_make_cache``) and how a step runs (``_run``, which hands the step's presents and state to ``_keep``)."""
 
     backend = "?"
+    rows_alone = False  # runs a padded batch's first run row by row when padding would reach recurrent state
 
     def __init__(self, spec: ComponentSpec, pipeline: PipelineSpec, session, max_length: int, batch: int = 1):
         self.spec = spec
@@ -344,17 +345,18 @@ class DecoderComponent:
     @property
     def runs_ragged(self) -> bool:
         """Rows of a batch may have different lengths: the decoder has attention caches and a mask, and no
-        recurrent state (a row's padding would run through it: the graphs do not mask it), sliding-window
-        caches, positions that carry an image's maxima (``carry_max``) or combined key-and-value caches (whose
-        Attention appends a row's new keys after the whole batch's past).  Position ids (rank 2, or rank 3
-        with the same text positions in each stream) are built per row."""
+        sliding-window caches, positions that carry an image's maxima (``carry_max``) or combined key-and-value
+        caches (whose Attention appends a row's new keys after the whole batch's past).  Position ids (rank 2,
+        or rank 3 with the same text positions in each stream) are built per row.  Recurrent state (which the
+        graphs do not mask, so a row's padding would run through it) takes rows of different lengths in the
+        batch's first run only, each row run alone (``rows_alone``); later runs then feed one token per row."""
         io = self.io
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         carried = bool(pname and pname in self.inputs and pos is not None and pos.rank == 3
                        and pos.continuation == "carry_max")
-        return bool(io.attention_mask_input in self.inputs and not io.state_pairs and not self._window
-                    and not carried and io.kv_batch_axis == 0)
+        return bool(io.attention_mask_input in self.inputs and (self.rows_alone or not io.state_pairs)
+                    and not self._window and not carried and io.kv_batch_axis == 0)
 
     def _ragged(self, lengths, seq_len):
         """``lengths``: how many of the ``seq_len`` new positions of each row are real (a right-padded batch,
@@ -373,9 +375,9 @@ class DecoderComponent:
                 return None
             if not self.runs_ragged:
                 raise NotImplementedError(f"decoder {self.spec.name!r}: rows of different lengths are run for "
-                                          f"decoders with attention caches and a mask only (no recurrent state, "
-                                          f"sliding-window caches, positions that carry an image's maxima or "
-                                          f"combined key-and-value caches)")
+                                          f"decoders with attention caches and a mask only (no sliding-window "
+                                          f"caches, positions that carry an image's maxima, combined "
+                                          f"key-and-value caches, or recurrent state on this backend)")
             self.row_lengths = np.full(self.batch, self.cache.length, np.int64)
             self.cache.ragged = True
         return n
@@ -408,7 +410,10 @@ class DecoderComponent:
         for k, v in (extra or {}).items():
             self.transfers.note_in(k, v)
         self._init_state()
-        logits = self._run(feeds, seq_len)
+        if n is not None and self.io.state_pairs and (n < seq_len).any():
+            logits = self._rows_alone(name, x, feeds, n)
+        else:
+            logits = self._run(feeds, seq_len)
         self.transfers.calls += 1
         if n is None:
             last = logits[:, -1, :] if logits.ndim == 3 else logits
@@ -423,6 +428,57 @@ class DecoderComponent:
             out = np.ascontiguousarray(last)
         self.transfers.note_out(out)
         return out
+
+    def _rows_alone(self, name, x, feeds, n):
+        """A padded batch's run on a decoder with recurrent state: each row alone, over its ``n[b]`` real
+        positions, from its live past and state, so that no pad reaches the state; then the rows' presents and
+        states kept as the batch's (each present padded with zeros past its row's end, which the masks of later
+        steps never reach) and the rows' logits (zeros past each row's end) returned.  The batch's first run
+        only: later ones feed one position per row, which a batched run takes as it is."""
+        if self.cache.length:
+            raise NotImplementedError(f"decoder {self.spec.name!r}: a decoder with recurrent state takes rows of "
+                                      f"different lengths in its first run only; append one token per row, or "
+                                      f"rows of one length, after it")
+        seq_len = x.shape[1]
+        pname = self.io.position_ids_input or (self.pipeline.positions.input if self.pipeline.positions else None)
+        per_row = []
+        for b in range(self.batch):
+            k = int(n[b])
+            row = {}
+            for key, v in feeds.items():
+                v = np.asarray(v)
+                if key == name or key == self.io.attention_mask_input or (v.ndim == 2 and v.shape == x.shape[:2]):
+                    row[key] = np.ascontiguousarray(v[b:b + 1, :k])
+                elif key == pname and v.ndim == 3:  # (3, batch, sequence) positions
+                    row[key] = np.ascontiguousarray(v[:, b:b + 1, :k])
+                elif v.ndim and v.shape[0] == self.batch:
+                    row[key] = np.ascontiguousarray(v[b:b + 1])
+                else:
+                    row[key] = v
+            for i in self.io.kv_inputs:  # an empty past of one row (the batch axis is 0 here: runs_ragged)
+                spec = self._cache_spec(i)
+                row[i] = np.zeros((1,) + spec.with_rows(0)[1:], spec.dtype)
+            for p in self.io.state_pairs:
+                row[p.input] = np.ascontiguousarray(self._host(self.state[p.input])[b:b + 1])
+            per_row.append(dict(zip(self.output_names, self.session.run(None, row))))
+        results = {}
+        for o in self.output_names:
+            parts = [r[o] for r in per_row]
+            axis = next((self._cache_spec(i).axis for i, oo in self._kv_pairs if oo == o), None)
+            if o == self.io.logits_output and parts[0].ndim == 3:
+                axis = 1
+            if axis is not None:
+                padded = []
+                for part in parts:
+                    widths = [(0, 0)] * part.ndim
+                    widths[axis] = (0, seq_len - part.shape[axis])
+                    padded.append(np.pad(part, widths))
+                parts = padded
+            results[o] = np.concatenate(parts, axis=0)
+        for i in self.io.kv_inputs:  # the buffers a batched run would have fed (a shared cache makes them here)
+            self.cache.past(i)
+        self._keep(results, seq_len)
+        return results[self.io.logits_output]
 
     def _keep(self, results: dict, seq_len):
         """Keep a step's presents (in the cache) and state (``results``: output name -> value)."""
@@ -442,6 +498,7 @@ class OrtDecoder(DecoderComponent):
     """onnxruntime decoder: every step feeds the live caches and state (the baseline)."""
 
     backend = "ort"
+    rows_alone = True
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None):
         super().__init__(spec, pipeline, _ort_session(spec, providers), max_length, batch)
@@ -461,6 +518,7 @@ class NativeDecoder(DecoderComponent):
     ``kv_share_buffer`` off, the step's presents fed back as they are (``kv_cache.policy_for``)."""
 
     backend = "native"
+    rows_alone = True
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         from runtime import InferenceSession

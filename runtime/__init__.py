@@ -18,7 +18,8 @@ from .environment import (set_default_logger_callback, set_default_logger_verbos
                           set_seed)
 from .ortvalue import OrtValue
 from .providers import ONNXRUNTIME_PROVIDERS as _ALL_PROVIDERS, available_providers as _available
-from .session import InferenceSession, IOBinding, ModelMetadata, NodeArg, build_graph, set_default_logger_severity
+from .session import (InferenceSession, IOBinding, ModelMetadata, NodeArg, OrtEpAssignedNode, OrtEpAssignedSubgraph,
+                      build_graph, set_default_logger_severity)
 from .sparse import OrtSparseFormat, SparseTensor
 
 __version__ = "0.1.0"
@@ -65,4 +66,8 @@ __all__ = ["InferenceSession", "IOBinding", "NodeArg", "SessionOptions", "RunOpt
            "OrtDevice", "OrtMemoryInfo", "OrtAllocatorType", "OrtMemType", "OrtDeviceMemoryType", "OrtDeviceVendorId",
            "OrtMemoryInfoDeviceType", "SparseTensor", "OrtSparseFormat", "set_default_logger_callback",
            "set_default_logger_verbosity", "set_seed", "set_global_thread_pool_sizes",
-           "build_graph", "AdapterFormat", "LoraAdapter", *_errors_all]
+           "build_graph", "AdapterFormat", "LoraAdapter", "OrtEpAssignedNode", "OrtEpAssignedSubgraph",
+           "SessionIOBinding", "capi", *_errors_all]
+
+SessionIOBinding = IOBinding  # onnxruntime's C-layer name of the binding class
+from . import capi  # noqa: E402  (onnxruntime.capi's stand-in, importable as an attribute as onnxruntime's is)

@@ -58,7 +58,7 @@ from .providers import CUDA_PROVIDER, choose_provider
 from . import cuda as rc
 
 __all__ = ["InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "IOBinding", "ModelMetadata",
-           "build_graph", "set_default_logger_severity"]
+           "OrtEpAssignedNode", "OrtEpAssignedSubgraph", "build_graph", "set_default_logger_severity"]
 
 
 _UNSET = object()
@@ -325,8 +325,8 @@ class InferenceSession:
         return OrtMemoryInfo(name, OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, OrtMemType.DEFAULT)
 
     def get_provider_graph_assignment_info(self) -> list:
-        """The nodes of the planned graph by execution provider, one ``EpAssignedSubgraph`` per node (onnxruntime
-        assigns each node of a CPU session alone); needs the session config entry
+        """The nodes of the planned graph by execution provider, one ``OrtEpAssignedSubgraph`` per node
+        (onnxruntime assigns each node of a CPU session alone); needs the session config entry
         ``session.record_ep_graph_assignment_info`` = "1", as in onnxruntime."""
         cfg = getattr(self._options, "_config", {}) or {}
         if cfg.get("session.record_ep_graph_assignment_info") != "1":
@@ -337,8 +337,18 @@ class InferenceSession:
         for i, n in enumerate(self._graph.nodes):
             where = placement.get(n.name or f"#{i}", "cpu")
             ep = CUDA_PROVIDER if where == "cuda" else "CPUExecutionProvider"
-            out.append(EpAssignedSubgraph(ep, [EpAssignedNode(n.domain or "", n.op_type, n.name or "")]))
+            out.append(OrtEpAssignedSubgraph(ep, [OrtEpAssignedNode(n.domain or "", n.op_type, n.name or "")]))
         return out
+
+    def disable_fallback(self) -> None:
+        """onnxruntime's switch for retrying a failed session on the CPU provider: this runtime never does (a
+        node without a kernel on the chosen provider is an error), so it is always off."""
+
+    def enable_fallback(self) -> None:
+        from .errors import NotSupportedError
+        raise NotSupportedError("enable_fallback: this runtime does not fall back to another provider; a node "
+                                "without a kernel on the chosen one is an error (SessionOptions.cuda_cpu_ops "
+                                "names the nodes a CUDA session may run on the CPU)")
 
     @property
     def _sess(self) -> "_CSession":
@@ -665,7 +675,7 @@ class _CSession:
 
 
 @dataclass
-class EpAssignedNode:
+class OrtEpAssignedNode:
     """A node of ``get_provider_graph_assignment_info``: its domain, op type and name."""
     domain: str
     op_type: str
@@ -673,7 +683,7 @@ class EpAssignedNode:
 
 
 @dataclass
-class EpAssignedSubgraph:
+class OrtEpAssignedSubgraph:
     """Nodes that one execution provider runs (``get_provider_graph_assignment_info``)."""
     ep_name: str
     nodes: list

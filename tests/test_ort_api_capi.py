@@ -173,6 +173,16 @@ def test_provider_graph_assignment_is_recorded_when_asked(data):
     assert sorted(f"{n.domain}:{n.op_type}/{n.name}" for s in got for n in s.get_nodes()) == \
         [":Add/add_0", ":Add/add_1", ":Mul/mul_0"]
     assert {s.ep_name for s in got} == {"CPUExecutionProvider"}
+    assert all(isinstance(s, ort.OrtEpAssignedSubgraph) and isinstance(n, ort.OrtEpAssignedNode)
+               for s in got for n in s.get_nodes())
+
+
+def test_fallback_is_never_on(data):
+    sess = ort.InferenceSession(os.path.join(data, "mul_1.onnx"))
+    sess.disable_fallback()
+    with pytest.raises(ort.NotSupportedError, match="does not fall back"):
+        sess.enable_fallback()
+    assert ort.capi._pybind_state.SessionIOBinding is ort.SessionIOBinding
 
 
 def test_provider_arguments_are_normalized_as_onnxruntime_does(data):

@@ -37,6 +37,12 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's level-4 product up
   to float rounding (the block scales factor out of each block's integer dot).
 
+Under ``ONNX_NUMBA_MLAS_ORDER`` (``mlas_path``, read when a node is planned) the products follow onnxruntime's
+float order instead, bit for bit its CPU kernel's on hosts of that kind: level 4 with 4-bit codes in blocks of 32
+by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
+and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``), and
+levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``).
+
 Per node, the float scales and unpacked zero points are cached by the identity of the initializer
 arrays (they are constants in every builder package).
 
@@ -53,7 +59,10 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
 from runtime.errors import InvalidAttributeError
 from . import _simd
@@ -157,7 +166,8 @@ def fake_quant_a(a, bs, out):
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=FAST)
 def rows_q4(b, ae, ao, asum, ascale, sc, zf, has_zp, zdef, out):
-    """out[m, n] = sum_blk ascale*sc*(sum_j (lo*a_even + hi*a_odd) - z*asum): one streamed pass over B [N, nb, half]."""
+    """out[m, n] = sum_blk ascale*sc*(sum_j (lo*a_even + hi*a_odd) - z*asum): one streamed pass over B
+    [N, nb, half]."""
     n_, nb, half = b.shape
     m_ = ae.shape[0]
     for n in prange(n_):
@@ -441,16 +451,28 @@ def mlas_avx512_host() -> bool:
     return _simd.AVX512
 
 
-def mlas_path(bs) -> int:
-    """The order of a level-4 int4 product of block size ``bs``: 0, the blockwise order (each block's exact integer
-    dot summed into one float per column; the default: faster, and equal to onnxruntime's up to float rounding), or
-    under ``_common.mlas_order`` for blocks of 32, MLAS's order for this host, bit for bit onnxruntime's there:
-    ``ORDER_AVX512`` on ``mlas_avx512_host`` hosts, else ``ORDER_AVX2`` (any host runs either: the kernels have a
-    portable form).  MLAS's AVX2 order costs 1.0-1.4x the blockwise one per decode product and 2-3x per prefill
-    product (measured in cache on an AVX2 host)."""
-    if bs != 32 or not mlas_order():
+MLAS_BLOCKS = (16, 32, 64, 128, 256)  # the block sizes of MLAS's int8 kernels (others: its float path)
+
+
+def mlas_path(bs, bits=4, level4=True) -> int:
+    """The order of a MatMulNBits product of block size ``bs`` with ``bits``-bit codes, at accuracy level 4
+    (``level4``: A quantized to int8) or below (A float): 0, the blockwise order (the default: faster, and equal to
+    onnxruntime's up to float rounding), or under ``_common.mlas_order`` MLAS's order for this host, bit for bit
+    onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts ``ORDER_AVX512`` for 4- and 8-bit codes in every
+    block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
+    blocks of 32 (MLAS's other AVX2 kernels are not reproduced: 0).  Below level 4: ``ORDER_AVX512`` on
+    ``mlas_avx512_host`` hosts (``gemv_fp_mlas``), else 0.  Any host runs either order: the kernels have a portable
+    form.  MLAS's AVX2 order costs 1.0-1.4x the blockwise one per decode product and 2-3x per prefill product
+    (measured in cache on an AVX2 host)."""
+    if bits not in (4, 8) or not mlas_order():
         return 0
-    return ORDER_AVX512 if mlas_avx512_host() else ORDER_AVX2
+    if not level4:
+        return ORDER_AVX512 if mlas_avx512_host() else 0
+    if bs not in MLAS_BLOCKS:
+        return 0
+    if mlas_avx512_host():
+        return ORDER_AVX512
+    return ORDER_AVX2 if bs == 32 and bits == 4 else 0
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
@@ -517,36 +539,345 @@ def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
             y[8 * g + i] = c[i] + y[8 * g + i]
 
 
+# -- MLAS's AVX-512 int8 kernels for the other block sizes, and for 8-bit codes (``ORDER_AVX512``) ------------
+#
+# Every block size runs one pattern (read from MLAS's ``sqnbitgemm_kernel_avx512_int8_blklen{16,32,64,128}.h`` and
+# checked bit for bit against onnxruntime's MatMulNBits): per row and column 16 float lanes, each a chain of
+# ``fma(exact integer lane sum, f32(ascale * scale), lane)``, one update per few blocks.  A lane sum adds whole
+# quads (the 4 code-by-activation products of a ``vpdpbusd`` lane: codes k = 4q .. 4q + 3 of a block) and is exact
+# in any order, so only which quads and which lane matter; the ``_MLAS_PLANS`` below list them per update, as
+# (block of the update, quads of that block).  Blocks of 16 and 32 then add the lanes' two halves into 8 lanes
+# (``l[i] + l[i + 8]``) and take their last blocks one at a time into those 8; the others keep 16 lanes to the end.
+
+
+def _plan_b16():  # 8 blocks of 16 per update: lanes 4i .. 4i + 3 from blocks i and i + 4
+    return [lane for i in range(4) for lane in ((i, (0, 2)), (i, (1, 3)), (i + 4, (0, 2)), (i + 4, (1, 3)))]
+
+
+def _plan_b32():  # 4 blocks of 32: in the window of 32 quads, lane 4i the quads 4i and 4i + 2, ...
+    def q(w):
+        return w // 8, w % 8
+    plan = []
+    for i in range(4):
+        for w in (4 * i, 4 * i + 1, 16 + 4 * i, 17 + 4 * i):
+            (b, x), (_, y) = q(w), q(w + 2)
+            plan.append((b, (x, y)))
+    return plan
+
+
+def _plan_b64():  # 2 blocks of 64: lanes alternate between the blocks
+    return [lane for i in range(4) for lane in ((0, (4 * i, 4 * i + 2)), (1, (4 * i, 4 * i + 2)),
+                                                (0, (4 * i + 1, 4 * i + 3)), (1, (4 * i + 1, 4 * i + 3)))]
+
+
+_MLAS_PLANS = {
+    16: (8, _plan_b16(), [(0, (i // 2,)) for i in range(8)]),  # the last blocks: lane i codes 2i and 2i + 1 (pairs)
+    32: (4, _plan_b32(), [(0, (j,)) for j in range(8)]),
+    64: (2, _plan_b64(), [(0, (i,)) for i in range(16)]),
+    128: (1, [(0, (i, 16 + i)) for i in range(16)], None),  # per 128 codes of a block (blocks of 128 or 256)
+}
+
+
+class _MlasLanes(_simd._OrtEmitter):
+    """MLAS's AVX-512 order for ``family`` (16, 32, 64, or 128 for blocks of 128 and more) over 8-column groups:
+    ``int4_layout`` codes (``bits`` 4) or ``int8_layout`` codes (8).  Per row, 16 lanes of 8 columns
+    (``lanes16``), then 8 (``lanes``) for families 16 and 32; the fold into the output as MLAS's:
+
+    - families 16 and 32: the halves' sum ``l[i] + l[i + 8]``, then the blocks past a multiple of 8 (16) or 4 (32)
+      one at a time into those 8 lanes (lane i: codes 2i, 2i + 1 for 16, the quad i for 32), then for the columns
+      below N rounded down to 4 ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``, for the rest
+      ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))``;
+    - families 64 and 128: for the columns past N rounded down to 4, and below it when the argument ``c4`` is 0,
+      the halving tree ``h = l[i] + l[i+8]``, ``q = h[i] + h[i+4]``, ``(q0+q2) + (q1+q3)``; else each 4 lanes
+      ``((l[4j]+l[4j+1])+l[4j+2])+l[4j+3]`` as v0 .. v3, then ``(v0+v2) + (v1+v3)``.
+
+    Codes are unsigned (the zero points come in after, through ``ort_zero_point_sums``), and a lane's integer sum
+    is exact (``vpdpbusd``, the AVX2 pair sums for 4-bit codes, or the portable lane sums), so the host's form and
+    the portable IR give the same bits."""
+
+    def __init__(self, context, builder, sig, args, portable, vnni, rows, bits, family):
+        super().__init__(context, builder, sig, args, False, portable, vnni, rows, False, True)
+        self.bits, self.family = bits, family
+        self.blen = builder.mul(self.nj, self.const(8 if bits == 4 else 4))  # codes per block
+        self.pair_masks = [_simd._splat(_simd._V8I32, 0xFFFF), _simd._splat(_simd._V8I32, -65536)]
+
+    def dot4(self, c, a, d):
+        """<8 x i32>: ``d`` (None: 0) plus, per column lane, its 4 codes ``c`` dotted with the 4 activations ``a``
+        (<32 x i8>)."""
+        builder = self.builder
+        if self.vnni:
+            v8 = _simd._V8I32
+            dp = _simd._fn(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8])
+            return builder.call(dp, [_simd._splat(v8, 0) if d is None else d, builder.bitcast(c, v8),
+                                     builder.bitcast(a, v8)])
+        if not self.portable:  # 4-bit codes only: a pair sum is at most 2 * 15 * 127
+            mub = _simd._fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _simd._V16I16, [_simd._V32I8, _simd._V32I8])
+            x = self.widen(builder.call(mub, [c, a]))
+        else:
+            p = builder.mul(builder.zext(c, _simd._V32I32), builder.sext(a, _simd._V32I32))
+            parts = [_simd._shuffle(builder, p, p, [4 * i + t for i in range(8)]) for t in range(4)]
+            x = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+        return x if d is None else builder.add(d, x)
+
+    def quad(self, cache, g, blk, jb, w):
+        """(codes, activation offset) of quad ``w`` (a Python int) of block ``blk`` from its code vector ``jb``."""
+        builder, const = self.builder, self.const
+        if self.bits == 4:  # vector j: quads 2j (low nibbles) and 2j + 1 (high)
+            j = builder.add(jb, const(w // 2))
+            key = (id(blk), w // 2)
+            if key not in cache:
+                first = builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj)  # the block's first vector
+                cache[key] = self.codes(builder.add(first, j))
+            c = cache[key][w % 2]
+            k = builder.add(builder.mul(j, self.c8), const(4 * (w % 2)))
+        else:  # vector j: quad j
+            j = builder.add(jb, const(w))
+            vec = builder.add(builder.mul(builder.add(builder.mul(g, self.nb), blk), self.nj), j)
+            c = self.vload(self.qp, builder.mul(vec, const(32)), _simd._V32I8, 1)
+            k = builder.mul(j, self.c4)
+        return c, builder.add(builder.mul(blk, self.blen), k)
+
+    def update(self, g, blks, jb, plan, wide, pairs=False):
+        """One update: lane L of ``plan`` (block ``blks[b]``, quads) into ``lanes16`` (``wide``) or ``lanes``."""
+        builder = self.builder
+        cache, scales = {}, {}
+        for L, (b, quads) in enumerate(plan):
+            for r in range(self.rows):
+                d = None
+                for w in quads:
+                    c, k = self.quad(cache, g, blks[b], jb, w)
+                    a = self.splat4(self.aps[r], k)
+                    if pairs:  # codes 2L, 2L + 1 of the block: the other two activations zeroed
+                        v8 = _simd._V8I32
+                        a = builder.bitcast(builder.and_(builder.bitcast(a, v8), self.pair_masks[L % 2]),
+                                            _simd._V32I8)
+                    d = self.dot4(c, a, d)
+                if (b, r) not in scales:
+                    scales[b, r] = self.scale(g, blks[b], r)[0]
+                slot = (self.lanes16 if wide else self.lanes)[r][L]
+                v = builder.sitofp(d, _simd._V8F)
+                builder.store(builder.call(self.fma, [v, scales[b, r], builder.load(slot)]), slot)
+
+    def run(self, gs):
+        builder, const, nb = self.builder, self.const, self.nb
+        g = gs[0]
+        zero = _simd._splat(_simd._V8F, 0.0)
+        for r in range(self.rows):
+            for L in range(16):
+                builder.store(zero, self.lanes16[r][L])
+            for L in range(8):
+                builder.store(zero, self.lanes[r][L])
+        per, plan, last = _MLAS_PLANS[self.family]
+        if self.family == 128:  # each block, 128 codes (one or two code vectors' worth of quads 0 .. 31) a time
+            q32 = const(16 if self.bits == 4 else 32)  # code vectors per 128 codes
+            with cgutils.for_range(builder, nb, intp=self.intp) as lb:
+                with cgutils.for_range(builder, builder.udiv(self.nj, q32), intp=self.intp) as lu:
+                    self.update(g, [lb.index], builder.mul(lu.index, q32), plan, True)
+        else:
+            full = builder.sdiv(nb, const(per))
+            with cgutils.for_range(builder, full, intp=self.intp) as lm:
+                b0 = builder.mul(lm.index, const(per))
+                self.update(g, [builder.add(b0, const(i)) for i in range(per)], const(0), plan, True)
+            wide = self.family == 64
+            if not wide:
+                for r in range(self.rows):
+                    for L in range(8):
+                        s = builder.fadd(builder.load(self.lanes16[r][L]), builder.load(self.lanes16[r][L + 8]))
+                        builder.store(s, self.lanes[r][L])
+            with cgutils.for_range_slice(builder, builder.mul(full, const(per)), nb, const(1),
+                                         intp=self.intp) as (blk, _):
+                self.update(g, [blk], const(0), last, wide, pairs=self.family == 16)
+        self.fold(g)
+
+    def fold(self, g):
+        builder = self.builder
+        n4, c4 = self.args[9], self.args[10]
+        add = builder.fadd
+        cols = builder.add(_simd._broadcast_i(builder, builder.trunc(builder.mul(g, self.c8), _simd._I32)),
+                           ir.Constant(_simd._V8I32, list(range(8))))
+        full = builder.icmp_signed("<", cols, _simd._broadcast_i(builder, builder.trunc(n4, _simd._I32)))
+        fold512 = builder.icmp_signed("!=", c4, self.const(0))
+        for r in range(self.rows):
+            if self.family in (16, 32):
+                x = [builder.load(self.lanes[r][L]) for L in range(8)]
+                c4v = add(add(add(add(x[0], x[1]), x[2]), x[3]), add(add(add(x[4], x[5]), x[6]), x[7]))
+                tail = add(add(add(x[0], x[4]), add(x[2], x[6])), add(add(x[1], x[5]), add(x[3], x[7])))
+            else:
+                x = [builder.load(self.lanes16[r][L]) for L in range(16)]
+                v = [add(add(add(x[4 * j], x[4 * j + 1]), x[4 * j + 2]), x[4 * j + 3]) for j in range(4)]
+                h = [add(x[i], x[i + 8]) for i in range(8)]
+                q = [add(h[i], h[i + 4]) for i in range(4)]
+                tail = add(add(q[0], q[2]), add(q[1], q[3]))
+                c4v = builder.select(fold512, add(add(v[0], v[2]), add(v[1], v[3])), tail)
+            optr = builder.bitcast(builder.gep(self.ops_[r], [builder.mul(g, self.c8)]), _simd._V8F.as_pointer())
+            builder.store(builder.select(full, c4v, tail), optr, align=4)
+
+
+def make_mlas_lanes(bits: int, family: int, rows: int, portable: bool = False):
+    """The ``_MlasLanes`` kernel for ``bits``-bit codes of ``family`` over ``rows`` rows (1: ``aq`` 1-d, else 2-d
+    with that many rows), in the host's instructions or the ``portable`` IR (the same bits; for tests).  Arguments
+    ``(qi, aq, ascale, ascale, zero, sct, y, g0, g1, n4, c4)``: column groups [g0, g1) into ``y``; ``zero`` a
+    float32 scalar (unused: codes are unsigned); ``n4`` N rounded down to 4; ``c4`` nonzero: MLAS's one-row fold
+    for the columns below ``n4`` (families 64 and 128)."""
+    vnni = _simd.VNNI and not portable
+    portable = portable or not _simd.AVX2 or (bits == 8 and not vnni)  # AVX2 pair sums would saturate 8-bit codes
+
+    def impl(typingctx, qi, aq, ascale, asum, zero, sct, out, g0, g1, n4, c4):
+        if not (_simd._operands_fit(False, rows, qi, aq, ascale, asum, zero, sct, out)
+                and all(isinstance(x, types.Integer) for x in (g0, g1, n4, c4))):
+            return None
+        sig = types.void(qi, aq, ascale, asum, zero, sct, out, types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):
+            _MlasLanes(context, builder, sig, args, portable, vnni, rows, bits, family).emit()
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = f"dot_mlas_b{family}_q{bits}{'_portable' if portable else ''}{'_vnni' if vnni else ''}_r{rows}"
+    return intrinsic(impl)
+
+
+_L4_16_1, _L4_16_R = make_mlas_lanes(4, 16, 1), make_mlas_lanes(4, 16, _simd.ORT_ROWS)
+_L4_64_1, _L4_64_R = make_mlas_lanes(4, 64, 1), make_mlas_lanes(4, 64, _simd.ORT_ROWS)
+_L4_128_1, _L4_128_R = make_mlas_lanes(4, 128, 1), make_mlas_lanes(4, 128, _simd.ORT_ROWS)
+_L8_16_1, _L8_16_R = make_mlas_lanes(8, 16, 1), make_mlas_lanes(8, 16, _simd.ORT_ROWS)
+_L8_32_1, _L8_32_R = make_mlas_lanes(8, 32, 1), make_mlas_lanes(8, 32, _simd.ORT_ROWS)
+_L8_64_1, _L8_64_R = make_mlas_lanes(8, 64, 1), make_mlas_lanes(8, 64, _simd.ORT_ROWS)
+_L8_128_1, _L8_128_R = make_mlas_lanes(8, 128, 1), make_mlas_lanes(8, 128, _simd.ORT_ROWS)
+
+
 @njit(cache=True, nogil=True)
-def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, order):
-    """``gemv_q4i8`` (with the bias added) in MLAS's AVX2 order for blocks of 32, bit for bit onnxruntime's
-    level-4 product on such hosts:
+def int8_layout(b3, sc, zf, has_zp):
+    """B [N, nb, bs] 8-bit codes, scales and float zero points [N, nb] -> ``int4_layout``'s form for one code per
+    byte: codes [G, nb, bs//4, 32] (column ``8g + i`` in bytes ``4i..4i+3`` of each vector, codes k = 4j .. 4j + 3
+    of the block in vector j; zero columns past N), scales and zero points [G, nb, 8]."""
+    N, nb, bs = b3.shape
+    G = (N + 7) // 8
+    qi = np.zeros((G, nb, bs // 4, 32), np.uint8)
+    sct = np.zeros((G, nb, 8), np.float32)
+    zft = np.zeros((G, nb, 8) if has_zp else (1, 1, 8), np.float32)
+    for n in range(N):
+        g, i = n // 8, n % 8
+        for blk in range(nb):
+            sct[g, blk, i] = sc[n, blk]
+            if has_zp:
+                zft[g, blk, i] = zf[n, blk]
+            for k in range(bs):
+                qi[g, blk, k // 4, 4 * i + k % 4] = b3[n, blk, k]
+    return qi, sct, zft
 
-    - A quantized per block as ``QuantizeARow_CompInt8`` (``_prep_a_i8_groups``);
-    - per row and column, eight float lanes, each a chain of ``fma(exact integer lane sum, f32(ascale * scale),
-      lane)`` over the blocks (``_simd._OrtEmitter``); lanes folded ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``
-      for the columns below N rounded down to 4, ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`` for the rest; then
-      the bias added;
-    - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
-      and pairs of blocks per update without zero points, one block per update with them; every other row uses
-      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``.
 
-    ``order`` ``ORDER_AVX512``: MLAS's AVX-512 kernels instead.  Every row uses unsigned codes; per row and column
-    16 float lanes take 4 blocks per update (``_simd._OrtEmitter.quad``), the two halves are added lane by lane
-    (``l[j] + l[j + 8]``), the blocks past a multiple of 4 update those 8 lanes one block at a time (lane j the
-    block's products 4j..4j+3), then the folds, the bias and ``ort_zero_point_sums`` as above."""
+@njit(cache=True, nogil=True)
+def _mlas_groups(bits, family, qi, aq, ascale, zdef, sct, y, g0, g1, n4, c4):
+    """Column groups [g0, g1) of one row (``aq`` 1-d) or ``_simd.ORT_ROWS`` rows (2-d; Numba keeps one branch)
+    through the ``_MlasLanes`` kernel of ``bits`` and ``family``."""
+    if aq.ndim == 1:
+        if bits == 4:
+            if family == 16:
+                _L4_16_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+            elif family == 64:
+                _L4_64_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+            else:
+                _L4_128_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        elif family == 16:
+            _L8_16_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        elif family == 32:
+            _L8_32_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        elif family == 64:
+            _L8_64_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        else:
+            _L8_128_1(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+    elif bits == 4:
+        if family == 16:
+            _L4_16_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        elif family == 64:
+            _L4_64_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+        else:
+            _L4_128_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+    elif family == 16:
+        _L8_16_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+    elif family == 32:
+        _L8_32_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+    elif family == 64:
+        _L8_64_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+    else:
+        _L8_128_R(qi, aq, ascale, ascale, zdef, sct, y, g0, g1, n4, c4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _mlas_par(bits, family, qi, aq, ascale, zdef, sct, y, n4, c4):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _mlas_groups(bits, family, qi, aq, ascale, zdef, sct, y, g0, min(g0 + _GROUPS_PER_TASK, G), n4, c4)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mlas_pass(bits, family, qi, aq, ascale, zdef, sct, y, n4, c4, parallel):
+    if parallel:
+        _mlas_par(bits, family, qi, aq, ascale, zdef, sct, y, n4, c4)
+    else:
+        _mlas_groups(bits, family, qi, aq, ascale, zdef, sct, y, np.int64(0), qi.shape[0], n4, c4)
+
+
+@njit(cache=True, nogil=True)
+def _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel):
+    """``gemv_q4i8_mlas``'s products in ``_MlasLanes``'s order (blocks of 16 to 256, 4- or 8-bit codes), before
+    the bias and the zero points' share; ``absum`` [M, nb] receives each block's ``f32(scale * sum)`` of A."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
-    if qi.shape[2] * 8 != bs or bs != 32:
-        raise ValueError("gemv_q4i8_mlas: blocks of 32 only, in the int4_layout of that block size")
     n4 = N - N % 4
-    z = np.float32(zdef)
     M = a2.shape[0]
-    quads = order == ORDER_AVX512
+    family = bs if bs < 128 else 128
+    # MLAS's two-row kernels take the rows in pairs; an odd last row goes through its one-row kernel, whose fold
+    # differs (families 64 and 128; for 8-bit codes in blocks of 64 the two-row kernel folds as the one-row one)
+    c2 = 1 if bits == 8 and bs == 64 else 0
+    m2 = M - M % 2
+    z = np.float32(1 << (bits - 1))
+    R = _simd.ORT_ROWS
+    asu = np.empty(nb, np.float32)
+    done = 0
+    if m2 >= PAD_ROWS_MIN:
+        aqr = np.empty((R, nb * bs), np.int8)
+        ascr = np.empty((R, nb), np.float32)
+        yr = np.empty((R, 8 * G), np.float32)
+        while m2 - done >= PAD_ROWS_MIN:
+            take = min(R, m2 - done)
+            for r in range(take):
+                _prep_a_i8(a2[done + r], bs, aqr[r], ascr[r], asu)
+                for blk in range(nb):
+                    absum[done + r, blk] = ascr[r, blk] * asu[blk]
+            for r in range(take, R):
+                aqr[r] = aqr[take - 1]
+                ascr[r] = ascr[take - 1]
+            _mlas_pass(bits, family, qi, aqr, ascr, z, sct, yr, n4, c2, parallel)
+            out[done:done + take, :N] = yr[:take, :N]
+            done += take
+    aq = np.empty(nb * bs, np.int8)
+    ascale = np.empty(nb, np.float32)
+    y = np.empty(8 * G, np.float32)
+    for m in range(done, M):
+        _prep_a_i8(a2[m], bs, aq, ascale, asu)
+        for blk in range(nb):
+            absum[m, blk] = ascale[blk] * asu[blk]
+        _mlas_pass(bits, family, qi, aq, ascale, z, sct, y, n4, c2 if m < m2 else 1, parallel)
+        for n in range(N):
+            out[m, n] = y[n]
+
+
+@njit(cache=True, nogil=True)
+def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, absum):
+    """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32 (MLAS's AVX2 order, or its AVX-512 one with ``quads``),
+    before the bias and the zero points' share; returns the rows with unsigned codes (those that take that share);
+    ``absum`` [M, nb] receives each block's ``f32(scale * sum)`` of A."""
+    G, nb = qi.shape[0], qi.shape[1]
+    N = out.shape[1]
+    n4 = N - N % 4
+    M = a2.shape[0]
     nu = M - 1 if M % ORT_RANGE_M == 1 and not quads else M  # rows with unsigned codes; the last one, if any, signed
     R = _simd.ORT_ROWS
     nq = nb * bs // 4
-    absum = np.empty((max(M, 1), nb), np.float32)
     done = 0
     if nu >= PAD_ROWS_MIN:
         aqr = np.empty((R, nb * bs), np.int8)
@@ -580,6 +911,46 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
             _ort_groups(signed, quads, qi, aq, ascale, gs, z, zft, has_zp, sct, y, 0, G, n4)
         for n in range(N):
             out[m, n] = y[n]
+    return nu
+
+
+@njit(cache=True, nogil=True)
+def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, order):
+    """``gemv_q4i8`` (with the bias added) in MLAS's AVX2 order for blocks of 32, bit for bit onnxruntime's
+    level-4 product on such hosts:
+
+    - A quantized per block as ``QuantizeARow_CompInt8`` (``_prep_a_i8_groups``);
+    - per row and column, eight float lanes, each a chain of ``fma(exact integer lane sum, f32(ascale * scale),
+      lane)`` over the blocks (``_simd._OrtEmitter``); lanes folded ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``
+      for the columns below N rounded down to 4, ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`` for the rest; then
+      the bias added;
+    - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
+      and pairs of blocks per update without zero points, one block per update with them; every other row uses
+      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``.
+
+    ``order`` ``ORDER_AVX512``: MLAS's AVX-512 kernels instead.  Every row uses unsigned codes; per row and column
+    16 float lanes take 4 blocks per update (``_simd._OrtEmitter.quad``), the two halves are added lane by lane
+    (``l[j] + l[j + 8]``), the blocks past a multiple of 4 update those 8 lanes one block at a time (lane j the
+    block's products 4j..4j+3), then the folds, the bias and ``ort_zero_point_sums`` as above.  Other block sizes
+    of ``MLAS_BLOCKS``, and 8-bit codes (``int8_layout``: ``qi.shape[2] * 4 == bs``; zero point 128 by default),
+    take ``ORDER_AVX512`` only, through ``_MlasLanes``: the same A, its lanes, then the bias and
+    ``ort_zero_point_sums`` on every row."""
+    nb = qi.shape[1]
+    bits = 4 if qi.shape[2] * 8 == bs else 8 if qi.shape[2] * 4 == bs else 0
+    if bits == 0 or not (bs == 16 or bs == 32 or bs == 64 or bs == 128 or bs == 256):
+        raise ValueError("gemv_q4i8_mlas: the codes' layout does not match block_size, or no MLAS kernel for it")
+    if order != ORDER_AVX512 and (bits != 4 or bs != 32):
+        raise ValueError("gemv_q4i8_mlas: MLAS's AVX2 order is reproduced for 4-bit codes in blocks of 32 only")
+    G = qi.shape[0]
+    N = out.shape[1]
+    z = np.float32(zdef)
+    M = a2.shape[0]
+    absum = np.empty((max(M, 1), nb), np.float32)
+    if bits == 4 and bs == 32:
+        nu = _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, absum)
+    else:
+        nu = M
+        _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
     yz = np.empty(8 * G, np.float32)
     for m in range(M):
         if has_bias:
@@ -591,6 +962,178 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
             ort_zero_point_sums(absum[m], sct, zft, has_zp, z, yz)
             for n in range(N):
                 out[m, n] = yz[n]
+
+
+# -- onnxruntime's float path (accuracy levels 0 to 3, float32 A) on AVX-512 hosts -------------------------
+#
+# onnxruntime keeps A float and dequantizes B, ``w = f32((code - zero) * scale)`` (exact integer difference, one
+# rounding), then (``matmul_nbits.cc``, ``qnbitgemm.cpp``, ``sgemm.cpp``, read and checked bit for bit):
+#
+# - 4-bit codes in blocks of ``MLAS_BLOCKS`` (MLAS's ``SQNBIT_CompFp32``): M = 1 through MLAS's one-row kernel,
+#   per column 16 lanes, lane i the chain ``fma(w[k], a[k], lane)`` over k = i (mod 16), folded as
+#   ``_MlasLanes``'s one-row fold (``FoldAccumulators`` below N rounded down to 4, the halving tree past it), then
+#   the bias; several rows through the float GEMM kernel: one chain ``fma(a[k], w[k], acc)`` over all of K, then
+#   the bias.  (onnxruntime with a thread pool splits M into ranges of ``ORT_RANGE_M`` rows, and a last range of
+#   one row takes the one-row kernel: for M = 1 (mod 128), M > 1, its result depends on its threads; this is its
+#   result on one thread, as everywhere below);
+# - otherwise (8-bit codes, other blocks) the dequantized B through MLAS's SGEMM: M = 1 by its AVX one-row kernel
+#   (per column 8 lanes, lane i adding the rounded products ``a[k] * w[k]`` for k = i (mod 8), no fused
+#   multiply-add; the columns by 4 folded as ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``, a last pair
+#   ``((l0+l2)+(l4+l6)) + ((l1+l3)+(l5+l7))``, a last one ``((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))``; then the
+#   bias, or +0), several rows by its packed kernel: slices of K (``sgemm_k_stride``), in each one chain
+#   ``fma(a[k], w[k], acc)`` from 0, added to C in turn (C starting at the bias, or at the first slice's sum).
+#   onnxruntime on several threads splits N, and with it the slices: its result depends on its thread count
+#   there.
+
+FP_COLS = 512  # columns per parallel task of the float path (per k, a row of that many codes)
+
+
+def fp_order_path(bits, bs) -> int:
+    """Which float order onnxruntime takes: 1 MLAS's ``SQNBIT_CompFp32`` (4-bit codes, blocks of
+    ``MLAS_BLOCKS``), 2 the dequantized B through its SGEMM."""
+    return 1 if bits == 4 and bs in MLAS_BLOCKS else 2
+
+
+def sgemm_k_stride(M, N, K) -> int:
+    """The K slice of MLAS's SGEMM for an (M, N, K) product on one thread (``MlasSgemmOperation``): strides of
+    128 columns and 128 of K, N's doubled while K's half still covers K, else K's doubled while N's half covers
+    N (down to 16 columns)."""
+    sn, sk = 128, 128
+    if N >= K:
+        while sk // 2 >= K:
+            sn, sk = sn * 2, sk // 2
+    else:
+        while sn > 16 and sn // 2 >= N:
+            sn, sk = sn // 2, sk * 2
+    return sk
+
+
+@njit(cache=True, nogil=True)
+def fp_layout(b3, bits, sc, zf, has_zp, zdef):
+    """B [N, nb, blob] -> its codes transposed, one per byte, ct [nb * bs, N] (k-major: a k's columns contiguous),
+    with scales and zero points (``zdef`` without) as float32 [nb, N]."""
+    N, nb, blob = b3.shape
+    bs = blob * 8 // bits
+    ct = np.empty((nb * bs, N), np.uint8)
+    st = np.empty((nb, N), np.float32)
+    zt = np.empty((nb, N), np.float32)
+    for n in range(N):
+        for blk in range(nb):
+            st[blk, n] = sc[n, blk]
+            zt[blk, n] = zf[n, blk] if has_zp else zdef
+            for j in range(blob):
+                byte = b3[n, blk, j]
+                if bits == 4:
+                    ct[blk * bs + 2 * j, n] = byte & 15
+                    ct[blk * bs + 2 * j + 1, n] = byte >> 4
+                else:
+                    ct[blk * bs + j, n] = byte
+    return ct, st, zt
+
+
+@njit(cache=True, nogil=True)
+def _fp_lanes(a, ct, st, zt, bs, fused, bias, has_bias, N, acc, y, n0, n1):
+    """One row ``a`` [K] against columns [n0, n1): MLAS's one-row lanes (``fused``: 16 lanes of fused
+    multiply-adds, the 4-bit kernel; else 8 lanes of rounded products added, the SGEMM one), folded into y.  The
+    loops run along a row of codes (the columns), on 1-d views: they vectorize."""
+    K = a.shape[0]
+    W = n1 - n0
+    L = 16 if fused else 8
+    acc[:L, :W] = 0
+    for blk in range((K + bs - 1) // bs):
+        zrow = zt[blk, n0:n1]
+        srow = st[blk, n0:n1]
+        for k in range(blk * bs, min(K, blk * bs + bs)):
+            crow = ct[k, n0:n1]
+            lane = acc[k % L, :W]
+            ak = np.float32(a[k])
+            if fused:
+                for c in range(W):
+                    lane[c] = _simd.fma32((np.float32(crow[c]) - zrow[c]) * srow[c], ak, lane[c])
+            else:
+                for c in range(W):
+                    lane[c] = lane[c] + ((np.float32(crow[c]) - zrow[c]) * srow[c]) * ak
+    n4 = N - N % 4
+    for c in range(W):
+        n = n0 + c
+        x0, x1, x2, x3 = acc[0, c], acc[1, c], acc[2, c], acc[3, c]
+        x4, x5, x6, x7 = acc[4, c], acc[5, c], acc[6, c], acc[7, c]
+        if fused:
+            x8, x9, x10, x11 = acc[8, c], acc[9, c], acc[10, c], acc[11, c]
+            x12, x13, x14, x15 = acc[12, c], acc[13, c], acc[14, c], acc[15, c]
+            if n < n4:
+                s = ((((x0 + x1) + x2) + x3) + (((x8 + x9) + x10) + x11)) + \
+                    ((((x4 + x5) + x6) + x7) + (((x12 + x13) + x14) + x15))
+            else:
+                h0, h1, h2, h3 = x0 + x8, x1 + x9, x2 + x10, x3 + x11
+                h4, h5, h6, h7 = x4 + x12, x5 + x13, x6 + x14, x7 + x15
+                s = ((h0 + h4) + (h2 + h6)) + ((h1 + h5) + (h3 + h7))
+        elif n < n4:
+            s = (((x0 + x1) + x2) + x3) + (((x4 + x5) + x6) + x7)
+        elif N % 4 >= 2 and n < n4 + 2:
+            s = ((x0 + x2) + (x4 + x6)) + ((x1 + x3) + (x5 + x7))
+        else:
+            s = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+        if has_bias:
+            s = s + bias[n]
+        elif not fused:
+            s = s + np.float32(0.0)
+        y[n] = s
+
+
+@njit(cache=True, nogil=True)
+def _fp_chain(a2, m0, m1, ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n1):
+    """Rows [m0, m1) against columns [n0, n1): per slice of ``sk`` along K one chain of fused multiply-adds per
+    element, the slices added to the output in turn (which starts at the bias, or at the first slice)."""
+    K = a2.shape[1]
+    W = n1 - n0
+    R = m1 - m0
+    wv = w[:W]
+    for k0 in range(0, K, sk):
+        acc[:R, :W] = 0
+        for k in range(k0, min(K, k0 + sk)):
+            blk = k // bs
+            crow = ct[k, n0:n1]
+            zrow = zt[blk, n0:n1]
+            srow = st[blk, n0:n1]
+            for c in range(W):
+                wv[c] = (np.float32(crow[c]) - zrow[c]) * srow[c]
+            for r in range(R):
+                ak = np.float32(a2[m0 + r, k])
+                row = acc[r, :W]
+                for c in range(W):
+                    row[c] = _simd.fma32(ak, wv[c], row[c])
+        for r in range(R):
+            o = out[m0 + r, n0:n1]
+            row = acc[r, :W]
+            if k0 > 0:
+                for c in range(W):
+                    o[c] = o[c] + row[c]
+            elif has_bias:
+                b = bias[n0:n1]
+                for c in range(W):
+                    o[c] = b[c] + row[c]
+            else:
+                o[:] = row
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def gemv_fp_mlas(a2, ct, st, zt, bs, path, sk, bias, has_bias, out):
+    """out [M, N] = A [M, K] @ dequant(B)^T (+ bias) in onnxruntime's float order (see above): ``path``
+    ``fp_order_path``'s, ``sk`` the SGEMM's K slice for several rows (``sgemm_k_stride``; path 1 takes all of K)."""
+    M = a2.shape[0]
+    N = out.shape[1]
+    tasks = (N + FP_COLS - 1) // FP_COLS
+    one = 0 if M == 1 else M  # rows through the chains; M = 1 through the one-row lanes
+    for t in prange(tasks):
+        n0 = t * FP_COLS
+        n1 = min(N, n0 + FP_COLS)
+        acc = np.empty((16, FP_COLS), np.float32)
+        w = np.empty(FP_COLS, np.float32)
+        for m0 in range(0, one, 16):
+            _fp_chain(a2, m0, min(one, m0 + 16), ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n1)
+        if one < M:
+            _fp_lanes(a2[M - 1], ct, st, zt, bs, path == 1, bias, has_bias, N, acc, out[M - 1], n0, n1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -787,8 +1330,9 @@ def _tiles_pass(m: Mnb, a2, b3, sc, zf, has_zp, zdef, quant, grp, out):
 
 
 def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, cache=None, mlas=None):
-    """The op on one set of inputs (the node wrapper passes a per-node constant cache, and ``mlas``, whether the
-    int4 path runs in MLAS's order, decided once when the node is planned; None reads the setting now)."""
+    """The op on one set of inputs (the node wrapper passes a per-node constant cache, and ``mlas``, the order of
+    the int8-activation path (``mlas_path``: 0 blockwise, else MLAS's), decided once when the node is planned; None
+    reads the setting now)."""
     K, N, bits, bs, nb, blob = m.K, m.N, m.bits, m.bs, m.nb, m.blob
     zp_mode = check_inputs(m, a, b, scales, zero_points, g_idx, bias)
     has_zp = zp_mode != 0
@@ -808,18 +1352,33 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
     out = np.empty((rows_a, N), F32)
     # onnxruntime's int8 path (level 4) quantizes A per block; with float zero points it keeps float A.
     quant = m.level4 and zp_mode != 2
+    order = mlas_path(bs, bits, m.level4) if mlas is None else mlas
     if rows_a == 0 or N == 0:
         pass
     elif K == 0:
         out[...] = 0
-    elif int4_path(bits, bs, quant, grp):
-        lay = cache.get("int4")
+    elif order and not m.level4 and zp_mode != 2 and grp is None:
+        # onnxruntime's float path (levels 0 to 3): codes transposed once per node, dequantized on the fly
+        lay = cache.get("fp")
         if lay is None or lay[0] is not b or lay[1] is not sc:
-            lay = cache["int4"] = (b, sc) + int4_layout(b3, sc, zf, has_zp)
+            lay = cache["fp"] = (b, sc) + fp_layout(b3, bits, sc, zf, has_zp, zdef)
+        _, _, ct, st, zt = lay
+        path = fp_order_path(bits, bs)
+        sk = K if path == 1 else sgemm_k_stride(rows_a, N, K)
+        has_bias = bias is not None
+        bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
+        with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)):
+            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), ct, st, zt, bs, path, sk, bf, has_bias, out)
+        bias = None
+    elif int4_path(bits, bs, quant, grp) or (bits == 8 and quant and grp is None and order):
+        # 8-bit codes take these kernels in MLAS's order only (``int8_layout``; the blockwise order: the rows)
+        key = "int4" if bits == 4 else "int8"
+        lay = cache.get(key)
+        if lay is None or lay[0] is not b or lay[1] is not sc:
+            lay = cache[key] = (b, sc) + (int4_layout if bits == 4 else int8_layout)(b3, sc, zf, has_zp)
         _, _, qi, sct, zft = lay
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)) as nt:  # rows sharing a pass: more work per byte
             a2c = np.ascontiguousarray(a2, dtype=F32)
-            order = mlas_path(bs) if mlas is None else mlas
             if order:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
@@ -842,7 +1401,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
 @op("MatMulNBits", 1, domain="com.microsoft", bind=bind_mnb)
 def _matmul_nbits_cpu(m: Mnb, ctx):
     cache = {}
-    mlas = mlas_path(m.bs)  # the setting, read once per node rather than at every run
+    mlas = mlas_path(m.bs, m.bits, m.level4)  # the setting, read once per node rather than at every run
 
     def run(a, b, scales, zero_points=None, g_idx=None, bias=None):
         return matmul_nbits(m, a, b, scales, zero_points, g_idx, bias, cache=cache, mlas=mlas)

@@ -17,7 +17,7 @@ import enum
 import numpy as np
 
 __all__ = ["GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "SessionOptions", "RunOptions",
-           "HONOURED_CONFIG", "severity_to_logging", "CURRENT_RUN_OPTIONS"]
+           "HONOURED_CONFIG", "severity_to_logging", "CURRENT_RUN_OPTIONS", "options_from_model"]
 
 # The ``RunOptions`` of the run in progress in this context (None when the run was given none): a Loop checks its
 # ``terminate`` between iterations, so a loop that never ends can still be stopped.
@@ -254,3 +254,46 @@ class RunOptions:
             return self._config[key]
         except KeyError:
             raise RuntimeError(f"RunOptions does not have configuration with key: {key}") from None
+
+
+def options_from_model(source, options: SessionOptions) -> SessionOptions:
+    """``options`` with the session options a model carries in its ``ort_config`` metadata (onnxruntime's
+    ``ORT_LOAD_CONFIG_FROM_MODEL``): a copy, with ``intra_op_num_threads``, ``inter_op_num_threads``,
+    ``execution_mode``, ``graph_optimization_level`` and ``enable_profiling`` taken from the JSON's
+    ``session_options`` (integers, checked as onnxruntime checks them); other keys are ignored, as there."""
+    import copy
+    import json
+
+    from .errors import InvalidArgumentError
+    from .loader import load_model_proto
+    proto, _ = load_model_proto(source)
+    text = next((p.value for p in proto.metadata_props if p.key == "ort_config"), None)
+    if text is None:
+        return options
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"Json stored in the `ort_config` key cannot be parsed. Error message: "
+                                   f"{e}") from None
+    given = config.get("session_options") if isinstance(config, dict) else None
+    if not isinstance(given, dict):
+        return options
+    out = copy.copy(options)
+    allowed = {"intra_op_num_threads": lambda v: v >= 0, "inter_op_num_threads": lambda v: v >= 0,
+               "execution_mode": lambda v: v in (0, 1), "graph_optimization_level": lambda v: v in (0, 1, 2, 99),
+               "enable_profiling": lambda v: v in (0, 1)}
+    for key, value in given.items():
+        if key not in allowed:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgumentError(f"{key} option in the model file must be an integer")
+        if not allowed[key](value):
+            raise InvalidArgumentError(f"Unsupported value for {key} in ORT config: {value}")
+        if key == "execution_mode":
+            value = ExecutionMode(value)
+        elif key == "graph_optimization_level":
+            value = GraphOptimizationLevel(value)
+        elif key == "enable_profiling":
+            value = bool(value)
+        setattr(out, key, value)
+    return out

@@ -45,8 +45,8 @@ from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag
 from .executor import Plan
 from .ir import Graph
 from .loader import load_graph, release_pages
-from .options import (CURRENT_RUN_OPTIONS, HONOURED_CONFIG, ExecutionMode, GraphOptimizationLevel, RunOptions,
-                      SessionOptions, severity_to_logging)
+from .options import (CURRENT_RUN_OPTIONS, HONOURED_CONFIG, RunOptions, SessionOptions, options_from_model,
+                      severity_to_logging)
 from .environment import global_thread_pool_sizes
 from .devices import OrtDevice, runtime_device
 from .ortvalue import OrtValue, OrtValueVector
@@ -690,47 +690,6 @@ class OrtEpAssignedSubgraph:
 
     def get_nodes(self) -> list:
         return list(self.nodes)
-
-
-def options_from_model(source, options: SessionOptions) -> SessionOptions:
-    """``options`` with the session options a model carries in its ``ort_config`` metadata (onnxruntime's
-    ``ORT_LOAD_CONFIG_FROM_MODEL``): a copy, with ``intra_op_num_threads``, ``inter_op_num_threads``,
-    ``execution_mode``, ``graph_optimization_level`` and ``enable_profiling`` taken from the JSON's
-    ``session_options`` (integers, checked as onnxruntime checks them); other keys are ignored, as there."""
-    import copy
-    import json
-
-    from .loader import load_model_proto
-    proto, _ = load_model_proto(source)
-    text = next((p.value for p in proto.metadata_props if p.key == "ort_config"), None)
-    if text is None:
-        return options
-    try:
-        config = json.loads(text)
-    except ValueError as e:
-        raise InvalidFeedError(f"Json stored in the `ort_config` key cannot be parsed. Error message: {e}") from None
-    given = config.get("session_options") if isinstance(config, dict) else None
-    if not isinstance(given, dict):
-        return options
-    out = copy.copy(options)
-    allowed = {"intra_op_num_threads": lambda v: v >= 0, "inter_op_num_threads": lambda v: v >= 0,
-               "execution_mode": lambda v: v in (0, 1), "graph_optimization_level": lambda v: v in (0, 1, 2, 99),
-               "enable_profiling": lambda v: v in (0, 1)}
-    for key, value in given.items():
-        if key not in allowed:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidFeedError(f"{key} option in the model file must be an integer")
-        if not allowed[key](value):
-            raise InvalidFeedError(f"Unsupported value for {key} in ORT config: {value}")
-        if key == "execution_mode":
-            value = ExecutionMode(value)
-        elif key == "graph_optimization_level":
-            value = GraphOptimizationLevel(value)
-        elif key == "enable_profiling":
-            value = bool(value)
-        setattr(out, key, value)
-    return out
 
 
 def _strings(name, value: np.ndarray) -> np.ndarray:

@@ -143,7 +143,7 @@ def test_session_options_from_the_models_ort_config(data, monkeypatch):
     os.remove(profile)
     model = onnx.load(path)
     model.metadata_props[0].value = '{"session_options": {"intra_op_num_threads": "two"}}'
-    with pytest.raises(ort.InvalidFeedError, match="intra_op_num_threads option in the model file must be an int"):
+    with pytest.raises(ort.InvalidArgumentError, match="intra_op_num_threads option in the model file must be an int"):
         ort.InferenceSession(model.SerializeToString())
 
 

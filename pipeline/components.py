@@ -430,11 +430,12 @@ class DecoderComponent:
         return out
 
     def _rows_alone(self, name, x, feeds, n):
-        """A padded batch's run on a decoder with recurrent state: each row alone, over its ``n[b]`` real
-        positions, from its live past and state, so that no pad reaches the state; then the rows' presents and
-        states kept as the batch's (each present padded with zeros past its row's end, which the masks of later
-        steps never reach) and the rows' logits (zeros past each row's end) returned.  The batch's first run
-        only: later ones feed one position per row, which a batched run takes as it is."""
+        """A padded batch's first run on a decoder with recurrent state: each row alone, over its ``n[b]`` real
+        positions, from an empty past and its initial state, so that no pad reaches the state; then the rows'
+        presents and states kept as the batch's (each present padded with zeros past its row's end, which the
+        masks of later steps never reach) and the rows' logits (zeros past each row's end) returned.  Later runs
+        feed one position per row, which a batched run takes as it is; a later run of several positions with
+        rows of different lengths is refused."""
         if self.cache.length:
             raise NotImplementedError(f"decoder {self.spec.name!r}: a decoder with recurrent state takes rows of "
                                       f"different lengths in its first run only; append one token per row, or "

@@ -327,19 +327,6 @@ def test_products_the_region_does_not_reproduce_run_in_the_wrapper(bits, level, 
 
 # -- accuracy levels 0 to 3: A float, B dequantized ----------------------------------------------------------------
 
-def _k_stride(N, K):
-    """MLAS's SGEMM K slice (one thread): 128 by 128, N's stride doubled while half of K's covers K, else K's
-    doubled while half of N's covers N, down to 16 columns."""
-    sn, sk = 128, 128
-    if N >= K:
-        while sk // 2 >= K:
-            sn, sk = sn * 2, sk // 2
-    else:
-        while sn > 16 and sn // 2 >= N:
-            sn, sk = sn // 2, sk * 2
-    return sk
-
-
 def reference_fp(A, codes, scales, zps, bias, bits, bs):
     """onnxruntime's float path written out: ``w = f32((code - zero) * scale)``; M = 1 through 16 lanes of fused
     multiply-adds (4-bit codes, MLAS's CompFp32 kernel) or 8 lanes of rounded products added (its SGEMM's AVX
@@ -376,7 +363,7 @@ def reference_fp(A, codes, scales, zps, bias, bits, bs):
             if N % 2:
                 y[N - 1] = one[N - 1]
         return (y + (bias if bias is not None else F(0)))[None].astype(F)
-    sk = K if compfp32 else _k_stride(N, K)
+    sk = K if compfp32 else Q.sgemm_k_stride(M, N, K)  # the slicing rule is MLAS's; the order within it is written here
     out = np.zeros((M, N), F)
     for k0 in range(0, K, sk):
         acc = np.zeros((M, N), F)

@@ -190,6 +190,8 @@ def write_adapter(path, parameters: dict, adapter_version: int = 0, model_versio
     items = []
     for name, value in parameters.items():
         array = np.ascontiguousarray(value)
+        if array.dtype.byteorder == ">":  # stored little-endian; the element type is what counts
+            array = array.astype(array.dtype.newbyteorder("<"))
         if array.dtype not in _CODES:
             raise InvalidArgumentError(f"adapter parameter {name!r}: element type {array.dtype} cannot be stored "
                                        f"(expected one of {sorted(str(np.dtype(d)) for d in DTYPES.values())})")
@@ -209,7 +211,7 @@ def write_adapter(path, parameters: dict, adapter_version: int = 0, model_versio
         encoded = name.encode("utf-8")
         w.patch(slots[0], w.vector(encoded + b"\0", len(encoded), 4))
         w.patch(slots[1], w.vector(struct.pack(f"<{array.ndim}q", *array.shape), array.ndim, 8))
-        raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        raw = array.tobytes()
         w.patch(slots[3], w.vector(raw, len(raw), 8))
     with open(os.fspath(path), "wb") as fh:
         fh.write(bytes(w.buf))

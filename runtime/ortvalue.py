@@ -223,7 +223,7 @@ class OrtValue:
 
 
 class _Capsule:
-    """A bare DLPack capsule as the object ``np.from_dlpack`` takes (a CPU tensor's capsule)."""
+    """A bare DLPack capsule as the object ``np.from_dlpack`` takes, reporting the device its tensor says."""
 
     def __init__(self, capsule):
         self.capsule = capsule
@@ -232,17 +232,25 @@ class _Capsule:
         return self.capsule
 
     def __dlpack_device__(self):
-        return (1, 0)
+        device_type, device_id, _, _ = _dltensor_fields(self.capsule)
+        return (device_type, device_id)
 
 
-def is_dlpack_uint8_tensor(capsule) -> bool:
-    """Whether a DLPack capsule holds uint8 data (onnxruntime's check before reading one as bool)."""
+def _dltensor_fields(capsule) -> tuple:
+    """(device type, device id, type code, bits) of an unused DLPack capsule's tensor (``DLManagedTensor``: the
+    data pointer, the device as two int32, ndim as int32, then the dtype's code and bits as uint8)."""
     import ctypes
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     ptr = get(capsule, b"dltensor")
-    # DLTensor: data pointer (8), device (2 x int32), ndim (int32), then dtype: code (uint8), bits (uint8)
+    device_type, device_id = ctypes.cast(ptr + 8, ctypes.POINTER(ctypes.c_int32))[0:2]
     code, bits = ctypes.cast(ptr + 20, ctypes.POINTER(ctypes.c_uint8))[0:2]
+    return device_type, device_id, code, bits
+
+
+def is_dlpack_uint8_tensor(capsule) -> bool:
+    """Whether a DLPack capsule holds uint8 data (onnxruntime's check before reading one as bool)."""
+    _, _, code, bits = _dltensor_fields(capsule)
     return code == 1 and bits == 8
 
 

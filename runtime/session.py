@@ -792,6 +792,10 @@ class IOBinding:
         self._outputs.clear()
 
     def _run(self, run_options=None):
+        if getattr(run_options, "_adapters", None):
+            from .errors import NotSupportedError
+            raise NotSupportedError("run_with_iobinding: active LoRA adapters are fed by run() and "
+                                    "run_with_ort_values(); a binding run takes bound inputs only")
         # Bound inputs were checked when they were bound; only completeness is left to check.
         names = [v.name for v in self._s._graph.inputs]
         missing = [n for n in names if n not in self._inputs]

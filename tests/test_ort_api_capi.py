@@ -96,6 +96,11 @@ def test_lora_adapter_feeds_its_parameters_for_runs_that_activate_it(data):
     assert np.array_equal(with_adapter, np.tile(np.float32([154, 176, 198, 220]), (4, 1)))
     assert np.array_equal(with_adapter, ref.run(None, x, rro)[0])
     assert np.array_equal(sess.run(None, x)[0], plain)     # the adapter belongs to that run's options only
+    binding = sess.io_binding()
+    binding.bind_cpu_input("input_x", x["input_x"])
+    binding.bind_output("output")
+    with pytest.raises(ort.NotSupportedError, match="active LoRA adapters"):  # never silently without it
+        sess.run_with_iobinding(binding, ro)
 
 
 # -- the C layer's forms ---------------------------------------------------------------------------------------------

@@ -6,4 +6,6 @@ Each submodule only re-exports: ``_pybind_state`` (the classes and functions onn
 ``onnxruntime_pybind11_state`` (its exception classes, which are onnxruntime's own, and ``RunOptions``,
 ``OrtValueVector``), ``onnxruntime_inference_collection`` (the Python-layer helpers).
 """
-from . import _pybind_state, onnxruntime_inference_collection, onnxruntime_pybind11_state  # noqa: E402,F401
+from . import _pybind_state, onnxruntime_inference_collection, onnxruntime_pybind11_state
+
+__all__ = ["_pybind_state", "onnxruntime_inference_collection", "onnxruntime_pybind11_state"]

@@ -274,14 +274,16 @@ def _nucleus_size(vals, n, inv_t, total, top_p):
 
 
 @njit(**_OPTS)
-def _draw_sorted(vals, idxs, n, inv_t, min_p, u):
-    """Draw from the softmax of ``vals[:n]`` (best first) after min-p, with ``u`` uniform in [0, 1)."""
+def _sorted_weights(vals, n, inv_t, min_p, w):
+    """The draw's weights over ``vals[:n]`` (best first) after min-p, into ``w``; returns how many are kept.
+
+    Weights are relative to the best candidate (``w[0] == 1``); the kept ones are a prefix, all positive."""
     m = vals[0]
+    w[0] = 1.0
     if not m > -np.inf:
-        return idxs[0]
+        return 1
     floor = min_p  # probabilities relative to the best one, whose relative probability is 1
     keep = 1
-    s = 1.0
     for j in range(1, n):
         v = vals[j]
         if not v > -np.inf:
@@ -289,22 +291,15 @@ def _draw_sorted(vals, idxs, n, inv_t, min_p, u):
         e = math.exp((v - m) * inv_t)
         if e < floor:
             break  # sorted: everything after is smaller still
-        s += e
+        w[j] = e
         keep = j + 1
-    target = u * s
-    c = 0.0
-    for j in range(keep):
-        c += math.exp((vals[j] - m) * inv_t)
-        if c > target:
-            return idxs[j]
-    return idxs[keep - 1]
+    return keep
 
 
 @njit(**_OPTS)
-def _draw_full(x, inv_t, min_p, u, e):
-    """Draw from the softmax of all of ``x`` (no top-k, no top-p) after min-p; NaN is -inf.
-
-    ``e`` is scratch of ``x``'s length for the exponentials (one exp pass, not two)."""
+def _full_weights(x, inv_t, min_p, e):
+    """The draw's weights over all of ``x`` (no top-k, no top-p) after min-p, into ``e``; NaN is -inf.
+    Returns False when every logit is -inf (the draw is then index 0)."""
     n = x.shape[0]
     m = -np.inf
     for i in range(n):
@@ -312,8 +307,7 @@ def _draw_full(x, inv_t, min_p, u, e):
         if v > m:
             m = v
     if m == -np.inf:
-        return 0
-    s = 0.0
+        return False
     for i in range(n):
         v = x[i]
         w = 0.0
@@ -322,15 +316,24 @@ def _draw_full(x, inv_t, min_p, u, e):
             if w < min_p:
                 w = 0.0
         e[i] = w
-        s += w
+    return True
+
+
+@njit(**_OPTS)
+def _draw_weights(w, n, u):
+    """The index into ``w[:n]`` that ``u`` uniform in [0, 1) draws: the first whose running sum passes
+    ``u`` times the total (both summed in index order), else the last positive weight."""
+    s = 0.0
+    for i in range(n):
+        s += w[i]
     target = u * s
     c = 0.0
     last = 0
     for i in range(n):
-        w = e[i]
-        if w > 0.0:
+        v = w[i]
+        if v > 0.0:
             last = i
-            c += w
+            c += v
             if c > target:
                 return i
     return last
@@ -401,6 +404,12 @@ class Sampler:
             _argmax_rows(x.reshape(1, -1), out)
             return int(out[0])
         u = float(self.rng.random())
+        ids, w = self._weights(x)
+        return int(ids[_draw_weights(w, w.shape[0], u)])
+
+    def _weights(self, x):
+        """What a draw from the prepared row ``x`` picks from: candidate ids and their weights (float64,
+        unnormalized), in the order the draw walks them."""
         n = x.shape[0]
         k = self._top_k
         top_p = self._top_p
@@ -411,9 +420,12 @@ class Sampler:
             if top_p < 1.0:
                 _, total = _softmax_total(vals, self._inv_t)  # renormalized over the kept k
                 k = min(_nucleus_size(vals, k, self._inv_t, total, top_p), k)
-            return int(_draw_sorted(vals, idxs, k, self._inv_t, self._min_p, u))
+            return self._kept(vals, idxs, k)
         if top_p >= 1.0:
-            return int(_draw_full(x, self._inv_t, self._min_p, u, np.empty(n, np.float64)))
+            e = np.empty(n, np.float64)
+            if not _full_weights(x, self._inv_t, self._min_p, e):
+                return np.zeros(1, np.int64), np.ones(1)
+            return np.arange(n), e
         _, total = _softmax_total(x, self._inv_t)
         probe = min(_NUCLEUS_PROBE, n)
         vals = np.empty(probe, np.float32)
@@ -423,8 +435,32 @@ class Sampler:
         if keep > probe and probe < n:  # the best `probe` tokens fall short of top_p: a wide nucleus
             vals, idxs = _nucleus_gather(x, self._inv_t, total, top_p, _NUCLEUS_BINS)
             keep = _nucleus_size(vals, vals.shape[0], self._inv_t, total, top_p)
-        keep = min(keep, vals.shape[0])
-        return int(_draw_sorted(vals, idxs, keep, self._inv_t, self._min_p, u))
+        return self._kept(vals, idxs, min(keep, vals.shape[0]))
+
+    def _kept(self, vals, idxs, n):
+        w = np.zeros(n, np.float64)
+        keep = _sorted_weights(vals, n, self._inv_t, self._min_p, w)
+        return idxs[:keep], w[:keep]
+
+    def distribution(self, logits, history=None):
+        """The distribution the next pick draws from, after the penalty, temperature, top-k, top-p and min-p:
+        ``(ids int64, weights float64)``, the weights positive and unnormalized (the probabilities are
+        ``weights / weights.sum()``), in the order a draw walks them.  Greedy: the argmax alone, weight 1.
+        ``draw(ids, weights)`` then picks exactly what ``next_token`` would with the same ``random()`` value."""
+        x = self._prepare(np.asarray(logits).reshape(-1), history)
+        if self.greedy:
+            out = np.empty(1, np.int64)
+            _argmax_rows(x.reshape(1, -1), out)
+            return out, np.ones(1)
+        ids, w = self._weights(x)
+        pos = w > 0.0
+        return np.ascontiguousarray(ids[pos]), np.ascontiguousarray(w[pos])
+
+    def draw(self, ids, weights) -> int:
+        """One id drawn from ``ids`` with ``weights`` (any positive scale), consuming one ``random()`` value."""
+        u = float(self.rng.random())
+        w = np.ascontiguousarray(weights, np.float64)
+        return int(ids[_draw_weights(w, w.shape[0], u)])
 
     def next_token(self, logits, history=None) -> int:
         """The next token id for one ``[vocab]`` row of logits (a ``[1, vocab]`` array is accepted too)."""

@@ -34,6 +34,7 @@ from .generator import Generator
 from .runner import Pipeline
 from .sampling import Sampler
 from .spec import RequestError
+from .speculative import SPECULATIVE_KEYS, SpeculativeOptions, set_speculative_option
 
 __all__ = ["Config", "Model", "Tokenizer", "Tensor", "NamedTensors", "GeneratorParams", "Generator", "generate",
            "SEARCH_KEYS"]
@@ -150,6 +151,26 @@ class Model:
         self.max_length = max_length
         self._pipeline = None
         self._pad = None
+        self._draft = None
+        # a draft decoder (speculative decoding): its spec is read and checked now, its sessions on first use
+        self._draft_spec = (load_package(self.path, config.merged_overlay() or None, dict(config.model_data),
+                                         draft=True) if self.spec.draft is not None else None)
+
+    @property
+    def draft_model(self) -> "Model":
+        """The config's draft decoder (``model.draft``) as a model of its own, on this model's backend and device."""
+        if self._draft_spec is None:
+            raise RequestError("model.draft.filename is not set in genai_config.json.")
+        if self._draft is None:
+            d = Model.__new__(Model)
+            d.config, d.path, d.spec = self.config, self.path, self._draft_spec
+            d.choice = choice_from_names(d.spec, "all" if self.choice.native_decoder else "none",
+                                         self.choice.device)
+            d.decoder_on_onnxruntime = self.decoder_on_onnxruntime
+            d.max_length, d._pipeline, d._pad = self.max_length, None, self._pad
+            d._draft, d._draft_spec = None, None
+            self._draft = d
+        return self._draft
 
     def create_multimodal_processor(self):
         """The package's prompt-and-image processor (``pipeline/multimodal.py``)."""
@@ -340,6 +361,7 @@ class GeneratorParams:
         self.search = dataclasses.replace(model.spec.search)
         self.extra_inputs = {}
         self.guidance = None  # (type, data): constrained decoding, pipeline/guidance.py
+        self.speculative = dataclasses.replace(model.spec.speculative or SpeculativeOptions())
 
     def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False):
         """Constrain the generated tokens to a grammar: ``type`` ``json_schema``, ``regex`` or ``lark_grammar``
@@ -367,6 +389,17 @@ class GeneratorParams:
                 v = -1
             out[k] = bool(v) if t is bool else float(v)
         return out
+
+    def set_speculative_options(self, **options):
+        """onnxruntime-genai's speculative options (``pipeline/speculative.py``): ``max_draft_tokens``,
+        ``ngram_size``, ``ngram_chained_lookup``, ``min_adaptive_k``, ``cooldown``; its checks and messages."""
+        for k, v in options.items():
+            set_speculative_option(self.speculative, k, v)
+
+    def get_speculative_options(self) -> dict:
+        """Every speculative option as onnxruntime-genai reports it: bools as bools, numbers as floats."""
+        return {k: bool(getattr(self.speculative, k)) if t is bool else float(getattr(self.speculative, k))
+                for k, t in SPECULATIVE_KEYS.items()}
 
     def set_inputs(self, named=None, **more):
         """Extra inputs of prompt-only components, e.g. pixel_values=..."""

@@ -39,10 +39,12 @@ import json
 import os
 import re
 
-from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, implicit_positions, int_value,
+from .package_checks import (Graphs, check_edges, check_io_ports, eos_list, graph_ports, implicit_positions, int_value,
                              read_document, required, component_spec, search_options)
-from .spec import ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, Stage, StatePair
+from .spec import (ComponentSpec, Edge, IncompletePackageError, IOSpec, MetadataError, PipelineSpec, RequestError, Stage,
+                   StatePair)
 from .marian import is_marian, load_marian_config
+from .speculative import speculative_options
 from .text_only import admit_text_only, images_optional
 
 __all__ = ["load_genai_config", "merged", "GENAI_CONFIG"]
@@ -228,15 +230,24 @@ def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_laye
 
 
 def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None = None,
-                      files: dict | None = None) -> PipelineSpec:
+                      files: dict | None = None, draft: bool = False) -> PipelineSpec:
     """Spec of a builder-written package: one decoder, or a vision/embedding/decoder split VLM.  ``overlay``:
     a mapping merged into the file's (``og.Config.overlay``): its mappings merge key by key, other values
     replace the file's.  ``files``: model files given in memory (``og.Config.add_model_data``), by the name
-    the config gives them; such a file need not exist in the folder."""
+    the config gives them; such a file need not exist in the folder.  ``draft``: the spec of the config's
+    draft decoder (``model.draft``, for speculative decoding) alone, in place of the package's."""
     files = files or {}
     cfg = _read_json(root, name)
     if overlay:
         cfg = merged(cfg, overlay)
+    _check_draft_config(cfg)
+    if draft:
+        model, _ = _model_sections(cfg)
+        if not isinstance(model.get("draft"), dict):
+            raise MetadataError("model.draft.filename is not set in genai_config.json.")
+        _check_draft_logits(root, model, files)
+        text = {k: v for k, v in model.items() if k not in ("vision", "speech", "embedding", "draft")}
+        cfg = dict(cfg, model=dict(text, decoder=model["draft"]))
     model, dec = _model_sections(cfg)
     if is_marian(model):
         return load_marian_config(root, cfg, model, files)
@@ -252,6 +263,52 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None 
     _check_decoder_geometry(dec, decoder, ins, n_layers, "model.decoder")
     _mark_text_only(spec, graphs)
     return spec
+
+
+def _check_draft_config(cfg: dict) -> None:
+    """A config with a draft decoder (``model.draft``): what speculative decoding cannot run, refused from the
+    config alone, before any file is read, with onnxruntime-genai's messages."""
+    model = cfg.get("model")
+    if not isinstance(model, dict) or "draft" not in model:
+        return
+    draft = model["draft"]
+    if not isinstance(draft, dict) or not draft.get("filename"):
+        raise MetadataError("model.draft.filename is not set in genai_config.json.")
+    if isinstance(model.get("vision"), dict) and model["vision"].get("filename") or \
+            isinstance(model.get("speech"), dict) and model["speech"].get("filename"):
+        raise MetadataError("Speculative decoding does not support multimodal (vision/audio) models in this "
+                            "release; target and draft must be plain decoder-only LLMs.")
+    for sec in (model.get("decoder"), draft):
+        if not isinstance(sec, dict):
+            continue
+        sw = sec.get("sliding_window")
+        if isinstance(sw, dict) and sw.get("slide_key_value_cache"):
+            raise MetadataError("Speculative decoding does not support physically sliding KV caches in this "
+                                "release; WindowedKeyValueCache cannot rewind after discarding KV history.")
+        if sec.get("layer_types"):
+            raise MetadataError("Speculative decoding does not support LFM2 (hybrid SSM/attention) models in this "
+                                "release; their rolling convolution state cannot be rewound.")
+
+
+def _check_draft_logits(root: str, model: dict, files: dict) -> None:
+    """The decoder's and the draft's logits outputs exist, with one static vocabulary size (onnxruntime-genai's
+    checks and messages)."""
+    vocab = {}
+    for role, key in (("Target", "decoder"), ("Draft", "draft")):
+        sec = model[key]
+        comp = component_spec(root, sec, f"model.{key}", key, "decoder", files)
+        outs = graph_ports(comp.filename, comp.data)[1]
+        outputs = sec.get("outputs") if isinstance(sec.get("outputs"), dict) else {}
+        name = outputs.get("logits", "logits")
+        if name not in outs:
+            raise MetadataError(f"{role} logits output '{name}' was not found in the ONNX model.")
+        shape = outs[name][0]
+        if not shape or not isinstance(shape[-1], int) or shape[-1] <= 0:
+            raise MetadataError(f"{role} logits output '{name}' must have a static positive vocabulary dimension.")
+        vocab[role] = shape[-1]
+    if vocab["Target"] != vocab["Draft"]:
+        raise MetadataError(f"Target and draft logit dimensions don't match. Target vocab: {vocab['Target']}, Draft "
+                            f"vocab: {vocab['Draft']}. Target and draft must share the same vocabulary.")
 
 
 def merged(base: dict, over: dict) -> dict:
@@ -280,7 +337,7 @@ def _model_sections(cfg: dict) -> tuple[dict, dict]:
 
 def _load_decoder(root: str, dec: dict, graphs: Graphs, files: dict) -> tuple[ComponentSpec, int, dict]:
     """The decoder component with its io expanded over the layers, its layer count and its graph inputs."""
-    n_declared = int_value(dec.get("num_hidden_layers"), "model.decoder.num_hidden_layers", minimum=1)
+    n_declared = int_value(dec.get("num_hidden_layers"), "model.decoder.num_hidden_layers", minimum=0)
     decoder = component_spec(root, dec, "model.decoder", "decoder", "decoder", files)
     fname = decoder.filename
     ins, outs = graphs(decoder)
@@ -393,7 +450,17 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         vocab_size=model.get("vocab_size"),
         vision_config=_vision_config(model),
         speech_config=model["speech"] if isinstance(model.get("speech"), dict) else None,
-        input_aliases=_input_aliases(model))
+        input_aliases=_input_aliases(model),
+        draft=model["draft"] if isinstance(model.get("draft"), dict) else None,
+        speculative=_speculative(cfg))
+
+
+def _speculative(cfg: dict):
+    """The ``speculative`` section's options, its errors as the config's."""
+    try:
+        return speculative_options(cfg.get("speculative"))
+    except RequestError as e:
+        raise MetadataError(str(e)) from None
 
 
 # onnxruntime-genai's names of what a processor returns, per section and config key

@@ -34,6 +34,7 @@ from . import environment as env
 from .beam_search import BeamSearch
 from .sampling import Sampler, repeated_ngram_ends, without_ids
 from .spec import RequestError
+from .speculative import Speculator, check_speculative, empty_stats
 
 __all__ = ["Generator"]
 
@@ -90,6 +91,12 @@ class Generator:
         self._finished = [False] * self.batch
         self._done = False
         self._next = None  # the last step's tokens (get_next_tokens), None when the rows' last ids are
+        self._runs = 0     # model runs so far
+        # speculative decoding (pipeline/speculative.py): the round's tokens still to hand out, each with the
+        # logits of the position after it; while any are left the decoder has seen past the sequence
+        kind = check_speculative(model, params)
+        self._spec = Speculator(self, kind) if kind else None
+        self._queue = []
 
     @property
     def _seq(self) -> list:
@@ -110,6 +117,7 @@ class Generator:
                 raise RequestError(f"append_tokens: row {int(np.argmin(lengths))} holds only pads "
                                    f"({self._pad}); each row needs at least one token")
         self._next = None
+        self._runs += 1
         first = self._fed == 0
         if first:
             self._expand_for_beams()
@@ -152,6 +160,7 @@ class Generator:
         """Token ids for every row: [n] with one row, else [batch, n] (a ``Tensor`` from ``encode_batch``:
         right-padded with the pad id)."""
         a = np.asarray(ids.as_numpy() if hasattr(ids, "as_numpy") else ids, np.int64)
+        self._settle()
         if a.ndim <= 1:
             a = a.reshape(1, -1)
         if self.beams is not None:  # each prompt on every one of its beams' rows
@@ -184,28 +193,35 @@ class Generator:
                                f"({self.max_length})")
         if not self._seq:
             raise RequestError("append_tokens must come before generate_next_token: the sequence is empty")
-        logits = self._current_logits()[:, -1, :]
-        if env.logging_of("generate_next_token"):
-            s = self.search
-            env.log("generate_next_token", f"do_sample: {int(bool(s.do_sample))} top_k: {int(s.top_k)} top_p: "
-                                           f"{float(s.top_p):g} temperature: {float(s.temperature):g} "
-                                           f"sequence length: {len(self._seq)}")
-        if self._eos and len(self._seq) < int(self.search.min_length):
-            logits = without_ids(logits, self._eos)
-        n = int(self.search.no_repeat_ngram_size)
-        if n > 0:
-            logits = np.array(logits, np.float32)
-            for b, row in enumerate(self._rows):
-                logits[b] = without_ids(logits[b], repeated_ngram_ends(row, n))
-        if self._guidance is not None:
-            logits = self._guidance.mask(logits)
-        if self.beams is not None:
-            self._beam_step(logits)
-            return
-        picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
-        if self._guidance is not None:  # each row's grammar advances by its token (a row already ended: no more)
-            self._guidance.commit([t if not done else None for t, done in
-                                   zip(np.asarray(picked).reshape(-1).tolist(), self._finished)])
+        if self._spec is not None and not self._queue:
+            self._queue = self._spec.round() or []
+        after = None
+        if self._queue:  # a speculative round's next token, and the logits of the position after it
+            tok, after = self._queue.pop(0)
+            picked = [tok]
+            self._spec.emitted()
+            if not self._queue:
+                self._spec.round_done()
+        else:
+            logits = self._current_logits()[:, -1, :]
+            if env.logging_of("generate_next_token"):
+                s = self.search
+                env.log("generate_next_token", f"do_sample: {int(bool(s.do_sample))} top_k: {int(s.top_k)} top_p: "
+                                               f"{float(s.top_p):g} temperature: {float(s.temperature):g} "
+                                               f"sequence length: {len(self._seq)}")
+            if (self._eos and len(self._seq) < int(self.search.min_length)) or int(self.search.no_repeat_ngram_size):
+                logits = np.stack([self._processed(logits[b], row) for b, row in enumerate(self._rows)])
+            if self._guidance is not None:
+                logits = self._guidance.mask(logits)
+            if self.beams is not None:
+                self._beam_step(logits)
+                return
+            picked = self.sampler.next_tokens(logits, [np.asarray(r, np.int64) for r in self._rows])
+            if self._guidance is not None:  # each row's grammar advances by its token (a row already ended: no more)
+                self._guidance.commit([t if not done else None for t, done in
+                                       zip(np.asarray(picked).reshape(-1).tolist(), self._finished)])
+            if self._spec is not None:
+                self._spec.emitted()
         tokens = []
         for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
             if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
@@ -223,8 +239,10 @@ class Generator:
         if not all(self._finished):
             for row, tok in zip(self._rows, tokens):
                 row.append(tok)
-            self._logits = None
+            self._logits = None if after is None else np.ascontiguousarray(after, np.float32).reshape(1, 1, -1)
         self._done = all(self._finished) or len(self._seq) >= self.max_length
+        if self._queue and self._done:  # the round's tokens past the end are dropped
+            self._settle()
         if len(self._seq) >= self.max_length and env.logging_of("hit_max_length"):
             env.log("hit_max_length", "greedy cpu hit")
 
@@ -244,6 +262,59 @@ class Generator:
         self._rows = [self._rows[p] + [t] for p, t in zip(parents, tokens)]
         self._logits = None
         self._done = all(search.done for search in self.beams) or len(self._seq) >= self.max_length
+
+    def _processed(self, logits, row) -> np.ndarray:
+        """One row of next-position logits [vocab] with what a step applies before the sampler over the
+        sequence ``row``: EOS ids masked below ``min_length``, ``no_repeat_ngram_size``'s repeats masked."""
+        if self._eos and len(row) < int(self.search.min_length):
+            logits = without_ids(logits, self._eos)
+        n = int(self.search.no_repeat_ngram_size)
+        if n > 0:
+            logits = without_ids(np.array(logits, np.float32), repeated_ngram_ends(row, n))
+        return logits
+
+    # -- speculative rounds (pipeline/speculative.py) ----------------------------------------------
+    def _verify(self, drafts: list) -> list:
+        """The decoder over its unfed tokens and ``drafts``, in one run: the logits [vocab] of the position after
+        the sequence and after each draft (``len(drafts) + 1`` rows).  The caches then hold the drafts too."""
+        if self._terminated:
+            raise RequestError("Session in Terminated state, exiting!")
+        row = self._rows[0]
+        unfed = row[self._fed:]
+        if not unfed and self._logits is None:
+            unfed = row[-1:]
+            self.pipe.decoder.rewind(len(row) - 1)
+            self._fed = len(row) - 1
+        cur = np.asarray([unfed + list(drafts)], np.int64)
+        self._runs += 1
+        logits = np.asarray(self.pipe.forward(cur, self.external, False, want="all"), np.float32)
+        if logits.ndim != 3 or logits.shape[1] != cur.shape[1]:
+            raise RequestError(f"speculative decoding needs the decoder's logits for every position it runs; it "
+                               f"gave shape {list(logits.shape)} for {cur.shape[1]} positions")
+        self._outputs = {"logits": logits}
+        self._last_ids = cur
+        self._fed = len(row) + len(drafts)
+        first = [self._logits[0, -1]] if not unfed else []
+        return first + list(logits[0, max(len(unfed) - 1, 0):])
+
+    def _keep_verified(self, n: int):
+        """Cut the decoder's caches back to the first ``n`` positions (the sequence and the kept drafts)."""
+        if self._fed > n:
+            self.pipe.decoder.rewind(n)
+            self._fed = n
+
+    def _settle(self):
+        """Drop what is left of a speculative round: the caches go back to the sequence; the current logits
+        (the position after it) stay."""
+        if self._spec is None:
+            return
+        self._spec.discarded(len(self._queue))
+        self._queue = []
+        self._keep_verified(len(self._seq))
+
+    def get_speculative_stats(self) -> dict:
+        """onnxruntime-genai's speculative statistics (every key; all zero when not decoding speculatively)."""
+        return self._spec.report() if self._spec is not None else empty_stats()
 
     def get_next_tokens(self) -> np.ndarray:
         if self._next is not None:
@@ -272,6 +343,7 @@ class Generator:
 
     def set_logits(self, logits):
         """Replace the next position's logits (what ``generate_next_token`` picks from)."""
+        self._settle()
         cur = self._current_logits()
         a = np.asarray(logits, np.float32)
         if a.size != cur.size:
@@ -282,6 +354,7 @@ class Generator:
     def get_output(self, name: str) -> np.ndarray:
         """The last run's output ``name``: ``logits`` [1, positions run, vocab], a present (the cache's rows so
         far) or a recurrent state."""
+        self._settle()
         if name in self._outputs:
             return self._outputs[name].copy()
         value = self.pipe.decoder.output_value(name)
@@ -347,6 +420,7 @@ class Generator:
     def rewind_to(self, length: int):
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""
         length = int(length)
+        self._settle()
         if not 0 <= length <= len(self._seq):
             raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
         if self.beams is not None:

@@ -54,10 +54,11 @@ _SEQUENCE_SOURCES = ("token_ids", "inputs_embeds")
 
 # ----------------------------------------------------------------------------------------------- entry point
 
-def load_package(path, overlay: dict | None = None, files: dict | None = None) -> PipelineSpec:
+def load_package(path, overlay: dict | None = None, files: dict | None = None, draft: bool = False) -> PipelineSpec:
     """Read the package at ``path`` (a folder, or its genai_config.json / inference_metadata.yaml); ``overlay``:
     a mapping merged into a genai_config.json (``og.Config.overlay``); ``files``: a genai_config.json package's
-    model files given in memory, by the name the config gives them (``og.Config.add_model_data``)."""
+    model files given in memory, by the name the config gives them (``og.Config.add_model_data``); ``draft``: the
+    spec of a genai_config.json's draft decoder (``model.draft``) instead."""
     path = os.fspath(path)
     if os.path.isfile(path):
         root, name = os.path.split(os.path.abspath(path))
@@ -78,7 +79,7 @@ def load_package(path, overlay: dict | None = None, files: dict | None = None) -
                                 f"{name}")
         return load_inference_metadata(root, name)
     if name.endswith(".json"):
-        return load_genai_config(root, name, overlay, files)
+        return load_genai_config(root, name, overlay, files, draft)
     raise MetadataError(f"{path!r}: expected a {GENAI_CONFIG} or {INFERENCE_METADATA} file")
 
 

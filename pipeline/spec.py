@@ -159,6 +159,8 @@ class PipelineSpec:
     input_aliases: dict = field(default_factory=dict)  # a processor's output name -> the graph port it feeds
     vision_config: dict | None = None           # genai_config model.vision (processor config, port names) and
     #                                             the model's image_token_id / vision_start_token_id
+    draft: dict | None = None                   # genai_config model.draft: a draft decoder (speculative.py)
+    speculative: object = None                  # genai_config speculative: SpeculativeOptions
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -1,0 +1,400 @@
+"""Speculative decoding: cheap proposals that the decoder checks several at a time, as onnxruntime-genai 0.18 does it.
+
+Two proposers, chosen as onnxruntime-genai chooses them:
+
+- a **draft model** (``model.draft`` in ``genai_config.json``, a decoder section of its own): it runs one token at a
+  time ahead of the decoder and proposes ``K`` tokens;
+- **n-gram lookup** (``ngram_size`` > 0, no draft): the most recent earlier occurrence of the sequence's last
+  ``ngram_size - 1`` tokens proposes what followed it (``NGramLookup``, onnxruntime-genai's rule: the latest
+  occurrence wins; with ``ngram_chained_lookup`` the lookup continues from its own proposals).
+
+A round (``Speculator.round``): the proposer gives ``d_0 .. d_{k-1}`` (``k`` = ``max_draft_tokens``, fewer near
+``max_length``); the decoder runs once over its unfed token and the proposals, which gives the logits ``p_0 .. p_k``
+of the positions after the sequence and after each proposal; the longest agreeing prefix ``d_0 .. d_{a-1}`` is
+kept, followed by one token of the decoder's own (the correction from ``p_a`` when ``a < k``, else a bonus token
+from ``p_k``).  The decoder's caches are cut back to the kept proposals (``rewind``), and ``Generator``
+hands the round's tokens out one per ``generate_next_token``.
+
+Invariants:
+- **greedy** (``do_sample`` false or temperature 0): ``d_j`` agrees when it is the argmax of ``p_j`` after the same
+  processing a plain step applies (repetition penalty, ``min_length``, ``no_repeat_ngram_size``) over the sequence
+  it would extend; the tokens are those of plain greedy decoding, up to the rounding difference between a
+  several-position run and one-position runs;
+- **sampling**: Leviathan and Chen's rule over the truncated distributions (top-k, top-p, min-p, temperature):
+  accept ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` (``q_j`` the draft's distribution, one-hot for
+  n-grams), else draw from ``max(0, p_j - q_j)`` normalized.  The proposals and the bonus token take their
+  ``random()`` values from the generator's sampler, in the order plain sampling would; the acceptance tests take
+  theirs from a second generator seeded from the same seed.  So a draft that proposes from the decoder's own
+  distribution reproduces plain sampling's tokens for the same seed;
+- the draft model is a ``Generator`` of its own; each round it is cut back to what it shares with the sequence and
+  fed the rest, so it never runs over a token twice unless a rejection forces it;
+- refused, with onnxruntime-genai's messages: ``batch_size`` > 1, beam search, a draft together with n-grams,
+  guidance; and (this runtime's) decoders that carry recurrent state or give the last position's logits only,
+  whose caches cannot be cut back to a kept prefix.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import RequestError
+
+__all__ = ["SpeculativeOptions", "SPECULATIVE_KEYS", "set_speculative_option", "speculative_options",
+           "NGramLookup", "Speculator", "empty_stats"]
+
+_MIN_K, _MAX_K = 1, 16  # onnxruntime-genai's range of max_draft_tokens (and of the n-gram size)
+
+
+@dataclass
+class SpeculativeOptions:
+    max_draft_tokens: int = 4
+    ngram_size: int = 0
+    ngram_chained_lookup: bool = False
+    min_adaptive_k: int = 0  # accepted and checked; the number of proposals per round stays max_draft_tokens
+    cooldown: bool = False   # accepted; no cooldown is kept (tokens are the same either way)
+
+
+SPECULATIVE_KEYS = {"max_draft_tokens": int, "ngram_size": int, "ngram_chained_lookup": bool,
+                    "min_adaptive_k": int, "cooldown": bool}
+
+
+def set_speculative_option(opts: SpeculativeOptions, name: str, value) -> None:
+    """Set one option, with onnxruntime-genai's checks and messages."""
+    kind = SPECULATIVE_KEYS.get(name)
+    if kind is None:
+        raise RequestError(f"Unknown value \"{name}\" (the speculative options are "
+                           f"{', '.join(sorted(SPECULATIVE_KEYS))})")
+    if kind is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise RequestError(f"{name} - Expected a bool but saw a number")
+        setattr(opts, name, bool(value))
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise RequestError(f"Unknown speculative option type, must be bool, int, or float: {name}")
+    if float(value) != int(value):
+        raise RequestError(f"Field '{name}' value {value:g} is not an integer")
+    v = int(value)
+    if name == "max_draft_tokens" and not _MIN_K <= v <= _MAX_K:
+        raise RequestError(f"speculative.max_draft_tokens must be between {_MIN_K} and {_MAX_K} Got: {v}.")
+    if name == "ngram_size" and v != 0 and not 2 <= v <= _MAX_K:
+        raise RequestError(f"speculative.ngram_size must be 0 or between 2 and {_MAX_K}. Got: {v}.")
+    if name == "min_adaptive_k" and not 0 <= v <= _MAX_K:
+        raise RequestError(f"speculative.min_adaptive_k must be 0 or between {_MIN_K} and {_MAX_K}. Got: {v}.")
+    setattr(opts, name, v)
+
+
+def speculative_options(section) -> SpeculativeOptions:
+    """The ``speculative`` section of a genai_config.json (absent: the defaults)."""
+    opts = SpeculativeOptions()
+    if section is None:
+        return opts
+    if not isinstance(section, dict):
+        raise RequestError("genai_config.speculative: expected a mapping")
+    for k, v in section.items():
+        set_speculative_option(opts, k, v)
+    return opts
+
+
+class NGramLookup:
+    """The sequence's (n-1)-token keys, each mapped to the start of its latest occurrence that has a token after it."""
+
+    def __init__(self, ngram_size: int):
+        if ngram_size < 2:
+            raise RequestError("NGramLookup requires ngram_size >= 2.")
+        self.key = ngram_size - 1
+        self.history: list = []
+        self.starts: dict = {}
+
+    def append(self, tokens) -> None:
+        h, n = self.history, self.key
+        for t in tokens:
+            h.append(int(t))
+            if len(h) > n:
+                start = len(h) - n - 1
+                self.starts[tuple(h[start:start + n])] = start
+
+    def reset(self, tokens=()) -> None:
+        self.history, self.starts = [], {}
+        self.append(tokens)
+
+    def sync(self, seq) -> int:
+        """Bring the history to ``seq``: appended when it extends the history, else rebuilt.  Returns how many
+        tokens were indexed."""
+        h, n = self.history, len(self.history)
+        if len(seq) >= n and list(seq[:n]) == h:
+            self.append(seq[n:])
+            return len(seq) - n
+        self.reset(seq)
+        return len(seq)
+
+    def propose(self, max_tokens: int, chained: bool = False) -> list:
+        h, n = self.history, self.key
+        if max_tokens <= 0 or len(h) < n:
+            return []
+        context = tuple(h[len(h) - n:])
+        start = self.starts.get(context)
+        if start is None:
+            return []
+        if not chained:
+            at = start + n
+            return h[at:at + max_tokens]
+        out = []
+        while start is not None and len(out) < max_tokens:
+            tok = h[start + n]
+            out.append(tok)
+            context = context[1:] + (tok,)
+            start = self.starts.get(context)
+        return out
+
+
+_STAT_KEYS = ("rounds", "completed_rounds", "interrupted_rounds", "active_rounds", "draft_tokens_proposed",
+              "draft_tokens_evaluated", "draft_tokens_accepted", "correction_tokens", "bonus_tokens",
+              "tokens_queued", "tokens_emitted", "tokens_discarded", "tokens_buffered", "draft_forward_passes",
+              "target_forward_passes", "effective_k", "adaptive_k_increases", "adaptive_k_decreases",
+              "adaptive_k_observations", "adaptive_k_probes", "cooldown_entries", "cooldown_steps",
+              "cooldown_remaining", "standard_fallback_steps", "mtp_failures", "dflash2_failures",
+              "dflash2_disables", "dflash2_admission_misses", "full_accept_rounds", "partial_accept_rounds",
+              "zero_accept_rounds", "target_verify_forward_passes", "target_reanchor_forward_passes",
+              "target_reconciliation_forward_passes", "ngram_lookup_hits", "ngram_lookup_misses",
+              "ngram_lookup_tokens_proposed", "ngram_chained_tokens_proposed", "ngram_grammar_candidate_rejections",
+              "ngram_history_syncs", "ngram_history_tokens_synced")
+_TIME_KEYS = ("total_draft_ms", "total_target_ms", "total_reconciliation_ms", "total_target_verify_ms",
+              "total_target_reanchor_ms", "total_ngram_history_sync_ms", "total_ngram_lookup_ms")
+_HISTOGRAM_BINS = 8
+
+
+def empty_stats() -> dict:
+    """onnxruntime-genai's statistics of a generator that does not decode speculatively: every key, all zero."""
+    out = {k: 0 for k in _STAT_KEYS}
+    out["formula_supported"] = False
+    out.update({k: 0.0 for k in _TIME_KEYS})
+    out.update({k: 0.0 for k in ("avg_draft_ms_per_token", "acceptance_rate", "avg_draft_tokens_per_round",
+                                 "mean_emitted_tokens_per_round", "expected_tokens_per_round",
+                                 "avg_target_ms_per_round", "target_baseline_ms_per_token",
+                                 "target_overhead_ratio", "estimated_speedup", "observed_speedup",
+                                 "adaptive_k_throughput")})
+    out["acceptance_length_histogram"] = [0] * _HISTOGRAM_BINS
+    return out
+
+
+def check_speculative(model, params) -> str | None:
+    """Which proposer ``model`` and ``params`` call for ('draft', 'ngram' or None); refuses what cannot be
+    decoded speculatively, with onnxruntime-genai's messages where it has one."""
+    draft = model.spec.draft is not None
+    opts = params.speculative
+    if not draft and opts.ngram_size <= 0:
+        return None
+    s = params.search
+    kind = "draft" if draft else "ngram"
+    if draft and opts.ngram_size > 0:
+        raise RequestError("N-gram decoding cannot be combined with draft-model speculative decoding.")
+    if int(s.batch_size) != 1:
+        raise RequestError(f"Speculative decoding does not support batch_size > 1 in this release. Got "
+                           f"batch_size={int(s.batch_size)}" if draft else
+                           "N-gram decoding requires batch_size=1 in this release.")
+    if int(s.num_beams) != 1:
+        raise RequestError(f"Speculative decoding does not support num_beams > 1 (beam search). Got "
+                           f"num_beams={int(s.num_beams)}." if draft else
+                           "N-gram decoding does not support beam search in this release.")
+    if params.guidance is not None:
+        raise RequestError("speculative decoding with guidance is not supported here: the grammar would have to "
+                           "follow every proposal and step back on a rejection")
+    spec = model.spec
+    if len(spec.components) != 1 or spec.marian_ports is not None:
+        raise RequestError("Speculative decoding does not support pipeline models in this release; target and "
+                           "draft must be plain decoder-only LLMs.")
+    if spec.decoder.io.state_pairs:
+        raise RequestError(f"Speculative decoding needs a decoder whose caches can be cut back to a kept prefix; "
+                           f"this {spec.model_type} decoder carries recurrent state "
+                           f"({spec.decoder.io.state_pairs[0].input}, ...) that cannot be rewound")
+    return kind
+
+
+class Speculator:
+    """The rounds of one batch-of-one ``Generator`` (``pipeline/generator.py``), and their statistics."""
+
+    def __init__(self, gen, kind: str):
+        self.gen = gen
+        opts = gen.params.speculative
+        self.k = int(opts.max_draft_tokens)
+        self.kind = kind
+        self.stats = empty_stats()
+        self.stats["formula_supported"] = True
+        self._accept_rng = None
+        if kind == "draft":
+            from .api import GeneratorParams
+            draft_model = gen.model.draft_model
+            if draft_model.spec.decoder.io.state_pairs:
+                raise RequestError(f"Speculative decoding needs a draft whose caches can be cut back; the "
+                                   f"{draft_model.spec.model_type} draft carries recurrent state")
+            dp = GeneratorParams(draft_model)
+            dp.search = gen.search
+            dp.speculative = SpeculativeOptions()
+            from .generator import Generator
+            self.draft = Generator(draft_model, dp)
+        else:
+            self.lookup = NGramLookup(int(opts.ngram_size))
+            self.chained = bool(opts.ngram_chained_lookup)
+
+    # -- proposals -----------------------------------------------------------------------------------
+    def _pick(self, logits, hist):
+        """The proposal from one row of logits over ``hist``: (token, its distribution or None when greedy)."""
+        g = self.gen
+        x = g._processed(logits, hist)
+        if g.sampler.greedy:
+            return int(g.sampler.next_token(x, np.asarray(hist, np.int64))), None
+        ids, w = g.sampler.distribution(x, np.asarray(hist, np.int64))
+        return g.sampler.draw(ids, w), (ids, w)
+
+    def _propose_draft(self, seq, k):
+        d = self.draft
+        t0 = time.perf_counter()
+        runs = d._runs
+        rows = d._rows[0]
+        common = 0
+        for a, b in zip(rows, seq):
+            if a != b:
+                break
+            common += 1
+        if common < len(rows):
+            d.rewind_to(common)
+        if common < len(seq):
+            d.append_tokens(np.asarray(seq[common:], np.int64))
+        drafts, dists, hist = [], [], list(seq)
+        for i in range(k):
+            tok, dist = self._pick(d.get_logits()[0, -1], hist)
+            drafts.append(tok)
+            dists.append(dist)
+            hist.append(tok)
+            if i < k - 1:
+                d.append_tokens(np.asarray([tok], np.int64))
+        self.stats["draft_forward_passes"] += d._runs - runs
+        self.stats["total_draft_ms"] += (time.perf_counter() - t0) * 1e3
+        return drafts, dists
+
+    def _propose_ngram(self, seq, k):
+        st = self.stats
+        t0 = time.perf_counter()
+        st["ngram_history_tokens_synced"] += self.lookup.sync(seq)
+        st["ngram_history_syncs"] += 1
+        t1 = time.perf_counter()
+        drafts = self.lookup.propose(k, self.chained)
+        st["total_ngram_history_sync_ms"] += (t1 - t0) * 1e3
+        st["total_ngram_lookup_ms"] += (time.perf_counter() - t1) * 1e3
+        if drafts:
+            st["ngram_lookup_hits"] += 1
+            st["ngram_lookup_tokens_proposed"] += len(drafts)
+            if self.chained:
+                st["ngram_chained_tokens_proposed"] += len(drafts)
+        else:
+            st["ngram_lookup_misses"] += 1
+        return drafts, [None] * len(drafts)
+
+    # -- one round -----------------------------------------------------------------------------------
+    def round(self) -> list | None:
+        """Propose, check and accept: the round's tokens, each with the logits of the position after it (None for
+        the last), or None when no round can run (no room before ``max_length``, or no proposal): the
+        caller then takes a plain step."""
+        g = self.gen
+        st = self.stats
+        seq = list(g._rows[0])
+        k = min(self.k, g.max_length - len(seq) - 1)
+        if k < 1:
+            st["standard_fallback_steps"] += 1
+            return None
+        drafts, dists = self._propose_draft(seq, k) if self.kind == "draft" else self._propose_ngram(seq, k)
+        if not drafts:
+            st["standard_fallback_steps"] += 1
+            return None
+        k = len(drafts)
+        t0 = time.perf_counter()
+        p = g._verify(drafts)
+        g._logits = np.ascontiguousarray(p[0], np.float32).reshape(1, 1, -1)  # the position after the sequence
+        st["total_target_ms"] += (time.perf_counter() - t0) * 1e3
+        st["total_target_verify_ms"] = st["total_target_ms"]
+        st["target_forward_passes"] += 1
+        st["target_verify_forward_passes"] += 1
+        out, hist = [], list(seq)
+        for j in range(k):
+            tok = self._accept(p[j], hist, drafts[j], dists[j])
+            if tok != drafts[j]:
+                out.append(tok)
+                st["correction_tokens"] += 1
+                break
+            out.append(tok)
+            hist.append(tok)
+        else:
+            out.append(self._accept(p[k], hist, None, None))
+            st["bonus_tokens"] += 1
+        a = len(out) - 1  # proposals kept
+        g._keep_verified(len(seq) + a)
+        st["rounds"] += 1
+        st["draft_tokens_proposed"] += k
+        st["draft_tokens_evaluated"] += k
+        st["draft_tokens_accepted"] += a
+        st["tokens_queued"] += len(out)
+        st["effective_k"] = self.k
+        st["full_accept_rounds" if a == k else "partial_accept_rounds" if a else "zero_accept_rounds"] += 1
+        st["acceptance_length_histogram"][min(a, _HISTOGRAM_BINS - 1)] += 1
+        return [(t, p[j + 1] if j < a else None) for j, t in enumerate(out)]
+
+    def _accept(self, logits, hist, proposed, dist):
+        """The decoder's token at one position: ``proposed`` when the rule accepts it, else its own (the
+        correction, or the bonus when nothing was proposed)."""
+        g = self.gen
+        x = g._processed(logits, hist)
+        h = np.asarray(hist, np.int64)
+        if g.sampler.greedy or proposed is None:  # greedy, or the bonus: a plain pick
+            return int(g.sampler.next_token(x, h))
+        ids, w = g.sampler.distribution(x, h)
+        pt = w / w.sum()
+        p_d = float(pt[ids == proposed].sum())
+        if dist is None:  # an n-gram proposal: a point mass
+            q_ids, q = np.asarray([proposed]), np.ones(1)
+        else:
+            q_ids, q = dist[0], dist[1] / dist[1].sum()
+        q_d = float(q[q_ids == proposed].sum())
+        if self._accept_rng is None:
+            seed = g.search.seed
+            self._accept_rng = np.random.default_rng(None if seed is None or seed < 0 else [int(seed), 1])
+        if q_d > 0 and self._accept_rng.random() < min(1.0, p_d / q_d):
+            return int(proposed)
+        q_on_p = np.zeros(ids.shape[0])
+        where = {int(t): i for i, t in enumerate(q_ids.tolist())}
+        for i, t in enumerate(ids.tolist()):
+            j = where.get(int(t))
+            if j is not None:
+                q_on_p[i] = q[j]
+        resid = np.maximum(pt - q_on_p, 0.0)
+        if resid.sum() <= 0.0:
+            return g.sampler.draw(ids, w)
+        return g.sampler.draw(ids, resid)
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+    def emitted(self, n: int = 1):
+        self.stats["tokens_emitted"] += n
+
+    def discarded(self, n: int):
+        if n:
+            self.stats["tokens_discarded"] += n
+            self.stats["interrupted_rounds"] += 1
+
+    def round_done(self):
+        self.stats["completed_rounds"] += 1
+
+    def report(self) -> dict:
+        st = dict(self.stats)
+        st["acceptance_length_histogram"] = list(st["acceptance_length_histogram"])
+        r = st["rounds"]
+        if st["draft_tokens_evaluated"]:
+            st["acceptance_rate"] = st["draft_tokens_accepted"] / st["draft_tokens_evaluated"]
+        if r:
+            st["avg_draft_tokens_per_round"] = st["draft_tokens_proposed"] / r
+            st["mean_emitted_tokens_per_round"] = st["tokens_queued"] / r
+            st["expected_tokens_per_round"] = (st["draft_tokens_accepted"] + r) / r
+            st["avg_target_ms_per_round"] = st["total_target_ms"] / r
+        if st["draft_tokens_proposed"]:
+            st["avg_draft_ms_per_token"] = st["total_draft_ms"] / st["draft_tokens_proposed"]
+        return st

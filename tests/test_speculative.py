@@ -1,0 +1,231 @@
+"""Speculative decoding (pipeline/speculative.py): a draft model or n-gram lookup proposes, the decoder checks.
+
+Compared with onnxruntime-genai 0.18 in the same test: greedy tokens equal to its speculative run and to plain
+decoding, on both backends; the options, their checks and the refusals with its messages.  Sampling is checked
+against plain sampling (a draft that proposes from the decoder's own distribution reproduces its tokens) and
+the acceptance rule against its target distribution.
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import pipeline as pg
+from pipeline.sampling import Sampler
+from pipeline.spec import SearchOptions
+from pipeline.speculative import NGramLookup, Speculator
+
+PKGS = os.path.join(os.path.dirname(__file__), "..", "fixtures", "packages")
+PROMPT = [5, 7, 9, 11]
+
+
+def _with_draft(tmp_path, draft="llama_int4", k=3, target="llama_fp32"):
+    """The target package with ``draft``'s decoder as its ``model.draft`` (in a subfolder)."""
+    dst = tmp_path / f"{target}+{draft}"
+    shutil.copytree(os.path.join(PKGS, target), dst)
+    (dst / "draft").mkdir()
+    for f in os.listdir(os.path.join(PKGS, draft)):
+        if f.startswith("model.onnx"):
+            shutil.copy(os.path.join(PKGS, draft, f), dst / "draft" / f)
+    cfg = json.loads((dst / "genai_config.json").read_text())
+    sec = json.loads(open(os.path.join(PKGS, draft, "genai_config.json")).read())["model"]["decoder"]
+    cfg["model"]["draft"] = dict(sec, filename="draft/model.onnx")
+    cfg["speculative"] = {"max_draft_tokens": k}
+    (dst / "genai_config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def _decode(og, path, native=None, prompt=PROMPT, speculative=None, ops=(), **search):
+    m = og.Model(path) if native is None else og.Model(path, native=native)
+    p = og.GeneratorParams(m)
+    p.set_search_options(**search)
+    if speculative:
+        p.set_speculative_options(**speculative)
+    g = og.Generator(m, p)
+    g.append_tokens(np.asarray(prompt, np.int32))
+    seen = []
+    for op in ops:  # ("gen", n) | ("logits",) | ("append", ids) | ("rewind", back)
+        if op[0] == "gen":
+            for _ in range(op[1]):
+                g.generate_next_token()
+        elif op[0] == "logits":
+            seen.append(g.get_logits().copy())
+        elif op[0] == "append":
+            g.append_tokens(np.asarray(op[1], np.int32))
+        else:
+            g.rewind_to(len(g.get_sequence(0)) - op[1])
+    while not g.is_done():
+        g.generate_next_token()
+    return g.get_sequence(0).tolist(), g.get_speculative_stats(), seen
+
+
+@pytest.mark.parametrize("speculative", [None, {"max_draft_tokens": 1}, {"max_draft_tokens": 6}])
+def test_a_draft_model_gives_onnxruntime_genais_tokens(ort_genai, tmp_path, speculative):
+    """An int4 draft for the fp32 target: the draft is often wrong, so rounds end in corrections as well as
+    bonus tokens.  Tokens equal onnxruntime-genai's speculative run and plain decoding, on both backends."""
+    path = _with_draft(tmp_path)
+    want, og_stats, _ = _decode(ort_genai, path, speculative=speculative, max_length=30)
+    plain, _, _ = _decode(pg, os.path.join(PKGS, "llama_fp32"), "all", max_length=30)
+    assert want == plain
+    for native in ("all", "none"):
+        got, st, _ = _decode(pg, path, native, speculative=speculative, max_length=30)
+        assert got == want, native
+        k = (speculative or {}).get("max_draft_tokens", 3)
+        assert st["effective_k"] == k and st["formula_supported"]
+        assert st["rounds"] == st["target_forward_passes"] and st["rounds"] > 1
+        assert st["correction_tokens"] > 0 and st["draft_tokens_accepted"] > 0
+        # every round gives its accepted proposals and one token of the decoder's own
+        assert st["tokens_queued"] == st["draft_tokens_accepted"] + st["correction_tokens"] + st["bonus_tokens"]
+        assert st["tokens_emitted"] + st["tokens_discarded"] - st["standard_fallback_steps"] == st["tokens_queued"]
+        assert len(got) - len(PROMPT) == st["tokens_emitted"]
+        assert set(st) == set(og_stats)
+    # the repetition penalty and min_length apply at every checked position as at a plain step
+    want, _, _ = _decode(ort_genai, path, max_length=30, repetition_penalty=1.3, min_length=25)
+    assert _decode(pg, path, "all", max_length=30, repetition_penalty=1.3, min_length=25)[0] == want
+
+
+def test_a_round_interrupted_by_logits_appends_and_rewinds(ort_genai, tmp_path):
+    """get_logits in the middle of a round gives the logits of the position after the sequence (as the plain
+    generator's, to 1e-4); append_tokens and rewind_to there drop the rest of the round.  The tokens follow
+    onnxruntime-genai's plain generator."""
+    path = _with_draft(tmp_path, draft="llama_fp32", k=4)  # the draft agrees: rounds are long
+    ops = [("gen", 2), ("logits",), ("append", [9, 4]), ("gen", 3), ("logits",), ("rewind", 2), ("gen", 5),
+           ("logits",)]
+    want = _decode(ort_genai, os.path.join(PKGS, "llama_fp32"), ops=ops, max_length=40)[0]
+    for native in ("all", "none"):
+        plain, _, want_logits = _decode(pg, os.path.join(PKGS, "llama_fp32"), native, ops=ops, max_length=40)
+        assert plain == want
+        got, st, logits = _decode(pg, path, native, ops=ops, max_length=40)
+        assert got == want, native
+        assert st["interrupted_rounds"] > 0 and st["tokens_discarded"] > 0
+        for a, b in zip(logits, want_logits):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_ngram_lookup_gives_onnxruntime_genais_tokens(ort_genai):
+    path = os.path.join(PKGS, "llama_fp32")
+    prompt = [5, 7, 9, 11, 5, 7, 9]
+    for spec in ({"ngram_size": 2, "max_draft_tokens": 3}, {"ngram_size": 3, "ngram_chained_lookup": True}):
+        want, og_stats, _ = _decode(ort_genai, path, prompt=prompt, speculative=spec, max_length=40)
+        got, st, _ = _decode(pg, path, "all", prompt=prompt, speculative=spec, max_length=40)
+        assert got == want
+        assert st["ngram_lookup_hits"] > 0 and st["draft_forward_passes"] == 0
+        assert st["rounds"] == og_stats["rounds"]
+
+
+def test_ngram_lookup_proposes_the_latest_continuation():
+    lk = NGramLookup(3)
+    lk.append([1, 2, 3, 1, 2, 4, 5, 1, 2])
+    assert lk.propose(3) == [4, 5, 1]       # the latest "1 2" with something after it
+    assert lk.propose(1) == [4]
+    chained = NGramLookup(2)
+    chained.append([1, 2, 1, 3, 4, 1])
+    assert chained.propose(4) == [3, 4, 1]  # what followed the latest "1", as far as the history goes
+    assert chained.propose(4, chained=True) == [3, 4, 1, 3]
+    assert NGramLookup(3).propose(2) == []
+    assert lk.sync([1, 2, 3, 1, 2, 4, 5, 1, 2, 7]) == 1 and lk.sync([9, 9]) == 2 and lk.history == [9, 9]
+
+
+def test_sampling_with_a_draft_that_agrees_reproduces_plain_sampling(tmp_path):
+    """The proposals and the bonus token draw from the sampler in plain sampling's order; the acceptance tests
+    draw from a second generator.  A draft that is the decoder itself therefore gives plain sampling's tokens."""
+    path = _with_draft(tmp_path, draft="llama_fp32", k=3)
+    for search in ({"top_k": 8}, {"top_p": 0.9, "temperature": 0.7}):
+        plain, _, _ = _decode(pg, os.path.join(PKGS, "llama_fp32"), "all", max_length=30, do_sample=True,
+                              random_seed=5, **search)
+        got, st, _ = _decode(pg, path, "all", max_length=30, do_sample=True, random_seed=5, **search)
+        assert got == plain and st["draft_tokens_accepted"] > 10
+    # a draft that disagrees: the same seed gives the same tokens run to run
+    path4 = _with_draft(tmp_path, draft="llama_int4", k=3)
+    a = _decode(pg, path4, "all", max_length=30, do_sample=True, random_seed=3, top_k=20)[0]
+    assert a == _decode(pg, path4, "all", max_length=30, do_sample=True, random_seed=3, top_k=20)[0]
+
+
+class _Gen:
+    """What Speculator._accept reads of a generator."""
+
+    def __init__(self, **search):
+        self.search = SearchOptions(do_sample=True, seed=11, **search)
+        self.sampler = Sampler(self.search)
+
+    @staticmethod
+    def _processed(logits, hist):
+        return logits
+
+
+@pytest.mark.parametrize("search", [{"top_k": 0}, {"top_k": 4, "temperature": 0.8}])
+def test_the_acceptance_rule_draws_from_the_decoders_distribution(search):
+    """Leviathan and Chen's rule: whatever the draft's distribution q, the token that comes out is distributed as
+    the decoder's p.  Empirical over 6000 rounds: total variation below 0.03 (fixed before running)."""
+    gen = _Gen(**search)
+    spec = Speculator.__new__(Speculator)
+    spec.gen, spec._accept_rng = gen, None
+    p_logits = np.log(np.asarray([0.05, 0.3, 0.1, 0.25, 0.2, 0.1], np.float32))
+    ids, w = gen.sampler.distribution(p_logits)
+    p = np.zeros(6)
+    p[ids] = w / w.sum()
+    q_ids, q_w = np.asarray([0, 1, 2, 5]), np.asarray([0.4, 0.1, 0.2, 0.3])  # puts mass where p has little
+    rng = np.random.default_rng(0)
+    counts = np.zeros(6)
+    n = 6000
+    for _ in range(n):
+        d = int(q_ids[np.searchsorted(np.cumsum(q_w), rng.random() * q_w.sum(), side="right")])
+        counts[spec._accept(p_logits, [], d, (q_ids, q_w))] += 1
+    assert 0.5 * np.abs(counts / n - p).sum() < 0.03
+    # an n-gram proposal (a point mass) under the same rule
+    counts[:] = 0
+    for _ in range(n):
+        counts[spec._accept(p_logits, [], 1, None)] += 1
+    assert 0.5 * np.abs(counts / n - p).sum() < 0.03
+
+
+def test_speculative_options_and_refusals_as_onnxruntime_genai(ort_genai, tmp_path):
+    path = os.path.join(PKGS, "llama_fp32")
+    m, om = pg.Model(path, native="all"), ort_genai.Model(path)
+    p, op = pg.GeneratorParams(m), ort_genai.GeneratorParams(om)
+    assert p.get_speculative_options() == op.get_speculative_options()
+    p.set_speculative_options(max_draft_tokens=7, ngram_chained_lookup=True)
+    op.set_speculative_options(max_draft_tokens=7, ngram_chained_lookup=True)
+    assert p.get_speculative_options() == op.get_speculative_options()
+    for bad in ({"max_draft_tokens": 0}, {"max_draft_tokens": 17}, {"ngram_size": 1}, {"min_adaptive_k": 20},
+                {"max_draft_tokens": 2.5}, {"max_draft_tokens": "3"}, {"cooldown": 1}):
+        with pytest.raises(RuntimeError) as want:
+            op.set_speculative_options(**bad)
+        with pytest.raises(RuntimeError) as got:
+            p.set_speculative_options(**bad)
+        assert str(got.value) == str(want.value)
+    with pytest.raises(RuntimeError, match='Unknown value "foo"'):
+        p.set_speculative_options(foo=1)
+    draft = _with_draft(tmp_path, draft="llama_fp32")
+    for search, spec in (({"batch_size": 2}, None), ({"num_beams": 2}, None), ({}, {"ngram_size": 2})):
+        om, m = ort_genai.Model(draft), pg.Model(draft, native="all")
+        op, p = ort_genai.GeneratorParams(om), pg.GeneratorParams(m)
+        for params in (op, p):
+            params.set_search_options(max_length=20, **search)
+            if spec:
+                params.set_speculative_options(**spec)
+        with pytest.raises(RuntimeError) as want:
+            ort_genai.Generator(om, op)
+        with pytest.raises(RuntimeError) as got:
+            pg.Generator(m, p)
+        assert str(got.value) == str(want.value)
+    # a decoder with recurrent state cannot be cut back to a kept prefix: refused, naming why
+    q = pg.Model(os.path.join(PKGS, "qwen35_fp32"), native="all")
+    qp = pg.GeneratorParams(q)
+    qp.set_speculative_options(ngram_size=2)
+    with pytest.raises(RuntimeError, match="recurrent state"):
+        pg.Generator(q, qp)
+    # the config's section is checked when the package loads
+    bad = tmp_path / "bad"
+    shutil.copytree(os.path.join(PKGS, "llama_fp32"), bad)
+    cfg = json.loads((bad / "genai_config.json").read_text())
+    cfg["speculative"] = {"max_draft_tokens": 40}
+    (bad / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match="speculative.max_draft_tokens must be between 1 and 16 Got: 40."):
+        pg.Model(str(bad))
+    # without speculation the statistics are all zero, with onnxruntime-genai's keys
+    g = pg.Generator(m := pg.Model(path, native="all"), pg.GeneratorParams(m))
+    want = ort_genai.Generator(om := ort_genai.Model(path), ort_genai.GeneratorParams(om)).get_speculative_stats()
+    assert g.get_speculative_stats() == want

@@ -46,6 +46,10 @@ def _unpadded(ids: np.ndarray, pad: int) -> np.ndarray:
     return np.where(real.any(axis=1), ids.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
 
 
+# model type -> the sequence length at which onnxruntime-genai re-runs the prompt with long rotary factors
+_ROPE_SWITCH = {"phi3": 4097, "phimoe": 4097, "phi3small": 8193}
+
+
 class Generator:
     def __init__(self, model, params):
         s = params.search
@@ -94,6 +98,9 @@ class Generator:
         self._runs = 0     # model runs so far
         # speculative decoding (pipeline/speculative.py): the round's tokens still to hand out, each with the
         # logits of the position after it; while any are left the decoder has seen past the sequence
+        # onnxruntime-genai's Phi-3 rule (one row): when the sequence reaches the length where the rotary factors
+        # switch from short to long, the model runs over the whole sequence again before the next step
+        self._rope_at = _ROPE_SWITCH.get(model.spec.model_type or "", 0) if self.batch == 1 else 0
         kind = check_speculative(model, params)
         self._spec = Speculator(self, kind) if kind else None
         self._queue = []
@@ -193,15 +200,14 @@ class Generator:
                                f"({self.max_length})")
         if not self._seq:
             raise RequestError("append_tokens must come before generate_next_token: the sequence is empty")
-        if self._spec is not None and not self._queue:
+        if self._rope_at and len(self._seq) == self._rope_at:
+            self._refill()
+        if self._spec is not None and not self._queue and not self._spec.plain_step():
             self._queue = self._spec.round() or []
-        after = None
-        if self._queue:  # a speculative round's next token, and the logits of the position after it
+        after, from_round = None, bool(self._queue)
+        if from_round:  # a speculative round's next token, and the logits of the position after it
             tok, after = self._queue.pop(0)
             picked = [tok]
-            self._spec.emitted()
-            if not self._queue:
-                self._spec.round_done()
         else:
             logits = self._current_logits()[:, -1, :]
             if env.logging_of("generate_next_token"):
@@ -220,8 +226,6 @@ class Generator:
             if self._guidance is not None:  # each row's grammar advances by its token (a row already ended: no more)
                 self._guidance.commit([t if not done else None for t, done in
                                        zip(np.asarray(picked).reshape(-1).tolist(), self._finished)])
-            if self._spec is not None:
-                self._spec.emitted()
         tokens = []
         for b, tok in enumerate(np.asarray(picked).reshape(-1).tolist()):
             if self._finished[b]:  # a row that has ended takes pads, as onnxruntime-genai's do
@@ -236,13 +240,20 @@ class Generator:
             env.log("append_next_tokens", " ".join(map(str, tokens)) + " ")
         # The step that ends the last row is not appended (onnxruntime-genai 0.18: a prompt of one row never
         # holds its EOS; in a batch, the rows that ended before hold theirs and then pads).
-        if not all(self._finished):
+        appended = not all(self._finished)
+        if appended:
             for row, tok in zip(self._rows, tokens):
                 row.append(tok)
             self._logits = None if after is None else np.ascontiguousarray(after, np.float32).reshape(1, 1, -1)
+            if from_round:
+                self._spec.emitted()
         self._done = all(self._finished) or len(self._seq) >= self.max_length
-        if self._queue and self._done:  # the round's tokens past the end are dropped
-            self._settle()
+        if self._spec is not None:
+            if self._done or len(self._seq) == self._rope_at:
+                # the round's tokens past the end or past the rotary switch are dropped (an EOS it ended on too)
+                self._settle(also=int(from_round and not appended))
+            elif not self._queue:
+                self._spec.finish()
         if len(self._seq) >= self.max_length and env.logging_of("hit_max_length"):
             env.log("hit_max_length", "greedy cpu hit")
 
@@ -303,14 +314,24 @@ class Generator:
             self.pipe.decoder.rewind(n)
             self._fed = n
 
-    def _settle(self):
-        """Drop what is left of a speculative round: the caches go back to the sequence; the current logits
-        (the position after it) stay."""
+    def _settle(self, reset=False, also=0):
+        """Drop what is left of a speculative round (and ``also`` tokens taken from it but not kept): the caches go
+        back to the sequence; the current logits (the position after it) stay.  ``reset``: the sequence is being
+        cut back, the round policies start over."""
         if self._spec is None:
             return
-        self._spec.discarded(len(self._queue))
-        self._queue = []
+        dropped, self._queue = len(self._queue) + also, []
+        self._spec.reset(dropped) if reset else self._spec.finish(dropped)
         self._keep_verified(len(self._seq))
+
+    def _refill(self):
+        """The model over the whole sequence again (the caches rebuilt from the start)."""
+        seq = list(self._rows[0])
+        self._settle()
+        self._fed = 0
+        del self._rows[0][:]
+        self._logits = None
+        self.append_tokens(np.asarray(seq, np.int64))
 
     def get_speculative_stats(self) -> dict:
         """onnxruntime-genai's speculative statistics (every key; all zero when not decoding speculatively)."""
@@ -420,7 +441,7 @@ class Generator:
     def rewind_to(self, length: int):
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""
         length = int(length)
-        self._settle()
+        self._settle(reset=True)
         if not 0 <= length <= len(self._seq):
             raise RequestError(f"rewind_to({length}): the sequence holds {len(self._seq)} tokens")
         if self.beams is not None:

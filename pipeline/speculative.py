@@ -20,12 +20,15 @@ Invariants:
   processing a plain step applies (repetition penalty, ``min_length``, ``no_repeat_ngram_size``) over the sequence
   it would extend; the tokens are those of plain greedy decoding, up to the rounding difference between a
   several-position run and one-position runs;
-- **sampling**: Leviathan and Chen's rule over the truncated distributions (top-k, top-p, min-p, temperature):
-  accept ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` (``q_j`` the draft's distribution, one-hot for
-  n-grams), else draw from ``max(0, p_j - q_j)`` normalized.  The proposals and the bonus token take their
+- **sampling** with a draft: Leviathan and Chen's rule over the truncated distributions (top-k, top-p, min-p,
+  temperature): accept ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))`` (``q_j`` the draft's
+  distribution), else draw from ``max(0, p_j - q_j)`` normalized.  The proposals and the bonus token take their
   ``random()`` values from the generator's sampler, in the order plain sampling would; the acceptance tests take
   theirs from a second generator seeded from the same seed.  So a draft that proposes from the decoder's own
-  distribution reproduces plain sampling's tokens for the same seed;
+  distribution reproduces plain sampling's tokens for the same seed.  A round cut short (``append_tokens``,
+  ``rewind_to``, ``set_logits``, the end) takes back the draws of the tokens it never handed out;
+- **sampling** with n-grams (a proposal with no distribution): each position draws from ``p_j`` as a plain step
+  would, and the proposal is kept when the draw equals it; the tokens are plain sampling's for the same seed;
 - the draft model is a ``Generator`` of its own; each round it is cut back to what it shares with the sequence and
   fed the rest, so it never runs over a token twice unless a rejection forces it;
 - refused, with onnxruntime-genai's messages: ``batch_size`` > 1, beam search, a draft together with n-grams,
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .package_checks import graph_ports
 from .spec import RequestError
 
 __all__ = ["SpeculativeOptions", "SPECULATIVE_KEYS", "set_speculative_option", "speculative_options",
@@ -52,8 +56,8 @@ class SpeculativeOptions:
     max_draft_tokens: int = 4
     ngram_size: int = 0
     ngram_chained_lookup: bool = False
-    min_adaptive_k: int = 0  # accepted and checked; the number of proposals per round stays max_draft_tokens
-    cooldown: bool = False   # accepted; no cooldown is kept (tokens are the same either way)
+    min_adaptive_k: int = 0  # > 0: the number of proposals adapts between this and 16 (AdaptiveK)
+    cooldown: bool = False   # three rounds in a row with nothing accepted: one plain step (Cooldown)
 
 
 SPECULATIVE_KEYS = {"max_draft_tokens": int, "ngram_size": int, "ngram_chained_lookup": bool,
@@ -179,6 +183,133 @@ def empty_stats() -> dict:
     return out
 
 
+class AdaptiveK:
+    """How many tokens a round proposes, onnxruntime-genai's policy.  Fixed at ``max_draft_tokens`` unless
+    ``min_adaptive_k`` > 0; then it starts there and moves by one within [min_adaptive_k, 16]:
+
+    - each completed round that proposed the current width in full is one observation of that width: committed
+      tokens, milliseconds (proposing and checking) and acceptance, smoothed with weight 1/4 for the new one;
+    - with two observations of the width (and two rounds since the last move), acceptance below 1/2 tries one
+      less, 3/4 or more tries one more: a probe;
+    - a probe is judged after two observations of the new width: kept when its throughput (tokens per ms) is at
+      least 97% of the width it left and, going up, acceptance stays at 3/4 or more; dropped at once when its
+      throughput falls below 80%.  After a kept probe one round passes before the next decision, after a dropped
+      one six.  Only acceptance and the measured throughput decide, so the tokens never depend on it.
+    """
+    TOP = 16
+    WEIGHT, HIGH, LOW, KEEP, SEVERE = 0.25, 0.75, 0.50, 0.97, 0.80
+    SAMPLES, PROBE_SAMPLES, WAIT_KEPT, WAIT_DROPPED = 2, 2, 1, 6
+
+    def __init__(self, fixed_k: int, min_k: int):
+        self.enabled = min_k > 0
+        self.lo = min_k if self.enabled else fixed_k
+        self.hi = self.TOP if self.enabled else fixed_k
+        self.increases = self.decreases = self.observations = self.probes = 0
+        self.reset()
+
+    def reset(self):
+        self.k = self.lo
+        self.est = {}          # width -> [tokens, ms, acceptance, samples]
+        self.origin = 0        # the width a probe left (0: no probe)
+        self.probe_seen = 0
+        self.stable = 0
+        self.wait = 0
+
+    def _rate(self, k) -> float:
+        e = self.est.get(k)
+        return e[0] / e[1] if e and e[1] > 0 else 0.0
+
+    def throughput(self) -> float:
+        if self.k in self.est:
+            return self._rate(self.k)
+        return self._rate(self.origin) if self.origin else 0.0
+
+    def _move(self, k):
+        if k > self.k:
+            self.increases += 1
+        elif k < self.k:
+            self.decreases += 1
+        self.k = k
+
+    def _probe(self, k):
+        self.origin, self.probe_seen, self.stable = self.k, 0, 0
+        self.probes += 1
+        self._move(k)
+
+    def _settle_probe(self, keep: bool):
+        if not keep:
+            self._move(self.origin)
+        self.origin, self.probe_seen, self.stable = 0, 0, 0
+        self.wait = self.WAIT_KEPT if keep else self.WAIT_DROPPED
+
+    def record(self, k, evaluated, accepted, committed, filled, ms):
+        if not self.enabled or k != self.k or evaluated <= 0 or committed == 0 or not filled or not ms > 0:
+            return
+        acc = accepted / evaluated
+        e = self.est.get(k)
+        if e is None:
+            e = self.est[k] = [float(committed), ms, acc, 1]
+        else:
+            e[0] += self.WEIGHT * (committed - e[0])
+            e[1] += self.WEIGHT * (ms - e[1])
+            e[2] += self.WEIGHT * (acc - e[2])
+            e[3] += 1
+        self.observations += 1
+        if self.origin:
+            self.probe_seen += 1
+            base, now = self._rate(self.origin), self._rate(k)
+            if base > 0 and now < base * self.SEVERE:
+                self._settle_probe(False)
+            elif self.probe_seen >= self.PROBE_SAMPLES:
+                self._settle_probe((base <= 0 or now >= base * self.KEEP)
+                                   and (self.k < self.origin or e[2] >= self.HIGH))
+            return
+        self.stable += 1
+        if self.wait > 0:
+            self.wait -= 1
+            return
+        if e[3] < self.SAMPLES:
+            return
+        if e[2] < self.LOW and self.k > self.lo:
+            self._probe(self.k - 1)
+        elif e[2] >= self.HIGH and self.k < self.hi and self.stable >= self.SAMPLES:
+            self._probe(self.k + 1)
+
+
+class Cooldown:
+    """``cooldown``: after three completed rounds in a row that proposed the narrowest width and had nothing
+    accepted, the next token comes from one plain step (the proposer then catches up)."""
+    ROUNDS = 3
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.entries = self.steps = 0
+        self.reset()
+
+    def reset(self):
+        self.misses = 0
+        self.remaining = 0
+
+    def record(self, k, narrowest, evaluated, accepted):
+        if not self.enabled or evaluated <= 0:
+            return
+        if accepted > 0 or k != narrowest:
+            self.misses = 0
+            return
+        self.misses += 1
+        if self.misses == self.ROUNDS:
+            self.misses, self.remaining = 0, 1
+            self.entries += 1
+
+    def take_step(self) -> bool:
+        """Whether the next token is a plain step (and count it)."""
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        self.steps += 1
+        return True
+
+
 def check_speculative(model, params) -> str | None:
     """Which proposer ``model`` and ``params`` call for ('draft', 'ngram' or None); refuses what cannot be
     decoded speculatively, with onnxruntime-genai's messages where it has one."""
@@ -205,6 +336,19 @@ def check_speculative(model, params) -> str | None:
     if len(spec.components) != 1 or spec.marian_ports is not None:
         raise RequestError("Speculative decoding does not support pipeline models in this release; target and "
                            "draft must be plain decoder-only LLMs.")
+    sw = spec.sliding_window
+    if isinstance(sw, dict) and sw.get("slide_key_value_cache"):
+        raise RequestError("N-gram decoding requires a rewindable KV cache; sliding-window, hybrid, and "
+                           "model-managed state are not supported in this release." if kind == "ngram" else
+                           "Speculative decoding does not support physically sliding KV caches in this release; "
+                           "WindowedKeyValueCache cannot rewind after discarding KV history.")
+    dec = spec.decoder
+    shape = graph_ports(dec.filename, dec.data)[1].get(dec.io.logits_output, (None,))[0]
+    if shape and len(shape) == 3 and shape[1] == 1:
+        raise RequestError("N-gram decoding requires target logits for every verified token; pruned last-token-only "
+                           "logits are not supported in this release." if kind == "ngram" else
+                           "speculative decoding needs the decoder's logits for every position it checks; this "
+                           "decoder gives the last position's only")
     if spec.decoder.io.state_pairs:
         raise RequestError(f"Speculative decoding needs a decoder whose caches can be cut back to a kept prefix; "
                            f"this {spec.model_type} decoder carries recurrent state "
@@ -218,10 +362,13 @@ class Speculator:
     def __init__(self, gen, kind: str):
         self.gen = gen
         opts = gen.params.speculative
-        self.k = int(opts.max_draft_tokens)
+        self.adaptive = AdaptiveK(int(opts.max_draft_tokens), int(opts.min_adaptive_k))
+        self.cooldown = Cooldown(bool(opts.cooldown))
         self.kind = kind
         self.stats = empty_stats()
         self.stats["formula_supported"] = True
+        self.current = None  # the round being handed out: its counts, for the policies when it ends
+        self.marks = []
         self._accept_rng = None
         if kind == "draft":
             from .api import GeneratorParams
@@ -246,6 +393,7 @@ class Speculator:
         if g.sampler.greedy:
             return int(g.sampler.next_token(x, np.asarray(hist, np.int64))), None
         ids, w = g.sampler.distribution(x, np.asarray(hist, np.int64))
+        self.marks.append(g.sampler.rng.bit_generator.state)
         return g.sampler.draw(ids, w), (ids, w)
 
     def _propose_draft(self, seq, k):
@@ -286,8 +434,8 @@ class Speculator:
         if drafts:
             st["ngram_lookup_hits"] += 1
             st["ngram_lookup_tokens_proposed"] += len(drafts)
-            if self.chained:
-                st["ngram_chained_tokens_proposed"] += len(drafts)
+            if self.chained:  # the tokens after the first, which the chain's later lookups gave
+                st["ngram_chained_tokens_proposed"] += len(drafts) - 1
         else:
             st["ngram_lookup_misses"] += 1
         return drafts, [None] * len(drafts)
@@ -300,14 +448,20 @@ class Speculator:
         g = self.gen
         st = self.stats
         seq = list(g._rows[0])
-        k = min(self.k, g.max_length - len(seq) - 1)
+        k = min(self.adaptive.k, g.max_length - len(seq))
+        if g._rope_at and len(seq) < g._rope_at:  # a round stops at the rotary switch (re-prefilled there)
+            k = min(k, g._rope_at - len(seq))
         if k < 1:
             st["standard_fallback_steps"] += 1
             return None
+        self.marks = []  # the sampler's state before each position's draw, in position order
+        t_prop = time.perf_counter()
         drafts, dists = self._propose_draft(seq, k) if self.kind == "draft" else self._propose_ngram(seq, k)
+        propose_ms = (time.perf_counter() - t_prop) * 1e3
         if not drafts:
             st["standard_fallback_steps"] += 1
             return None
+        filled = len(drafts) == k
         k = len(drafts)
         t0 = time.perf_counter()
         p = g._verify(drafts)
@@ -329,15 +483,16 @@ class Speculator:
             out.append(self._accept(p[k], hist, None, None))
             st["bonus_tokens"] += 1
         a = len(out) - 1  # proposals kept
+        evaluated = k if a == k else a + 1  # the comparisons made: up to the first disagreement
         g._keep_verified(len(seq) + a)
         st["rounds"] += 1
         st["draft_tokens_proposed"] += k
-        st["draft_tokens_evaluated"] += k
+        st["draft_tokens_evaluated"] += evaluated
         st["draft_tokens_accepted"] += a
         st["tokens_queued"] += len(out)
-        st["effective_k"] = self.k
-        st["full_accept_rounds" if a == k else "partial_accept_rounds" if a else "zero_accept_rounds"] += 1
         st["acceptance_length_histogram"][min(a, _HISTOGRAM_BINS - 1)] += 1
+        self.current = dict(k=self.adaptive.k, evaluated=evaluated, accepted=a, emitted=0, filled=filled,
+                            ms=propose_ms + (time.perf_counter() - t0) * 1e3)
         return [(t, p[j + 1] if j < a else None) for j, t in enumerate(out)]
 
     def _accept(self, logits, hist, proposed, dist):
@@ -346,15 +501,14 @@ class Speculator:
         g = self.gen
         x = g._processed(logits, hist)
         h = np.asarray(hist, np.int64)
-        if g.sampler.greedy or proposed is None:  # greedy, or the bonus: a plain pick
+        if g.sampler.greedy or dist is None:  # greedy, an n-gram proposal or the bonus: a plain pick
+            if not g.sampler.greedy and self.kind == "ngram":
+                self.marks.append(g.sampler.rng.bit_generator.state)
             return int(g.sampler.next_token(x, h))
         ids, w = g.sampler.distribution(x, h)
         pt = w / w.sum()
         p_d = float(pt[ids == proposed].sum())
-        if dist is None:  # an n-gram proposal: a point mass
-            q_ids, q = np.asarray([proposed]), np.ones(1)
-        else:
-            q_ids, q = dist[0], dist[1] / dist[1].sum()
+        q_ids, q = dist[0], dist[1] / dist[1].sum()
         q_d = float(q[q_ids == proposed].sum())
         if self._accept_rng is None:
             seed = g.search.seed
@@ -373,19 +527,53 @@ class Speculator:
         return g.sampler.draw(ids, resid)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
+    def plain_step(self) -> bool:
+        """Whether the next token comes from a plain step (a cooldown), counted as one."""
+        if self.cooldown.take_step():
+            self.stats["standard_fallback_steps"] += 1
+            return True
+        return False
+
     def emitted(self, n: int = 1):
+        """``n`` tokens joined the sequence (from the round, or from a plain step)."""
         self.stats["tokens_emitted"] += n
+        if self.current is not None:
+            self.current["emitted"] += n
 
-    def discarded(self, n: int):
-        if n:
-            self.stats["tokens_discarded"] += n
-            self.stats["interrupted_rounds"] += 1
+    def finish(self, dropped: int = 0):
+        """The current round ends: drained, or with ``dropped`` tokens never handed out (interrupted)."""
+        r, st = self.current, self.stats
+        if r is None:
+            return
+        self.current = None
+        if dropped:
+            st["tokens_discarded"] += dropped
+            st["interrupted_rounds"] += 1
+            if r["emitted"] < len(self.marks):  # the draws for tokens never handed out are taken back
+                self.gen.sampler.rng.bit_generator.state = self.marks[r["emitted"]]
+            return
+        st["completed_rounds"] += 1
+        if r["evaluated"]:
+            a = r["accepted"]
+            st["zero_accept_rounds" if a == 0 else "full_accept_rounds" if a == r["evaluated"]
+               else "partial_accept_rounds"] += 1
+        self.cooldown.record(r["k"], self.adaptive.lo, r["evaluated"], r["accepted"])
+        self.adaptive.record(r["k"], r["evaluated"], r["accepted"], r["emitted"], r["filled"], r["ms"])
 
-    def round_done(self):
-        self.stats["completed_rounds"] += 1
+    def reset(self, dropped: int = 0):
+        """The sequence was cut back (``rewind_to``): the round is dropped and the policies start over."""
+        self.finish(dropped)
+        self.adaptive.reset()
+        self.cooldown.reset()
 
     def report(self) -> dict:
         st = dict(self.stats)
+        ak, cd = self.adaptive, self.cooldown
+        st.update(effective_k=ak.k, adaptive_k_increases=ak.increases, adaptive_k_decreases=ak.decreases,
+                  adaptive_k_observations=ak.observations, adaptive_k_probes=ak.probes,
+                  adaptive_k_throughput=ak.throughput(), cooldown_entries=cd.entries, cooldown_steps=cd.steps,
+                  cooldown_remaining=cd.remaining, active_rounds=int(self.current is not None),
+                  tokens_buffered=len(self.gen._queue))
         st["acceptance_length_histogram"] = list(st["acceptance_length_histogram"])
         r = st["rounds"]
         if st["draft_tokens_evaluated"]:

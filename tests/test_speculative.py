@@ -161,7 +161,7 @@ def test_the_acceptance_rule_draws_from_the_decoders_distribution(search):
     the decoder's p.  Empirical over 6000 rounds: total variation below 0.03 (fixed before running)."""
     gen = _Gen(**search)
     spec = Speculator.__new__(Speculator)
-    spec.gen, spec._accept_rng = gen, None
+    spec.gen, spec._accept_rng, spec.kind, spec.marks = gen, None, "draft", []
     p_logits = np.log(np.asarray([0.05, 0.3, 0.1, 0.25, 0.2, 0.1], np.float32))
     ids, w = gen.sampler.distribution(p_logits)
     p = np.zeros(6)
@@ -174,7 +174,8 @@ def test_the_acceptance_rule_draws_from_the_decoders_distribution(search):
         d = int(q_ids[np.searchsorted(np.cumsum(q_w), rng.random() * q_w.sum(), side="right")])
         counts[spec._accept(p_logits, [], d, (q_ids, q_w))] += 1
     assert 0.5 * np.abs(counts / n - p).sum() < 0.03
-    # an n-gram proposal (a point mass) under the same rule
+    # an n-gram proposal (no distribution): a plain draw, kept when it equals the proposal
+    spec.kind = "ngram"
     counts[:] = 0
     for _ in range(n):
         counts[spec._accept(p_logits, [], 1, None)] += 1
@@ -229,3 +230,160 @@ def test_speculative_options_and_refusals_as_onnxruntime_genai(ort_genai, tmp_pa
     g = pg.Generator(m := pg.Model(path, native="all"), pg.GeneratorParams(m))
     want = ort_genai.Generator(om := ort_genai.Model(path), ort_genai.GeneratorParams(om)).get_speculative_stats()
     assert g.get_speculative_stats() == want
+
+
+# -- tiny decoders without caches: the next token's logits are a table row of the current token -------------
+
+def _tiny(directory, table, model_type="llama", context_length=64, draft_table=None, prefill_bonus=None,
+          prune=False):
+    """A package whose decoder maps each token to ``table[token]`` (no layers, no caches); ``draft_table``: a
+    draft decoder of its own; ``prefill_bonus``: a token whose logit gains 100 whenever the run covers more than
+    one position (so a re-run over the whole sequence shows in the tokens)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def save(name, tab):
+        tab = np.asarray(tab, np.float32)
+        v = tab.shape[1]
+        ins = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "sequence"]),
+               helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "total"])]
+        out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1 if prune else "sequence", v])
+        inits = [numpy_helper.from_array(tab, "table")]
+        nodes = [helper.make_node("Gather", ["table", "input_ids"], ["base"], axis=0)]
+        last = "base"
+        if prefill_bonus is not None:
+            bonus = np.zeros(v, np.float32)
+            bonus[prefill_bonus] = 100.0
+            inits += [numpy_helper.from_array(bonus, "bonus"), numpy_helper.from_array(np.array([1], np.int64), "ax"),
+                      numpy_helper.from_array(np.array([1], np.int64), "one")]
+            nodes += [helper.make_node("Shape", ["input_ids"], ["shp"]),
+                      helper.make_node("Gather", ["shp", "ax"], ["n"], axis=0),
+                      helper.make_node("Greater", ["n", "one"], ["many"]),
+                      helper.make_node("Cast", ["many"], ["manyf"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", ["manyf", "bonus"], ["add"]),
+                      helper.make_node("Add", ["base", "add"], ["with_bonus"])]
+            last = "with_bonus"
+        if prune:
+            inits.append(numpy_helper.from_array(np.array([-1], np.int64), "lastpos"))
+            nodes.append(helper.make_node("Gather", [last, "lastpos"], ["logits"], axis=1))
+        else:
+            nodes.append(helper.make_node("Identity", [last], ["logits"]))
+        g = helper.make_graph(nodes, "tiny", ins, [out], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 10
+        onnx.save(m, str(directory / name))
+
+    save("model.onnx", table)
+    dec = {"filename": "model.onnx", "head_size": 1, "hidden_size": 1, "num_attention_heads": 1,
+           "num_key_value_heads": 1, "num_hidden_layers": 0,
+           "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}, "outputs": {"logits": "logits"}}
+    model = {"type": model_type, "vocab_size": int(np.shape(table)[1]), "context_length": context_length,
+             "bos_token_id": 0, "eos_token_id": [9], "pad_token_id": 0, "decoder": dec}
+    if draft_table is not None:
+        save("draft.onnx", draft_table)
+        model["draft"] = dict(dec, filename="draft.onnx")
+    (directory / "genai_config.json").write_text(json.dumps({"model": model, "search": {"max_length": 16}}))
+    return str(directory)
+
+
+def _chain(transitions, v=10):
+    """Token t's logits favour transitions.get(t, t + 1) (by 40)."""
+    tab = np.full((v, v), -20.0, np.float32)
+    for t in range(v):
+        tab[t, transitions.get(t, (t + 1) % (v - 1))] = 20.0
+    return tab
+
+
+def _steps(og, path, prompt, max_length, steps=None, **opts):
+    m = og.Model(path)
+    p = og.GeneratorParams(m)
+    spec = {k: opts.pop(k) for k in list(opts) if k in ("max_draft_tokens", "min_adaptive_k", "cooldown",
+                                                          "ngram_size")}
+    p.set_search_options(max_length=max_length, **opts)
+    if spec:
+        p.set_speculative_options(**spec)
+    g = og.Generator(m, p)
+    g.append_tokens(np.asarray([prompt], np.int32))
+    n = 0
+    while not g.is_done() and (steps is None or n < steps):
+        g.generate_next_token()
+        n += 1
+    return g.get_sequence(0).tolist(), g.get_speculative_stats()
+
+
+_POLICY = ("rounds", "completed_rounds", "interrupted_rounds", "active_rounds", "draft_tokens_proposed",
+           "draft_tokens_evaluated", "draft_tokens_accepted", "effective_k", "adaptive_k_increases",
+           "adaptive_k_decreases", "adaptive_k_observations", "adaptive_k_probes", "cooldown_entries",
+           "cooldown_steps", "cooldown_remaining", "standard_fallback_steps", "tokens_queued", "tokens_emitted",
+           "tokens_discarded", "tokens_buffered", "full_accept_rounds", "partial_accept_rounds",
+           "zero_accept_rounds")
+
+
+def test_adaptive_width_and_cooldown_follow_onnxruntime_genai(ort_genai, tmp_path):
+    """The round policies (min_adaptive_k's widths and probes, cooldown's plain steps) and the round accounting,
+    step by step against onnxruntime-genai."""
+    agree = _tiny(tmp_path / "agree", _chain({}), draft_table=_chain({}))
+    disagree = _tiny(tmp_path / "disagree", _chain({}), draft_table=_chain({t: 4 for t in range(10)}))
+    cases = [(agree, dict(max_draft_tokens=4, min_adaptive_k=2), [1, 3, 6, 9]),
+             (agree, dict(max_draft_tokens=4, min_adaptive_k=1), [2, 5]),
+             (disagree, dict(max_draft_tokens=2, cooldown=True), [3, 4, 6])]
+    for path, opts, marks in cases:
+        for steps in marks:
+            want = _steps(ort_genai, path, [1], 16, steps, **opts)
+            got = _steps(pg, path, [1], 16, steps, **opts)
+            assert got[0] == want[0], (opts, steps)
+            assert {k: got[1][k] for k in _POLICY} == {k: want[1][k] for k in _POLICY}, (opts, steps)
+
+
+def test_phi3_runs_the_whole_sequence_again_at_the_rotary_switch(ort_genai, tmp_path):
+    """onnxruntime-genai re-runs a phi3 sequence from the start when it reaches 4097 tokens (the long rotary
+    factors); the model here shows it by favouring token 5 in any run of several positions."""
+    for model_type in ("phi3", "llama"):
+        path = _tiny(tmp_path / model_type, _chain({}), model_type=model_type, context_length=4200,
+                     prefill_bonus=5)
+        prompt = [1 + (i % 3) for i in range(4094)]
+        want = _steps(ort_genai, path, prompt, 4104)[0][4094:]
+        assert _steps(pg, path, prompt, 4104)[0][4094:] == want, model_type
+        # the prompt's run gives 5; the fourth token is picked at 4097 tokens, after the re-run (phi3 only)
+        assert want[0] == 5 and (want[3] == 5) == (model_type == "phi3")
+
+
+def test_ngram_sampling_is_plain_sampling_even_when_a_round_is_cut(tmp_path):
+    """An n-gram position draws as a plain step would; a round cut short by append_tokens takes back the draws of
+    the tokens it never handed out, so the tokens stay plain sampling's for the same seed."""
+    tab = np.full((10, 10), -20.0, np.float32)
+    tab[:, 1:5] = [0.0, 0.2, 0.4, 0.6]  # every token: a draw among 1..4
+    tab[1], tab[2] = _chain({1: 2})[1], _chain({2: 1})[2]  # except 1 -> 2 -> 1, which the n-grams get right
+    path = _tiny(tmp_path / "sampled", tab)
+    seen = set()
+    for seed in range(8):
+        runs = []
+        for spec in ({}, {"ngram_size": 2, "max_draft_tokens": 4}):
+            m = pg.Model(path)
+            p = pg.GeneratorParams(m)
+            p.set_search_options(max_length=20, do_sample=True, top_k=4, temperature=0.8, random_seed=seed)
+            if spec:
+                p.set_speculative_options(**spec)
+            g = pg.Generator(m, p)
+            g.append_tokens(np.asarray([[1, 2, 1, 2]], np.int32))
+            g.generate_next_token()  # a round of four accepted proposals, one handed out
+            g.append_tokens(np.asarray([[7]], np.int32))  # cuts it
+            while not g.is_done():
+                g.generate_next_token()
+            runs.append((g.get_sequence(0).tolist(), g.get_speculative_stats()))
+        assert runs[0][0] == runs[1][0], seed
+        assert runs[1][1]["interrupted_rounds"] >= 1
+        seen.add(tuple(runs[0][0]))
+    assert len(seen) > 1  # the seeds matter
+
+
+def test_a_decoder_that_gives_the_last_positions_logits_only_is_refused(ort_genai, tmp_path):
+    path = _tiny(tmp_path / "pruned", _chain({}), prune=True)
+    for og in (ort_genai, pg):
+        m = og.Model(path)
+        p = og.GeneratorParams(m)
+        p.set_search_options(max_length=12)
+        p.set_speculative_options(ngram_size=3)
+        with pytest.raises(RuntimeError, match="pruned last-token-only logits"):
+            og.Generator(m, p)

@@ -219,6 +219,23 @@ class DecoderComponent:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         self.cache.rewind(length)
 
+    def snapshot(self) -> dict:
+        """What the decoder holds now, to come back to with ``restore``: the caches' length, copies of the
+        recurrent state (a run's state may live in buffers the next run reuses) and the positions' maxima."""
+        if self.row_lengths is not None:
+            raise ValueError("a batch of rows of different lengths has no single length to come back to")
+        return {"length": self.cache.length, "positions_max": self._positions_max,
+                "state": {k: np.array(self._host(v), copy=True) for k, v in self.state.items()}}
+
+    def restore(self, snap: dict):
+        """Back to a ``snapshot``: the caches cut to its length (the rows after it are dropped), its state."""
+        self.cache.rewind(snap["length"])
+        self._positions_max = snap["positions_max"]
+        self.state = {k: self._from_host(v.copy()) for k, v in snap["state"].items()}
+
+    def _from_host(self, array):
+        return array
+
     def reorder(self, rows):
         """Row ``b`` of every cache and recurrent state becomes what row ``rows[b]`` held (beam search)."""
         self.cache.reorder(rows)

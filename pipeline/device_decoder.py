@@ -281,6 +281,9 @@ class CudaDecoder(DecoderComponent):
     def _host(self, array):
         return rc.to_host(array) if rc.is_device_array(array) else np.asarray(array)
 
+    def _from_host(self, array):
+        return rc.to_device(np.ascontiguousarray(array))
+
     def _forward(self, tokens, embeds, extra, want, lengths=None):
         if lengths is not None:
             raise NotImplementedError("the CUDA decoder runs rows of one length (no padded batch yet)")

@@ -102,6 +102,8 @@ class Generator:
         # switch from short to long, the model runs over the whole sequence again before the next step
         self._rope_at = _ROPE_SWITCH.get(model.spec.model_type or "", 0) if self.batch == 1 else 0
         kind = check_speculative(model, params)
+        self._snapshot = None  # snapshot_state(): (length, the decoder's snapshot, the logits after it)
+        self._round_base = None  # a speculative round on recurrent state: (fed, snapshot, the ids run) before it
         self._spec = Speculator(self, kind) if kind else None
         self._queue = []
 
@@ -297,6 +299,9 @@ class Generator:
             self.pipe.decoder.rewind(len(row) - 1)
             self._fed = len(row) - 1
         cur = np.asarray([unfed + list(drafts)], np.int64)
+        dec = self.pipe.decoder
+        # recurrent state cannot be cut back: what it was before the run is kept, to run the kept ids again
+        self._round_base = (self._fed, dec.snapshot(), cur[0].tolist()) if dec.io.state_pairs else None
         self._runs += 1
         logits = np.asarray(self.pipe.forward(cur, self.external, False, want="all"), np.float32)
         if logits.ndim != 3 or logits.shape[1] != cur.shape[1]:
@@ -309,10 +314,24 @@ class Generator:
         return first + list(logits[0, max(len(unfed) - 1, 0):])
 
     def _keep_verified(self, n: int):
-        """Cut the decoder's caches back to the first ``n`` positions (the sequence and the kept drafts)."""
-        if self._fed > n:
+        """Cut the decoder's caches back to the first ``n`` positions (the sequence and the kept drafts).  A
+        decoder with recurrent state goes back to where the round began and runs the kept ids again."""
+        if self._fed <= n:
+            return
+        if self._round_base is None:
             self.pipe.decoder.rewind(n)
             self._fed = n
+            return
+        fed, snap, ids = self._round_base
+        self.pipe.decoder.restore(snap)
+        self._fed = fed
+        if n > fed:
+            self._runs += 1
+            self.pipe.forward(np.asarray([ids[:n - fed]], np.int64), self.external, False, want="all")
+            self._fed = n
+            if self._spec is not None:
+                self._spec.stats["target_reconciliation_forward_passes"] += 1
+                self._spec.stats["target_forward_passes"] += 1
 
     def _settle(self, reset=False, also=0):
         """Drop what is left of a speculative round (and ``also`` tokens taken from it but not kept): the caches go
@@ -438,6 +457,18 @@ class Generator:
             raise RequestError(f"adapter {name!r}: {unknown[:5]} are not inputs of the decoder")
         self.external.update(params)
 
+    def snapshot_state(self):
+        """Keep the decoder's recurrent state at the current length, so that ``rewind_to`` that length comes back
+        to it without running the sequence again (onnxruntime-genai's call for speculative decoding on hybrid
+        models).  The one snapshot replaces the last; a decoder without recurrent state needs none (a no-op)."""
+        dec = self.pipe.decoder
+        if not dec.io.state_pairs or not self._seq:
+            return
+        self._settle()
+        logits = self._current_logits()  # the decoder runs over the unfed ids: it has seen the whole sequence
+        self._snapshot = (len(self._seq), dec.snapshot(), logits.copy())
+        self._snap_rows = list(self._rows[0])
+
     def rewind_to(self, length: int):
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""
         length = int(length)
@@ -453,14 +484,20 @@ class Generator:
             raise RequestError("RewindToLength must be called with new_length=0 when batch_size > 1")
         keep = length - 1  # the last kept token is fed again: its logits are the next position's
         dec = self.pipe.decoder
-        if keep <= 0 or keep > min(self._fed, dec.kv_length) or dec.io.state_pairs:
+        snap = self._snapshot
+        restored = bool(dec.io.state_pairs and snap is not None and snap[0] == length and self._fed >= length
+                        and dec.kv_length >= length and self._rows[0][:length] == self._snap_rows)
+        if restored:
+            dec.restore(snap[1])  # the state after the kept tokens: nothing runs again
+            self._fed = length
+        elif keep <= 0 or keep > min(self._fed, dec.kv_length) or dec.io.state_pairs:
             self._fed = 0  # start over from the kept tokens (recurrent state has no history)
         else:
             dec.rewind(keep)
             self._fed = keep
         for r in self._rows:
             del r[length:]
-        self._logits = None
+        self._logits = snap[2].copy() if restored else None
         self._next = None
         self._finished = [False] * self.batch
         self._done = False

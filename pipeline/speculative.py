@@ -1,4 +1,6 @@
-"""Speculative decoding: cheap proposals that the decoder checks several at a time, as onnxruntime-genai 0.18 does it.
+"""Speculative decoding: a draft model or the sequence's n-grams propose, the decoder checks several at a time.
+
+As onnxruntime-genai 0.18 configures and runs it.
 
 Two proposers, chosen as onnxruntime-genai chooses them:
 
@@ -31,9 +33,12 @@ Invariants:
   would, and the proposal is kept when the draw equals it; the tokens are plain sampling's for the same seed;
 - the draft model is a ``Generator`` of its own; each round it is cut back to what it shares with the sequence and
   fed the rest, so it never runs over a token twice unless a rejection forces it;
+- recurrent state (a hybrid decoder's linear attention or convolutions) cannot be cut back: the decoder's
+  state before the checking run is kept (``DecoderComponent.snapshot``), and when proposals are dropped it goes
+  back to it and runs the kept ids again (one more run, ``target_reconciliation_forward_passes``); a recurrent
+  draft keeps a snapshot at the sequence (``Generator.snapshot_state``) and comes back to it each round;
 - refused, with onnxruntime-genai's messages: ``batch_size`` > 1, beam search, a draft together with n-grams,
-  guidance; and (this runtime's) decoders that carry recurrent state or give the last position's logits only,
-  whose caches cannot be cut back to a kept prefix.
+  guidance, sliding caches, decoders that give the last position's logits only.
 """
 from __future__ import annotations
 
@@ -349,10 +354,6 @@ def check_speculative(model, params) -> str | None:
                            "logits are not supported in this release." if kind == "ngram" else
                            "speculative decoding needs the decoder's logits for every position it checks; this "
                            "decoder gives the last position's only")
-    if spec.decoder.io.state_pairs:
-        raise RequestError(f"Speculative decoding needs a decoder whose caches can be cut back to a kept prefix; "
-                           f"this {spec.model_type} decoder carries recurrent state "
-                           f"({spec.decoder.io.state_pairs[0].input}, ...) that cannot be rewound")
     return kind
 
 
@@ -373,9 +374,6 @@ class Speculator:
         if kind == "draft":
             from .api import GeneratorParams
             draft_model = gen.model.draft_model
-            if draft_model.spec.decoder.io.state_pairs:
-                raise RequestError(f"Speculative decoding needs a draft whose caches can be cut back; the "
-                                   f"{draft_model.spec.model_type} draft carries recurrent state")
             dp = GeneratorParams(draft_model)
             dp.search = gen.search
             dp.speculative = SpeculativeOptions()
@@ -406,10 +404,13 @@ class Speculator:
             if a != b:
                 break
             common += 1
+        if d.pipe.decoder.io.state_pairs and d._snapshot is not None and d._snapshot[0] <= common:
+            common = d._snapshot[0]  # recurrent state comes back only to its snapshot
         if common < len(rows):
             d.rewind_to(common)
         if common < len(seq):
             d.append_tokens(np.asarray(seq[common:], np.int64))
+        d.snapshot_state()  # a recurrent draft's state at the sequence, for the next round (else a no-op)
         drafts, dists, hist = [], [], list(seq)
         for i in range(k):
             tok, dist = self._pick(d.get_logits()[0, -1], hist)

@@ -212,12 +212,6 @@ def test_speculative_options_and_refusals_as_onnxruntime_genai(ort_genai, tmp_pa
         with pytest.raises(RuntimeError) as got:
             pg.Generator(m, p)
         assert str(got.value) == str(want.value)
-    # a decoder with recurrent state cannot be cut back to a kept prefix: refused, naming why
-    q = pg.Model(os.path.join(PKGS, "qwen35_fp32"), native="all")
-    qp = pg.GeneratorParams(q)
-    qp.set_speculative_options(ngram_size=2)
-    with pytest.raises(RuntimeError, match="recurrent state"):
-        pg.Generator(q, qp)
     # the config's section is checked when the package loads
     bad = tmp_path / "bad"
     shutil.copytree(os.path.join(PKGS, "llama_fp32"), bad)
@@ -387,3 +381,52 @@ def test_a_decoder_that_gives_the_last_positions_logits_only_is_refused(ort_gena
         p.set_speculative_options(ngram_size=3)
         with pytest.raises(RuntimeError, match="pruned last-token-only logits"):
             og.Generator(m, p)
+
+
+def test_recurrent_state_is_taken_back_to_the_rounds_start(ort_genai, tmp_path):
+    """qwen3.5's linear-attention state cannot be cut back: a round that drops proposals goes back to the state
+    before its checking run and runs the kept ids again.  The tokens are plain greedy decoding's
+    (onnxruntime-genai's), with n-grams and with a recurrent draft, on both backends."""
+    path = os.path.join(PKGS, "qwen35_fp32")
+    draft = _with_draft(tmp_path, draft="qwen35_int4", target="qwen35_fp32", k=3)
+    want = _decode(ort_genai, path, max_length=40)[0]
+    for native in ("all", "none"):
+        got, st, _ = _decode(pg, path, native, speculative={"ngram_size": 2, "max_draft_tokens": 3}, max_length=40)
+        assert got == want and st["rounds"] > 0, native
+        got, st, _ = _decode(pg, draft, native, max_length=40)
+        assert got == want and st["draft_tokens_accepted"] > 0, native
+        assert st["target_reconciliation_forward_passes"] > 0
+        assert st["target_forward_passes"] == st["rounds"] + st["target_reconciliation_forward_passes"]
+
+
+def test_snapshot_state_comes_back_without_running_again():
+    """``snapshot_state`` then ``rewind_to`` its length restores the recurrent state and the logits there: no
+    model run, and the continuation is the plain one.  (onnxruntime-genai 0.18 runs the last kept token through
+    the restored state once more, so its continuation there differs from its own plain one; it is not copied.)"""
+    path = os.path.join(PKGS, "qwen35_fp32")
+    for native in ("all", "none"):
+        plain = _decode(pg, path, native, max_length=30)[0]
+        m = pg.Model(path, native=native)
+        p = pg.GeneratorParams(m)
+        p.set_search_options(max_length=30)
+        g = pg.Generator(m, p)
+        g.append_tokens(np.asarray(PROMPT, np.int32))
+        for _ in range(3):
+            g.generate_next_token()
+        g.snapshot_state()
+        at = g.get_logits()
+        for _ in range(4):
+            g.generate_next_token()
+        runs = g._runs
+        g.rewind_to(len(PROMPT) + 3)
+        assert np.array_equal(g.get_logits(), at) and g._runs == runs
+        while not g.is_done():
+            g.generate_next_token()
+        assert g.get_sequence(0).tolist() == plain, native
+        g.rewind_to(len(PROMPT) + 1)  # not the snapshot's length: the sequence runs again from the start
+        assert g._fed == 0
+    # a decoder without recurrent state: nothing to keep
+    g = pg.Generator(m := pg.Model(os.path.join(PKGS, "llama_fp32")), pg.GeneratorParams(m))
+    g.append_tokens(np.asarray(PROMPT, np.int32))
+    g.snapshot_state()
+    assert g._snapshot is None

@@ -452,7 +452,9 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         speech_config=model["speech"] if isinstance(model.get("speech"), dict) else None,
         input_aliases=_input_aliases(model),
         draft=model["draft"] if isinstance(model.get("draft"), dict) else None,
-        speculative=_speculative(cfg))
+        speculative=_speculative(cfg),
+        hidden_states_input=(dec.get("inputs") or {}).get("hidden_states") if isinstance(dec.get("inputs"), dict)
+        else None)
 
 
 def _speculative(cfg: dict):

@@ -440,6 +440,16 @@ class Generator:
         """An input of the model's sessions by name (the decoder's own extra inputs included)."""
         self.external[name] = value.as_numpy() if hasattr(value, "as_numpy") else value
 
+    def set_hidden_states(self, hidden_states):
+        """The decoder's ``hidden_states`` input (``model.decoder.inputs.hidden_states`` names it; an MTP head
+        reads the main model's last hidden state there) for the next runs, until set again, as in
+        onnxruntime-genai; a no-op for a decoder without that input."""
+        dec = self.pipe.decoder
+        name = self.model.spec.hidden_states_input or "hidden_states"
+        if name in dec.inputs:
+            a = hidden_states.as_numpy() if hasattr(hidden_states, "as_numpy") else hidden_states
+            self.external[name] = np.array(a, copy=True)
+
     def set_active_adapter(self, adapters, name: str):
         """Feed adapter ``name``'s parameters (``pipeline/adapters.py``) to the decoder at every step from now on;
         the adapter stays in use while this generator lives."""

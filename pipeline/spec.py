@@ -161,6 +161,7 @@ class PipelineSpec:
     #                                             the model's image_token_id / vision_start_token_id
     draft: dict | None = None                   # genai_config model.draft: a draft decoder (speculative.py)
     speculative: object = None                  # genai_config speculative: SpeculativeOptions
+    hidden_states_input: str | None = None      # genai_config decoder.inputs.hidden_states (set_hidden_states)
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -430,3 +430,55 @@ def test_snapshot_state_comes_back_without_running_again():
     g.append_tokens(np.asarray(PROMPT, np.int32))
     g.snapshot_state()
     assert g._snapshot is None
+
+
+def test_set_hidden_states_feeds_the_decoders_hidden_states_input(ort_genai, tmp_path):
+    """An MTP head's decoder reads ``hidden_states`` beside the ids; ``set_hidden_states`` gives it for the next
+    runs, until set again, as onnxruntime-genai does.  Here the logits are the ids' table rows plus
+    ``hidden_states @ W``, so what was fed shows in the tokens."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    v, h = 10, 3
+    tab = _chain({})
+    w = np.zeros((h, v), np.float32)
+    w[0, 7], w[1, 2] = 100.0, 100.0
+    ins = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "sequence"]),
+           helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "total"]),
+           helper.make_tensor_value_info("hs", TensorProto.FLOAT, ["batch", "sequence", h])]
+    g = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], ["base"], axis=0),
+                           helper.make_node("MatMul", ["hs", "W"], ["hw"]),
+                           helper.make_node("Add", ["base", "hw"], ["logits"])], "mtp", ins,
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", v])],
+                          [numpy_helper.from_array(tab, "table"), numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.save(m, str(tmp_path / "model.onnx"))
+    dec = {"filename": "model.onnx", "head_size": 1, "hidden_size": h, "num_attention_heads": 1,
+           "num_key_value_heads": 1, "num_hidden_layers": 0, "outputs": {"logits": "logits"},
+           "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "hidden_states": "hs"}}
+    (tmp_path / "genai_config.json").write_text(json.dumps(
+        {"model": {"type": "llama", "vocab_size": v, "context_length": 64, "bos_token_id": 0, "eos_token_id": [9],
+                   "pad_token_id": 0, "decoder": dec}}))
+
+    def run(og, native=None):
+        model = og.Model(str(tmp_path)) if native is None else og.Model(str(tmp_path), native=native)
+        p = og.GeneratorParams(model)
+        p.set_search_options(max_length=10)
+        gen = og.Generator(model, p)
+        gen.set_hidden_states(np.zeros((1, 2, h), np.float32))
+        gen.append_tokens(np.asarray([[1, 2]], np.int32))
+        for row in (None, 0, None, 1):
+            if row is not None:
+                x = np.zeros((1, 1, h), np.float32)
+                x[0, 0, row] = 1.0
+                gen.set_hidden_states(x)
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist()
+
+    want = run(ort_genai)
+    assert want == [1, 2, 3, 7, 7, 2]
+    assert run(pg, "all") == want and run(pg, "none") == want
+    # a decoder without such an input: nothing happens
+    g = pg.Generator(m := pg.Model(os.path.join(PKGS, "llama_fp32")), pg.GeneratorParams(m))
+    g.set_hidden_states(np.zeros((1, 1, 64), np.float32))
+    assert not g.external

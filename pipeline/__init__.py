@@ -4,7 +4,7 @@ The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``, ``Gener
 ``Tensor``, ``NamedTensors``, a one-call ``generate``, LoRA ``Adapters`` (``pipeline/adapters.py``), ``Images``,
 ``Audios`` and ``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``, ``pipeline/audio.py``), the
 ``Engine`` of requests in turns and its events (``pipeline/engine_api.py``, over the serving engine
-``pipeline/engine.py``); the process-wide calls (providers on hand, logging, telemetry) are in
+``pipeline/engine.py``), ``MtpGenerator`` (``pipeline/mtp.py``); the process-wide calls (providers on hand, logging, telemetry) are in
 ``pipeline/environment.py``.  ``python -m pipeline parity|generate`` are the command-line entry points.
 Submodules load on first use, so ``import pipeline.spec`` stays light.
 """
@@ -13,6 +13,7 @@ _EXPORTS = {
     "api": ["Config", "Model", "Tokenizer", "GeneratorParams", "Generator", "Tensor", "NamedTensors", "generate"],
     "tokenizer": ["TokenizerStream"],
     "adapters": ["Adapters"],
+    "mtp": ["MtpGenerator"],
     "multimodal": ["Images", "MultiModalProcessor"],
     "audio": ["Audios"],
     "engine_api": ["Engine", "Request", "RequestOptions", "TurnOptions", "TurnUsage", "EngineEvent",

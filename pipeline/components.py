@@ -143,6 +143,7 @@ class DecoderComponent:
         self.batch = batch
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
+        self._capture, self.captured = None, None  # capture(): an output kept from every run (an MTP head's feed)
         # graph inputs with an initializer (LoRA parameters): fed when the caller gives them, else their values
         self.input_defaults = dict(getattr(session, "_defaults", None) or {})
         self.overridable = [i.name for i in session.get_overridable_initializers()] + list(self.input_defaults)
@@ -218,6 +219,17 @@ class DecoderComponent:
         if self.io.state_pairs and length != self.cache.length:
             raise ValueError("a decoder with recurrent state cannot rewind (its state has no history)")
         self.cache.rewind(length)
+
+    def capture(self, name):
+        """Keep a copy of output ``name`` of every later run in ``captured`` (None: stop)."""
+        if name is not None and name not in self.output_names:
+            raise RequestError(f"decoder {self.spec.name!r} has no output {name!r} (it has "
+                               f"{', '.join(self.output_names)})")
+        self._capture, self.captured = name, None
+
+    def _keep_captured(self, outs: dict):
+        if self._capture is not None:
+            self.captured = np.array(self._host(outs[self._capture]), copy=True)
 
     def snapshot(self) -> dict:
         """What the decoder holds now, to come back to with ``restore``: the caches' length, copies of the
@@ -527,6 +539,7 @@ class OrtDecoder(DecoderComponent):
         feeds.update(self.state)
         res = dict(zip(self.output_names, self.session.run(None, feeds)))
         self._keep(res, seq_len)
+        self._keep_captured(res)
         return res[self.io.logits_output]
 
 
@@ -592,6 +605,8 @@ class NativeDecoder(DecoderComponent):
         cache.store({i: outs[k] for i, k in self._kv_at}, seq_len)
         for i, k in self._state_at:
             state[i] = outs[k]
+        if self._capture is not None:
+            self._keep_captured(dict(zip(self.output_names, outs)))
         return outs[self._logits_at]
 
 

@@ -436,9 +436,13 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
     if decoder.io.position_ids_input is not None:
         positions = implicit_positions(decoder, ins)
     tok = root if os.path.isfile(os.path.join(root, "tokenizer.json")) else None
+    search = search_options(cfg.get("search"), "search", strict=False)
+    ctx = int_value(model.get("context_length"), "model.context_length", minimum=1)
+    if ctx and "max_length" not in (cfg.get("search") or {}):  # onnxruntime-genai's default: the context length
+        search.max_length = ctx
     return PipelineSpec(
         root=root, components=components, dataflow=edges, stages=_default_stages(components), positions=positions,
-        search=search_options(cfg.get("search"), "search", strict=False),
+        search=search,
         eos_token_ids=eos_list(model.get("eos_token_id"), "model.eos_token_id"),
         bos_token_id=int_value(model.get("bos_token_id"), "model.bos_token_id"),
         pad_token_id=int_value(model.get("pad_token_id"), "model.pad_token_id"),
@@ -453,6 +457,7 @@ def _genai_spec(root: str, cfg: dict, model: dict, dec: dict, components: dict, 
         input_aliases=_input_aliases(model),
         draft=model["draft"] if isinstance(model.get("draft"), dict) else None,
         speculative=_speculative(cfg),
+        mtp=model["mtp"] if isinstance(model.get("mtp"), dict) else None,
         hidden_states_input=(dec.get("inputs") or {}).get("hidden_states") if isinstance(dec.get("inputs"), dict)
         else None)
 

@@ -102,6 +102,7 @@ class Generator:
         # switch from short to long, the model runs over the whole sequence again before the next step
         self._rope_at = _ROPE_SWITCH.get(model.spec.model_type or "", 0) if self.batch == 1 else 0
         kind = check_speculative(model, params)
+        self._hidden = None  # position -> the decoder's captured hidden state there (MtpGenerator), when kept
         self._snapshot = None  # snapshot_state(): (length, the decoder's snapshot, the logits after it)
         self._round_base = None  # a speculative round on recurrent state: (fed, snapshot, the ids run) before it
         self._spec = Speculator(self, kind) if kind else None
@@ -132,6 +133,7 @@ class Generator:
             self._expand_for_beams()
             self.pipe.begin(cur, self.external, self.max_length)
         logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths), np.float32)
+        self._note_hidden(self._fed)
         if logits.ndim == 2:  # a decoder whose logits have no sequence axis
             logits = logits[:, None, :]
         for r, ids in zip(self._rows, new.tolist()):
@@ -304,6 +306,7 @@ class Generator:
         self._round_base = (self._fed, dec.snapshot(), cur[0].tolist()) if dec.io.state_pairs else None
         self._runs += 1
         logits = np.asarray(self.pipe.forward(cur, self.external, False, want="all"), np.float32)
+        self._note_hidden(self._fed)
         if logits.ndim != 3 or logits.shape[1] != cur.shape[1]:
             raise RequestError(f"speculative decoding needs the decoder's logits for every position it runs; it "
                                f"gave shape {list(logits.shape)} for {cur.shape[1]} positions")
@@ -328,10 +331,18 @@ class Generator:
         if n > fed:
             self._runs += 1
             self.pipe.forward(np.asarray([ids[:n - fed]], np.int64), self.external, False, want="all")
+            self._note_hidden(fed)
             self._fed = n
             if self._spec is not None:
                 self._spec.stats["target_reconciliation_forward_passes"] += 1
                 self._spec.stats["target_forward_passes"] += 1
+
+    def _note_hidden(self, start: int):
+        """Keep the captured hidden states of the run over positions ``start``, ``start + 1``, ... (one row)."""
+        if self._hidden is not None:
+            h = self.pipe.decoder.captured
+            for i, row in enumerate(np.asarray(h).reshape(-1, h.shape[-1])):
+                self._hidden[start + i] = row
 
     def _settle(self, reset=False, also=0):
         """Drop what is left of a speculative round (and ``also`` tokens taken from it but not kept): the caches go

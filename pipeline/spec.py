@@ -162,6 +162,7 @@ class PipelineSpec:
     draft: dict | None = None                   # genai_config model.draft: a draft decoder (speculative.py)
     speculative: object = None                  # genai_config speculative: SpeculativeOptions
     hidden_states_input: str | None = None      # genai_config decoder.inputs.hidden_states (set_hidden_states)
+    mtp: dict | None = None                     # genai_config model.mtp: the MTP head's ports (mtp.py)
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -360,8 +360,9 @@ def check_speculative(model, params) -> str | None:
 class Speculator:
     """The rounds of one batch-of-one ``Generator`` (``pipeline/generator.py``), and their statistics."""
 
-    def __init__(self, gen, kind: str):
+    def __init__(self, gen, kind: str, head=None):
         self.gen = gen
+        self.head = head  # kind "mtp": the MTP head (pipeline/mtp.py)
         opts = gen.params.speculative
         self.adaptive = AdaptiveK(int(opts.max_draft_tokens), int(opts.min_adaptive_k))
         self.cooldown = Cooldown(bool(opts.cooldown))
@@ -379,7 +380,7 @@ class Speculator:
             dp.speculative = SpeculativeOptions()
             from .generator import Generator
             self.draft = Generator(draft_model, dp)
-        else:
+        elif kind == "ngram":
             self.lookup = NGramLookup(int(opts.ngram_size))
             self.chained = bool(opts.ngram_chained_lookup)
 
@@ -457,7 +458,13 @@ class Speculator:
             return None
         self.marks = []  # the sampler's state before each position's draw, in position order
         t_prop = time.perf_counter()
-        drafts, dists = self._propose_draft(seq, k) if self.kind == "draft" else self._propose_ngram(seq, k)
+        if self.kind == "draft":
+            drafts, dists = self._propose_draft(seq, k)
+        elif self.kind == "mtp":
+            from .mtp import propose
+            drafts, dists = propose(self, seq, k)
+        else:
+            drafts, dists = self._propose_ngram(seq, k)
         propose_ms = (time.perf_counter() - t_prop) * 1e3
         if not drafts:
             st["standard_fallback_steps"] += 1

@@ -104,6 +104,43 @@ class Config:
             self.append_provider(provider)
         self.provider_options[str(provider)][str(key)] = str(value)
 
+    # -- device filters (onnxruntime's EP-device selection): recorded per provider, as onnxruntime-genai does ----
+    def _filters(self, provider: str) -> list:
+        """The device filters of every appended provider that ``provider`` names (none: nothing to set)."""
+        kind = _PROVIDERS.get(str(provider).lower())
+        return [self.provider_options.setdefault(p, {}).setdefault("device_filtering_options", {})
+                for p in (self.providers or []) if p == provider or (kind and _PROVIDERS.get(p.lower()) == kind)]
+
+    def set_decoder_provider_options_hardware_device_type(self, provider: str, hardware_device_type: str):
+        """Which kind of device (``cpu``, ``gpu``, ``npu``, any case) an appended provider's device must be.  The
+        filters are recorded with the provider's options (a provider not appended takes none); as in
+        onnxruntime-genai, the CPU and CUDA providers do not select devices by them."""
+        for f in self._filters(provider):
+            kind = str(hardware_device_type).lower()
+            if kind not in ("cpu", "gpu", "npu"):
+                raise RequestError(f"Unsupported hardware device type: {hardware_device_type}")
+            f["hardware_device_type"] = kind
+
+    def set_decoder_provider_options_hardware_device_id(self, provider: str, hardware_device_id: int):
+        for f in self._filters(provider):
+            f["hardware_device_id"] = int(hardware_device_id)
+
+    def set_decoder_provider_options_hardware_vendor_id(self, provider: str, hardware_vendor_id: int):
+        for f in self._filters(provider):
+            f["hardware_vendor_id"] = int(hardware_vendor_id)
+
+    def clear_decoder_provider_options_hardware_device_type(self, provider: str):
+        for f in self._filters(provider):
+            f.pop("hardware_device_type", None)
+
+    def clear_decoder_provider_options_hardware_device_id(self, provider: str):
+        for f in self._filters(provider):
+            f.pop("hardware_device_id", None)
+
+    def clear_decoder_provider_options_hardware_vendor_id(self, provider: str):
+        for f in self._filters(provider):
+            f.pop("hardware_vendor_id", None)
+
     @property
     def device(self) -> str | None:
         """``cuda`` when a CUDA provider was appended, ``cpu`` when only the CPU, None when not said.  A provider

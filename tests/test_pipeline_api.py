@@ -632,3 +632,33 @@ def test_a_model_given_in_memory_decodes_as_onnxruntime_genai_does(ort_genai, na
         cfg.add_model_data("model.onnx", data)
     with pytest.raises(RuntimeError, match="Model data for 'x.onnx' was not found."):
         cfg.remove_model_data("x.onnx")
+
+
+def test_device_filters_are_checked_and_recorded_as_onnxruntime_genai_does(ort_genai):
+    """``Config.set_decoder_provider_options_hardware_*``: the type name is checked with onnxruntime-genai's
+    message; the filters do not stop the CPU provider from loading, in either runtime."""
+    for prov in ("cpu", "CPUExecutionProvider"):
+        for setter, value in (("device_type", "GPU"), ("device_type", "npu"), ("device_id", 5), ("vendor_id", 7)):
+            loaded = []
+            for mod in (ort_genai, og):
+                c = mod.Config(LLAMA)
+                c.clear_providers()
+                c.append_provider(prov)
+                getattr(c, f"set_decoder_provider_options_hardware_{setter}")(prov, value)
+                getattr(c, f"clear_decoder_provider_options_hardware_{setter}")(prov)
+                getattr(c, f"set_decoder_provider_options_hardware_{setter}")(prov, value)
+                loaded.append(mod.Model(c).device_type)
+            assert loaded[0] == loaded[1] == "CPU"
+        for mod in (ort_genai, og):
+            c = mod.Config(LLAMA)
+            c.set_decoder_provider_options_hardware_device_type(prov, "tpu")  # not appended: nothing set
+            c.clear_providers()
+            c.append_provider(prov)
+            with pytest.raises(RuntimeError, match="^Unsupported hardware device type: tpu$"):
+                c.set_decoder_provider_options_hardware_device_type(prov, "tpu")
+    c = og.Config(LLAMA)
+    c.append_provider("cpu")
+    c.set_decoder_provider_options_hardware_device_type("cpu", "GPU")
+    c.set_decoder_provider_options_hardware_vendor_id("cpu", 4318)
+    c.clear_decoder_provider_options_hardware_vendor_id("cpu")
+    assert c.provider_options["cpu"]["device_filtering_options"] == {"hardware_device_type": "gpu"}

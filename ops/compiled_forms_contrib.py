@@ -298,9 +298,11 @@ def _matmul_nbits(e, m):
     quant = m.level4 and zp_mode != 2
     e.exact = quant  # integer block dots are exact in any order; float accumulation is not
     order = _cq.mlas_path(bs, bits, m.level4)
-    if order and ((not m.level4 and zp_mode != 2) or (bits == 8 and quant)):
-        # MLAS's order of 8-bit codes at level 4 and of the float path (levels 0 to 3) is the node wrapper's
-        # (``_cq.matmul_nbits``); this form reproduces it for 4-bit codes at level 4 only
+    if order and ((not m.level4 and zp_mode != 2) or (bits == 8 and quant)
+                  or (zp_mode == 2 and _cq.mlas_path(bs, bits, False))):
+        # MLAS's order of 8-bit codes at level 4, of the float path (levels 0 to 3) and of float zero points
+        # (onnxruntime's dequantized B and SGEMM) is the node wrapper's (``_cq.matmul_nbits``); this form
+        # reproduces it for 4-bit codes at level 4 only
         raise Decline("MLAS's order of this product runs in the op's wrapper")
     k = e.use(__name__, "mnb_f32_mlas" if order else "mnb_f32")
     lead = [f"{{i0}}.shape[{d}]" for d in range(ra - 1)]

@@ -17,7 +17,7 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   sum of A: ``sum((q - z) a) = sum(q a) - z sum(a)``.  With ``accuracy_level=4`` A is first
   quantized to int8 per block (scale ``max|a|/127``, round half to even) as onnxruntime does; the
   integer block dots are exact in float32, so the result matches onnxruntime's int8 path to float
-  rounding.  Otherwise (level 0..3, or float zero points, where onnxruntime also keeps A float)
+  rounding.  Otherwise (level 0..3, float zero points, or a g_idx, where onnxruntime also keeps A float)
   A stays float: float accumulation of dequantized weights.  Small weights run on one thread
   (waking threads costs more than streaming them); big ones in small dynamically scheduled chunks
   of rows, so a thread delayed on a busy core does not hold up the pass.
@@ -33,15 +33,18 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   BLAS cost (K=896, N=4864: 18 against 14 ms at 256 rows, 148 against 169 ms at 2048, before rows shared
   a pass), and a prefill over the repacked codes never reads the original weight again.
 - tiles (other configurations with more rows, or a non-trivial g_idx): a tile of weight rows is dequantized
-  once into float32 and multiplied with all rows of A by BLAS.  At level 4, A is replaced by its
-  per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's level-4 product up
-  to float rounding (the block scales factor out of each block's integer dot).
+  once into float32 and multiplied with all rows of A by BLAS.  At level 4 (without a g_idx or float zero
+  points), A is replaced by its per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's
+  level-4 product up to float rounding (the block scales factor out of each block's integer dot).
 
 Under ``ONNX_NUMBA_MLAS_ORDER`` (``mlas_path``, read when a node is planned) the products follow onnxruntime's
 float order instead, bit for bit its CPU kernel's on hosts of that kind: level 4 with 4-bit codes in blocks of 32
 by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
-and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``), and
-levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``).
+and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``),
+levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``), and 4-bit
+codes with float zero points or a g_idx, at any level, as onnxruntime's unpacked path: B dequantized first to
+``q * s + (-s * z)`` (``dequant_ort_unpacked``; a packed zero point beside a g_idx read as 8), then its SGEMM
+(``gemv_fp_mlas`` over the float weights).
 
 Per node, the float scales and unpacked zero points are cached by the identity of the initializer
 arrays (they are constants in every builder package).
@@ -1165,6 +1168,22 @@ def dequant_tile(b, bits, sc, zf, has_zp, zdef, grp, n0, w):
             w[r, k] = (w[r, k] - z) * sc[n, g]
 
 
+def dequant_ort_unpacked(b3, bits, sc, zf, float_zp, zdef, grp, K):
+    """B dequantized as onnxruntime does before its SGEMM when a float zero point or a g_idx is given: element
+    (n, k) is ``q * s + (-s * z)``, each product and the sum rounded to float32, with ``s``, ``z`` of group
+    ``grp[k]`` (``k // block_size`` without a g_idx) and ``z`` the float zero point, else the default.  Returns
+    the weights transposed, [K, N] float32."""
+    N, nb, blob = b3.shape
+    codes = np.empty((N, nb * blob * 8 // bits), np.int32)
+    unpack_codes(b3.reshape(N, -1), bits, codes.shape[1], codes)
+    g = np.arange(K) // (blob * 8 // bits) if grp is None else np.asarray(grp, np.int64)
+    s = sc[:, g]
+    z = zf[:, g] if float_zp else np.full(s.shape, zdef, F32)
+    adjust = (-s) * z  # float32 products, one rounding each
+    w = codes[:, :K].astype(F32) * s + adjust
+    return np.ascontiguousarray(w.T)
+
+
 # -- MatMulNBits wrapper ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
@@ -1350,13 +1369,28 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
     a2 = a.reshape(-1, K)
     rows_a = a2.shape[0]
     out = np.empty((rows_a, N), F32)
-    # onnxruntime's int8 path (level 4) quantizes A per block; with float zero points it keeps float A.
-    quant = m.level4 and zp_mode != 2
+    # onnxruntime's int8 path (level 4) quantizes A per block; with float zero points, or with a g_idx (even
+    # one equal to k // block_size), it keeps float A.
+    quant = m.level4 and zp_mode != 2 and g_idx is None
     order = mlas_path(bs, bits, m.level4) if mlas is None else mlas
     if rows_a == 0 or N == 0:
         pass
     elif K == 0:
         out[...] = 0
+    elif order and bits == 4 and (zp_mode == 2 or g_idx is not None) and mlas_path(bs, bits, False):
+        # onnxruntime dequantizes B first here (a float zero point or a g_idx): q * s + (-s * z) in float32, a
+        # packed zero point beside a g_idx read as the default 8; then its SGEMM over the float weights
+        lay = cache.get("dq")
+        if lay is None or lay[0] is not b or lay[1] is not sc:
+            lay = cache["dq"] = (b, sc, dequant_ort_unpacked(b3, bits, sc, zf, zp_mode == 2, zdef, grp, K))
+        wt = lay[2]
+        has_bias = bias is not None
+        bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
+        ones = np.ones((1, N), F32)
+        with _threads_for(wt.nbytes * min(rows_a, ROWS_MAX)):
+            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), wt, ones, np.zeros((1, N), F32), K, 2,
+                         sgemm_k_stride(rows_a, N, K), bf, has_bias, out)
+        bias = None
     elif order and not m.level4 and zp_mode != 2 and grp is None:
         # onnxruntime's float path (levels 0 to 3): codes transposed once per node, dequantized on the fly
         lay = cache.get("fp")

@@ -414,3 +414,61 @@ def test_float_path_bit_for_bit_onnxruntime(bits, bs, M, monkeypatch):
         model = _model(bits, bs, K, N, blob, sc, z, bias, level=trial).SerializeToString()
         want = _ort(model, A, 1)
         np.testing.assert_array_equal(rt.InferenceSession(model).run(None, {"A": A})[0], want)
+
+
+# -- float zero points and g_idx: onnxruntime dequantizes B, then its SGEMM ---------------------------------------
+
+def _gidx_model(K, N, bs, M, zp, gidx, bias, level, seed, region=False):
+    """A 4-bit MatMulNBits with float (``zp`` "f") or packed (``"u8"``) zero points or none, a permuted g_idx or
+    none, a bias or none; with ``region`` followed by a Relu, so that a compiled region can take it."""
+    rng = np.random.default_rng(seed)
+    nb = (K + bs - 1) // bs
+    codes = rng.integers(0, 16, (N, nb, bs)).astype(np.uint8)
+    inits = [nh.from_array((codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), "B"),
+             nh.from_array((rng.random(N * nb) * 0.1 + 0.01).astype(F), "S")]
+    ins = ["A", "B", "S", "", "", ""]
+    if zp == "f":
+        inits.append(nh.from_array((rng.random(N * nb) * 15).astype(F), "Z"))
+        ins[3] = "Z"
+    elif zp == "u8":
+        inits.append(nh.from_array(rng.integers(0, 256, N * ((nb + 1) // 2)).astype(np.uint8), "Z"))
+        ins[3] = "Z"
+    if gidx:
+        inits.append(nh.from_array(rng.permutation(np.arange(K) // bs).astype(np.int32), "G"))
+        ins[4] = "G"
+    if bias:
+        inits.append(nh.from_array(rng.standard_normal(N).astype(F), "C"))
+        ins[5] = "C"
+    while ins[-1] == "":
+        ins.pop()
+    nodes = [h.make_node("MatMulNBits", ins, ["p" if region else "Y"], domain="com.microsoft", K=K, N=N, bits=4,
+                         block_size=bs, accuracy_level=level)]
+    if region:
+        nodes.append(h.make_node("Relu", ["p"], ["Y"]))
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("A", T.FLOAT, [None, K])],
+                     [h.make_tensor_value_info("Y", T.FLOAT, [None, N])], inits)
+    if region:
+        g.value_info.append(h.make_tensor_value_info("p", T.FLOAT, [None, None]))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    return m.SerializeToString(), rng.standard_normal((M, K)).astype(F)
+
+
+@_AVX512_ONLY
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("zp,gidx", [("f", False), ("f", True), ("u8", True), (None, True)])
+def test_float_zero_points_and_g_idx_bit_for_bit_onnxruntime(zp, gidx, level, monkeypatch):
+    """onnxruntime keeps A float and dequantizes B first (``q * s + (-s * z)``, a packed zero point beside a g_idx
+    read as 8), then runs its SGEMM: bit for bit, one row and several, with a bias and without, node by node and
+    in a compiled region (which leaves the node to its wrapper)."""
+    import runtime as rt
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for i, (M, bias, bs, K) in enumerate([(1, True, 32, 200), (5, False, 16, 133), (3, True, 128, 300)]):
+        model, A = _gidx_model(K, 72, bs, M, zp, gidx, bias, level, seed=i + 10 * level)
+        np.testing.assert_array_equal(rt.InferenceSession(model).run(None, {"A": A})[0], _ort(model, A, 1))
+    model, A = _gidx_model(200, 40, 32, 4, zp, gidx, True, level, seed=99, region=True)
+    so = rt.SessionOptions()
+    so.compiled_regions = True
+    sess = rt.InferenceSession(model, so)
+    assert sum(len(r.nodes) for r in sess.plan.regions) <= 1
+    np.testing.assert_array_equal(sess.run(None, {"A": A})[0], _ort(model, A, 1))

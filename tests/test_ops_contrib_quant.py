@@ -151,3 +151,37 @@ def test_gather_block_quantized_index_error(bad):
     m.ir_version = 10
     with pytest.raises(IndexOutOfRangeError):
         InferenceSession(m.SerializeToString()).run(None, feeds)
+
+
+@pytest.mark.parametrize("trivial", [False, True])
+def test_matmul_nbits_level4_with_a_g_idx_keeps_a_float(trivial):
+    """With a g_idx, even one equal to ``k // block_size``, onnxruntime keeps A float at accuracy level 4 (no int8
+    quantization of A): the product is the float one (this runtime quantized A before, 0.04 away)."""
+    import onnxruntime as ort
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+    rng = np.random.default_rng(3 + trivial)
+    K, N, bs = 128, 64, 32
+    nb = K // bs
+    codes = rng.integers(0, 16, (N, nb, bs)).astype(np.uint8)
+    sc = (rng.random(N * nb) * 0.1 + 0.01).astype(np.float32)
+    g = (np.arange(K) // bs).astype(np.int32)
+    if not trivial:
+        g = rng.permutation(g).astype(np.int32)
+    A = rng.standard_normal((1, K)).astype(np.float32)
+    node = h.make_node("MatMulNBits", ["A", "B", "S", "", "G"], ["Y"], domain="com.microsoft", K=K, N=N, bits=4,
+                       block_size=bs, accuracy_level=4)
+    graph = h.make_graph([node], "g", [h.make_tensor_value_info("A", T.FLOAT, [1, K])],
+                         [h.make_tensor_value_info("Y", T.FLOAT, [1, N])],
+                         [nh.from_array((codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), "B"),
+                          nh.from_array(sc, "S"), nh.from_array(g, "G")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    b = model.SerializeToString()
+    w = (codes.reshape(N, K).astype(np.float64) - 8) * sc.reshape(N, nb)[:, g]
+    ref = A.astype(np.float64) @ w.T
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    want = ort.InferenceSession(b, so, providers=["CPUExecutionProvider"]).run(None, {"A": A})[0]
+    got = InferenceSession(b).run(None, {"A": A})[0]
+    for y in (want, got):
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())

@@ -472,3 +472,39 @@ def test_float_zero_points_and_g_idx_bit_for_bit_onnxruntime(zp, gidx, level, mo
     sess = rt.InferenceSession(model, so)
     assert sum(len(r.nodes) for r in sess.plan.regions) <= 1
     np.testing.assert_array_equal(sess.run(None, {"A": A})[0], _ort(model, A, 1))
+
+
+@_AVX512_ONLY
+@pytest.mark.parametrize("bits,level", [(4, 4), (8, 4), (4, 0), (8, 0)])
+def test_float16_activations_bit_for_bit_onnxruntime(bits, level, monkeypatch):
+    """float16 A, scales and bias: onnxruntime converts them to float32, runs the float32 product and rounds the
+    result to float16; so does this runtime, bit for bit."""
+    import runtime as rt
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    rng = np.random.default_rng(bits + level)
+    K, N, bs = 200, 72, 32
+    nb = (K + bs - 1) // bs
+    for M, zp, bias in ((1, True, True), (3, False, False)):
+        inits = [nh.from_array(rng.integers(0, 256, (N, nb, bs * bits // 8)).astype(np.uint8), "B"),
+                 nh.from_array((rng.random(N * nb) * 0.05 + 0.01).astype(np.float16), "S")]
+        ins = ["A", "B", "S", "", "", ""]
+        if zp:
+            inits.append(nh.from_array(rng.integers(0, 256, N * ((nb + 1) // 2 if bits == 4 else nb))
+                                       .astype(np.uint8), "Z"))
+            ins[3] = "Z"
+        if bias:
+            inits.append(nh.from_array(rng.standard_normal(N).astype(np.float16), "C"))
+            ins[5] = "C"
+        while ins[-1] == "":
+            ins.pop()
+        g = h.make_graph([h.make_node("MatMulNBits", ins, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
+                                      block_size=bs, accuracy_level=level)], "g",
+                         [h.make_tensor_value_info("A", T.FLOAT16, [None, K])],
+                         [h.make_tensor_value_info("Y", T.FLOAT16, [None, N])], inits)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+        m.ir_version = 10
+        model = m.SerializeToString()
+        A = rng.standard_normal((M, K)).astype(np.float16)
+        got = rt.InferenceSession(model).run(None, {"A": A})[0]
+        assert got.dtype == np.float16
+        np.testing.assert_array_equal(got, _ort(model, A, 1))

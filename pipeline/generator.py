@@ -96,15 +96,15 @@ class Generator:
         self._done = False
         self._next = None  # the last step's tokens (get_next_tokens), None when the rows' last ids are
         self._runs = 0     # model runs so far
-        # speculative decoding (pipeline/speculative.py): the round's tokens still to hand out, each with the
-        # logits of the position after it; while any are left the decoder has seen past the sequence
         # onnxruntime-genai's Phi-3 rule (one row): when the sequence reaches the length where the rotary factors
         # switch from short to long, the model runs over the whole sequence again before the next step
         self._rope_at = _ROPE_SWITCH.get(model.spec.model_type or "", 0) if self.batch == 1 else 0
-        kind = check_speculative(model, params)
         self._hidden = None  # position -> the decoder's captured hidden state there (MtpGenerator), when kept
-        self._snapshot = None  # snapshot_state(): (length, the decoder's snapshot, the logits after it)
+        self._snapshot = None  # snapshot_state(): (length, the decoder's snapshot, the logits after it, the ids)
         self._round_base = None  # a speculative round on recurrent state: (fed, snapshot, the ids run) before it
+        # speculative decoding (pipeline/speculative.py): the round's tokens still to hand out, each with the
+        # logits of the position after it; while any are left the decoder has seen past the sequence
+        kind = check_speculative(model, params)
         self._spec = Speculator(self, kind) if kind else None
         self._queue = []
 
@@ -334,8 +334,7 @@ class Generator:
             self._note_hidden(fed)
             self._fed = n
             if self._spec is not None:
-                self._spec.stats["target_reconciliation_forward_passes"] += 1
-                self._spec.stats["target_forward_passes"] += 1
+                self._spec.reconciled()
 
     def _note_hidden(self, start: int):
         """Keep the captured hidden states of the run over positions ``start``, ``start + 1``, ... (one row)."""
@@ -487,8 +486,7 @@ class Generator:
             return
         self._settle()
         logits = self._current_logits()  # the decoder runs over the unfed ids: it has seen the whole sequence
-        self._snapshot = (len(self._seq), dec.snapshot(), logits.copy())
-        self._snap_rows = list(self._rows[0])
+        self._snapshot = (len(self._seq), dec.snapshot(), logits.copy(), list(self._rows[0]))
 
     def rewind_to(self, length: int):
         """Keep the first ``length`` tokens; the decoder's caches are truncated, not recomputed."""
@@ -507,7 +505,7 @@ class Generator:
         dec = self.pipe.decoder
         snap = self._snapshot
         restored = bool(dec.io.state_pairs and snap is not None and snap[0] == length and self._fed >= length
-                        and dec.kv_length >= length and self._rows[0][:length] == self._snap_rows)
+                        and dec.kv_length >= length and self._rows[0][:length] == snap[3])
         if restored:
             dec.restore(snap[1])  # the state after the kept tokens: nothing runs again
             self._fed = length

@@ -535,6 +535,11 @@ class Speculator:
         return g.sampler.draw(ids, resid)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
+    def reconciled(self):
+        """The decoder ran the kept ids again after a round on recurrent state (``Generator._keep_verified``)."""
+        self.stats["target_reconciliation_forward_passes"] += 1
+        self.stats["target_forward_passes"] += 1
+
     def plain_step(self) -> bool:
         """Whether the next token comes from a plain step (a cooldown), counted as one."""
         if self.cooldown.take_step():

@@ -134,6 +134,10 @@ def _params(args, model):
     if args.seed is not None:
         options["random_seed"] = args.seed
     params.set_search_options(**options)
+    speculative = {k: getattr(args, a) for k, a in (("ngram_size", "ngram_size"), ("max_draft_tokens", "draft_tokens"))
+                   if getattr(args, a) is not None}
+    if speculative:
+        params.set_speculative_options(**speculative)
     return params
 
 
@@ -341,6 +345,11 @@ def main(argv=None) -> int:
             p.add_argument("--temperature", type=float, help="divide the logits by this before sampling")
             p.add_argument("--repetition-penalty", type=float, help="penalize tokens already in the sequence")
             p.add_argument("--seed", type=int, help="the sampling seed (the same seed gives the same tokens)")
+            p.add_argument("--ngram-size", type=int, help="speculative decoding by n-gram lookup: the sequence's "
+                           "earlier continuation of its last N-1 tokens is checked in one run (2 to 16; the tokens "
+                           "are those of plain decoding)")
+            p.add_argument("--draft-tokens", type=int, help="proposals checked per run with --ngram-size or a "
+                           "package's draft model (model.draft; 1 to 16, default the package's, else 4)")
     w = sub.add_parser("warm", help="compile everything the package needs ahead of time (cached for later starts)")
     w.add_argument("package", help="the package folder")
     w.add_argument("--digests", action="store_true",

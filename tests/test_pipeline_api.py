@@ -532,7 +532,22 @@ def test_chat_continues_the_cached_conversation(tmp_path, capsys, monkeypatch):
     assert fed[0] == len(tok.encode("<user>hi<a></s>")) and fed[1] < len(whole)  # the second turn: only what is new
 
 
+def test_generate_decodes_speculatively_with_the_same_tokens(capsys, monkeypatch):
+    """``--ngram-size`` (and ``--draft-tokens``) decode speculatively; the tokens are plain decoding's."""
+    from pipeline.__main__ import main
+    from pipeline.speculative import Speculator
+    base = ["generate", LLAMA, "--prompt-ids", "5,7,9,11,5,7,9", "--max-new-tokens", "12", "--native", "none"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out.rsplit("token_ids: ", 1)[1]
+    rounds = []
+    real = Speculator.round
+    monkeypatch.setattr(Speculator, "round", lambda self: (rounds.append(1), real(self))[1])
+    assert main(base + ["--ngram-size", "2", "--draft-tokens", "3"]) == 0
+    assert capsys.readouterr().out.rsplit("token_ids: ", 1)[1] == plain and rounds
+
+
 @pytest.mark.parametrize("argv,words", [
+    (["--ngram-size", "1"], "speculative.ngram_size must be 0 or between 2 and 16. Got: 1."),
     (["--max-length", "4"], "exceeds max length (4)"),
     (["--max-length", "99999"], "cannot be greater than model context_length"),
     (["--chat"], "Empty chat template."),

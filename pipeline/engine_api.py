@@ -452,11 +452,10 @@ class Engine:
         return 0
 
     def get_speculative_stats(self) -> dict:
-        """Speculative decoding's counters: all zero, as it is not done here."""
-        return {k: 0 for k in ("rounds", "completed_rounds", "interrupted_rounds", "active_rounds",
-                               "draft_tokens_proposed", "draft_tokens_evaluated", "draft_tokens_accepted",
-                               "correction_tokens", "bonus_tokens", "tokens_queued", "tokens_emitted",
-                               "tokens_discarded", "draft_forward_passes", "target_forward_passes")}
+        """Speculative decoding's statistics, with onnxruntime-genai's keys: all zero, as the engine does not
+        decode speculatively (onnxruntime-genai's does not either)."""
+        from .speculative import empty_stats
+        return empty_stats()
 
     def has_pending_requests(self) -> bool:
         return bool(self._queue or self._active)

@@ -363,3 +363,11 @@ def test_stop_string_late_in_a_long_turn(models):
         events += list(engine.run(engine.create_event_buffer(64)))
     assert [e.token for e in events] == tokens[:end + 1]
     assert events[-1].finish_reason == mod.FinishReason.STOP_STRING
+
+
+def test_speculative_statistics_and_draft_capacity_as_onnxruntime_genai(models):
+    """Neither engine decodes speculatively: no draft tokens per proposal, and every statistic onnxruntime-genai
+    reports, at zero."""
+    engines = [mod.Engine(model) for mod, model in (models["og"], models["pg"])]
+    assert engines[0].get_speculative_stats() == engines[1].get_speculative_stats()
+    assert engines[0].max_draft_tokens_per_proposal() == engines[1].max_draft_tokens_per_proposal() == 0

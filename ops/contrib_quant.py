@@ -1382,14 +1382,16 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         # packed zero point beside a g_idx read as the default 8; then its SGEMM over the float weights
         lay = cache.get("dq")
         if lay is None or lay[0] is not b or lay[1] is not sc:
-            lay = cache["dq"] = (b, sc, dequant_ort_unpacked(b3, bits, sc, zf, zp_mode == 2, zdef, grp, K))
-        wt = lay[2]
+            # (``sc`` is rebuilt whenever scales, zero points or g_idx change: its identity keys all three)
+            wt = dequant_ort_unpacked(b3, bits, sc, zf, zp_mode == 2, zdef, grp, K)
+            # the float weights through the SGEMM kernel as codes of scale 1 and zero 0 (exact: w * 1 - 0 = w)
+            lay = cache["dq"] = (b, sc, wt, np.ones((1, N), F32), np.zeros((1, N), F32))
+        _, _, wt, ones, zeros = lay
         has_bias = bias is not None
         bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
-        ones = np.ones((1, N), F32)
         with _threads_for(wt.nbytes * min(rows_a, ROWS_MAX)):
-            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), wt, ones, np.zeros((1, N), F32), K, 2,
-                         sgemm_k_stride(rows_a, N, K), bf, has_bias, out)
+            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), wt, ones, zeros, K, 2, sgemm_k_stride(rows_a, N, K),
+                         bf, has_bias, out)
         bias = None
     elif order and not m.level4 and zp_mode != 2 and grp is None:
         # onnxruntime's float path (levels 0 to 3): codes transposed once per node, dequantized on the fly

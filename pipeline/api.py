@@ -171,27 +171,31 @@ class Model:
     def __init__(self, path_or_config, native=None, device=None, max_length=None):
         from .metadata import load_package
         config = path_or_config if isinstance(path_or_config, Config) else Config(path_or_config)
-        self.config = config
-        self.path = config.path
-        self.spec = load_package(self.path, config.merged_overlay() or None, dict(config.model_data))
+        spec = load_package(config.path, config.merged_overlay() or None, dict(config.model_data))
         if device is None and config.device == "cuda":
             from .environment import get_current_gpu_device_id
             device = f"cuda:{get_current_gpu_device_id()}"
-        dec = self.spec.decoder.name
+        dec = spec.decoder.name
         if native is None and device is None:
-            self.choice = choice_from_environment([n for n in self.spec.components if n != dec], dec)
+            choice = choice_from_environment([n for n in spec.components if n != dec], dec)
         else:
-            self.choice = choice_from_names(self.spec, native if native is not None else "all", device)
+            choice = choice_from_names(spec, native if native is not None else "all", device)
         # the decoder put on onnxruntime by the caller's word (an argument or the environment), not by default
-        self.decoder_on_onnxruntime = not self.choice.native_decoder and (
+        on_ort = not choice.native_decoder and (
             native is not None or os.environ.get("ONNX_NUMBA_NATIVE_DECODER", "").strip() != "")
+        self._setup(config, spec, choice, on_ort, max_length)
+        # a draft decoder (speculative decoding): its spec is read and checked now, its sessions on first use
+        self._draft_spec = (load_package(config.path, config.merged_overlay() or None, dict(config.model_data),
+                                         draft=True) if spec.draft is not None else None)
+
+    def _setup(self, config, spec, choice, decoder_on_onnxruntime, max_length):
+        self.config, self.path, self.spec, self.choice = config, config.path, spec, choice
+        self.decoder_on_onnxruntime = decoder_on_onnxruntime
         self.max_length = max_length
         self._pipeline = None
         self._pad = None
         self._draft = None
-        # a draft decoder (speculative decoding): its spec is read and checked now, its sessions on first use
-        self._draft_spec = (load_package(self.path, config.merged_overlay() or None, dict(config.model_data),
-                                         draft=True) if self.spec.draft is not None else None)
+        self._draft_spec = None
 
     @property
     def draft_model(self) -> "Model":
@@ -199,14 +203,10 @@ class Model:
         if self._draft_spec is None:
             raise RequestError("model.draft.filename is not set in genai_config.json.")
         if self._draft is None:
-            d = Model.__new__(Model)
-            d.config, d.path, d.spec = self.config, self.path, self._draft_spec
-            d.choice = choice_from_names(d.spec, "all" if self.choice.native_decoder else "none",
-                                         self.choice.device)
-            d.decoder_on_onnxruntime = self.decoder_on_onnxruntime
-            d.max_length, d._pipeline, d._pad = self.max_length, None, self._pad
-            d._draft, d._draft_spec = None, None
-            self._draft = d
+            choice = choice_from_names(self._draft_spec, "all" if self.choice.native_decoder else "none",
+                                       self.choice.device)
+            self._draft = Model.__new__(Model)
+            self._draft._setup(self.config, self._draft_spec, choice, self.decoder_on_onnxruntime, self.max_length)
         return self._draft
 
     def create_multimodal_processor(self):

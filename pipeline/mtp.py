@@ -32,9 +32,10 @@ __all__ = ["MtpGenerator"]
 
 
 class _Head:
-    """The MTP head's decoder, fed (hidden state, token) pairs; ``n`` pairs are in its caches."""
+    """The MTP head's decoder, fed (hidden state, token) pairs; ``tokens`` holds the token of each pair in its
+    caches.  Its feedback output, when chained, is kept through ``DecoderComponent.capture``."""
 
-    def __init__(self, model, max_length: int, feedback: str | None):
+    def __init__(self, model, max_length: int):
         self.pipe = model.pipeline_for(max_length)
         self.max_length = max_length
         dec = self.pipe.decoder
@@ -44,9 +45,7 @@ class _Head:
                                f"(model.decoder.inputs.hidden_states)")
         from .components import np_type
         self.dtype = np_type(dec.inputs[self.input].type)
-        self.feedback = feedback
-        dec.capture(feedback)
-        self.tokens = []  # the token of each pair in the caches
+        self.tokens = []
 
     def cut(self, n: int):
         if n < len(self.tokens):
@@ -120,7 +119,7 @@ class MtpGenerator:
             raise RequestError("MtpGenerator requires matching main-model and MTP-head hidden sizes")
         mtp = main_model.spec.mtp or {}
         main_hidden = mtp.get("main_hidden_states") or ""
-        main_params = dataclasses.replace(params) if dataclasses.is_dataclass(params) else _copy_params(params)
+        main_params = _copy_params(params)
         main_params.speculative = SpeculativeOptions(max_draft_tokens=max(1, params.speculative.max_draft_tokens),
                                                      min_adaptive_k=params.speculative.min_adaptive_k,
                                                      cooldown=params.speculative.cooldown)
@@ -128,7 +127,7 @@ class MtpGenerator:
         dec = self.gen.pipe.decoder
         if not main_hidden or main_hidden not in dec.output_names:
             raise RequestError("MtpGenerator: model.mtp.main_hidden_states must name a main-model output")
-        head = _Head(mtp_model, self.gen.max_length, None)
+        head = _Head(mtp_model, self.gen.max_length)
         out_type = _output_type(dec, main_hidden)
         if out_type is not None and out_type != head.dtype:
             raise RequestError("MtpGenerator requires matching hidden-state tensor types")

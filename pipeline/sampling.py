@@ -405,11 +405,13 @@ class Sampler:
             return int(out[0])
         u = float(self.rng.random())
         ids, w = self._weights(x)
-        return int(ids[_draw_weights(w, w.shape[0], u)])
+        j = _draw_weights(w, w.shape[0], u)
+        return int(j if ids is None else ids[j])
 
     def _weights(self, x):
         """What a draw from the prepared row ``x`` picks from: candidate ids and their weights (float64,
-        unnormalized), in the order the draw walks them."""
+        unnormalized), in the order the draw walks them; ids None when they are the indices themselves (the
+        whole vocabulary: no id array is built on that path)."""
         n = x.shape[0]
         k = self._top_k
         top_p = self._top_p
@@ -425,7 +427,7 @@ class Sampler:
             e = np.empty(n, np.float64)
             if not _full_weights(x, self._inv_t, self._min_p, e):
                 return np.zeros(1, np.int64), np.ones(1)
-            return np.arange(n), e
+            return None, e
         _, total = _softmax_total(x, self._inv_t)
         probe = min(_NUCLEUS_PROBE, n)
         vals = np.empty(probe, np.float32)
@@ -454,7 +456,8 @@ class Sampler:
             return out, np.ones(1)
         ids, w = self._weights(x)
         pos = w > 0.0
-        return np.ascontiguousarray(ids[pos]), np.ascontiguousarray(w[pos])
+        ids = np.flatnonzero(pos) if ids is None else ids[pos]
+        return np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(w[pos])
 
     def draw(self, ids, weights) -> int:
         """One id drawn from ``ids`` with ``weights`` (any positive scale), consuming one ``random()`` value."""

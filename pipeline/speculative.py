@@ -523,13 +523,9 @@ class Speculator:
             self._accept_rng = np.random.default_rng(None if seed is None or seed < 0 else [int(seed), 1])
         if q_d > 0 and self._accept_rng.random() < min(1.0, p_d / q_d):
             return int(proposed)
-        q_on_p = np.zeros(ids.shape[0])
-        where = {int(t): i for i, t in enumerate(q_ids.tolist())}
-        for i, t in enumerate(ids.tolist()):
-            j = where.get(int(t))
-            if j is not None:
-                q_on_p[i] = q[j]
-        resid = np.maximum(pt - q_on_p, 0.0)
+        dense = np.zeros(np.shape(logits)[-1])  # q over the vocabulary, read back at p's ids
+        dense[q_ids] = q
+        resid = np.maximum(pt - dense[ids], 0.0)
         if resid.sum() <= 0.0:
             return g.sampler.draw(ids, w)
         return g.sampler.draw(ids, resid)
@@ -548,7 +544,7 @@ class Speculator:
         return False
 
     def emitted(self, n: int = 1):
-        """``n`` tokens joined the sequence (from the round, or from a plain step)."""
+        """``n`` of the round's tokens joined the sequence."""
         self.stats["tokens_emitted"] += n
         if self.current is not None:
             self.current["emitted"] += n

@@ -2,10 +2,13 @@
 with or without AVX-512.
 
 ``ops/group_query_attention.gqa_f32`` takes these kernels when asked for MLAS's order (``ONNX_NUMBA_MLAS_ORDER``)
-on a step onnxruntime runs through its flash kernels (float32; no softcap, smooth softmax, head sink, windowed
-cache or ``qk`` output; a local window and an attention bias are part of them).  They reproduce onnxruntime 1.32's arithmetic, read from its CPU kernel
-(``GQAAttentionBase::ApplyAttentionFlash``) and MLAS (``flashattn_gqa.cpp``, the FMA3 SGEMM and sum-exp kernels,
-the AVX2 rotary kernel); every operation below is named with the rounding it does:
+on float32 steps.  ``attend_mlas`` is onnxruntime's flash kernels, which it runs where there is no softcap,
+smooth softmax, head sink or ``qk`` output (a local window, a windowed cache and an attention bias are part of
+them); ``attend_probs_mlas`` is its kernel's other path, for those four (``ComputeAttentionProbs``,
+``ComputeVxAttentionScore``: whole score rows by SGEMM, then softcap, bias and MLAS's softmax, then the value
+product; its docstring gives the order).  They reproduce onnxruntime 1.32's arithmetic, read from its CPU kernel
+(``GQAAttentionBase``) and MLAS (``flashattn_gqa.cpp``, ``compute.cpp``'s softmax, the FMA3 SGEMM and sum-exp
+kernels, the AVX2 rotary kernel); every operation below is named with the rounding it does:
 
 - rotary (non-interleaved halves ``x1``, ``x2``): ``x1' = fma(x1, cos, -(x2 * sin))``, ``x2' = fma(x1, sin,
   x2 * cos)``;
@@ -630,3 +633,95 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out, window, bias
     qb = min(min(kvb0, 2 * D), S)
     nq = (S + qb - 1) // qb
     _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out, window, bias, has_bias)
+
+
+@njit(**_OPTS)
+def _probs_task(r, q, kc, vc, past_b, att_total, kbase, scale, softcap, window, bias, has_bias, sink, sink_mode,
+                qk, qk_mode, out):
+    """One (entry, head) of ``attend_probs_mlas``: the scores of all its query rows, each row's masks, softcap,
+    bias and softmax, then the value product; allocates its own scratch."""
+    B, S, H, D = q.shape
+    group = H // kc.shape[1]
+    b = r // H
+    h = r % H
+    kh = h // group
+    T = att_total[b]
+    R4 = (S + 3) // 4 * 4
+    qbuf = np.zeros((R4, D), np.float32)
+    for i in range(S):
+        for d in range(D):
+            qbuf[i, d] = q[b, i, h, d]
+    kbuf = np.empty((T + PANEL - 1) // PANEL * D * PANEL, np.float32)
+    scbuf = np.empty(R4 * T, np.float32)
+    sk = sgemm_stride_k(T, D)
+    abuf = np.empty(R4 * max(min(sk, D), min(sgemm_stride_k(D, T), T)), np.float32)
+    pbuf = np.empty(R4 * max(T, D), np.float32)
+    sc = _qk_panels(qbuf, S, kc, b, kh, 0, T, scale, kbuf, scbuf, abuf, pbuf)
+    sk_v = sink[h] if sink_mode == 2 else _ZERO
+    for i in range(S):
+        row = sc[i]
+        eff = min(past_b[b] + i + 1, T)
+        lo = eff - window if 0 <= window < eff else 0
+        for j in range(lo):
+            row[j] = _ZERO
+        if softcap > _ZERO:
+            for j in range(lo, eff):
+                row[j] = np.float32(math.tanh(np.float32(row[j] / softcap)) * softcap)
+        if has_bias:
+            brow = bias[_bi(bias, 0, b), _bi(bias, 1, h), _bi(bias, 2, i)]
+            for j in range(lo, eff):
+                row[j] = np.float32(row[j] + brow[j + kbase[b]])
+        for j in range(eff, T):
+            row[j] = _ZERO
+        if qk_mode == 1:
+            for j in range(T):
+                qk[b, h, i, j + kbase[b]] = row[j]
+        mx = row[lo]
+        for j in range(lo + 1, eff):
+            if row[j] > mx:
+                mx = row[j]
+        if sink_mode > 0 and sk_v > mx:
+            mx = sk_v
+        win = row[lo:eff]
+        tot = sum_exp(win, eff - lo, -mx)
+        if sink_mode > 0:
+            tot = np.float32(tot + math.exp(np.float32(sk_v + -mx)))  # libm's expf
+        inv = np.float32(_ONE / tot)
+        for j in range(lo, eff):
+            row[j] = np.float32(row[j] * inv)
+        if qk_mode == 2:
+            for j in range(T):
+                qk[b, h, i, j + kbase[b]] = row[j]
+    acc = np.empty((S, D), np.float32)
+    vbuf = np.empty((D + PANEL - 1) // PANEL * min(sgemm_stride_k(D, T), T) * PANEL, np.float32)
+    _sv_panels(sc, S, vc, b, kh, 0, T, True, acc, vbuf, pbuf, abuf)
+    for i in range(S):
+        for d in range(D):
+            out[b, i, h, d] = acc[i, d]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _probs_tasks(q, kc, vc, past_b, att_total, kbase, scale, softcap, window, bias, has_bias, sink, sink_mode, qk,
+                 qk_mode, out):
+    B, S, H, D = q.shape
+    for r in prange(B * H):
+        _probs_task(np.int64(r), q, kc, vc, past_b, att_total, kbase, scale, softcap, window, bias, has_bias, sink,
+                    sink_mode, qk, qk_mode, out)
+
+
+@njit(**_OPTS)
+def attend_probs_mlas(q, kc, vc, past_b, att_total, kbase, scale, softcap, window, bias, has_bias, sink, sink_mode,
+                      qk, qk_mode, out):
+    """Attention of q (B, S, H, D) over the caches kc/vc (B, kvH, L, D) (entry b's keys at rows
+    [0, att_total[b]), its new rows from ``past_b[b]``, row j at absolute position ``j + kbase[b]``) into out
+    (B, S, H, D), in the order of onnxruntime's CPU kernel where it does not run its flash kernels
+    (``GQAAttentionBase::ComputeAttentionProbs`` and ``ComputeVxAttentionScore``): per (entry, head) the scores of
+    every query row against keys [0, T) by MLAS's SGEMM (``_qk_panels``: chains over the head dimension, times
+    scale); per row, keys before its local window and past its causal limit set to 0, over the window
+    ``softcap * tanhf(x / softcap)`` (each step rounded), the bias added, the ``qk`` output taken (``qk_mode`` 1),
+    then MLAS's softmax: the maximum (raised to the sink with ``sink_mode`` > 0: 1 smooth softmax, sink 0; 2 the
+    head's sink), ``sum_exp``, plus ``expf(sink - max)`` with a sink, each times ``1 / sum``; then the
+    probabilities over all T keys, zeros included, times the values by MLAS's SGEMM with alpha 1 (``_sv_panels``:
+    its one-row kernel for one query row)."""
+    _probs_tasks(q, kc, vc, past_b, att_total, kbase, scale, softcap, window, bias, has_bias, sink, sink_mode, qk,
+                 qk_mode, out)

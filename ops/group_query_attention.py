@@ -249,11 +249,25 @@ def gqa_extras(bias_shape, has_bias, sink_size, has_sink, B, H, S, totals):
 # -- the driver ------------------------------------------------------------------------------------
 
 @njit(**_OPTS)
+def params_scale(scale, D):
+    """The scores' scale as onnxruntime takes it: the attribute, or ``1.0f / sqrtf(D)`` when it is 0."""
+    return np.float32(scale) if scale != 0 else np.float32(1.0) / np.float32(math.sqrt(D))
+
+
+@njit(**_OPTS)
+def mlas_probs_step(S, scale, causal):
+    """Whether ``ops/_mlas_attention.attend_probs_mlas`` reproduces a float32 step that onnxruntime runs
+    outside its flash kernels (softcap, smooth softmax, head sink, ``qk`` output): causal, and not one query row
+    at scale 1, where MLAS's SGEMM takes its one-row transposed kernel, whose order is not reproduced."""
+    return causal and not (S == 1 and scale == np.float32(1.0))
+
+
+@njit(**_OPTS)
 def mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal):
     """Whether onnxruntime runs a float32 step through its flash kernels, whose order ``ops/_mlas_attention``
-    reproduces: causal, no windowed cache, softcap, smooth softmax, head sink or ``qk`` output (a local window over
-    the whole cache, and an attention bias, are reproduced)."""
-    return causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0 and not windowed
+    reproduces: causal, no softcap, smooth softmax, head sink or ``qk`` output (a local window, a windowed cache
+    and an attention bias are reproduced)."""
+    return causal and softcap == 0 and not smooth and not has_sink and qk_mode == 0
 
 
 @njit(inline="always", **_OPTS)  # a dispatch only: inlined into the driver, no compiled level of its own
@@ -338,6 +352,31 @@ def _evict(wk, wv, past_b, n_new, totals, P, window):
 
 
 @njit(**_OPTS)
+def _full_window_first(kc, vc, past_b, att_total, kbase, P, window):
+    """A windowed cache's one-row step as onnxruntime attends it in MLAS's order: an entry whose kept rows and
+    new row overflow the capacity ``P`` drops its oldest ``P - window + 1`` rows before the attention (they are
+    all before the window); ``(keys, values, past_b, att_total, kbase)`` for the attention, copies only when an
+    entry drops rows.  Several-row steps attend the whole staged cache."""
+    G = P - window + 1
+    shift = np.zeros(past_b.shape[0], np.int64)
+    for b in range(past_b.shape[0]):
+        if past_b[b] + 1 > P:
+            shift[b] = G
+    if not shift.any():
+        return kc, vc, past_b, att_total, kbase
+    ks = np.zeros_like(kc)
+    vs = np.zeros_like(vc)
+    rows = kc.shape[2]
+    for b in range(kc.shape[0]):
+        for h in range(kc.shape[1]):
+            for j in range(rows - shift[b]):
+                for d in range(kc.shape[3]):
+                    ks[b, h, j, d] = kc[b, h, j + shift[b], d]
+                    vs[b, h, j, d] = vc[b, h, j + shift[b], d]
+    return ks, vs, past_b - shift, att_total - shift, kbase + shift
+
+
+@njit(**_OPTS)
 def qkv_rows(query, key, value, packed, H, kvH, D):
     """The step's query, key and value as contiguous (B, S, heads, D) arrays; ``query`` holds all three when
     ``packed``."""
@@ -385,11 +424,12 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     ``fresh_k``/``fresh_v``: zero-filled present buffers of the step's shape, taken when they fit (the CPU
     wrapper's, from ``np.zeros``, which the OS zeroes lazily: a long cache costs its live rows, not its
     length); any other shape (the form's dummies) and the driver allocates its own.  ``gqa_f32_mlas``, the same
-    source with ``_MLAS`` set, runs the rotary and the attention in MLAS's order (``ops/_mlas_attention``) where
-    onnxruntime runs its flash kernels (``mlas_step``), ``l2`` and ``ort_threads`` the host's L2 cache bytes and
-    onnxruntime's thread count they depend on; this one compiles none of those kernels on a host with AVX-512
-    (``_FLASH``).  ``gqa_f32_blocked`` (``_BLOCKED``) runs several-row steps on the blocked prefill only, and
-    refuses (code 14) a head size or score output that would need the per-row kernel it does not compile."""
+    source with ``_MLAS`` set, runs the rotary and the attention in MLAS's order (``ops/_mlas_attention``): the
+    flash kernels where onnxruntime runs them (``mlas_step``), else its score-rows path (``mlas_probs_step``),
+    ``l2`` and ``ort_threads`` the host's L2 cache bytes and onnxruntime's thread count they depend on; this one
+    compiles none of those kernels on a host with AVX-512 (``_FLASH``), and never the score-rows path.
+    ``gqa_f32_blocked`` (``_BLOCKED``) runs several-row steps on the blocked prefill only, and refuses (code 14) a
+    head size or score output that would need the per-row kernel it does not compile."""
     z4 = np.zeros((1, 1, 1, 1), np.float32)
     err, B, S, D, P, L, past_b, totals, n_new, kbase, abs_past = gqa_geometry(
         query.shape, key.shape, value.shape, packed, pk.shape, pv.shape, has_past, seqlens, total, H, kvH,
@@ -401,10 +441,13 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
-    use_mlas = flash = False
+    use_mlas = flash = probs = False
     if _FLASH:
-        eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
+        # onnxruntime's bias columns over a windowed cache are not reproduced: such steps keep the default order
+        known = D <= ma.MAX_HEAD and not (windowed and has_bias)
+        eligible = known and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
         use_mlas = _MLAS and eligible
+        probs = _MLAS and known and not eligible and mlas_probs_step(S, params_scale(scale, D), causal)
         # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any
         # case: on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).
         flash = use_mlas or (eligible and S > 1 and not AVX512)
@@ -412,7 +455,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         err, pos = gqa_positions(pos_ids, has_pos, abs_past, totals, S, cosc.shape, sinc.shape, D)
         if err:
             return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
-        if _FLASH and use_mlas:
+        if _FLASH and (use_mlas or probs):
             q4 = ma.rope_mlas(q4, pos, cosc, sinc, interleaved)
             k4 = ma.rope_mlas(k4, pos, cosc, sinc, interleaved)
         else:
@@ -435,16 +478,22 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     ca.cache_write(past_b, k4, pres_k)
     ca.cache_write(past_b, v4, pres_v)
     params = np.empty(2, np.float32)
-    params[0] = scale if scale != 0 else np.float32(1.0) / np.float32(math.sqrt(D))  # 1.0f / sqrtf(D)
+    params[0] = params_scale(scale, D)
     params[1] = softcap
     att_total = past_b + n_new if windowed else totals
     sink_mode = 2 if has_sink else (1 if smooth else 0)
     qk = np.zeros((B, H, S, total), np.float32) if qk_mode else z4
-    if _FLASH and flash:
+    if _FLASH and (flash or probs):
         out = np.empty((B, S, H, D), np.float32)
-        ma.attend_mlas(q4, pres_k, pres_v, past_b, totals, params[0], l2, ort_threads, out, window, bias, has_bias)
-        return 0, out.reshape((B, S, H * D)), pres_k, pres_v, qk
-    if _BLOCKED:
+        kq, vq, pb, at, kb = pres_k, pres_v, past_b, att_total, kbase
+        if windowed and S == 1:
+            kq, vq, pb, at, kb = _full_window_first(pres_k, pres_v, past_b, att_total, kbase, P, window)
+        if flash:
+            ma.attend_mlas(q4, kq, vq, pb, at, params[0], l2, ort_threads, out, window, bias, has_bias)
+        elif _MLAS:
+            ma.attend_probs_mlas(q4, kq, vq, pb, at, kb, params[0], params[1], window, bias, has_bias,
+                                 sink.reshape((sink.size,)), sink_mode, qk, qk_mode, out)
+    elif _BLOCKED:
         out = _attend_blocked(q4, pres_k, pres_v, past_b, att_total, kbase, params, total, window, bias, has_bias,
                               sink.reshape((sink.size,)), sink_mode, causal)
     else:

@@ -182,6 +182,61 @@ def test_sgemm_passes_and_one_row_kernel():
         np.testing.assert_array_equal(acc, want)
 
 
+# Steps onnxruntime runs outside its flash kernels (``attend_probs_mlas``) and windowed caches: (heads, kv heads,
+# head size, scale, B, S, P, seqlens, total) and the node's other settings
+PROBS_CASES = {
+    "softcap, prompt": lambda: ((4, 2, 32, 0.0, 1, 9, 0, [8], 9), dict(softcap=5.0)),
+    "softcap, decode": lambda: ((4, 2, 32, 0.0, 1, 1, 9, [9], 10), dict(softcap=5.0)),
+    "smooth softmax, chunk after a past": lambda: ((4, 2, 32, 0.125, 1, 5, 7, [11], 12), dict(smooth_softmax=1)),
+    "head sink, decode": lambda: ((4, 2, 32, 0.0, 1, 1, 9, [9], 10), dict(sink=True)),
+    "scores out, prompt": lambda: ((4, 2, 32, 0.0, 1, 9, 0, [8], 9), dict(qk_output=1)),
+    "probabilities out, decode": lambda: ((4, 2, 32, 0.0, 1, 1, 9, [9], 10), dict(qk_output=2)),
+    "softcap, window and bias": lambda: ((4, 2, 32, 0.0, 1, 20, 0, [19], 20),
+                                         dict(softcap=3.0, window=8, bias=(False, True))),
+    # fewer than 128 keys at head size 256: MLAS's SGEMM takes the head dimension in two passes
+    "softcap, two SGEMM passes": lambda: ((2, 1, 256, 0.0625, 1, 100, 0, [99], 100), dict(softcap=20.0)),
+    # windowed caches (capacity P, window 8) on the flash kernels: a prompt longer than the cache attends it all
+    "windowed cache, long prompt": lambda: ((4, 2, 32, 0.0, 1, 20, 8, [19], 20),
+                                            dict(window=8, sliding_window_cache=1)),
+    "windowed cache, chunk over a full cache": lambda: ((4, 2, 32, 0.0, 1, 3, 8, [10], 11),
+                                                        dict(window=8, sliding_window_cache=1)),
+    # a one-row step on a full cache drops the oldest P - 7 rows before attending
+    "windowed cache, decode on a full cache": lambda: ((4, 2, 32, 0.0, 1, 1, 12, [12], 13),
+                                                       dict(window=8, sliding_window_cache=1, seed=13)),
+    "windowed cache, ragged decode": lambda: ((4, 2, 32, 0.0, 2, 1, 12, [12, 9], 13),
+                                              dict(window=8, sliding_window_cache=1)),
+    "windowed cache, softcap, decode on a full cache": lambda: ((4, 2, 32, 0.0, 1, 1, 8, [9], 10),
+                                                                dict(window=8, sliding_window_cache=1, softcap=5.0)),
+}
+
+
+@onnxruntime_host
+@pytest.mark.parametrize("case", list(PROBS_CASES))
+def test_gqa_outside_the_flash_kernels_bit_for_bit_onnxruntime(case, monkeypatch):
+    """Softcap, smooth softmax, head sinks, the ``qk`` output and windowed caches: onnxruntime's scores by SGEMM,
+    softcap, bias, softmax and value product (``attend_probs_mlas``), or its flash kernels over what a windowed
+    cache holds at the step.  The default order differs on every case; present rows past the live ones are left
+    out (onnxruntime leaves whatever its buffer held there)."""
+    from ops.contrib_attention import resident_rows
+    (nh, kv, D, scale, B, S, P, seqlens, total), opts = PROBS_CASES[case]()
+    bias, sink, window = opts.pop("bias", None), opts.pop("sink", False), opts.pop("window", None)
+    qk, seed = opts.pop("qk_output", 0), opts.pop("seed", len(case))
+    model = gqa_model(nh, kv, D, scale, 1, 0, window, bias is not None, sink, qk, **opts).SerializeToString()
+    feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=seed, amp=2.0, bias=bias, sink=sink)
+    want = _ort(model, feeds, 2)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not np.array_equal(_native(model, feeds)[0], want[0])
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    got = _native(model, feeds)
+    live = [resident_rows(n + 1, P, window) if opts.get("sliding_window_cache") else None for n in seqlens]
+    for i, (g, w) in enumerate(zip(got, want)):
+        if i in (1, 2):  # present caches: the live rows of each entry
+            for b, n in enumerate(live):
+                np.testing.assert_array_equal(g[b, :, :n], w[b, :, :n])
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
 def _sigmoid_model():
     g = h.make_graph([h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Mul", ["x", "s"], ["a"]),
                       h.make_node("Mul", ["a", "u"], ["y"]), h.make_node("Sigmoid", ["u"], ["z"])], "g",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._common import serial_twin
+from ._common import mlas_order, serial_twin
 from runtime.errors import InvalidAttributeError
 from .elementwise import BINARY
 from .movement import bind_transpose, transpose_perm
@@ -34,6 +34,7 @@ from . import indexing as _ix
 from .indexing import GATHER_VERSIONS, bind_gather
 from . import matmul as _mm
 from .matmul import bind_matmul
+from ._mlas_sgemm import pack_slices, sgemm_packed_mlas
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
 from .reduce import REDUCE_BINDS
@@ -90,6 +91,13 @@ reduce3 = _rd.reduce3
 gemv_rows = _mm.gemv_rows
 gemv_par = _mm.gemv_par
 gemv_threads = _mm.gemv_threads
+
+
+@njit(**_OPTS)
+def matmul_mlas(a2, wflat, K, N, nthreads):
+    """(M, K) @ a constant weight packed by ``_mlas_sgemm.pack_slices``, in MLAS's packed order (onnxruntime's
+    bits; ``ONNX_NUMBA_MLAS_ORDER=1``)."""
+    return sgemm_packed_mlas(np.ascontiguousarray(a2), wflat, K, N)
 
 
 @njit(**_OPTS)
@@ -342,7 +350,11 @@ def _matmul(e, b):
     if w is not None and (w.ndim != 2 or w.dtype != F32 or not w.size):
         w = None
     e.use("runtime.errors", "ShapeMismatchError")
-    if w is not None:  # a constant weight: packed into column panels once, here
+    if w is not None and mlas_order():  # onnxruntime's packed order (ops/_mlas_sgemm)
+        mm = e.use(__name__, "matmul_mlas")
+        weight, inner, ncols = (f"{e.constant(pack_slices(w))}, np.int64({w.shape[0]}), np.int64({w.shape[1]})",
+                                str(w.shape[0]), str(w.shape[1]))
+    elif w is not None:  # a constant weight: packed into column panels once, here
         mm = e.use(__name__, "matmul_panels")
         # A run-time int, not a literal: a literal argument makes Numba compile the callee once per value.
         weight, inner, ncols = f"{e.constant(pack_panels(w))}, np.int64({w.shape[1]})", str(w.shape[0]), str(w.shape[1])

@@ -31,7 +31,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from . import _simd
 from ._common import F32, lowp, norm_axis, out_buffer, raise_coded
-from ._fastmath import FAST, fexp, fgelu_tanh, fgelu_tanh_mlas
+from ._fastmath import FAST, fexp, fgelu_tanh, fgelu_tanh_mlas, sigmoid32_mlas
 from ._common import mlas_order as mlas_setting
 from .forms import Decline, float_only, raise_on, form
 from .normalization import declared_dtype, output_used
@@ -215,6 +215,26 @@ def _gated_row(x, gate, r, scale, y, eps, act):
         for j in range(n):
             z = gate[r, j]
             y[r, j] = x[r, j] * iv * scale[j] / (np.float32(1.0) + fexp(-z))
+
+
+@njit(**_OPTS)
+def _gated_rows_ort(x, gate, scale, y, eps, act):
+    """``_gated_row`` for every row in onnxruntime's float32 order (``ONNX_NUMBA_MLAS_ORDER=1``): the squares
+    summed one after the other, ``1 / sqrtf(sum / n + eps)``, ``(x * inv) * scale`` times ``z * sigmoid(z)``
+    (silu) or ``sigmoid(z)``, the logistic by MLAS's kernel (``sigmoid32_mlas``); each operation rounded."""
+    n = x.shape[1]
+    e = np.float32(eps)
+    one = np.float32(1.0)
+    for r in range(x.shape[0]):
+        s = np.float32(0.0)
+        for j in range(n):
+            s = np.float32(s + np.float32(x[r, j] * x[r, j]))
+        iv = np.float32(one / np.float32(math.sqrt(np.float32(np.float32(s / np.float32(n)) + e))))
+        for j in range(n):
+            z = gate[r, j]
+            g = sigmoid32_mlas(z)
+            nrm = np.float32(np.float32(x[r, j] * iv) * scale[j])
+            y[r, j] = np.float32(nrm * np.float32(z * g)) if act == 0 else np.float32(nrm * g)
 
 
 @njit(fastmath=FAST, **_OPTS)
@@ -573,8 +593,9 @@ def gated_geometry(x, scale, gate) -> int:
 
 
 @njit(**_OPTS)
-def gated_rms(x, scale, gate, eps, sigmoid):
-    """The driver, on float32 arrays of X's rank: ``(error code, y flat)``."""
+def gated_rms(x, scale, gate, eps, sigmoid, ort):
+    """The driver, on float32 arrays of X's rank: ``(error code, y flat)``; ``ort``: onnxruntime's order
+    (``_gated_rows_ort``)."""
     C = scale.size
     n = x.shape[x.ndim - 1]
     if C == 0 or n % C:
@@ -585,7 +606,9 @@ def gated_rms(x, scale, gate, eps, sigmoid):
     y = np.empty((rows, C), np.float32)
     if x.size:
         xs, gs, sc, mode = x.reshape((rows, C)), gate.reshape((rows, C)), scale.reshape((C,)), 1 if sigmoid else 0
-        if x.size >= _PARALLEL_MIN:
+        if ort:
+            _gated_rows_ort(xs, gs, sc, y, eps, mode)
+        elif x.size >= _PARALLEL_MIN:
             _gated_rows_par(xs, gs, sc, y, eps, mode)
         else:
             _gated_rows(xs, gs, sc, y, eps, mode)
@@ -593,11 +616,13 @@ def gated_rms(x, scale, gate, eps, sigmoid):
 
 
 def _gated_cpu(g: GatedNorm, ctx):
+    ort = mlas_setting()
+
     def run(X, scale, gate):
         _check_float("GatedRMSNorm", X)
         gated_geometry(X, scale, gate)
         err, y = gated_rms(np.ascontiguousarray(X, dtype=F32), np.ascontiguousarray(scale, dtype=F32).reshape(-1),
-                           np.ascontiguousarray(gate, dtype=F32), g.eps, g.sigmoid)
+                           np.ascontiguousarray(gate, dtype=F32), g.eps, g.sigmoid, ort)
         if err:
             raise_coded(GATED_ERRORS, err, "GatedRMSNorm")
         return y.reshape(X.shape).astype(X.dtype, copy=False)
@@ -609,7 +634,8 @@ def _gated_form(e, g: GatedNorm):
     if e.rank(0) < 1 or e.rank(2) != e.rank(0):
         raise Decline("ranks")
     k = e.use(__name__, "gated_rms")
-    e.line(f"{{p}}_err, {{p}}_y = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)), {{i2}}, {g.eps!r}, {g.sigmoid})")
+    e.line(f"{{p}}_err, {{p}}_y = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)), {{i2}}, {g.eps!r}, {g.sigmoid}, "
+           f"{mlas_setting()})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GATED_ERRORS.items()])
     e.line("{o0} = {p}_y.reshape({i0}.shape)")
 

@@ -21,13 +21,14 @@ import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError
-from ._common import F32, raise_coded
-from ._fastmath import fsigmoid
+from ._common import F32, mlas_order, raise_coded
+from ._fastmath import fsigmoid, sigmoid32_mlas
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
 MS = "com.microsoft"
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
+SILU_ORT = 2  # CausalConvWithState's activation as onnxruntime computes it: x / (1 + expf(-x))
 
 
 def _s(x):
@@ -37,11 +38,24 @@ def _s(x):
 # -- kernels ---------------------------------------------------------------------------------------
 
 @njit(**_OPTS)
-def _gate_kernel(a, dt_bias, decay_scale, b, decay, beta, has_b):
-    """a/b/decay/beta (R, H) float32; decay = decay_scale * softplus(a + dt_bias), beta = sigmoid(b)."""
+def _gate_kernel(a, dt_bias, decay_scale, b, decay, beta, has_b, ort):
+    """a/b/decay/beta (R, H) float32; decay = decay_scale * softplus(a + dt_bias), beta = sigmoid(b): in float64,
+    or with ``ort`` (``ONNX_NUMBA_MLAS_ORDER=1``) onnxruntime's float32 order: ``v = a + dt_bias``, softplus
+    ``v + logf(expf(-v) + 1)`` for v > 0 else ``logf(expf(v) + 1)``, times the scale, beta by MLAS's logistic."""
     R, H = a.shape
+    one = np.float32(1.0)
     for r in range(R):
         for h in range(H):
+            if ort:
+                v = np.float32(a[r, h] + dt_bias[h])
+                if v > 0:
+                    sp = np.float32(v + math.log(np.float32(math.exp(-v) + one)))
+                else:
+                    sp = np.float32(math.log(np.float32(math.exp(v) + one)))
+                decay[r, h] = np.float32(decay_scale[h] * sp)
+                if has_b:
+                    beta[r, h] = sigmoid32_mlas(b[r, h])
+                continue
             z = np.float64(a[r, h]) + np.float64(dt_bias[h])
             sp = z if z > 20.0 else math.log1p(math.exp(z))
             decay[r, h] = np.float64(decay_scale[h]) * sp
@@ -52,7 +66,9 @@ def _gate_kernel(a, dt_bias, decay_scale, b, decay, beta, has_b):
 @njit(**_OPTS)
 def _dilated_conv_kernel(x, w, bias, past, out, dil, silu):
     """x/out (B,C,L), w (C,K), bias (C,), past (B,C,P) with P = (K-1)*dil:
-    out[t] = bias + sum_i w[i] * padded[t + i*dil], padded = past ++ x."""
+    out[t] = bias + sum_i w[i] * padded[t + i*dil], padded = past ++ x, in that order, each product and sum
+    rounded (onnxruntime's order); then ``silu`` 1: ``x * sigmoid(x)``, 2: onnxruntime's ``x / (1 + expf(-x))``
+    (``SILU_ORT``, taken under ``ONNX_NUMBA_MLAS_ORDER=1``)."""
     B, C, L = x.shape
     K = w.shape[1]
     P = past.shape[2]
@@ -64,7 +80,9 @@ def _dilated_conv_kernel(x, w, bias, past, out, dil, silu):
                     p = t + i * dil
                     xv = past[b, c, p] if p < P else x[b, c, p - P]
                     acc += w[c, i] * xv
-                if silu:
+                if silu == SILU_ORT:
+                    acc = np.float32(acc / np.float32(np.float32(1.0) + math.exp(-acc)))
+                elif silu:
                     acc = acc * fsigmoid(acc)
                 out[b, c, t] = acc
 
@@ -95,8 +113,9 @@ def la_gate_check(a, dt_bias, decay_scale, b) -> int:
 
 
 @njit(**_OPTS)
-def la_gate_f32(a, dt_bias, decay_scale, b, has_b):
-    """The driver: ``(error code, decay flat, beta flat)`` over a/b flattened to (R, H)."""
+def la_gate_f32(a, dt_bias, decay_scale, b, has_b, ort):
+    """The driver: ``(error code, decay flat, beta flat)`` over a/b flattened to (R, H); ``ort``: onnxruntime's
+    float32 order (``_gate_kernel``)."""
     H = a.shape[a.ndim - 1]
     e = np.empty(0, np.float32)
     if dt_bias.size != H:
@@ -111,18 +130,20 @@ def la_gate_f32(a, dt_bias, decay_scale, b, has_b):
     dec = np.empty((R, H), np.float32)
     bt = np.empty((R if has_b else 0, H), np.float32)
     if a.size:
-        _gate_kernel(a2, dt_bias.reshape((H,)), decay_scale.reshape((H,)), b2, dec, bt, has_b)
+        _gate_kernel(a2, dt_bias.reshape((H,)), decay_scale.reshape((H,)), b2, dec, bt, has_b, ort)
     return 0, dec.reshape((R * H,)), bt.reshape((bt.size,))
 
 
 @op("LinearAttentionGate", 1, domain=MS, bind=bind_la_gate)
 def _la_gate_cpu(_, ctx):
+    ort = mlas_order()
+
     def run(a, dt_bias, decay_scale, b=None):
         la_gate_check(a, dt_bias, decay_scale, b)
         af = np.ascontiguousarray(a, dtype=F32)
         err, dec, bt = la_gate_f32(af, np.ascontiguousarray(dt_bias, dtype=F32),
                                    np.ascontiguousarray(decay_scale, dtype=F32),
-                                   af if b is None else np.ascontiguousarray(b, dtype=F32), b is not None)
+                                   af if b is None else np.ascontiguousarray(b, dtype=F32), b is not None, ort)
         if err:
             raise_coded(LA_GATE_ERRORS, err, "LinearAttentionGate")
         dec = dec.reshape(a.shape).astype(a.dtype, copy=False)
@@ -137,7 +158,7 @@ def _la_gate_form(e, _):
         raise Decline("ranks")
     k = e.use(__name__, "la_gate_f32")
     b = "{i3}" if e.has(3) else "{i0}"
-    e.line(f"{{p}}_err, {{p}}_d, {{p}}_b = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)})")
+    e.line(f"{{p}}_err, {{p}}_d, {{p}}_b = {k}({{i0}}, {{i1}}, {{i2}}, {b}, {e.has(3)}, {mlas_order()})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_GATE_ERRORS.items() if c < 4])
     e.line("{o0} = {p}_d.reshape({i0}.shape)")
     if e.has(3) and e.used(1):
@@ -244,7 +265,15 @@ def ccws_f32(x, weight, bias, has_bias, past, has_past, dil, silu):
     return 0, out, present
 
 
+def ccws_activation(c: Ccws) -> int:
+    """The kernel's ``silu`` argument for a node: 0 none, 1 ``x * sigmoid(x)``, ``SILU_ORT`` onnxruntime's form
+    under ``ONNX_NUMBA_MLAS_ORDER=1`` (read once, when the node is planned or its region generated)."""
+    return (SILU_ORT if mlas_order() else 1) if c.silu else 0
+
+
 def _ccws_cpu(c: Ccws, ctx):
+    act = ccws_activation(c)
+
     def run(input, weight, bias=None, past_state=None):
         B, C, L, K, P = ccws_geometry(c, input, weight, bias, past_state)
         T = input.dtype
@@ -258,7 +287,7 @@ def _ccws_cpu(c: Ccws, ctx):
         err, out, present = ccws_f32(xf, np.ascontiguousarray(weight, dtype=F32),
                                      xf if bias is None else np.ascontiguousarray(bias, dtype=F32), bias is not None,
                                      xf if past is None else np.ascontiguousarray(past, dtype=F32), past is not None,
-                                     c.dilation, c.silu)
+                                     c.dilation, act)
         if err:
             raise_coded(CCWS_ERRORS, err, "CausalConvWithState")
         out, present = out.astype(T, copy=False), present.astype(T, copy=False)
@@ -279,7 +308,7 @@ def _ccws_form(e, c: Ccws):
             "np.ascontiguousarray(np.transpose({i3}, (0, 2, 1)))" if c.channels_last else "{i3}")
     bias = "{i2}" if e.has(2) else "np.zeros(1, np.float32)"
     e.line(f"{{p}}_err, {{p}}_y, {{p}}_st = {k}({x}, {{i1}}, {bias}, {e.has(2)}, {past}, {e.has(3)}, {c.dilation}, "
-           f"{c.silu})")
+           f"{ccws_activation(c)})")
     raise_on(e, "{p}_err", [(code, cls, msg) for code, (cls, msg) in CCWS_ERRORS.items() if code < 4])
     if c.channels_last:
         e.line("{o0} = np.ascontiguousarray(np.transpose({p}_y, (0, 2, 1)))")

@@ -29,7 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, out_buffer
+from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, mlas_order, out_buffer
+from ._mlas_sgemm import pack_slices, sgemm_packed_mlas
 from ._fastmath import FAST
 from . import _i16pairs, _u8s8
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
@@ -300,6 +301,8 @@ def _matmul_factory(ctx):
         def run(a, b):
             return matmul_nd(a, b, buf)
         return run
+    if mlas_order():
+        return _mlas_factory(w, buf)
     K, N = w.shape
     packed = []  # the panels, made at the first one-row call: a node only ever run on several rows keeps one copy
 
@@ -317,11 +320,27 @@ def _matmul_factory(ctx):
     return run_packed
 
 
+def _mlas_factory(w, buf):
+    """A float32 product against the constant weight in MLAS's packed order (``ops/_mlas_sgemm``), as onnxruntime
+    runs it; other dtypes as ``matmul_nd``."""
+    K, N = w.shape
+    wflat = pack_slices(w)
+
+    def run(a, b):
+        if b is w and a.dtype == F32 and a.ndim >= 1 and a.shape[-1] == K:
+            o = out_buffer(buf, a.shape[:-1] + (N,), F32)
+            o[...] = sgemm_packed_mlas(np.ascontiguousarray(a).reshape(-1, K), wflat, K, N).reshape(o.shape)
+            return o
+        return matmul_nd(a, b, buf)
+    return run
+
+
 bind_matmul = bind_plain("MatMul")
 
 
 def matmul_cpu(b: Plain, ctx):
-    """MatMul on the CPU: numpy's semantics, a constant float32 weight packed into panels at its first run."""
+    """MatMul on the CPU: numpy's semantics, a constant float32 weight packed into panels at its first run (under
+    ``ONNX_NUMBA_MLAS_ORDER=1``: in MLAS's slices, at plan time, multiplied in onnxruntime's order)."""
     return _matmul_factory(ctx)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, as_int_list, lowp, norm_axes, norm_axis, out_buffer
+from ._common import F32, as_int_list, lowp, mlas_order, norm_axes, norm_axis, out_buffer
 from ._fastmath import FAST
 from .forms import Decline, float_only, form, product_expr
 from .reduce import canon3
@@ -191,7 +191,10 @@ def _lrn(x, y, alpha, beta, bias, size):
 
 @njit(**_OPTS)
 def _lp3(x, y, p, acc):
-    """``y = x / ||x||_p`` along axis 1 of (outer, n, inner) views (0 where the norm is 0); ``acc``: (inner,)."""
+    """``y = x / ||x||_p`` along axis 1 of (outer, n, inner) views (0 where the norm is 0); ``acc``: (inner,),
+    whose dtype the sums, the square root and the divisions take: float64 by default; float32 under
+    ``ONNX_NUMBA_MLAS_ORDER=1`` for float32 inputs, onnxruntime's order (Eigen's ``lpNorm`` over a strided row:
+    ``|x|`` or ``x * x`` summed one after the other in float32, ``sqrtf``, then ``x / norm``)."""
     outer, n, inner = x.shape
     for o in range(outer):
         for i in range(inner):
@@ -417,9 +420,15 @@ def lp_view(shape, axis) -> tuple:
     return int(math.prod(shape[:ax])), shape[ax], int(math.prod(shape[ax + 1:]))
 
 
+def lp_accumulator(dtype, ort: bool) -> np.dtype:
+    """``_lp3``'s accumulator dtype for an input dtype; ``ort``: ``mlas_order()``, read once per node."""
+    return np.dtype(F32) if ort and np.dtype(dtype) == F32 else np.dtype(F64)
+
+
 def lp_cpu(b: LpNorm, ctx):
     """LpNormalization on the CPU."""
     buf = ctx.out[0] if ctx.out else None
+    ort = mlas_order()
 
     def run(input):
         _check_float("LpNormalization", input)
@@ -427,7 +436,7 @@ def lp_cpu(b: LpNorm, ctx):
         xc, dt = _compute(input)
         y = out_buffer(buf, input.shape, dt) if xc is input else np.empty(input.shape, xc.dtype)
         if input.size:
-            _lp3(xc.reshape(shp3), y.reshape(shp3), b.p, np.empty(shp3[2], F64))
+            _lp3(xc.reshape(shp3), y.reshape(shp3), b.p, np.empty(shp3[2], lp_accumulator(input.dtype, ort)))
         return y.astype(dt) if y.dtype != dt else y
     return run
 
@@ -445,7 +454,8 @@ def _lp_form(e, b: LpNorm):
     e.line(f"{{p}}_s = ({outer}, {{i0}}.shape[{ax}], {inner})",
            "{o0} = np.empty({i0}.shape, np.float32)",
            "if {i0}.size:",
-           f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {b.p}, np.empty({{p}}_s[2], np.float64))")
+           f"    {k}({{i0}}.reshape({{p}}_s), {{o0}}.reshape({{p}}_s), {b.p}, np.empty({{p}}_s[2], "
+           f"np.{lp_accumulator(F32, mlas_order()).name}))")
 
 
 for _v in LP_VERSIONS:

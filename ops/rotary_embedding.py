@@ -21,7 +21,8 @@ import numpy as np
 from numba import njit
 
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
-from ._common import raise_coded
+from ._common import mlas_order, raise_coded
+from ._mlas_attention import rope_tok_mlas
 from .attention import rope_tok_kernel
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
@@ -153,8 +154,9 @@ def rope_check(pos, p0, pb, ps, B, S, cos_shape, sin_shape, half, mrope, s0, s1,
 
 
 @njit(**_OPTS)
-def _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout):
-    """Rotate the float32 copy x4 in place at the checked positions."""
+def _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout, ort):
+    """Rotate the float32 copy x4 in place at the checked positions; ``ort``: in MLAS's order
+    (``ONNX_NUMBA_MLAS_ORDER=1``, ``_mlas_attention.rope_tok_mlas``)."""
     half = rot // 2
     which = np.zeros(half, np.int64)
     if mrope:
@@ -182,19 +184,22 @@ def _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s
                     p = pos[b * S + s]
                 cos_t[b, s, t] = cosc[p, t]
                 sin_t[b, s, t] = sinc[p, t]
-    rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
+    if ort:
+        rope_tok_mlas(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
+    else:
+        rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
 
 
 @njit(**_OPTS)
-def rope_f32(x, pos, p0, pb, ps, cosc, sinc, H, rot_attr, interleaved, mrope, s0, s1, s2, layout):
-    """The driver: ``(error code, the rotated float32 copy of x)``."""
+def rope_f32(x, pos, p0, pb, ps, cosc, sinc, H, rot_attr, interleaved, mrope, s0, s1, s2, layout, ort):
+    """The driver: ``(error code, the rotated float32 copy of x)``; ``ort``: MLAS's order."""
     err, B, S, nh, D, rot, seq_second = rope_geometry(x.shape, H, rot_attr, cosc.shape[1])
     if err == 0:
         err = rope_check(pos, p0, pb, ps, B, S, cosc.shape, sinc.shape, rot // 2, mrope, s0, s1, s2)
     y = x.copy()
     if err == 0:
         x4 = y.reshape((B, S, nh, D)) if seq_second else y.reshape((B, nh, S, D))
-        _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout)
+        _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout, ort)
     return err, y
 
 
@@ -205,11 +210,13 @@ def _f32(x):
 
 
 def _cpu(b: Rope, ctx):
+    ort = mlas_order()
+
     def run(input, position_ids, cos_cache, sin_cache):
         rope_inputs(b, input, cos_cache, sin_cache)
         pos, p0, pb, ps = positions_of(position_ids)
         err, y = rope_f32(_f32(input), pos, p0, pb, ps, _f32(cos_cache), _f32(sin_cache), b.H, b.rot_attr,
-                          b.interleaved, b.mrope, b.s0, b.s1, b.s2, b.layout)
+                          b.interleaved, b.mrope, b.s0, b.s1, b.s2, b.layout, ort)
         if err:
             raise_rope_error(b, err)
         return y.astype(input.dtype, copy=False)
@@ -227,7 +234,8 @@ def _form(e, b: Rope):
              "1, {i1}.shape[0], {i1}.shape[1]" if rp == 2 else "1, -1, -1")
     k = e.use(__name__, "rope_f32")
     e.line(f"{{p}}_err, {{o0}} = {k}({{i0}}, {{i1}}.reshape(({{i1}}.size,)).astype(np.int64), {shape}, {{i2}}, "
-           f"{{i3}}, {b.H}, {b.rot_attr}, {b.interleaved}, {b.mrope}, {b.s0}, {b.s1}, {b.s2}, {b.layout})")
+           f"{{i3}}, {b.H}, {b.rot_attr}, {b.interleaved}, {b.mrope}, {b.s0}, {b.s1}, {b.s2}, {b.layout}, "
+           f"{mlas_order()})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in ROPE_ERRORS.items()])
 
 

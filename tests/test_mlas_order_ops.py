@@ -1,0 +1,126 @@
+"""The ops a hybrid decoder adds, in onnxruntime's order with ``ONNX_NUMBA_MLAS_ORDER=1``: MatMul against a
+constant weight (MLAS's packed SGEMM), CausalConvWithState, LpNormalization, LinearAttentionGate, GatedRMSNorm
+and (M)RotaryEmbedding, each bit for bit onnxruntime's CPU kernel (``np.array_equal``) node by node and inside a
+compiled region, on x86 hosts with FMA.  Each case also shows that it tells the orders apart: the default
+kernels' result differs from onnxruntime's on it."""
+import numpy as np
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from ops import contrib_quant as Q
+
+pytestmark = pytest.mark.skipif(not (Q.mlas_avx2_host() or Q.mlas_avx512_host()),
+                                reason="onnxruntime takes MLAS's FMA3 or AVX-512 kernels only on x86 hosts")
+MS = "com.microsoft"
+F = np.float32
+RNG = np.random.default_rng(21)
+
+
+def _vi(name, shape):
+    return h.make_tensor_value_info(name, T.FLOAT, shape)
+
+
+def _model(node, inputs, n_out, inits=(), ints=()):
+    outs = [h.make_tensor_value_info(o, T.FLOAT, None) for o in node.output[:n_out]]
+    g = h.make_graph([node], "g", list(inputs) + list(ints), outs, [nh.from_array(v, k) for k, v in inits])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18), h.make_opsetid(MS, 1)]).SerializeToString()
+
+
+def _ort(model, feeds):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _native(model, feeds, compiled=False):
+    import runtime as rt
+    so = rt.SessionOptions()
+    so.compiled_regions = compiled
+    return rt.InferenceSession(model, so).run(None, feeds)
+
+
+def _check(model, feeds, monkeypatch):
+    want = _ort(model, feeds)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not all(np.array_equal(g, w) for g, w in zip(_native(model, feeds), want))
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for compiled in (False, True):
+        for got, ref in zip(_native(model, feeds, compiled), want):
+            np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("shape,K,N", [((1, 600), 600, 40), ((2, 3, 300), 300, 33), ((5, 64), 64, 20)])
+def test_matmul_constant_weight(shape, K, N, monkeypatch):
+    """Per slice of 256 weight rows a chain of fused multiply-adds; the slices' sums added in turn."""
+    w = RNG.standard_normal((K, N)).astype(F)
+    a = RNG.standard_normal(shape).astype(F)
+    model = _model(h.make_node("MatMul", ["a", "w"], ["y"]), [_vi("a", ["m"] * (len(shape) - 1) + [K])], 1,
+                   [("w", w)])
+    _check(model, {"a": a}, monkeypatch)
+
+
+@pytest.mark.parametrize("L,with_past", [(5, True), (1, True), (4, False)])
+def test_causal_conv_with_state(L, with_past, monkeypatch):
+    """The taps summed from the bias in order, then ``x / (1 + expf(-x))``."""
+    B, C, K = 2, 24, 4
+    x = RNG.standard_normal((B, C, L)).astype(F) * 2
+    ins = ["x", "w", "bias"] + (["past"] if with_past else [])
+    node = h.make_node("CausalConvWithState", ins, ["y", "present"], domain=MS, activation="silu", ndim=1)
+    model = _model(node, [_vi("x", [B, C, "L"])] + ([_vi("past", [B, C, K - 1])] if with_past else []), 2,
+                   [("w", RNG.standard_normal((C, 1, K)).astype(F)), ("bias", RNG.standard_normal(C).astype(F))])
+    feeds = {"x": x, **({"past": RNG.standard_normal((B, C, K - 1)).astype(F)} if with_past else {})}
+    _check(model, feeds, monkeypatch)
+
+
+@pytest.mark.parametrize("axis,p", [(-1, 2), (1, 1)])
+def test_lp_normalization(axis, p, monkeypatch):
+    """Eigen's ``lpNorm`` over a strided row: float32 sums in order, ``sqrtf``, then divisions."""
+    x = RNG.standard_normal((3, 40, 24)).astype(F)
+    model = _model(h.make_node("LpNormalization", ["x"], ["y"], axis=axis, p=p), [_vi("x", ["b", 40, 24])], 1)
+    _check(model, {"x": x}, monkeypatch)
+
+
+def test_linear_attention_gate(monkeypatch):
+    """softplus in float32 by ``logf``/``expf`` (its two branches), times the scale; beta by MLAS's logistic."""
+    a = RNG.standard_normal((2, 9, 8)).astype(F) * 3
+    b = RNG.standard_normal((2, 9, 8)).astype(F) * 3
+    node = h.make_node("LinearAttentionGate", ["a", "dt", "ds", "b"], ["decay", "beta"], domain=MS)
+    model = _model(node, [_vi("a", ["b", "s", 8]), _vi("b", ["b", "s", 8])], 2,
+                   [("dt", RNG.standard_normal(8).astype(F)), ("ds", -RNG.uniform(0.5, 2, 8).astype(F))])
+    _check(model, {"a": a, "b": b}, monkeypatch)
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_gated_rms_norm(activation, monkeypatch):
+    """Squares summed in order, ``1 / sqrtf(mean + eps)``, ``(x * inv) * scale`` times the gate."""
+    x = RNG.standard_normal((2, 5, 4, 32)).astype(F)
+    g = RNG.standard_normal(x.shape).astype(F) * 2
+    node = h.make_node("GatedRMSNorm", ["x", "scale", "g"], ["y"], domain=MS, epsilon=1e-6, activation=activation)
+    model = _model(node, [_vi("x", ["b", "s", 4, 32]), _vi("g", ["b", "s", 4, 32])], 1,
+                   [("scale", RNG.standard_normal(32).astype(F))])
+    _check(model, {"x": x, "g": g}, monkeypatch)
+
+
+@pytest.mark.parametrize("mrope,half", [(True, 12), (True, 2), (False, 20)])
+def test_rotary_embeddings(mrope, half, monkeypatch):
+    """``fma(x1, cos, -(x2 * sin))`` and ``fma(x1, sin, x2 * cos)``, a partial rotary width included."""
+    B, S, H, D = 2, 5, 3, 48
+    x = RNG.standard_normal((B, S, H * D)).astype(F) * 3
+    ang = np.arange(64)[:, None] * (10000.0 ** (-np.arange(half) / half))[None]
+    cos, sin = np.cos(ang).astype(F), np.sin(ang).astype(F)
+    if mrope:
+        sec = [half - 2 * (half // 3), half // 3, half // 3]
+        pos = RNG.integers(0, 64, (3, B, S)).astype(np.int64)
+        node = h.make_node("MRotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=MS, num_heads=H,
+                           rotary_embedding_dim=2 * half, mrope_section=sec)
+    else:
+        pos = RNG.integers(0, 64, (B, S)).astype(np.int64)
+        node = h.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=MS, num_heads=H,
+                           rotary_embedding_dim=2 * half)
+    pos_vi = h.make_tensor_value_info("pos", T.INT64, list(pos.shape))
+    model = _model(node, [_vi("x", [B, S, H * D])], 1, [("cos", cos), ("sin", sin)], [pos_vi])
+    _check(model, {"x": x, "pos": pos}, monkeypatch)
+

@@ -381,7 +381,7 @@ def _sv_panels(sc, rq, vc, b, kh, ir, rk, first, acc, vbuf, pbuf, abuf):
 
 
 @njit(**_OPTS)
-def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs, window, bias, has_bias):
+def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs, window, bias, has_bias, kb):
     """One (entry, head, query block) of the flash kernel: writes out[b, qs:qs + rq, h]."""
     D = q.shape[3]
     qbuf, scbuf, acc, part, m, l, kp, vp, abuf, qpart = bufs
@@ -406,7 +406,7 @@ def _flash_task(q, kc, vc, b, h, kh, qs, rq, past, T, scale, kvb, out, bufs, win
             if has_bias:  # the additive bias, after the scale, before the masks
                 brow = bias[_bi(bias, 0, b), _bi(bias, 1, h), _bi(bias, 2, qs + i)]
                 for j in range(rk):
-                    row[j] = np.float32(row[j] + brow[ir + j])
+                    row[j] = np.float32(row[j] + brow[kb + ir + j])
             for j in range(rk):
                 if ir + j >= causal or ir + j < start:
                     row[j] = LOWEST
@@ -482,7 +482,7 @@ def _decode_sv(sc, n, vc, b, kh, lo, o):
 
 
 @njit(**_OPTS)
-def _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, sc, o, bias, has_bias):
+def _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, sc, o, bias, has_bias, kb):
     """Query heads [h0, h1) of kv head ``kh`` in MLAS's one-row kernel's order (per head: ``_decode_scores``, keys
     before ``lo`` (a local window's first) set to ``-FLT_MAX``, the max, ``sum_exp``, ``_decode_sv``, times
     ``1 / sum``), each key and value row read once for all of them: sc (heads, T) and o (heads, D) are scratch."""
@@ -492,7 +492,7 @@ def _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, sc, o, bias, has_
         for g in range(h1 - h0):
             x = np.float32(_dot8(q, b, h0 + g, krow) * scale)
             if has_bias:
-                x = np.float32(x + bias[_bi(bias, 0, b), _bi(bias, 1, h0 + g), 0, t])
+                x = np.float32(x + bias[_bi(bias, 0, b), _bi(bias, 1, h0 + g), 0, kb + t])
             sc[g, t] = x if t >= lo else LOWEST
     sums = np.empty(h1 - h0, np.float32)
     for g in range(h1 - h0):
@@ -517,7 +517,7 @@ def _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, sc, o, bias, has_
 
 
 @njit(**_OPTS)
-def _split_task(q, kc, vc, b, h, kh, lo, T, scale, kvb, out, sc, o, parts, bias, has_bias):
+def _split_task(q, kc, vc, b, h, kh, lo, T, scale, kvb, out, sc, o, parts, bias, has_bias, kb):
     """One (entry, head) of flash decoding: per key block (m, l, e @ v), keys before ``lo`` (a local window's
     first) set to ``-FLT_MAX`` and a block of such keys only left out, merged in block order."""
     D = q.shape[3]
@@ -529,7 +529,7 @@ def _split_task(q, kc, vc, b, h, kh, lo, T, scale, kvb, out, sc, o, parts, bias,
         if has_bias:
             brow = bias[_bi(bias, 0, b), _bi(bias, 1, h), 0]
             for t in range(rk):
-                sc[t] = np.float32(sc[t] + brow[ir + t])
+                sc[t] = np.float32(sc[t] + brow[kb + ir + t])
         for t in range(min(rk, lo - ir)):
             sc[t] = LOWEST
         mx = sc[0]
@@ -565,7 +565,7 @@ def _split_task(q, kc, vc, b, h, kh, lo, T, scale, kvb, out, sc, o, parts, bias,
 
 
 @njit(**_OPTS)
-def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias):
+def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias, kbase):
     """Task ``r`` of ``attend_mlas``: a one-row step's (entry, head) of flash decoding (``split`` > 0, its key
     block) or (entry, kv head, share ``nq`` of its query heads), or several rows' (entry, head, query block of
     ``nq``); allocates its own scratch."""
@@ -580,7 +580,7 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bia
             o = np.empty(D, np.float32)
             parts = np.empty(((T + split - 1) // split, 2 + D), np.float32)
             _split_task(q, kc, vc, b, h, h // group, T - window if 0 <= window < T else 0, T, scale, split, out,
-                        sc, o, parts, bias, has_bias)
+                        sc, o, parts, bias, has_bias, kbase[b])
             return
         kvH = kc.shape[1]
         b = r // (kvH * nq)
@@ -596,7 +596,7 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bia
             return
         lo = T - window if 0 <= window < T else 0
         _decode_heads(q, kc, vc, b, kh, h0, h1, lo, T, scale, out, np.empty((h1 - h0, T), np.float32),
-                      np.empty((h1 - h0, D), np.float32), bias, has_bias)
+                      np.empty((h1 - h0, D), np.float32), bias, has_bias, kbase[b])
         return
     b = r // (H * nq)
     h = (r // nq) % H
@@ -613,21 +613,22 @@ def _task(r, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bia
             np.empty((D + PANEL - 1) // PANEL * kvb * PANEL, np.float32), np.empty(R4 * max(D, kvb), np.float32),
             np.empty(R4 * kvb, np.float32))
     _flash_task(q, kc, vc, b, h, h // group, qs, rq, past_b[b], T, scale, kvb, out, bufs, window, bias,
-                has_bias)
+                has_bias, kbase[b])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _tasks(n, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias):
+def _tasks(n, q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias, has_bias, kbase):
     for r in prange(n):
         _task(np.int64(r), q, kc, vc, past_b, totals, scale, kvb0, split, nq, out, window, bias,
-              has_bias)  # one signature
+              has_bias, kbase)  # one signature
 
 
 @njit(**_OPTS)
-def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out, window, bias, has_bias):
+def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out, window, bias, has_bias, kbase):
     """Causal attention of q (B, S, H, D) over the caches kc/vc (B, kvH, L, D) (entry b's keys at rows
-    [0, totals[b]), its new rows from ``past_b[b]``) into out (B, S, H, D), in onnxruntime's flash order;
-    ``threads``: onnxruntime's thread count (it decides flash decoding)."""
+    [0, totals[b]), its new rows from ``past_b[b]``, row j at absolute position ``j + kbase[b]``, which indexes the
+    bias's columns) into out (B, S, H, D), in onnxruntime's flash order; ``threads``: onnxruntime's thread count
+    (it decides flash decoding)."""
     B, S, H, D = q.shape
     kvb0 = kv_block(D, l2)
     if S == 1:
@@ -640,18 +641,21 @@ def attend_mlas(q, kc, vc, past_b, totals, scale, l2, threads, out, window, bias
         kvb = min(kvb0, tmax)
         split = kvb if (not ragged) and B * H < threads and (tmax + kvb - 1) // kvb > 1 else 0
         if split > 0:
-            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, np.int64(1), out, window, bias, has_bias)
+            _tasks(B * H, q, kc, vc, past_b, totals, scale, kvb0, split, np.int64(1), out, window, bias, has_bias,
+                   kbase)
             return
         # one task per (entry, kv head, share of its query heads): every key row read once per share, shares
         # enough for the threads (onnxruntime's count: the physical cores, as a rule the pool's too)
         kvH = kc.shape[1]
         group = H // kvH
         nsub = min(group, max(1, -(-threads // (B * kvH))))
-        _tasks(B * kvH * nsub, q, kc, vc, past_b, totals, scale, kvb0, split, nsub, out, window, bias, has_bias)
+        _tasks(B * kvH * nsub, q, kc, vc, past_b, totals, scale, kvb0, split, nsub, out, window, bias, has_bias,
+               kbase)
         return
     qb = min(min(kvb0, 2 * D), S)
     nq = (S + qb - 1) // qb
-    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out, window, bias, has_bias)
+    _tasks(B * H * nq, q, kc, vc, past_b, totals, scale, kvb0, np.int64(0), nq, out, window, bias, has_bias,
+           kbase)
 
 
 @njit(**_OPTS)

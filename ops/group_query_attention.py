@@ -443,11 +443,9 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
     use_mlas = flash = probs = False
     if _FLASH:
-        # onnxruntime's bias columns over a windowed cache are not reproduced: such steps keep the default order
-        known = D <= ma.MAX_HEAD and not (windowed and has_bias)
-        eligible = known and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
+        eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
         use_mlas = _MLAS and eligible
-        probs = _MLAS and known and not eligible and mlas_probs_step(S, params_scale(scale, D), causal)
+        probs = _MLAS and D <= ma.MAX_HEAD and not eligible and mlas_probs_step(S, params_scale(scale, D), causal)
         # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any
         # case: on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).
         flash = use_mlas or (eligible and S > 1 and not AVX512)
@@ -489,7 +487,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         if windowed and S == 1:
             kq, vq, pb, at, kb = _full_window_first(pres_k, pres_v, past_b, att_total, kbase, P, window)
         if flash:
-            ma.attend_mlas(q4, kq, vq, pb, at, params[0], l2, ort_threads, out, window, bias, has_bias)
+            ma.attend_mlas(q4, kq, vq, pb, at, params[0], l2, ort_threads, out, window, bias, has_bias, kb)
         elif _MLAS:
             ma.attend_probs_mlas(q4, kq, vq, pb, at, kb, params[0], params[1], window, bias, has_bias,
                                  sink.reshape((sink.size,)), sink_mode, qk, qk_mode, out)

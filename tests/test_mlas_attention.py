@@ -207,6 +207,13 @@ PROBS_CASES = {
                                               dict(window=8, sliding_window_cache=1)),
     "windowed cache, softcap, decode on a full cache": lambda: ((4, 2, 32, 0.0, 1, 1, 8, [9], 10),
                                                                 dict(window=8, sliding_window_cache=1, softcap=5.0)),
+    # an attention bias over a windowed cache: its columns are the keys' absolute positions
+    "windowed cache and bias, decode on a full cache": lambda: ((4, 2, 32, 0.0, 2, 1, 8, [9, 9], 10),
+                                                                dict(window=8, sliding_window_cache=1,
+                                                                     bias=(True, True))),
+    "windowed cache, bias and softcap, chunk": lambda: ((4, 2, 32, 0.0, 1, 3, 12, [20], 21),
+                                                        dict(window=8, sliding_window_cache=1, softcap=4.0,
+                                                             bias=(False, True))),
 }
 
 

@@ -30,8 +30,10 @@ _LOWP_CACHE: dict = {}
 
 def mlas_order() -> bool:
     """Whether the kernels that reproduce onnxruntime's CPU arithmetic (MLAS's order on x86 hosts, AVX2 or
-    AVX-512) run in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (level-4 int4 products, GroupQueryAttention, Sigmoid and
-    SiLU, tanh-GELU).  Callers read it once, when a node is planned or a region generated, never per run."""
+    AVX-512) run in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (int4 products, MatMul against a constant weight,
+    GroupQueryAttention, Sigmoid and SiLU, tanh-GELU, and the hybrid decoders' CausalConvWithState,
+    LpNormalization, LinearAttentionGate, GatedRMSNorm and rotary embeddings).  Callers read it once, when a node
+    is planned or a region generated, never per run."""
     from runtime.settings import flag
     return flag("ONNX_NUMBA_MLAS_ORDER")
 

@@ -306,10 +306,10 @@ def level4_header() -> str:
                     "MLAS AVX-512 F without BW/DQ/VL (its path here is not reproduced)")
     else:
         ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
-    native = ("products, GroupQueryAttention, Sigmoid/SiLU and tanh-GELU in MLAS's order (ONNX_NUMBA_MLAS_ORDER=1)"
+    native = ("products, attention, norms and activations in onnxruntime's order (ONNX_NUMBA_MLAS_ORDER=1)"
               if mlas_order() else
-              "products blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces MLAS's order: products, attention, Sigmoid, "
-              "tanh-GELU)")
+              "products blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces onnxruntime's order: products, attention, "
+              "norms, activations)")
     return f"level-4 int4: onnxruntime takes {ort_path}; native {native}"
 
 

@@ -57,9 +57,10 @@ from numba.extending import intrinsic
 
 from ._fastmath import maxnum
 from ._panels import PANEL, pack_panels_into, tile4
+from .attention import rope_tok_kernel
 from ._simd import AVX512F, fma32
 
-__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas", "rope_tok_mlas", "attend_mlas",
+__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas", "attend_mlas",
            "attend_probs_mlas", "kv_block"]
 
 _OPTS = dict(cache=True, nogil=True)
@@ -228,34 +229,9 @@ sum_exp = sum_exp16 if AVX512F else sum_exp8
 
 
 @njit(**_OPTS)
-def rope_tok_mlas(x, cos_t, sin_t, out, seq_second, interleaved, rot):
-    """``ops/attention.rope_tok_kernel`` (x/out 4-d (B, H, S, D), or (B, S, H, D) if ``seq_second``; per-token
-    tables (B, S, rot // 2)) in MLAS's order (``MlasRotaryEmbedOneRow``): the pairs ``(x1, x2)`` are the halves of
-    the rotary dimensions or, ``interleaved``, the even and odd ones; ``x1' = fma(x1, cos, -(x2 * sin))``,
-    ``x2' = fma(x1, sin, x2 * cos)``; dimensions past ``rot`` copied.  ``out`` may be ``x``."""
-    A0, A1, A2, D = x.shape
-    half = rot // 2
-    for a in range(A0):
-        for c in range(A1):
-            for e in range(A2):
-                si = c if seq_second else e
-                for t in range(half):
-                    i1 = 2 * t if interleaved else t
-                    i2 = i1 + 1 if interleaved else t + half
-                    x1 = x[a, c, e, i1]
-                    x2 = x[a, c, e, i2]
-                    co = cos_t[a, si, t]
-                    sn = sin_t[a, si, t]
-                    out[a, c, e, i1] = fma32(x1, co, -np.float32(x2 * sn))
-                    out[a, c, e, i2] = fma32(x1, sn, np.float32(x2 * co))
-                for t in range(rot, D):
-                    out[a, c, e, t] = x[a, c, e, t]
-
-
-@njit(**_OPTS)
 def rope_mlas(x4, pos, cosc, sinc, interleaved):
-    """A rotated copy of x4 (B, S, heads, D) at positions ``pos`` (B, S), by ``rope_tok_mlas`` over the rotary
-    dimensions (``cosc``'s width, doubled)."""
+    """A rotated copy of x4 (B, S, heads, D) at positions ``pos`` (B, S) in MLAS's order
+    (``ops/attention.rope_tok_kernel`` with ``mlas``) over the rotary dimensions (``cosc``'s width, doubled)."""
     B, S, Hh, D = x4.shape
     half = cosc.shape[1]
     cos_t = np.empty((B, S, half), np.float32)
@@ -266,7 +242,7 @@ def rope_mlas(x4, pos, cosc, sinc, interleaved):
                 cos_t[b, s, t] = cosc[pos[b, s], t]
                 sin_t[b, s, t] = sinc[pos[b, s], t]
     out = np.empty_like(x4)
-    rope_tok_mlas(x4, cos_t, sin_t, out, True, interleaved, 2 * half)
+    rope_tok_kernel(x4, cos_t, sin_t, out, True, interleaved, 2 * half, True)
     return out
 
 

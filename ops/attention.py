@@ -28,6 +28,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, check_indices, lowp
+from ._simd import fma32
 from .registry import op
 
 F64 = np.dtype(np.float64)
@@ -157,9 +158,11 @@ def attention_kernel(q, k, v, mask, offset, valid, params, is_causal, left, righ
 
 
 @njit(cache=True, nogil=True)
-def rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot):
+def rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot, mlas=False):
     """x/out 4-d (B,H,S,D), or (B,S,H,D) if seq_second; cos_t/sin_t (B,S,rot//2) per-token tables.
-    ``out`` may be ``x`` (each rotated pair is read before it is written)."""
+    ``out`` may be ``x`` (each rotated pair is read before it is written).  ``mlas``: in MLAS's order
+    (``MlasRotaryEmbedOneRow``, onnxruntime's CPU kernel): ``x1' = fma(x1, cos, -(x2 * sin))``,
+    ``x2' = fma(x1, sin, x2 * cos)``."""
     A0, A1, A2, D = x.shape
     half = rot // 2
     for a in range(A0):
@@ -177,8 +180,12 @@ def rope_tok_kernel(x, cos_t, sin_t, out, seq_second, interleaved, rot):
                         i2 = t + half
                     x1 = x[a, c, e, i1]
                     x2 = x[a, c, e, i2]
-                    out[a, c, e, i1] = co * x1 - sn * x2
-                    out[a, c, e, i2] = sn * x1 + co * x2
+                    if mlas:
+                        out[a, c, e, i1] = fma32(x1, co, -np.float32(x2 * sn))
+                        out[a, c, e, i2] = fma32(x1, sn, np.float32(x2 * co))
+                    else:
+                        out[a, c, e, i1] = co * x1 - sn * x2
+                        out[a, c, e, i2] = sn * x1 + co * x2
                 for t in range(rot, D):
                     out[a, c, e, t] = x[a, c, e, t]
 

@@ -22,7 +22,6 @@ from numba import njit
 
 from runtime.errors import InvalidAttributeError, ShapeMismatchError
 from ._common import mlas_order, raise_coded
-from ._mlas_attention import rope_tok_mlas
 from .attention import rope_tok_kernel
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
@@ -156,7 +155,7 @@ def rope_check(pos, p0, pb, ps, B, S, cos_shape, sin_shape, half, mrope, s0, s1,
 @njit(**_OPTS)
 def _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s1, s2, layout, ort):
     """Rotate the float32 copy x4 in place at the checked positions; ``ort``: in MLAS's order
-    (``ONNX_NUMBA_MLAS_ORDER=1``, ``_mlas_attention.rope_tok_mlas``)."""
+    (``ONNX_NUMBA_MLAS_ORDER=1``, ``attention.rope_tok_kernel``'s ``mlas``)."""
     half = rot // 2
     which = np.zeros(half, np.int64)
     if mrope:
@@ -184,10 +183,7 @@ def _apply(x4, seq_second, B, S, pos, cosc, sinc, interleaved, rot, mrope, s0, s
                     p = pos[b * S + s]
                 cos_t[b, s, t] = cosc[p, t]
                 sin_t[b, s, t] = sinc[p, t]
-    if ort:
-        rope_tok_mlas(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
-    else:
-        rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot)
+    rope_tok_kernel(x4, cos_t, sin_t, x4, seq_second, interleaved, rot, ort)
 
 
 @njit(**_OPTS)

@@ -91,6 +91,16 @@ def divergence_line(step, ta, tb, la, lb, near_tie=NEAR_TIE) -> str:
             f"{'  (near-tie)' if ga < near_tie else '  (NOT a near-tie)'}")
 
 
+def arithmetic_line() -> str:
+    """Which arithmetic order the native kernels run, and how to get onnxruntime's: a divergence means little
+    without it (the setting is read when the native pipeline plans its nodes)."""
+    from ops._common import mlas_order
+    if mlas_order():
+        return "native arithmetic: onnxruntime's order (ONNX_NUMBA_MLAS_ORDER=1)"
+    return ("native arithmetic: its own order (ONNX_NUMBA_MLAS_ORDER=1 runs onnxruntime's, logits equal to the bit "
+            "on the builder's architectures)")
+
+
 def cmd_parity(args) -> int:
     from .metadata import load_package
     from .runner import Pipeline
@@ -113,6 +123,7 @@ def cmd_parity(args) -> int:
     backends = {n: c.backend for n, c in nat.components.items()}
     backends[nat.decoder_name] = nat.decoder.backend
     print(f"native mix: {backends} on {nat.choice.device}")
+    print(arithmetic_line())
     for i, ((ta, la), (tb, lb)) in enumerate(zip(ort_steps, nat_steps)):
         diff = float(np.max(np.abs(np.asarray(la, np.float64) - np.asarray(lb, np.float64))))
         print(f"  step {i:3d}: ort {ta:6d} native {tb:6d}  max|dlogit| {diff:.3e}")

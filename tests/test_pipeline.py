@@ -197,3 +197,12 @@ def test_a_near_tie_is_onnxruntimes_own_gap_below_a_fixed_tolerance():
     wide = np.array([0.0, 2.0, 2.5])    # gap 0.5
     assert divergence_line(3, 2, 1, wide, wide + 1e-7).endswith("(NOT a near-tie)")
     assert divergence_line(3, 2, 1, wide, wide, near_tie=1.0).endswith("(near-tie)")
+
+
+def test_the_parity_report_names_the_native_arithmetic(monkeypatch):
+    """The parity report says which order the native kernels run and how to get onnxruntime's."""
+    from pipeline.__main__ import arithmetic_line
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert "its own order (ONNX_NUMBA_MLAS_ORDER=1 runs onnxruntime's" in arithmetic_line()
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    assert arithmetic_line() == "native arithmetic: onnxruntime's order (ONNX_NUMBA_MLAS_ORDER=1)"

@@ -528,7 +528,8 @@ def _ort_par(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, n4)
 def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
     """y[c] = f32(sum_blk absum[blk] * f32(-scale[c, blk] * zero[c, blk]) + y[c]), the sum a chain of fused
     multiply-adds over the blocks from 0: MLAS's several-row kernel takes the zero points out of its
-    unsigned-code products this way, by a float GEMM over the block sums (``y`` [8 G])."""
+    unsigned-code products this way, by a float GEMM over the block sums (``y`` [8 G]).  One row; the rows of a
+    product go through ``ort_zero_point_rows``, the same chains."""
     G, nb = sct.shape[0], sct.shape[1]
     c = np.empty(8, np.float32)
     for g in range(G):
@@ -540,6 +541,67 @@ def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
                 c[i] = _simd.fma32(a, -(sct[g, blk, i] * z), c[i])
         for i in range(8):
             y[8 * g + i] = c[i] + y[8 * g + i]
+
+
+_ZS_GROUPS = 32  # column groups of 8 whose zero-point chains ``ort_zero_point_rows`` runs side by side
+
+
+@njit(cache=True, nogil=True)
+def _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, g0, g1, t, c):
+    N = out.shape[1]
+    M = out.shape[0]
+    nb = sct.shape[1]
+    for gb in range(g0, g1, _ZS_GROUPS):
+        ge = min(gb + _ZS_GROUPS, g1)
+        w = 8 * (ge - gb)
+        for blk in range(nb):  # the factors f32(-scale * zero) of these groups, block-major
+            for g in range(gb, ge):
+                for i in range(8):
+                    z = zft[g, blk, i] if has_zp else zdef
+                    t[blk, 8 * (g - gb) + i] = -(sct[g, blk, i] * z)
+        n0 = 8 * gb
+        n1 = min(n0 + w, N)
+        for r in range(M):
+            if has_bias:
+                for n in range(n0, n1):
+                    out[r, n] += bias[n]
+            if r >= nu:
+                continue
+            c[:] = 0
+            for blk in range(nb):
+                a = absum[r, blk]
+                for j in range(w):  # independent chains, one per column
+                    c[j] = _simd.fma32(a, t[blk, j], c[j])
+            for n in range(n0, n1):
+                out[r, n] = c[n - n0] + out[r, n]
+
+
+_ZS_TASK_GROUPS = 2 * _ZS_GROUPS  # column groups per parallel task of ``ort_zero_point_rows``
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias):
+    G, nb = sct.shape[0], sct.shape[1]
+    for k in prange((G + _ZS_TASK_GROUPS - 1) // _ZS_TASK_GROUPS):
+        t = np.zeros((nb, 8 * _ZS_GROUPS), np.float32)
+        c = np.empty(8 * _ZS_GROUPS, np.float32)
+        g0 = k * _ZS_TASK_GROUPS
+        _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, g0, min(g0 + _ZS_TASK_GROUPS, G),
+                           t, c)
+
+
+@njit(cache=True, nogil=True)
+def ort_zero_point_rows(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, parallel):
+    """Every row of ``out`` [M, N]: the bias added (rounded), then for rows below ``nu`` ``ort_zero_point_sums``'s
+    chains (``absum`` [M, nb]): per column the same fused multiply-adds in the same order, the columns of
+    ``_ZS_GROUPS`` groups side by side (independent chains, one vector pass per block), their factors computed
+    once per call and shared by the rows; the columns' tasks in parallel."""
+    G, nb = sct.shape[0], sct.shape[1]
+    if parallel and G > _ZS_TASK_GROUPS:
+        _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias)
+    else:
+        _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, 0, G,
+                           np.zeros((nb, 8 * _ZS_GROUPS), np.float32), np.empty(8 * _ZS_GROUPS, np.float32))
 
 
 # -- MLAS's AVX-512 int8 kernels for the other block sizes, and for 8-bit codes (``ORDER_AVX512``) ------------
@@ -870,50 +932,64 @@ def _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel):
 
 
 @njit(cache=True, nogil=True)
+def _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1, n4):
+    """Every row of ``aq`` [M, K] over the column groups [g0, g1): rows below ``nu`` with unsigned codes, passes
+    of ``_simd.ORT4_ROWS`` (``quads``) or ``_simd.ORT_ROWS`` rows, then one at a time; the rows from ``nu`` with
+    signed codes (a row's bits do not depend on the rows it shares a pass with)."""
+    M = aq.shape[0]
+    R = _simd.ORT4_ROWS if quads else _simd.ORT_ROWS
+    mr = nu - nu % R
+    for r0 in range(0, mr, R):
+        if quads:
+            _simd.dot_q4_ort_u4_rows(qi, aq[r0:r0 + R], ascale[r0:r0 + R], gsum[r0:r0 + R], zdef, sct,
+                                     y[r0:r0 + R], g0, g1, n4)
+        else:
+            _simd.dot_q4_ort_u_rows(qi, aq[r0:r0 + R], ascale[r0:r0 + R], gsum[r0:r0 + R], zdef, sct,
+                                    y[r0:r0 + R], g0, g1, n4)
+    for r in range(mr, M):
+        _ort_groups(r >= nu, quads, qi, aq[r], ascale[r], gsum[r], zdef, zft, has_zp, sct, y[r], g0, g1, n4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _ort_rows_par(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, n4):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, min(g0 + _GROUPS_PER_TASK, G), n4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _prep_groups_par(a2, bs, aq, ascale, gsum, absum):
+    for r in prange(a2.shape[0]):
+        _prep_a_i8_groups(a2[r], bs, aq[r], ascale[r], gsum[r], absum[r])
+
+
+@njit(cache=True, nogil=True)
 def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, absum):
     """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32 (MLAS's AVX2 order, or its AVX-512 one with ``quads``),
     before the bias and the zero points' share; returns the rows with unsigned codes (those that take that share);
-    ``absum`` [M, nb] receives each block's ``f32(scale * sum)`` of A."""
+    ``absum`` [M, nb] receives each block's ``f32(scale * sum)`` of A.  Every row is quantized first, then one
+    parallel pass over the column groups takes all rows (a task's codes stay in cache across its rows)."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
     n4 = N - N % 4
     M = a2.shape[0]
     nu = M - 1 if M % ORT_RANGE_M == 1 and not quads else M  # rows with unsigned codes; the last one, if any, signed
-    R = _simd.ORT_ROWS
-    nq = nb * bs // 4
-    done = 0
-    if nu >= PAD_ROWS_MIN:
-        aqr = np.empty((R, nb * bs), np.int8)
-        ascr = np.empty((R, nb), np.float32)
-        gsr = np.empty((R, nq), np.float32)
-        yr = np.empty((R, 8 * G), np.float32)
-        while nu - done >= PAD_ROWS_MIN:
-            take = min(R, nu - done)
-            for r in range(take):
-                _prep_a_i8_groups(a2[done + r], bs, aqr[r], ascr[r], gsr[r], absum[done + r])
-            for r in range(take, R):
-                aqr[r] = aqr[take - 1]
-                ascr[r] = ascr[take - 1]
-                gsr[r] = gsr[take - 1]
-            if parallel:
-                _ort_par(False, quads, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, n4)
-            else:
-                _ort_groups(False, quads, qi, aqr, ascr, gsr, z, zft, has_zp, sct, yr, 0, G, n4)
-            out[done:done + take, :N] = yr[:take, :N]
-            done += take
-    aq = np.empty(nb * bs, np.int8)
-    ascale = np.empty(nb, np.float32)
-    gs = np.empty(nq, np.float32)
-    y = np.empty(8 * G, np.float32)
-    for m in range(done, M):
-        _prep_a_i8_groups(a2[m], bs, aq, ascale, gs, absum[m])
-        signed = m >= nu
-        if parallel:
-            _ort_par(signed, quads, qi, aq, ascale, gs, z, zft, has_zp, sct, y, n4)
-        else:
-            _ort_groups(signed, quads, qi, aq, ascale, gs, z, zft, has_zp, sct, y, 0, G, n4)
-        for n in range(N):
-            out[m, n] = y[n]
+    aq = np.empty((M, nb * bs), np.int8)
+    ascale = np.empty((M, nb), np.float32)
+    gsum = np.empty((M, nb * bs // 4), np.float32)
+    if parallel and M > 1:
+        _prep_groups_par(a2, bs, aq, ascale, gsum, absum)
+    else:
+        for r in range(M):
+            _prep_a_i8_groups(a2[r], bs, aq[r], ascale[r], gsum[r], absum[r])
+    y = out if N == 8 * G else np.empty((M, 8 * G), np.float32)
+    if parallel:
+        _ort_rows_par(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, n4)
+    else:
+        _ort_rows(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, 0, G, n4)
+    if N != 8 * G:
+        out[:, :] = y[:, :N]
     return nu
 
 
@@ -944,8 +1020,6 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
         raise ValueError("gemv_q4i8_mlas: the codes' layout does not match block_size, or no MLAS kernel for it")
     if order != ORDER_AVX512 and (bits != 4 or bs != 32):
         raise ValueError("gemv_q4i8_mlas: MLAS's AVX2 order is reproduced for 4-bit codes in blocks of 32 only")
-    G = qi.shape[0]
-    N = out.shape[1]
     z = np.float32(zdef)
     M = a2.shape[0]
     absum = np.empty((max(M, 1), nb), np.float32)
@@ -954,17 +1028,7 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
     else:
         nu = M
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
-    yz = np.empty(8 * G, np.float32)
-    for m in range(M):
-        if has_bias:
-            for n in range(N):
-                out[m, n] += bias[n]
-        if m < nu:
-            for n in range(N):
-                yz[n] = out[m, n]
-            ort_zero_point_sums(absum[m], sct, zft, has_zp, z, yz)
-            for n in range(N):
-                out[m, n] = yz[n]
+    ort_zero_point_rows(absum, sct, zft, has_zp, z, out, nu, bias, has_bias, parallel)
 
 
 # -- onnxruntime's float path (accuracy levels 0 to 3, float32 A) on AVX-512 hosts -------------------------

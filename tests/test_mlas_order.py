@@ -224,7 +224,7 @@ def test_host_instructions_equal_the_portable_ir(zp):
 
 @njit(cache=True)
 def _quads(form, a2, qi, sct, y):
-    """MLAS's AVX-512 lanes over ``a2``'s rows: one row at a time and ``ORT_ROWS`` per pass, in the host's
+    """MLAS's AVX-512 lanes over ``a2``'s rows: one row at a time and ``ORT4_ROWS`` per pass, in the host's
     instructions (form 1) or the portable IR (form 0)."""
     G, nb = qi.shape[0], qi.shape[1]
     R = a2.shape[0]
@@ -243,10 +243,10 @@ def _quads(form, a2, qi, sct, y):
 
 
 def test_avx512_lanes_host_instructions_equal_the_portable_ir():
-    A, b3, sc, _, _ = _case(480, 21, _simd.ORT_ROWS, False, seed=7)  # 15 blocks: 3 passes of 4, then 3 single
+    A, b3, sc, _, _ = _case(480, 21, _simd.ORT4_ROWS, False, seed=7)  # 15 blocks: 3 passes of 4, then 3 single
     qi, sct, zft = Q.int4_layout(b3, sc, np.zeros((1, 1), F), False)
     G = qi.shape[0]
-    ys = [np.empty((2, _simd.ORT_ROWS, 8 * G), F) for _ in range(2)]
+    ys = [np.empty((2, _simd.ORT4_ROWS, 8 * G), F) for _ in range(2)]
     for form in (0, 1):
         _quads(form, A, qi, sct, ys[form])
     np.testing.assert_array_equal(ys[0], ys[1])

@@ -7,7 +7,8 @@ weight (``MLAS_SGEMM_PACKED_STRIDEK``), a chain of fused multiply-adds over the 
 at zero; the first slice's sum is stored (alpha 1, beta 0), each later one added to it in one rounding
 (``fma(sum, 1, C)``).  Its split of rows and columns over threads never splits K, so the result does not depend
 on the thread count.  Here each slice is packed into the column panels of ``ops/_panels`` and multiplied by its
-register tiles of several rows (one chain of fused multiply-adds per element: ``tile4``), rows padded to four.
+register tiles of rows by panels (one chain of fused multiply-adds per element from zero: ``blocked_cols``; one
+row runs four panels side by side, so the chains' latency does not bound it).
 
 Invariants: ``pack_slices`` writes every element of its buffer (zeros past N); ``sgemm_packed_mlas`` reads only
 its arguments and returns a fresh (M, N) array; the caller checks ``a2.shape[1] == K``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._panels import PANEL, pack_panels_into, tile4
+from ._panels import PANEL, blocked_cols, pack_panels_into
 
 __all__ = ["STRIDE_K", "pack_slices", "sgemm_packed_mlas"]
 
@@ -43,38 +44,36 @@ def pack_slices(w):
 
 @njit(cache=True, nogil=True, parallel=True)
 def sgemm_packed_mlas(a2, wflat, K, N):
-    """``a2 (M, K) @ W`` for the weight ``pack_slices`` made, in MLAS's packed order (see the module)."""
+    """``a2 (M, K) @ W`` for the weight ``pack_slices`` made, in MLAS's packed order (see the module): tasks of
+    ``_GROUP`` panels over all rows; per slice, ``blocked_cols``'s register tiles from zero over the slice's rows
+    (one chain of fused multiply-adds per element), each later slice's sums added in one rounding."""
     M = a2.shape[0]
-    M4 = (M + 3) // 4 * 4
     P = (N + PANEL - 1) // PANEL
     ns = (K + STRIDE_K - 1) // STRIDE_K
-    aflat = np.zeros(ns * M4 * STRIDE_K, np.float32)  # each slice of A contiguous, rows padded to four
+    aflat = np.empty(ns * M * STRIDE_K, np.float32)  # each slice of A contiguous
     for s in range(ns):
         k0 = s * STRIDE_K
         ck = min(STRIDE_K, K - k0)
-        a_s = aflat[s * M4 * STRIDE_K:s * M4 * STRIDE_K + M4 * ck].reshape((M4, ck))
+        a_s = aflat[s * M * STRIDE_K:s * M * STRIDE_K + M * ck].reshape((M, ck))
         for r in range(M):
             for k in range(ck):
                 a_s[r, k] = a2[r, k0 + k]
-    out = np.empty((M4, N), np.float32)
-    part = np.empty((M4, N), np.float32) if ns > 1 else out
-    ng = (P + _GROUP - 1) // _GROUP
-    for t in prange((M4 // 4) * ng):
-        r0 = (t // ng) * 4
-        p0 = (t % ng) * _GROUP
+    out = np.empty((M, P * PANEL), np.float32)  # whole panels; the columns past N dropped at the end
+    part = np.empty((M, P * PANEL), np.float32) if ns > 1 else out
+    for t in prange((P + _GROUP - 1) // _GROUP):
+        p0 = t * _GROUP
         p1 = min(P, p0 + _GROUP)
-        c1 = min(N, p1 * PANEL)
         for s in range(ns):
             k0 = s * STRIDE_K
             ck = min(STRIDE_K, K - k0)
-            a_s = aflat[s * M4 * STRIDE_K:s * M4 * STRIDE_K + M4 * ck].reshape((M4, ck))
+            a_s = aflat[s * M * STRIDE_K:s * M * STRIDE_K + M * ck].reshape((M, ck))
             off = s * P * STRIDE_K * PANEL
             w_s = wflat[off:off + P * ck * PANEL].reshape((P, ck, PANEL))
             if s == 0:
-                tile4(w_s, a_s, out, r0, p0, p1)
+                blocked_cols(a_s, w_s, out, p0, p1, 0, ck, True)
             else:
-                tile4(w_s, a_s, part, r0, p0, p1)
-                for r in range(r0, r0 + 4):
-                    for c in range(p0 * PANEL, c1):
+                blocked_cols(a_s, w_s, part, p0, p1, 0, ck, True)
+                for r in range(M):
+                    for c in range(p0 * PANEL, p1 * PANEL):
                         out[r, c] = np.float32(out[r, c] + part[r, c])
-    return out[:M]
+    return np.ascontiguousarray(out[:, :N]) if N != P * PANEL else out

@@ -61,9 +61,11 @@ def _check(model, feeds, monkeypatch):
             np.testing.assert_array_equal(g, ref)
 
 
-@pytest.mark.parametrize("shape,K,N", [((1, 600), 600, 40), ((2, 3, 300), 300, 33), ((5, 64), 64, 20)])
+@pytest.mark.parametrize("shape,K,N", [((1, 600), 600, 40), ((2, 3, 300), 300, 33), ((5, 64), 64, 20),
+                                       ((5, 300), 300, 70), ((1, 300), 300, 70)])
 def test_matmul_constant_weight(shape, K, N, monkeypatch):
-    """Per slice of 256 weight rows a chain of fused multiply-adds; the slices' sums added in turn."""
+    """Per slice of 256 weight rows a chain of fused multiply-adds; the slices' sums added in turn (the last two
+    shapes: register tiles of four panels, of four rows and of one row, beside the panel and row left over)."""
     w = RNG.standard_normal((K, N)).astype(F)
     a = RNG.standard_normal(shape).astype(F)
     model = _model(h.make_node("MatMul", ["a", "w"], ["y"]), [_vi("a", ["m"] * (len(shape) - 1) + [K])], 1,

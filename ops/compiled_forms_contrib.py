@@ -34,6 +34,7 @@ __all__ = ["mnb_f32", "mnb_f32_mlas"]
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 _MLAS = False  # MLAS's int4 order compiled in (the ``_mlas`` twins; see ``_common.constant_twin``)
+_MLAS32 = False  # only its 4-bit codes in blocks of 32 (the ``_mlas32`` twin)
 
 
 def _s(x):
@@ -226,16 +227,20 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 
 @njit(pipeline_class=GlueCompiler, **_OPTS)
 def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
-    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  ``mlas``: nonzero, in
-    that MLAS order (``_cq.gemv_q4i8_mlas``, which adds the bias itself), in the twin ``gemv_q4i8_t_mlas``."""
+    """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  The twins
+    ``gemv_q4i8_t_mlas`` and ``gemv_q4i8_t_mlas32`` (4-bit codes in blocks of 32) run MLAS's order ``mlas``
+    (``_cq.gemv_q4i8_mlas``, which adds the bias itself) and compile no blockwise kernel; this one only those."""
     if a2.shape[1] != K:
         return np.empty((0, 0), np.float32), 1
     if has_bias and bias.size != N:
         return np.empty((0, 0), np.float32), 5
     out = np.empty((a2.shape[0], N), np.float32)
     parallel = qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES
-    if _MLAS and mlas:
-        _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
+    if _MLAS:  # (the twins run only where the plan asked for MLAS's order: the blockwise kernels compiled out)
+        if _MLAS32:
+            _cq.gemv_q4i8_mlas32(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
+        else:
+            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
         return out, 0
     _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel)
     if has_bias:
@@ -247,6 +252,7 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
 
 mnb_f32_mlas = constant_twin(mnb_f32, "_mlas", _MLAS=True)
 gemv_q4i8_t_mlas = constant_twin(gemv_q4i8_t, "_mlas", _MLAS=True)
+gemv_q4i8_t_mlas32 = constant_twin(gemv_q4i8_t, "_mlas32", _MLAS=True, _MLAS32=True)  # 4-bit codes, blocks of 32
 
 
 def _valid(m, b, scales, zp, zp_mode) -> bool:
@@ -320,7 +326,8 @@ def _matmul_nbits(e, m):
             f"{bits}, {bs}, {quant}, {order})")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
-        g = e.use(__name__, "gemv_q4i8_t_mlas" if order else "gemv_q4i8_t")
+        g = e.use(__name__, ("gemv_q4i8_t_mlas32" if bits == 4 and bs == 32 else "gemv_q4i8_t_mlas") if order
+                  else "gemv_q4i8_t")
         # Every row count runs over the repacked codes (prefill as fast as the dequantized tiles + BLAS, measured
         # at 256 rows), so the original B is never read after plan time and its pages can be released.
         e.line(f"{{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "

@@ -69,7 +69,7 @@ from numba.core.extending import intrinsic
 
 from runtime.errors import InvalidAttributeError
 from . import _simd
-from ._common import F32, mlas_order, raise_coded
+from ._common import F32, constant_twin, mlas_order, raise_coded
 from ._fastmath import FAST
 from ._glue import GlueCompiler
 from .registry import op
@@ -1023,12 +1023,27 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
     z = np.float32(zdef)
     M = a2.shape[0]
     absum = np.empty((max(M, 1), nb), np.float32)
-    if bits == 4 and bs == 32:
+    if _ONLY32:  # ``gemv_q4i8_mlas32``: 4-bit codes in blocks of 32 only
+        if bits != 4 or bs != 32:
+            raise ValueError("gemv_q4i8_mlas32: 4-bit codes in blocks of 32 only")
+        nu = _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, absum)
+    elif bits == 4 and bs == 32:
         nu = _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, absum)
     else:
         nu = M
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
     ort_zero_point_rows(absum, sct, zft, has_zp, z, out, nu, bias, has_bias, parallel)
+
+
+_ONLY32 = False  # ``gemv_q4i8_mlas32``'s compile-time constant (``_common.constant_twin``)
+# The twin for 4-bit codes in blocks of 32 (what the model builder writes), compiling none of the other block sizes'
+# lane kernels (about a third of the general one's compile time).
+gemv_q4i8_mlas32 = constant_twin(gemv_q4i8_mlas, "32", _ONLY32=True)
+
+
+def mlas_gemv(bits, bs):
+    """The MLAS-order product for codes of ``bits`` in blocks of ``bs``: ``gemv_q4i8_mlas32`` or the general one."""
+    return gemv_q4i8_mlas32 if bits == 4 and bs == 32 else gemv_q4i8_mlas
 
 
 # -- onnxruntime's float path (accuracy levels 0 to 3, float32 A) on AVX-512 hosts -------------------------
@@ -1482,7 +1497,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
             if order:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
-                gemv_q4i8_mlas(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
+                mlas_gemv(bits, bs)(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
                 bias = None  # added in onnxruntime's place, before the zero points' share
             else:
                 gemv_q4i8(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1)

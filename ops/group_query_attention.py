@@ -49,6 +49,7 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 _MLAS = False       # ``gqa_f32_mlas``: MLAS's order (a compile-time constant: see ``_common.constant_twin``)
 _FLASH = not AVX512  # the flash kernels compiled in: MLAS's order, or a host without the blocked prefill kernel
 _BLOCKED = False  # ``gqa_f32_blocked``: every several-row step on the blocked prefill (``blocked_prefill``)
+_FLASH_ONLY = False  # ``gqa_f32_mlas_flash``: MLAS's order where the plan knows every step takes the flash kernels
 
 
 class Gqa(NamedTuple):
@@ -104,7 +105,7 @@ GQA_ERRORS = {
     12: ("ShapeMismatchError", "attention_bias must have shape (batch or 1, num_heads or 1, sequence or 1, "
                                "at least the total length)"),
     13: ("ShapeMismatchError", "head_sink must have num_heads entries"),
-    14: ("ShapeMismatchError", "the head size is not the one the plan compiled this node's blocked attention for"),
+    14: ("ShapeMismatchError", "the head size is not the one the plan compiled this node's attention for"),
 }
 
 
@@ -438,6 +439,9 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
         err = gqa_extras(bias.shape, has_bias, sink.size, has_sink, B, H, S, totals)
     if err == 0 and _BLOCKED and (qk_mode != 0 or not pa.usable(D, D, 0)):
         err = 14
+    if err == 0 and _FLASH_ONLY and not (D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode,
+                                                                        windowed, causal)):
+        err = 14
     if err:
         return err, np.empty((0, 0, 0), np.float32), z4, z4, z4
     q4, k4, v4 = qkv_rows(query, key, value, packed, H, kvH, D)
@@ -481,7 +485,13 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     att_total = past_b + n_new if windowed else totals
     sink_mode = 2 if has_sink else (1 if smooth else 0)
     qk = np.zeros((B, H, S, total), np.float32) if qk_mode else z4
-    if _FLASH and (flash or probs):
+    if _FLASH_ONLY:  # (checked above: every step of this node is one the flash kernels take)
+        out = np.empty((B, S, H, D), np.float32)
+        kq, vq, pb, at, kb = pres_k, pres_v, past_b, att_total, kbase
+        if windowed and S == 1:
+            kq, vq, pb, at, kb = _full_window_first(pres_k, pres_v, past_b, att_total, kbase, P, window)
+        ma.attend_mlas(q4, kq, vq, pb, at, params[0], l2, ort_threads, out, window, bias, has_bias, kb)
+    elif _FLASH and (flash or probs):
         out = np.empty((B, S, H, D), np.float32)
         kq, vq, pb, at, kb = pres_k, pres_v, past_b, att_total, kbase
         if windowed and S == 1:
@@ -503,6 +513,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
 
 
 gqa_f32_mlas = constant_twin(gqa_f32, "_mlas", _MLAS=True, _FLASH=True)
+gqa_f32_mlas_flash = constant_twin(gqa_f32, "_mlas_flash", _MLAS=True, _FLASH=True, _FLASH_ONLY=True)
 gqa_f32_blocked = constant_twin(gqa_f32, "_blocked", _BLOCKED=True)
 
 
@@ -512,11 +523,15 @@ def blocked_prefill(head_size) -> bool:
     return head_size is not None and AVX512 and head_size % pa.PANEL == 0
 
 
-def driver(mlas: bool, blocked: bool = False):
-    """The driver for a node: ``gqa_f32_mlas`` when MLAS's order is asked for (float32 steps); else
-    ``gqa_f32_blocked`` where ``blocked_prefill`` holds (its steps compile no per-row prefill kernel), else
-    ``gqa_f32``."""
-    return gqa_f32_mlas if mlas else gqa_f32_blocked if blocked else gqa_f32
+def driver(mlas: bool, blocked: bool = False, flash_only: bool = False):
+    """The driver for a node: ``gqa_f32_mlas`` when MLAS's order is asked for (float32 steps), or
+    ``gqa_f32_mlas_flash`` where ``flash_only`` (every step of the node runs the flash kernels: ``mlas_step`` on its
+    attributes, a head size known at plan time up to ``MAX_HEAD``; it compiles no other attention kernel and
+    refuses, code 14, a step that would need one); else ``gqa_f32_blocked`` where ``blocked_prefill`` holds (its
+    steps compile no per-row prefill kernel), else ``gqa_f32``."""
+    if mlas:
+        return gqa_f32_mlas_flash if flash_only else gqa_f32_mlas
+    return gqa_f32_blocked if blocked else gqa_f32
 
 
 # -- the CPU wrapper and the region form -------------------------------------------------------------
@@ -606,7 +621,10 @@ def _form(e, b: Gqa):
            else "{i9}.reshape((1, {i9}.size)).astype(np.int64)")
     total = "{i6}[()]" if e.rank(6) == 0 else "{i6}[0]"
     mlas = mlas_order() and e.dtype(0) == F32  # float16 steps run onnxruntime's other kernels
-    g = e.use(__name__, driver(mlas, blocked_prefill(_head_size(e, b))).py_func.__name__)  # twins carry their names
+    hs = _head_size(e, b)
+    flash_only = (hs is not None and hs <= ma.MAX_HEAD
+                  and mlas_step(b.softcap, b.smooth, e.has(11), 0, b.windowed, b.causal))
+    g = e.use(__name__, driver(mlas, blocked_prefill(hs), flash_only).py_func.__name__)  # twins carry their names
     has = e.has
     e.line(f"{{p}}_err, {{o0}}, {{p}}_pk, {{p}}_pv, {{p}}_qk = {g}({{i0}}, {'{i1}' if has(1) else '{i0}'}, "
            f"{'{i2}' if has(2) else '{i0}'}, {not has(1)}, {'{i3}' if has(3) else z4}, {'{i4}' if has(4) else z4}, "

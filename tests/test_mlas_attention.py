@@ -99,11 +99,14 @@ PATHS = {"several key blocks": ("L2_BYTES", 1 << 40), "split decode": ("ORT_THRE
 
 
 @onnxruntime_host
-def test_gqa_in_a_compiled_region(monkeypatch):
-    """The region form (the decoders' path) follows the setting as the node wrapper does."""
+@pytest.mark.parametrize("attrs,twin", [({}, "gqa_f32_mlas_flash"), ({"softcap": 5.0}, "gqa_f32_mlas")])
+def test_gqa_in_a_compiled_region(attrs, twin, monkeypatch):
+    """The region form (the decoders' path) follows the setting as the node wrapper does; a node whose every step
+    takes the flash kernels (attributes, a head size known at plan time) runs the twin that compiles only those."""
+    import re
     import runtime as rt
     nh, kv, D = 4, 2, 32
-    proto = gqa_model(nh, kv, D)
+    proto = gqa_model(nh, kv, D, **attrs)
     proto.graph.node.append(h.make_node("Add", ["output", "output"], ["z"]))  # a region needs two nodes
     proto.graph.output.append(h.make_tensor_value_info("z", T.FLOAT, None))
     model = proto.SerializeToString()
@@ -114,6 +117,9 @@ def test_gqa_in_a_compiled_region(monkeypatch):
     so.compiled_regions = True
     sess = rt.InferenceSession(model, so)
     assert "GroupQueryAttention" in [n.op_type for r in sess.plan.regions for n in r.nodes]
+    calls = r"\b(gqa_f32\w*?)__ops_group_query_attention"
+    drivers = {m for r in sess.plan.regions for m in re.findall(calls, r.source)}
+    assert drivers == {twin}
     got = sess.run(None, feeds)
     assert len(got) == len(want) == 4
     for g, ref in zip(got, want):

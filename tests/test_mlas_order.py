@@ -3,6 +3,8 @@ and its AVX-512 one: bit for bit a reference written from each order in numpy, o
 codes, with and without zero points; unsigned codes with the zero points' share added after; several rows per
 pass; N not a multiple of 4; K not a multiple of the block or of 4 blocks), the host's instructions equal to the
 portable IR, and, on hosts where onnxruntime takes the order, bit for bit onnxruntime's MatMulNBits."""
+import re
+
 import numpy as np
 import pytest
 from numba import njit
@@ -308,4 +310,6 @@ def test_compiled_region_bit_for_bit_onnxruntime(monkeypatch):
     so.compiled_regions = True  # as the pipeline's decoders run
     sess = rt.InferenceSession(model, so)
     assert sum(len(r.nodes) for r in sess.plan.regions) == 2
+    twins = {m for r in sess.plan.regions for m in re.findall(r"\b(gemv_q4i8_t\w*?)__ops", r.source)}
+    assert twins == {"gemv_q4i8_t_mlas32"}  # the twin of blocks of 32 only
     np.testing.assert_array_equal(sess.run(None, {"A": A})[0], want)

@@ -6,6 +6,8 @@ portable IR, and, on hosts where onnxruntime takes MLAS's AVX-512 kernels, bit f
 (node by node and inside a compiled region).  Blocks of 32 with 4-bit codes are tests/test_mlas_order.py's.
 The same for accuracy levels 0 to 3 (float A: ops/contrib_quant.gemv_fp_mlas), against onnxruntime on one
 thread."""
+import re
+
 import numpy as np
 import pytest
 from numba import njit
@@ -300,6 +302,8 @@ def test_compiled_region_bit_for_bit_onnxruntime(bs, monkeypatch):
     so.compiled_regions = True
     sess = rt.InferenceSession(model, so)
     assert sum(len(r.nodes) for r in sess.plan.regions) == 2
+    twins = {m for r in sess.plan.regions for m in re.findall(r"\b(gemv_q4i8_t\w*?)__ops", r.source)}
+    assert twins == {"gemv_q4i8_t_mlas"}  # the general twin: other block sizes
     np.testing.assert_array_equal(sess.run(None, {"A": A})[0], want)
 
 

@@ -677,7 +677,7 @@ dot_q4_zp_portable = _make(True, True)
 
 # onnxruntime's order (``_OrtEmitter``), blocks of 32 only: one row with signed codes (MLAS's one-row kernel), one
 # row or ``ORT_ROWS`` rows with unsigned codes (its several-row kernel; the zero points then come in through
-# ``ort_zero_point_sums``).
+# ``contrib_quant.ort_zero_point_rows``).
 ORT_ROWS = 4
 # MLAS's AVX-512 order (``quads``) keeps 16 float lanes per column: two rows per pass keep them in registers (per
 # row of 896x4864, 0.040-0.042 ms on one thread against 0.045-0.051 for four rows; 512-bit vectors over two
@@ -691,7 +691,7 @@ dot_q4_ort_s_portable = _make_ort(False, True, False, 1, True)
 dot_q4_ort_s_zp_portable = _make_ort(True, True, False, 1, True)
 dot_q4_ort_u_rows_portable = _make_ort(False, True, False, ORT_ROWS, False)
 # MLAS's AVX-512 order (``_OrtEmitter.quad``): unsigned codes on every row, zero points through
-# ``ort_zero_point_sums``.
+# ``contrib_quant.ort_zero_point_rows``.
 dot_q4_ort_u4 = _make_ort(False, not AVX2, VNNI, 1, False, True)
 dot_q4_ort_u4_rows = _make_ort(False, not AVX2, VNNI, ORT4_ROWS, False, True)
 dot_q4_ort_u4_portable = _make_ort(False, True, False, 1, False, True)

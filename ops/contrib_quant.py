@@ -515,39 +515,13 @@ def _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, 
         _simd.dot_q4_ort_s(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _ort_par(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, n4):
-    G = qi.shape[0]
-    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
-        g0 = t * _GROUPS_PER_TASK
-        _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0,
-                    min(g0 + _GROUPS_PER_TASK, G), n4)
-
-
-@njit(cache=True, nogil=True)
-def ort_zero_point_sums(absum, sct, zft, has_zp, zdef, y):
-    """y[c] = f32(sum_blk absum[blk] * f32(-scale[c, blk] * zero[c, blk]) + y[c]), the sum a chain of fused
-    multiply-adds over the blocks from 0: MLAS's several-row kernel takes the zero points out of its
-    unsigned-code products this way, by a float GEMM over the block sums (``y`` [8 G]).  One row; the rows of a
-    product go through ``ort_zero_point_rows``, the same chains."""
-    G, nb = sct.shape[0], sct.shape[1]
-    c = np.empty(8, np.float32)
-    for g in range(G):
-        c[:] = 0
-        for blk in range(nb):
-            a = absum[blk]
-            for i in range(8):
-                z = zft[g, blk, i] if has_zp else zdef
-                c[i] = _simd.fma32(a, -(sct[g, blk, i] * z), c[i])
-        for i in range(8):
-            y[8 * g + i] = c[i] + y[8 * g + i]
-
-
 _ZS_GROUPS = 32  # column groups of 8 whose zero-point chains ``ort_zero_point_rows`` runs side by side
 
 
 @njit(cache=True, nogil=True)
 def _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, g0, g1, t, c):
+    """``ort_zero_point_rows`` on the column groups [g0, g1) (``t`` [nb, 8 _ZS_GROUPS] and ``c`` scratch; every
+    element of ``t`` read is written first)."""
     N = out.shape[1]
     M = out.shape[0]
     nb = sct.shape[1]
@@ -583,7 +557,7 @@ _ZS_TASK_GROUPS = 2 * _ZS_GROUPS  # column groups per parallel task of ``ort_zer
 def _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias):
     G, nb = sct.shape[0], sct.shape[1]
     for k in prange((G + _ZS_TASK_GROUPS - 1) // _ZS_TASK_GROUPS):
-        t = np.zeros((nb, 8 * _ZS_GROUPS), np.float32)
+        t = np.empty((nb, 8 * _ZS_GROUPS), np.float32)
         c = np.empty(8 * _ZS_GROUPS, np.float32)
         g0 = k * _ZS_TASK_GROUPS
         _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, g0, min(g0 + _ZS_TASK_GROUPS, G),
@@ -592,16 +566,18 @@ def _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias):
 
 @njit(cache=True, nogil=True)
 def ort_zero_point_rows(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, parallel):
-    """Every row of ``out`` [M, N]: the bias added (rounded), then for rows below ``nu`` ``ort_zero_point_sums``'s
-    chains (``absum`` [M, nb]): per column the same fused multiply-adds in the same order, the columns of
-    ``_ZS_GROUPS`` groups side by side (independent chains, one vector pass per block), their factors computed
+    """Every row of ``out`` [M, N]: the bias added (rounded), then for rows below ``nu``
+    ``out[r, c] = f32(sum_blk absum[r, blk] * f32(-scale[c, blk] * zero[c, blk]) + out[r, c])``, the sum a chain of
+    fused multiply-adds over the blocks from 0 (``absum`` [M, nb]): MLAS's several-row kernel takes the zero points
+    out of its unsigned-code products this way, by a float GEMM over the block sums.  The columns of
+    ``_ZS_GROUPS`` groups run side by side (independent chains, one vector pass per block), their factors computed
     once per call and shared by the rows; the columns' tasks in parallel."""
     G, nb = sct.shape[0], sct.shape[1]
     if parallel and G > _ZS_TASK_GROUPS:
         _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias)
     else:
         _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, 0, G,
-                           np.zeros((nb, 8 * _ZS_GROUPS), np.float32), np.empty(8 * _ZS_GROUPS, np.float32))
+                           np.empty((nb, 8 * _ZS_GROUPS), np.float32), np.empty(8 * _ZS_GROUPS, np.float32))
 
 
 # -- MLAS's AVX-512 int8 kernels for the other block sizes, and for 8-bit codes (``ORDER_AVX512``) ------------
@@ -656,7 +632,7 @@ class _MlasLanes(_simd._OrtEmitter):
       the halving tree ``h = l[i] + l[i+8]``, ``q = h[i] + h[i+4]``, ``(q0+q2) + (q1+q3)``; else each 4 lanes
       ``((l[4j]+l[4j+1])+l[4j+2])+l[4j+3]`` as v0 .. v3, then ``(v0+v2) + (v1+v3)``.
 
-    Codes are unsigned (the zero points come in after, through ``ort_zero_point_sums``), and a lane's integer sum
+    Codes are unsigned (the zero points come in after, through ``ort_zero_point_rows``), and a lane's integer sum
     is exact (``vpdpbusd``, the AVX2 pair sums for 4-bit codes, or the portable lane sums), so the host's form and
     the portable IR give the same bits."""
 
@@ -1005,15 +981,15 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
       the bias added;
     - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
       and pairs of blocks per update without zero points, one block per update with them; every other row uses
-      unsigned codes and pairs of blocks, then ``ort_zero_point_sums``.
+      unsigned codes and pairs of blocks, then ``ort_zero_point_rows``.
 
     ``order`` ``ORDER_AVX512``: MLAS's AVX-512 kernels instead.  Every row uses unsigned codes; per row and column
     16 float lanes take 4 blocks per update (``_simd._OrtEmitter.quad``), the two halves are added lane by lane
     (``l[j] + l[j + 8]``), the blocks past a multiple of 4 update those 8 lanes one block at a time (lane j the
-    block's products 4j..4j+3), then the folds, the bias and ``ort_zero_point_sums`` as above.  Other block sizes
+    block's products 4j..4j+3), then the folds, the bias and ``ort_zero_point_rows`` as above.  Other block sizes
     of ``MLAS_BLOCKS``, and 8-bit codes (``int8_layout``: ``qi.shape[2] * 4 == bs``; zero point 128 by default),
     take ``ORDER_AVX512`` only, through ``_MlasLanes``: the same A, its lanes, then the bias and
-    ``ort_zero_point_sums`` on every row."""
+    ``ort_zero_point_rows`` on every row."""
     nb = qi.shape[1]
     bits = 4 if qi.shape[2] * 8 == bs else 8 if qi.shape[2] * 4 == bs else 0
     if bits == 0 or not (bs == 16 or bs == 32 or bs == 64 or bs == 128 or bs == 256):

@@ -465,8 +465,9 @@ def mlas_path(bs, bits=4, level4=True) -> int:
     block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
     blocks of 32 (MLAS's other AVX2 kernels are not reproduced: 0).  Below level 4: ``ORDER_AVX512`` on
     ``mlas_avx512_host`` hosts (``gemv_fp_mlas``), else 0.  Any host runs either order: the kernels have a portable
-    form.  MLAS's AVX2 order costs 1.0-1.4x the blockwise one per decode product and 2-3x per prefill product
-    (measured in cache on an AVX2 host)."""
+    form.  MLAS's AVX2 order cost 1.0-1.4x the blockwise one per decode product and 2-3x per prefill product
+    (measured in cache on an AVX2 host, before ``_gemv_ort32`` quantized every row first and took all rows in one
+    parallel pass; not measured again: no AVX2-only host here)."""
     if bits not in (4, 8) or not mlas_order():
         return 0
     if not level4:

@@ -105,7 +105,8 @@ GQA_ERRORS = {
     12: ("ShapeMismatchError", "attention_bias must have shape (batch or 1, num_heads or 1, sequence or 1, "
                                "at least the total length)"),
     13: ("ShapeMismatchError", "head_sink must have num_heads entries"),
-    14: ("ShapeMismatchError", "the head size is not the one the plan compiled this node's attention for"),
+    14: ("ShapeMismatchError", "the step's head size or attention options (softcap, sinks, score output) are not "
+                               "ones the plan compiled this node's attention kernels for"),
 }
 
 

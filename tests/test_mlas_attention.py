@@ -126,6 +126,24 @@ def test_gqa_in_a_compiled_region(attrs, twin, monkeypatch):
         np.testing.assert_array_equal(g, ref)
 
 
+def test_flash_only_driver_refuses_a_step_it_does_not_compile(monkeypatch):
+    """``gqa_f32_mlas_flash`` compiles the flash kernels alone: handed a step they do not take (here a softcap,
+    which the plan's check keeps from it), it raises code 14 instead of running the flash kernels without the
+    softcap; the general driver runs the same step."""
+    import runtime as rt
+    from ops import group_query_attention as gq
+    from runtime.errors import ShapeMismatchError
+    nh, kv, D = 4, 2, 32
+    model = gqa_model(nh, kv, D, softcap=5.0).SerializeToString()
+    feeds = gqa_feeds(nh, kv, D, 1, 3, 0, [2], 3, seed=4)
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    monkeypatch.setattr(gq, "driver", lambda mlas, blocked=False, flash_only=False: gq.gqa_f32_mlas_flash)
+    with pytest.raises(ShapeMismatchError, match="the plan compiled this node's attention kernels for"):
+        rt.InferenceSession(model).run(None, feeds)
+    monkeypatch.setattr(gq, "driver", lambda mlas, blocked=False, flash_only=False: gq.gqa_f32_mlas)
+    assert rt.InferenceSession(model).run(None, feeds)[0].shape == (1, 3, nh * D)
+
+
 def test_sum_exp_orders():
     """MLAS's sum-exp kernels: the elements by its polynomial (FMA3: times 2**m built in the exponent bits, which
     gives 0 below 2**-126; AVX-512: ``vscalefps``, one rounding, denormals kept), the sum in 8 lanes over chunks of

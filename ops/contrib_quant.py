@@ -498,14 +498,15 @@ def _prep_a_i8_groups(a, bs, aq, ascale, gsum, absum):
 
 
 @njit(cache=True, nogil=True)
-def _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4):
+def _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4, absum, bias, has_bias):
     """Column groups [g0, g1): one row (``aq`` 1-d; ``signed`` codes minus zero points, MLAS's AVX2 one-row kernel,
-    or unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned); ``quads``: MLAS's AVX-512 lanes (unsigned)."""
+    or unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned); ``quads``: MLAS's AVX-512 lanes (unsigned), the
+    zero points' share (from ``absum``) and the bias taken in the same pass."""
     if quads:
         if aq.ndim == 2:
-            _simd.dot_q4_ort_u4_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+            _simd.dot_q4_ort_u4_rows(qi, aq, ascale, absum, zdef, sct, y, g0, g1, n4, zft, has_zp, bias, has_bias)
         else:
-            _simd.dot_q4_ort_u4(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+            _simd.dot_q4_ort_u4(qi, aq, ascale, absum, zdef, sct, y, g0, g1, n4, zft, has_zp, bias, has_bias)
     elif aq.ndim == 2:
         _simd.dot_q4_ort_u_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
     elif not signed:
@@ -909,10 +910,11 @@ def _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel):
 
 
 @njit(cache=True, nogil=True)
-def _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1, n4):
+def _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1, n4, absum, bias, has_bias):
     """Every row of ``aq`` [M, K] over the column groups [g0, g1): rows below ``nu`` with unsigned codes, passes
     of ``_simd.ORT4_ROWS`` (``quads``) or ``_simd.ORT_ROWS`` rows, then one at a time; the rows from ``nu`` with
-    signed codes (a row's bits do not depend on the rows it shares a pass with)."""
+    signed codes (a row's bits do not depend on the rows it shares a pass with).  With ``quads`` the rows past the
+    passes take the zero points' share and the bias in the same pass (the others take them after, ``_gemv_ort32``)."""
     M = aq.shape[0]
     R = _simd.ORT4_ROWS if quads else _simd.ORT_ROWS
     mr = nu - nu % R
@@ -924,15 +926,17 @@ def _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1
             _simd.dot_q4_ort_u_rows(qi, aq[r0:r0 + R], ascale[r0:r0 + R], gsum[r0:r0 + R], zdef, sct,
                                     y[r0:r0 + R], g0, g1, n4)
     for r in range(mr, M):
-        _ort_groups(r >= nu, quads, qi, aq[r], ascale[r], gsum[r], zdef, zft, has_zp, sct, y[r], g0, g1, n4)
+        _ort_groups(r >= nu, quads, qi, aq[r], ascale[r], gsum[r], zdef, zft, has_zp, sct, y[r], g0, g1, n4,
+                    absum[r], bias, has_bias)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _ort_rows_par(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, n4):
+def _ort_rows_par(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, n4, absum, bias, has_bias):
     G = qi.shape[0]
     for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
         g0 = t * _GROUPS_PER_TASK
-        _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, min(g0 + _GROUPS_PER_TASK, G), n4)
+        _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, min(g0 + _GROUPS_PER_TASK, G), n4,
+                  absum, bias, has_bias)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -942,11 +946,11 @@ def _prep_groups_par(a2, bs, aq, ascale, gsum, absum):
 
 
 @njit(cache=True, nogil=True)
-def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, absum):
-    """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32 (MLAS's AVX2 order, or its AVX-512 one with ``quads``),
-    before the bias and the zero points' share; returns the rows with unsigned codes (those that take that share);
-    ``absum`` [M, nb] receives each block's ``f32(scale * sum)`` of A.  Every row is quantized first, then one
-    parallel pass over the column groups takes all rows (a task's codes stay in cache across its rows)."""
+def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has_bias):
+    """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32: MLAS's AVX2 order, then the bias and the zero points'
+    share (``ort_zero_point_rows``), or with ``quads`` its AVX-512 one, a row outside the several-row passes taking
+    the share and the bias in its own pass (``_simd.dot_q4_ort_u4``).  Every row is quantized first, then one parallel pass over the column groups takes all rows (a task's
+    codes stay in cache across its rows)."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
     n4 = N - N % 4
@@ -955,19 +959,29 @@ def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, absum):
     aq = np.empty((M, nb * bs), np.int8)
     ascale = np.empty((M, nb), np.float32)
     gsum = np.empty((M, nb * bs // 4), np.float32)
+    absum = np.empty((M, nb), np.float32)
     if parallel and M > 1:
         _prep_groups_par(a2, bs, aq, ascale, gsum, absum)
     else:
         for r in range(M):
             _prep_a_i8_groups(a2[r], bs, aq[r], ascale[r], gsum[r], absum[r])
     y = out if N == 8 * G else np.empty((M, 8 * G), np.float32)
+    bias8 = bias
+    if quads and has_bias and N != 8 * G:  # the pass reads the bias of whole column groups
+        bias8 = np.zeros(8 * G, np.float32)
+        bias8[:N] = bias[:N]
     if parallel:
-        _ort_rows_par(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, n4)
+        _ort_rows_par(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, n4, absum, bias8, has_bias)
     else:
-        _ort_rows(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, 0, G, n4)
+        _ort_rows(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, 0, G, n4, absum, bias8, has_bias)
     if N != 8 * G:
         out[:, :] = y[:, :N]
-    return nu
+    if not quads:
+        ort_zero_point_rows(absum, sct, zft, has_zp, z, out, nu, bias, has_bias, parallel)
+    else:
+        mr = nu - nu % _simd.ORT4_ROWS  # the rows of several-row passes; the rest took the share in their pass
+        if mr:
+            ort_zero_point_rows(absum[:mr], sct, zft, has_zp, z, out[:mr], mr, bias, has_bias, parallel)
 
 
 @njit(cache=True, nogil=True)
@@ -999,17 +1013,16 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
         raise ValueError("gemv_q4i8_mlas: MLAS's AVX2 order is reproduced for 4-bit codes in blocks of 32 only")
     z = np.float32(zdef)
     M = a2.shape[0]
-    absum = np.empty((max(M, 1), nb), np.float32)
     if _ONLY32:  # ``gemv_q4i8_mlas32``: 4-bit codes in blocks of 32 only
         if bits != 4 or bs != 32:
             raise ValueError("gemv_q4i8_mlas32: 4-bit codes in blocks of 32 only")
-        nu = _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, absum)
+        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
     elif bits == 4 and bs == 32:
-        nu = _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, absum)
+        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
     else:
-        nu = M
+        absum = np.empty((max(M, 1), nb), np.float32)
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
-    ort_zero_point_rows(absum, sct, zft, has_zp, z, out, nu, bias, has_bias, parallel)
+        ort_zero_point_rows(absum, sct, zft, has_zp, z, out, M, bias, has_bias, parallel)
 
 
 _ONLY32 = False  # ``gemv_q4i8_mlas32``'s compile-time constant (``_common.constant_twin``)

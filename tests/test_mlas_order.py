@@ -191,16 +191,16 @@ def _prep_rows(a2, nb):
     aq = np.empty((R, nb * 32), np.int8)
     ascale = np.empty((R, nb), np.float32)
     gs = np.empty((R, nb * 8), np.float32)
-    absum = np.empty(nb, np.float32)
+    absum = np.empty((R, nb), np.float32)
     for r in range(R):
-        Q._prep_a_i8_groups(a2[r], 32, aq[r], ascale[r], gs[r], absum)
-    return aq, ascale, gs
+        Q._prep_a_i8_groups(a2[r], 32, aq[r], ascale[r], gs[r], absum[r])
+    return aq, ascale, gs, absum
 
 
 @njit(cache=True)
 def _rows(form, a2, qi, sct, y):
     G, nb = qi.shape[0], qi.shape[1]
-    aq, ascale, gs = _prep_rows(a2, nb)
+    aq, ascale, gs, _ = _prep_rows(a2, nb)
     n4 = y.shape[1]
     if form == 0:
         _simd.dot_q4_ort_u_rows_portable(qi, aq, ascale, gs, np.float32(8.0), sct, y, 0, G, n4)
@@ -225,34 +225,41 @@ def test_host_instructions_equal_the_portable_ir(zp):
 
 
 @njit(cache=True)
-def _quads(form, a2, qi, sct, y):
-    """MLAS's AVX-512 lanes over ``a2``'s rows: one row at a time and ``ORT4_ROWS`` per pass, in the host's
-    instructions (form 1) or the portable IR (form 0)."""
+def _quads(form, a2, qi, sct, zft, has_zp, bias, has_bias, y):
+    """MLAS's AVX-512 lanes over ``a2``'s rows in the host's instructions (form 1) or the portable IR (form 0): one
+    row at a time, the zero points' share and the bias taken in the same pass, and ``ORT4_ROWS`` per pass, the
+    share and the bias added after."""
     G, nb = qi.shape[0], qi.shape[1]
     R = a2.shape[0]
-    aq, ascale, gs = _prep_rows(a2, nb)
+    aq, ascale, _, absum = _prep_rows(a2, nb)
     n4 = y.shape[2]
     z = np.float32(8.0)
     for r in range(R):
         if form == 0:
-            _simd.dot_q4_ort_u4_portable(qi, aq[r], ascale[r], gs[r], z, sct, y[0, r], 0, G, n4)
+            _simd.dot_q4_ort_u4_portable(qi, aq[r], ascale[r], absum[r], z, sct, y[0, r], 0, G, n4, zft, has_zp,
+                                         bias, has_bias)
         else:
-            _simd.dot_q4_ort_u4(qi, aq[r], ascale[r], gs[r], z, sct, y[0, r], 0, G, n4)
+            _simd.dot_q4_ort_u4(qi, aq[r], ascale[r], absum[r], z, sct, y[0, r], 0, G, n4, zft, has_zp, bias,
+                                has_bias)
     if form == 0:
-        _simd.dot_q4_ort_u4_rows_portable(qi, aq, ascale, gs, z, sct, y[1], 0, G, n4)
+        _simd.dot_q4_ort_u4_rows_portable(qi, aq, ascale, absum, z, sct, y[1], 0, G, n4)
     else:
-        _simd.dot_q4_ort_u4_rows(qi, aq, ascale, gs, z, sct, y[1], 0, G, n4)
+        _simd.dot_q4_ort_u4_rows(qi, aq, ascale, absum, z, sct, y[1], 0, G, n4)
+    Q.ort_zero_point_rows(absum, sct, zft, has_zp, z, y[1], R, bias, has_bias, False)
 
 
-def test_avx512_lanes_host_instructions_equal_the_portable_ir():
-    A, b3, sc, _, _ = _case(480, 21, _simd.ORT4_ROWS, False, seed=7)  # 15 blocks: 3 passes of 4, then 3 single
-    qi, sct, zft = Q.int4_layout(b3, sc, np.zeros((1, 1), F), False)
+@pytest.mark.parametrize("zp", [False, True])
+def test_avx512_lanes_host_instructions_equal_the_portable_ir(zp):
+    A, b3, sc, z, _ = _case(480, 21, _simd.ORT4_ROWS, zp, seed=7)  # 15 blocks: 3 passes of 4, then 3 single
+    qi, sct, zft = Q.int4_layout(b3, sc, z.astype(F) if zp else np.zeros((1, 1), F), zp)
     G = qi.shape[0]
+    bias = np.linspace(-1, 1, 8 * G).astype(F)
     ys = [np.empty((2, _simd.ORT4_ROWS, 8 * G), F) for _ in range(2)]
     for form in (0, 1):
-        _quads(form, A, qi, sct, ys[form])
+        _quads(form, A, qi, sct, zft, zp, bias, zp, ys[form])
     np.testing.assert_array_equal(ys[0], ys[1])
-    np.testing.assert_array_equal(ys[0][0], ys[0][1])  # a row's bits do not depend on the rows beside it
+    # a row's bits do not depend on the rows beside it, nor on where it takes the share
+    np.testing.assert_array_equal(ys[0][0], ys[0][1])
 
 
 def _mnb_model(K, N, b3, sc, z, bias):

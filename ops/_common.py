@@ -30,11 +30,16 @@ _LOWP_CACHE: dict = {}
 
 def mlas_order() -> bool:
     """Whether the kernels that reproduce onnxruntime's CPU arithmetic (MLAS's order on x86 hosts, AVX2 or
-    AVX-512) run in its order: ``ONNX_NUMBA_MLAS_ORDER=1`` (int4 products, MatMul against a constant weight,
-    GroupQueryAttention, Sigmoid and SiLU, tanh-GELU, and the hybrid decoders' CausalConvWithState,
-    LpNormalization, LinearAttentionGate, GatedRMSNorm and rotary embeddings).  Callers read it once, when a node
-    is planned or a region generated, never per run."""
-    from runtime.settings import flag
+    AVX-512) run in its order (int4 products, MatMul against a constant weight, GroupQueryAttention, Sigmoid and
+    SiLU, tanh-GELU, and the hybrid decoders' CausalConvWithState, LpNormalization, LinearAttentionGate,
+    GatedRMSNorm and rotary embeddings): ``ONNX_NUMBA_MLAS_ORDER`` when set, else on x86 hosts with AVX2 (where
+    onnxruntime runs the MLAS kernels reproduced) and off elsewhere.  ``ONNX_NUMBA_MLAS_ORDER=0`` selects the
+    project's own order: faster prompt steps and first compiles, logits within float rounding of onnxruntime's
+    instead of equal.  Callers read it once, when a node is planned or a region generated, never per run."""
+    from runtime.settings import flag, text
+    if text("ONNX_NUMBA_MLAS_ORDER") is None:
+        from ._simd import AVX2
+        return AVX2
     return flag("ONNX_NUMBA_MLAS_ORDER")
 
 

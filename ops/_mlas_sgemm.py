@@ -1,5 +1,5 @@
 """A float32 product against a constant weight in MLAS's order: onnxruntime's CPU MatMul bit for bit on x86 hosts
-with FMA (AVX2 or AVX-512), taken under ``ONNX_NUMBA_MLAS_ORDER=1``.
+with FMA (AVX2 or AVX-512), taken where ``_common.mlas_order`` holds (by default on x86 hosts with AVX2).
 
 onnxruntime packs a MatMul's constant 2-d float32 weight at load (``MatMul<float>::PrePack``, ``MlasGemmPackB``)
 and multiplies through ``MlasSgemmPackedOperation``: for every output element, per slice of 256 rows of the

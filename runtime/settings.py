@@ -15,7 +15,7 @@ them between sessions.
 | ``ONNX_NUMBA_REQUIRE_CUDA`` | off | a missing CUDA target fails instead of skipping |
 | ``ONNX_NUMBA_ISOLATE_ONNX`` | on | onnx's C++ shape inference and inliner run in a worker process (``runtime.isolate``) |
 | ``ONNX_NUMBA_CHECK_WEIGHTS`` | on | float weights read from external data are scanned for NaN, and data files with a digest record (``runtime.digests``) are checked against it (a damaged data file) |
-| ``ONNX_NUMBA_MLAS_ORDER`` | off | onnxruntime's CPU arithmetic order on AVX2 hosts (MLAS): level-4 int4 products (blocks of 32), GroupQueryAttention |
+| ``ONNX_NUMBA_MLAS_ORDER`` | on on x86 hosts with AVX2 | onnxruntime's CPU arithmetic order (MLAS's kernels): int4 products, float32 MatMul against a constant weight, GroupQueryAttention, activations, norms (``ops._common.mlas_order``) |
 
 Paths (``ONNX_NUMBA_REGION_DIR``), the isolated step's deadline (``ONNX_NUMBA_ISOLATE_TIMEOUT``, seconds)
 and the pipeline's backend choice (``ONNX_NUMBA_NATIVE_*``, parsed with their own errors in
@@ -40,7 +40,7 @@ FLAGS = {  # variable -> default
     "ONNX_NUMBA_REQUIRE_CUDA": False,
     "ONNX_NUMBA_ISOLATE_ONNX": True,
     "ONNX_NUMBA_CHECK_WEIGHTS": True,
-    "ONNX_NUMBA_MLAS_ORDER": False,
+    "ONNX_NUMBA_MLAS_ORDER": True,  # when unset, ``ops._common.mlas_order`` takes the host's default
 }
 
 

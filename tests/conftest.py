@@ -23,6 +23,15 @@ def _order_independent_random_data(request):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _own_arithmetic_order(monkeypatch):
+    """The suite runs the project's own arithmetic order (``ONNX_NUMBA_MLAS_ORDER=0``), which its kernel and form
+    tests pin; onnxruntime's order, the default on x86 hosts with AVX2, is pinned bit for bit against onnxruntime
+    by the tests that set the variable themselves (``test_mlas_*.py``, ``test_real_packages.py``).  Run before any
+    of a test's own ``monkeypatch`` calls, so theirs win."""
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+
+
 @pytest.fixture
 def numba_threads_seen(monkeypatch):
     """The Numba thread count each ``Plan.run`` of the test ran with, in order."""

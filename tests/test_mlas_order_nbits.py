@@ -15,6 +15,7 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 from ops import _simd
 from ops import contrib_quant as Q
+from ops._common import mlas_order
 
 F = np.float32
 BLOCKS = (16, 32, 64, 128, 256)
@@ -218,8 +219,11 @@ def test_host_instructions_equal_the_portable_ir(bits, bs):
 
 
 def test_mlas_path(monkeypatch):
-    """The setting off: the blockwise order everywhere; on: MLAS's for the block sizes of its int8 kernels."""
+    """The setting off: the blockwise order everywhere; on: MLAS's for the block sizes of its int8 kernels; unset:
+    on exactly on x86 hosts with AVX2."""
     monkeypatch.delenv("ONNX_NUMBA_MLAS_ORDER", raising=False)
+    assert mlas_order() == _simd.AVX2
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
     assert all(Q.mlas_path(bs, bits) == 0 for bs in BLOCKS for bits in (4, 8))
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     assert Q.mlas_path(512, 4) == 0 and Q.mlas_path(64, 2) == 0

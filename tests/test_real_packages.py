@@ -91,6 +91,28 @@ def test_shared_cache_buffers_decode_as_copied_ones(name, monkeypatch):
         assert d.greedy_step(t1) == t2 == ids[2]
 
 
+@pytest.mark.parametrize("name", ["llama_int4", "qwen35_int4"])
+def test_native_logits_are_onnxruntimes_by_default(name, monkeypatch):
+    """With the setting unset, an x86 host with AVX2 runs onnxruntime's arithmetic: the native decoder's logits
+    after the prompt and after one more token equal onnxruntime's to the bit; elsewhere the default is the
+    project's own order."""
+    import numpy as np
+    from ops import _simd
+    from ops._common import mlas_order
+    monkeypatch.delenv("ONNX_NUMBA_MLAS_ORDER", raising=False)  # (the suite runs the own order: conftest.py)
+    assert mlas_order() == _simd.AVX2
+    if not _simd.AVX2:
+        return
+    spec = load_package(os.path.join(HERE, name))
+    nat = Pipeline(spec, BackendChoice(set(), True, "cpu")).decoder
+    ref = Pipeline(spec, BackendChoice(set(), False, "cpu")).decoder
+    assert nat.backend == "native" and ref.backend != "native"
+    a, b = nat.prefill(tokens=np.array([PROMPTS[0]])), ref.prefill(tokens=np.array([PROMPTS[0]]))
+    np.testing.assert_array_equal(a, b)
+    t = np.array([[int(np.argmax(np.asarray(b).reshape(-1, np.asarray(b).shape[-1])[-1]))]])
+    np.testing.assert_array_equal(nat.step(tokens=t), ref.step(tokens=t))
+
+
 def test_level4_sensitivity_tool(capsys):
     """``tools.level4_sensitivity`` on the int4 llama: native equals onnxruntime on the real input of the first
     level-4 MatMulNBits, and the tool reports onnxruntime's own change for a one-ulp input change."""

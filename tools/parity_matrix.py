@@ -12,7 +12,8 @@ or the first divergent step with both sides' top-2 logit gaps from the
 native and onnxruntime session loops (a near-tie when onnxruntime's own gap is
 below the parity command's fixed ``NEAR_TIE``, 0.01), and the largest logit
 difference at step 0.  Exit status 0 when every divergence is a near-tie.
-``ONNX_NUMBA_MLAS_ORDER=1`` runs the native side in onnxruntime's arithmetic order.
+The native side runs onnxruntime's arithmetic order where that is the default (x86 hosts with AVX2; see
+``ops._common.mlas_order``); ``ONNX_NUMBA_MLAS_ORDER=0`` or ``=1`` chooses.
 """
 from __future__ import annotations
 

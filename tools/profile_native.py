@@ -306,8 +306,8 @@ def level4_header() -> str:
                     "MLAS AVX-512 F without BW/DQ/VL (its path here is not reproduced)")
     else:
         ort_path = "MLAS AVX2 int8 kernels" + ("" if _simd.VNNI else " (no VNNI)")
-    native = ("products, attention, norms and activations in onnxruntime's order (ONNX_NUMBA_MLAS_ORDER=1)"
-              if mlas_order() else
+    native = ("products, attention, norms and activations in onnxruntime's order (ONNX_NUMBA_MLAS_ORDER=0 runs "
+              "the blockwise order: faster prompts)" if mlas_order() else
               "products blockwise (ONNX_NUMBA_MLAS_ORDER=1 reproduces onnxruntime's order: products, attention, "
               "norms, activations)")
     return f"level-4 int4: onnxruntime takes {ort_path}; native {native}"

@@ -37,8 +37,8 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   points), A is replaced by its per-block int8 quantization scaled back (``qa * sa``), which is onnxruntime's
   level-4 product up to float rounding (the block scales factor out of each block's integer dot).
 
-Under ``ONNX_NUMBA_MLAS_ORDER`` (``mlas_path``, read when a node is planned) the products follow onnxruntime's
-float order instead, bit for bit its CPU kernel's on hosts of that kind: level 4 with 4-bit codes in blocks of 32
+In MLAS's order (``_common.mlas_order``: the default on x86 hosts with AVX2; ``mlas_path``, read when a node is
+planned) the products follow onnxruntime's float order instead, bit for bit its CPU kernel's on hosts of that kind: level 4 with 4-bit codes in blocks of 32
 by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
 and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``),
 levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``), and 4-bit
@@ -459,9 +459,9 @@ MLAS_BLOCKS = (16, 32, 64, 128, 256)  # the block sizes of MLAS's int8 kernels (
 
 def mlas_path(bs, bits=4, level4=True) -> int:
     """The order of a MatMulNBits product of block size ``bs`` with ``bits``-bit codes, at accuracy level 4
-    (``level4``: A quantized to int8) or below (A float): 0, the blockwise order (the default: faster, and equal to
-    onnxruntime's up to float rounding), or under ``_common.mlas_order`` MLAS's order for this host, bit for bit
-    onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts ``ORDER_AVX512`` for 4- and 8-bit codes in every
+    (``level4``: A quantized to int8) or below (A float): 0, the blockwise order (faster at prefill, and equal to
+    onnxruntime's up to float rounding), or under ``_common.mlas_order`` (the default on x86 hosts with AVX2)
+    MLAS's order for this host, bit for bit onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts ``ORDER_AVX512`` for 4- and 8-bit codes in every
     block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
     blocks of 32 (MLAS's other AVX2 kernels are not reproduced: 0).  Below level 4: ``ORDER_AVX512`` on
     ``mlas_avx512_host`` hosts (``gemv_fp_mlas``), else 0.  Any host runs either order: the kernels have a portable

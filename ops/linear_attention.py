@@ -8,7 +8,9 @@ Invariants:
 - the recurrence runs token by token exactly as the spec states it (the ``chunk_size`` hint does not change
   results); the state is float32 inside and is cast to ``past_state``'s dtype (or the query's when no past is
   given) on output; query head ``h`` reads KV head ``h // (q_num_heads // kv_num_heads)``;
-- only ``state_window = 0`` (the 4-d state) is supported (``InvalidAttributeError``).
+- only ``state_window = 0`` (the 4-d state) is supported (``InvalidAttributeError``);
+- in onnxruntime's order (``_common.mlas_order``, read when the node is bound) the recurrence runs
+  ``linear_attention_mlas``: onnxruntime's LinearAttention bit for bit (the order is written out above it).
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
-from ._common import F32, raise_coded
+from ._common import F32, mlas_order, raise_coded
+from ._simd import AVX512F, fma32
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
@@ -29,6 +32,8 @@ __all__ = ["LinAttn", "bind_linear_attention", "bind_linear_attention_ms", "la_i
 MS = "com.microsoft"
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
+MLAS_PORTABLE = 1  # onnxruntime's order, its portable kernel (``linear_attention_mlas``)
+MLAS_FUSED = 2     # onnxruntime's order, its AVX-512 kernel where the head geometry takes it
 
 
 class LinAttn(NamedTuple):
@@ -40,6 +45,15 @@ class LinAttn(NamedTuple):
     rule: str
     gating: bool          # the update rule reads decay
     delta: bool           # the update rule reads beta
+    mlas: int = 0         # 0 the default order, else onnxruntime's (``mlas_kind``)
+
+
+def mlas_kind() -> int:
+    """The order a node planned now runs in: 0 the default, ``MLAS_FUSED`` in onnxruntime's on hosts where it
+    takes MLAS's AVX-512 kernel, ``MLAS_PORTABLE`` in onnxruntime's elsewhere."""
+    if not mlas_order():
+        return 0
+    return MLAS_FUSED if AVX512F else MLAS_PORTABLE
 
 
 def _rule(update_rule) -> tuple:
@@ -54,7 +68,7 @@ def bind_linear_attention(ctx, chunk_size=64, kv_num_heads=None, q_num_heads=Non
     if not q_num_heads or not kv_num_heads or q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
         raise InvalidAttributeError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple of "
                                     f"kv_num_heads ({kv_num_heads})")
-    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule))
+    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule), mlas_kind())
 
 
 def bind_linear_attention_ms(ctx, chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
@@ -70,7 +84,7 @@ def bind_linear_attention_ms(ctx, chunk_size=64, kv_num_heads=None, q_num_heads=
     if kv_num_heads % q_num_heads:
         raise InvalidAttributeError(f"LinearAttention: kv_num_heads ({kv_num_heads}) must be a multiple of "
                                     f"q_num_heads ({q_num_heads}) for inverse grouped-query attention")
-    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule))
+    return LinAttn(int(q_num_heads), int(kv_num_heads), float(scale), *_rule(update_rule), mlas_kind())
 
 
 LA_ERRORS = {
@@ -181,9 +195,184 @@ def linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, sca
                         out[b, t, g * group + j, m] = scale * o[j, m]
 
 
+# -- onnxruntime's order (``_common.mlas_order``), read from MLAS's linear-attention kernels and checked bit for bit
+# against onnxruntime's LinearAttention on an AVX-512 host.  Per (batch, KV head) one of two kernels:
+#
+# - ``MLAS_FUSED`` (MLAS's AVX-512 kernel: x86 hosts with AVX-512, dk a multiple of 16 up to 256, dv a multiple of
+#   32, 1, 2, 4 or 8 query heads per KV head): per token, with ``dec = expf(decay)`` (per key row or one per head),
+#   ``q' = dec * q`` and ``k' = dec * k`` (rounded; q, k without decay); ``qk`` = q . k (raw) in 16 lanes of fused
+#   chains over i = l (mod 16), folded by halves (8, 4, 2, 1); then over the OLD state, per column, fused chains
+#   from 0 over the rows ``a = fma(q'[i], S[i], a)`` and (delta rules) ``r = fma(k'[i], S[i], r)``;
+#   ``u = beta * (v - r)`` (or v); ``out = scale * fma(qk, u, a)``; then the state ``fma(dec[i], S, k[i] * u)``
+#   with decay, ``fma(k[i], u, S)`` without;
+# - ``MLAS_PORTABLE`` (every other shape or host): the default kernel's order (decay ``S * dec`` first, nothing
+#   fused, the state ``S + k[i] * u``, the readout over the new state), except that from dk * dv = 4096 on the two
+#   row-vector products (retrieval and readout) are MLAS's one-row SGEMM (``_m1_rowvec``).
+_M1_FROM = 4096  # the state size from which onnxruntime's portable kernel takes MLAS's SGEMM
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _m1_rowvec(w, S, C, grp):
+    """C = w . S (w [dk], S [dk, dv]) as MLAS's one-row SGEMM kernel sums it: rows in groups of 4, each group
+    ``((p0 + p1) + p2) + p3`` of rounded products, added as ``group + C`` (C from 0); a last 2 rows as one group,
+    then a last single row."""
+    dk, dv = S.shape
+    for m in range(dv):
+        C[m] = 0.0
+    i = 0
+    while i < dk:
+        n = 4 if dk - i >= 4 else (2 if dk - i >= 2 else 1)
+        for m in range(dv):
+            grp[m] = np.float32(w[i] * S[i, m])
+        for e in range(1, n):
+            we = w[i + e]
+            for m in range(dv):
+                grp[m] = np.float32(grp[m] + np.float32(we * S[i + e, m]))
+        for m in range(dv):
+            C[m] = np.float32(grp[m] + C[m])
+        i += n
+
+
+@njit(cache=True, nogil=True)
+def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g):
+    """``linear_attention_mlas`` for the KV head ``g`` of batch row ``b`` (its state and output heads only)."""
+    T, Hq, dk = q.shape[1], q.shape[2], q.shape[3]
+    Hkv = k.shape[2]
+    dv = v.shape[3]
+    group = Hq // Hkv
+    nd = decay.shape[3]
+    nb = beta.shape[2]
+    m1 = dk * dv >= _M1_FROM
+    dec = np.ones(dk, np.float32)
+    wq = np.empty((group, dk), np.float32)
+    wk = np.empty(dk, np.float32)
+    qk = np.empty(group, np.float32)
+    lanes = np.empty(16, np.float32)
+    r = np.empty(dv, np.float32)
+    u = np.empty(dv, np.float32)
+    grp = np.empty(dv, np.float32)
+    a = np.empty((group, dv), np.float32)
+    S = state[b, g]
+    for t in range(T):
+        if gating:
+            for i in range(dk):
+                dec[i] = math.exp(decay[b, t, g, i if nd > 1 else 0])
+        bt = beta[b, t, g if nb > 1 else 0]
+        if fused:
+            for j in range(group):
+                h = g * group + j
+                for l in range(16):
+                    lanes[l] = 0.0
+                for i0 in range(0, dk, 16):
+                    for l in range(16):
+                        lanes[l] = fma32(q[b, t, h, i0 + l], k[b, t, g, i0 + l], lanes[l])
+                for w in (8, 4, 2, 1):
+                    for l in range(w):
+                        lanes[l] = np.float32(lanes[l] + lanes[l + w])
+                qk[j] = lanes[0]
+                for i in range(dk):
+                    wq[j, i] = np.float32(dec[i] * q[b, t, h, i]) if gating else q[b, t, h, i]
+                for m in range(dv):
+                    a[j, m] = 0.0
+            for i in range(dk):
+                wk[i] = np.float32(dec[i] * k[b, t, g, i]) if gating else k[b, t, g, i]
+            for m in range(dv):
+                r[m] = 0.0
+            for i in range(dk):  # pass 1, over the old state
+                row = S[i]
+                for j in range(group):
+                    x = wq[j, i]
+                    for m in range(dv):
+                        a[j, m] = fma32(x, row[m], a[j, m])
+                if delta:
+                    x = wk[i]
+                    for m in range(dv):
+                        r[m] = fma32(x, row[m], r[m])
+            for m in range(dv):
+                u[m] = np.float32(bt * np.float32(v[b, t, g, m] - r[m])) if delta else v[b, t, g, m]
+            for j in range(group):
+                for m in range(dv):
+                    out[b, t, g * group + j, m] = np.float32(scale * fma32(qk[j], u[m], a[j, m]))
+            for i in range(dk):  # pass 2, the new state
+                row = S[i]
+                ki = k[b, t, g, i]
+                if gating:
+                    di = dec[i]
+                    for m in range(dv):
+                        row[m] = fma32(di, row[m], np.float32(ki * u[m]))
+                else:
+                    for m in range(dv):
+                        row[m] = fma32(ki, u[m], row[m])
+            continue
+        if gating:
+            for i in range(dk):
+                di = dec[i]
+                row = S[i]
+                for m in range(dv):
+                    row[m] = np.float32(row[m] * di)
+        if delta:
+            if m1:
+                _m1_rowvec(k[b, t, g], S, r, grp)
+            else:
+                for m in range(dv):
+                    r[m] = 0.0
+                for i in range(dk):
+                    ki = k[b, t, g, i]
+                    row = S[i]
+                    for m in range(dv):
+                        r[m] = np.float32(r[m] + np.float32(row[m] * ki))
+        for m in range(dv):
+            u[m] = np.float32(bt * np.float32(v[b, t, g, m] - r[m])) if delta else v[b, t, g, m]
+        for i in range(dk):
+            ki = k[b, t, g, i]
+            row = S[i]
+            for m in range(dv):
+                row[m] = np.float32(row[m] + np.float32(ki * u[m]))
+        for j in range(group):
+            h = g * group + j
+            if m1:
+                _m1_rowvec(q[b, t, h], S, a[j], grp)
+            else:
+                for m in range(dv):
+                    a[j, m] = 0.0
+                for i in range(dk):
+                    qi = q[b, t, h, i]
+                    row = S[i]
+                    for m in range(dv):
+                        a[j, m] = np.float32(a[j, m] + np.float32(qi * row[m]))
+            for m in range(dv):
+                out[b, t, h, m] = np.float32(scale * a[j, m])
+
+
+_PAR_ELEMS = 1 << 16  # state elements times tokens from which the heads run in parallel
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _mlas_heads_par(q, k, v, decay, beta, state, out, gating, delta, scale, fused):
+    Hkv = k.shape[2]
+    for bg in prange(q.shape[0] * Hkv):
+        _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, bg // Hkv, bg % Hkv)
+
+
+@njit(cache=True, nogil=True)
+def linear_attention_mlas(q, k, v, decay, beta, state, out, gating, delta, scale, fused):
+    """``linear_attention_kernel`` in onnxruntime's order (``MLAS_FUSED`` with ``fused``, else ``MLAS_PORTABLE``;
+    see above); the same operands.  The (batch, KV head) pairs are independent: in parallel from ``_PAR_ELEMS``."""
+    B, T = q.shape[0], q.shape[1]
+    Hkv = k.shape[2]
+    if B * Hkv > 1 and state[0, 0].size * T * B * Hkv >= _PAR_ELEMS:
+        _mlas_heads_par(q, k, v, decay, beta, state, out, gating, delta, scale, fused)
+        return
+    for b in range(B):
+        for g in range(Hkv):
+            _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g)
+
+
 @njit(**_OPTS)
-def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta):
-    """The driver, on float32 arrays: ``(error code, out (B, T, Hout * dv), state)``."""
+def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_beta, Hq, Hkv, scale, gating, delta,
+                mlas=0):
+    """The driver, on float32 arrays: ``(error code, out (B, T, Hout * dv), state)``; ``mlas`` 0 the default
+    order, else onnxruntime's (``MLAS_FUSED`` where the host and the shape take that kernel)."""
     B, T, hq = query.shape
     err, dk, dv, nd, nb, Hout = la_geometry(query.shape, key.shape, value.shape, decay.shape, has_decay,
                                             beta.shape, has_beta, past.shape, has_past, Hq, Hkv)
@@ -208,8 +397,14 @@ def linattn_f32(query, key, value, past, has_past, decay, has_decay, beta, has_b
     state = past.copy() if has_past else np.zeros((B, Hkv, dk, dv), np.float32)
     out = np.empty((B, T, Hout, dv), np.float32)
     if out.size or state.size:
-        linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta,
-                                np.float32(scale if scale else 1.0 / math.sqrt(dk)))
+        sc = np.float32(scale) if scale else np.float32(1.0) / np.float32(math.sqrt(dk))  # onnxruntime's 1.0f / sqrtf
+        if mlas:
+            group = q.shape[2] // Hkv
+            fused = mlas == MLAS_FUSED and dk % 16 == 0 and dk <= 256 and dv % 32 == 0 and \
+                (group == 1 or group == 2 or group == 4 or group == 8)
+            linear_attention_mlas(q, k, v, dc, bt, state, out, gating, delta, sc, fused)
+        else:
+            linear_attention_kernel(q, k, v, dc, bt, state, out, gating, delta, sc)
     return 0, out.reshape((B, T, Hout * dv)), state
 
 
@@ -227,7 +422,7 @@ def _cpu(b: LinAttn, ctx):
         err, out, state = linattn_f32(_f32(query), _f32(key), _f32(value), _Z4 if past_state is None else
                                       _f32(past_state), past_state is not None, _Z3 if decay is None else _f32(decay),
                                       decay is not None, _Z3 if beta is None else _f32(beta), beta is not None, b.Hq,
-                                      b.Hkv, b.scale, b.gating, b.delta)
+                                      b.Hkv, b.scale, b.gating, b.delta, b.mlas)
         if err:
             raise_coded(LA_ERRORS, err, "LinearAttention")
         sdt = query.dtype if past_state is None else past_state.dtype
@@ -247,7 +442,7 @@ def _form(e, b: LinAttn):
     dec = "{i4}" if e.has(4) else "np.zeros((1, 1, 1), np.float32)"
     bet = "{i5}" if e.has(5) else "np.zeros((1, 1, 1), np.float32)"
     e.line(f"{{p}}_err, {{o0}}, {{p}}_st = {k}({{i0}}, {{i1}}, {{i2}}, {past}, {e.has(3)}, {dec}, {e.has(4)}, "
-           f"{bet}, {e.has(5)}, {b.Hq}, {b.Hkv}, {b.scale!r}, {b.gating}, {b.delta})")
+           f"{bet}, {e.has(5)}, {b.Hq}, {b.Hkv}, {b.scale!r}, {b.gating}, {b.delta}, {b.mlas})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in LA_ERRORS.items()])
     if e.used(1):
         e.line("{o1} = {p}_st")

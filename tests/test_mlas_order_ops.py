@@ -135,3 +135,48 @@ def test_rotary_embeddings(mrope, half, monkeypatch):
     model = _model(node, [_vi("x", [B, S, H * D])], 1, [("cos", cos), ("sin", sin)], [pos_vi])
     _check(model, {"x": x, "pos": pos}, monkeypatch)
 
+
+
+def _linear_attention_case(dk, dv, Hq, Hkv, rule, per_key, scale, T=5, B=2):
+    """A LinearAttention node with a past state (then ``z = y + y``), and its feeds."""
+    Hk = Hq if Hkv > Hq else Hkv
+    ins = ["q", "k", "v", "past"] + (["decay"] if "gated" in rule else [""] if "delta" in rule else []) + \
+        (["beta"] if "delta" in rule else [])
+    attrs = dict(q_num_heads=Hq, kv_num_heads=Hkv, update_rule=rule, **({"scale": scale} if scale else {}))
+    node = h.make_node("LinearAttention", ins, ["y", "state"], domain=MS, **attrs)
+    feeds = {"q": RNG.standard_normal((B, T, Hq * dk)).astype(F), "k": RNG.standard_normal((B, T, Hk * dk)).astype(F)
+             * F(0.3), "v": RNG.standard_normal((B, T, Hkv * dv)).astype(F),
+             "past": RNG.standard_normal((B, Hkv, dk, dv)).astype(F) * F(0.1)}
+    if "gated" in rule:
+        feeds["decay"] = -RNG.random((B, T, Hkv * (dk if per_key else 1))).astype(F)
+    if "delta" in rule:
+        feeds["beta"] = RNG.random((B, T, Hkv)).astype(F)
+    then = h.make_node("Add", ["y", "y"], ["z"])
+    g = h.make_graph([node, then], "g", [_vi(n, [None] * a.ndim) for n, a in feeds.items()],
+                     [_vi("y", [None] * 3), _vi("state", [None] * 4), _vi("z", [None] * 3)])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 18), h.make_opsetid(MS, 1)]).SerializeToString()
+    return model, feeds
+
+
+@pytest.mark.parametrize("dk,dv,Hq,Hkv,rule,per_key,scale", [
+    (32, 32, 4, 2, "gated_delta", True, 0.0),   # MLAS's AVX-512 kernel on such hosts: pre-weighted, fused passes
+    (16, 64, 2, 2, "linear", False, 0.0),
+    (32, 64, 2, 4, "delta", False, 1.0),         # inverse GQA
+    (72, 64, 2, 2, "gated_delta", False, 0.5),  # the portable kernel from 4096 state elements: MLAS's one-row SGEMM
+    (66, 70, 1, 1, "delta", False, 0.0)])
+def test_linear_attention(dk, dv, Hq, Hkv, rule, per_key, scale, monkeypatch):
+    """onnxruntime's LinearAttention: output and state, both kernels (``ops/linear_attention.linear_attention_mlas``)."""
+    model, feeds = _linear_attention_case(dk, dv, Hq, Hkv, rule, per_key, scale)
+    _check(model, feeds, monkeypatch)
+
+
+def test_linear_attention_small_state(monkeypatch):
+    """Below 4096 state elements onnxruntime's portable kernel is the default kernel's order: both orders give its
+    bits (dv 40 keeps MLAS's AVX-512 kernel out)."""
+    model, feeds = _linear_attention_case(24, 40, 2, 1, "gated_delta", True, 0.0)
+    want = _ort(model, feeds)
+    for order in ("0", "1"):
+        monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", order)
+        for compiled in (False, True):
+            for g, w in zip(_native(model, feeds, compiled), want):
+                np.testing.assert_array_equal(g, w)

@@ -1,6 +1,6 @@
 """The ops a hybrid decoder adds, in onnxruntime's order with ``ONNX_NUMBA_MLAS_ORDER=1``: MatMul against a
-constant weight (MLAS's packed SGEMM), CausalConvWithState, LpNormalization, LinearAttentionGate, GatedRMSNorm
-and (M)RotaryEmbedding, each bit for bit onnxruntime's CPU kernel (``np.array_equal``) node by node and inside a
+constant weight (MLAS's packed SGEMM), CausalConvWithState, LpNormalization, LinearAttentionGate, GatedRMSNorm,
+(M)RotaryEmbedding and LinearAttention, each bit for bit onnxruntime's CPU kernel (``np.array_equal``) node by node and inside a
 compiled region, on x86 hosts with FMA.  Each case also shows that it tells the orders apart: the default
 kernels' result differs from onnxruntime's on it."""
 import numpy as np

@@ -307,6 +307,36 @@ def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf, abuf, pbuf):
 
 
 @njit(**_OPTS)
+def _qk_one_row_alpha1(q, b, h, kc, kh, T, out):
+    """``out[:T]`` = q[b, 0, h] . keys [0, T) as MLAS's SGEMM hands one query row with alpha exactly 1 to its
+    one-row transposed kernel: per key, eight lanes over the head dimension (``lane += q * k``, each product and
+    sum rounded), folded ``(((l0+l1)+l2)+l3) + (((l4+l5)+l6)+l7)`` for the keys below T rounded down to 4, a last
+    pair ``((l0+l2)+(l4+l6)) + ((l1+l3)+(l5+l7))``, a last one ``((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))``; then
+    plus 0 (beta 0)."""
+    D = q.shape[3]
+    T4 = T - T % 4
+    lanes = np.empty(8, np.float32)
+    for j in range(T):
+        krow = kc[b, kh, j]
+        for i in range(8):
+            lanes[i] = _ZERO
+        for d in range(D):
+            lanes[d % 8] = np.float32(lanes[d % 8] + np.float32(q[b, 0, h, d] * krow[d]))
+        x0, x1, x2, x3, x4, x5, x6, x7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], \
+            lanes[7]
+        if j < T4:
+            v = np.float32(np.float32(np.float32(np.float32(x0 + x1) + x2) + x3)
+                           + np.float32(np.float32(np.float32(x4 + x5) + x6) + x7))
+        elif T % 4 >= 2 and j < T4 + 2:
+            v = np.float32(np.float32(np.float32(x0 + x2) + np.float32(x4 + x6))
+                           + np.float32(np.float32(x1 + x3) + np.float32(x5 + x7)))
+        else:
+            v = np.float32(np.float32(np.float32(x0 + x1) + np.float32(x2 + x3))
+                           + np.float32(np.float32(x4 + x5) + np.float32(x6 + x7)))
+        out[j] = np.float32(v + _ZERO)
+
+
+@njit(**_OPTS)
 def _sv_one_row(sc, vc, b, kh, ir, rk, first, acc):
     """``_sv_panels`` for a block of one query row, as MLAS's SGEMM hands it to its one-row kernel
     (``MlasSgemmKernelM1Avx``): keys in groups of 4, then 2, then 1; per group and output the products (each
@@ -655,7 +685,11 @@ def _probs_task(r, q, kc, vc, past_b, att_total, kbase, scale, softcap, window, 
     sk = sgemm_stride_k(T, D)
     abuf = np.empty(R4 * max(min(sk, D), min(sgemm_stride_k(D, T), T)), np.float32)
     pbuf = np.empty(R4 * max(T, D), np.float32)
-    sc = _qk_panels(qbuf, S, kc, b, kh, 0, T, scale, kbuf, scbuf, abuf, pbuf)
+    if S == 1 and scale == _ONE:  # MLAS's SGEMM takes its one-row path for one row at alpha 1
+        sc = scbuf[:R4 * T].reshape((R4, T))
+        _qk_one_row_alpha1(q, b, h, kc, kh, T, sc[0])
+    else:
+        sc = _qk_panels(qbuf, S, kc, b, kh, 0, T, scale, kbuf, scbuf, abuf, pbuf)
     sk_v = sink[h] if sink_mode == 2 else _ZERO
     for i in range(S):
         row = sc[i]
@@ -716,7 +750,7 @@ def attend_probs_mlas(q, kc, vc, past_b, att_total, kbase, scale, softcap, windo
     (B, S, H, D), in the order of onnxruntime's CPU kernel where it does not run its flash kernels
     (``GQAAttentionBase::ComputeAttentionProbs`` and ``ComputeVxAttentionScore``): per (entry, head) the scores of
     every query row against keys [0, T) by MLAS's SGEMM (``_qk_panels``: chains over the head dimension, times
-    scale); per row, keys before its local window and past its causal limit set to 0, over the window
+    scale; one query row at scale exactly 1, its one-row transposed kernel, ``_qk_one_row_alpha1``); per row, keys before its local window and past its causal limit set to 0, over the window
     ``softcap * tanhf(x / softcap)`` (each step rounded), the bias added, the ``qk`` output taken (``qk_mode`` 1),
     then MLAS's softmax: the maximum (raised to the sink with ``sink_mode`` > 0: 1 smooth softmax, sink 0; 2 the
     head's sink), ``sum_exp``, plus ``expf(sink - max)`` with a sink, each times ``1 / sum``; then the

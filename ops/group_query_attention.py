@@ -257,11 +257,11 @@ def params_scale(scale, D):
 
 
 @njit(**_OPTS)
-def mlas_probs_step(S, scale, causal):
+def mlas_probs_step(causal):
     """Whether ``ops/_mlas_attention.attend_probs_mlas`` reproduces a float32 step that onnxruntime runs
-    outside its flash kernels (softcap, smooth softmax, head sink, ``qk`` output): causal, and not one query row
-    at scale 1, where MLAS's SGEMM takes its one-row transposed kernel, whose order is not reproduced."""
-    return causal and not (S == 1 and scale == np.float32(1.0))
+    outside its flash kernels (softcap, smooth softmax, head sink, ``qk`` output): causal ones (one query row at
+    scale 1 included: MLAS's one-row transposed kernel, ``_qk_one_row_alpha1``)."""
+    return causal
 
 
 @njit(**_OPTS)
@@ -450,7 +450,7 @@ def gqa_f32(query, key, value, packed, pk, pv, has_past, seqlens, total, cosc, s
     if _FLASH:
         eligible = D <= ma.MAX_HEAD and mlas_step(softcap, smooth, has_sink, qk_mode, windowed, causal)
         use_mlas = _MLAS and eligible
-        probs = _MLAS and D <= ma.MAX_HEAD and not eligible and mlas_probs_step(S, params_scale(scale, D), causal)
+        probs = _MLAS and D <= ma.MAX_HEAD and not eligible and mlas_probs_step(causal)
         # Hosts without AVX-512 (no blocked prefill kernel) run several-row steps on the flash kernel in any
         # case: on an AVX2 host 1.4-3.4x faster than the per-row kernel (tools/bench_attention.py).
         flash = use_mlas or (eligible and S > 1 and not AVX512)

@@ -225,6 +225,9 @@ PROBS_CASES = {
     "head sink, decode": lambda: ((4, 2, 32, 0.0, 1, 1, 9, [9], 10), dict(sink=True)),
     "scores out, prompt": lambda: ((4, 2, 32, 0.0, 1, 9, 0, [8], 9), dict(qk_output=1)),
     "probabilities out, decode": lambda: ((4, 2, 32, 0.0, 1, 1, 9, [9], 10), dict(qk_output=2)),
+    # one query row at scale exactly 1: MLAS's one-row transposed kernel (keys past a multiple of 4 folded apart)
+    "softcap, decode at scale 1": lambda: ((4, 2, 48, 1.0, 1, 1, 10, [10], 11), dict(softcap=5.0)),
+    "head sink, ragged decode at scale 1": lambda: ((4, 2, 32, 1.0, 2, 1, 9, [9, 5], 10), dict(sink=True)),
     "softcap, window and bias": lambda: ((4, 2, 32, 0.0, 1, 20, 0, [19], 20),
                                          dict(softcap=3.0, window=8, bias=(False, True))),
     # fewer than 128 keys at head size 256: MLAS's SGEMM takes the head dimension in two passes

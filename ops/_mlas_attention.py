@@ -750,8 +750,8 @@ def attend_probs_mlas(q, kc, vc, past_b, att_total, kbase, scale, softcap, windo
     (B, S, H, D), in the order of onnxruntime's CPU kernel where it does not run its flash kernels
     (``GQAAttentionBase::ComputeAttentionProbs`` and ``ComputeVxAttentionScore``): per (entry, head) the scores of
     every query row against keys [0, T) by MLAS's SGEMM (``_qk_panels``: chains over the head dimension, times
-    scale; one query row at scale exactly 1, its one-row transposed kernel, ``_qk_one_row_alpha1``); per row, keys before its local window and past its causal limit set to 0, over the window
-    ``softcap * tanhf(x / softcap)`` (each step rounded), the bias added, the ``qk`` output taken (``qk_mode`` 1),
+    scale; one query row at scale exactly 1, its one-row transposed kernel, ``_qk_one_row_alpha1``); per row,
+    keys before its local window and past its causal limit set to 0, over the window ``softcap * tanhf(x / softcap)`` (each step rounded), the bias added, the ``qk`` output taken (``qk_mode`` 1),
     then MLAS's softmax: the maximum (raised to the sink with ``sink_mode`` > 0: 1 smooth softmax, sink 0; 2 the
     head's sink), ``sum_exp``, plus ``expf(sink - max)`` with a sink, each times ``1 / sum``; then the
     probabilities over all T keys, zeros included, times the values by MLAS's SGEMM with alpha 1 (``_sv_panels``:

@@ -38,8 +38,8 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
   level-4 product up to float rounding (the block scales factor out of each block's integer dot).
 
 In MLAS's order (``_common.mlas_order``: the default on x86 hosts with AVX2; ``mlas_path``, read when a node is
-planned) the products follow onnxruntime's float order instead, bit for bit its CPU kernel's on hosts of that kind: level 4 with 4-bit codes in blocks of 32
-by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
+planned) the products follow onnxruntime's float order instead, bit for bit its CPU kernel's on hosts of that
+kind: level 4 with 4-bit codes in blocks of 32 by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
 and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``),
 levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``), and 4-bit
 codes with float zero points or a g_idx, at any level, as onnxruntime's unpacked path: B dequantized first to
@@ -461,8 +461,8 @@ def mlas_path(bs, bits=4, level4=True) -> int:
     """The order of a MatMulNBits product of block size ``bs`` with ``bits``-bit codes, at accuracy level 4
     (``level4``: A quantized to int8) or below (A float): 0, the blockwise order (faster at prefill, and equal to
     onnxruntime's up to float rounding), or under ``_common.mlas_order`` (the default on x86 hosts with AVX2)
-    MLAS's order for this host, bit for bit onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts ``ORDER_AVX512`` for 4- and 8-bit codes in every
-    block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
+    MLAS's order for this host, bit for bit onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts
+    ``ORDER_AVX512`` for 4- and 8-bit codes in every block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
     blocks of 32 (MLAS's other AVX2 kernels are not reproduced: 0).  Below level 4: ``ORDER_AVX512`` on
     ``mlas_avx512_host`` hosts (``gemv_fp_mlas``), else 0.  Any host runs either order: the kernels have a portable
     form.  MLAS's AVX2 order cost 1.0-1.4x the blockwise one per decode product and 2-3x per prefill product
@@ -500,13 +500,10 @@ def _prep_a_i8_groups(a, bs, aq, ascale, gsum, absum):
 @njit(cache=True, nogil=True)
 def _ort_groups(signed, quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, g0, g1, n4, absum, bias, has_bias):
     """Column groups [g0, g1): one row (``aq`` 1-d; ``signed`` codes minus zero points, MLAS's AVX2 one-row kernel,
-    or unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned); ``quads``: MLAS's AVX-512 lanes (unsigned), the
-    zero points' share (from ``absum``) and the bias taken in the same pass."""
+    or unsigned codes) or ``_simd.ORT_ROWS`` rows (2-d, unsigned); ``quads``: one row in MLAS's AVX-512 lanes
+    (unsigned), the zero points' share (from ``absum``) and the bias taken in the same pass."""
     if quads:
-        if aq.ndim == 2:
-            _simd.dot_q4_ort_u4_rows(qi, aq, ascale, absum, zdef, sct, y, g0, g1, n4, zft, has_zp, bias, has_bias)
-        else:
-            _simd.dot_q4_ort_u4(qi, aq, ascale, absum, zdef, sct, y, g0, g1, n4, zft, has_zp, bias, has_bias)
+        _simd.dot_q4_ort_u4(qi, aq, ascale, absum, zdef, sct, y, g0, g1, n4, zft, has_zp, bias, has_bias)
     elif aq.ndim == 2:
         _simd.dot_q4_ort_u_rows(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
     elif not signed:
@@ -949,8 +946,8 @@ def _prep_groups_par(a2, bs, aq, ascale, gsum, absum):
 def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has_bias):
     """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32: MLAS's AVX2 order, then the bias and the zero points'
     share (``ort_zero_point_rows``), or with ``quads`` its AVX-512 one, a row outside the several-row passes taking
-    the share and the bias in its own pass (``_simd.dot_q4_ort_u4``).  Every row is quantized first, then one parallel pass over the column groups takes all rows (a task's
-    codes stay in cache across its rows)."""
+    the share and the bias in its own pass (``_simd.dot_q4_ort_u4``).  Every row is quantized first, then one
+    parallel pass over the column groups takes all rows (a task's codes stay in cache across its rows)."""
     G, nb = qi.shape[0], qi.shape[1]
     N = out.shape[1]
     n4 = N - N % 4

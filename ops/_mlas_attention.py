@@ -56,6 +56,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._fastmath import maxnum
+from ._mlas_sgemm import m1t_fold
 from ._panels import PANEL, pack_panels_into, tile4
 from .attention import rope_tok_kernel
 from ._simd import AVX512F, fma32
@@ -310,11 +311,8 @@ def _qk_panels(qbuf, rq, kc, b, kh, ir, rk, scale, kbuf, scbuf, abuf, pbuf):
 def _qk_one_row_alpha1(q, b, h, kc, kh, T, out):
     """``out[:T]`` = q[b, 0, h] . keys [0, T) as MLAS's SGEMM hands one query row with alpha exactly 1 to its
     one-row transposed kernel: per key, eight lanes over the head dimension (``lane += q * k``, each product and
-    sum rounded), folded ``(((l0+l1)+l2)+l3) + (((l4+l5)+l6)+l7)`` for the keys below T rounded down to 4, a last
-    pair ``((l0+l2)+(l4+l6)) + ((l1+l3)+(l5+l7))``, a last one ``((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))``; then
-    plus 0 (beta 0)."""
+    sum rounded), folded by ``m1t_fold``, then plus 0 (beta 0)."""
     D = q.shape[3]
-    T4 = T - T % 4
     lanes = np.empty(8, np.float32)
     for j in range(T):
         krow = kc[b, kh, j]
@@ -322,18 +320,8 @@ def _qk_one_row_alpha1(q, b, h, kc, kh, T, out):
             lanes[i] = _ZERO
         for d in range(D):
             lanes[d % 8] = np.float32(lanes[d % 8] + np.float32(q[b, 0, h, d] * krow[d]))
-        x0, x1, x2, x3, x4, x5, x6, x7 = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], \
-            lanes[7]
-        if j < T4:
-            v = np.float32(np.float32(np.float32(np.float32(x0 + x1) + x2) + x3)
-                           + np.float32(np.float32(np.float32(x4 + x5) + x6) + x7))
-        elif T % 4 >= 2 and j < T4 + 2:
-            v = np.float32(np.float32(np.float32(x0 + x2) + np.float32(x4 + x6))
-                           + np.float32(np.float32(x1 + x3) + np.float32(x5 + x7)))
-        else:
-            v = np.float32(np.float32(np.float32(x0 + x1) + np.float32(x2 + x3))
-                           + np.float32(np.float32(x4 + x5) + np.float32(x6 + x7)))
-        out[j] = np.float32(v + _ZERO)
+        out[j] = np.float32(m1t_fold(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7],
+                                     j, T) + _ZERO)
 
 
 @njit(**_OPTS)

@@ -10,6 +10,9 @@ on the thread count.  Here each slice is packed into the column panels of ``ops/
 register tiles of rows by panels (one chain of fused multiply-adds per element from zero: ``blocked_cols``; one
 row runs four panels side by side, so the chains' latency does not bound it).
 
+``m1t_fold`` is the fold of MLAS's one-row SGEMM kernel for a transposed B (eight lanes per column), which the
+8-bit MatMulNBits float path and GroupQueryAttention's one-row scores at scale 1 share.
+
 Invariants: ``pack_slices`` writes every element of its buffer (zeros past N); ``sgemm_packed_mlas`` reads only
 its arguments and returns a fresh (M, N) array; the caller checks ``a2.shape[1] == K``.
 """
@@ -20,10 +23,23 @@ from numba import njit, prange
 
 from ._panels import PANEL, blocked_cols, pack_panels_into
 
-__all__ = ["STRIDE_K", "pack_slices", "sgemm_packed_mlas"]
+__all__ = ["STRIDE_K", "m1t_fold", "pack_slices", "sgemm_packed_mlas"]
 
 STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK
 _GROUP = 8  # panels per task
+
+
+@njit(cache=True, nogil=True, inline="always")
+def m1t_fold(x0, x1, x2, x3, x4, x5, x6, x7, n, N):
+    """Column ``n`` of N: its eight float32 lanes folded as MLAS's one-row transposed SGEMM kernel folds them (each
+    sum rounded): below N rounded down to 4 ``(((l0+l1)+l2)+l3) + (((l4+l5)+l6)+l7)``, a last pair
+    ``((l0+l2)+(l4+l6)) + ((l1+l3)+(l5+l7))``, a last one ``((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))``."""
+    n4 = N - N % 4
+    if n < n4:
+        return (((x0 + x1) + x2) + x3) + (((x4 + x5) + x6) + x7)
+    if N % 4 >= 2 and n < n4 + 2:
+        return ((x0 + x2) + (x4 + x6)) + ((x1 + x3) + (x5 + x7))
+    return ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
 
 
 @njit(cache=True, nogil=True)

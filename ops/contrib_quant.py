@@ -72,6 +72,7 @@ from . import _simd
 from ._common import F32, constant_twin, mlas_order, raise_coded
 from ._fastmath import FAST
 from ._glue import GlueCompiler
+from ._mlas_sgemm import m1t_fold
 from .registry import op
 
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
@@ -1137,12 +1138,8 @@ def _fp_lanes(a, ct, st, zt, bs, fused, bias, has_bias, N, acc, y, n0, n1):
                 h0, h1, h2, h3 = x0 + x8, x1 + x9, x2 + x10, x3 + x11
                 h4, h5, h6, h7 = x4 + x12, x5 + x13, x6 + x14, x7 + x15
                 s = ((h0 + h4) + (h2 + h6)) + ((h1 + h5) + (h3 + h7))
-        elif n < n4:
-            s = (((x0 + x1) + x2) + x3) + (((x4 + x5) + x6) + x7)
-        elif N % 4 >= 2 and n < n4 + 2:
-            s = ((x0 + x2) + (x4 + x6)) + ((x1 + x3) + (x5 + x7))
         else:
-            s = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+            s = m1t_fold(x0, x1, x2, x3, x4, x5, x6, x7, n, N)
         if has_bias:
             s = s + bias[n]
         elif not fused:

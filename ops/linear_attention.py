@@ -234,24 +234,23 @@ def _m1_rowvec(w, S, C, grp):
 
 
 @njit(cache=True, nogil=True)
-def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g):
+def _mlas_scratch(group, dk, dv):
+    """One task's scratch for ``_mlas_head``: (dec, wq, wk, qk, lanes, r, u, grp, a)."""
+    return (np.empty(dk, np.float32), np.empty((group, dk), np.float32), np.empty(dk, np.float32),
+            np.empty(group, np.float32), np.empty(16, np.float32), np.empty(dv, np.float32), np.empty(dv, np.float32),
+            np.empty(dv, np.float32), np.empty((group, dv), np.float32))
+
+
+@njit(cache=True, nogil=True)
+def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g, scratch):
     """``linear_attention_mlas`` for the KV head ``g`` of batch row ``b`` (its state and output heads only)."""
-    T, Hq, dk = q.shape[1], q.shape[2], q.shape[3]
-    Hkv = k.shape[2]
+    T, dk = q.shape[1], q.shape[3]
     dv = v.shape[3]
-    group = Hq // Hkv
+    group = q.shape[2] // k.shape[2]
     nd = decay.shape[3]
     nb = beta.shape[2]
     m1 = dk * dv >= _M1_FROM
-    dec = np.ones(dk, np.float32)
-    wq = np.empty((group, dk), np.float32)
-    wk = np.empty(dk, np.float32)
-    qk = np.empty(group, np.float32)
-    lanes = np.empty(16, np.float32)
-    r = np.empty(dv, np.float32)
-    u = np.empty(dv, np.float32)
-    grp = np.empty(dv, np.float32)
-    a = np.empty((group, dv), np.float32)
+    dec, wq, wk, qk, lanes, r, u, grp, a = scratch  # each read only after this head writes it
     S = state[b, g]
     for t in range(T):
         if gating:
@@ -345,13 +344,18 @@ def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b,
 
 
 _PAR_ELEMS = 1 << 16  # state elements times tokens from which the heads run in parallel
+_HEADS_PER_TASK = 4   # (batch, KV head) pairs per parallel task (one scratch allocation per task)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _mlas_heads_par(q, k, v, decay, beta, state, out, gating, delta, scale, fused):
+    """The (batch, KV head) pairs in tasks of ``_HEADS_PER_TASK``, each task with its own scratch."""
     Hkv = k.shape[2]
-    for bg in prange(q.shape[0] * Hkv):
-        _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, bg // Hkv, bg % Hkv)
+    n = q.shape[0] * Hkv
+    for c in prange((n + _HEADS_PER_TASK - 1) // _HEADS_PER_TASK):
+        scratch = _mlas_scratch(q.shape[2] // Hkv, q.shape[3], v.shape[3])
+        for bg in range(c * _HEADS_PER_TASK, min(n, (c + 1) * _HEADS_PER_TASK)):
+            _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, bg // Hkv, bg % Hkv, scratch)
 
 
 @njit(cache=True, nogil=True)
@@ -363,9 +367,10 @@ def linear_attention_mlas(q, k, v, decay, beta, state, out, gating, delta, scale
     if B * Hkv > 1 and state[0, 0].size * T * B * Hkv >= _PAR_ELEMS:
         _mlas_heads_par(q, k, v, decay, beta, state, out, gating, delta, scale, fused)
         return
+    scratch = _mlas_scratch(q.shape[2] // Hkv, q.shape[3], v.shape[3])
     for b in range(B):
         for g in range(Hkv):
-            _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g)
+            _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b, g, scratch)
 
 
 @njit(**_OPTS)

@@ -56,7 +56,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._fastmath import maxnum
-from ._mlas_sgemm import m1t_fold
+from ._mlas_sgemm import m1_rowvec, m1t_fold
 from ._panels import PANEL, pack_panels_into, tile4
 from .attention import rope_tok_kernel
 from ._simd import AVX512F, fma32
@@ -329,18 +329,7 @@ def _sv_one_row(sc, vc, b, kh, ir, rk, first, acc):
     """``_sv_panels`` for a block of one query row, as MLAS's SGEMM hands it to its one-row kernel
     (``MlasSgemmKernelM1Avx``): keys in groups of 4, then 2, then 1; per group and output the products (each
     rounded) summed in key order, then added to ``acc``, which the first group replaces when ``first``."""
-    D = acc.shape[1]
-    k = 0
-    store = first
-    while k < rk:
-        g = 4 if rk - k >= 4 else (2 if rk - k >= 2 else 1)
-        for d in range(D):
-            t = np.float32(sc[0, k] * vc[b, kh, ir + k, d])
-            for u in range(1, g):
-                t = np.float32(t + np.float32(sc[0, k + u] * vc[b, kh, ir + k + u, d]))
-            acc[0, d] = np.float32(t + (_ZERO if store else acc[0, d]))
-        store = False
-        k += g
+    m1_rowvec(sc[0, :rk], vc[b, kh, ir:ir + rk], acc[0], first)
 
 
 @njit(**_OPTS)

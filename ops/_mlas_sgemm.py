@@ -10,8 +10,9 @@ on the thread count.  Here each slice is packed into the column panels of ``ops/
 register tiles of rows by panels (one chain of fused multiply-adds per element from zero: ``blocked_cols``; one
 row runs four panels side by side, so the chains' latency does not bound it).
 
-``m1t_fold`` is the fold of MLAS's one-row SGEMM kernel for a transposed B (eight lanes per column), which the
-8-bit MatMulNBits float path and GroupQueryAttention's one-row scores at scale 1 share.
+``m1_rowvec`` is MLAS's one-row SGEMM kernel for B not transposed (GroupQueryAttention's one-row value product,
+LinearAttention's row-vector products); ``m1t_fold`` is the fold of its kernel for a transposed B (eight lanes per
+column), which the 8-bit MatMulNBits float path and GroupQueryAttention's one-row scores at scale 1 share.
 
 Invariants: ``pack_slices`` writes every element of its buffer (zeros past N); ``sgemm_packed_mlas`` reads only
 its arguments and returns a fresh (M, N) array; the caller checks ``a2.shape[1] == K``.
@@ -23,10 +24,29 @@ from numba import njit, prange
 
 from ._panels import PANEL, blocked_cols, pack_panels_into
 
-__all__ = ["STRIDE_K", "m1t_fold", "pack_slices", "sgemm_packed_mlas"]
+__all__ = ["STRIDE_K", "m1_rowvec", "m1t_fold", "pack_slices", "sgemm_packed_mlas"]
 
 STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK
 _GROUP = 8  # panels per task
+
+
+@njit(cache=True, nogil=True, inline="always")
+def m1_rowvec(w, B, C, first):
+    """C (+)= w . B (w [K], B [K, N]) as MLAS's one-row SGEMM kernel for B not transposed
+    (``MlasSgemmKernelM1Avx``) sums it: rows of B in groups of 4, then 2, then 1; per group and column the
+    products (each rounded) summed in row order, then added to C, which the first group replaces when ``first``."""
+    K, N = B.shape
+    k = 0
+    store = first
+    while k < K:
+        g = 4 if K - k >= 4 else (2 if K - k >= 2 else 1)
+        for n in range(N):
+            t = np.float32(w[k] * B[k, n])
+            for u in range(1, g):
+                t = np.float32(t + np.float32(w[k + u] * B[k + u, n]))
+            C[n] = np.float32(t + (np.float32(0.0) if store else C[n]))
+        store = False
+        k += g
 
 
 @njit(cache=True, nogil=True, inline="always")

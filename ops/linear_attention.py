@@ -22,6 +22,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, mlas_order, raise_coded
+from ._mlas_sgemm import m1_rowvec
 from ._simd import AVX512F, fma32
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
@@ -207,38 +208,16 @@ def linear_attention_kernel(q, k, v, decay, beta, state, out, gating, delta, sca
 #   with decay, ``fma(k[i], u, S)`` without;
 # - ``MLAS_PORTABLE`` (every other shape or host): the default kernel's order (decay ``S * dec`` first, nothing
 #   fused, the state ``S + k[i] * u``, the readout over the new state), except that from dk * dv = 4096 on the two
-#   row-vector products (retrieval and readout) are MLAS's one-row SGEMM (``_m1_rowvec``).
+#   row-vector products (retrieval and readout) are MLAS's one-row SGEMM (``_mlas_sgemm.m1_rowvec``).
 _M1_FROM = 4096  # the state size from which onnxruntime's portable kernel takes MLAS's SGEMM
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _m1_rowvec(w, S, C, grp):
-    """C = w . S (w [dk], S [dk, dv]) as MLAS's one-row SGEMM kernel sums it: rows in groups of 4, each group
-    ``((p0 + p1) + p2) + p3`` of rounded products, added as ``group + C`` (C from 0); a last 2 rows as one group,
-    then a last single row."""
-    dk, dv = S.shape
-    for m in range(dv):
-        C[m] = 0.0
-    i = 0
-    while i < dk:
-        n = 4 if dk - i >= 4 else (2 if dk - i >= 2 else 1)
-        for m in range(dv):
-            grp[m] = np.float32(w[i] * S[i, m])
-        for e in range(1, n):
-            we = w[i + e]
-            for m in range(dv):
-                grp[m] = np.float32(grp[m] + np.float32(we * S[i + e, m]))
-        for m in range(dv):
-            C[m] = np.float32(grp[m] + C[m])
-        i += n
 
 
 @njit(cache=True, nogil=True)
 def _mlas_scratch(group, dk, dv):
-    """One task's scratch for ``_mlas_head``: (dec, wq, wk, qk, lanes, r, u, grp, a)."""
+    """One task's scratch for ``_mlas_head``: (dec, wq, wk, qk, lanes, r, u, a)."""
     return (np.empty(dk, np.float32), np.empty((group, dk), np.float32), np.empty(dk, np.float32),
             np.empty(group, np.float32), np.empty(16, np.float32), np.empty(dv, np.float32), np.empty(dv, np.float32),
-            np.empty(dv, np.float32), np.empty((group, dv), np.float32))
+            np.empty((group, dv), np.float32))
 
 
 @njit(cache=True, nogil=True)
@@ -250,7 +229,7 @@ def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b,
     nd = decay.shape[3]
     nb = beta.shape[2]
     m1 = dk * dv >= _M1_FROM
-    dec, wq, wk, qk, lanes, r, u, grp, a = scratch  # each read only after this head writes it
+    dec, wq, wk, qk, lanes, r, u, a = scratch  # each read only after this head writes it
     S = state[b, g]
     for t in range(T):
         if gating:
@@ -311,7 +290,7 @@ def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b,
                     row[m] = np.float32(row[m] * di)
         if delta:
             if m1:
-                _m1_rowvec(k[b, t, g], S, r, grp)
+                m1_rowvec(k[b, t, g], S, r, True)
             else:
                 for m in range(dv):
                     r[m] = 0.0
@@ -330,7 +309,7 @@ def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b,
         for j in range(group):
             h = g * group + j
             if m1:
-                _m1_rowvec(q[b, t, h], S, a[j], grp)
+                m1_rowvec(q[b, t, h], S, a[j], True)
             else:
                 for m in range(dv):
                     a[j, m] = 0.0

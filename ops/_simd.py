@@ -49,35 +49,40 @@ from numba.core.extending import intrinsic
 __all__ = ["AVX2", "AVX512", "VNNI", "VNNI512", "ROWS", "WIDE_MIN_BLOCKS", "dot_q4", "dot_q4_zp", "dot_q4_rows", "dot_q4_zp_rows"]
 
 
+def target_features() -> dict:
+    """The CPU features Numba compiles for, ``{name: bool}`` as LLVM spells them: ``NUMBA_CPU_FEATURES`` when set
+    (``+avx2,-avx512f,...``; empty for a portable ``NUMBA_CPU_NAME=generic`` cache), else the host's.  Every
+    choice of instructions and of which of onnxruntime's MLAS kernels to reproduce reads them, so a target
+    describes a host: ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+f16c`` builds and runs, on
+    any newer x86 host, what an AVX2-only host runs (Numba keeps its caches per target).  Features a named CPU
+    implies but the list leaves out count as absent."""
+    listed = numba.config.CPU_FEATURES
+    if listed is None:
+        try:
+            return {k: bool(v) for k, v in _llb.get_host_cpu_features().items()}
+        except Exception:  # pragma: no cover - a host LLVM cannot describe
+            return {}
+    return {f.strip()[1:]: f.strip()[0] == "+" for f in listed.split(",") if f.strip()[:1] in ("+", "-")}
+
+
 def _host_has_avx2() -> bool:
-    if numba.config.CPU_NAME not in (None, "host"):  # a portable cache (NUMBA_CPU_NAME=generic, ...)
-        return False
-    try:
-        return bool(_llb.get_host_cpu_features().get("avx2", False))
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
+    return bool(target_features().get("avx2", False))
 
 
 def _host_has_vnni() -> bool:
     """The host has ``vpdpbusd`` on 256-bit vectors (AVX-VNNI, or AVX512-VNNI with AVX512-VL)."""
     if not _host_has_avx2():
         return False
-    try:
-        f = _llb.get_host_cpu_features()
-        return bool(f.get("avxvnni", False) or (f.get("avx512vnni", False) and f.get("avx512vl", False)))
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
+    f = target_features()
+    return bool(f.get("avxvnni", False) or (f.get("avx512vnni", False) and f.get("avx512vl", False)))
 
 
 def _host_has_all(*features) -> bool:
     """The host has AVX2 and every one of the LLVM ``features``."""
     if not _host_has_avx2():
         return False
-    try:
-        f = _llb.get_host_cpu_features()
-        return all(f.get(x, False) for x in features)
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
+    f = target_features()
+    return all(f.get(x, False) for x in features)
 
 
 def _host_has_avx512() -> bool:

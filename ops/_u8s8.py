@@ -258,11 +258,7 @@ def _host_saturates() -> bool:
     import platform
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        import llvmlite.binding as llb
-        f = llb.get_host_cpu_features()
-    except Exception:  # pragma: no cover - a host LLVM cannot describe
-        return False
+    f = _simd.target_features()
     return bool(f.get("avx2", False) and not (f.get("avxvnni", False) or f.get("avx512vnni", False)))
 
 

@@ -5,11 +5,12 @@ Gemma 4's, as onnxruntime-extensions computes them.
 lists the steps, each a function here:
 
 - ``AudioDecoder`` (``target_sample_rate`` 16000, ``stereo_to_mono`` 1, ``max_samples`` 480000): WAV (16-bit
-  PCM, read by the standard library) or, when the ``soundfile`` package is installed, FLAC, MP3 and what else
-  libsndfile reads; samples as float32 ``x / 32768``; two channels averaged; a higher rate brought down as
-  onnxruntime-extensions does it (a 4-pole Butterworth low-pass at half the target rate, in float64, then
-  Kaiser-windowed sinc interpolation, beta 6), a lower one refused; then cut to its first ``max_samples`` (30 s at
-  16 kHz; 0 keeps all);
+  PCM, read by the standard library; samples as float32 ``x / 32768``), MP3 (``pipeline/mp3.py``: dr_mp3's
+  float32 samples, bit for bit; a clip must begin with a frame sync, one opening with an ID3 tag is refused as
+  there) or, when the ``soundfile`` package is installed, FLAC and what else libsndfile reads; two channels
+  averaged; a higher rate brought down as onnxruntime-extensions does it (a 4-pole Butterworth low-pass at half
+  the target rate, in float64, then Kaiser-windowed sinc interpolation, beta 6), a lower one refused; then cut to
+  its first ``max_samples`` (30 s at 16 kHz; 0 keeps all);
 - ``STFTNorm`` (``n_fft``, ``hop_length``): the power spectrum ``|rfft|**2`` of frames of ``n_fft`` samples every
   ``hop_length``, under a periodic Hann window, the signal zero-padded by ``n_fft / 2`` at both ends;
 - ``LogMelSpectrum`` (``n_mel``, ``chunk_size`` seconds): Whisper's mel filters (Slaney scale, as
@@ -37,9 +38,10 @@ Gemma 4's ``audio_feature_extraction.json`` (one clip per prompt in onnxruntime-
   to onnxruntime-genai 0.18's bit for bit on the clips and settings tried.  A clip of fewer than half a frame plus
   one sample (161 at 16 kHz) is refused (onnxruntime-genai dies on it).
 
-Known difference: MP3 decoders differ (onnxruntime-extensions uses dr_mp3, libsndfile mpg123), so MP3 features
-differ slightly; WAV and FLAC are lossless and give onnxruntime-genai's samples.  The FFT is numpy's (float64
-internally), onnxruntime-extensions' dlib's in float32: Whisper's features agree within about 1e-5.
+WAV, FLAC and MP3 give onnxruntime-genai's samples bit for bit (MP3 Layer III only: Layers I and II are refused;
+where dr_mp3 reads memory no frame wrote, in a corrupt mono header asking for intensity stereo or in mixed blocks
+at 8 kHz, the samples may differ; see ``pipeline/mp3.py``).  Known difference: the FFT of ``STFTNorm`` is numpy's
+(float64 internally), onnxruntime-extensions' dlib's in float32: Whisper's features agree within about 1e-5.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ import wave
 import numpy as np
 from numba import njit
 
+from .mp3 import decode_mp3, is_mp3
 from .multimodal import Blobs
 from .spec import RequestError
 
@@ -77,11 +80,16 @@ def _read(data: bytes) -> tuple:
             raise NotImplementedError(f"AudioDecoder: {8 * width}-bit WAV is not read here (16-bit PCM is)")
         pcm = np.frombuffer(raw, "<i2").reshape(-1, channels)
         return pcm.astype(np.float32) / np.float32(32768.0), rate
+    if is_mp3(data):
+        return decode_mp3(data)
+    if data[:3] == b"ID3":
+        raise ValueError("AudioDecoder: the audio begins with an ID3 tag; onnxruntime-extensions detects MP3 only by "
+                         "a frame sync at its first byte and refuses it (strip the tag to decode it)")
     try:
         import soundfile
     except ImportError:
-        raise NotImplementedError("AudioDecoder: this audio is not WAV; FLAC, MP3 and other formats need the "
-                                  "soundfile package (pip install soundfile)") from None
+        raise NotImplementedError("AudioDecoder: this audio is neither WAV nor MP3; FLAC and other formats need "
+                                  "the soundfile package (pip install soundfile)") from None
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile's errors carry no common type

@@ -21,8 +21,7 @@ ROOT = os.path.dirname(HERE)
 # test name prefix -> why it cannot pass here
 CANNOT_APPLY = {
     "test_whisper_preprocessing": "its Whisper package's encoder file is a large file some checkouts lack (the "
-                                  "model then cannot load, here or in onnxruntime-genai); its MP3 clip also needs "
-                                  "the soundfile package",
+                                  "model then cannot load, here or in onnxruntime-genai)",
     "test_phi3_reanchors_before_final_short_rope_token": "counts one more decoder run than this runtime makes: "
                                                          "onnxruntime-genai runs a round's last token alone "
                                                          "before the rotary switch, where this runtime checks it "

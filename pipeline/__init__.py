@@ -2,7 +2,8 @@
 
 The API follows onnxruntime-genai: ``Config``, ``Model``, ``Tokenizer``, ``GeneratorParams``, ``Generator``,
 ``Tensor``, ``NamedTensors``, a one-call ``generate``, LoRA ``Adapters`` (``pipeline/adapters.py``), ``Images``,
-``Audios`` and ``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``, ``pipeline/audio.py``), the
+``Audios`` and ``Model.create_multimodal_processor()`` (``pipeline/multimodal.py``, ``pipeline/audio.py``),
+``StreamingProcessor`` (streaming speech recognition, ``pipeline/streaming_asr.py``), the
 ``Engine`` of requests in turns and its events (``pipeline/engine_api.py``, over the serving engine
 ``pipeline/engine.py``), ``MtpGenerator`` (``pipeline/mtp.py``); the process-wide calls (providers on hand, logging, telemetry) are in
 ``pipeline/environment.py``.  ``python -m pipeline parity|generate`` are the command-line entry points.
@@ -16,6 +17,7 @@ _EXPORTS = {
     "mtp": ["MtpGenerator"],
     "multimodal": ["Images", "MultiModalProcessor"],
     "audio": ["Audios"],
+    "streaming_asr": ["StreamingProcessor"],
     "engine_api": ["Engine", "Request", "RequestOptions", "TurnOptions", "TurnUsage", "EngineEvent",
                    "EngineEventBuffer", "EngineEventFlags", "EngineCapabilities", "FinishReason", "EngineErrorCode"],
     "environment": ["is_cuda_available", "is_dml_available", "is_openvino_available", "is_qnn_available",

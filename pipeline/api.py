@@ -12,7 +12,8 @@
         print(generator.get_next_tokens()[0])
 
 or in one call: ``og.generate(model, prompt_ids, max_new_tokens=16)``.  ``Generator`` lives in
-``pipeline/generator.py``.
+``pipeline/generator.py``; a streaming speech package (``nemotron_speech``) gets ``pipeline/streaming_asr.py``'s
+generator and ``StreamingProcessor`` instead.
 
 As in onnxruntime-genai: token ids come back as int32 arrays, a batch of encodings as a ``Tensor`` (right-padded
 with the pad id), search options as floats and bools (``get_search_options``); an unknown search option or a
@@ -168,9 +169,20 @@ class Model:
     """A loaded package (a path or a ``Config``).  ``native``: component names, 'all' or 'none' (default: the
     environment); ``device``: 'cpu' or 'cuda' (default: the config's providers)."""
 
+    transducer = None  # a streaming speech model's sessions (pipeline/streaming_asr.py), else None
+
     def __init__(self, path_or_config, native=None, device=None, max_length=None):
         from .metadata import load_package
+        from .streaming_asr import TRANSDUCER_TYPES, load_transducer, read_model_type
         config = path_or_config if isinstance(path_or_config, Config) else Config(path_or_config)
+        if read_model_type(config.path, config.merged_overlay() or None) in TRANSDUCER_TYPES:
+            if device is None and config.device == "cuda":
+                from .environment import get_current_gpu_device_id
+                device = f"cuda:{get_current_gpu_device_id()}"
+            self.transducer, spec = load_transducer(config.path, config.merged_overlay() or None,
+                                                    dict(config.model_data), native, device)
+            self._setup(config, spec, None, False, max_length)
+            return
         spec = load_package(config.path, config.merged_overlay() or None, dict(config.model_data))
         if device is None and config.device == "cuda":
             from .environment import get_current_gpu_device_id
@@ -212,7 +224,18 @@ class Model:
     def create_multimodal_processor(self):
         """The package's prompt-and-image processor (``pipeline/multimodal.py``)."""
         from .multimodal import MultiModalProcessor
+        if self.type == "parakeet_tdt":
+            from .streaming_asr import ParakeetProcessor
+            return ParakeetProcessor(self)
+        if self.transducer is not None:
+            raise RequestError(f"MultiModalProcessor cannot be created. {self.type} is not a registered multi-modal "
+                               f"model type.")
         return MultiModalProcessor(self)
+
+    def create_streaming_processor(self):
+        """The streaming audio processor of a ``nemotron_speech`` package (``pipeline/streaming_asr.py``)."""
+        from .streaming_asr import StreamingProcessor
+        return StreamingProcessor(self)
 
     @property
     def pad_token_id(self) -> int:
@@ -233,6 +256,8 @@ class Model:
 
     @property
     def device_type(self) -> str:
+        if self.transducer is not None:
+            return "CUDA" if self.transducer.device.startswith("cuda") else "CPU"
         return "CUDA" if self.choice.device.startswith("cuda") else "CPU"
 
     def _new_pipeline(self, max_length, batch=1):

@@ -51,6 +51,12 @@ _ROPE_SWITCH = {"phi3": 4097, "phimoe": 4097, "phi3small": 8193}
 
 
 class Generator:
+    def __new__(cls, model=None, params=None):
+        if getattr(model, "transducer", None) is not None:   # a streaming speech model: its own loop
+            from .streaming_asr import transducer_generator
+            return transducer_generator(model, params)
+        return super().__new__(cls)
+
     def __init__(self, model, params):
         s = params.search
         ml = int(s.max_length)

@@ -64,7 +64,7 @@ from .spec import ComponentSpec, RequestError
 __all__ = ["Images", "MultiModalProcessor", "create_processor", "PROCESSOR_TYPES", "QWEN_TYPES"]
 
 _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
-                     "mistral3", "whisper", "nemotron_speech", "parakeet"}
+                     "mistral3", "whisper", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one

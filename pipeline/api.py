@@ -370,13 +370,13 @@ class Tokenizer:
         return Tensor(out)
 
     def decode(self, ids) -> str:
-        return self._tok.decode(ids)
+        return self._tok.decode_genai(ids)
 
     def decode_batch(self, tokens) -> list:
         a = np.asarray(tokens.as_numpy() if isinstance(tokens, Tensor) else tokens)
         if a.ndim != 2:
             raise RequestError(f"decode_batch expects a 2-D batch of token ids, got shape {list(a.shape)}")
-        return [self._tok.decode(row) for row in a]
+        return [self._tok.decode_genai(row) for row in a]
 
     def to_token_id(self, text: str) -> int:
         """The id of the vocabulary entry ``text``, -1 when it is not one."""

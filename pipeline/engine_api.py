@@ -284,7 +284,7 @@ class Request:
         self._turn = _Turn(tid, int(ids.size), cap, opts.stop_strings, length)
         self._seen = 0
         if opts.stop_strings:
-            self._serving.stop_check = self._turn.stop_checker(self._engine._tokenizer())
+            self._serving.stop_check = self._turn.stop_checker(self._engine._tokenizer()._tok)
         else:
             self._serving.stop_check = None
         self._engine._active.append(self)
@@ -385,7 +385,9 @@ class _Turn:
         first listed one it contains).  The tokens are decoded together, not streamed (a token's text can depend
         on the tokens after it: a stream would see the match one token late), but only a tail of them: a match
         that a token completes ends in that tail.  The tail is widened until its text is well past the longest
-        stop string, so the first token of the tail, whose leading space a decoder may drop, never touches it."""
+        stop string, so the first token of the tail, whose leading space a decoder may drop, never touches it.
+        ``tokenizer``: ``pipeline/tokenizer.Tokenizer``, whose text keeps going past bytes that are not UTF-8 (a
+        tail may begin inside a character)."""
         ids = []
         longest = max(len(s) for s in self.stops)
 

@@ -9,9 +9,17 @@ post-processor says, and where ``tokenizer_config.json`` asks for ``add_bos_toke
 post-processor did not already add that token it is added here (Hugging Face's rule; onnxruntime-genai's
 tokenizer may add an EOS more).
 
+Bytes that are not UTF-8 are handled as onnxruntime-extensions handles them (its ``ValidateUTF8``: overlong forms,
+surrogates, U+FFFE/U+FFFF and code points past U+10FFFF are invalid too): ``decode_genai`` (``og.Tokenizer.decode``
+and the processors' ``decode``) keeps the text up to the
+first invalid byte and ends it with one U+FFFD, and text is cut at a NUL character, as onnxruntime-genai's C strings
+cut it (a NUL first reads as invalid: U+FFFD); a stream of a byte-level tokenizer collects each token's bytes,
+takes them a character at a time by the lead byte's length, and drops a character that is not valid (with the
+bytes the length covers, an ASCII one included) and a NUL; an incomplete one waits for the next token.
+
 ``Tokenizer.create_stream()`` gives a ``TokenizerStream`` whose
 ``decode(token_id)`` returns only the text completed by that token.
-Invariants of the stream:
+Invariants of the stream of any other tokenizer:
 - the concatenation of everything it returned equals ``decode`` of all the
   ids it was fed, once the last character is complete;
 - a character split over several tokens (UTF-8 bytes in byte-level BPE)
@@ -36,6 +44,44 @@ __all__ = ["Tokenizer", "TokenizerStream", "token_text"]
 
 _REPLACEMENT = "\ufffd"
 _MAX_PENDING = 4  # tokens a stream waits for a character to complete (a UTF-8 character has at most 4 bytes)
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # a character's length by its first byte's high nibble
+
+
+def _utf8_char_valid(c: bytes) -> bool:
+    """Whether ``c``, one character's bytes by its lead byte, is valid UTF-8 to onnxruntime-extensions."""
+    b0 = c[0]
+    if b0 < 0x80:
+        return b0 != 0  # its validation stops at a NUL, having validated nothing
+    if any(x & 0xC0 != 0x80 for x in c[1:]):
+        return False
+    if b0 & 0xE0 == 0xC0:
+        return b0 & 0xFE != 0xC0  # overlong
+    if b0 & 0xF0 == 0xE0:
+        return not ((b0 == 0xE0 and c[1] & 0xE0 == 0x80) or (b0 == 0xED and c[1] & 0xE0 == 0xA0)
+                    or (b0 == 0xEF and c[1] == 0xBF and c[2] & 0xFE == 0xBE))  # overlong, surrogate, U+FFFE/F
+    if b0 & 0xF8 == 0xF0:
+        return not ((b0 == 0xF0 and c[1] & 0xF0 == 0x80) or (b0 == 0xF4 and c[1] > 0x8F) or b0 > 0xF4)
+    return False  # a continuation byte or 0xF8..0xFF first
+
+
+def _c_string(text: str) -> str:
+    """``text`` as onnxruntime-genai hands it back, through a C string: up to its first NUL."""
+    nul = text.find("\x00")
+    return text if nul < 0 else text[:nul]
+
+
+def _byte_decoder() -> dict:
+    """Byte-level BPE's characters -> the bytes they stand for (GPT-2's table)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
 
 
 def token_text(value):
@@ -150,9 +196,23 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         """Text of ``ids`` (any integer sequence or array), special tokens skipped unless ``skip_special_tokens``
-        is off."""
+        is off; bytes that are not UTF-8 each become U+FFFD (the ``tokenizers`` library's text, which the server's
+        windows of ids rely on)."""
         seq = np.asarray(ids).reshape(-1).tolist()
         return self._tok.decode(self._in(seq), skip_special_tokens=self.skip_special_tokens)
+
+    def decode_genai(self, ids) -> str:
+        """``decode`` as onnxruntime-genai's ``Tokenizer.decode`` gives it: cut after the first character that is
+        not valid UTF-8, which becomes U+FFFD, and at a NUL (see above)."""
+        text = self.decode(ids)
+        bad = text.find(_REPLACEMENT)
+        text = text if bad < 0 else text[:bad + 1]
+        return _REPLACEMENT if text[:1] == "\x00" else _c_string(text)  # nothing valid before a NUL: invalid
+
+    def byte_level(self) -> bool:
+        """Whether the tokenizer's decoder is byte-level BPE's (a token's characters stand for bytes)."""
+        import tokenizers
+        return isinstance(self._tok.decoder, tokenizers.decoders.ByteLevel)
 
     def create_stream(self) -> "TokenizerStream":
         return TokenizerStream(self)
@@ -165,6 +225,8 @@ class TokenizerStream:
         self._tok = tokenizer._tok
         self._own = tokenizer._own
         self._skip = tokenizer.skip_special_tokens
+        self._bytes = _byte_decoder() if tokenizer.byte_level() else None
+        self._added = self._tok.get_added_tokens_decoder()
         self.reset()
 
     def reset(self):
@@ -172,9 +234,35 @@ class TokenizerStream:
         self._ids = []
         self._prefix = 0  # start of the decode window
         self._read = 0    # tokens before this index have had their text returned
+        self._pending = b""  # a byte-level stream's bytes of a character not yet complete
+
+    def _token_bytes(self, tid: int):
+        """A byte-level token's bytes (None: a special token the stream skips)."""
+        added = self._added.get(tid)
+        if added is not None:
+            return None if added.special and self._skip else added.content.encode()
+        text = self._tok.id_to_token(tid)
+        if text is None:
+            return None
+        return b"".join(bytes([self._bytes[ch]]) if ch in self._bytes else ch.encode() for ch in text)
 
     def decode(self, token_id) -> str:
-        self._ids.append(self._own.get(int(token_id), int(token_id)))
+        tid = self._own.get(int(token_id), int(token_id))
+        if self._bytes is not None:
+            b = self._token_bytes(tid)
+            if b is None:
+                return ""
+            buf, out, i = self._pending + b, bytearray(), 0
+            while i < len(buf):
+                n = _UTF8_LEN[buf[i] >> 4]
+                if n > len(buf) - i:
+                    break
+                if _utf8_char_valid(buf[i:i + n]):
+                    out += buf[i:i + n]
+                i += n
+            self._pending = buf[i:]
+            return out.decode("utf-8")
+        self._ids.append(tid)
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=self._skip)
         text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=self._skip)
         pending = len(self._ids) - self._read

@@ -677,3 +677,18 @@ def test_device_filters_are_checked_and_recorded_as_onnxruntime_genai_does(ort_g
     c.set_decoder_provider_options_hardware_vendor_id("cpu", 4318)
     c.clear_decoder_provider_options_hardware_vendor_id("cpu")
     assert c.provider_options["cpu"]["device_filtering_options"] == {"hardware_device_type": "gpu"}
+
+
+def test_bytes_that_are_not_utf8_decode_as_onnxruntime_genai_does(ort_genai):
+    """Byte-level tokens that leave UTF-8 incomplete or invalid (lone continuation bytes, a lead byte followed by
+    ASCII, a NUL): ``decode`` and a stream give onnxruntime-genai's text, on crafted and random id sequences."""
+    ours, theirs = og.Tokenizer(og.Model(LLAMA)), ort_genai.Tokenizer(ort_genai.Model(LLAMA))
+    a, b, c3, a9, e2, x82, xac, nul = 68, 69, 131, 106, 162, 228, 109, 192  # bytes 0xC3, 0xA9, 0xE2 0x82 0xAC, 0x00
+    cases = [[a, a9, a, b], [a, c3, a, b, c3, a9], [c3, a9, a9, a], [a, e2, x82, xac, b], [a, e2, x82, a, b],
+             [a, e2, a, b], [a, b, a9], [c3], [nul, a], [a, nul, b, a9], [0, a, 1, c3, 2, a9]]
+    rng = np.random.default_rng(5)
+    cases += [rng.integers(0, 512, int(rng.integers(1, 12))).tolist() for _ in range(40)]
+    for ids in cases:
+        s1, s2 = ours.create_stream(), theirs.create_stream()
+        assert ours.decode(np.array(ids, np.int32)) == theirs.decode(np.array(ids, np.int32)), ids
+        assert [s1.decode(i) for i in ids] == [s2.decode(i) for i in ids], ids

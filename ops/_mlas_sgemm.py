@@ -10,6 +10,18 @@ on the thread count.  Here each slice is packed into the column panels of ``ops/
 register tiles of rows by panels (one chain of fused multiply-adds per element from zero: ``blocked_cols``; one
 row runs four panels side by side, so the chains' latency does not bound it).
 
+``sgemm_mlas`` is onnxruntime's MatMul of two run-time float32 inputs (``MlasGemmBatch`` over unpacked B), bit for
+bit on one thread or several: its work is split over ``threads`` (onnxruntime's intra-op thread count) as
+``MlasGemmBatch`` splits it, ``(complexity M*N*K / 65536) + 1`` threads at most, divided among the batch's products,
+each product's along N in blocks of 16 columns when N > M, else along M; and each thread's range runs
+``MlasSgemmOperation``: a range of one row takes the one-row kernel (``m1_rowvec``), a product with one column
+(N = 1) the one-row transposed kernel with A in B's place (8 lanes over K, products and sums rounded apart, folded
+by ``m1t_fold`` by the row's place in its range), every other range slices K by its own width (``k_stride``: the
+thread split changes the slices, so the result depends on the thread count as onnxruntime's does) into chains of
+fused multiply-adds from zero (``blocked_cols``' register tiles over the slice packed into panels), each later
+slice's sums added to the first's.  onnxruntime folds A's batch into its
+rows when B is 2-d (one product), and multiplies batch by batch otherwise.
+
 ``m1_rowvec`` is MLAS's one-row SGEMM kernel for B not transposed (GroupQueryAttention's one-row value product,
 LinearAttention's row-vector products); ``m1t_fold`` is the fold of its kernel for a transposed B (eight lanes per
 column), which the 8-bit MatMulNBits float path and GroupQueryAttention's one-row scores at scale 1 share.
@@ -24,7 +36,7 @@ from numba import njit, prange
 
 from ._panels import PANEL, blocked_cols, pack_panels_into
 
-__all__ = ["STRIDE_K", "m1_rowvec", "m1t_fold", "pack_slices", "sgemm_packed_mlas"]
+__all__ = ["STRIDE_K", "k_stride", "m1_rowvec", "m1t_fold", "pack_slices", "sgemm_packed_mlas", "sgemm_mlas"]
 
 STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK
 _GROUP = 8  # panels per task
@@ -113,3 +125,96 @@ def sgemm_packed_mlas(a2, wflat, K, N):
                     for c in range(p0 * PANEL, p1 * PANEL):
                         out[r, c] = np.float32(out[r, c] + part[r, c])
     return np.ascontiguousarray(out[:, :N]) if N != P * PANEL else out
+
+
+THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiplies per thread before another is taken
+THREAD_ALIGN = 16  # MLAS_SGEMM_STRIDEN_THREAD_ALIGN: columns of a thread's range, a multiple of this
+
+
+@njit(cache=True, nogil=True)
+def k_stride(N, K):
+    """The K slice of ``MlasSgemmOperation`` over N columns (A not transposed): strides of 128 columns and 128 of
+    K, N's doubled while K's half still covers K, else K's doubled while N's half covers N (down to 16 columns)."""
+    sn, sk = 128, 128
+    if N >= K:
+        while sk // 2 >= K:
+            sn, sk = sn * 2, sk // 2
+    else:
+        while sn > 16 and sn // 2 >= N:
+            sn, sk = sn // 2, sk * 2
+    return sk
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _partition(i, n, total):
+    """``MlasPartitionWork``: part ``i`` of ``n`` of ``total`` items, (start, count), the first ``total % n`` one
+    larger."""
+    q, r = total // n, total % n
+    if i < r:
+        return i * (q + 1), q + 1
+    return i * q + r, q
+
+
+@njit(cache=True, nogil=True)
+def _range(a, b, m0, cm, n0, cn, out):
+    """``MlasSgemmOperation`` on rows [m0, m0 + cm) and columns [n0, n0 + cn) of ``out = a @ b``."""
+    K = a.shape[1]
+    N = b.shape[1]
+    if cm == 1:
+        m1_rowvec(a[m0], b[:, n0:n0 + cn], out[m0, n0:n0 + cn], True)
+        return
+    if N == 1:  # B a contiguous column: the one-row transposed kernel, A's rows its columns
+        x = np.empty(8, np.float32)
+        for j in range(cm):
+            x[:] = 0.0
+            for k in range(K):
+                x[k % 8] = np.float32(x[k % 8] + np.float32(b[k, 0] * a[m0 + j, k]))
+            out[m0 + j, 0] = np.float32(m1t_fold(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], j, cm)
+                                        + np.float32(0.0))
+        return
+    S = k_stride(cn, K)
+    P = (cn + PANEL - 1) // PANEL
+    rows = np.ascontiguousarray(a[m0:m0 + cm])
+    acc = np.empty((cm, P * PANEL), np.float32)
+    part = np.empty((cm, P * PANEL), np.float32) if K > S else acc
+    for k0 in range(0, K, S):  # per slice, ``blocked_cols``'s register tiles: one chain per element from zero
+        ck = min(S, K - k0)
+        wp = np.empty((P, ck, PANEL), np.float32)
+        pack_panels_into(b[k0:k0 + ck, n0:n0 + cn], wp)
+        blocked_cols(np.ascontiguousarray(rows[:, k0:k0 + ck]), wp, acc if k0 == 0 else part, 0, P, 0, ck, True)
+        if k0 > 0:
+            for i in range(cm):
+                for n in range(cn):
+                    acc[i, n] = np.float32(part[i, n] + acc[i, n])
+    for i in range(cm):
+        for n in range(cn):
+            out[m0 + i, n0 + n] = acc[i, n]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def sgemm_mlas(a3, b3, ia, ib, out3, threads):
+    """``out3[g] = a3[ia[g]] @ b3[ib[g]]`` for every product g, as ``MlasGemmBatch`` computes them on ``threads``
+    threads (see the module; a 2-d product is one of one).  Every element of ``out3`` is written."""
+    nb, M, N = out3.shape
+    K = a3.shape[2]
+    if K == 0:
+        out3[:] = 0.0
+        return
+    target = min(np.int64(float(M) * float(N) * float(K) / float(THREAD_COMPLEXITY)) + 1, max(threads, 1))
+    per = (target + nb - 1) // nb
+    if N > M:
+        per = min(per, (N + THREAD_ALIGN - 1) // THREAD_ALIGN)
+        tm, tn = 1, per
+    else:
+        per = min(per, M)
+        tm, tn = per, 1
+    blocks = (N + THREAD_ALIGN - 1) // THREAD_ALIGN
+    for t in prange(nb * per):
+        g = t // per
+        tid = t % per
+        m0, cm = _partition(tid // tn, tm, M)
+        n0, cn = _partition(tid % tn, tn, blocks)
+        n0 *= THREAD_ALIGN
+        cn = min(N - n0, cn * THREAD_ALIGN)
+        if cm > 0 and cn > 0:
+            _range(a3[ia[g]], b3[ib[g]], m0, cm, n0, cn, out3[g])

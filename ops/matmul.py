@@ -30,7 +30,7 @@ from numba import njit, prange
 
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, Plain, bind_plain, broadcast_shape, lowp, mlas_order, out_buffer
-from ._mlas_sgemm import pack_slices, sgemm_packed_mlas
+from ._mlas_sgemm import pack_slices, sgemm_mlas, sgemm_packed_mlas
 from ._fastmath import FAST
 from . import _i16pairs, _u8s8
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
@@ -237,8 +237,37 @@ def matmul_shapes(a_shape, b_shape, name="MatMul") -> tuple:
     return m, k, n, abatch, bbatch, batch, full, out_shape
 
 
+def _matmul_mlas(a: np.ndarray, b: np.ndarray, buf, name) -> np.ndarray:
+    """float32 ``matmul_nd`` as onnxruntime's MatMul computes it (``_mlas_sgemm.sgemm_mlas``, on onnxruntime's
+    default thread count): A's batch folded into its rows when B is one matrix (2-d, or batch dims all 1), else
+    batch by batch; against a 1-d B every row of A is a product of its own."""
+    from ._mlas_attention import ORT_THREADS
+    A = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+    B = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    m, k, n, abatch, bbatch, batch, full, out_shape = matmul_shapes(a.shape, b.shape, name)
+    o = out_buffer(buf, out_shape, F32)
+    if o.size == 0:
+        return o
+    A, B = np.ascontiguousarray(A), np.ascontiguousarray(B)
+    if b.ndim == 1:  # a vector: every row of A a product of its own (one row: the one-row kernel)
+        rows = A.size // k if k else int(math.prod(abatch)) * m
+        sgemm_mlas(A.reshape(rows, 1, k), B.reshape(1, k, 1), np.arange(rows, dtype=np.int64),
+                   np.zeros(rows, np.int64), o.reshape(rows, 1, 1), ORT_THREADS)
+    elif int(math.prod(bbatch)) == 1 and abatch == batch:  # B one matrix: A's batch in its rows
+        rows = int(math.prod(abatch)) * m
+        sgemm_mlas(A.reshape(1, rows, k), B.reshape(1, k, n), _ZERO_MAP, _ZERO_MAP, o.reshape(1, rows, n),
+                   ORT_THREADS)
+    else:
+        ia, ib = _batch_maps(abatch, bbatch, batch)
+        sgemm_mlas(A.reshape(-1, m, k), B.reshape(-1, k, n), ia, ib, o.reshape(-1, m, n), ORT_THREADS)
+    return o
+
+
 def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarray:
-    """numpy.matmul semantics: batch broadcasting, 1-d operands promoted then squeezed."""
+    """numpy.matmul semantics: batch broadcasting, 1-d operands promoted then squeezed.  Two float32 operands
+    under ``_common.mlas_order``: onnxruntime's arithmetic (``_matmul_mlas``)."""
+    if a.dtype == F32 and b.dtype == F32 and a.ndim >= 1 and b.ndim >= 1 and mlas_order():
+        return _matmul_mlas(a, b, buf, name)
     if (b.ndim == 2 and a.ndim >= 2 and a.dtype == b.dtype and a.dtype in _FLOATS and a.shape[-1] == b.shape[0]
             and b.shape[0] and a.size and b.size):
         # The common case, a weight on the right: one GEMM (or GEMV) with A's batch folded into its rows.

@@ -73,6 +73,37 @@ def test_matmul_constant_weight(shape, K, N, monkeypatch):
     _check(model, {"a": a}, monkeypatch)
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((20, 700), (700, 40)),        # N > M: two threads split N (32 and 8 columns), each with its own K slices
+    ((130, 300), (300, 33)),       # M >= N: two threads split M
+    ((2, 3, 700), (700, 20)),      # A's batch folded into its rows against one matrix
+    ((3, 1, 40), (1, 40, 2)),      # B's batch dims all 1: folded too (three rows, not three one-row products)
+    ((2, 5, 300), (2, 300, 17)),   # batch by batch
+    ((9, 300), (300, 1)),          # one column: the one-row transposed kernel over A's rows
+    ((2, 5, 300), (300,)),         # a vector: each row of A a one-row product
+    ((300,), (300, 70)),           # one row
+])
+def test_matmul_two_run_time_inputs(a_shape, b_shape, monkeypatch):
+    """onnxruntime's MatMul of two run-time float32 inputs (``_mlas_sgemm.sgemm_mlas``), on its default thread
+    count: node by node, and inside a compiled region where B is 2-d (the region declines a batched or 1-d B)."""
+    from ops._mlas_attention import ORT_THREADS
+    import onnxruntime as ort
+    a = RNG.standard_normal(a_shape).astype(F)
+    b = RNG.standard_normal(b_shape).astype(F)
+    model = _model(h.make_node("MatMul", ["a", "b"], ["y"]), [_vi("a", [None] * len(a_shape)),
+                                                              _vi("b", [None] * len(b_shape))], 1)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = ORT_THREADS
+    want = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
+    assert not np.array_equal(_native(model, {"a": a, "b": b})[0], want[0])
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    for compiled in (False, True) if len(b_shape) == 2 else (False,):
+        got = _native(model, {"a": a, "b": b}, compiled)
+        for g, ref in zip(got, want):
+            np.testing.assert_array_equal(g, ref)
+
+
 @pytest.mark.parametrize("L,with_past", [(5, True), (1, True), (4, False)])
 def test_causal_conv_with_state(L, with_past, monkeypatch):
     """The taps summed from the bias in order, then ``x / (1 + expf(-x))``."""

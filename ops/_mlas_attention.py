@@ -666,7 +666,8 @@ def _probs_task(r, q, kc, vc, past_b, att_total, kbase, scale, softcap, window, 
         sc = scbuf[:R4 * T].reshape((R4, T))
         _qk_one_row_alpha1(q, b, h, kc, kh, T, sc[0])
     else:
-        sc = _qk_panels(qbuf, S, kc, b, kh, 0, T, scale, kbuf, scbuf, abuf, pbuf)
+        # np.int64(0), not a literal 0: the flash kernels' compile of these two serves here too
+        sc = _qk_panels(qbuf, S, kc, b, kh, np.int64(0), T, scale, kbuf, scbuf, abuf, pbuf)
     sk_v = sink[h] if sink_mode == 2 else _ZERO
     for i in range(S):
         row = sc[i]
@@ -704,7 +705,7 @@ def _probs_task(r, q, kc, vc, past_b, att_total, kbase, scale, softcap, window, 
                 qk[b, h, i, j + kbase[b]] = row[j]
     acc = np.empty((S, D), np.float32)
     vbuf = np.empty((D + PANEL - 1) // PANEL * min(sgemm_stride_k(D, T), T) * PANEL, np.float32)
-    _sv_panels(sc, S, vc, b, kh, 0, T, True, acc, vbuf, pbuf, abuf)
+    _sv_panels(sc, S, vc, b, kh, np.int64(0), T, True, acc, vbuf, pbuf, abuf)
     for i in range(S):
         for d in range(D):
             out[b, i, h, d] = acc[i, d]

@@ -39,10 +39,11 @@ floats of A's type (with a g_idx, onnxruntime ignores packed zero points and so 
 
 In MLAS's order (``_common.mlas_order``: the default on x86 hosts with AVX2; ``mlas_path``, read when a node is
 planned) the products follow onnxruntime's float order instead, bit for bit its CPU kernel's on hosts of that
-kind: level 4 with 4-bit codes in blocks of 32 by MLAS's AVX2 or AVX-512 kernels (``gemv_q4i8_mlas``), on AVX-512 hosts also 4-bit codes in blocks of 16, 64, 128
-and 256 and 8-bit codes in blocks of 16 to 256 (``_MlasLanes``; 8-bit codes repacked by ``int8_layout``),
-levels 0 to 3 (float A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``), and 4-bit
-codes with float zero points or a g_idx, at any level, as onnxruntime's unpacked path: B dequantized first to
+kind, AVX2 (without AVX-512) or AVX-512: level 4 with 4- and 8-bit codes in blocks of 16 to 256 by MLAS's int8
+kernels (``gemv_q4i8_mlas``: blocks of 32 of 4-bit codes by ``_simd._OrtEmitter``, the others by ``_MlasLanes``
+on AVX-512 hosts and ``_Avx2Lanes`` on AVX2 ones; 8-bit codes repacked by ``int8_layout``), levels 0 to 3 (float
+A, no g_idx, no float zero points) by MLAS's float kernels (``gemv_fp_mlas``), and 4-bit codes with float zero
+points or a g_idx, at any level, as onnxruntime's unpacked path: B dequantized first to
 ``q * s + (-s * z)`` (``dequant_ort_unpacked``; a packed zero point beside a g_idx read as 8), then its SGEMM
 (``gemv_fp_mlas`` over the float weights).
 
@@ -463,21 +464,25 @@ def mlas_path(bs, bits=4, level4=True) -> int:
     (``level4``: A quantized to int8) or below (A float): 0, the blockwise order (faster at prefill, and equal to
     onnxruntime's up to float rounding), or under ``_common.mlas_order`` (the default on x86 hosts with AVX2)
     MLAS's order for this host, bit for bit onnxruntime's there.  Level 4: on ``mlas_avx512_host`` hosts
-    ``ORDER_AVX512`` for 4- and 8-bit codes in every block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``, ``_MlasLanes``), elsewhere ``ORDER_AVX2`` for 4-bit codes in
-    blocks of 32 (MLAS's other AVX2 kernels are not reproduced: 0).  Below level 4: ``ORDER_AVX512`` on
-    ``mlas_avx512_host`` hosts (``gemv_fp_mlas``), else 0.  Any host runs either order: the kernels have a portable
-    form.  MLAS's AVX2 order cost 1.0-1.4x the blockwise one per decode product and 2-3x per prefill product
-    (measured in cache on an AVX2 host, before ``_gemv_ort32`` quantized every row first and took all rows in one
-    parallel pass; not measured again: no AVX2-only host here)."""
+    ``ORDER_AVX512`` for 4- and 8-bit codes in every block size of ``MLAS_BLOCKS`` (``gemv_q4i8_mlas``,
+    ``_MlasLanes``), on ``mlas_avx2_host`` hosts ``ORDER_AVX2`` for the same (``_simd._OrtEmitter`` for 4-bit codes
+    in blocks of 32, ``_Avx2Lanes`` for the rest; checked under an emulated AVX2 CPU, ``tools/emulated_host.py``).
+    Below level 4: the host's order (``gemv_fp_mlas``; ``fp_order_path``).  Any host runs either order: the
+    kernels have a portable form.  MLAS's AVX2 order for 4-bit codes in blocks of 32 cost 1.0-1.4x the blockwise
+    one per decode product and 2-3x per prefill product (measured in cache on an AVX2 host, before ``_gemv_ort32``
+    quantized every row first and took all rows in one parallel pass; not measured again: no AVX2-only host
+    here)."""
     if bits not in (4, 8) or not mlas_order():
         return 0
-    if not level4:
-        return ORDER_AVX512 if mlas_avx512_host() else 0
-    if bs not in MLAS_BLOCKS:
-        return 0
     if mlas_avx512_host():
-        return ORDER_AVX512
-    return ORDER_AVX2 if bs == 32 and bits == 4 else 0
+        host = ORDER_AVX512
+    elif mlas_avx2_host():
+        host = ORDER_AVX2
+    else:  # AVX-512 F without the rest of MLAS's "AVX-512 core": only the kernel checked on every x86 host so far
+        return ORDER_AVX2 if level4 and bs == 32 and bits == 4 else 0
+    if not level4:
+        return host
+    return host if bs in MLAS_BLOCKS else 0
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
@@ -907,6 +912,249 @@ def _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel):
             out[m, n] = y[n]
 
 
+# -- MLAS's AVX2 int8 kernels for the other block sizes (``ORDER_AVX2``) -----------------------------------------
+#
+# Read from MLAS's ``sqnbitgemm_kernel_avx2_int8_blklen16.h``, ``_blklen32.h`` (8-bit codes), ``_blklen64.h``
+# (blocks of 64, 128 and 256), ``sqnbitgemm_m1_sym_kernel_avx2_int8_blklen64.h`` and ``sqnbitgemm_kernel_avx2.cpp``
+# (which kernel for which product), and checked bit for bit against onnxruntime's MatMulNBits under an emulated AVX2
+# CPU (``tools/emulated_host.py``; also with a bias, and M = 129 and 257).  Per row and column 8 float lanes, each a
+# chain of ``fma(exact integer lane sum, f32(ascale * scale), lane)``; a lane adds two quads (4 codes each), as
+# listed per update in the plans below, (block of the update, quads of that block):
+#
+# - blocks of 16: 4 blocks per update (the ``vpmaddubsw`` + ``vphaddw`` interleave puts blocks 0, 2, 1, 3 in lane
+#   pairs), the blocks past a multiple of 4 one at a time, lane i codes 2i and 2i + 1 (``vpmaddwd`` of one block);
+# - 8-bit codes in blocks of 32: 2 blocks per update (``vphaddd`` of the two blocks' quad sums), a last odd block
+#   alone, lane i its quad i;
+# - blocks of 64 to 256: one update per 64 codes of a block (the block's scale each time), the same interleave
+#   (4-bit codes: lanes 0 .. 7 the quads 0-1, 2-3, 8-9, 10-11, 4-5, 6-7, 12-13, 14-15; 8-bit: lane i quads i, i + 8).
+#
+# Then the fold of the blocks of 32 (``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)`` below N rounded down to 4, else
+# ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))``), the bias, and for unsigned codes the zero points' share
+# (``ort_zero_point_rows``), on every row: MLAS's several-row kernels serve M = 1 too, except with 4-bit codes in
+# blocks of 64 or more, where its one-row kernel takes the same lanes over signed codes (code - zero point), no
+# share after.
+
+_AVX2_PLAN16 = [(0, (0, 1)), (0, (2, 3)), (2, (0, 1)), (2, (2, 3)), (1, (0, 1)), (1, (2, 3)), (3, (0, 1)), (3, (2, 3))]
+_AVX2_LAST16 = [(0, (i // 2,)) for i in range(8)]  # with ``pairs``: lane i codes 2i and 2i + 1
+# 8-bit codes in blocks of 32: 2 blocks per update (lanes 0, 1, 4, 5 the first), then the last block alone, lane i
+# the quad i
+_AVX2_PLAN32 = [(0, (0, 1)), (0, (2, 3)), (1, (0, 1)), (1, (2, 3)), (0, (4, 5)), (0, (6, 7)), (1, (4, 5)), (1, (6, 7))]
+_AVX2_LAST32 = [(0, (i,)) for i in range(8)]
+_AVX2_PLAN64 = {4: [(0, q) for q in ((0, 1), (2, 3), (8, 9), (10, 11), (4, 5), (6, 7), (12, 13), (14, 15))],
+                8: [(0, (i, i + 8)) for i in range(8)]}
+
+
+class _Avx2Lanes(_MlasLanes):
+    """MLAS's AVX2 order (see above) for ``family`` 16 (blocks of 16), 32 (8-bit codes in blocks of 32) or 64
+    (blocks of 64 and more) over 8-column groups of ``int4_layout`` (``bits`` 4) or ``int8_layout`` (8) codes: per
+    row 8 lanes (``lanes``), folded as ``_OrtEmitter``'s.  ``signed``: MLAS's one-row kernel, each lane's integer sum
+    taken with the codes minus the zero point (``zero`` the zero points [G, nb, 8] with ``has_zp``, else the scalar
+    default), through the sums of every 4 activations (argument 3): ``sum (q - z) a = sum q a - z sum a``, exact
+    in float32.  Unsigned codes otherwise (the zero points come in after, through ``ort_zero_point_rows``).  Every
+    integer is exact, so the host's form and the portable IR give the same bits."""
+
+    def __init__(self, context, builder, sig, args, portable, vnni, rows, bits, family, signed, has_zp):
+        _simd._OrtEmitter.__init__(self, context, builder, sig, args, has_zp, portable, vnni, rows, signed)
+        self.bits, self.family = bits, family
+        self.blen = builder.mul(self.nj, self.const(8 if bits == 4 else 4))
+        self.pair_masks = [_simd._splat(_simd._V8I32, 0xFFFF), _simd._splat(_simd._V8I32, -65536)]
+
+    def update(self, g, blks, jb, plan, wide=False, pairs=False):
+        """One update: lane L of ``plan`` (block ``blks[b]``, quads) into ``lanes``."""
+        builder = self.builder
+        cache, scales = {}, {}
+        for L, (b, quads) in enumerate(plan):
+            for r in range(self.rows):
+                d, ks = None, []
+                for w in quads:
+                    c, k = self.quad(cache, g, blks[b], jb, w)
+                    a = self.splat4(self.aps[r], k)
+                    if pairs:  # codes 2L, 2L + 1 of the block: the other two activations zeroed
+                        v8 = _simd._V8I32
+                        a = builder.bitcast(builder.and_(builder.bitcast(a, v8), self.pair_masks[L % 2]),
+                                            _simd._V32I8)
+                    d = self.dot4(c, a, d)
+                    ks.append(k)
+                if (b, r) not in scales:
+                    scales[b, r] = self.scale(g, blks[b], r)
+                s, col = scales[b, r]
+                v = builder.sitofp(d, _simd._V8F)
+                if self.signed:
+                    asum = None
+                    for k in ks:
+                        x = builder.load(builder.gep(self.ssps[r], [builder.udiv(k, self.c4)]))
+                        asum = x if asum is None else builder.fadd(asum, x)
+                    v = builder.fsub(v, builder.fmul(self.zero(col), _simd._broadcast(builder, asum)))
+                slot = self.lanes[r][L]
+                builder.store(builder.call(self.fma, [v, s, builder.load(slot)]), slot)
+
+    def run(self, gs):
+        builder, const, nb = self.builder, self.const, self.nb
+        g = gs[0]
+        for r in range(self.rows):
+            for L in range(8):
+                builder.store(_simd._splat(_simd._V8F, 0.0), self.lanes[r][L])
+        if self.family in (16, 32):
+            per, plan, last = (4, _AVX2_PLAN16, _AVX2_LAST16) if self.family == 16 else (2, _AVX2_PLAN32, _AVX2_LAST32)
+            full = builder.sdiv(nb, const(per))
+            with cgutils.for_range(builder, full, intp=self.intp) as lm:
+                b0 = builder.mul(lm.index, const(per))
+                self.update(g, [builder.add(b0, const(i)) for i in range(per)], const(0), plan)
+            with cgutils.for_range_slice(builder, builder.mul(full, const(per)), nb, const(1),
+                                         intp=self.intp) as (blk, _):
+                self.update(g, [blk], const(0), last, pairs=self.family == 16)
+        else:  # 64 codes a time: 8 code vectors of 4-bit codes, 16 of 8-bit ones
+            per = const(8 if self.bits == 4 else 16)
+            with cgutils.for_range(builder, nb, intp=self.intp) as lb:
+                with cgutils.for_range(builder, builder.udiv(self.nj, per), intp=self.intp) as lu:
+                    self.update(g, [lb.index], builder.mul(lu.index, per), _AVX2_PLAN64[self.bits])
+        self.fold(g)
+
+    def fold(self, g):
+        builder = self.builder
+        add = builder.fadd
+        cols = builder.add(_simd._broadcast_i(builder, builder.trunc(builder.mul(g, self.c8), _simd._I32)),
+                           ir.Constant(_simd._V8I32, list(range(8))))
+        full = builder.icmp_signed("<", cols, _simd._broadcast_i(builder, builder.trunc(self.args[9], _simd._I32)))
+        for r in range(self.rows):
+            x = [builder.load(self.lanes[r][L]) for L in range(8)]
+            c4v = add(add(add(add(x[0], x[1]), x[2]), x[3]), add(add(add(x[4], x[5]), x[6]), x[7]))
+            tail = add(add(add(x[0], x[4]), add(x[2], x[6])), add(add(x[1], x[5]), add(x[3], x[7])))
+            optr = builder.bitcast(builder.gep(self.ops_[r], [builder.mul(g, self.c8)]), _simd._V8F.as_pointer())
+            builder.store(builder.select(full, c4v, tail), optr, align=4)
+
+
+def make_avx2_lanes(bits: int, family: int, rows: int, signed: bool = False, has_zp: bool = False,
+                    portable: bool = False):
+    """The ``_Avx2Lanes`` kernel for ``bits``-bit codes of ``family`` over ``rows`` rows (1: ``aq`` 1-d, else 2-d),
+    unsigned or ``signed`` (one row; ``has_zp``: zero points [G, nb, 8], else the scalar default), in the host's
+    instructions or the ``portable`` IR (the same bits).  Arguments ``(qi, aq, ascale, gsum, zero, sct, y, g0, g1,
+    n4)``: column groups [g0, g1) into ``y``; ``gsum`` the sums of every 4 activations (read when ``signed``);
+    ``n4`` N rounded down to 4."""
+    vnni = _simd.VNNI and not portable
+    portable = portable or not _simd.AVX2 or (bits == 8 and not vnni)
+
+    def impl(typingctx, qi, aq, ascale, gsum, zero, sct, out, g0, g1, n4):
+        if not (_simd._operands_fit(has_zp, rows, qi, aq, ascale, gsum, zero, sct, out)
+                and all(isinstance(x, types.Integer) for x in (g0, g1, n4))):
+            return None
+        sig = types.void(qi, aq, ascale, gsum, zero, sct, out, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):
+            _Avx2Lanes(context, builder, sig, args, portable, vnni, rows, bits, family, signed, has_zp).emit()
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = (f"dot_avx2_b{family}_q{bits}{'_s' if signed else '_u'}{'_zp' if has_zp else ''}"
+                     f"{'_portable' if portable else ''}{'_vnni' if vnni else ''}_r{rows}")
+    return intrinsic(impl)
+
+
+# Rows per unsigned pass (MLAS's kernels take rows in pairs too).  Four rows ran 32 rows of 2048x1024 products
+# 1.2-1.4x faster than two on this host, but took 12 s more to compile per target (the passes' kernels inlined into
+# the parallel loop): two keep tests/test_emulated_host.py's cold run near 40 s.
+_AVX2_ROWS = 2
+_A4_16_1, _A4_16_R = make_avx2_lanes(4, 16, 1), make_avx2_lanes(4, 16, _AVX2_ROWS)
+_A4_64_1, _A4_64_R = make_avx2_lanes(4, 64, 1), make_avx2_lanes(4, 64, _AVX2_ROWS)
+_A4_64_S, _A4_64_SZ = make_avx2_lanes(4, 64, 1, True), make_avx2_lanes(4, 64, 1, True, True)
+_A8_16_1, _A8_16_R = make_avx2_lanes(8, 16, 1), make_avx2_lanes(8, 16, _AVX2_ROWS)
+_A8_32_1, _A8_32_R = make_avx2_lanes(8, 32, 1), make_avx2_lanes(8, 32, _AVX2_ROWS)
+_A8_64_1, _A8_64_R = make_avx2_lanes(8, 64, 1), make_avx2_lanes(8, 64, _AVX2_ROWS)
+
+
+@njit(cache=True, nogil=True)
+def _avx2_unsigned(bits, family, qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4):
+    """One row (``aq`` 1-d) or ``_AVX2_ROWS`` rows (2-d; Numba keeps one branch) through the unsigned
+    ``_Avx2Lanes`` kernel of ``bits`` and ``family``."""
+    if aq.ndim == 1:
+        if bits == 4:
+            if family == 16:
+                _A4_16_1(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+            else:
+                _A4_64_1(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+        elif family == 16:
+            _A8_16_1(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+        elif family == 32:
+            _A8_32_1(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+        else:
+            _A8_64_1(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif bits == 4:
+        if family == 16:
+            _A4_16_R(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+        else:
+            _A4_64_R(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif family == 16:
+        _A8_16_R(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    elif family == 32:
+        _A8_32_R(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+    else:
+        _A8_64_R(qi, aq, ascale, gsum, zdef, sct, y, g0, g1, n4)
+
+
+@njit(cache=True, nogil=True)
+def _avx2_rows(bits, family, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1, n4):
+    """Every row of ``aq`` [M, K] over the column groups [g0, g1) in ``_Avx2Lanes``'s order: rows below ``nu``
+    unsigned, in passes of ``_AVX2_ROWS`` rows, then one at a time; the rows from ``nu`` signed (MLAS's one-row
+    kernel).  A row's bits do not depend on the rows it shares a pass with."""
+    M = aq.shape[0]
+    R = _AVX2_ROWS
+    mr = nu - nu % R
+    for r0 in range(0, mr, R):
+        _avx2_unsigned(bits, family, qi, aq[r0:r0 + R], ascale[r0:r0 + R], gsum[r0:r0 + R], zdef, sct,
+                       y[r0:r0 + R], g0, g1, n4)
+    for r in range(mr, nu):
+        _avx2_unsigned(bits, family, qi, aq[r], ascale[r], gsum[r], zdef, sct, y[r], g0, g1, n4)
+    for r in range(nu, M):
+        if has_zp:
+            _A4_64_SZ(qi, aq[r], ascale[r], gsum[r], zft, sct, y[r], g0, g1, n4)
+        else:
+            _A4_64_S(qi, aq[r], ascale[r], gsum[r], zdef, sct, y[r], g0, g1, n4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _avx2_rows_par(bits, family, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, n4):
+    G = qi.shape[0]
+    for t in prange((G + _GROUPS_PER_TASK - 1) // _GROUPS_PER_TASK):
+        g0 = t * _GROUPS_PER_TASK
+        _avx2_rows(bits, family, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0,
+                   min(g0 + _GROUPS_PER_TASK, G), n4)
+
+
+@njit(cache=True, nogil=True)
+def _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias):
+    """``gemv_q4i8_mlas`` in ``_Avx2Lanes``'s order (4-bit codes in blocks of 16, 64, 128 or 256, 8-bit codes in
+    blocks of 16 to 256): every row
+    quantized first (``_prep_a_i8_groups``), one pass over the column groups for all rows, then the bias and the
+    zero points' share of the unsigned rows (``ort_zero_point_rows``)."""
+    G, nb = qi.shape[0], qi.shape[1]
+    N = out.shape[1]
+    n4 = N - N % 4
+    M = a2.shape[0]
+    family = bs if bs < 64 else 64
+    # MLAS's one-row kernel (signed codes) serves M = 1 with 4-bit codes (blocks of 64 and more here).  On one thread
+    # onnxruntime takes M > 1 rows through its several-row kernels whole (M = 129 and 257 checked under emulation):
+    # no row alone in a range of ``ORT_RANGE_M``
+    nu = 0 if M == 1 and bits == 4 and bs >= 32 else M
+    aq = np.empty((M, nb * bs), np.int8)
+    ascale = np.empty((M, nb), np.float32)
+    gsum = np.empty((M, nb * bs // 4), np.float32)
+    absum = np.empty((M, nb), np.float32)
+    if parallel and M > 1:
+        _prep_groups_par(a2, bs, aq, ascale, gsum, absum)
+    else:
+        for r in range(M):
+            _prep_a_i8_groups(a2[r], bs, aq[r], ascale[r], gsum[r], absum[r])
+    y = out if N == 8 * G else np.empty((M, 8 * G), np.float32)
+    if parallel:
+        _avx2_rows_par(bits, family, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, n4)
+    else:
+        _avx2_rows(bits, family, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, np.int64(0), G, n4)
+    if N != 8 * G:
+        out[:, :] = y[:, :N]
+    ort_zero_point_rows(absum, sct, zft, has_zp, z, out, nu, bias, has_bias, parallel)
+
+
 @njit(cache=True, nogil=True)
 def _ort_rows(quads, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y, nu, g0, g1, n4, absum, bias, has_bias):
     """Every row of ``aq`` [M, K] over the column groups [g0, g1): rows below ``nu`` with unsigned codes, passes
@@ -996,6 +1244,8 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
       and pairs of blocks per update without zero points, one block per update with them; every other row uses
       unsigned codes and pairs of blocks, then ``ort_zero_point_rows``.
 
+    Other block sizes of ``MLAS_BLOCKS``, and 8-bit codes, in ``ORDER_AVX2``: ``_gemv_avx2`` (``_Avx2Lanes``).
+
     ``order`` ``ORDER_AVX512``: MLAS's AVX-512 kernels instead.  Every row uses unsigned codes; per row and column
     16 float lanes take 4 blocks per update (``_simd._OrtEmitter.quad``), the two halves are added lane by lane
     (``l[j] + l[j + 8]``), the blocks past a multiple of 4 update those 8 lanes one block at a time (lane j the
@@ -1007,34 +1257,52 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
     bits = 4 if qi.shape[2] * 8 == bs else 8 if qi.shape[2] * 4 == bs else 0
     if bits == 0 or not (bs == 16 or bs == 32 or bs == 64 or bs == 128 or bs == 256):
         raise ValueError("gemv_q4i8_mlas: the codes' layout does not match block_size, or no MLAS kernel for it")
-    if order != ORDER_AVX512 and (bits != 4 or bs != 32):
-        raise ValueError("gemv_q4i8_mlas: MLAS's AVX2 order is reproduced for 4-bit codes in blocks of 32 only")
     z = np.float32(zdef)
     M = a2.shape[0]
+    if (_ONLY_AVX2 and order == ORDER_AVX512) or (_ONLY_AVX512 and order != ORDER_AVX512):
+        raise ValueError("gemv_q4i8_mlas: this twin compiles the other host's kernels only")
     if _ONLY32:  # ``gemv_q4i8_mlas32``: 4-bit codes in blocks of 32 only
         if bits != 4 or bs != 32:
             raise ValueError("gemv_q4i8_mlas32: 4-bit codes in blocks of 32 only")
         _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
     elif bits == 4 and bs == 32:
         _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
+    elif _ONLY_AVX2:
+        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias)
+    elif _ONLY_AVX512:
+        absum = np.empty((max(M, 1), nb), np.float32)
+        _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
+        ort_zero_point_rows(absum, sct, zft, has_zp, z, out, M, bias, has_bias, parallel)
+    elif order != ORDER_AVX512:
+        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias)
     else:
         absum = np.empty((max(M, 1), nb), np.float32)
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
         ort_zero_point_rows(absum, sct, zft, has_zp, z, out, M, bias, has_bias, parallel)
 
 
-_ONLY32 = False  # ``gemv_q4i8_mlas32``'s compile-time constant (``_common.constant_twin``)
+# ``gemv_q4i8_mlas``'s compile-time constants (``_common.constant_twin``), each twin compiling a part of its kernels
+_ONLY32 = False
+_ONLY_AVX2 = False
+_ONLY_AVX512 = False
 # The twin for 4-bit codes in blocks of 32 (what the model builder writes), compiling none of the other block sizes'
 # lane kernels (about a third of the general one's compile time).
 gemv_q4i8_mlas32 = constant_twin(gemv_q4i8_mlas, "32", _ONLY32=True)
+# The twins for the other products of one host's order: a node compiles the lane kernels of its host's order only
+# (the general one, both).
+gemv_q4i8_mlas_avx2 = constant_twin(gemv_q4i8_mlas, "avx2", _ONLY_AVX2=True)
+gemv_q4i8_mlas512 = constant_twin(gemv_q4i8_mlas, "512", _ONLY_AVX512=True)
 
 
-def mlas_gemv(bits, bs):
-    """The MLAS-order product for codes of ``bits`` in blocks of ``bs``: ``gemv_q4i8_mlas32`` or the general one."""
-    return gemv_q4i8_mlas32 if bits == 4 and bs == 32 else gemv_q4i8_mlas
+def mlas_gemv(bits, bs, order=ORDER_AVX512):
+    """The MLAS-order product for codes of ``bits`` in blocks of ``bs`` in ``order``: ``gemv_q4i8_mlas32``, or the
+    twin of the host's order."""
+    if bits == 4 and bs == 32:
+        return gemv_q4i8_mlas32
+    return gemv_q4i8_mlas_avx2 if order == ORDER_AVX2 else gemv_q4i8_mlas512
 
 
-# -- onnxruntime's float path (accuracy levels 0 to 3, float32 A) on AVX-512 hosts -------------------------
+# -- onnxruntime's float path (accuracy levels 0 to 3, float32 A) on AVX-512 and AVX2 hosts ------------------
 #
 # onnxruntime keeps A float and dequantizes B, ``w = f32((code - zero) * scale)`` (exact integer difference, one
 # rounding), then (``matmul_nbits.cc``, ``qnbitgemm.cpp``, ``sgemm.cpp``, read and checked bit for bit):
@@ -1042,7 +1310,8 @@ def mlas_gemv(bits, bs):
 # - 4-bit codes in blocks of ``MLAS_BLOCKS`` (MLAS's ``SQNBIT_CompFp32``): M = 1 through MLAS's one-row kernel,
 #   per column 16 lanes, lane i the chain ``fma(w[k], a[k], lane)`` over k = i (mod 16), folded as
 #   ``_MlasLanes``'s one-row fold (``FoldAccumulators`` below N rounded down to 4, the halving tree past it), then
-#   the bias; several rows through the float GEMM kernel: one chain ``fma(a[k], w[k], acc)`` over all of K, then
+#   the bias (on AVX2 hosts its AVX2 one-row kernel instead: 8 lanes, ``_fp_lanes``' path 3); several rows through
+#   the float GEMM kernel: one chain ``fma(a[k], w[k], acc)`` over all of K, then
 #   the bias.  (onnxruntime with a thread pool splits M into ranges of ``ORT_RANGE_M`` rows, and a last range of
 #   one row takes the one-row kernel: for M = 1 (mod 128), M > 1, its result depends on its threads; this is its
 #   result on one thread, as everywhere below);
@@ -1054,14 +1323,21 @@ def mlas_gemv(bits, bs):
 #   ``fma(a[k], w[k], acc)`` from 0, added to C in turn (C starting at the bias, or at the first slice's sum).
 #   onnxruntime on several threads splits N, and with it the slices: its result depends on its thread count
 #   there.
+#
+# On AVX2 hosts (``ORDER_AVX2``) every path but the 4-bit one-row kernel gives the AVX-512 hosts' bits (MLAS's FMA3
+# SGEMM kernels chain the same fused multiply-adds per element, its one-row SGEMM kernel is the same AVX one), as
+# does the dequantized path of float zero points and g_idx: checked under an emulated AVX2 CPU.
 
 FP_COLS = 512  # columns per parallel task of the float path (per k, a row of that many codes)
 
 
-def fp_order_path(bits, bs) -> int:
-    """Which float order onnxruntime takes: 1 MLAS's ``SQNBIT_CompFp32`` (4-bit codes, blocks of
-    ``MLAS_BLOCKS``), 2 the dequantized B through its SGEMM."""
-    return 1 if bits == 4 and bs in MLAS_BLOCKS else 2
+def fp_order_path(bits, bs, order=ORDER_AVX512) -> int:
+    """Which float order onnxruntime takes on a host of ``order``: 1 MLAS's ``SQNBIT_CompFp32`` (4-bit codes, blocks
+    of ``MLAS_BLOCKS``), its AVX-512 one-row kernel; 3 the same with its AVX2 one-row kernel
+    (``ORDER_AVX2``); 2 the dequantized B through its SGEMM."""
+    if bits == 4 and bs in MLAS_BLOCKS:
+        return 3 if order == ORDER_AVX2 else 1
+    return 2
 
 
 def sgemm_k_stride(M, N, K) -> int:
@@ -1102,13 +1378,20 @@ def fp_layout(b3, bits, sc, zf, has_zp, zdef):
 
 
 @njit(cache=True, nogil=True)
-def _fp_lanes(a, ct, st, zt, bs, fused, bias, has_bias, N, acc, y, n0, n1):
-    """One row ``a`` [K] against columns [n0, n1): MLAS's one-row lanes (``fused``: 16 lanes of fused
-    multiply-adds, the 4-bit kernel; else 8 lanes of rounded products added, the SGEMM one), folded into y.  The
-    loops run along a row of codes (the columns), on 1-d views: they vectorize."""
+def _fp_lanes(a, ct, st, zt, bs, path, bias, has_bias, N, acc, y, n0, n1):
+    """One row ``a`` [K] against columns [n0, n1): MLAS's one-row lanes of ``path`` (1: 16 lanes of fused
+    multiply-adds, the AVX-512 4-bit kernel; 3: 8 such lanes, the AVX2 one; 2: 8 lanes of rounded products added,
+    the SGEMM one), folded into y.  The loops run along a row of codes (the columns), on 1-d views: they
+    vectorize.
+
+    Path 3 is ``SQ4BitGemmM1Kernel_CompFp32_avx2`` (``sqnbitgemm_kernel_avx2.cpp``): lane i the chain
+    ``fma(w[k], a[k], lane)`` over k = i (mod 8); the columns below N rounded down to 4 folded as
+    ``FoldAccumulators`` (``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``) plus the bias if any, the others as
+    ``((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))`` plus the bias, or +0."""
     K = a.shape[0]
     W = n1 - n0
-    L = 16 if fused else 8
+    fused = path != 2
+    L = 16 if path == 1 else 8
     acc[:L, :W] = 0
     for blk in range((K + bs - 1) // bs):
         zrow = zt[blk, n0:n1]
@@ -1128,7 +1411,14 @@ def _fp_lanes(a, ct, st, zt, bs, fused, bias, has_bias, N, acc, y, n0, n1):
         n = n0 + c
         x0, x1, x2, x3 = acc[0, c], acc[1, c], acc[2, c], acc[3, c]
         x4, x5, x6, x7 = acc[4, c], acc[5, c], acc[6, c], acc[7, c]
-        if fused:
+        if path == 3:
+            if n < n4:
+                s = (((x0 + x1) + x2) + x3) + (((x4 + x5) + x6) + x7)
+            else:
+                s = ((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7))
+                if not has_bias:
+                    s = s + np.float32(0.0)
+        elif fused:
             x8, x9, x10, x11 = acc[8, c], acc[9, c], acc[10, c], acc[11, c]
             x12, x13, x14, x15 = acc[12, c], acc[13, c], acc[14, c], acc[15, c]
             if n < n4:
@@ -1186,7 +1476,8 @@ def _fp_chain(a2, m0, m1, ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n
 @njit(cache=True, nogil=True, parallel=True)
 def gemv_fp_mlas(a2, ct, st, zt, bs, path, sk, bias, has_bias, out):
     """out [M, N] = A [M, K] @ dequant(B)^T (+ bias) in onnxruntime's float order (see above): ``path``
-    ``fp_order_path``'s, ``sk`` the SGEMM's K slice for several rows (``sgemm_k_stride``; path 1 takes all of K)."""
+    ``fp_order_path``'s, ``sk`` the SGEMM's K slice for several rows (``sgemm_k_stride``; paths 1 and 3 take all
+    of K)."""
     M = a2.shape[0]
     N = out.shape[1]
     tasks = (N + FP_COLS - 1) // FP_COLS
@@ -1199,7 +1490,7 @@ def gemv_fp_mlas(a2, ct, st, zt, bs, path, sk, bias, has_bias, out):
         for m0 in range(0, one, 16):
             _fp_chain(a2, m0, min(one, m0 + 16), ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n1)
         if one < M:
-            _fp_lanes(a2[M - 1], ct, st, zt, bs, path == 1, bias, has_bias, N, acc, out[M - 1], n0, n1)
+            _fp_lanes(a2[M - 1], ct, st, zt, bs, path, bias, has_bias, N, acc, out[M - 1], n0, n1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -1462,8 +1753,8 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         if lay is None or lay[0] is not b or lay[1] is not sc:
             lay = cache["fp"] = (b, sc) + fp_layout(b3, bits, sc, zf, has_zp, zdef)
         _, _, ct, st, zt = lay
-        path = fp_order_path(bits, bs)
-        sk = K if path == 1 else sgemm_k_stride(rows_a, N, K)
+        path = fp_order_path(bits, bs, order)
+        sk = K if path != 2 else sgemm_k_stride(rows_a, N, K)
         has_bias = bias is not None
         bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)):
@@ -1481,7 +1772,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
             if order:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
-                mlas_gemv(bits, bs)(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
+                mlas_gemv(bits, bs, order)(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
                 bias = None  # added in onnxruntime's place, before the zero points' share
             else:
                 gemv_q4i8(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1)

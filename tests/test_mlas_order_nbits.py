@@ -5,7 +5,9 @@ of 4 or 8; K not a multiple of the block or of a kernel's step of blocks), the h
 portable IR, and, on hosts where onnxruntime takes MLAS's AVX-512 kernels, bit for bit onnxruntime's MatMulNBits
 (node by node and inside a compiled region).  Blocks of 32 with 4-bit codes are tests/test_mlas_order.py's.
 The same for accuracy levels 0 to 3 (float A: ops/contrib_quant.gemv_fp_mlas), against onnxruntime on one
-thread."""
+thread.  MLAS's AVX2 order (ops/contrib_quant._Avx2Lanes and the AVX2 one-row float kernel) against a reference
+written out here too, the host's instructions against the portable IR; onnxruntime's own AVX2 bits are
+tests/test_emulated_host.py's."""
 import re
 
 import numpy as np
@@ -134,6 +136,62 @@ def reference(A, codes, scales, zps, bias, bits, bs):
     return out
 
 
+# MLAS's AVX2 lanes (sqnbitgemm_kernel_avx2_int8_blklen{16,32,64}.h): lane L of an update as (block offset, the two
+# quads of that block it adds).  The ``vpmaddubsw`` + ``vphaddw`` interleave of 64 codes takes their 8-code groups
+# in the order 0, 1, 4, 5, 2, 3, 6, 7 (4-bit codes, blocks of 16: the blocks 0, 2, 1, 3 in pairs of lanes); 8-bit
+# codes in blocks of 64 and more add quads i and i + 8; in blocks of 32, ``vphaddd`` pairs two blocks' quads.
+_A16 = [(g // 2, (2 * (g % 2), 2 * (g % 2) + 1)) for g in (0, 1, 4, 5, 2, 3, 6, 7)]
+_A32 = [(0, (0, 1)), (0, (2, 3)), (1, (0, 1)), (1, (2, 3)), (0, (4, 5)), (0, (6, 7)), (1, (4, 5)), (1, (6, 7))]
+_A64 = {4: [(0, (2 * g, 2 * g + 1)) for g in (0, 1, 4, 5, 2, 3, 6, 7)], 8: [(0, (i, i + 8)) for i in range(8)]}
+
+
+def reference_avx2(A, codes, scales, zps, bias, bits, bs):
+    """MLAS's AVX2 order (no VNNI needed: the integers are exact either way), written out: per row and column 8
+    lanes updated by fused multiply-adds of exact integer lane sums times ``f32(ascale * scale)``, the fold of
+    ``_fold8``, the bias, then for unsigned codes the zero points' share as in ``reference``.  One row (M = 1) of
+    4-bit codes in blocks of 64 and more takes MLAS's one-row kernel: codes minus zero points, no share."""
+    M, K = A.shape
+    N, nb = scales.shape
+    qa, sa = _quantize(A, nb, bs)
+    z = np.full((N, nb), 1 << (bits - 1)) if zps is None else zps
+    out = np.zeros((M, N), F)
+    signed = M == 1 and bits == 4 and bs >= 64
+    for m in range(M):
+        prod = (codes - (np.repeat(z, bs, 1) if signed else 0)) * qa[m]  # exact
+        quads = prod.reshape(N, nb, bs // 4, 4).sum(-1)
+        s = (sa[m] * scales).astype(F)
+        acc = np.zeros((N, 8), F)
+        if bs <= 32:
+            per, plan = (4, _A16) if bs == 16 else (2, _A32)
+            b = 0
+            while nb - b >= per:
+                lanes = np.stack([quads[:, b + o, x] + quads[:, b + o, y] for o, (x, y) in plan], 1)
+                acc = _fma(lanes.astype(F), s[:, [b + o for o, _ in plan]], acc)
+                b += per
+            for b in range(b, nb):  # lane i: codes 2i, 2i + 1 (blocks of 16), the quad i (32)
+                lanes = prod[:, bs * b:bs * b + bs].reshape(N, 8, bs // 8).sum(-1)
+                acc = _fma(lanes.astype(F), s[:, b:b + 1], acc)
+        else:
+            for b in range(nb):
+                for u in range(bs // 64):
+                    q = quads[:, b, 16 * u:16 * u + 16]
+                    lanes = np.stack([q[:, x] + q[:, y] for _, (x, y) in _A64[bits]], 1)
+                    acc = _fma(lanes.astype(F), s[:, b:b + 1], acc)
+        y = _fold8(acc, N)
+        if bias is not None:
+            y = (y + bias).astype(F)
+        if signed:
+            out[m] = y
+            continue
+        absum = (sa[m] * qa[m].reshape(nb, bs).sum(-1).astype(F)).astype(F)
+        bz = (-(scales * z.astype(F))).astype(F)
+        chain = np.zeros(N, F)
+        for b in range(nb):
+            chain = _fma(absum[b], bz[:, b], chain)
+        out[m] = (chain + y).astype(F)
+    return out
+
+
 def _case(bits, bs, K, N, M, zp, seed):
     rng = np.random.default_rng(seed)
     nb = (K + bs - 1) // bs
@@ -176,6 +234,62 @@ def test_equal_to_the_order_written_out(bits, bs, zp):
         Q.gemv_q4i8_mlas(A, qi, sct, zft, z is not None, zdef, bs, got, parallel,
                          bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX512)
         np.testing.assert_array_equal(got, want)
+
+
+AVX2_CASES = [(bits, bs) for bits in (4, 8) for bs in BLOCKS if (bits, bs) != (4, 32)]
+
+
+@pytest.mark.parametrize("zp", [False, True])
+@pytest.mark.parametrize("bits,bs", AVX2_CASES)
+def test_avx2_equal_to_the_order_written_out(bits, bs, zp):
+    """``ORDER_AVX2`` (``_Avx2Lanes``) against ``reference_avx2``, on SHAPES' rows and on one row."""
+    K, N, M = SHAPES[bs]
+    for rows in sorted({M, 1}):
+        A, blob, sc, z, codes = _case(bits, bs, K, N, rows, zp, seed=bits * 1000 + bs + zp + rows)
+        bias = np.linspace(-1, 1, N).astype(F) if zp else None
+        want = reference_avx2(A, codes, sc, z, bias, bits, bs)
+        qi, sct, zft = _layout(bits, blob, sc, z)
+        for parallel in (False, True):
+            got = np.empty((rows, N), F)
+            Q.gemv_q4i8_mlas(A, qi, sct, zft, z is not None, F(1 << (bits - 1)), bs, got, parallel,
+                             bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX2)
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bits,bs", [(4, 16), (4, 64), (8, 16), (8, 32), (8, 128)])
+def test_avx2_host_instructions_equal_the_portable_ir(bits, bs):
+    """The ``_Avx2Lanes`` kernels in the host's instructions (``vpmaddubsw``, or ``vpdpbusd`` where the host has
+    VNNI) and in the portable IR: the same bits, unsigned over ``ORT_ROWS`` rows and signed over one."""
+    K, N, _ = SHAPES[bs]
+    R = _simd.ORT_ROWS
+    fam = min(bs, 64)
+    A, blob, sc, z, _ = _case(bits, bs, K, N, R, True, seed=bs + bits + 7)
+    qi, sct, zft = _layout(bits, blob, sc, z)
+    G, nb = qi.shape[0], sct.shape[1]
+    aq = np.empty((R, nb * bs), np.int8)
+    ascale = np.empty((R, nb), F)
+    gsum = np.empty((R, nb * bs // 4), F)
+    absum = np.empty((R, nb), F)
+    for r in range(R):
+        Q._prep_a_i8_groups(A[r], bs, aq[r], ascale[r], gsum[r], absum[r])
+    kinds = [(R, False, False)] + ([(1, True, False), (1, True, True)] if bits == 4 and bs >= 64 else [])
+    for rows, signed, has_zp in kinds:
+        ys = []
+        for portable in (False, True):
+            kernel = Q.make_avx2_lanes(bits, fam, rows, signed, has_zp, portable)
+            zero = zft if has_zp else F(8.0)
+            y = np.empty((R, 8 * G), F)
+
+            @njit
+            def run(qi, aq, ascale, gsum, zero, sct, y, n4):
+                kernel(qi, aq, ascale, gsum, zero, sct, y, 0, qi.shape[0], n4)
+            if rows == 1:
+                run(qi, aq[0], ascale[0], gsum[0], zero, sct, y[0], N - N % 4)
+                y = y[:1]
+            else:
+                run(qi, aq, ascale, gsum, zero, sct, y, N - N % 4)
+            ys.append(y)
+        np.testing.assert_array_equal(ys[0], ys[1])
 
 
 def test_the_orders_differ():
@@ -229,6 +343,12 @@ def test_mlas_path(monkeypatch):
     assert Q.mlas_path(512, 4) == 0 and Q.mlas_path(64, 2) == 0
     if Q.mlas_avx512_host():
         assert all(Q.mlas_path(bs, bits) == Q.ORDER_AVX512 for bs in BLOCKS for bits in (4, 8))
+    # as on an AVX2 host without AVX-512: MLAS's AVX2 order for every product of its int8 and float kernels
+    monkeypatch.setattr(Q, "mlas_avx512_host", lambda: False)
+    monkeypatch.setattr(Q, "mlas_avx2_host", lambda: True)
+    assert all(Q.mlas_path(bs, bits, level4) == Q.ORDER_AVX2 for bs in BLOCKS for bits in (4, 8)
+               for level4 in (False, True))
+    assert Q.mlas_path(512, 4) == 0 and Q.mlas_path(512, 4, False) == Q.ORDER_AVX2
 
 
 def _model(bits, bs, K, N, blob, sc, z, bias, level=4):
@@ -335,11 +455,13 @@ def test_products_the_region_does_not_reproduce_run_in_the_wrapper(bits, level, 
 
 # -- accuracy levels 0 to 3: A float, B dequantized ----------------------------------------------------------------
 
-def reference_fp(A, codes, scales, zps, bias, bits, bs):
+def reference_fp(A, codes, scales, zps, bias, bits, bs, avx2=False):
     """onnxruntime's float path written out: ``w = f32((code - zero) * scale)``; M = 1 through 16 lanes of fused
-    multiply-adds (4-bit codes, MLAS's CompFp32 kernel) or 8 lanes of rounded products added (its SGEMM's AVX
-    one-row kernel), each folded as MLAS folds them, then the bias (or +0); several rows as chains of fused
-    multiply-adds over slices of K, added in turn to C, which starts at the bias or at the first slice."""
+    multiply-adds (4-bit codes, MLAS's CompFp32 kernel; ``avx2``: its AVX2 one, 8 lanes folded as ``_fold8`` below
+    N rounded down to 4 and ``((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))`` past it) or 8 lanes of rounded products
+    added (its SGEMM's AVX one-row kernel), each folded as MLAS folds them, then the bias (or +0); several rows as
+    chains of fused multiply-adds over slices of K, added in turn to C, which starts at the bias or at the first
+    slice."""
     M, K = A.shape
     N, nb = scales.shape
     z = np.full((N, nb), 1 << (bits - 1)) if zps is None else zps
@@ -347,7 +469,7 @@ def reference_fp(A, codes, scales, zps, bias, bits, bs):
     compfp32 = bits == 4 and bs in BLOCKS
     n4 = N - N % 4
     if M == 1:
-        L = 16 if compfp32 else 8
+        L = 16 if compfp32 and not avx2 else 8
         Kp = -(-K // L) * L
         a = np.zeros(Kp, F)
         a[:K] = A[0]
@@ -359,7 +481,12 @@ def reference_fp(A, codes, scales, zps, bias, bits, bs):
                 x = _fma(wp[:, k0:k0 + L], a[k0:k0 + L], x)
             else:
                 x = (x + (wp[:, k0:k0 + L] * a[k0:k0 + L]).astype(F)).astype(F)
-        if compfp32:
+        if compfp32 and avx2:
+            x = x.T
+            y = _fold8(x.T, N)
+            tail = (((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))).astype(F)
+            y[n4:] = tail[n4:]
+        elif compfp32:
             y = _fold16(x, N, True)
         else:
             x = x.T
@@ -388,16 +515,17 @@ FP_SHAPES = [(4, 64, 300, 21, 1), (4, 16, 70, 13, 3), (4, 256, 300, 6, 2), (8, 3
              (8, 16, 300, 200, 2)]  # the last two: several slices of K (N < K, then N >= K)
 
 
+@pytest.mark.parametrize("order", [Q.ORDER_AVX512, Q.ORDER_AVX2])
 @pytest.mark.parametrize("bits,bs,K,N,M", FP_SHAPES)
-def test_float_path_equal_to_the_order_written_out(bits, bs, K, N, M):
+def test_float_path_equal_to_the_order_written_out(bits, bs, K, N, M, order):
     for zp in (False, True):
         A, blob, sc, z, codes = _case(bits, bs, K, N, M, zp, seed=K + N + M + zp)
         bias = np.linspace(-1, 1, N).astype(F) if zp else None
-        want = reference_fp(A, codes, sc, z, bias, bits, bs)
+        want = reference_fp(A, codes, sc, z, bias, bits, bs, order == Q.ORDER_AVX2)
         zf = z.astype(F) if zp else np.zeros((1, 1), F)
         ct, st, zt = Q.fp_layout(blob, bits, sc, zf, zp, F(1 << (bits - 1)))
-        path = Q.fp_order_path(bits, bs)
-        sk = K if path == 1 else Q.sgemm_k_stride(M, N, K)
+        path = Q.fp_order_path(bits, bs, order)
+        sk = K if path != 2 else Q.sgemm_k_stride(M, N, K)
         got = np.empty((M, N), F)
         Q.gemv_fp_mlas(A, ct, st, zt, bs, path, sk, bias if zp else np.zeros(1, F), zp, got)
         np.testing.assert_array_equal(got, want)

@@ -23,6 +23,7 @@ from numba import njit, prange
 from runtime.errors import InvalidArgumentError, InvalidAttributeError, ShapeMismatchError
 from ._common import F32, mlas_order, raise_coded
 from ._mlas_sgemm import m1_rowvec
+from ._la_pass import PANEL as LA_PANEL, state_rows, update_rows
 from ._simd import AVX512F, fma32
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
@@ -214,10 +215,163 @@ _M1_FROM = 4096  # the state size from which onnxruntime's portable kernel takes
 
 @njit(cache=True, nogil=True)
 def _mlas_scratch(group, dk, dv):
-    """One task's scratch for ``_mlas_head``: (dec, wq, wk, qk, lanes, r, u, a)."""
-    return (np.empty(dk, np.float32), np.empty((group, dk), np.float32), np.empty(dk, np.float32),
-            np.empty(group, np.float32), np.empty(16, np.float32), np.empty(dv, np.float32), np.empty(dv, np.float32),
-            np.empty((group, dv), np.float32))
+    """One task's scratch for ``_mlas_head``: (dec, wq, wk, qk, lanes, r, u, a, kt, dprev); the decayed key ``wk`` is the row
+    after the group's decayed queries in ``wq``, and the retrieval ``r`` the row after their readouts in ``a``, so
+    the fused pass takes them all in one call of ``_la_pass``."""
+    wq = np.empty((group + 1, dk), np.float32)
+    a = np.empty((group + 1, dv), np.float32)
+    return (np.empty(dk, np.float32), wq, wq[group], np.empty(group, np.float32), np.empty(16, np.float32), a[group],
+            np.empty(dv, np.float32), a, np.empty(dk, np.float32), np.empty(dk, np.float32))
+
+
+_P1, _P2, _P3, _P4, _P5 = (state_rows(r) for r in range(1, 6))
+_P6, _P7, _P8, _P9 = (state_rows(r) for r in range(6, 10))
+
+
+@njit(cache=True, nogil=True)
+def _state_pass(R, S, W, acc):
+    """``acc[:R] = W[:R] @ S`` in MLAS's fused chains, 32 columns at a time (``ops/_la_pass``; dv a multiple of
+    32 and R at most 9, as ``mlas_kind``'s fused kernel requires)."""
+    for m0 in range(0, S.shape[1], LA_PANEL):
+        if R == 1:
+            _P1(S, W, acc, m0)
+        elif R == 2:
+            _P2(S, W, acc, m0)
+        elif R == 3:
+            _P3(S, W, acc, m0)
+        elif R == 4:
+            _P4(S, W, acc, m0)
+        elif R == 5:
+            _P5(S, W, acc, m0)
+        elif R == 6:
+            _P6(S, W, acc, m0)
+        elif R == 7:
+            _P7(S, W, acc, m0)
+        elif R == 8:
+            _P8(S, W, acc, m0)
+        else:
+            _P9(S, W, acc, m0)
+
+
+_G = tuple(update_rows(r, True) for r in range(1, 10))
+_U = tuple(update_rows(r, False) for r in range(1, 10))
+_G1, _G2, _G3, _G4, _G5, _G6, _G7, _G8, _G9 = _G
+_U1, _U2, _U3, _U4, _U5, _U6, _U7, _U8, _U9 = _U
+
+
+@njit(cache=True, nogil=True)
+def _update_pass(R, gating, S, W, acc, kt, dec, u):
+    """``_la_pass.update_rows`` for R weight rows, 32 columns at a time (as ``_state_pass``)."""
+    for m0 in range(0, S.shape[1], LA_PANEL):
+        if gating:
+            if R == 1:
+                _G1(S, W, acc, m0, kt, dec, u)
+            elif R == 2:
+                _G2(S, W, acc, m0, kt, dec, u)
+            elif R == 3:
+                _G3(S, W, acc, m0, kt, dec, u)
+            elif R == 4:
+                _G4(S, W, acc, m0, kt, dec, u)
+            elif R == 5:
+                _G5(S, W, acc, m0, kt, dec, u)
+            elif R == 6:
+                _G6(S, W, acc, m0, kt, dec, u)
+            elif R == 7:
+                _G7(S, W, acc, m0, kt, dec, u)
+            elif R == 8:
+                _G8(S, W, acc, m0, kt, dec, u)
+            else:
+                _G9(S, W, acc, m0, kt, dec, u)
+        elif R == 1:
+            _U1(S, W, acc, m0, kt, dec, u)
+        elif R == 2:
+            _U2(S, W, acc, m0, kt, dec, u)
+        elif R == 3:
+            _U3(S, W, acc, m0, kt, dec, u)
+        elif R == 4:
+            _U4(S, W, acc, m0, kt, dec, u)
+        elif R == 5:
+            _U5(S, W, acc, m0, kt, dec, u)
+        elif R == 6:
+            _U6(S, W, acc, m0, kt, dec, u)
+        elif R == 7:
+            _U7(S, W, acc, m0, kt, dec, u)
+        elif R == 8:
+            _U8(S, W, acc, m0, kt, dec, u)
+        else:
+            _U9(S, W, acc, m0, kt, dec, u)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fused_weights(q, k, decay, gating, b, t, g, group, scratch):
+    """Token ``t``'s decay, decayed queries and key (``wq``, ``wk``) and the query-key dots (``qk``, MLAS's 16 lanes
+    folded by halves)."""
+    dec, wq, wk, qk, lanes, r, u, a, kt, dprev = scratch
+    dk = q.shape[3]
+    nd = decay.shape[3]
+    if gating:
+        for i in range(dk):
+            dec[i] = math.exp(decay[b, t, g, i if nd > 1 else 0])
+    for j in range(group):
+        h = g * group + j
+        for l in range(16):
+            lanes[l] = 0.0
+        for i0 in range(0, dk, 16):
+            for l in range(16):
+                lanes[l] = fma32(q[b, t, h, i0 + l], k[b, t, g, i0 + l], lanes[l])
+        for w in (8, 4, 2, 1):
+            for l in range(w):
+                lanes[l] = np.float32(lanes[l] + lanes[l + w])
+        qk[j] = lanes[0]
+        for i in range(dk):
+            wq[j, i] = np.float32(dec[i] * q[b, t, h, i]) if gating else q[b, t, h, i]
+    for i in range(dk):
+        wk[i] = np.float32(dec[i] * k[b, t, g, i]) if gating else k[b, t, g, i]
+
+
+@njit(cache=True, nogil=True)
+def _mlas_head_fused(q, k, v, decay, beta, state, out, gating, delta, scale, b, g, scratch):
+    """``_mlas_head`` in MLAS's fused kernel (``MLAS_FUSED``).  Per token: ``q' = dec * q``, ``k' = dec * k``; one
+    pass over the old state, fused chains from 0 for the readouts ``q' S`` and the retrieval ``k' S``; ``u = beta *
+    (v - r)``, the output ``scale * fma(q . k, u, readout)``; the state becomes ``fma(dec, S, k * u)`` (without
+    decay ``fma(k, u, S)``).  A token's update and the next token's pass run as one pass over the state
+    (``_la_pass.update_rows``): each row is updated, then read by the next token's chains, which see exactly the
+    rows a separate pass would."""
+    T = q.shape[1]
+    dv = v.shape[3]
+    group = q.shape[2] // k.shape[2]
+    nb = beta.shape[2]
+    dec, wq, wk, qk, lanes, r, u, a, kt, dprev = scratch
+    S = state[b, g]
+    R = group + 1 if delta else group
+    if T == 0:
+        return
+    _fused_weights(q, k, decay, gating, b, 0, g, group, scratch)
+    _state_pass(R, S, wq, a)
+    for t in range(T):
+        bt = beta[b, t, g if nb > 1 else 0]
+        for m in range(dv):
+            u[m] = np.float32(bt * np.float32(v[b, t, g, m] - r[m])) if delta else v[b, t, g, m]
+        for j in range(group):
+            for m in range(dv):
+                out[b, t, g * group + j, m] = np.float32(scale * fma32(qk[j], u[m], a[j, m]))
+        kt[:] = k[b, t, g]
+        dprev[:] = dec
+        if t + 1 < T:  # this token's update, and the next token's pass over the rows it leaves
+            _fused_weights(q, k, decay, gating, b, t + 1, g, group, scratch)
+            _update_pass(R, gating, S, wq, a, kt, dprev, u)
+        else:
+            for i in range(S.shape[0]):  # the last token's update
+                row = S[i]
+                ki = kt[i]
+                if gating:
+                    di = dprev[i]
+                    for m in range(dv):
+                        row[m] = fma32(di, row[m], np.float32(ki * u[m]))
+                else:
+                    for m in range(dv):
+                        row[m] = fma32(ki, u[m], row[m])
+
 
 
 @njit(cache=True, nogil=True)
@@ -229,59 +383,16 @@ def _mlas_head(q, k, v, decay, beta, state, out, gating, delta, scale, fused, b,
     nd = decay.shape[3]
     nb = beta.shape[2]
     m1 = dk * dv >= _M1_FROM
-    dec, wq, wk, qk, lanes, r, u, a = scratch  # each read only after this head writes it
+    if fused:
+        _mlas_head_fused(q, k, v, decay, beta, state, out, gating, delta, scale, b, g, scratch)
+        return
+    dec, wq, wk, qk, lanes, r, u, a, kt, dprev = scratch  # each read only after this head writes it
     S = state[b, g]
     for t in range(T):
         if gating:
             for i in range(dk):
                 dec[i] = math.exp(decay[b, t, g, i if nd > 1 else 0])
         bt = beta[b, t, g if nb > 1 else 0]
-        if fused:
-            for j in range(group):
-                h = g * group + j
-                for l in range(16):
-                    lanes[l] = 0.0
-                for i0 in range(0, dk, 16):
-                    for l in range(16):
-                        lanes[l] = fma32(q[b, t, h, i0 + l], k[b, t, g, i0 + l], lanes[l])
-                for w in (8, 4, 2, 1):
-                    for l in range(w):
-                        lanes[l] = np.float32(lanes[l] + lanes[l + w])
-                qk[j] = lanes[0]
-                for i in range(dk):
-                    wq[j, i] = np.float32(dec[i] * q[b, t, h, i]) if gating else q[b, t, h, i]
-                for m in range(dv):
-                    a[j, m] = 0.0
-            for i in range(dk):
-                wk[i] = np.float32(dec[i] * k[b, t, g, i]) if gating else k[b, t, g, i]
-            for m in range(dv):
-                r[m] = 0.0
-            for i in range(dk):  # pass 1, over the old state
-                row = S[i]
-                for j in range(group):
-                    x = wq[j, i]
-                    for m in range(dv):
-                        a[j, m] = fma32(x, row[m], a[j, m])
-                if delta:
-                    x = wk[i]
-                    for m in range(dv):
-                        r[m] = fma32(x, row[m], r[m])
-            for m in range(dv):
-                u[m] = np.float32(bt * np.float32(v[b, t, g, m] - r[m])) if delta else v[b, t, g, m]
-            for j in range(group):
-                for m in range(dv):
-                    out[b, t, g * group + j, m] = np.float32(scale * fma32(qk[j], u[m], a[j, m]))
-            for i in range(dk):  # pass 2, the new state
-                row = S[i]
-                ki = k[b, t, g, i]
-                if gating:
-                    di = dec[i]
-                    for m in range(dv):
-                        row[m] = fma32(di, row[m], np.float32(ki * u[m]))
-                else:
-                    for m in range(dv):
-                        row[m] = fma32(ki, u[m], row[m])
-            continue
         if gating:
             for i in range(dk):
                 di = dec[i]

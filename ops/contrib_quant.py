@@ -73,7 +73,7 @@ from . import _simd
 from ._common import F32, constant_twin, mlas_order, raise_coded
 from ._fastmath import FAST
 from ._glue import GlueCompiler
-from ._mlas_sgemm import m1t_fold
+from ._mlas_sgemm import k_stride, m1t_fold
 from .registry import op
 
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
@@ -581,7 +581,7 @@ def ort_zero_point_rows(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, 
     if parallel and G > _ZS_TASK_GROUPS:
         _zero_share_par(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias)
     else:
-        _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, 0, G,
+        _zero_share_groups(absum, sct, zft, has_zp, zdef, out, nu, bias, has_bias, np.int64(0), G,
                            np.empty((nb, 8 * _ZS_GROUPS), np.float32), np.empty(8 * _ZS_GROUPS, np.float32))
 
 
@@ -1219,7 +1219,8 @@ def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has
     if parallel:
         _ort_rows_par(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, n4, absum, bias8, has_bias)
     else:
-        _ort_rows(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, 0, G, n4, absum, bias8, has_bias)
+        _ort_rows(quads, qi, aq, ascale, gsum, z, zft, has_zp, sct, y, nu, np.int64(0), G, n4, absum, bias8,
+                  has_bias)  # np.int64(0), not a literal: the parallel tasks' compile serves it
     if N != 8 * G:
         out[:, :] = y[:, :N]
     if not quads:
@@ -1341,17 +1342,9 @@ def fp_order_path(bits, bs, order=ORDER_AVX512) -> int:
 
 
 def sgemm_k_stride(M, N, K) -> int:
-    """The K slice of MLAS's SGEMM for an (M, N, K) product on one thread (``MlasSgemmOperation``): strides of
-    128 columns and 128 of K, N's doubled while K's half still covers K, else K's doubled while N's half covers
-    N (down to 16 columns)."""
-    sn, sk = 128, 128
-    if N >= K:
-        while sk // 2 >= K:
-            sn, sk = sn * 2, sk // 2
-    else:
-        while sn > 16 and sn // 2 >= N:
-            sn, sk = sn // 2, sk * 2
-    return sk
+    """The K slice of MLAS's SGEMM for an (M, N, K) product on one thread (``MlasSgemmOperation``;
+    ``_mlas_sgemm.k_stride``, which M does not enter)."""
+    return int(k_stride(N, K))
 
 
 @njit(cache=True, nogil=True)

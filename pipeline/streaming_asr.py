@@ -520,6 +520,7 @@ class TransducerGenerator:
         self._h = np.zeros((c.decoder_lstm_layers, 1, c.decoder_lstm_dim), ft)
         self._c = np.zeros_like(self._h)
         self._last_token = c.blank_id
+        self._pred = None  # the prediction network's outputs for the current token and state (kept over blanks)
         self._queued = []            # (name, features) set but not yet applied
         self._mel = None
         self._encode = False
@@ -581,9 +582,12 @@ class TransducerGenerator:
         steps = min(self._encoded.shape[1], self._encoded_len)
         while self._time < steps:
             frame = self._encoded[:, self._time].reshape(1, 1, -1)
-            tdt = t.input_dtype("decoder", c.dec["in.targets"])
-            pred = t.run("decoder", {c.dec["in.targets"]: np.full((1, 1), self._last_token, tdt),
-                                     c.dec["in.lstm_hidden_state"]: self._h, c.dec["in.lstm_cell_state"]: self._c})
+            if self._pred is None:  # a blank changes neither the token nor the state: its outputs stand
+                tdt = t.input_dtype("decoder", c.dec["in.targets"])
+                self._pred = t.run("decoder", {c.dec["in.targets"]: np.full((1, 1), self._last_token, tdt),
+                                               c.dec["in.lstm_hidden_state"]: self._h,
+                                               c.dec["in.lstm_cell_state"]: self._c})
+            pred = self._pred
             out = np.asarray(pred[c.dec["out.outputs"]])
             logits = t.run("joiner", {c.join["in.encoder_outputs"]: frame,
                                       c.join["in.decoder_outputs"]: out.reshape(1, 1, out.shape[1])})
@@ -594,6 +598,7 @@ class TransducerGenerator:
                 continue
             self._last_token = best
             self._h, self._c = pred[c.dec["out.lstm_hidden_state"]], pred[c.dec["out.lstm_cell_state"]]
+            self._pred = None
             self._symbols += 1
             if self._symbols >= c.max_symbols_per_step:
                 self._time += 1

@@ -55,14 +55,15 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from runtime.settings import SettingError, text
 from ._fastmath import maxnum
 from ._mlas_sgemm import m1_rowvec, m1t_fold
 from ._panels import PANEL, pack_panels_into, tile4
 from .attention import rope_tok_kernel
 from ._simd import AVX512F, fma32
 
-__all__ = ["L2_BYTES", "ORT_THREADS", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas", "attend_mlas",
-           "attend_probs_mlas", "kv_block"]
+__all__ = ["L2_BYTES", "PHYSICAL_CORES", "ort_threads", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas",
+           "attend_mlas", "attend_probs_mlas", "kv_block"]
 
 _OPTS = dict(cache=True, nogil=True)
 LOWEST = np.float32(np.finfo(np.float32).min)
@@ -112,7 +113,24 @@ def _physical_cores() -> int:
 
 L2_BYTES = _l2_bytes()
 MAX_HEAD = 256  # MLAS's SGEMM sums a longer product in parts (its K stride): not reproduced
-ORT_THREADS = _physical_cores()
+PHYSICAL_CORES = _physical_cores()
+
+
+def ort_threads() -> int:
+    """onnxruntime's intra-op thread count that the kernels reproducing its order follow (its thread split
+    changes some of its results): ``ONNX_NUMBA_ORT_THREADS`` when set (a positive integer: the count a user gives
+    onnxruntime's ``intra_op_num_threads``), else its default, the physical cores this process may run on."""
+    v = text("ONNX_NUMBA_ORT_THREADS")
+    if v is None:
+        return PHYSICAL_CORES
+    try:
+        n = int(v.strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SettingError(f"ONNX_NUMBA_ORT_THREADS={v!r} is not a thread count: expected a positive integer "
+                           f"(onnxruntime's intra_op_num_threads), or unset for its default ({PHYSICAL_CORES})")
+    return n
 
 
 @njit(**_OPTS)

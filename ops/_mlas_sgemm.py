@@ -36,7 +36,8 @@ from numba import njit, prange
 
 from ._panels import PANEL, blocked_cols, pack_panels_into
 
-__all__ = ["STRIDE_K", "k_stride", "m1_rowvec", "m1t_fold", "pack_slices", "sgemm_packed_mlas", "sgemm_mlas"]
+__all__ = ["STRIDE_K", "batch_split", "k_stride", "m1_rowvec", "m1t_fold", "pack_slices", "sgemm_packed_mlas",
+           "sgemm_mlas", "task_range"]
 
 STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK
 _GROUP = 8  # panels per task
@@ -191,6 +192,29 @@ def _range(a, b, m0, cm, n0, cn, out):
             out[m0 + i, n0 + n] = acc[i, n]
 
 
+@njit(cache=True, nogil=True)
+def batch_split(nb, M, N, K, threads):
+    """``MlasGemmBatch``'s split of ``nb`` (M, N, K) products over ``threads`` threads: (tasks per product, row
+    parts, column parts); ``task_range`` gives a task's rows and columns."""
+    target = min(np.int64(float(M) * float(N) * float(K) / float(THREAD_COMPLEXITY)) + 1, max(threads, 1))
+    per = (target + nb - 1) // nb
+    if N > M:
+        per = min(per, (N + THREAD_ALIGN - 1) // THREAD_ALIGN)
+        return per, 1, per
+    per = min(per, M)
+    return per, per, 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def task_range(tid, tm, tn, M, N):
+    """Task ``tid`` of a product split ``tm`` x ``tn`` (``batch_split``): (m0, rows, n0, columns); columns in
+    multiples of ``THREAD_ALIGN`` but the last part's (rows or columns may be 0: nothing to do)."""
+    m0, cm = _partition(tid // tn, tm, M)
+    n0, cn = _partition(tid % tn, tn, (N + THREAD_ALIGN - 1) // THREAD_ALIGN)
+    n0 *= THREAD_ALIGN
+    return m0, cm, n0, min(N - n0, cn * THREAD_ALIGN)
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def sgemm_mlas(a3, b3, ia, ib, out3, threads):
     """``out3[g] = a3[ia[g]] @ b3[ib[g]]`` for every product g, as ``MlasGemmBatch`` computes them on ``threads``
@@ -200,21 +224,9 @@ def sgemm_mlas(a3, b3, ia, ib, out3, threads):
     if K == 0:
         out3[:] = 0.0
         return
-    target = min(np.int64(float(M) * float(N) * float(K) / float(THREAD_COMPLEXITY)) + 1, max(threads, 1))
-    per = (target + nb - 1) // nb
-    if N > M:
-        per = min(per, (N + THREAD_ALIGN - 1) // THREAD_ALIGN)
-        tm, tn = 1, per
-    else:
-        per = min(per, M)
-        tm, tn = per, 1
-    blocks = (N + THREAD_ALIGN - 1) // THREAD_ALIGN
+    per, tm, tn = batch_split(nb, M, N, K, threads)
     for t in prange(nb * per):
         g = t // per
-        tid = t % per
-        m0, cm = _partition(tid // tn, tm, M)
-        n0, cn = _partition(tid % tn, tn, blocks)
-        n0 *= THREAD_ALIGN
-        cn = min(N - n0, cn * THREAD_ALIGN)
+        m0, cm, n0, cn = task_range(t % per, tm, tn, M, N)
         if cm > 0 and cn > 0:
             _range(a3[ia[g]], b3[ib[g]], m0, cm, n0, cn, out3[g])

@@ -34,7 +34,7 @@ from . import indexing as _ix
 from .indexing import GATHER_VERSIONS, bind_gather
 from . import matmul as _mm
 from .matmul import bind_matmul
-from ._mlas_attention import ORT_THREADS
+from ._mlas_attention import ort_threads
 from ._mlas_sgemm import pack_slices, sgemm_mlas, sgemm_packed_mlas
 from ._panels import gemm_panels_par, gemv_panels, pack_panels, panel_threads
 from . import reduce as _rd
@@ -102,16 +102,17 @@ def matmul_mlas(a2, wflat, K, N, nthreads):
 
 
 @njit(**_OPTS)
-def matmul_mlas_rt(a2, w, nthreads):
+def matmul_mlas_rt(a2, w, ort_nthreads, nthreads):
     """(M, K) @ a computed (K, N) weight as onnxruntime's MatMul computes it (``_mlas_sgemm.sgemm_mlas`` on
-    onnxruntime's default thread count, not the region's)."""
+    onnxruntime's thread count ``ort_nthreads``, a literal of the generated source: ``ort_threads()`` at plan time;
+    not the region's)."""
     a2 = np.ascontiguousarray(a2)
     w = np.ascontiguousarray(w)
     M, K = a2.shape
     N = w.shape[1]
     out = np.empty((M, N), np.float32)
     one = np.zeros(1, np.int64)
-    sgemm_mlas(a2.reshape((1, M, K)), w.reshape((1, K, N)), one, one, out.reshape((1, M, N)), ORT_THREADS)
+    sgemm_mlas(a2.reshape((1, M, K)), w.reshape((1, K, N)), one, one, out.reshape((1, M, N)), ort_nthreads)
     return out
 
 
@@ -371,7 +372,7 @@ def _matmul(e, b):
                                 str(w.shape[0]), str(w.shape[1]))
     elif w is None and mlas_order():  # a computed weight, in onnxruntime's order (ops/_mlas_sgemm.sgemm_mlas)
         mm = e.use(__name__, "matmul_mlas_rt")
-        weight, inner, ncols = "{i1}", "{i1}.shape[0]", "{i1}.shape[1]"
+        weight, inner, ncols = f"{{i1}}, np.int64({ort_threads()})", "{i1}.shape[0]", "{i1}.shape[1]"
     elif w is not None:  # a constant weight: packed into column panels once, here
         mm = e.use(__name__, "matmul_panels")
         # A run-time int, not a literal: a literal argument makes Numba compile the callee once per value.

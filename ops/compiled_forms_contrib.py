@@ -27,6 +27,7 @@ from . import compiled_forms as _cf
 from . import contrib_quant as _cq
 from ._common import constant_twin
 from ._glue import GlueCompiler
+from ._mlas_attention import ort_threads
 from .compiled_forms import F32, MS, serial_twin
 from .forms import Decline, float_only, product_expr, raise_on, form
 
@@ -55,10 +56,10 @@ TILE_ELEMS = _cq.TILE_ELEMS
 
 
 @njit(**_OPTS)
-def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, mlas):
+def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, mlas, threads):
     """MatMulNBits over A (M, K) float32: (out (M, N), error code into ``MNB_ERRORS``).  zp_mode 0 none, 1 packed
     uint8, 2 float; ``mlas``: the int4 path's order (``_cq.mlas_path``: 0 blockwise, else MLAS's for a host),
-    which only the twin ``mnb_f32_mlas`` compiles (``_MLAS``)."""
+    which only the twin ``mnb_f32_mlas`` compiles (``_MLAS``), for onnxruntime on ``threads`` threads."""
     nb = (K + bs - 1) // bs
     blob = bs * bits // 8
     M = a2.shape[0]
@@ -86,7 +87,7 @@ def mnb_f32(a2, b, scales, zp, zp_mode, bias, has_bias, K, N, bits, bs, quant, m
             if has_bias and bias.size != N:
                 return np.empty((0, 0), np.float32), 5
             _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES, bias, has_bias,
-                               mlas)
+                               mlas, threads)
             return out, 0
         _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, b3.size >= _SERIAL_BYTES)
     elif M <= ROWS_MAX:
@@ -226,7 +227,7 @@ def gemv_nbits_t(a2, bt, sct, zft, has_zp, bits, bs, K, quant, bias, has_bias):
 
 
 @njit(pipeline_class=GlueCompiler, **_OPTS)
-def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
+def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas, threads):
     """Rows of A (M, K) against ``_cq.int4_layout`` constants: (out (M, N), error code).  The twins
     ``gemv_q4i8_t_mlas`` and ``gemv_q4i8_t_mlas32`` (4-bit codes in blocks of 32) run MLAS's order ``mlas``
     (``_cq.gemv_q4i8_mlas``, which adds the bias itself) and compile no blockwise kernel; this one only those."""
@@ -238,9 +239,9 @@ def gemv_q4i8_t(a2, qi, sct, zft, has_zp, zdef, bs, K, N, bias, has_bias, mlas):
     parallel = qi.size * min(a2.shape[0], ROWS_MAX) >= _SERIAL_BYTES
     if _MLAS:  # (the twins run only where the plan asked for MLAS's order: the blockwise kernels compiled out)
         if _MLAS32:
-            _cq.gemv_q4i8_mlas32(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
+            _cq.gemv_q4i8_mlas32(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas, threads)
         else:
-            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas)
+            _cq.gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, mlas, threads)
         return out, 0
     _cq.gemv_q4i8(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel)
     if has_bias:
@@ -304,6 +305,7 @@ def _matmul_nbits(e, m):
     quant = m.level4 and zp_mode != 2
     e.exact = quant  # integer block dots are exact in any order; float accumulation is not
     order = _cq.mlas_path(bs, bits, m.level4)
+    threads = ort_threads()  # onnxruntime's, a literal of the source
     if order and ((not m.level4 and zp_mode != 2) or (bits == 8 and quant)
                   or (zp_mode == 2 and _cq.mlas_path(bs, bits, False))):
         # MLAS's order of 8-bit codes at level 4, of the float path (levels 0 to 3) and of float zero points
@@ -323,7 +325,7 @@ def _matmul_nbits(e, m):
             packed = _repack(m, e.const(1), e.const(2), e.const(3), zp_mode)
     call = (f"{k}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {{i1}}.reshape(({{i1}}.size,)), "
             f"{{i2}}.reshape(({{i2}}.size,)), {zp}, {zp_mode}, {bias}, {e.has(5)}, np.int64({K}), np.int64({N}), "
-            f"{bits}, {bs}, {quant}, {order})")
+            f"{bits}, {bs}, {quant}, {order}, np.int64({threads}))")
     if int4 is not None:
         qi, sct, zft = (e.constant(x) for x in int4)
         g = e.use(__name__, ("gemv_q4i8_t_mlas32" if bits == 4 and bs == 32 else "gemv_q4i8_t_mlas") if order
@@ -332,7 +334,7 @@ def _matmul_nbits(e, m):
         # at 256 rows), so the original B is never read after plan time and its pages can be released.
         e.line(f"{{p}}_y, {{p}}_err = {g}({{i0}}.reshape(({{p}}_m, {{i0}}.shape[{ra - 1}])), {qi}, {sct}, {zft}, "
                f"{zp_mode != 0}, {float(1 << (bits - 1))!r}, {bs}, np.int64({K}), np.int64({N}), {bias}, {e.has(5)}, "
-               f"{order})")
+               f"{order}, np.int64({threads}))")
     elif packed is not None:
         bt, sct, zft = (e.constant(x) for x in packed)
         g = e.use(__name__, "gemv_nbits_t")

@@ -73,7 +73,8 @@ from . import _simd
 from ._common import F32, constant_twin, mlas_order, raise_coded
 from ._fastmath import FAST
 from ._glue import GlueCompiler
-from ._mlas_sgemm import k_stride, m1t_fold
+from ._mlas_attention import ort_threads
+from ._mlas_sgemm import batch_split, k_stride, m1t_fold, task_range
 from .registry import op
 
 __all__ = ["matmul_nbits", "Mnb", "bind_mnb", "mnb_check", "check_inputs", "groups_of", "MNB_ERRORS"]
@@ -486,6 +487,15 @@ def mlas_path(bs, bits=4, level4=True) -> int:
 
 
 ORT_RANGE_M = 128  # MLAS's rows per thread range: a range of one row takes its one-row kernel
+
+
+@njit(cache=True, nogil=True, inline="always")
+def lone_row(M, threads):
+    """Whether onnxruntime on ``threads`` intra-op threads runs the last of M rows of a MatMulNBits product
+    (``MlasQNBitGemmBatch``) alone, through MLAS's one-row kernels: M = 1, or with a thread pool (more than one
+    thread) a last range of ``ORT_RANGE_M`` rows holding one row (M = 1 mod 128); one thread runs all M rows in one
+    range."""
+    return M == 1 or (threads > 1 and M % ORT_RANGE_M == 1)
 
 
 @njit(cache=True, nogil=True)
@@ -1122,7 +1132,7 @@ def _avx2_rows_par(bits, family, qi, aq, ascale, gsum, zdef, zft, has_zp, sct, y
 
 
 @njit(cache=True, nogil=True)
-def _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias):
+def _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias, threads):
     """``gemv_q4i8_mlas`` in ``_Avx2Lanes``'s order (4-bit codes in blocks of 16, 64, 128 or 256, 8-bit codes in
     blocks of 16 to 256): every row
     quantized first (``_prep_a_i8_groups``), one pass over the column groups for all rows, then the bias and the
@@ -1132,10 +1142,10 @@ def _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_b
     n4 = N - N % 4
     M = a2.shape[0]
     family = bs if bs < 64 else 64
-    # MLAS's one-row kernel (signed codes) serves M = 1 with 4-bit codes (blocks of 64 and more here).  On one thread
-    # onnxruntime takes M > 1 rows through its several-row kernels whole (M = 129 and 257 checked under emulation):
-    # no row alone in a range of ``ORT_RANGE_M``
-    nu = 0 if M == 1 and bits == 4 and bs >= 32 else M
+    # MLAS's one-row kernel (signed codes) serves a row alone in its range (``lone_row``) with 4-bit codes (blocks
+    # of 64 and more here); the several-row kernels take every other row (M = 129 and 257 checked under emulation,
+    # onnxruntime on one thread and on two)
+    nu = M - 1 if bits == 4 and bs >= 32 and lone_row(M, threads) else M
     aq = np.empty((M, nb * bs), np.int8)
     ascale = np.empty((M, nb), np.float32)
     gsum = np.empty((M, nb * bs // 4), np.float32)
@@ -1192,7 +1202,7 @@ def _prep_groups_par(a2, bs, aq, ascale, gsum, absum):
 
 
 @njit(cache=True, nogil=True)
-def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has_bias):
+def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has_bias, threads):
     """``gemv_q4i8_mlas`` for 4-bit codes in blocks of 32: MLAS's AVX2 order, then the bias and the zero points'
     share (``ort_zero_point_rows``), or with ``quads`` its AVX-512 one, a row outside the several-row passes taking
     the share and the bias in its own pass (``_simd.dot_q4_ort_u4``).  Every row is quantized first, then one
@@ -1201,7 +1211,7 @@ def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has
     N = out.shape[1]
     n4 = N - N % 4
     M = a2.shape[0]
-    nu = M - 1 if M % ORT_RANGE_M == 1 and not quads else M  # rows with unsigned codes; the last one, if any, signed
+    nu = M - 1 if not quads and lone_row(M, threads) else M  # rows with unsigned codes; the last one, if any, signed
     aq = np.empty((M, nb * bs), np.int8)
     ascale = np.empty((M, nb), np.float32)
     gsum = np.empty((M, nb * bs // 4), np.float32)
@@ -1232,7 +1242,7 @@ def _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, quads, bias, has
 
 
 @njit(cache=True, nogil=True)
-def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, order):
+def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_bias, order, threads):
     """``gemv_q4i8`` (with the bias added) in MLAS's AVX2 order for blocks of 32, bit for bit onnxruntime's
     level-4 product on such hosts:
 
@@ -1241,9 +1251,10 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
       lane)`` over the blocks (``_simd._OrtEmitter``); lanes folded ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``
       for the columns below N rounded down to 4, ``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`` for the rest; then
       the bias added;
-    - a row alone in its range of ``ORT_RANGE_M`` rows (M = 1 among them) uses signed codes (code - zero point)
-      and pairs of blocks per update without zero points, one block per update with them; every other row uses
-      unsigned codes and pairs of blocks, then ``ort_zero_point_rows``.
+    - a row alone in its range (``lone_row``: M = 1, or M = 1 mod ``ORT_RANGE_M`` when onnxruntime's ``threads``
+      intra-op threads are more than one) uses signed codes (code - zero point) and pairs of blocks per update
+      without zero points, one block per update with them; every other row uses unsigned codes and pairs of
+      blocks, then ``ort_zero_point_rows``.
 
     Other block sizes of ``MLAS_BLOCKS``, and 8-bit codes, in ``ORDER_AVX2``: ``_gemv_avx2`` (``_Avx2Lanes``).
 
@@ -1265,17 +1276,17 @@ def gemv_q4i8_mlas(a2, qi, sct, zft, has_zp, zdef, bs, out, parallel, bias, has_
     if _ONLY32:  # ``gemv_q4i8_mlas32``: 4-bit codes in blocks of 32 only
         if bits != 4 or bs != 32:
             raise ValueError("gemv_q4i8_mlas32: 4-bit codes in blocks of 32 only")
-        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
+        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias, threads)
     elif bits == 4 and bs == 32:
-        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias)
+        _gemv_ort32(a2, qi, sct, zft, has_zp, z, bs, out, parallel, order == ORDER_AVX512, bias, has_bias, threads)
     elif _ONLY_AVX2:
-        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias)
+        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias, threads)
     elif _ONLY_AVX512:
         absum = np.empty((max(M, 1), nb), np.float32)
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
         ort_zero_point_rows(absum, sct, zft, has_zp, z, out, M, bias, has_bias, parallel)
     elif order != ORDER_AVX512:
-        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias)
+        _gemv_avx2(a2, qi, sct, zft, has_zp, z, bits, bs, out, parallel, bias, has_bias, threads)
     else:
         absum = np.empty((max(M, 1), nb), np.float32)
         _gemv_mlas512(a2, qi, sct, bits, bs, out, absum, parallel)
@@ -1314,16 +1325,19 @@ def mlas_gemv(bits, bs, order=ORDER_AVX512):
 #   the bias (on AVX2 hosts its AVX2 one-row kernel instead: 8 lanes, ``_fp_lanes``' path 3); several rows through
 #   the float GEMM kernel: one chain ``fma(a[k], w[k], acc)`` over all of K, then
 #   the bias.  (onnxruntime with a thread pool splits M into ranges of ``ORT_RANGE_M`` rows, and a last range of
-#   one row takes the one-row kernel: for M = 1 (mod 128), M > 1, its result depends on its threads; this is its
-#   result on one thread, as everywhere below);
+#   one row takes the one-row kernel: for M = 1 (mod 128), M > 1, its result depends on whether it has a pool;
+#   ``lone_row``);
 # - otherwise (8-bit codes, other blocks) the dequantized B through MLAS's SGEMM: M = 1 by its AVX one-row kernel
 #   (per column 8 lanes, lane i adding the rounded products ``a[k] * w[k]`` for k = i (mod 8), no fused
 #   multiply-add; the columns by 4 folded as ``((l0+l1)+l2)+l3 + (((l4+l5)+l6)+l7)``, a last pair
 #   ``((l0+l2)+(l4+l6)) + ((l1+l3)+(l5+l7))``, a last one ``((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))``; then the
-#   bias, or +0), several rows by its packed kernel: slices of K (``sgemm_k_stride``), in each one chain
-#   ``fma(a[k], w[k], acc)`` from 0, added to C in turn (C starting at the bias, or at the first slice's sum).
-#   onnxruntime on several threads splits N, and with it the slices: its result depends on its thread count
-#   there.
+#   bias, or +0), several rows by its packed kernel: slices of K (``_mlas_sgemm.k_stride`` of the range's
+#   columns), in each one chain ``fma(a[k], w[k], acc)`` from 0, added to C in turn (C starting at the bias, or
+#   at the first slice's sum).  onnxruntime on several threads splits N or M (``_mlas_sgemm.batch_split``), and
+#   with N the slices: its result depends on its thread count there, which ``gemv_fp_mlas`` takes.
+#
+# Every path takes onnxruntime's intra-op thread count (``_mlas_attention.ort_threads``, by default its own default:
+# the host's physical cores), never the threads this runtime runs on.
 #
 # On AVX2 hosts (``ORDER_AVX2``) every path but the 4-bit one-row kernel gives the AVX-512 hosts' bits (MLAS's FMA3
 # SGEMM kernels chain the same fused multiply-adds per element, its one-row SGEMM kernel is the same AVX one), as
@@ -1339,12 +1353,6 @@ def fp_order_path(bits, bs, order=ORDER_AVX512) -> int:
     if bits == 4 and bs in MLAS_BLOCKS:
         return 3 if order == ORDER_AVX2 else 1
     return 2
-
-
-def sgemm_k_stride(M, N, K) -> int:
-    """The K slice of MLAS's SGEMM for an (M, N, K) product on one thread (``MlasSgemmOperation``;
-    ``_mlas_sgemm.k_stride``, which M does not enter)."""
-    return int(k_stride(N, K))
 
 
 @njit(cache=True, nogil=True)
@@ -1466,24 +1474,54 @@ def _fp_chain(a2, m0, m1, ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n
                 o[:] = row
 
 
+@njit(cache=True, nogil=True)
+def _fp_ranges(M, N, K, path, threads):
+    """The ranges onnxruntime on ``threads`` threads runs a float-path product in, as rows [0] x [1], columns [2] x
+    [3] and K slice [4] per range: paths 1 and 3 (``MlasQNBitGemmBatch``) one chain over all of K per element,
+    a last row alone in its range (``lone_row``) its own range; path 2 (``MlasGemmBatch``) its thread split
+    (``_mlas_sgemm.batch_split``), each range slicing K by its own width.  A range of one row takes the one-row
+    kernel."""
+    if path != 2:
+        one = M - 1 if lone_row(M, threads) else M
+        r = np.zeros((2, 5), np.int64)
+        r[0, 0], r[0, 1], r[0, 3], r[0, 4] = 0, one, N, K
+        r[1, 0], r[1, 1], r[1, 3], r[1, 4] = one, M - one, N, K
+        return r
+    per, tm, tn = batch_split(1, M, N, K, threads)
+    r = np.zeros((per, 5), np.int64)
+    for t in range(per):
+        m0, cm, n0, cn = task_range(t, tm, tn, M, N)
+        r[t, 0], r[t, 1], r[t, 2], r[t, 3] = m0, cm, n0, cn
+        r[t, 4] = k_stride(cn, K) if cn > 0 else K
+    return r
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def gemv_fp_mlas(a2, ct, st, zt, bs, path, sk, bias, has_bias, out):
-    """out [M, N] = A [M, K] @ dequant(B)^T (+ bias) in onnxruntime's float order (see above): ``path``
-    ``fp_order_path``'s, ``sk`` the SGEMM's K slice for several rows (``sgemm_k_stride``; paths 1 and 3 take all
-    of K)."""
+def gemv_fp_mlas(a2, ct, st, zt, bs, path, threads, bias, has_bias, out):
+    """out [M, N] = A [M, K] @ dequant(B)^T (+ bias) in onnxruntime's float order (see above) on ``threads``
+    threads (its intra-op count; ``_fp_ranges``): ``path`` ``fp_order_path``'s.  Each range runs in tasks of
+    ``FP_COLS`` columns."""
     M = a2.shape[0]
     N = out.shape[1]
-    tasks = (N + FP_COLS - 1) // FP_COLS
-    one = 0 if M == 1 else M  # rows through the chains; M = 1 through the one-row lanes
-    for t in prange(tasks):
-        n0 = t * FP_COLS
-        n1 = min(N, n0 + FP_COLS)
+    K = a2.shape[1]
+    rng = _fp_ranges(M, N, K, path, threads)
+    first = np.zeros(rng.shape[0] + 1, np.int64)  # each range's first task
+    for i in range(rng.shape[0]):
+        first[i + 1] = first[i] + (rng[i, 3] + FP_COLS - 1) // FP_COLS if rng[i, 1] > 0 else first[i]
+    for t in prange(first[-1]):
+        i = 0
+        while first[i + 1] <= t:
+            i += 1
+        m0, cm, sk = rng[i, 0], rng[i, 1], rng[i, 4]
+        n0 = rng[i, 2] + (t - first[i]) * FP_COLS
+        n1 = min(rng[i, 2] + rng[i, 3], n0 + FP_COLS)
         acc = np.empty((16, FP_COLS), np.float32)
         w = np.empty(FP_COLS, np.float32)
-        for m0 in range(0, one, 16):
-            _fp_chain(a2, m0, min(one, m0 + 16), ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n1)
-        if one < M:
-            _fp_lanes(a2[M - 1], ct, st, zt, bs, path, bias, has_bias, N, acc, out[M - 1], n0, n1)
+        if cm == 1:
+            _fp_lanes(a2[m0], ct, st, zt, bs, path, bias, has_bias, N, acc, out[m0], n0, n1)
+        else:
+            for r0 in range(m0, m0 + cm, 16):
+                _fp_chain(a2, r0, min(m0 + cm, r0 + 16), ct, st, zt, bs, sk, bias, has_bias, acc, w, out, n0, n1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -1737,7 +1775,7 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
         has_bias = bias is not None
         bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
         with _threads_for(wt.nbytes * min(rows_a, ROWS_MAX)):
-            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), wt, ones, zeros, K, 2, sgemm_k_stride(rows_a, N, K),
+            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), wt, ones, zeros, K, 2, ort_threads(),
                          bf, has_bias, out)
         bias = None
     elif order and not m.level4 and zp_mode != 2 and grp is None:
@@ -1747,11 +1785,11 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
             lay = cache["fp"] = (b, sc) + fp_layout(b3, bits, sc, zf, has_zp, zdef)
         _, _, ct, st, zt = lay
         path = fp_order_path(bits, bs, order)
-        sk = K if path != 2 else sgemm_k_stride(rows_a, N, K)
         has_bias = bias is not None
         bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
         with _threads_for(b3.nbytes * min(rows_a, ROWS_MAX)):
-            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), ct, st, zt, bs, path, sk, bf, has_bias, out)
+            gemv_fp_mlas(np.ascontiguousarray(a2, dtype=F32), ct, st, zt, bs, path, ort_threads(), bf, has_bias,
+                         out)
         bias = None
     elif int4_path(bits, bs, quant, grp) or (bits == 8 and quant and grp is None and order):
         # 8-bit codes take these kernels in MLAS's order only (``int8_layout``; the blockwise order: the rows)
@@ -1765,7 +1803,8 @@ def matmul_nbits(m: Mnb, a, b, scales, zero_points=None, g_idx=None, bias=None, 
             if order:
                 has_bias = bias is not None
                 bf = np.ascontiguousarray(bias, dtype=F32).reshape(-1) if has_bias else np.zeros(1, F32)
-                mlas_gemv(bits, bs, order)(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order)
+                mlas_gemv(bits, bs, order)(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1, bf, has_bias, order,
+                                           ort_threads())
                 bias = None  # added in onnxruntime's place, before the zero points' share
             else:
                 gemv_q4i8(a2c, qi, sct, zft, has_zp, zdef, bs, out, nt > 1)

@@ -576,7 +576,7 @@ def _cpu(b: Gqa, ctx):
             _ZC if sin is None else _f32(sin), _ZP if pos is None else positions_2d(pos), pos is not None,
             _Z4 if bias is None else _f32(bias), bias is not None, _Z1 if sink is None else _f32(sink),
             sink is not None, b.H, b.kvH, b.scale, b.softcap, b.window, b.rotary, b.interleaved, b.smooth, b.causal,
-            b.windowed, False, b.qk_output if want_qk else 0, fk, fv, ma.L2_BYTES, ma.ORT_THREADS)
+            b.windowed, False, b.qk_output if want_qk else 0, fk, fv, ma.L2_BYTES, ma.ort_threads())
         if err:
             raise_gqa_error(err)
         if b.no_keys:  # local_window_size 0 attends no key: onnxruntime returns zeros (the caches as usual)
@@ -633,7 +633,7 @@ def _form(e, b: Gqa):
            f"{'{i7}' if has(7) else zc}, {'{i8}' if has(8) else zc}, {pos}, {has(9)}, "
            f"{'{i10}' if has(10) else z4}, {has(10)}, {'{i11}' if has(11) else z1}, {has(11)}, {b.H}, {b.kvH}, "
            f"{b.scale!r}, {b.softcap!r}, {b.window}, {b.rotary}, {b.interleaved}, {b.smooth}, {b.causal}, "
-           f"{b.windowed}, {share}, 0, {z4}, {z4}, {ma.L2_BYTES}, {ma.ORT_THREADS})")
+           f"{b.windowed}, {share}, 0, {z4}, {z4}, {ma.L2_BYTES}, {ma.ort_threads()})")
     raise_on(e, "{p}_err", [(c, cls, msg) for c, (cls, msg) in GQA_ERRORS.items()])
     e.declare(0, F32, 3)
     for k, var in ((1, "{p}_pk"), (2, "{p}_pv")):

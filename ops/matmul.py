@@ -241,7 +241,8 @@ def _matmul_mlas(a: np.ndarray, b: np.ndarray, buf, name) -> np.ndarray:
     """float32 ``matmul_nd`` as onnxruntime's MatMul computes it (``_mlas_sgemm.sgemm_mlas``, on onnxruntime's
     default thread count): A's batch folded into its rows when B is one matrix (2-d, or batch dims all 1), else
     batch by batch; against a 1-d B every row of A is a product of its own."""
-    from ._mlas_attention import ORT_THREADS
+    from ._mlas_attention import ort_threads
+    threads = ort_threads()
     A = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
     B = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
     m, k, n, abatch, bbatch, batch, full, out_shape = matmul_shapes(a.shape, b.shape, name)
@@ -252,14 +253,14 @@ def _matmul_mlas(a: np.ndarray, b: np.ndarray, buf, name) -> np.ndarray:
     if b.ndim == 1:  # a vector: every row of A a product of its own (one row: the one-row kernel)
         rows = A.size // k if k else int(math.prod(abatch)) * m
         sgemm_mlas(A.reshape(rows, 1, k), B.reshape(1, k, 1), np.arange(rows, dtype=np.int64),
-                   np.zeros(rows, np.int64), o.reshape(rows, 1, 1), ORT_THREADS)
+                   np.zeros(rows, np.int64), o.reshape(rows, 1, 1), threads)
     elif int(math.prod(bbatch)) == 1 and abatch == batch:  # B one matrix: A's batch in its rows
         rows = int(math.prod(abatch)) * m
         sgemm_mlas(A.reshape(1, rows, k), B.reshape(1, k, n), _ZERO_MAP, _ZERO_MAP, o.reshape(1, rows, n),
-                   ORT_THREADS)
+                   threads)
     else:
         ia, ib = _batch_maps(abatch, bbatch, batch)
-        sgemm_mlas(A.reshape(-1, m, k), B.reshape(-1, k, n), ia, ib, o.reshape(-1, m, n), ORT_THREADS)
+        sgemm_mlas(A.reshape(-1, m, k), B.reshape(-1, k, n), ia, ib, o.reshape(-1, m, n), threads)
     return o
 
 

@@ -1,8 +1,9 @@
 """Kernels chosen by the CPU Numba compiles for (``ops._simd.target_features``), and onnxruntime's MatMulNBits as an
 AVX2-only host computes it: its outputs were recorded by onnxruntime 1.32 under QEMU's emulation of a Haswell CPU
-(``python -m tools.emulated_host --nodes --golden fixtures/golden/matmulnbits_haswell.npz``), and this runtime,
-compiled for that CPU in a subprocess (``NUMBA_CPU_NAME=haswell``, ``NUMBA_CPU_FEATURES``), gives the same bits on
-every case it runs in MLAS's AVX2 order there."""
+on two intra-op threads (``python -m tools.emulated_host --nodes --threads 2 --golden
+fixtures/golden/matmulnbits_haswell.npz``), and this runtime, compiled for that CPU in a subprocess
+(``NUMBA_CPU_NAME=haswell``, ``NUMBA_CPU_FEATURES``) and following the recorded thread count
+(``ONNX_NUMBA_ORT_THREADS``), gives the same bits on every case it runs in MLAS's AVX2 order there."""
 import os
 import subprocess
 import sys
@@ -42,9 +43,7 @@ for i, (desc, model, feeds) in enumerate(nbits_cases()):
     kv = dict(x.split("=") for x in desc.split()[1:])
     if Q.mlas_path(int(kv["block"]), int(kv["bits"]), kv["level"] == "4") == 0:
         continue
-    so = runtime.SessionOptions()
-    so.intra_op_num_threads = 1
-    got = runtime.InferenceSession(model, so).run(None, feeds)[0]
+    got = runtime.InferenceSession(model).run(None, feeds)[0]
     checked += 1
     if not np.array_equal(got, golden[f"case{i:03d}"]):
         differ += 1
@@ -57,11 +56,13 @@ print("checked", checked, "differ", differ)
                     reason="code compiled for Haswell runs AVX2 instructions, which this host lacks")
 def test_an_avx2_target_gives_onnxruntime_s_avx2_bits(tmp_path):
     llvm_cpu, features = CPUS["Haswell"]
+    import numpy as np
     env = dict(os.environ, NUMBA_CPU_NAME=llvm_cpu, NUMBA_CPU_FEATURES=features, ONNX_NUMBA_MLAS_ORDER="",
+               ONNX_NUMBA_ORT_THREADS=str(int(np.load(GOLDEN)["ort_threads"])),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", _CHILD, GOLDEN], env=env, cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stdout.strip().splitlines()[-1].split()
     checked, differ = int(last[1]), int(last[3])
-    assert checked == 120 and differ == 0, r.stdout  # every case of the sweep is in MLAS's AVX2 order there
+    assert checked == 128 and differ == 0, r.stdout  # every case of the sweep is in MLAS's AVX2 order there

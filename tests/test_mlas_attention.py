@@ -81,7 +81,7 @@ def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
         pytest.skip(f"onnxruntime's key blocks on this host ({_kvb(D)} keys) fit one SGEMM pass")
     model = gqa_model(nh, kv, D, scale, rot, inter, window, bias is not None).SerializeToString()
     feeds = gqa_feeds(nh, kv, D, B, S, P, seqlens, total, seed=len(case), amp=2.0, bias=bias)
-    monkeypatch.setattr(ma, "ORT_THREADS", threads)  # onnxruntime's thread count decides flash decoding
+    monkeypatch.setenv("ONNX_NUMBA_ORT_THREADS", str(threads))  # onnxruntime's thread count decides flash decoding
     want = _ort(model, feeds, threads)
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
     assert not np.array_equal(_native(model, feeds)[0], want[0])  # the case tells the orders apart
@@ -90,12 +90,15 @@ def test_gqa_bit_for_bit_onnxruntime(case, monkeypatch):
         np.testing.assert_array_equal(got, ref)
     if case in PATHS:  # the case runs the path it names: without it the bits differ
         attr, value = PATHS[case]
-        monkeypatch.setattr(ma, attr, value)
+        if attr == "ONNX_NUMBA_ORT_THREADS":
+            monkeypatch.setenv(attr, str(value))
+        else:
+            monkeypatch.setattr(ma, attr, value)
         assert not np.array_equal(_native(model, feeds)[0], want[0])
 
 
-# case -> the module value that takes its path away: one key block for all keys, or no split
-PATHS = {"several key blocks": ("L2_BYTES", 1 << 40), "split decode": ("ORT_THREADS", 1)}
+# case -> the module value (or setting) that takes its path away: one key block for all keys, or no split
+PATHS = {"several key blocks": ("L2_BYTES", 1 << 40), "split decode": ("ONNX_NUMBA_ORT_THREADS", 1)}
 
 
 @onnxruntime_host

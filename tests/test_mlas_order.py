@@ -22,11 +22,13 @@ def _fma(a, b, c):
     return (np.float64(a) * np.float64(b) + np.float64(c)).astype(F)
 
 
-def reference(A, codes, scales, zps, bias, range_m=128):
-    """MLAS's AVX2 order, written out: ``codes`` [N, nb*32] 0..15, ``scales`` [N, nb], ``zps`` [N, nb] or None."""
+def reference(A, codes, scales, zps, bias, threads=2):
+    """MLAS's AVX2 order, written out: ``codes`` [N, nb*32] 0..15, ``scales`` [N, nb], ``zps`` [N, nb] or None.
+    onnxruntime on ``threads`` intra-op threads: with more than one, ranges of 128 rows, and a range of one row
+    (M = 1 mod 128) takes the one-row kernel (signed codes); on one, only M = 1 does."""
     M, N, nb, qa, sa, z, out = _setup(A, scales, zps)
     for m in range(M):
-        signed = M % range_m == 1 and m == M - 1
+        signed = m == M - 1 and (M == 1 or (threads > 1 and M % 128 == 1))
         c = codes - (np.repeat(z, 32, axis=1) if signed else 0)
         prod = c * qa[m]  # [N, nb*32], exact
         quads = prod.reshape(N, nb, 8, 4).sum(-1)  # lane sums of 4
@@ -150,12 +152,14 @@ def test_equal_to_the_order_written_out(K, N, M, zp, order):
     bias = np.linspace(-1, 1, N).astype(F) if M % 2 else None
     zf = z.astype(F) if zp else np.zeros((1, 1), F)
     qi, sct, zft = Q.int4_layout(b3, sc, zf, zp)
-    want = ORDERS[order](A, codes, sc, z, bias)
-    for parallel in (False, True):
-        got = np.empty((M, N), F)
-        Q.gemv_q4i8_mlas(A, qi, sct, zft, zp, 8.0, 32, got, parallel, bias if bias is not None else np.zeros(1, F),
-                         bias is not None, order)
-        np.testing.assert_array_equal(got, want)
+    for threads in (1, 2):
+        want = ORDERS[order](A, codes, sc, z, bias, threads) if order == Q.ORDER_AVX2 else \
+            ORDERS[order](A, codes, sc, z, bias)
+        for parallel in (False, True):
+            got = np.empty((M, N), F)
+            Q.gemv_q4i8_mlas(A, qi, sct, zft, zp, 8.0, 32, got, parallel,
+                             bias if bias is not None else np.zeros(1, F), bias is not None, order, threads)
+            np.testing.assert_array_equal(got, want)
 
 
 def test_the_two_orders_differ():

@@ -15,7 +15,8 @@ import pytest
 from numba import njit
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-from ops import _simd
+from ops import _mlas_sgemm, _simd
+from ops._mlas_attention import ort_threads
 from ops import contrib_quant as Q
 from ops._common import mlas_order
 
@@ -145,18 +146,21 @@ _A32 = [(0, (0, 1)), (0, (2, 3)), (1, (0, 1)), (1, (2, 3)), (0, (4, 5)), (0, (6,
 _A64 = {4: [(0, (2 * g, 2 * g + 1)) for g in (0, 1, 4, 5, 2, 3, 6, 7)], 8: [(0, (i, i + 8)) for i in range(8)]}
 
 
-def reference_avx2(A, codes, scales, zps, bias, bits, bs):
+def reference_avx2(A, codes, scales, zps, bias, bits, bs, threads=1):
     """MLAS's AVX2 order (no VNNI needed: the integers are exact either way), written out: per row and column 8
     lanes updated by fused multiply-adds of exact integer lane sums times ``f32(ascale * scale)``, the fold of
-    ``_fold8``, the bias, then for unsigned codes the zero points' share as in ``reference``.  One row (M = 1) of
-    4-bit codes in blocks of 64 and more takes MLAS's one-row kernel: codes minus zero points, no share."""
+    ``_fold8``, the bias, then for unsigned codes the zero points' share as in ``reference``.  A row alone in its
+    range of onnxruntime on ``threads`` intra-op threads (M = 1; with more than one, ranges of 128 rows, so also
+    the last of M = 1 mod 128) of 4-bit codes in blocks of 64 and more takes MLAS's one-row kernel: codes minus
+    zero points, no share."""
     M, K = A.shape
     N, nb = scales.shape
     qa, sa = _quantize(A, nb, bs)
     z = np.full((N, nb), 1 << (bits - 1)) if zps is None else zps
     out = np.zeros((M, N), F)
-    signed = M == 1 and bits == 4 and bs >= 64
+    lone = M == 1 or (threads > 1 and M % 128 == 1)
     for m in range(M):
+        signed = lone and m == M - 1 and bits == 4 and bs >= 64
         prod = (codes - (np.repeat(z, bs, 1) if signed else 0)) * qa[m]  # exact
         quads = prod.reshape(N, nb, bs // 4, 4).sum(-1)
         s = (sa[m] * scales).astype(F)
@@ -232,7 +236,7 @@ def test_equal_to_the_order_written_out(bits, bs, zp):
     for parallel in (False, True):
         got = np.empty((M, N), F)
         Q.gemv_q4i8_mlas(A, qi, sct, zft, z is not None, zdef, bs, got, parallel,
-                         bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX512)
+                         bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX512, 2)
         np.testing.assert_array_equal(got, want)
 
 
@@ -242,18 +246,21 @@ AVX2_CASES = [(bits, bs) for bits in (4, 8) for bs in BLOCKS if (bits, bs) != (4
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("bits,bs", AVX2_CASES)
 def test_avx2_equal_to_the_order_written_out(bits, bs, zp):
-    """``ORDER_AVX2`` (``_Avx2Lanes``) against ``reference_avx2``, on SHAPES' rows and on one row."""
+    """``ORDER_AVX2`` (``_Avx2Lanes``) against ``reference_avx2``, on SHAPES' rows, on one row, and on 129 rows
+    for onnxruntime on one thread and on several (a last range of one row)."""
     K, N, M = SHAPES[bs]
-    for rows in sorted({M, 1}):
+    for rows in sorted({M, 1, 129}):
         A, blob, sc, z, codes = _case(bits, bs, K, N, rows, zp, seed=bits * 1000 + bs + zp + rows)
         bias = np.linspace(-1, 1, N).astype(F) if zp else None
-        want = reference_avx2(A, codes, sc, z, bias, bits, bs)
         qi, sct, zft = _layout(bits, blob, sc, z)
-        for parallel in (False, True):
-            got = np.empty((rows, N), F)
-            Q.gemv_q4i8_mlas(A, qi, sct, zft, z is not None, F(1 << (bits - 1)), bs, got, parallel,
-                             bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX2)
-            np.testing.assert_array_equal(got, want)
+        for threads in ((1, 2) if rows == 129 else (2,)):
+            want = reference_avx2(A, codes, sc, z, bias, bits, bs, threads)
+            for parallel in (False, True):
+                got = np.empty((rows, N), F)
+                Q.gemv_q4i8_mlas(A, qi, sct, zft, z is not None, F(1 << (bits - 1)), bs, got, parallel,
+                                 bias if bias is not None else np.zeros(1, F), bias is not None, Q.ORDER_AVX2,
+                                 threads)
+                np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("bits,bs", [(4, 16), (4, 64), (8, 16), (8, 32), (8, 128)])
@@ -455,18 +462,51 @@ def test_products_the_region_does_not_reproduce_run_in_the_wrapper(bits, level, 
 
 # -- accuracy levels 0 to 3: A float, B dequantized ----------------------------------------------------------------
 
-def reference_fp(A, codes, scales, zps, bias, bits, bs, avx2=False):
-    """onnxruntime's float path written out: ``w = f32((code - zero) * scale)``; M = 1 through 16 lanes of fused
-    multiply-adds (4-bit codes, MLAS's CompFp32 kernel; ``avx2``: its AVX2 one, 8 lanes folded as ``_fold8`` below
-    N rounded down to 4 and ``((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))`` past it) or 8 lanes of rounded products
-    added (its SGEMM's AVX one-row kernel), each folded as MLAS folds them, then the bias (or +0); several rows as
-    chains of fused multiply-adds over slices of K, added in turn to C, which starts at the bias or at the first
-    slice."""
+def _fp_ranges(M, N, K, compfp32, threads):
+    """onnxruntime's ranges on ``threads`` intra-op threads, (m0, rows, n0, columns): MlasQNBitGemmBatch's
+    (``compfp32``) ranges of 128 rows with a thread pool, one range without; MlasGemmBatch's
+    ``min(M*N*K / 65536 + 1, threads)`` parts, along N in blocks of 16 columns when N > M, else along M, the first
+    ``total % parts`` one larger."""
+    if compfp32:
+        step = 128 if threads > 1 else M
+        return [(m0, min(M, m0 + step) - m0, 0, N) for m0 in range(0, M, step)]
+    parts = min(M * N * K // 65536 + 1, threads)
+
+    def split(total, n):
+        q, r = divmod(total, n)
+        return [(i * q + min(i, r), q + (i < r)) for i in range(n)]
+    if N > M:
+        blocks = -(-N // 16)
+        return [(0, M, 16 * b0, min(N - 16 * b0, 16 * cb)) for b0, cb in split(blocks, min(parts, blocks)) if cb]
+    return [(m0, cm, 0, N) for m0, cm in split(M, min(parts, M)) if cm]
+
+
+def reference_fp(A, codes, scales, zps, bias, bits, bs, avx2=False, threads=1):
+    """onnxruntime's float path written out: ``w = f32((code - zero) * scale)``, then each of its ranges on
+    ``threads`` threads (``_fp_ranges``) through ``_reference_fp_range``."""
     M, K = A.shape
     N, nb = scales.shape
     z = np.full((N, nb), 1 << (bits - 1)) if zps is None else zps
     w = ((codes - np.repeat(z, bs, 1)).astype(F) * np.repeat(scales, bs, 1)).astype(F)[:, :K]
     compfp32 = bits == 4 and bs in BLOCKS
+    out = np.empty((M, N), F)
+    for m0, cm, n0, cn in _fp_ranges(M, N, K, compfp32, threads):
+        sk = K if compfp32 else _mlas_sgemm.k_stride(cn, K)  # the slicing rule is MLAS's
+        out[m0:m0 + cm, n0:n0 + cn] = _reference_fp_range(A[m0:m0 + cm], w[n0:n0 + cn],
+                                                          None if bias is None else bias[n0:n0 + cn], compfp32,
+                                                          avx2, sk)
+    return out
+
+
+def _reference_fp_range(A, w, bias, compfp32, avx2, sk):
+    """One range: one row through 16 lanes of fused
+    multiply-adds (4-bit codes, MLAS's CompFp32 kernel; ``avx2``: its AVX2 one, 8 lanes folded as ``_fold8`` below
+    N rounded down to 4 and ``((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))`` past it) or 8 lanes of rounded products
+    added (its SGEMM's AVX one-row kernel), each folded as MLAS folds them, then the bias (or +0); several rows as
+    chains of fused multiply-adds over slices of ``sk`` along K, added in turn to C, which starts at the bias or at
+    the first slice."""
+    M, K = A.shape
+    N = w.shape[0]
     n4 = N - N % 4
     if M == 1:
         L = 16 if compfp32 and not avx2 else 8
@@ -498,7 +538,6 @@ def reference_fp(A, codes, scales, zps, bias, bits, bs, avx2=False):
             if N % 2:
                 y[N - 1] = one[N - 1]
         return (y + (bias if bias is not None else F(0)))[None].astype(F)
-    sk = K if compfp32 else Q.sgemm_k_stride(M, N, K)  # the slicing rule is MLAS's; the order within it is written here
     out = np.zeros((M, N), F)
     for k0 in range(0, K, sk):
         acc = np.zeros((M, N), F)
@@ -525,18 +564,39 @@ def test_float_path_equal_to_the_order_written_out(bits, bs, K, N, M, order):
         zf = z.astype(F) if zp else np.zeros((1, 1), F)
         ct, st, zt = Q.fp_layout(blob, bits, sc, zf, zp, F(1 << (bits - 1)))
         path = Q.fp_order_path(bits, bs, order)
-        sk = K if path != 2 else Q.sgemm_k_stride(M, N, K)
         got = np.empty((M, N), F)
-        Q.gemv_fp_mlas(A, ct, st, zt, bs, path, sk, bias if zp else np.zeros(1, F), zp, got)
+        Q.gemv_fp_mlas(A, ct, st, zt, bs, path, 1, bias if zp else np.zeros(1, F), zp, got)
         np.testing.assert_array_equal(got, want)
+
+
+# Shapes where onnxruntime's result depends on its threads (bits, block, M, K, N): a last range of one row (4-bit
+# codes), N split in two (the slices of K follow each part's width: 128 for 100 columns, 256 for 64), M split into
+# two rows and one (the one row through the one-row kernel)
+FP_THREAD_SHAPES = [(4, 64, 129, 300, 21), (4, 16, 257, 200, 24), (8, 32, 8, 3000, 100), (8, 16, 3, 20000, 3)]
+
+
+@pytest.mark.parametrize("bits,bs,M,K,N", FP_THREAD_SHAPES)
+def test_float_path_threads_equal_to_the_order_written_out(bits, bs, M, K, N):
+    """The float path on one intra-op thread of onnxruntime and on two, against ``reference_fp`` for each; the two
+    differ on every shape."""
+    A, blob, sc, z, codes = _case(bits, bs, K, N, M, True, seed=K + N + M)
+    ct, st, zt = Q.fp_layout(blob, bits, sc, z.astype(F), True, F(1 << (bits - 1)))
+    path = Q.fp_order_path(bits, bs, Q.ORDER_AVX512)
+    wants = []
+    for threads in (1, 2):
+        wants.append(reference_fp(A, codes, sc, z, None, bits, bs, False, threads))
+        got = np.empty((M, N), F)
+        Q.gemv_fp_mlas(A, ct, st, zt, bs, path, threads, np.zeros(1, F), False, got)
+        np.testing.assert_array_equal(got, wants[-1])
+    assert not np.array_equal(wants[0], wants[1])
 
 
 @_AVX512_ONLY
 @pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("bits,bs", [(4, 16), (4, 64), (4, 256), (8, 16), (8, 64), (8, 256)])
 def test_float_path_bit_for_bit_onnxruntime(bits, bs, M, monkeypatch):
-    """Accuracy levels 0 to 3 (alike on this path), random shapes as above, against onnxruntime on one thread
-    (for several rows of 8-bit codes onnxruntime's own result changes with its thread count)."""
+    """Accuracy levels 0 to 3 (alike on this path), random shapes as above, against onnxruntime on its default
+    threads (what the runtime follows: ``ort_threads``)."""
     import runtime as rt
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
     rng = np.random.default_rng(bits * 131 + bs + M)
@@ -548,8 +608,20 @@ def test_float_path_bit_for_bit_onnxruntime(bits, bs, M, monkeypatch):
         A, blob, sc, z, _ = _case(bits, bs, K, N, M, zp, seed=int(rng.integers(1 << 30)))
         bias = rng.standard_normal(N).astype(F) if (M + trial) % 2 else None
         model = _model(bits, bs, K, N, blob, sc, z, bias, level=trial).SerializeToString()
-        want = _ort(model, A, 1)
+        want = _ort(model, A, 0)
         np.testing.assert_array_equal(rt.InferenceSession(model).run(None, {"A": A})[0], want)
+
+
+@_AVX512_ONLY
+@pytest.mark.skipif(ort_threads() < 2, reason="onnxruntime's default is one thread on this host: no thread pool")
+@pytest.mark.parametrize("bits,bs,M,K,N", FP_THREAD_SHAPES)
+def test_float_path_threads_bit_for_bit_onnxruntime(bits, bs, M, K, N, monkeypatch):
+    """The shapes whose result depends on onnxruntime's threads, against onnxruntime on its default ones."""
+    import runtime as rt
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    A, blob, sc, z, _ = _case(bits, bs, K, N, M, True, seed=K + N + M)
+    model = _model(bits, bs, K, N, blob, sc, z, None, level=0).SerializeToString()
+    np.testing.assert_array_equal(rt.InferenceSession(model).run(None, {"A": A})[0], _ort(model, A, 0))
 
 
 # -- float zero points and g_idx: onnxruntime dequantizes B, then its SGEMM ---------------------------------------

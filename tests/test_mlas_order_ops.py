@@ -86,14 +86,14 @@ def test_matmul_constant_weight(shape, K, N, monkeypatch):
 def test_matmul_two_run_time_inputs(a_shape, b_shape, monkeypatch):
     """onnxruntime's MatMul of two run-time float32 inputs (``_mlas_sgemm.sgemm_mlas``), on its default thread
     count: node by node, and inside a compiled region where B is 2-d (the region declines a batched or 1-d B)."""
-    from ops._mlas_attention import ORT_THREADS
+    from ops._mlas_attention import ort_threads
     import onnxruntime as ort
     a = RNG.standard_normal(a_shape).astype(F)
     b = RNG.standard_normal(b_shape).astype(F)
     model = _model(h.make_node("MatMul", ["a", "b"], ["y"]), [_vi("a", [None] * len(a_shape)),
                                                               _vi("b", [None] * len(b_shape))], 1)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = ORT_THREADS
+    so.intra_op_num_threads = ort_threads()
     want = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})
     monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "0")
     assert not np.array_equal(_native(model, {"a": a, "b": b})[0], want[0])

@@ -40,3 +40,17 @@ def test_compiled_regions_false_turns_the_native_decoders_regions_off(monkeypatc
     monkeypatch.setenv("ONNX_NUMBA_COMPILED_REGIONS", "disable")
     with pytest.raises(SettingError, match="ONNX_NUMBA_COMPILED_REGIONS='disable'"):
         Pipeline(spec, BackendChoice(set(), True, "cpu"))
+
+
+def test_onnxruntime_s_thread_count_is_read_when_asked(monkeypatch):
+    """``ONNX_NUMBA_ORT_THREADS``: the intra-op thread count of onnxruntime the MLAS-order kernels follow; unset,
+    onnxruntime's default (the physical cores); anything but a positive integer is an error naming it."""
+    from ops import _mlas_attention as ma
+    monkeypatch.delenv("ONNX_NUMBA_ORT_THREADS", raising=False)
+    assert ma.ort_threads() == ma.PHYSICAL_CORES >= 1
+    monkeypatch.setenv("ONNX_NUMBA_ORT_THREADS", " 3 ")
+    assert ma.ort_threads() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("ONNX_NUMBA_ORT_THREADS", bad)
+        with pytest.raises(SettingError, match=f"ONNX_NUMBA_ORT_THREADS='{bad}' is not a thread count"):
+            ma.ort_threads()

@@ -39,6 +39,15 @@ Reproduced from onnxruntime-genai 0.18 (every message below is its wording):
 - ``process(chunk)`` (cast to float32, one dimension) appends to a buffer and cuts at most one chunk per call;
   ``flush()`` pads (or cuts) what is left to one chunk, None when nothing is left.  Options ``use_vad``,
   ``vad_threshold``, ``silence_duration_ms``, ``prefix_padding_ms`` with their defaults, conversions and errors.
+- voice activity detection, when the config has ``model.vad`` (``filename``, ``threshold`` 0.5,
+  ``silence_duration_ms`` 500, ``prefix_padding_ms`` 300; or ``use_vad`` true later): a Silero VAD model
+  (``SileroVad``) runs over each whole chunk ``process`` cuts, in windows of 512 samples at 16 kHz (256 at
+  8 kHz; other rates are an error), each after the previous window's last 64 (32) samples, its state carried; a
+  window at or above the threshold means speech.  Silent chunks in a row are counted; from the
+  ``max(prefix, silence)``-th (each duration in whole chunks, at least one) a chunk is dropped: ``process``
+  returns None and the chunk is never encoded.  ``flush`` is not checked.  ``use_vad`` false drops the detector;
+  true makes a fresh one (zero state and context).  The detector is a component like the others (``native=``
+  names it ``vad``).
 - the decode: ``set_inputs`` queues the features (onnxruntime-genai also applies the first call's at once, which
   no call can tell apart: they are applied again, last, at the next step); ``is_done`` is False while anything is
   queued, else whether the chunk's frames are used up.  ``generate_next_token`` applies the
@@ -68,10 +77,8 @@ prediction network and ends the call; the frame advances by the duration, or by 
 ``is_done`` turns True.
 
 Differences, and why: where onnxruntime-genai 0.18 crashes the process (``generate_next_token`` before any audio,
-``append_tokens``, ``get_input``, ``get_logits``) this raises a ``RuntimeError`` that says what to do instead.  VAD
-(a Silero VAD model run over each chunk) is not implemented: a package with a ``vad`` section, or
-``set_option("use_vad", "true")`` on one, is a ``NotImplementedError``; without one, ``use_vad`` true fails with
-onnxruntime-genai's own message.  The FFT is numpy's (double precision) where onnxruntime-genai's is a float32
+``append_tokens``, ``get_input``, ``get_logits``) this raises a ``RuntimeError`` that says what to do instead.  The
+FFT is numpy's (double precision) where onnxruntime-genai's is a float32
 one, so a log-mel feature differs from its where a band is quiet next to its frame's peak (by about 2e-5 on the
 tests' clips; the tests bound this at 1e-4, and the tokens are equal).  The Parakeet processor decodes a clip
 whole (no 30 s cap).  Runtime options other than ``lang_id`` are accepted and change nothing.
@@ -79,7 +86,7 @@ whole (no 30 s cap).  Runtime options other than ``lang_id`` are accepted and ch
 A Moonshine streaming package (``streaming_enc_dec_asr``, which 0.18 also streams) is not implemented: the package
 loader refuses it by name (``pipeline/genai_config.py``).
 
-Invariants: the three models run on the session layer of the other components (``native=`` picks this runtime
+Invariants: the models run on the session layer of the other components (``native=`` picks this runtime
 or onnxruntime per component, never silently another); the caches and LSTM state are replaced only by the models'
 own outputs; one ``generate_next_token`` emits at most one symbol.
 """
@@ -309,9 +316,55 @@ def _stoi(value: str) -> int:
     return int(m.group(0))
 
 
+class SileroVad:
+    """onnxruntime-genai's Silero voice activity detector over the package's ``vad`` model (inputs ``input``
+    ``[1, context + window]``, ``state`` ``[2, 1, 128]``, ``sr`` ``[1]`` int64; outputs ``output`` ``[1, 1]``, the
+    speech probability, and ``stateN``): windows of 256 samples per 8 kHz (512 at 16 kHz), each after the last
+    ``context`` samples (32 per 8 kHz) of the window before (zeros at first), the state carried between windows."""
+
+    def __init__(self, model: "TransducerModel"):
+        vad = model.cfg.vad or {}
+        if not vad.get("filename"):
+            raise RequestError("VAD filename must be specified in genai_config.json")
+        sr = model.cfg.sample_rate
+        if sr not in (8000, 16000):
+            raise RequestError(f"SileroVad only supports a sample rate of 8,000 Hz or 16,000 Hz. Got: {sr}")
+        self._model = model
+        self.window, self.context = 256 * (sr // 8000), 32 * (sr // 8000)
+        self.threshold = _F(vad.get("threshold", 0.5))
+        self._state = np.zeros((2, 1, 128), _F)
+        self._ctx = np.zeros(self.context, _F)
+        self._sr = np.array([sr], np.int64)
+
+    def set_threshold(self, value: float):
+        self.threshold = _F(min(_F(1.0), max(_F(0.0), _F(value))))
+
+    def window_probability(self, samples: np.ndarray) -> np.float32:
+        """The speech probability of one window of ``self.window`` samples; the state and context move on."""
+        out = self._model.run("vad", {"input": np.concatenate([self._ctx, samples])[None],
+                                      "state": self._state, "sr": self._sr})
+        self._state = np.ascontiguousarray(out["stateN"], _F).reshape(2, 1, 128)
+        self._ctx = np.array(samples[-self.context:], _F)
+        return _F(np.asarray(out["output"]).reshape(-1)[0])
+
+    def contains_speech(self, chunk: np.ndarray) -> bool:
+        """Whether a window of ``chunk`` (the last padded with zeros) reaches the threshold; stops at the first."""
+        W, n = self.window, chunk.size
+        for off in range(0, n - W + 1, W):
+            if self.window_probability(chunk[off:off + W]) >= self.threshold:
+                return True
+        done = n // W * W
+        if done < n:
+            pad = np.zeros(W, _F)
+            pad[:n - done] = chunk[done:]
+            return bool(self.window_probability(pad) >= self.threshold)
+        return False
+
+
 class StreamingProcessor:
     """onnxruntime-genai's ``StreamingProcessor`` for a ``nemotron_speech`` model: raw float32 PCM audio in,
-    one chunk's ``audio_features`` out per call when a chunk is complete."""
+    one chunk's ``audio_features`` out per call when a chunk is complete; with a voice activity detector, a chunk
+    of prolonged silence is dropped (``process`` returns None for it)."""
 
     def __init__(self, model):
         t = getattr(model, "transducer", None)
@@ -322,17 +375,32 @@ class StreamingProcessor:
         if cfg.pre_encode_cache_size <= 0:
             raise RequestError(f"NemotronStreamingProcessor requires pre_encode_cache_size > 0. Got: "
                                f"{cfg.pre_encode_cache_size}")
-        if cfg.vad is not None and cfg.vad.get("filename"):
-            raise NotImplementedError(f"the package's genai_config.json has a model.vad section "
-                                      f"({cfg.vad.get('filename')!r}): voice activity detection (Silero VAD) is not "
-                                      f"implemented here; remove the section to stream without it")
         self.cfg, self._model = cfg, t
         self._mel = StreamingMel(cfg)
         self._cache = np.zeros((cfg.pre_encode_cache_size, cfg.num_mels), _F)
         self._buffer = np.zeros(0, _F)
-        # VAD settings in chunks, as onnxruntime-genai keeps them (VAD itself is never on here)
+        # VAD settings in chunks, as onnxruntime-genai keeps them; the detector is on when the package has one
         self._chunk_ms = _F(_F(_F(cfg.chunk_samples) / _F(cfg.sample_rate)) * _F(1000.0))
         self._silence_chunks, self._prefix_chunks = 5, 1
+        self._vad, self._silent = None, 0
+        if cfg.vad is not None and cfg.vad.get("filename"):
+            self._vad = SileroVad(t)
+            self._silence_chunks = self._chunks(cfg.vad.get("silence_duration_ms", 500))
+            self._prefix_chunks = self._chunks(cfg.vad.get("prefix_padding_ms", 300))
+
+    def _chunks(self, ms) -> int:
+        return max(1, int(_F(_F(ms) / self._chunk_ms)))
+
+    def _drop(self, chunk: np.ndarray) -> bool:
+        """The detector's verdict on a chunk: kept while speech is heard, and through the first
+        ``max(prefix, silence)`` chunks of silence less one; dropped from there on."""
+        if self._vad is None:
+            return False
+        if self._vad.contains_speech(chunk):
+            self._silent = 0
+            return False
+        self._silent += 1
+        return self._silent >= max(self._prefix_chunks, self._silence_chunks)
 
     def _chunk_features(self, audio: np.ndarray):
         from .api import NamedTensors
@@ -357,6 +425,8 @@ class StreamingProcessor:
         if self._buffer.size < n:
             return None
         chunk, self._buffer = self._buffer[:n], self._buffer[n:]
+        if self._drop(chunk):
+            return None
         return self._chunk_features(chunk)
 
     def flush(self):
@@ -373,15 +443,20 @@ class StreamingProcessor:
         key, value = str(key), str(value)
         if key == "use_vad":
             if value in ("true", "1"):
-                if self.cfg.vad is None or not self.cfg.vad.get("filename"):
-                    raise RequestError("VAD filename must be specified in genai_config.json")
-                raise NotImplementedError("voice activity detection (Silero VAD) is not implemented here")
-            if value not in ("false", "0"):
+                if self._vad is None:
+                    if "vad" not in self._model.sessions:
+                        raise RequestError("VAD filename must be specified in genai_config.json")
+                    self._vad, self._silent = SileroVad(self._model), 0
+            elif value in ("false", "0"):
+                self._vad, self._silent = None, 0
+            else:
                 raise RequestError(f"Invalid value for use_vad: '{value}'. Expected 'true' or 'false'.")
         elif key == "vad_threshold":
-            _stof(value)   # parsed, and kept by nothing while VAD is off (as in onnxruntime-genai)
+            threshold = _stof(value)   # kept by nothing while VAD is off (as in onnxruntime-genai)
+            if self._vad is not None:
+                self._vad.set_threshold(threshold)
         elif key in ("silence_duration_ms", "prefix_padding_ms"):
-            chunks = max(1, int(_F(_F(_stoi(value)) / self._chunk_ms)))
+            chunks = self._chunks(_stoi(value))
             if key == "silence_duration_ms":
                 self._silence_chunks = chunks
             else:
@@ -392,8 +467,10 @@ class StreamingProcessor:
     def get_option(self, key: str) -> str:
         key = str(key)
         if key == "use_vad":
-            return "false"
+            return "true" if self._vad is not None else "false"
         if key == "vad_threshold":
+            if self._vad is not None:
+                return f"{float(self._vad.threshold):.6f}"
             return f"{float(_F((self.cfg.vad or {}).get('threshold', 0.5))):.6f}"
         if key in ("silence_duration_ms", "prefix_padding_ms"):
             chunks = self._silence_chunks if key == "silence_duration_ms" else self._prefix_chunks
@@ -404,7 +481,8 @@ class StreamingProcessor:
 # -- the model and its sessions ----------------------------------------------------------------------------------
 
 class TransducerModel:
-    """The package's three models on the chosen backends, and its config."""
+    """The package's models (encoder, decoder, joiner, and the voice activity detector if any) on the chosen
+    backends, and its config."""
 
     def __init__(self, root: str, cfg: NemotronConfig, specs: dict, native: set, device: str):
         from .backends import native_providers
@@ -412,7 +490,7 @@ class TransducerModel:
         self.root, self.cfg, self.device = root, cfg, device
         providers = native_providers(device) if native else None   # the device is the native components'
         self.sessions = {name: (NativeComponent(specs[name], providers) if name in native
-                                else OrtComponent(specs[name])) for name in COMPONENTS}
+                                else OrtComponent(specs[name])) for name in specs}
         self.backends = {name: s.backend for name, s in self.sessions.items()}
         self._check_ports()
 
@@ -472,8 +550,12 @@ def load_transducer(root: str, overlay: dict | None, model_data: dict, native, d
     model = doc["model"]
     cfg = (TdtConfig if model.get("type") == "parakeet_tdt" else NemotronConfig).from_json(doc)
     defaults = {"encoder": "encoder.onnx", "decoder": "decoder.onnx", "joiner": "joiner.onnx"}
+    names = list(COMPONENTS)
+    if getattr(cfg, "vad", None) and cfg.vad.get("filename"):
+        names.append("vad")   # the voice activity detector: a component like the others
+        defaults["vad"] = cfg.vad["filename"]
     specs = {}
-    for name in COMPONENTS:
+    for name in names:
         fn = (model.get(name) or {}).get("filename") or defaults[name]
         path = os.path.join(root, fn)
         data = model_data.get(fn)
@@ -481,13 +563,13 @@ def load_transducer(root: str, overlay: dict | None, model_data: dict, native, d
             raise MetadataError(f"model.{name}.filename: {path!r} does not exist")
         specs[name] = ComponentSpec(name, path, name, data=data)
     if native is None and device is None:
-        choice = choice_from_environment(list(COMPONENTS), "decoder")
+        choice = choice_from_environment(names, "decoder")
         chosen = set(choice.native_components) | ({"decoder"} if choice.native_decoder else set())
         device = choice.device
     else:   # as for the other packages: a device alone means every component native on it
         device = parse_device(device, "device")
         native = "all" if native is None else native
-        chosen = set() if native == "none" else parse_components(native, list(COMPONENTS), "native")
+        chosen = set() if native == "none" else parse_components(native, names, "native")
     eos = model.get("eos_token_id")
     spec = PipelineSpec(root=root, components=specs, model_type=model.get("type"),
                         tokenizer_dir=root if os.path.isfile(os.path.join(root, "tokenizer.json")) else None,

@@ -205,3 +205,96 @@ def test_native_all_runs_every_model_natively(package):
         {"encoder": "ort", "decoder": "native", "joiner": "ort"}
     with pytest.raises(ValueError, match="unknown component"):
         og.Model(package, native="vision")
+
+
+# -- voice activity detection (Silero VAD's interface, the fixture's ``vad.onnx``) --------------------------------
+
+@pytest.fixture(scope="module")
+def vad_package(tmp_path_factory):
+    return N.build(str(tmp_path_factory.mktemp("nemotron_vad")), vad=True)
+
+
+def _speech_pause_speech():
+    """Speech, 1.2 s of near silence (12 chunks), speech."""
+    return np.concatenate([N.signal(0.35, seed=1), N.silence(1.2, seed=3), N.signal(0.45, seed=2)])
+
+
+def _vad_stream(api, model, options, pieces):
+    """Per piece whether ``process`` gave features (None: not a whole chunk yet, or a dropped one), the features,
+    and the symbols of every step, after ``options`` were set."""
+    processor = api.StreamingProcessor(model)
+    for key, value in options:
+        processor.set_option(key, value)
+    generator = api.Generator(model, api.GeneratorParams(model))
+    given, features, steps = [], [], []
+    for inputs in [processor.process(p) for p in pieces] + [processor.flush()]:
+        given.append(inputs is not None)
+        if inputs is None:
+            continue
+        features.append(np.array(inputs["audio_features"].as_numpy()))
+        generator.set_inputs(inputs)
+        while not generator.is_done():
+            assert len(steps) < 20 * _STEP_LIMIT
+            generator.generate_next_token()
+            steps.append([int(t) for t in generator.get_next_tokens()])
+    return given, features, steps
+
+
+VAD_VARIANTS = {"config": ([], None), "off": ([("use_vad", "false")], None),
+                "threshold": ([("vad_threshold", "0.97")], None),
+                "durations": ([("silence_duration_ms", "100"), ("prefix_padding_ms", "100")], None),
+                "8kHz": ([], {"model": {"sample_rate": 8000}})}
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+@pytest.mark.parametrize("variant", list(VAD_VARIANTS))
+def test_voice_activity_detection_is_onnxruntime_genai_s(vad_package, ort_genai, native, variant):
+    """Which chunks the detector drops, the features of the rest and the symbols, against onnxruntime-genai: the
+    package's settings, the detector off, a higher threshold, shorter durations, and 8 kHz windows (256 samples)."""
+    options, overlay = VAD_VARIANTS[variant]
+    pieces = _chunks(_speech_pause_speech(), 1000)
+    want = _vad_stream(ort_genai, _model(ort_genai, vad_package, overlay), options, pieces)
+    got = _vad_stream(og, _model(og, vad_package, overlay, native), options, pieces)
+    kept = sum(want[0])
+    if variant == "off":
+        assert kept == 20   # every chunk of the 2 s (nothing left to flush)
+    else:
+        assert 6 <= kept <= 16, kept   # the pause dropped, not the speech
+    assert got[0] == want[0]
+    assert len(got[1]) == len(want[1])
+    for a, b in zip(got[1], want[1]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=FEATURE_ATOL)
+    assert got[2] == want[2]
+
+
+def test_voice_activity_options_are_onnxruntime_genai_s(vad_package, ort_genai, tmp_path):
+    def session(api, path):
+        p = api.Model(path).create_streaming_processor()
+        log = []
+        for op in [("get", "use_vad"), ("get", "vad_threshold"), ("get", "silence_duration_ms"),
+                   ("get", "prefix_padding_ms"), ("set", "vad_threshold", "0.97"), ("get", "vad_threshold"),
+                   ("set", "use_vad", "false"), ("get", "use_vad"), ("get", "vad_threshold"),
+                   ("set", "vad_threshold", "0.2"), ("set", "use_vad", "1"), ("get", "vad_threshold"),
+                   ("set", "vad_threshold", "7"), ("get", "vad_threshold"), ("set", "vad_threshold", "-1"),
+                   ("get", "vad_threshold"), ("set", "use_vad", "no")]:
+            try:
+                log.append(p.get_option(op[1]) if op[0] == "get" else p.set_option(op[1], op[2]))
+            except RuntimeError as e:
+                log.append(("error", str(e)))
+        return log
+
+    assert session(og, vad_package) == session(ort_genai, vad_package)
+    odd = str(tmp_path / "odd_rate")
+    N.build(odd, vad=True)
+    cfg = json.load(open(f"{odd}/genai_config.json"))
+    cfg["model"]["sample_rate"] = 22050
+
+    def creation(api):
+        with open(f"{odd}/genai_config.json", "w") as fh:
+            json.dump(cfg, fh)
+        try:
+            api.StreamingProcessor(api.Model(odd))
+        except RuntimeError as e:
+            return str(e)
+
+    assert creation(og) == creation(ort_genai) is not None

@@ -40,6 +40,11 @@ through ``runtime.cuda.to_device``/``to_host``; ``transfers`` (a
 ``DeviceTransfers``) records the bytes each call moved as counted by a
 ``runtime.cuda.TransferCounter``.
 
+Beam search reorders the caches, sliding-window caches and recurrent state
+between beams on the device (``take_rows``: a gather kernel into a scratch
+buffer, copied back into the static cache buffers); only the row indices
+cross.  Rows of different lengths (a padded batch) are not run here yet.
+
 A run that would take a cache past ``max_length`` raises before anything
 runs or is written.
 """
@@ -97,6 +102,18 @@ def _copy_rows_kernel(src, s0, dst, d0, n):
         s = r % n
         o = r // n
         dst[o, d0 + s, i] = src[o, s0 + s, i]
+
+
+@jit
+def _take_kernel(src, rows, dst):
+    # dst[o, b, i] = src[o, rows[b], i]; both arrays are (outer, batch, inner)
+    outer, n, inner = dst.shape[0], dst.shape[1], dst.shape[2]
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, outer * n * inner, stride):
+        i = k % inner
+        r = k // inner
+        dst[r // n, r % n, i] = src[r // n, rows[r % n], i]
 
 
 @jit
@@ -174,10 +191,33 @@ def _device_zeros(shape, dtype):
     return device_full(tuple(shape), dtype, 0)
 
 
+def take_rows(a, rows, axis, out=None):
+    """Slices ``rows`` (host ints, each within ``a.shape[axis]``) of the device array ``a`` along ``axis``, gathered
+    on the device into a new array, then copied into ``out`` (which may be ``a``) when given; only the row indices
+    cross to the device."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    shape = tuple(a.shape)
+    if rows.size and (rows.min() < 0 or rows.max() >= shape[axis]):
+        raise IndexError(f"take_rows: rows {rows.tolist()} outside 0..{shape[axis] - 1} along axis {axis}")
+    new = list(shape)
+    new[axis] = rows.size
+    dst = rc.device_empty(tuple(new), a.dtype)
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    if dst.size:
+        b, t = _grid(dst.size)
+        _take_kernel[b, t](a.reshape(outer, shape[axis], inner), rc.to_device(rows),
+                           dst.reshape(outer, rows.size, inner))
+    if out is None:
+        return dst
+    copy_rows(dst, 0, out, 0, rows.size, axis)
+    return out
+
+
 # Device caches: static buffers of max_length rows (only rows already written are ever read), filled device to
 # device; a present is the buffer itself when the kernel appended into it.
 DEVICE = Memory(_device_zeros, lambda shape, dtype: rc.device_empty(tuple(shape), dtype), DeviceRows,
-                rc.same_buffer, True)
+                rc.same_buffer, True, take_rows)
 
 
 # -- the decoder ------------------------------------------------------------------------------------
@@ -285,7 +325,7 @@ class CudaDecoder(DecoderComponent):
         return rc.to_device(np.ascontiguousarray(array))
 
     def _forward(self, tokens, embeds, extra, want, lengths=None):
-        if lengths is not None:
+        if lengths is not None and np.any(np.asarray(lengths) != np.shape(tokens if tokens is not None else embeds)[1]):
             raise NotImplementedError("the CUDA decoder runs rows of one length (no padded batch yet)")
         if want not in ("logits", "argmax", "all"):
             raise ValueError(f"want must be 'logits', 'argmax' or 'all', got {want!r}")
@@ -380,6 +420,15 @@ class CudaDecoder(DecoderComponent):
         for r in self.cache.rows.values():
             kv += int(r.buf.size) * np.dtype(r.buf.dtype).itemsize * r.length // max(r.capacity, 1)
         return {"weights": int(self.session.plan.weight_bytes_per_run()), "kv": int(kv)}
+
+    def reorder(self, rows):
+        """Row ``b`` of every cache and recurrent state becomes what row ``rows[b]`` held (beam search), gathered
+        on the device: only the row indices go up (once per array), nothing comes down; the static cache buffers
+        stay the same."""
+        self.cache.reorder(rows)
+        for k, v in self.state.items():
+            self.state[k] = take_rows(v, rows, 0) if rc.is_device_array(v) else \
+                np.ascontiguousarray(np.asarray(v)[np.asarray(rows, np.int64)])
 
     def state_to_host(self) -> dict:
         """The state pairs' current values, downloaded (counted) — for tests and debugging, not the loop."""

@@ -128,9 +128,18 @@ class Memory(NamedTuple):
     rows: type           # the ``Rows`` class over its arrays
     same: Callable       # (a, b) -> whether b is a's memory
     static: bool         # buffers are made with max_length rows and never grow
+    take: Callable       # (a, rows, axis, out=None) -> slices ``rows`` of a along axis, into out (a new array)
 
 
-HOST = Memory(np.zeros, np.zeros, Rows, _same_buffer, False)
+def _host_take(a, rows, axis, out=None):
+    t = np.take(a, rows, axis=axis)
+    if out is None:
+        return np.ascontiguousarray(t)
+    out[...] = t
+    return out
+
+
+HOST = Memory(np.zeros, np.zeros, Rows, _same_buffer, False, _host_take)
 
 
 class KVCache:
@@ -204,14 +213,12 @@ class KVCache:
 
     def reorder(self, rows):
         """Row ``b`` (along each cache's batch axis) of every cache becomes what row ``rows[b]`` held (beam
-        search), in the same buffers; host memory only."""
+        search), in the same buffers, in the cache's memory (a device cache never crosses to the host)."""
         idx = np.asarray(rows, np.int64)
         for n, r in self.rows.items():
-            if not isinstance(r.buf, np.ndarray):
-                raise NotImplementedError("reordering device caches between beams is not implemented yet")
-            r.buf[...] = np.take(r.buf, idx, axis=self.spec(n).batch)
+            self.memory.take(r.buf, idx, self.spec(n).batch, r.buf)
         for n, w in self.window.items():
-            self.window[n] = np.ascontiguousarray(np.asarray(w)[idx])
+            self.window[n] = self.memory.take(w, idx, self.spec(n).batch)
 
     def nbytes(self) -> int:
         """Bytes held by every cache buffer (live or not)."""

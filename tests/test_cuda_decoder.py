@@ -246,6 +246,30 @@ def test_hybrid_decoder_without_cuda_kernels_fails_at_creation(tmp_path):
 
 # -- 4. past max_length: a clear error, nothing corrupted -----------------------------------------------
 
+def test_beam_reorder_stays_on_the_device_and_matches_the_cpu_decoder(toy_package):
+    """Beam search's reorder (caches and the state pair, rows gathered on the device): the same logits and state
+    as the CPU decoder's host reorder, the static buffer kept, and only the row indices moved (8 bytes a row, once
+    for each array reordered: two caches and the state)."""
+    cuda_dec, cpu_dec = _decoders(toy_package, 3)
+    prompt = np.array([[3, 1, 4], [2, 7, 1], [5, 5, 0]], np.int64)
+    got, want = cuda_dec.prefill(tokens=prompt), cpu_dec.prefill(tokens=prompt)
+    buf = cuda_dec.kv["past_key_values.0.key"].buf
+    for parents in ([2, 0, 0], [1, 2, 1]):
+        tok = np.argmax(want, axis=-1).astype(np.int64).reshape(3, 1)
+        got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        with rc.TransferCounter() as tc:
+            cuda_dec.reorder(parents)
+        cpu_dec.reorder(parents)
+        assert (tc.h2d, tc.d2h) == (3 * 3 * 8, 0)
+        assert cuda_dec.kv["past_key_values.0.key"].buf is buf and rc.is_device_array(cuda_dec.state["state_in"])
+    tok = np.array([[1], [6], [3]], np.int64)
+    got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cuda_dec.state_to_host()["state_in"], cpu_dec.state["state_in"], rtol=1e-5)
+    assert not np.allclose(got[0], got[1])   # the rows differ: a reorder that moved nothing would show
+
+
 def test_cache_past_max_length_is_refused_and_corrupts_nothing(toy_package):
     cuda_dec, cpu_dec = _decoders(toy_package, 1, max_length=4)
     with pytest.raises(ValueError, match="max_length"):

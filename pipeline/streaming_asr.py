@@ -196,6 +196,16 @@ class NemotronConfig:
             names.update({"out." + k: str(got_out.get(k, d)) for k, d in outs.items()})
             ports[what] = names
         vad = model.get("vad") if isinstance(model.get("vad"), dict) else None
+        for key, v in (vad or {}).items():
+            if key not in ("filename", "threshold", "silence_duration_ms", "prefix_padding_ms", "session_options",
+                           "run_options"):
+                raise MetadataError(f"model.vad.{key}: not a key of the voice activity detector's section (filename, "
+                                    f"threshold, silence_duration_ms, prefix_padding_ms, session_options, "
+                                    f"run_options)")
+            if key != "filename" and not key.endswith("options"):
+                num(vad, key, "model.vad", float)
+            elif key == "filename" and not isinstance(v, str):
+                raise MetadataError(f"model.vad.filename: expected a file name, got {v!r}")
         return cls(num_encoder_layers=num(enc, "num_hidden_layers", "model.encoder"),
                    hidden_dim=num(enc, "hidden_size", "model.encoder"),
                    left_context=num(model, "left_context", "model"), conv_context=num(model, "conv_context", "model"),

@@ -298,3 +298,17 @@ def test_voice_activity_options_are_onnxruntime_genai_s(vad_package, ort_genai, 
             return str(e)
 
     assert creation(og) == creation(ort_genai) is not None
+
+
+def test_a_malformed_vad_section_is_refused_at_load(tmp_path):
+    from pipeline.spec import MetadataError
+    folder = N.build(str(tmp_path / "pkg"), vad=True)
+    cfg = json.load(open(f"{folder}/genai_config.json"))
+    for bad, words in (({"threshold": "high"}, "model.vad.threshold: expected a number"),
+                       ({"windows": 3}, "model.vad.windows: not a key")):
+        c = json.loads(json.dumps(cfg))
+        c["model"]["vad"].update(bad)
+        with open(f"{folder}/genai_config.json", "w") as fh:
+            json.dump(c, fh)
+        with pytest.raises(MetadataError, match=words):
+            og.Model(folder)

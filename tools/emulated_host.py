@@ -53,7 +53,7 @@ def _decoder_side(api, pkg: str, out: str) -> None:
     path = os.path.join(pkg, cfg.get("filename", "model.onnx"))
     graph = onnx.load(path, load_external_data=False).graph
     so = api.SessionOptions()
-    so.intra_op_num_threads = int(os.environ["ONNX_NUMBA_ORT_THREADS"])
+    so.intra_op_num_threads = int(os.environ["EMULATED_HOST_THREADS"])
     sess = api.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     types = {1: np.float32, 6: np.int32, 7: np.int64, 10: np.float16}
     inputs = {i.name: i for i in graph.input}
@@ -167,7 +167,7 @@ def _nodes_side(api, folder: str, tag: str) -> None:
     import numpy as np
     for path in sorted(glob.glob(os.path.join(folder, "case*.onnx"))):
         so = api.SessionOptions()
-        so.intra_op_num_threads = int(os.environ["ONNX_NUMBA_ORT_THREADS"])
+        so.intra_op_num_threads = int(os.environ["EMULATED_HOST_THREADS"])
         sess = api.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         np.savez(path[:-5] + f".{tag}.npz", *sess.run(None, dict(np.load(path[:-5] + ".npz"))))
 
@@ -232,7 +232,8 @@ def main(argv=None) -> int:
         from ops._mlas_attention import PHYSICAL_CORES
         args.threads = PHYSICAL_CORES
     llvm_cpu, features = CPUS[args.cpu]
-    both = dict(os.environ, ONNX_NUMBA_ORT_THREADS=str(args.threads), EMULATED_HOST_PROMPT=str(args.prompt_tokens))
+    both = dict(os.environ, ONNX_NUMBA_ORT_THREADS=str(args.threads), EMULATED_HOST_THREADS=str(args.threads),
+                EMULATED_HOST_PROMPT=str(args.prompt_tokens))
     env = dict(both, NUMBA_CPU_NAME=llvm_cpu, NUMBA_CPU_FEATURES=features)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

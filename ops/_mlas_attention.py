@@ -47,6 +47,7 @@ position (``gqa_geometry``, ``gqa_positions``).
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 
@@ -62,8 +63,8 @@ from ._panels import PANEL, pack_panels_into, tile4
 from .attention import rope_tok_kernel
 from ._simd import AVX512F, fma32
 
-__all__ = ["L2_BYTES", "PHYSICAL_CORES", "ort_threads", "sum_exp", "sum_exp8", "sum_exp16", "rope_mlas",
-           "attend_mlas", "attend_probs_mlas", "kv_block"]
+__all__ = ["L2_BYTES", "PHYSICAL_CORES", "SESSION_INTRA_OP_THREADS", "ort_threads", "sum_exp", "sum_exp8",
+           "sum_exp16", "rope_mlas", "attend_mlas", "attend_probs_mlas", "kv_block"]
 
 _OPTS = dict(cache=True, nogil=True)
 LOWEST = np.float32(np.finfo(np.float32).min)
@@ -114,12 +115,19 @@ def _physical_cores() -> int:
 L2_BYTES = _l2_bytes()
 MAX_HEAD = 256  # MLAS's SGEMM sums a longer product in parts (its K stride): not reproduced
 PHYSICAL_CORES = _physical_cores()
+# A session's own ``intra_op_num_threads`` (0: none given), set around its planning and its runs
+# (``runtime.session``): onnxruntime given the same options splits its work over that many threads.
+SESSION_INTRA_OP_THREADS = contextvars.ContextVar("session_intra_op_threads", default=0)
 
 
 def ort_threads() -> int:
     """onnxruntime's intra-op thread count that the kernels reproducing its order follow (its thread split
-    changes some of its results): ``ONNX_NUMBA_ORT_THREADS`` when set (a positive integer: the count a user gives
-    onnxruntime's ``intra_op_num_threads``), else its default, the physical cores this process may run on."""
+    changes some of its results): the running session's ``intra_op_num_threads`` when it sets one, else
+    ``ONNX_NUMBA_ORT_THREADS`` when set (a positive integer: the count a user gives onnxruntime's
+    ``intra_op_num_threads``), else onnxruntime's default, the physical cores this process may run on."""
+    n = SESSION_INTRA_OP_THREADS.get()
+    if n > 0:
+        return n
     v = text("ONNX_NUMBA_ORT_THREADS")
     if v is None:
         return PHYSICAL_CORES

@@ -17,7 +17,9 @@ its ``IOBinding`` can keep outputs on the device.
 onnxruntime's options are honoured where they mean something here (see
 ``runtime/options.py``): ``intra_op_num_threads`` caps the threads this
 session's kernels use (Numba's thread count is per calling thread, so other
-sessions keep theirs), the optimization level, the optimized-model file,
+sessions keep theirs) and is the thread count whose split of onnxruntime's
+work the MLAS-order kernels follow (``ops._mlas_attention.ort_threads``),
+the optimization level, the optimized-model file,
 initializer and free-dimension overrides, logging, profiling and
 ``RunOptions.terminate``; a session with ``use_per_session_threads = False``
 takes its thread counts from ``set_global_thread_pool_sizes`` (``runtime/environment.py``).  Runs of one
@@ -38,6 +40,7 @@ import numpy as np
 import ops  # noqa: F401  (registers every kernel)
 from ops import registry
 from ops._common import MAX_OUTPUT_BYTES
+from ops._mlas_attention import SESSION_INTRA_OP_THREADS
 from .dtypes import onnx_type, type_proto_string, type_string
 from .errors import InvalidArgumentError, InvalidFeedError, ModelLoadError
 from .decode_sibling import batch_symbols, build_sibling, find_scan_symbol, flag_from_environment, parse_flag, route_to_sibling, \
@@ -234,6 +237,7 @@ class InferenceSession:
             n, inter = global_thread_pool_sizes()  # onnxruntime's global pools replace the session's own
         if n < 0:
             raise ValueError(f"intra_op_num_threads must be >= 0, got {n}")
+        self._ort_nthreads = n  # onnxruntime's split of its work over n threads, which its order follows
         self._nthreads = min(n, numba.config.NUMBA_NUM_THREADS) if n else 0
         limit = int(getattr(self._options, "max_output_bytes", 0) or 0)
         if limit < 0:
@@ -252,7 +256,15 @@ class InferenceSession:
                           self._provider, len(self._graph.nodes))
 
     def _build(self, providers, provider_options, source) -> None:
-        """Choose the provider, load and optimize the graph, plan it (also ``set_providers``)."""
+        """Choose the provider, load and optimize the graph, plan it (also ``set_providers``), the kernels that
+        follow onnxruntime's thread split planned for this session's ``intra_op_num_threads``."""
+        token = SESSION_INTRA_OP_THREADS.set(self._ort_nthreads)
+        try:
+            self._build_graph_and_plan(providers, provider_options, source)
+        finally:
+            SESSION_INTRA_OP_THREADS.reset(token)
+
+    def _build_graph_and_plan(self, providers, provider_options, source) -> None:
         self._provider, self._provider_options, self._device = choose_provider(providers, provider_options,
                                                                                self._logger)
         self._graph = build_graph(source, self._options, self._provider, self._disabled)
@@ -544,8 +556,17 @@ class InferenceSession:
         return call_with_threads(self._nthreads, fn, *args)
 
     def _threads(self, fn, *args, **kwargs):
-        """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread)
-        and its ``max_output_bytes``."""
+        """``fn(*args)`` with this session's ``intra_op_num_threads`` (Numba's and BLAS's, per calling thread;
+        and onnxruntime's, ``ops._mlas_attention.ort_threads``) and its ``max_output_bytes``."""
+        if self._ort_nthreads:
+            token = SESSION_INTRA_OP_THREADS.set(self._ort_nthreads)
+            try:
+                return self._threads_limited(fn, *args, **kwargs)
+            finally:
+                SESSION_INTRA_OP_THREADS.reset(token)
+        return self._threads_limited(fn, *args, **kwargs)
+
+    def _threads_limited(self, fn, *args, **kwargs):
         limit = self._max_output
         if limit is not None:
             token = MAX_OUTPUT_BYTES.set(limit)

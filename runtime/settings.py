@@ -18,8 +18,8 @@ them between sessions.
 | ``ONNX_NUMBA_MLAS_ORDER`` | on on x86 hosts with AVX2 | onnxruntime's CPU arithmetic order (MLAS's kernels): int4 products, float32 MatMul against a constant weight, GroupQueryAttention, activations, norms (``ops._common.mlas_order``) |
 
 Paths (``ONNX_NUMBA_REGION_DIR``), the isolated step's deadline (``ONNX_NUMBA_ISOLATE_TIMEOUT``, seconds),
-onnxruntime's intra-op thread count that its order follows (``ONNX_NUMBA_ORT_THREADS``, default its own default,
-the physical cores; ``ops._mlas_attention.ort_threads``) and the pipeline's backend choice
+onnxruntime's intra-op thread count that its order follows when a session sets none (``ONNX_NUMBA_ORT_THREADS``,
+default its own default, the physical cores; ``ops._mlas_attention.ort_threads``) and the pipeline's backend choice
 (``ONNX_NUMBA_NATIVE_*``, parsed with their own errors in ``pipeline.backends``) are read through ``text``.
 """
 from __future__ import annotations

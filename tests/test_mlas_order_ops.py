@@ -104,6 +104,30 @@ def test_matmul_two_run_time_inputs(a_shape, b_shape, monkeypatch):
             np.testing.assert_array_equal(g, ref)
 
 
+def test_a_session_s_intra_op_threads_are_onnxruntime_s(monkeypatch):
+    """A session given ``intra_op_num_threads`` follows onnxruntime given the same: one thread and two give
+    different bits here (MLAS's SGEMM splits N over two threads, and each part slices K by its own width), node
+    by node and in a compiled region (planned under the session's count)."""
+    import onnxruntime as ort
+    import runtime as rt
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    monkeypatch.delenv("ONNX_NUMBA_ORT_THREADS", raising=False)
+    feeds = {"a": RNG.standard_normal((8, 3000)).astype(F), "b": RNG.standard_normal((3000, 100)).astype(F)}
+    model = _model(h.make_node("MatMul", ["a", "b"], ["y"]), [_vi("a", [None, None]), _vi("b", [None, None])], 1)
+    wants = []
+    for threads in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        wants.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
+        for compiled in (False, True):
+            so = rt.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.compiled_regions = compiled
+            for g, ref in zip(rt.InferenceSession(model, so).run(None, feeds), wants[-1]):
+                np.testing.assert_array_equal(g, ref)
+    assert not np.array_equal(wants[0][0], wants[1][0])
+
+
 @pytest.mark.parametrize("L,with_past", [(5, True), (1, True), (4, False)])
 def test_causal_conv_with_state(L, with_past, monkeypatch):
     """The taps summed from the bias in order, then ``x / (1 + expf(-x))``."""

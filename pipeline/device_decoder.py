@@ -41,9 +41,9 @@ through ``runtime.cuda.to_device``/``to_host``; ``transfers`` (a
 ``runtime.cuda.TransferCounter``.
 
 Beam search reorders the caches, sliding-window caches and recurrent state
-between beams on the device (``take_rows``: a gather kernel into a scratch
-buffer, copied back into the static cache buffers); only the row indices
-cross.  Rows of different lengths (a padded batch) are not run here yet.
+between beams on the device (``take_rows``: a gather kernel into a new
+buffer, copied back into the static cache buffers; of a cache, only its live
+positions); only the row indices cross.  Rows of different lengths (a padded batch) are not run here yet.
 
 A run that would take a cache past ``max_length`` raises before anything
 runs or is written.
@@ -114,6 +114,22 @@ def _take_kernel(src, rows, dst):
         i = k % inner
         r = k // inner
         dst[r // n, r % n, i] = src[r // n, rows[r % n], i]
+
+
+@jit
+def _take_live_kernel(src, rows, dst, n):
+    # dst[o, b, m, l, i] = src[o, rows[b], m, l, i] for l < n; both arrays are (outer, batch, mid, seq, inner)
+    outer, nb, mid, inner = dst.shape[0], dst.shape[1], dst.shape[2], dst.shape[4]
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, outer * nb * mid * n * inner, stride):
+        i = k % inner
+        r = k // inner
+        s = r % n
+        r = r // n
+        m = r % mid
+        r = r // mid
+        dst[r // nb, r % nb, m, s, i] = src[r // nb, rows[r % nb], m, s, i]
 
 
 @jit
@@ -191,10 +207,11 @@ def _device_zeros(shape, dtype):
     return device_full(tuple(shape), dtype, 0)
 
 
-def take_rows(a, rows, axis, out=None):
+def take_rows(a, rows, axis, out=None, live=None):
     """Slices ``rows`` (host ints, each within ``a.shape[axis]``) of the device array ``a`` along ``axis``, gathered
     on the device into a new array, then copied into ``out`` (which may be ``a``) when given; only the row indices
-    cross to the device."""
+    cross to the device.  ``live`` (seq_axis, n), with ``out`` and seq_axis after ``axis``: only positions
+    [0, n) along seq_axis are gathered and copied (a static cache's rows past its length are never read)."""
     rows = np.ascontiguousarray(rows, np.int64)
     shape = tuple(a.shape)
     if rows.size and (rows.min() < 0 or rows.max() >= shape[axis]):
@@ -203,6 +220,16 @@ def take_rows(a, rows, axis, out=None):
     new[axis] = rows.size
     dst = rc.device_empty(tuple(new), a.dtype)
     outer = int(np.prod(shape[:axis], dtype=np.int64))
+    if out is not None and live is not None and live[0] > axis:
+        seq, n = int(live[0]), int(live[1])
+        mid = int(np.prod(shape[axis + 1:seq], dtype=np.int64))
+        inner = int(np.prod(shape[seq + 1:], dtype=np.int64))
+        if outer * rows.size * mid * n * inner:
+            b, t = _grid(outer * rows.size * mid * n * inner)
+            _take_live_kernel[b, t](a.reshape(outer, shape[axis], mid, shape[seq], inner), rc.to_device(rows),
+                                    dst.reshape(outer, rows.size, mid, shape[seq], inner), np.int64(n))
+            copy_rows(dst, 0, out, 0, n, seq)
+        return out
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
     if dst.size:
         b, t = _grid(dst.size)

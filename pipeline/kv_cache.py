@@ -128,14 +128,22 @@ class Memory(NamedTuple):
     rows: type           # the ``Rows`` class over its arrays
     same: Callable       # (a, b) -> whether b is a's memory
     static: bool         # buffers are made with max_length rows and never grow
-    take: Callable       # (a, rows, axis, out=None) -> slices ``rows`` of a along axis, into out (a new array)
+    take: Callable       # (a, rows, axis, out=None, live=None) -> slices ``rows`` of a along axis, into out (else
+    #                      a new array); ``live`` (seq_axis, n): only positions [0, n) along seq_axis are moved
 
 
-def _host_take(a, rows, axis, out=None):
-    t = np.take(a, rows, axis=axis)
+def _live_span(ndim, live):
+    idx = [slice(None)] * ndim
+    if live is not None:
+        idx[live[0]] = slice(0, live[1])
+    return tuple(idx)
+
+
+def _host_take(a, rows, axis, out=None, live=None):
     if out is None:
-        return np.ascontiguousarray(t)
-    out[...] = t
+        return np.ascontiguousarray(np.take(a, rows, axis=axis))
+    span = _live_span(a.ndim, live)
+    out[span] = np.take(a[span], rows, axis=axis)
     return out
 
 
@@ -215,8 +223,8 @@ class KVCache:
         """Row ``b`` (along each cache's batch axis) of every cache becomes what row ``rows[b]`` held (beam
         search), in the same buffers, in the cache's memory (a device cache never crosses to the host)."""
         idx = np.asarray(rows, np.int64)
-        for n, r in self.rows.items():
-            self.memory.take(r.buf, idx, self.spec(n).batch, r.buf)
+        for n, r in self.rows.items():   # the live positions only: the rest is never read
+            self.memory.take(r.buf, idx, self.spec(n).batch, r.buf, (r.axis, r.length))
         for n, w in self.window.items():
             self.window[n] = self.memory.take(w, idx, self.spec(n).batch)
 

@@ -262,6 +262,7 @@ def test_beam_reorder_stays_on_the_device_and_matches_the_cpu_decoder(toy_packag
             cuda_dec.reorder(parents)
         cpu_dec.reorder(parents)
         assert (tc.h2d, tc.d2h) == (3 * 3 * 8, 0)
+        assert tc.kernels.get("device_decoder._take_live_kernel") == 2   # the caches: their live rows only
         assert cuda_dec.kv["past_key_values.0.key"].buf is buf and rc.is_device_array(cuda_dec.state["state_in"])
     tok = np.array([[1], [6], [3]], np.int64)
     got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)

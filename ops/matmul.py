@@ -239,7 +239,7 @@ def matmul_shapes(a_shape, b_shape, name="MatMul") -> tuple:
 
 def _matmul_mlas(a: np.ndarray, b: np.ndarray, buf, name) -> np.ndarray:
     """float32 ``matmul_nd`` as onnxruntime's MatMul computes it (``_mlas_sgemm.sgemm_mlas``, on onnxruntime's
-    default thread count): A's batch folded into its rows when B is one matrix (2-d, or batch dims all 1), else
+    thread count, ``_mlas_attention.ort_threads``): A's batch folded into its rows when B is one matrix (2-d, or batch dims all 1), else
     batch by batch; against a 1-d B every row of A is a product of its own."""
     from ._mlas_attention import ort_threads
     threads = ort_threads()

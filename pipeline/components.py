@@ -77,6 +77,7 @@ class ComponentSession:
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
+        self.outputs = {o.name: o for o in session.get_outputs()}
 
     def run(self, feeds: dict) -> dict:
         missing = [n for n in self.input_names if n not in feeds]

@@ -26,9 +26,9 @@ Invariants of the returned spec (besides those ``metadata`` states for every spe
   writes more);
 - ``sliding_window``, ``hidden_size`` and ``vocab_size`` are carried over as declared.
 - A Marian encoder-decoder (``type`` ``marian-*``) is read by ``pipeline/marian.py``.
-- A speech transducer (``nemotron_speech``, ``parakeet_tdt``) is not a spec: ``og.Model`` runs it through
-  ``pipeline/streaming_asr.py``, and this loader refuses it with a ``NotImplementedError`` saying so; a Moonshine
-  streaming package (``streaming_enc_dec_asr``) is refused by name, not implemented.
+- A streaming speech package (``nemotron_speech``, ``parakeet_tdt``, Moonshine's ``streaming_enc_dec_asr``) is
+  not a spec: ``og.Model`` runs it through ``pipeline/streaming_asr.py`` (Moonshine's loop in
+  ``pipeline/moonshine_streaming.py``), and this loader refuses it with a ``NotImplementedError`` saying so.
 - A Whisper package's ``encoder`` section is a component run once over the caller's ``audio_features``
   (``audio_encoder``); its cross-attention caches feed the decoder's ``cross_past_*_names`` at every step.
 
@@ -252,12 +252,10 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None 
         text = {k: v for k, v in model.items() if k not in ("vision", "speech", "embedding", "draft")}
         cfg = dict(cfg, model=dict(text, decoder=model["draft"]))
     kind = cfg["model"].get("type") if isinstance(cfg.get("model"), dict) else None
-    if kind in ("nemotron_speech", "parakeet_tdt"):
-        raise NotImplementedError(f"a {kind} package (a speech transducer) runs through og.Model, og.Generator and "
-                                  f"its processors (pipeline/streaming_asr.py), not through this decode loop")
-    if kind == "streaming_enc_dec_asr":
-        raise NotImplementedError("a streaming_enc_dec_asr package (Moonshine streaming speech recognition: "
-                                  "frontend, encoder, adapter, cross-KV and decoder models) is not implemented here")
+    if kind in ("nemotron_speech", "parakeet_tdt", "streaming_enc_dec_asr"):
+        raise NotImplementedError(f"a {kind} package (streaming speech recognition) runs through og.Model, "
+                                  f"og.Generator and its processors (pipeline/streaming_asr.py), not through this "
+                                  f"decode loop")
     model, dec = _model_sections(cfg)
     if is_marian(model):
         return load_marian_config(root, cfg, model, files)

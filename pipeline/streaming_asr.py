@@ -83,8 +83,9 @@ one, so a log-mel feature differs from its where a band is quiet next to its fra
 tests' clips; the tests bound this at 1e-4, and the tokens are equal).  The Parakeet processor decodes a clip
 whole (no 30 s cap).  Runtime options other than ``lang_id`` are accepted and change nothing.
 
-A Moonshine streaming package (``streaming_enc_dec_asr``, which 0.18 also streams) is not implemented: the package
-loader refuses it by name (``pipeline/genai_config.py``).
+A Moonshine streaming package (``streaming_enc_dec_asr``) is loaded here too (``load_transducer``), and its
+processor and generator are ``pipeline/moonshine_streaming.py``'s: ``StreamingProcessor(model)`` and
+``Generator(model, params)`` give them for such a model.
 
 Invariants: the models run on the session layer of the other components (``native=`` picks this runtime
 or onnxruntime per component, never silently another); the caches and LSTM state are replaced only by the models'
@@ -104,7 +105,7 @@ __all__ = ["TRANSDUCER_TYPES", "NemotronConfig", "TdtConfig", "StreamingMel", "S
            "TransducerGenerator", "TdtGenerator", "ParakeetProcessor", "load_transducer", "read_model_type",
            "transducer_generator", "per_feature_normalize"]
 
-TRANSDUCER_TYPES = {"nemotron_speech", "parakeet_tdt"}
+TRANSDUCER_TYPES = {"nemotron_speech", "parakeet_tdt", "streaming_enc_dec_asr"}  # the last: Moonshine's
 COMPONENTS = ("encoder", "decoder", "joiner")
 AUDIO_FEATURES = "audio_features"   # the processor's output name (onnxruntime-genai's nominal name)
 _FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -195,17 +196,7 @@ class NemotronConfig:
             names = {"in." + k: str(got_in.get(k, d)) for k, d in ins.items()}
             names.update({"out." + k: str(got_out.get(k, d)) for k, d in outs.items()})
             ports[what] = names
-        vad = model.get("vad") if isinstance(model.get("vad"), dict) else None
-        for key, v in (vad or {}).items():
-            if key not in ("filename", "threshold", "silence_duration_ms", "prefix_padding_ms", "session_options",
-                           "run_options"):
-                raise MetadataError(f"model.vad.{key}: not a key of the voice activity detector's section (filename, "
-                                    f"threshold, silence_duration_ms, prefix_padding_ms, session_options, "
-                                    f"run_options)")
-            if key != "filename" and not key.endswith("options"):
-                num(vad, key, "model.vad", float)
-            elif key == "filename" and not isinstance(v, str):
-                raise MetadataError(f"model.vad.filename: expected a file name, got {v!r}")
+        vad = cls.vad_section(model)
         return cls(num_encoder_layers=num(enc, "num_hidden_layers", "model.encoder"),
                    hidden_dim=num(enc, "hidden_size", "model.encoder"),
                    left_context=num(model, "left_context", "model"), conv_context=num(model, "conv_context", "model"),
@@ -222,6 +213,23 @@ class NemotronConfig:
                    log_eps=np.float32(num(model, "log_eps", "model", float, 0.0)),
                    pre_encode_cache_size=num(model, "pre_encode_cache_size", "model"),
                    enc=ports["encoder"], dec=ports["decoder"], join=ports["joiner"], vad=vad)
+
+    @staticmethod
+    def vad_section(model: dict) -> dict | None:
+        """``model.vad`` checked (its keys, their types), or None when the package has none."""
+        vad = model.get("vad") if isinstance(model.get("vad"), dict) else None
+        for key, v in (vad or {}).items():
+            if key not in ("filename", "threshold", "silence_duration_ms", "prefix_padding_ms", "session_options",
+                           "run_options"):
+                raise MetadataError(f"model.vad.{key}: not a key of the voice activity detector's section (filename, "
+                                    f"threshold, silence_duration_ms, prefix_padding_ms, session_options, "
+                                    f"run_options)")
+            if key != "filename" and not key.endswith("options") and (
+                    isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise MetadataError(f"model.vad.{key}: expected a number, got {v!r}")
+            elif key == "filename" and not isinstance(v, str):
+                raise MetadataError(f"model.vad.filename: expected a file name, got {v!r}")
+        return vad
 
 
 # -- the mel front end -------------------------------------------------------------------------------------------
@@ -371,10 +379,79 @@ class SileroVad:
         return False
 
 
-class StreamingProcessor:
+class VadOptions:
+    """The voice activity detector of a streaming processor and onnxruntime-genai's options over it (``use_vad``,
+    ``vad_threshold``, ``silence_duration_ms``, ``prefix_padding_ms``); the detector is on when the package has
+    one.  ``_init_vad(model)`` sets it up; ``_is_silent(chunk)`` is its verdict (False without a detector)."""
+
+    def _init_vad(self, model):
+        cfg = model.cfg
+        # VAD settings in chunks, as onnxruntime-genai keeps them
+        self._chunk_ms = _F(_F(_F(cfg.chunk_samples) / _F(cfg.sample_rate)) * _F(1000.0))
+        self._silence_chunks, self._prefix_chunks = 5, 1
+        self._vad, self._silent = None, 0
+        if cfg.vad is not None and cfg.vad.get("filename"):
+            self._vad = SileroVad(model)
+            self._silence_chunks = self._chunks(cfg.vad.get("silence_duration_ms", 500))
+            self._prefix_chunks = self._chunks(cfg.vad.get("prefix_padding_ms", 300))
+
+    def _chunks(self, ms) -> int:
+        return max(1, int(_F(_F(ms) / self._chunk_ms)))
+
+    def _is_silent(self, chunk: np.ndarray) -> bool:
+        return self._vad is not None and not self._vad.contains_speech(chunk)
+
+    def set_option(self, key: str, value: str):
+        key, value = str(key), str(value)
+        if key == "use_vad":
+            if value in ("true", "1"):
+                if self._vad is None:
+                    if "vad" not in self._model.sessions:
+                        raise RequestError("VAD filename must be specified in genai_config.json")
+                    self._vad, self._silent = SileroVad(self._model), 0
+            elif value in ("false", "0"):
+                self._vad, self._silent = None, 0
+            else:
+                raise RequestError(f"Invalid value for use_vad: '{value}'. Expected 'true' or 'false'.")
+        elif key == "vad_threshold":
+            threshold = _stof(value)   # kept by nothing while VAD is off (as in onnxruntime-genai)
+            if self._vad is not None:
+                self._vad.set_threshold(threshold)
+        elif key in ("silence_duration_ms", "prefix_padding_ms"):
+            chunks = self._chunks(_stoi(value))
+            if key == "silence_duration_ms":
+                self._silence_chunks = chunks
+            else:
+                self._prefix_chunks = chunks
+        else:
+            raise RequestError(f"Unknown StreamingProcessor option: '{key}'")
+
+    def get_option(self, key: str) -> str:
+        key = str(key)
+        if key == "use_vad":
+            return "true" if self._vad is not None else "false"
+        if key == "vad_threshold":
+            if self._vad is not None:
+                return f"{float(self._vad.threshold):.6f}"
+            return f"{float(_F((self.cfg.vad or {}).get('threshold', 0.5))):.6f}"
+        if key in ("silence_duration_ms", "prefix_padding_ms"):
+            chunks = self._silence_chunks if key == "silence_duration_ms" else self._prefix_chunks
+            return str(int(_F(_F(chunks) * self._chunk_ms)))
+        raise RequestError(f"Unknown StreamingProcessor option: '{key}'")
+
+
+class StreamingProcessor(VadOptions):
     """onnxruntime-genai's ``StreamingProcessor`` for a ``nemotron_speech`` model: raw float32 PCM audio in,
     one chunk's ``audio_features`` out per call when a chunk is complete; with a voice activity detector, a chunk
-    of prolonged silence is dropped (``process`` returns None for it)."""
+    of prolonged silence is dropped (``process`` returns None for it).  Given a ``streaming_enc_dec_asr`` model it
+    makes Moonshine's processor (``pipeline/moonshine_streaming.py``)."""
+
+    def __new__(cls, model):
+        if cls is StreamingProcessor and getattr(model, "type", None) == "streaming_enc_dec_asr" and \
+                getattr(model, "transducer", None) is not None:
+            from .moonshine_streaming import MoonshineStreamingProcessor
+            return MoonshineStreamingProcessor(model)
+        return super().__new__(cls)
 
     def __init__(self, model):
         t = getattr(model, "transducer", None)
@@ -389,17 +466,7 @@ class StreamingProcessor:
         self._mel = StreamingMel(cfg)
         self._cache = np.zeros((cfg.pre_encode_cache_size, cfg.num_mels), _F)
         self._buffer = np.zeros(0, _F)
-        # VAD settings in chunks, as onnxruntime-genai keeps them; the detector is on when the package has one
-        self._chunk_ms = _F(_F(_F(cfg.chunk_samples) / _F(cfg.sample_rate)) * _F(1000.0))
-        self._silence_chunks, self._prefix_chunks = 5, 1
-        self._vad, self._silent = None, 0
-        if cfg.vad is not None and cfg.vad.get("filename"):
-            self._vad = SileroVad(t)
-            self._silence_chunks = self._chunks(cfg.vad.get("silence_duration_ms", 500))
-            self._prefix_chunks = self._chunks(cfg.vad.get("prefix_padding_ms", 300))
-
-    def _chunks(self, ms) -> int:
-        return max(1, int(_F(_F(ms) / self._chunk_ms)))
+        self._init_vad(t)
 
     def _drop(self, chunk: np.ndarray) -> bool:
         """The detector's verdict on a chunk: kept while speech is heard, and through the first
@@ -448,45 +515,6 @@ class StreamingProcessor:
         chunk[:take] = self._buffer[:take]
         self._buffer = np.zeros(0, _F)
         return self._chunk_features(chunk)
-
-    def set_option(self, key: str, value: str):
-        key, value = str(key), str(value)
-        if key == "use_vad":
-            if value in ("true", "1"):
-                if self._vad is None:
-                    if "vad" not in self._model.sessions:
-                        raise RequestError("VAD filename must be specified in genai_config.json")
-                    self._vad, self._silent = SileroVad(self._model), 0
-            elif value in ("false", "0"):
-                self._vad, self._silent = None, 0
-            else:
-                raise RequestError(f"Invalid value for use_vad: '{value}'. Expected 'true' or 'false'.")
-        elif key == "vad_threshold":
-            threshold = _stof(value)   # kept by nothing while VAD is off (as in onnxruntime-genai)
-            if self._vad is not None:
-                self._vad.set_threshold(threshold)
-        elif key in ("silence_duration_ms", "prefix_padding_ms"):
-            chunks = self._chunks(_stoi(value))
-            if key == "silence_duration_ms":
-                self._silence_chunks = chunks
-            else:
-                self._prefix_chunks = chunks
-        else:
-            raise RequestError(f"Unknown StreamingProcessor option: '{key}'")
-
-    def get_option(self, key: str) -> str:
-        key = str(key)
-        if key == "use_vad":
-            return "true" if self._vad is not None else "false"
-        if key == "vad_threshold":
-            if self._vad is not None:
-                return f"{float(self._vad.threshold):.6f}"
-            return f"{float(_F((self.cfg.vad or {}).get('threshold', 0.5))):.6f}"
-        if key in ("silence_duration_ms", "prefix_padding_ms"):
-            chunks = self._silence_chunks if key == "silence_duration_ms" else self._prefix_chunks
-            return str(int(_F(_F(chunks) * self._chunk_ms)))
-        raise RequestError(f"Unknown StreamingProcessor option: '{key}'")
-
 
 # -- the model and its sessions ----------------------------------------------------------------------------------
 
@@ -547,8 +575,9 @@ class TransducerModel:
 
 
 def load_transducer(root: str, overlay: dict | None, model_data: dict, native, device) -> tuple:
-    """(``TransducerModel``, ``PipelineSpec``) of a ``nemotron_speech`` package; ``native``: 'all', 'none' (or None),
-    or component names among ``encoder``, ``decoder``, ``joiner``."""
+    """(``TransducerModel``, ``PipelineSpec``) of a streaming speech package; ``native``: 'all', 'none' (or None),
+    or component names (``encoder``, ``decoder``, ``joiner``; Moonshine's ``frontend``, ``encoder``, ``adapter``,
+    ``cross_kv``, ``decoder_kv``; ``vad``)."""
     import json
     from .backends import choice_from_environment, parse_components, parse_device
     from .genai_config import merged
@@ -558,23 +587,32 @@ def load_transducer(root: str, overlay: dict | None, model_data: dict, native, d
     if overlay:
         doc = merged(doc, overlay)
     model = doc["model"]
-    cfg = (TdtConfig if model.get("type") == "parakeet_tdt" else NemotronConfig).from_json(doc)
-    defaults = {"encoder": "encoder.onnx", "decoder": "decoder.onnx", "joiner": "joiner.onnx"}
-    names = list(COMPONENTS)
+    kind = model.get("type")
+    if kind == "streaming_enc_dec_asr":
+        from .moonshine_streaming import COMPONENTS as names, MoonshineConfig, MoonshineModel
+        cfg, model_class = MoonshineConfig.from_json(doc), MoonshineModel
+        names, files = list(names), dict(cfg.files)
+    else:
+        cfg = (TdtConfig if kind == "parakeet_tdt" else NemotronConfig).from_json(doc)
+        model_class, names = TransducerModel, list(COMPONENTS)
+        files = {name: (model.get(name) or {}).get("filename") or f"{name}.onnx" for name in names}
     if getattr(cfg, "vad", None) and cfg.vad.get("filename"):
         names.append("vad")   # the voice activity detector: a component like the others
-        defaults["vad"] = cfg.vad["filename"]
+        files["vad"] = cfg.vad["filename"]
     specs = {}
     for name in names:
-        fn = (model.get(name) or {}).get("filename") or defaults[name]
+        fn = files[name]
         path = os.path.join(root, fn)
         data = model_data.get(fn)
         if data is None and not os.path.isfile(path):
-            raise MetadataError(f"model.{name}.filename: {path!r} does not exist")
+            where = f"model.moonshine.{name}_filename" if kind == "streaming_enc_dec_asr" and name != "vad" \
+                else f"model.{name}.filename"
+            raise MetadataError(f"{where}: {path!r} does not exist")
         specs[name] = ComponentSpec(name, path, name, data=data)
     if native is None and device is None:
-        choice = choice_from_environment(names, "decoder")
-        chosen = set(choice.native_components) | ({"decoder"} if choice.native_decoder else set())
+        dec = "decoder_kv" if kind == "streaming_enc_dec_asr" else "decoder"
+        choice = choice_from_environment(names, dec)
+        chosen = set(choice.native_components) | ({dec} if choice.native_decoder else set())
         device = choice.device
     else:   # as for the other packages: a device alone means every component native on it
         device = parse_device(device, "device")
@@ -589,7 +627,7 @@ def load_transducer(root: str, overlay: dict | None, model_data: dict, native, d
     if isinstance(cfg, TdtConfig) and cfg.blank_id not in cfg.eos_token_ids:
         raise RequestError(f"Parakeet TDT: model.blank_id ({cfg.blank_id}) must be present in model.eos_token_id so "
                            f"generation terminates correctly.")
-    return TransducerModel(root, cfg, specs, chosen, device), spec
+    return model_class(root, cfg, specs, chosen, device), spec
 
 
 # -- the generator -----------------------------------------------------------------------------------------------
@@ -1038,5 +1076,9 @@ class TdtGenerator(TransducerGenerator):
 
 
 def transducer_generator(model, params=None):
-    """The generator of a transducer model: ``TdtGenerator`` for ``parakeet_tdt``, else ``TransducerGenerator``."""
+    """The generator of a streaming speech model: ``TdtGenerator`` for ``parakeet_tdt``, Moonshine's for
+    ``streaming_enc_dec_asr`` (``pipeline/moonshine_streaming.py``), else ``TransducerGenerator``."""
+    if model.type == "streaming_enc_dec_asr":
+        from .moonshine_streaming import MoonshineGenerator
+        return MoonshineGenerator(model, params)
     return (TdtGenerator if model.type == "parakeet_tdt" else TransducerGenerator)(model, params)

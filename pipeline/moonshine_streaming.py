@@ -38,17 +38,23 @@ Reproduced from onnxruntime-genai 0.18 (the messages are its wording):
   ``min(ceil(memory_frames * seconds_per_memory_frame * tokens_per_second), max_seq_len)`` tokens (float32
   arithmetic) or EOS.  The tokens of the pass that agree with the previous pass (their common prefix) are
   committed; at a segment's close all of them are.  ``generate_next_token`` hands out one committed token per call.
-- segments: a final chunk closes one; so does a chunk whose memory reaches ``max_segment_memory_frames`` (the next
-  chunk starts afresh: frontend state, features, memory, caches and committed tokens).  A silent chunk past
-  ``min_segment_memory_frames`` of memory flushes the held-back lookahead and closes the segment; before any memory
-  it is skipped; otherwise it is encoded as speech.
+- segments: a final chunk closes one; so does a chunk whose memory reaches ``max_segment_memory_frames``: its
+  held-back lookahead is released at once (encoded as at a flush: 0.18 does so, where an earlier published
+  source of it only schedules the reset) and every token of its pass committed.  The next chunk starts afresh (frontend
+  state, features, memory, caches and committed tokens).  A silent chunk past ``min_segment_memory_frames`` of
+  memory releases the lookahead and closes the segment; before any memory it is skipped; otherwise it is encoded
+  as speech.
+- the generator's other calls: ``get_next_tokens`` is [] or [id] and ``get_sequence`` every committed token (int32);
+  ``get_input(name)`` the value last fed to a model's input of that name (the frontend's state inputs: the state
+  carried now); ``get_output`` and ``rewind_to`` are onnxruntime-genai's errors; runtime options are accepted.
 
-Differences: none in the tokens.  Where onnxruntime-genai 0.18 would read a model output of an unexpected shape
-as raw memory, this raises a ``RequestError`` naming the output and the shape.
+Differences: where onnxruntime-genai 0.18 reads a model output of an unexpected shape as raw memory, this raises
+a ``RequestError`` naming the output and the shape; where it crashes the process (``append_tokens``,
+``get_logits``) this raises a ``RequestError`` that says what to do instead.
 
 Invariants: the five models run on the session layer of the other components (``native=`` picks this runtime or
 onnxruntime per component, never silently another); every state buffer and cache is replaced only by a model's
-own output; a model's float32 outputs are never written through.
+own output; memory and caches only grow within a segment, and a segment's committed tokens are never taken back.
 """
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ A processor config lists transforms by ``type``; each is a function here from th
   "phi4_vision_dynamic_preprocess:1"]``).  The last returns ``pixel_values`` ``(1 + crops, 3, 448, 448)`` float32
   (a bicubic global view first), ``image_sizes`` ``(2,)``, ``image_attention_mask`` ``(1 + crops, 32, 32)`` int64
   and ``num_img_tokens`` ``(1,)``; ``phi4_stack`` stacks several images' as onnxruntime-extensions does.
+- ``PixtralImageSizes``: after the Qwen-style ``Resize`` (``smart_resize``), ``Rescale``, ``Normalize`` and
+  ``Permute3D``, Pixtral's (Mistral 3's) last step: the ``(3, H, W)`` image and its ``(H, W)``; ``pixtral_stack``
+  stacks several, zero-padded to the largest height and width.
 - ``Gemma4ImageTransform``: Gemma 4's chain after ``DecodeImage`` (RGB).  The image is resized, keeping its aspect
   ratio, to sides that are multiples of ``pooling_kernel_size * patch_size`` within ``max_soft_tokens`` pooled
   tokens, by onnxruntime-extensions' float bicubic resampler (``_bicubic_float``: Pillow's kernel and weights, but
@@ -47,8 +50,8 @@ import numpy as np
 from .spec import RequestError
 
 __all__ = ["UnsupportedTransform", "TRANSFORMS", "decode_image", "convert_rgb", "phi3_image_transform", "resize",
-           "rescale", "normalize", "patch_image", "center_crop", "permute3d", "Phi4HDImage",
-           "phi4_dynamic_preprocess", "phi4_vision_processor", "phi4_stack", "gemma4_image_transform"]
+           "rescale", "normalize", "patch_image", "center_crop", "permute3d", "Phi4HDImage", "pixtral_image_sizes",
+           "pixtral_stack", "phi4_dynamic_preprocess", "phi4_vision_processor", "phi4_stack", "gemma4_image_transform"]
 
 _CROP = 336
 _MAX_CROPS = 16
@@ -239,6 +242,26 @@ def permute3d(image: np.ndarray, dims=(2, 0, 1)) -> np.ndarray:
         raise ValueError(f"Permute3D: expected a 3-d image and a permutation of 0, 1, 2, got shape "
                          f"{list(image.shape)} and dims {dims}")
     return np.ascontiguousarray(image.transpose(dims))
+
+
+def pixtral_image_sizes(image: np.ndarray) -> tuple:
+    """onnxruntime-extensions' ``PixtralImageSizes``: the ``(3, H, W)`` float image unchanged and its ``(H, W)``
+    (int64), which say how much of a zero-padded stack of several images is the image (``pixtral_stack``)."""
+    if image.ndim != 3 or image.dtype != np.float32:
+        raise ValueError(f"PixtralImageSizes: expected a 3-d CHW float32 image, got shape {list(image.shape)} "
+                         f"{image.dtype}")
+    return image, np.array(image.shape[1:], np.int64)
+
+
+def pixtral_stack(results: list) -> tuple:
+    """Several images' ``PixtralImageSizes`` results as ``pixel_values`` ``(N, 3, max H, max W)``, each image at
+    the top left and zeros after, and ``image_sizes`` ``(N, 2)``."""
+    h = max(img.shape[1] for img, _ in results)
+    w = max(img.shape[2] for img, _ in results)
+    pixels = np.zeros((len(results), results[0][0].shape[0], h, w), np.float32)
+    for k, (img, _) in enumerate(results):
+        pixels[k, :, :img.shape[1], :img.shape[2]] = img
+    return pixels, np.stack([size for _, size in results]).astype(np.int64)
 
 
 _PHI4_PATCH = 14  # pixels per attention-mask value
@@ -521,4 +544,4 @@ TRANSFORMS = {"DecodeImage": decode_image, "ConvertRGB": convert_rgb, "Phi3Image
               "Resize": resize, "Rescale": rescale, "Normalize": normalize, "PatchImage": patch_image,
               "CenterCrop": center_crop, "Permute3D": permute3d,
               "Phi4VisionDynamicPreprocess": phi4_dynamic_preprocess, "Phi4VisionProcessor": phi4_vision_processor,
-              "Gemma4ImageTransform": gemma4_image_transform}
+              "Gemma4ImageTransform": gemma4_image_transform, "PixtralImageSizes": pixtral_image_sizes}

@@ -40,6 +40,15 @@ their (column, row) positions), stacked with zero pixels and (-1, -1) positions 
 ``<|image>`` and ``<image|>`` and blank lines; one clip through ``Gemma4LogMel``, its run of ``<|audio|>``
 (the frames halved twice) put at its ``<|audio|>``; ``token_type_ids`` mark the image tokens.
 
+The ``mistral3`` processor (Mistral 3's Pixtral image side), as onnxruntime-genai 0.18's: each image through the
+config's chain (``smart_resize`` to multiples of ``patch_size * spatial_merge_size``, ... ``PixtralImageSizes``),
+stacked zero-padded to the largest with ``image_sizes``; each ``[IMG]`` of the prompt (a run of them counts as
+one) becomes the next image's rows of ``[IMG]``, each row closed by ``[IMG_BREAK]`` and the last by ``[IMG_END]``;
+images left over go after the first ``[INST]`` (first of all without one); ``num_image_tokens`` counts the
+``[IMG]`` (0 without images).  Its vision model runs once per image on the image's own size (``run_per_image``).
+Difference: onnxruntime-genai 0.18 stacks images of different sizes into the last image's size and then fails;
+here they are padded to the largest and run.
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -61,17 +70,18 @@ from .image_transforms import TRANSFORMS, UnsupportedTransform
 from .package_checks import graph_ports, resolve_in_package
 from .spec import ComponentSpec, RequestError
 
-__all__ = ["Images", "MultiModalProcessor", "create_processor", "PROCESSOR_TYPES", "QWEN_TYPES"]
+__all__ = ["Images", "MultiModalProcessor", "create_processor", "run_per_image", "PROCESSOR_TYPES", "QWEN_TYPES"]
 
 _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
                      "mistral3", "whisper", "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
+_PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]")
 _G4_BOA, _G4_AUDIO, _G4_EOA = "<|audio>", "<|audio|>", "<audio|>"
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -168,6 +178,7 @@ class MultiModalProcessor:
         self.kind = "qwen" if kind in QWEN_TYPES else kind
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
+        self.patch = int(section.get("patch_size", 14))
         self.steps = _steps(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
                                                "model.vision.config_filename"), ("processor", "transforms"),
                             TRANSFORMS, "processor")
@@ -255,6 +266,8 @@ class MultiModalProcessor:
             return self._qwen(prompt, images)
         if self.kind == "gemma3":
             return self._gemma3(prompt, images)
+        if self.kind == "mistral3":
+            return self._mistral3(prompt, images)
         out = NamedTensors()
         counts = []
         if images is not None and len(images):
@@ -471,6 +484,56 @@ class MultiModalProcessor:
         out["num_image_tokens"] = np.asarray([_GEMMA_IMAGE_TOKENS], np.int64)
         return out
 
+    def _mistral3(self, prompt: str, images):
+        """Mistral 3 (Pixtral), as onnxruntime-genai 0.18's: each image's ``(3, H, W)`` (``H`` and ``W`` multiples
+        of ``patch_size * spatial_merge_size``) stacked, zero-padded to the largest, with ``image_sizes``; the
+        prompt's ids with each ``[IMG]`` (a run of them counts as one) replaced by the next image's rows of
+        ``[IMG]``, each row closed by ``[IMG_BREAK]`` and the last by ``[IMG_END]``; images left over go after the
+        first ``[INST]`` (before everything when there is none); ``num_image_tokens`` is the count of ``[IMG]``
+        (0 without images)."""
+        from .api import NamedTensors
+        from .image_transforms import pixtral_stack
+        out = NamedTensors()
+        img, brk, end, inst = (self.tokenizer.to_token_id(t) for t in _PIXTRAL_TOKENS)
+        ids = self.tokenizer.encode(prompt).astype(np.int32).tolist() if prompt else []
+        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        for shot in shots:
+            if not (isinstance(shot, tuple) and len(shot) == 2):
+                raise RequestError("Mistral3ImageProcessor: the processor config must end with PixtralImageSizes "
+                                   "(the images' (height, width))")
+        if not shots:
+            out["input_ids"] = np.asarray(ids, np.int32).reshape(1, -1)
+            out["num_image_tokens"] = np.zeros(1, np.int64)
+            return out
+        pixels, sizes = pixtral_stack(shots)
+        tile = self.patch * self.merge
+        runs = []
+        for i, (h, w) in enumerate(sizes.tolist()):
+            if h % tile or w % tile:
+                raise RequestError(f"Mistral3ImageProcessor: image {i} dimensions ({h}x{w}) must be divisible by "
+                                   f"patch_size*merge_size ({tile}). Check smart_resize configuration.")
+            rows, cols = h // tile, w // tile
+            runs.append([t for r in range(rows) for t in [img] * cols + [brk if r < rows - 1 else end]])
+        expanded, k, i = [], 0, 0
+        while i < len(ids):
+            if ids[i] == img and k < len(runs):
+                expanded += runs[k]
+                k += 1
+                while i + 1 < len(ids) and ids[i + 1] == img:
+                    i += 1
+            else:
+                expanded.append(ids[i])
+            i += 1
+        if k < len(runs):
+            rest = [t for run in runs[k:] for t in run]
+            at = expanded.index(inst) + 1 if inst in expanded else 0
+            expanded = expanded[:at] + rest + expanded[at:]
+        out["input_ids"] = np.asarray(expanded, np.int32).reshape(1, -1)
+        out["pixel_values"] = _round_to(pixels, self.pixel_type)
+        out["image_sizes"] = sizes
+        out["num_image_tokens"] = np.asarray([sum(run.count(img) for run in runs)], np.int64)
+        return out
+
     def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:
         chunks = _IMAGE_TAG.split(prompt)
         tags = [int(t[8:-2]) for t in _IMAGE_TAG.findall(prompt)]
@@ -512,3 +575,32 @@ def _input_type(comp: ComponentSpec, name: str) -> str:
 
 def create_processor(model) -> MultiModalProcessor:
     return MultiModalProcessor(model)
+
+
+def run_per_image(component, feeds: dict, port: str, image_sizes) -> dict:
+    """Mistral 3's (Pixtral's) vision run, as onnxruntime-genai 0.18's: one image's ``pixel_values`` run as they
+    are; several (``(N, 3, max H, max W)``, zero-padded) run one at a time, each cut to its own ``image_sizes``
+    row, and each output's rows are the images' in order."""
+    pixels = np.asarray(feeds[port])
+    if pixels.ndim != 4:
+        raise RequestError(f"PixtralVisionState: expected 4D pixel_values [N,C,H,W], got {pixels.ndim}D")
+    n = pixels.shape[0]
+    if n <= 1:
+        return component.run(feeds)
+    if image_sizes is None:
+        raise RequestError("PixtralVisionState: multi-image inputs require image_sizes metadata")
+    sizes = np.asarray(image_sizes)
+    if sizes.ndim != 2 or sizes.shape[1] != 2:
+        raise RequestError(f"PixtralVisionState: image_sizes must be [N, 2], got {list(sizes.shape)}")
+    if sizes.shape[0] < n:
+        raise RequestError(f"PixtralVisionState: image_heights_ has {sizes.shape[0]} entries but num_images_ is {n}")
+    outs = []
+    for i in range(n):
+        h, w = int(sizes[i, 0]), int(sizes[i, 1])
+        for what, v, top in (("h_i", h, pixels.shape[2]), ("w_i", w, pixels.shape[3])):
+            if not 0 < v <= top:
+                raise RequestError(f"PixtralVisionState: image {i} has {what}={v} which is out of valid range "
+                                   f"(0, {top}]")
+        outs.append(component.run(dict(feeds, **{port: np.ascontiguousarray(pixels[i:i + 1, :, :h, :w])})))
+    return {name: np.concatenate([o[name] for o in outs], axis=0) for name in outs[0]}
+

@@ -75,6 +75,12 @@ class Pipeline:
             port, np.int32 if self.decoder.inputs[port].type == "tensor(int32)" else np.int64)
         self._free_required, self._free_optional = self._free_decoder_inputs()
         self.values = {}
+        # Mistral 3 (Pixtral): the vision model runs once per image, on its own size (pipeline/multimodal.py)
+        self._per_image = None
+        vc = spec.vision_config or {}
+        if spec.model_type == "mistral3" and "vision" in spec.components:
+            self._per_image = ("vision", (vc.get("inputs") or {}).get("pixel_values", "pixel_values"),
+                               spec.input_aliases.get("image_sizes", "image_sizes"))
 
     def _free_decoder_inputs(self):
         """The decoder's inputs that neither it nor a dataflow edge fills: the required ones (a caller's
@@ -132,7 +138,13 @@ class Pipeline:
         return feeds
 
     def _run_component(self, name, tokens, external):
-        out = self.components[name].run(self._feeds_for(name, tokens, external))
+        feeds = self._feeds_for(name, tokens, external)
+        if self._per_image is not None and name == self._per_image[0]:
+            from .multimodal import run_per_image
+            _, port, sizes = self._per_image
+            out = run_per_image(self.components[name], feeds, port, external.get(sizes))
+        else:
+            out = self.components[name].run(feeds)
         for port, v in out.items():
             self.values[(name, port)] = v
 

@@ -49,6 +49,13 @@ images left over go after the first ``[INST]`` (first of all without one); ``num
 Difference: onnxruntime-genai 0.18 stacks images of different sizes into the last image's size and then fails;
 here they are padded to the largest and run.
 
+The ``lfm2_vl`` processor (LFM2-VL), as onnxruntime-genai 0.18's: each image through the config's chain (``smart_resize``
+... ``PixtralImageSizes``), cut into ``patch_size`` squares row by row, all padded to ``model.vision.max_num_patches``
+with ``image_attention_mask`` over each image's own and ``image_sizes`` its patch grid; the prompt must hold one
+``<image>`` per image, each becoming ``<|image_start|>``, one ``<image>`` per token of its grid downsampled by
+``spatial_merge_size`` and ``<|image_end|>``.  The vision model runs once over all images.  Difference: images of
+different sizes are padded to the largest here, where onnxruntime-genai 0.18 stacks them wrongly and fails.
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -73,15 +80,17 @@ from .spec import ComponentSpec, RequestError
 __all__ = ["Images", "MultiModalProcessor", "create_processor", "run_per_image", "PROCESSOR_TYPES", "QWEN_TYPES"]
 
 _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fara", "gemma3", "gemma4",
-                     "mistral3", "whisper", "parakeet"}
+                     "mistral3", "lfm2_vl", "lfm2_audio", "gemma4_unified", "videochat_flash_qwen", "whisper",
+                     "parakeet"}
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3", "lfm2_vl"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
 _PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]")
+_LFM2_IMAGE, _LFM2_START, _LFM2_END = "<image>", "<|image_start|>", "<|image_end|>"
 _G4_BOA, _G4_AUDIO, _G4_EOA = "<|audio>", "<|audio|>", "<audio|>"
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -179,6 +188,7 @@ class MultiModalProcessor:
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
         self.patch = int(section.get("patch_size", 14))
+        self.max_patches = int(section.get("max_num_patches", 0))
         self.steps = _steps(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
                                                "model.vision.config_filename"), ("processor", "transforms"),
                             TRANSFORMS, "processor")
@@ -268,6 +278,8 @@ class MultiModalProcessor:
             return self._gemma3(prompt, images)
         if self.kind == "mistral3":
             return self._mistral3(prompt, images)
+        if self.kind == "lfm2_vl":
+            return self._lfm2_vl(prompt, images)
         out = NamedTensors()
         counts = []
         if images is not None and len(images):
@@ -532,6 +544,68 @@ class MultiModalProcessor:
         out["pixel_values"] = _round_to(pixels, self.pixel_type)
         out["image_sizes"] = sizes
         out["num_image_tokens"] = np.asarray([sum(run.count(img) for run in runs)], np.int64)
+        return out
+
+    def _lfm2_vl(self, prompt: str, images):
+        """LFM2-VL, as onnxruntime-genai 0.18's: each image's ``(3, H, W)`` cut into ``patch_size`` squares row by
+        row (each square's pixels row by row, channels last), all images' padded with zeros to
+        ``model.vision.max_num_patches`` (else the longest): ``pixel_values`` ``(N, patches, patch_size**2 * 3)``,
+        ``image_attention_mask`` ``(N, patches)`` (1 over each image's own), ``image_sizes`` ``(N, 2)`` (patch rows and
+        columns); the prompt must hold one ``<image>`` per image, each becoming ``<|image_start|>``, one ``<image>``
+        per token of its downsampled grid (``ceil(rows / merge) * ceil(cols / merge)``) and ``<|image_end|>``;
+        ``num_image_tokens`` is their sum (0 without images)."""
+        from .api import NamedTensors
+        from .image_transforms import pixtral_stack
+        out = NamedTensors()
+        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        if not shots:
+            out["input_ids"] = self.tokenizer.encode(prompt).astype(np.int32).reshape(1, -1)
+            out["num_image_tokens"] = np.zeros(1, np.int64)
+            return out
+        for shot in shots:
+            if not (isinstance(shot, tuple) and len(shot) == 2):
+                raise RequestError("Lfm2VlImageProcessor: expected 4D pixel_values [N, C, H, W] from the image "
+                                   "preprocessor. The pipeline in processor_config.json must end with Permute3D "
+                                   "followed by PixtralImageSizes.")
+        found = prompt.count(_LFM2_IMAGE)
+        if found != len(shots):
+            raise RequestError(f"Lfm2VlImageProcessor: the prompt contains {found} {_LFM2_IMAGE} tokens but "
+                               f"{len(shots)} images were provided. Put exactly one {_LFM2_IMAGE} in the prompt "
+                               f"per image.")
+        pixels, sizes = pixtral_stack(shots)
+        p, m = self.patch, self.merge
+        if p <= 0 or m <= 0:
+            raise RequestError("Lfm2VlImageProcessor: patch_size and spatial_merge_size must be positive.")
+        grids = []
+        for h, w in sizes.tolist():
+            if h % p or w % p:
+                raise RequestError(f"Lfm2VlImageProcessor: resized image ({h}x{w}) is not a whole number of {p}-pixel "
+                                   f"patches. Check that the Resize step in processor_config.json uses the same "
+                                   f"patch_size as model.vision in genai_config.json.")
+            grids.append((h // p, w // p))
+        longest = max(r * c for r, c in grids)
+        count = self.max_patches if self.max_patches > 0 else longest
+        for i, (r, c) in enumerate(grids):
+            if r * c > count:
+                raise RequestError(f"Lfm2VlImageProcessor: image {i} needs {r * c} patches, more than the {count} "
+                                   f"allowed by model.vision.max_num_patches in genai_config.json.")
+        n, channels = pixels.shape[0], pixels.shape[1]
+        patches = np.zeros((n, count, p * p * channels), np.float32)
+        mask = np.zeros((n, count), np.int64)
+        tokens = []
+        for i, (r, c) in enumerate(grids):
+            img = pixels[i, :, :r * p, :c * p].reshape(channels, r, p, c, p)
+            patches[i, :r * c] = img.transpose(1, 3, 2, 4, 0).reshape(r * c, p * p * channels)
+            mask[i, :r * c] = 1
+            tokens.append(-(-r // m) * -(-c // m))
+        pieces = prompt.split(_LFM2_IMAGE)
+        text = pieces[0] + "".join(_LFM2_START + _LFM2_IMAGE * t + _LFM2_END + rest
+                                   for t, rest in zip(tokens, pieces[1:]))
+        out["input_ids"] = self.tokenizer.encode(text).astype(np.int32).reshape(1, -1)
+        out["pixel_values"] = _round_to(patches, self.pixel_type)
+        out["image_attention_mask"] = mask
+        out["image_sizes"] = np.asarray(grids, np.int64)
+        out["num_image_tokens"] = np.asarray([sum(tokens)], np.int64)
         return out
 
     def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:

@@ -56,6 +56,13 @@ with ``image_attention_mask`` over each image's own and ``image_sizes`` its patc
 ``spatial_merge_size`` and ``<|image_end|>``.  The vision model runs once over all images.  Difference: images of
 different sizes are padded to the largest here, where onnxruntime-genai 0.18 stacks them wrongly and fails.
 
+The ``videochat_flash_qwen`` processor (VideoChat-Flash), as onnxruntime-genai 0.18's: the images are frames of one
+size through the config's chain, stacked channels first (transposed when they come out channels last) as
+``pixel_values`` ``(1, frames, C, H, W)`` with ``image_grid_thw`` rows (1, H, W); the prompt needs one
+``<|vision_start|>`` per frame, each marker with what follows up to its ``<|vision_end|>`` becoming
+``num_visual_tokens`` ``<|image_pad|>`` between the two (onnxruntime-genai's scan, quirks kept: a marker without an
+end takes the next one's, and the text between is repeated).
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -85,12 +92,13 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3", "lfm2_vl"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3", "lfm2_vl", "videochat_flash_qwen"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
 _PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]")
 _LFM2_IMAGE, _LFM2_START, _LFM2_END = "<image>", "<|image_start|>", "<|image_end|>"
+_VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 _G4_BOA, _G4_AUDIO, _G4_EOA = "<|audio>", "<|audio|>", "<audio|>"
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -189,6 +197,9 @@ class MultiModalProcessor:
         self.merge = int(section.get("spatial_merge_size", 2))
         self.patch = int(section.get("patch_size", 14))
         self.max_patches = int(section.get("max_num_patches", 0))
+        if kind == "videochat_flash_qwen" and int(section.get("num_visual_tokens", 0)) <= 0:
+            raise RequestError("videochat_flash_qwen requires vision.num_visual_tokens > 0 in genai_config.json")
+        self.visual_tokens = int(section.get("num_visual_tokens", 0))
         self.steps = _steps(resolve_in_package(spec.root, section.get("config_filename", "processor_config.json"),
                                                "model.vision.config_filename"), ("processor", "transforms"),
                             TRANSFORMS, "processor")
@@ -280,6 +291,8 @@ class MultiModalProcessor:
             return self._mistral3(prompt, images)
         if self.kind == "lfm2_vl":
             return self._lfm2_vl(prompt, images)
+        if self.kind == "videochat_flash_qwen":
+            return self._videochat(prompt, images)
         out = NamedTensors()
         counts = []
         if images is not None and len(images):
@@ -606,6 +619,49 @@ class MultiModalProcessor:
         out["image_attention_mask"] = mask
         out["image_sizes"] = np.asarray(grids, np.int64)
         out["num_image_tokens"] = np.asarray([sum(tokens)], np.int64)
+        return out
+
+    def _videochat(self, prompt: str, images):
+        """VideoChat-Flash, as onnxruntime-genai 0.18's: the images (frames) through the config's chain, stacked
+        and made channels first when they come out channels last (the smaller trailing axis), as ``pixel_values``
+        ``(1, frames, C, H, W)`` with ``image_grid_thw`` ``(frames, 3)`` = (1, H, W); the prompt must hold one
+        ``<|vision_start|>`` per frame, each with what follows it up to the next ``<|vision_end|>`` replaced by
+        ``<|vision_start|>``, ``num_visual_tokens`` ``<|image_pad|>`` and ``<|vision_end|>`` (onnxruntime-genai's
+        scan, kept as it is: a marker without its end takes the next marker's end, and the text between is
+        repeated); ``num_image_tokens`` is frames times ``num_visual_tokens`` (0 without images)."""
+        from .api import NamedTensors
+        out = NamedTensors()
+        frames = [np.asarray(self._run_steps(blob), np.float32) for blob in images.blobs] \
+            if images is not None and len(images) else []
+        text = prompt
+        if frames:
+            found = prompt.count(_VISION_START)
+            if found != len(frames):
+                raise RequestError(f"Prompt contained {found} vision_start tokens but received {len(frames)} "
+                                   f"images.")
+            text, last, at = "", 0, prompt.find(_VISION_START)
+            while at != -1:
+                text += prompt[last:] if at < last else prompt[last:at]
+                text += _VISION_START + _IMAGE_PAD * self.visual_tokens + _VISION_END
+                last = at + len(_VISION_START)
+                end = prompt.find(_VISION_END, last)
+                if end != -1:
+                    last = end + len(_VISION_END)
+                at = prompt.find(_VISION_START, at + len(_VISION_START))
+            text += prompt[last:]
+        out["input_ids"] = self.tokenizer.encode(text).astype(np.int32).reshape(1, -1)
+        out["num_image_tokens"] = np.asarray([len(frames) * self.visual_tokens], np.int64)
+        if not frames:
+            return out
+        if any(f.ndim != 3 or f.shape != frames[0].shape for f in frames):
+            raise RequestError(f"VideoChatFlashProcessor: the frames must come out of the processor config as "
+                               f"images of one size, got shapes {[list(f.shape) for f in frames]}")
+        stack = np.stack(frames)
+        if stack.shape[3] < stack.shape[1]:   # channels last
+            stack = stack.transpose(0, 3, 1, 2)
+        n, _, h, w = stack.shape
+        out["pixel_values"] = _round_to(np.ascontiguousarray(stack)[None], self.pixel_type)
+        out["image_grid_thw"] = np.tile(np.array([1, h, w], np.int64), (n, 1))
         return out
 
     def _prompt_ids(self, prompt: str, counts: list) -> np.ndarray:

@@ -43,7 +43,16 @@ through ``runtime.cuda.to_device``/``to_host``; ``transfers`` (a
 Beam search reorders the caches, sliding-window caches and recurrent state
 between beams on the device (``take_rows``: a gather kernel into a new
 buffer, copied back into the static cache buffers; of a cache, only its live
-positions); only the row indices cross.  Rows of different lengths (a padded batch) are not run here yet.
+positions); only the row indices cross.
+
+Rows of different lengths (a right-padded batch, onnxruntime-genai's layout) run as on the CPU
+(``DecoderComponent._ragged``): each row's mask covers its live positions, so GroupQueryAttention writes each
+row's new keys at its own end (in the shared buffer, or the present copied whole into the static one), its
+positions continue from its own length, and its logits are read at its last real position on the device (the
+rows' positions go up, 8 bytes a row).  The mask and positions are built per row on the host: where only the
+plan's host subgraphs read them (a builder decoder's), nothing more crosses; where a device kernel reads them,
+the session uploads them (counted).  Decoders with recurrent state refuse such a batch here, before anything
+runs (their first run would take each row alone, as ``NativeDecoder`` does).
 
 A run that would take a cache past ``max_length`` raises before anything
 runs or is written.
@@ -130,6 +139,17 @@ def _take_live_kernel(src, rows, dst, n):
         m = r % mid
         r = r // mid
         dst[r // nb, r % nb, m, s, i] = src[r // nb, rows[r % nb], m, s, i]
+
+
+@jit
+def _row_positions_kernel(src, at, dst):
+    # dst[b, i] = src[b, at[b], i]: each row's own position of a (batch, seq, inner) array
+    nb, inner = dst.shape[0], dst.shape[1]
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for k in range(start, nb * inner, stride):
+        b = k // inner
+        dst[b, k % inner] = src[b, at[b], k % inner]
 
 
 @jit
@@ -321,20 +341,31 @@ class CudaDecoder(DecoderComponent):
             self._dev[key] = D in wants or H not in wants
         return self._dev[key]
 
-    def _extras(self, seq_len, extra, note=True):
-        # The base builds every input on the host; replace what can be resident with device views.
-        feeds = super()._extras(seq_len, extra)
+    def _extras(self, seq_len, extra, lengths=None, note=True):
+        # The base builds every input on the host; replace what can be resident with device views.  Rows of
+        # different lengths keep the host's per-row mask and positions (uploaded by the session when a device
+        # kernel reads them; the usual case, a mask and positions read only by the host's shape subgraph and
+        # Gather indices, moves nothing).
+        feeds = super()._extras(seq_len, extra, lengths)
         given = set(extra or {})
         io = self.io
         length = self.cache.length
         total = length + seq_len
+        ragged = self.row_lengths is not None
         m = io.attention_mask_input
         if m and m in feeds and m not in given and self._device_read(m):
-            feeds[m] = self._mask(np_type(self.inputs[m].type), total)
+            if ragged:
+                if note:
+                    self.transfers.note_in(m, feeds[m])
+            else:
+                feeds[m] = self._mask(np_type(self.inputs[m].type), total)
         pos = self.pipeline.positions
         pname = io.position_ids_input or (pos.input if pos is not None else None)
         if pname and pname in feeds and pname not in given:
-            if (pos.rank if pos is not None else 1) == 3:
+            if ragged:
+                if note and self._device_read(pname):
+                    self.transfers.note_in(pname, feeds[pname])
+            elif (pos.rank if pos is not None else 1) == 3:
                 if note and self._device_read(pname):
                     self.transfers.note_in(pname, feeds[pname])  # mrope positions: built on the host, uploaded
             elif self._device_read(pname):
@@ -352,15 +383,15 @@ class CudaDecoder(DecoderComponent):
         return rc.to_device(np.ascontiguousarray(array))
 
     def _forward(self, tokens, embeds, extra, want, lengths=None):
-        if lengths is not None and np.any(np.asarray(lengths) != np.shape(tokens if tokens is not None else embeds)[1]):
-            raise NotImplementedError("the CUDA decoder runs rows of one length (no padded batch yet)")
         if want not in ("logits", "argmax", "all"):
             raise ValueError(f"want must be 'logits', 'argmax' or 'all', got {want!r}")
         with rc.TransferCounter() as tc:
-            feeds, seq_len = self._feeds(tokens, embeds, extra)
+            feeds, seq_len, n = self._feeds(tokens, embeds, extra, lengths=lengths)
             logits = self._run(feeds, seq_len)
             self.transfers.calls += 1
-            last = self._last(logits)
+            if n is not None:
+                self.row_lengths += n
+            last = self._last(logits, None if n is None else n - 1)
             if want == "argmax":
                 from ops.cuda.reduce import ArgMax
                 out = rc.to_host(ArgMax(last, -1, 0))
@@ -372,25 +403,27 @@ class CudaDecoder(DecoderComponent):
         self.transfers.note_step(tc, seq_len)
         return out
 
-    def _feeds(self, tokens, embeds, extra, note=True):
-        """The next run's feeds (host token ids or embeddings, device views of the rest) and its length;
-        raises before anything is written when the caches would pass ``max_length``.  ``note``: record the
-        host inputs in ``transfers`` (a run follows)."""
+    def _feeds(self, tokens, embeds, extra, note=True, lengths=None):
+        """(the next run's feeds: host token ids or embeddings, device views of the rest; its length; each row's
+        count of real new positions, None while every row is at one length).  Raises before anything is
+        written when the caches would pass ``max_length`` or the rows' lengths cannot run here.  ``note``:
+        record the host inputs in ``transfers`` (a run follows)."""
         if embeds is not None and rc.is_device_array(embeds):
             raise ValueError("CudaDecoder takes host embeddings (they are the step's only upload)")
         name, x = self._sequence(tokens, embeds)
         seq_len = x.shape[1]
         self.cache.make_room(self.cache.length + seq_len)
+        n = self._ragged(lengths, seq_len)
         # Bound as a host array: the session uploads it once for the device kernels that read it.
         feeds = {name: x}
-        feeds.update(self._extras(seq_len, extra, note))
+        feeds.update(self._extras(seq_len, extra, n, note))
         if note:
             self.transfers.note_in(name, x)
             for k, v in (extra or {}).items():
                 if not rc.is_device_array(v):
                     self.transfers.note_in(k, v)
         self._init_state()
-        return feeds, seq_len
+        return feeds, seq_len, n
 
     def bind_step(self, tokens=None, embeds=None, extra=None):
         """The ``IOBinding`` of the next run at the current length, bound but not run; nothing advances.
@@ -401,7 +434,9 @@ class CudaDecoder(DecoderComponent):
         step's positions, so a second run rewrites the same rows with the same values.  Outputs stay on the device
         (``binding.get_output_arrays()``, in ``output_names`` order).
         """
-        feeds, _ = self._feeds(tokens, embeds, extra, note=False)
+        if self.row_lengths is not None:
+            raise NotImplementedError("bind_step: the rows hold different lengths (a padded batch)")
+        feeds, _, _ = self._feeds(tokens, embeds, extra, note=False)
         return self._binding(feeds)
 
     def _binding(self, feeds):
@@ -416,14 +451,20 @@ class CudaDecoder(DecoderComponent):
             b.bind_output(o, "cuda")  # every output stays on the device; nothing is downloaded here
         return b
 
-    def _last(self, logits):
-        """The last position's logits as a (batch, vocab) device array."""
+    def _last(self, logits, at=None):
+        """The last position's logits as a (batch, vocab) device array; ``at``: each row's own last real position
+        (host ints, uploaded: 8 bytes a row) when the rows' lengths differ."""
         if logits.ndim == 2:
             return logits
         if logits.ndim != 3:
             raise MetadataError(f"decoder {self.spec.name!r}: logits of rank {logits.ndim}; expected "
                                 f"(batch, seq, vocab) or (batch, vocab)")
         b, s, v = (int(d) for d in logits.shape)
+        if at is not None and (np.asarray(at) != s - 1).any():
+            out = rc.device_empty((b, v), logits.dtype)
+            g, t = _grid(b * v)
+            _row_positions_kernel[g, t](logits, rc.to_device(np.ascontiguousarray(at, np.int64)), out)
+            return out
         if s == 1:
             return logits.reshape((b, v))
         out = rc.device_empty((b, 1, v), logits.dtype)

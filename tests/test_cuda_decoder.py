@@ -271,6 +271,123 @@ def test_beam_reorder_stays_on_the_device_and_matches_the_cpu_decoder(toy_packag
     assert not np.allclose(got[0], got[1])   # the rows differ: a reorder that moved nothing would show
 
 
+
+def _gqa_model():
+    """A decoder of one GroupQueryAttention layer (2 query heads, 1 KV head of size 2, no rotary), learned
+    positions, no state: a right-padded batch runs on it with each row's mask and positions."""
+    rng = np.random.default_rng(5)
+    inits = {"embed": rng.standard_normal((VOCAB, HID)).astype(np.float32),
+             "pos_table": rng.standard_normal((16, HID)).astype(np.float32),
+             "w_qkv": rng.standard_normal((HID, 8)).astype(np.float32),
+             "w_out": rng.standard_normal((HID, VOCAB)).astype(np.float32),
+             "ax1": np.array([1], np.int64), "one": np.array([1], np.int64), "two": np.array([2], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["embed", "input_ids"], ["tok"], axis=0),                # (B, S, 4)
+        n("Gather", ["pos_table", "position_ids"], ["pe"], axis=0),
+        n("Add", ["tok", "pe"], ["x"]),
+        n("MatMul", ["x", "w_qkv"], ["qkv"]),                                # (B, S, 2*2 + 2*1*2)
+        n("ReduceSum", ["attention_mask", "ax1"], ["len64"], keepdims=0),
+        n("Sub", ["len64", "one"], ["sk64"]), n("Cast", ["sk64"], ["seqlens_k"], to=TensorProto.INT32),
+        n("Shape", ["attention_mask"], ["mshape"]), n("Slice", ["mshape", "one", "two"], ["tot64"]),
+        n("Cast", ["tot64"], ["total"], to=TensorProto.INT32),
+        n("GroupQueryAttention", ["qkv", "", "", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k",
+                                  "total"], ["att", "present.0.key", "present.0.value"], domain="com.microsoft",
+          num_heads=2, kv_num_heads=1),                                      # (B, S, 4)
+        n("Add", ["att", "x"], ["h"]),
+        n("MatMul", ["h", "w_out"], ["logits"]),
+        n("Transpose", ["attention_mask"], ["mask_echo"], perm=[1, 0]),   # a device kernel reads the mask
+    ]
+    kv = ["batch", 1, "past_seq", 2]
+    g = helper.make_graph(
+        nodes, "gqa_decoder",
+        [helper.make_tensor_value_info("input_ids", I64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", I64, ["batch", "total_seq"]),
+         helper.make_tensor_value_info("position_ids", I64, ["batch", "seq"]),
+         helper.make_tensor_value_info("past_key_values.0.key", F, kv),
+         helper.make_tensor_value_info("past_key_values.0.value", F, kv)],
+        [helper.make_tensor_value_info("logits", F, ["batch", "seq", VOCAB]),
+         helper.make_tensor_value_info("present.0.key", F, ["batch", 1, "total_seq", 2]),
+         helper.make_tensor_value_info("present.0.value", F, ["batch", 1, "total_seq", 2]),
+         helper.make_tensor_value_info("mask_echo", I64, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.fixture(scope="module")
+def gqa_package(tmp_path_factory):
+    import onnx
+    import yaml
+    folder = str(tmp_path_factory.mktemp("gqa"))
+    onnx.save_model(_gqa_model(), os.path.join(folder, "decoder.onnx"))
+    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": {
+        "token_input": "input_ids", "logits_output": "logits", "attention_mask_input": "attention_mask",
+        "position_ids_input": "position_ids",
+        "kv_inputs": ["past_key_values.0.key", "past_key_values.0.value"],
+        "kv_outputs": ["present.0.key", "present.0.value"]}}},
+        "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
+            "kind": "autoregressive", "decoder": "decoder", "max_tokens": 4}, "run_on": "every_step"}]}}}
+    with open(os.path.join(folder, "inference_metadata.yaml"), "w") as f:
+        yaml.safe_dump(meta, f)
+    return folder
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "copied"])
+def test_rows_of_different_lengths_match_the_cpu_decoder(gqa_package, shared):
+    """A right-padded batch (rows of 3, 2 and 1 real tokens): each row's last real logits, then steps at each
+    row's own end, equal the CPU decoder's (which runs the same batch) and each row's run alone; the rows' masks
+    are the ones bound (read back through a device kernel); per step the tokens, positions and masks go up, plus
+    the rows' last positions after the prompt, and the logits come down, with the caches shared (written in
+    place) or copied."""
+    from runtime import SessionOptions
+    opts = SessionOptions()
+    opts.kv_share_buffer = shared
+    spec = load_package(gqa_package)
+    cuda_dec = CudaDecoder(spec.decoder, spec, 8, 3, ["CUDAExecutionProvider"], options=opts)
+    cpu_dec = NativeDecoder(spec.decoder, spec, 8, 3, ["CPUExecutionProvider"])
+    alone = [NativeDecoder(spec.decoder, spec, 8, 1, ["CPUExecutionProvider"]) for _ in range(3)]
+    prompt = np.array([[3, 1, 4], [2, 7, 0], [5, 0, 0]], np.int64)
+    lengths = np.array([3, 2, 1])
+    got = cuda_dec.prefill(tokens=prompt, lengths=lengths)
+    want = cpu_dec.prefill(tokens=prompt, lengths=lengths)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for b, dec in enumerate(alone):
+        np.testing.assert_allclose(got[b], dec.prefill(tokens=prompt[b:b + 1, :lengths[b]])[0], rtol=1e-5, atol=1e-5)
+    # up: the tokens, the positions (the learned-position Gather reads them on the device), the rows' mask (a
+    # device kernel reads it; rows of one length bind a device buffer of ones and the plan downloads it instead),
+    # the rows' last positions, and GroupQueryAttention's per-row lengths (int32; uploaded once per distinct
+    # content in the process, so maybe not again here)
+    seqlens = 3 * 4
+
+    def mask_checked(total):
+        mask = (np.arange(total)[None, :] < cuda_dec.row_lengths[:, None]).astype(np.int64)
+        np.testing.assert_array_equal(rc.to_host(cuda_dec.last_results["mask_echo"]).T, mask)
+        return mask.nbytes
+
+    assert cuda_dec.transfers.steps[-1]["h2d"] - (2 * prompt.nbytes + mask_checked(3) + 3 * 8) in (0, seqlens)
+    for k in range(2):
+        tok = np.argmax(want, axis=-1).astype(np.int64).reshape(3, 1)
+        got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        for b, dec in enumerate(alone):
+            np.testing.assert_allclose(got[b], dec.step(tokens=tok[b:b + 1])[0], rtol=1e-5, atol=1e-5)
+        step = cuda_dec.transfers.steps[-1]
+        assert step["h2d"] - (2 * tok.nbytes + mask_checked(4 + k)) in (0, seqlens) and step["d2h"] == got.nbytes
+    np.testing.assert_array_equal(cuda_dec.row_lengths, [5, 4, 3])
+    assert cuda_dec.kv_length == cpu_dec.kv_length == 5
+    a, b = cuda_dec.step(tokens=tok, want="argmax"), cpu_dec.step(tokens=tok, want="argmax")
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(got[0], got[1]) and not np.allclose(got[1], got[2])
+
+
+def test_rows_of_different_lengths_on_recurrent_state_are_refused_before_running(toy_package):
+    cuda_dec, _ = _decoders(toy_package, 2)
+    with pytest.raises(NotImplementedError, match="recurrent state"):
+        cuda_dec.prefill(tokens=np.array([[3, 1], [2, 0]], np.int64), lengths=[2, 1])
+    assert cuda_dec.kv is None and cuda_dec.row_lengths is None and cuda_dec.transfers.calls == 0
+
 def test_cache_past_max_length_is_refused_and_corrupts_nothing(toy_package):
     cuda_dec, cpu_dec = _decoders(toy_package, 1, max_length=4)
     with pytest.raises(ValueError, match="max_length"):

@@ -63,6 +63,10 @@ size through the config's chain, stacked channels first (transposed when they co
 ``num_visual_tokens`` ``<|image_pad|>`` between the two (onnxruntime-genai's scan, quirks kept: a marker without an
 end takes the next one's, and the text between is repeated).
 
+The ``gemma4_unified`` processor (Gemma 4 unified), as onnxruntime-genai 0.18's: Gemma 4's, with every image's
+patches padded to the budget's most (``max_soft_tokens * pooling_kernel_size**2``, zeros and (-1, -1)) and one
+``<|audio|>`` per feature frame (not a quarter of them).
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -92,7 +96,8 @@ _MULTIMODAL_TYPES = {"phi3v", "phi4mm", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "fa
 _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
-PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "mistral3", "lfm2_vl", "videochat_flash_qwen"} | QWEN_TYPES
+PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "gemma4_unified", "mistral3", "lfm2_vl",
+                   "videochat_flash_qwen"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
@@ -188,11 +193,12 @@ class MultiModalProcessor:
                                           f"(implemented: {', '.join(sorted(PROCESSOR_TYPES))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
-        if kind in ("phi4mm", "gemma4"):
+        if kind in ("phi4mm", "gemma4", "gemma4_unified"):
             self._init_speech(spec)
         if not spec.vision_config or not spec.vision_config.get("filename"):
             raise RequestError("MultiModalProcessor: the package has no model.vision section with a filename")
-        self.kind = "qwen" if kind in QWEN_TYPES else kind
+        self.kind = "qwen" if kind in QWEN_TYPES else "gemma4" if kind == "gemma4_unified" else kind
+        self.unified = kind == "gemma4_unified"
         section = spec.vision_config or {}
         self.merge = int(section.get("spatial_merge_size", 2))
         self.patch = int(section.get("patch_size", 14))
@@ -396,7 +402,7 @@ class MultiModalProcessor:
                 raise RequestError(f"Gemma4 audio processing currently supports only 1 audio clip per prompt, but "
                                    f"received {len(clips)} clips.")
             feats, mask = clips[0]
-            n_audio = gemma4_audio_sizes(feats.shape[0])
+            n_audio = feats.shape[0] if self.unified else gemma4_audio_sizes(feats.shape[0])  # unified: one a frame
             out["audio_embeds"] = _round_to(feats[None], self.audio_type)
             out["audio_attention_mask"] = np.ones((1, feats.shape[0]), bool)
             out["audio_sizes"] = np.asarray([n_audio], np.int64)
@@ -432,6 +438,9 @@ class MultiModalProcessor:
         out["token_type_ids"] = (ids == self.tokenizer.to_token_id(_G4_IMAGE)).astype(np.int32)
         if shots:  # stacked as onnxruntime-genai 0.18 stacks them: zero pixels and (-1, -1) after the shorter ones
             most = max(shot[0].shape[0] for shot in shots)
+            if self.unified:   # gemma4_unified: to the budget's most patches, whatever the images
+                attrs = next((a for fn, a in self.steps if fn.__name__ == "gemma4_image_transform"), {})
+                most = max(most, int(attrs.get("max_soft_tokens", 280)) * int(attrs.get("pooling_kernel_size", 3)) ** 2)
             pixels = np.zeros((len(shots), most, shots[0][0].shape[1]), np.float32)
             positions = np.full((len(shots), most, 2), -1, np.int64)
             for i, (pv, pos, _) in enumerate(shots):

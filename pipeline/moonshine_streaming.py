@@ -241,15 +241,8 @@ class MoonshineStreamingProcessor(VadOptions):
         return named
 
     def process(self, audio_chunk):
-        a = np.asarray(audio_chunk, dtype=np.float32)
-        if a.ndim != 1:
-            raise RequestError(f"audio_chunk must be a 1-D array, got {a.ndim}-D")
-        self._buffer = np.concatenate([self._buffer, a])
-        n = self.cfg.chunk_samples
-        if self._buffer.size < n:
-            return None
-        chunk, self._buffer = self._buffer[:n], self._buffer[n:]
-        return self._emit(chunk, self._is_silent(chunk), False)
+        chunk = self._next_chunk(audio_chunk)
+        return None if chunk is None else self._emit(chunk, self._is_silent(chunk), False)
 
     def flush(self):
         tail, self._buffer = self._buffer, np.zeros(0, _F)

@@ -380,9 +380,10 @@ class SileroVad:
 
 
 class VadOptions:
-    """The voice activity detector of a streaming processor and onnxruntime-genai's options over it (``use_vad``,
-    ``vad_threshold``, ``silence_duration_ms``, ``prefix_padding_ms``); the detector is on when the package has
-    one.  ``_init_vad(model)`` sets it up; ``_is_silent(chunk)`` is its verdict (False without a detector)."""
+    """What the streaming processors share: the voice activity detector and onnxruntime-genai's options over it
+    (``use_vad``, ``vad_threshold``, ``silence_duration_ms``, ``prefix_padding_ms``; the detector is on when the
+    package has one), and the audio buffer cut into chunks.  ``_init_vad(model)`` sets the detector up;
+    ``_is_silent(chunk)`` is its verdict (False without a detector); ``_next_chunk(audio)`` buffers and cuts."""
 
     def _init_vad(self, model):
         cfg = model.cfg
@@ -400,6 +401,19 @@ class VadOptions:
 
     def _is_silent(self, chunk: np.ndarray) -> bool:
         return self._vad is not None and not self._vad.contains_speech(chunk)
+
+    def _next_chunk(self, audio_chunk):
+        """``audio_chunk`` (float32, one dimension) appended to the buffer, and one ``chunk_samples`` chunk cut
+        from its front when it holds one (the rest waits), else None."""
+        a = np.asarray(audio_chunk, dtype=np.float32)
+        if a.ndim != 1:
+            raise RequestError(f"audio_chunk must be a 1-D array, got {a.ndim}-D")
+        self._buffer = np.concatenate([self._buffer, a])
+        n = self.cfg.chunk_samples
+        if self._buffer.size < n:
+            return None
+        chunk, self._buffer = self._buffer[:n], self._buffer[n:]
+        return chunk
 
     def set_option(self, key: str, value: str):
         key, value = str(key), str(value)
@@ -494,15 +508,8 @@ class StreamingProcessor(VadOptions):
         return named
 
     def process(self, audio_chunk):
-        a = np.asarray(audio_chunk, dtype=np.float32)
-        if a.ndim != 1:
-            raise RequestError(f"audio_chunk must be a 1-D array, got {a.ndim}-D")
-        self._buffer = np.concatenate([self._buffer, a])
-        n = self.cfg.chunk_samples
-        if self._buffer.size < n:
-            return None
-        chunk, self._buffer = self._buffer[:n], self._buffer[n:]
-        if self._drop(chunk):
+        chunk = self._next_chunk(audio_chunk)
+        if chunk is None or self._drop(chunk):
             return None
         return self._chunk_features(chunk)
 

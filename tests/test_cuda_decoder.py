@@ -104,24 +104,30 @@ def _toy_model():
     return m
 
 
-@pytest.fixture(scope="module")
-def toy_package(tmp_path_factory):
+def _decoder_package(folder, model, state_pairs=()):
+    """``model`` as the one decoder of an inference_metadata package in ``folder`` (its cache and state ports as
+    the test models name them); returns ``folder``."""
     import onnx
     import yaml
-    folder = str(tmp_path_factory.mktemp("toy"))
-    onnx.save_model(_toy_model(), os.path.join(folder, "decoder.onnx"))
-    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": {
-        "token_input": "input_ids", "logits_output": "logits", "attention_mask_input": "attention_mask",
-        "position_ids_input": "position_ids",
-        "kv_inputs": ["past_key_values.0.key", "past_key_values.0.value"],
-        "kv_outputs": ["present.0.key", "present.0.value"],
-        "state_pairs": [{"input": "state_in", "output": "state_out", "init": "zeros", "update": "replace"}]}}},
-        "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
-            "kind": "autoregressive", "decoder": "decoder", "max_tokens": 4}, "run_on": "every_step"}]}}}
+    onnx.save_model(model, os.path.join(folder, "decoder.onnx"))
+    io = {"token_input": "input_ids", "logits_output": "logits", "attention_mask_input": "attention_mask",
+          "position_ids_input": "position_ids",
+          "kv_inputs": ["past_key_values.0.key", "past_key_values.0.value"],
+          "kv_outputs": ["present.0.key", "present.0.value"]}
+    if state_pairs:
+        io["state_pairs"] = list(state_pairs)
+    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": io}},
+            "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
+                "kind": "autoregressive", "decoder": "decoder", "max_tokens": 4}, "run_on": "every_step"}]}}}
     with open(os.path.join(folder, "inference_metadata.yaml"), "w") as f:
         yaml.safe_dump(meta, f)
     return folder
 
+
+@pytest.fixture(scope="module")
+def toy_package(tmp_path_factory):
+    return _decoder_package(str(tmp_path_factory.mktemp("toy")), _toy_model(), [
+        {"input": "state_in", "output": "state_out", "init": "zeros", "update": "replace"}])
 
 def _decoders(package, batch=1, max_length=16):
     spec = load_package(package)
@@ -318,21 +324,7 @@ def _gqa_model():
 
 @pytest.fixture(scope="module")
 def gqa_package(tmp_path_factory):
-    import onnx
-    import yaml
-    folder = str(tmp_path_factory.mktemp("gqa"))
-    onnx.save_model(_gqa_model(), os.path.join(folder, "decoder.onnx"))
-    meta = {"pipeline": {"models": {"decoder": {"filename": "decoder.onnx", "type": "decoder", "io": {
-        "token_input": "input_ids", "logits_output": "logits", "attention_mask_input": "attention_mask",
-        "position_ids_input": "position_ids",
-        "kv_inputs": ["past_key_values.0.key", "past_key_values.0.value"],
-        "kv_outputs": ["present.0.key", "present.0.value"]}}},
-        "strategy": {"kind": "composite", "stages": [{"name": "decode", "strategy": {
-            "kind": "autoregressive", "decoder": "decoder", "max_tokens": 4}, "run_on": "every_step"}]}}}
-    with open(os.path.join(folder, "inference_metadata.yaml"), "w") as f:
-        yaml.safe_dump(meta, f)
-    return folder
-
+    return _decoder_package(str(tmp_path_factory.mktemp("gqa")), _gqa_model())
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "copied"])
 def test_rows_of_different_lengths_match_the_cpu_decoder(gqa_package, shared):

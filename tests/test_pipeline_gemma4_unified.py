@@ -2,10 +2,10 @@
 Gemma 4's processor with every image's patches padded to the budget's most (``max_soft_tokens`` times the pooling
 window) and one ``<|audio|>`` per feature frame; inputs and generated tokens equal onnxruntime-genai's, natively
 and on onnxruntime."""
-import numpy as np
 import pytest
 
 import pipeline as og
+from processor_runs import assert_same_runs, run_cases
 from fixtures import gemma4_package as G4
 from fixtures import phi3v_package as P
 from fixtures.whisper_package import clip
@@ -23,42 +23,19 @@ def media(tmp_path_factory):
             clip(str(d / "c.wav"), 16000, 0.5, seed=0))
 
 
-# prompt, images, with the clip: one image; two of different sizes; text only; an image and a clip
-CASES = [("Look <|image|> here", [0], False), ("<|image|> and <|image|>", [0, 1], False), ("hi", [], False),
-         ("<|image|> hear <|audio|>", [0], True)]
-
-
-def _run(api, path, media, native=None):
-    model = api.Model(path) if native is None else api.Model(path, native=native)
-    processor = model.create_multimodal_processor()
-    runs = []
-    for prompt, which, audio in CASES:
-        inputs = processor(prompt, images=api.Images.open(*[media[k] for k in which]) if which else None,
-                           audios=api.Audios.open(media[2]) if audio else None)
-        arrays = {k: np.array(inputs[k].as_numpy()) for k in inputs.keys()}
-        params = api.GeneratorParams(model)
-        params.set_search_options(max_length=arrays["input_ids"].shape[1] + 4)
-        generator = api.Generator(model, params)
-        generator.set_inputs(inputs)
-        while not generator.is_done():
-            generator.generate_next_token()
-        runs.append((arrays, generator.get_sequence(0).tolist()))
-    return runs
+# prompt, images, the clip: one image; two of different sizes; text only; an image and the clip
+CASES = [("Look <|image|> here", [0]), ("<|image|> and <|image|>", [0, 1]), ("hi", []),
+         ("<|image|> hear <|audio|>", [0], 2)]
 
 
 @pytest.fixture(scope="module")
 def reference(package, media, ort_genai):
-    return _run(ort_genai, package, media)
+    return run_cases(ort_genai, package, CASES, media)
 
 
 @pytest.mark.parametrize("native", ["all", "none"])
 def test_inputs_and_tokens_are_onnxruntime_genai_s(package, media, reference, native):
-    for (prompt, _, _), (want, want_seq), (got, got_seq) in zip(CASES, reference, _run(og, package, media, native)):
-        assert sorted(got) == sorted(want), prompt
-        for k in want:
-            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (prompt, k)
-            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{prompt!r}: {k}")
-        assert got_seq == want_seq, prompt
+    assert_same_runs(CASES, run_cases(og, package, CASES, media, native), reference)
 
 
 def test_the_cases_pad_to_the_budget_and_count_frames(reference):

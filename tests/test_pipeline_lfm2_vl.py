@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pipeline as og
+from processor_runs import assert_same_runs, run_cases
 from fixtures import lfm2_vl_package as L
 from fixtures import phi3v_package as P
 
@@ -27,45 +28,14 @@ CASES = [("<image>What is this?", [0]), ("<image> and <image>", [0, 1]), ("hello
          ("Two pictures", [0, 1]), ("<image><image>", [0])]
 
 
-def _run(api, path, pictures, native=None):
-    model = api.Model(path) if native is None else api.Model(path, native=native)
-    processor = model.create_multimodal_processor()
-    runs = []
-    for prompt, which in CASES:
-        images = api.Images.open(*[pictures[k] for k in which]) if which else None
-        try:
-            inputs = processor(prompt, images=images)
-        except RuntimeError as e:
-            runs.append(("error", str(e)))
-            continue
-        arrays = {k: np.array(inputs[k].as_numpy()) for k in inputs.keys()}
-        params = api.GeneratorParams(model)
-        params.set_search_options(max_length=arrays["input_ids"].shape[1] + 5)
-        generator = api.Generator(model, params)
-        generator.set_inputs(inputs)
-        while not generator.is_done():
-            generator.generate_next_token()
-        runs.append((arrays, generator.get_sequence(0).tolist()))
-    return runs
-
-
 @pytest.fixture(scope="module")
 def reference(package, pictures, ort_genai):
-    return _run(ort_genai, package, pictures)
+    return run_cases(ort_genai, package, CASES, pictures)
 
 
 @pytest.mark.parametrize("native", ["all", "none"])
 def test_inputs_errors_and_tokens_are_onnxruntime_genai_s(package, pictures, reference, native):
-    for (prompt, _), want, got in zip(CASES, reference, _run(og, package, pictures, native)):
-        if want[0] == "error":
-            assert got == want, prompt
-            continue
-        (want, want_seq), (got, got_seq) = want, got
-        assert sorted(got) == sorted(want), prompt
-        for k in want:
-            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (prompt, k)
-            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{prompt!r}: {k}")
-        assert got_seq == want_seq, prompt
+    assert_same_runs(CASES, run_cases(og, package, CASES, pictures, native), reference)
 
 
 def test_the_cases_expand_as_lfm2_vl_does(reference):

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import pipeline as og
+from streaming_steps import chunk_steps
 from fixtures import moonshine_streaming_package as M
 from fixtures import nemotron_speech_package as N
 
@@ -61,14 +62,8 @@ def _stream(api, model, pieces, options=()):
         chunks.append((np.array(inputs["audio_chunk"].as_numpy()), int(inputs["is_silent"].as_numpy()[0]),
                        int(inputs["is_final"].as_numpy()[0])))
         generator.set_inputs(inputs)
-        chunk = []
-        while not generator.is_done():
-            assert len(chunk) < _STEP_LIMIT, f"a chunk was not done after {_STEP_LIMIT} steps"
-            generator.generate_next_token()
-            tokens = generator.get_next_tokens()
-            chunk.append([int(t) for t in tokens])
-            if len(tokens):
-                text += stream.decode(tokens[0])
+        chunk, more = chunk_steps(generator, stream, _STEP_LIMIT)
+        text += more
         steps.append(chunk)
     seq = generator.get_sequence(0)
     assert generator.token_count() == len(seq)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pipeline as og
+from streaming_steps import chunk_steps
 from fixtures import nemotron_speech_package as N
 from fixtures import whisper_package as W
 
@@ -53,14 +54,8 @@ def _stream(api, model, pieces):
         nonlocal text
         features.append(np.array(inputs["audio_features"].as_numpy()))
         generator.set_inputs(inputs)
-        chunk = []
-        while not generator.is_done():
-            assert len(chunk) < _STEP_LIMIT, f"a chunk was not done after {_STEP_LIMIT} steps"
-            generator.generate_next_token()
-            tokens = generator.get_next_tokens()
-            chunk.append([int(t) for t in tokens])
-            if len(tokens):
-                text += stream.decode(tokens[0])
+        chunk, more = chunk_steps(generator, stream, _STEP_LIMIT)
+        text += more
         steps.append(chunk)
 
     for piece in pieces:

@@ -5,7 +5,6 @@ distributions and looking at which ids ever come out; the tokenizer tests build
 a tiny byte-level BPE tokenizer in code (no package on disk is needed).
 """
 import json
-import math
 
 import numpy as np
 import pytest

@@ -12,8 +12,8 @@
         print(generator.get_next_tokens()[0])
 
 or in one call: ``og.generate(model, prompt_ids, max_new_tokens=16)``.  ``Generator`` lives in
-``pipeline/generator.py``; a streaming speech package (``nemotron_speech``) gets ``pipeline/streaming_asr.py``'s
-generator and ``StreamingProcessor`` instead.
+``pipeline/generator.py``; a streaming speech package (``nemotron_speech``, ``parakeet_tdt``, Moonshine's
+``streaming_enc_dec_asr``) gets ``pipeline/streaming_asr.py``'s generator and ``StreamingProcessor`` instead.
 
 As in onnxruntime-genai: token ids come back as int32 arrays, a batch of encodings as a ``Tensor`` (right-padded
 with the pad id), search options as floats and bools (``get_search_options``); an unknown search option or a
@@ -233,7 +233,8 @@ class Model:
         return MultiModalProcessor(self)
 
     def create_streaming_processor(self):
-        """The streaming audio processor of a ``nemotron_speech`` package (``pipeline/streaming_asr.py``)."""
+        """The streaming audio processor of a ``nemotron_speech`` or Moonshine ``streaming_enc_dec_asr`` package
+        (``pipeline/streaming_asr.py``, ``pipeline/moonshine_streaming.py``)."""
         from .streaming_asr import StreamingProcessor
         return StreamingProcessor(self)
 

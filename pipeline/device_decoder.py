@@ -48,8 +48,8 @@ positions); only the row indices cross.
 Rows of different lengths (a right-padded batch, onnxruntime-genai's layout) run as on the CPU
 (``DecoderComponent._ragged``): each row's mask covers its live positions, so GroupQueryAttention writes each
 row's new keys at its own end (in the shared buffer, or the present copied whole into the static one), its
-positions continue from its own length, and its logits are read at its last real position on the device (the
-rows' positions go up, 8 bytes a row).  The mask and positions are built per row on the host: where only the
+positions continue from its own length, and its logits are read at its last real position on the device (those
+positions go up, 8 bytes a row).  The mask and positions are built per row on the host: where only the
 plan's host subgraphs read them (a builder decoder's), nothing more crosses; where a device kernel reads them,
 the session uploads them (counted).  Decoders with recurrent state refuse such a batch here, before anything
 runs (their first run would take each row alone, as ``NativeDecoder`` does).

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .spec import MetadataError, RequestError
-from .streaming_asr import TransducerGenerator, TransducerModel, VadOptions
+from .streaming_asr import StreamingBase, TransducerGenerator, TransducerModel
 
 __all__ = ["MODEL_TYPE", "COMPONENTS", "PORTS", "MoonshineConfig", "MoonshineModel", "MoonshineStreamingProcessor",
            "MoonshineGenerator"]
@@ -222,7 +222,7 @@ class MoonshineModel(TransducerModel):
         return (s.inputs if key.startswith("in.") else s.outputs)[name].type
 
 
-class MoonshineStreamingProcessor(VadOptions):
+class MoonshineStreamingProcessor(StreamingBase):
     """onnxruntime-genai's ``StreamingProcessor`` for a ``streaming_enc_dec_asr`` model: raw float32 audio in, one
     chunk of samples out per call when a chunk is complete, with the detector's verdict; ``flush`` sends the rest."""
 
@@ -268,12 +268,7 @@ class MoonshineGenerator(TransducerGenerator):
 
     # -- inputs
     def set_inputs(self, named=None, **more):
-        from .api import _arrays
-        arrays = _arrays(dict(named or {}, **more))
-        if "input_ids" in arrays:
-            raise RequestError(f"input_ids: a {self._model_type} model takes no token ids; give set_inputs a "
-                               f"StreamingProcessor's output")
-        self._queued += list(arrays.items())
+        super().set_inputs(named, **more)
         if self._first_inputs:   # onnxruntime-genai applies the first call's inputs at once (again at the step)
             self._apply(self._queued)
             self._first_inputs = False

@@ -379,7 +379,7 @@ class SileroVad:
         return False
 
 
-class VadOptions:
+class StreamingBase:
     """What the streaming processors share: the voice activity detector and onnxruntime-genai's options over it
     (``use_vad``, ``vad_threshold``, ``silence_duration_ms``, ``prefix_padding_ms``; the detector is on when the
     package has one), and the audio buffer cut into chunks.  ``_init_vad(model)`` sets the detector up;
@@ -454,7 +454,7 @@ class VadOptions:
         raise RequestError(f"Unknown StreamingProcessor option: '{key}'")
 
 
-class StreamingProcessor(VadOptions):
+class StreamingProcessor(StreamingBase):
     """onnxruntime-genai's ``StreamingProcessor`` for a ``nemotron_speech`` model: raw float32 PCM audio in,
     one chunk's ``audio_features`` out per call when a chunk is complete; with a voice activity detector, a chunk
     of prolonged silence is dropped (``process`` returns None for it).  Given a ``streaming_enc_dec_asr`` model it

@@ -477,7 +477,7 @@ class DecoderComponent:
             k = int(n[b])
             row = {}
             for key, v in feeds.items():
-                v = np.asarray(v)
+                v = np.asarray(self._host(v))
                 if key == name or key == self.io.attention_mask_input or (v.ndim == 2 and v.shape == x.shape[:2]):
                     row[key] = np.ascontiguousarray(v[b:b + 1, :k])
                 elif key == pname and v.ndim == 3:  # (3, batch, sequence) positions
@@ -508,6 +508,7 @@ class DecoderComponent:
             results[o] = np.concatenate(parts, axis=0)
         for i in self.io.kv_inputs:  # the buffers a batched run would have fed (a shared cache makes them here)
             self.cache.past(i)
+        results = {o: self._from_host(v) for o, v in results.items()}
         self._keep(results, seq_len)
         return results[self.io.logits_output]
 

@@ -51,8 +51,10 @@ row's new keys at its own end (in the shared buffer, or the present copied whole
 positions continue from its own length, and its logits are read at its last real position on the device (those
 positions go up, 8 bytes a row).  The mask and positions are built per row on the host: where only the
 plan's host subgraphs read them (a builder decoder's), nothing more crosses; where a device kernel reads them,
-the session uploads them (counted).  Decoders with recurrent state refuse such a batch here, before anything
-runs (their first run would take each row alone, as ``NativeDecoder`` does).
+the session uploads them (counted).  On a decoder with recurrent state the batch's first run takes each row
+alone over its real positions (``DecoderComponent._rows_alone``: the rows' feeds and state go through the host,
+and their presents, state and logits come back to the device), so that no pad reaches the state; later runs of
+one position per row run batched on the device.
 
 A run that would take a cache past ``max_length`` raises before anything
 runs or is written.
@@ -273,6 +275,7 @@ class CudaDecoder(DecoderComponent):
     """Native decoder on ``CUDAExecutionProvider``; caches and state stay on the device (module docstring)."""
 
     backend = "native"
+    rows_alone = True   # a padded batch's first run on recurrent state: each row alone (the host's loop)
 
     def __init__(self, spec, pipeline, max_length, batch=1, providers=None, options=None):
         from runtime import InferenceSession
@@ -387,7 +390,12 @@ class CudaDecoder(DecoderComponent):
             raise ValueError(f"want must be 'logits', 'argmax' or 'all', got {want!r}")
         with rc.TransferCounter() as tc:
             feeds, seq_len, n = self._feeds(tokens, embeds, extra, lengths=lengths)
-            logits = self._run(feeds, seq_len)
+            if n is not None and self.io.state_pairs and (n < seq_len).any():
+                name = self.io.inputs_embeds_input if self.io.sequence_source == "inputs_embeds" \
+                    else self.io.token_input
+                logits = self._rows_alone(name, feeds[name], feeds, n)
+            else:
+                logits = self._run(feeds, seq_len)
             self.transfers.calls += 1
             if n is not None:
                 self.row_lengths += n

@@ -374,11 +374,32 @@ def test_rows_of_different_lengths_match_the_cpu_decoder(gqa_package, shared):
     assert not np.allclose(got[0], got[1]) and not np.allclose(got[1], got[2])
 
 
-def test_rows_of_different_lengths_on_recurrent_state_are_refused_before_running(toy_package):
-    cuda_dec, _ = _decoders(toy_package, 2)
-    with pytest.raises(NotImplementedError, match="recurrent state"):
-        cuda_dec.prefill(tokens=np.array([[3, 1], [2, 0]], np.int64), lengths=[2, 1])
-    assert cuda_dec.kv is None and cuda_dec.row_lengths is None and cuda_dec.transfers.calls == 0
+def test_rows_of_different_lengths_on_recurrent_state_run_each_row_alone_first(toy_package):
+    """A padded batch on a decoder with recurrent state: its first run takes each row alone (no pad reaches the
+    state), as the CPU decoder does, and leaves caches and state on the device; later steps run batched; a later
+    run of several positions with rows of different lengths is refused before anything runs."""
+    cuda_dec, cpu_dec = _decoders(toy_package, 2)
+    alone = [_decoders(toy_package, 1)[1] for _ in range(2)]
+    prompt = np.array([[3, 1, 4], [2, 7, 0]], np.int64)
+    lengths = np.array([3, 2])
+    got, want = cuda_dec.prefill(tokens=prompt, lengths=lengths), cpu_dec.prefill(tokens=prompt, lengths=lengths)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for b, dec in enumerate(alone):
+        np.testing.assert_allclose(got[b], dec.prefill(tokens=prompt[b:b + 1, :lengths[b]])[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cuda_dec.state_to_host()["state_in"][b], dec.state["state_in"][0], rtol=1e-5)
+    assert rc.is_device_array(cuda_dec.state["state_in"])
+    assert all(rc.is_device_array(r.buf) for r in cuda_dec.kv.values())
+    for _ in range(2):
+        tok = np.argmax(want, axis=-1).astype(np.int64).reshape(2, 1)
+        got, want = cuda_dec.step(tokens=tok), cpu_dec.step(tokens=tok)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cuda_dec.state_to_host()["state_in"], cpu_dec.state["state_in"], rtol=1e-5)
+    np.testing.assert_array_equal(cuda_dec.row_lengths, [5, 4])
+    calls, length = cuda_dec.transfers.calls, cuda_dec.kv_length
+    with pytest.raises(NotImplementedError, match="first run only"):
+        cuda_dec.step(tokens=np.array([[1, 2], [3, 0]], np.int64), lengths=[2, 1])
+    assert cuda_dec.transfers.calls == calls and cuda_dec.kv_length == length
+
 
 def test_cache_past_max_length_is_refused_and_corrupts_nothing(toy_package):
     cuda_dec, cpu_dec = _decoders(toy_package, 1, max_length=4)

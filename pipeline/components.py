@@ -472,12 +472,13 @@ class DecoderComponent:
                                       f"rows of one length, after it")
         seq_len = x.shape[1]
         pname = self.io.position_ids_input or (self.pipeline.positions.input if self.pipeline.positions else None)
+        feeds = {key: np.asarray(self._host(v)) for key, v in feeds.items()}    # on the host once, for all rows
+        state = {p.input: self._host(self.state[p.input]) for p in self.io.state_pairs}
         per_row = []
         for b in range(self.batch):
             k = int(n[b])
             row = {}
             for key, v in feeds.items():
-                v = np.asarray(self._host(v))
                 if key == name or key == self.io.attention_mask_input or (v.ndim == 2 and v.shape == x.shape[:2]):
                     row[key] = np.ascontiguousarray(v[b:b + 1, :k])
                 elif key == pname and v.ndim == 3:  # (3, batch, sequence) positions
@@ -490,7 +491,7 @@ class DecoderComponent:
                 spec = self._cache_spec(i)
                 row[i] = np.zeros((1,) + spec.with_rows(0)[1:], spec.dtype)
             for p in self.io.state_pairs:
-                row[p.input] = np.ascontiguousarray(self._host(self.state[p.input])[b:b + 1])
+                row[p.input] = np.ascontiguousarray(state[p.input][b:b + 1])
             per_row.append(dict(zip(self.output_names, self.session.run(None, row))))
         results = {}
         for o in self.output_names:

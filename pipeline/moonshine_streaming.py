@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .spec import MetadataError, RequestError
-from .streaming_asr import StreamingBase, TransducerGenerator, TransducerModel
+from .streaming_asr import NemotronConfig, StreamingBase, TransducerGenerator, TransducerModel
 
 __all__ = ["MODEL_TYPE", "COMPONENTS", "PORTS", "MoonshineConfig", "MoonshineModel", "MoonshineStreamingProcessor",
            "MoonshineGenerator"]
@@ -125,7 +125,6 @@ class MoonshineConfig:
 
     @classmethod
     def from_json(cls, doc: dict) -> "MoonshineConfig":
-        from .streaming_asr import NemotronConfig
         model = doc.get("model") or {}
 
         def sec(d, name, where):
@@ -279,14 +278,15 @@ class MoonshineGenerator(TransducerGenerator):
             if name == "audio_chunk":
                 audio = np.asarray(value)
             elif name == "is_silent":
-                silent = bool(np.asarray(value).reshape(-1)[0] != 0)
+                silent = bool(np.asarray(value).reshape(-1)[:1].any())
             elif name == "is_final":
-                final = bool(np.asarray(value).reshape(-1)[0] != 0)
+                final = bool(np.asarray(value).reshape(-1)[:1].any())
         if audio is None:
             return
         if audio.dtype != np.float32:
             raise RequestError(f"audio_chunk: expected float32 samples, got {audio.dtype}")
-        self._audio = audio.reshape(-1)[:audio.shape[-1] if audio.ndim else 1]
+        # the last axis counts the samples (a scalar holds none), as onnxruntime-genai reads the chunk
+        self._audio = audio.reshape(-1)[:audio.shape[-1]] if audio.ndim else np.zeros(0, _F)
         self._silent, self._final = bool(silent), bool(final)
         self._need_run, self._chunk_done = True, False
 

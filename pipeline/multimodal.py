@@ -84,7 +84,7 @@ import re
 
 import numpy as np
 
-from .image_transforms import TRANSFORMS, UnsupportedTransform
+from .image_transforms import TRANSFORMS, UnsupportedTransform, gemma4_image_transform
 from .package_checks import graph_ports, resolve_in_package
 from .spec import ComponentSpec, RequestError
 
@@ -103,7 +103,6 @@ _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: o
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
 _PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]")
 _LFM2_IMAGE, _LFM2_START, _LFM2_END = "<image>", "<|image_start|>", "<|image_end|>"
-_VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 _G4_BOA, _G4_AUDIO, _G4_EOA = "<|audio>", "<|audio|>", "<audio|>"
 _BOI, _IMAGE_SOFT, _EOI, _GEMMA_IMAGE_TOKENS = "<start_of_image>", "<image_soft_token>", "<end_of_image>", 256
 _VISION_START, _VISION_END, _IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -439,7 +438,7 @@ class MultiModalProcessor:
         if shots:  # stacked as onnxruntime-genai 0.18 stacks them: zero pixels and (-1, -1) after the shorter ones
             most = max(shot[0].shape[0] for shot in shots)
             if self.unified:   # gemma4_unified: to the budget's most patches, whatever the images
-                attrs = next((a for fn, a in self.steps if fn.__name__ == "gemma4_image_transform"), {})
+                attrs = next((a for fn, a in self.steps if fn is gemma4_image_transform), {})
                 most = max(most, int(attrs.get("max_soft_tokens", 280)) * int(attrs.get("pooling_kernel_size", 3)) ** 2)
             pixels = np.zeros((len(shots), most, shots[0][0].shape[1]), np.float32)
             positions = np.full((len(shots), most, 2), -1, np.int64)
@@ -518,6 +517,16 @@ class MultiModalProcessor:
         out["num_image_tokens"] = np.asarray([_GEMMA_IMAGE_TOKENS], np.int64)
         return out
 
+    def _sized_shots(self, images, who: str) -> list:
+        """Each image through the processor config, whose last step must be ``PixtralImageSizes`` (each result the
+        ``(3, H, W)`` image and its ``(H, W)``); [] without images."""
+        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        for shot in shots:
+            if not (isinstance(shot, tuple) and len(shot) == 2):
+                raise RequestError(f"{who}: the processor config must end with Permute3D followed by "
+                                   f"PixtralImageSizes (each image's (height, width))")
+        return shots
+
     def _mistral3(self, prompt: str, images):
         """Mistral 3 (Pixtral), as onnxruntime-genai 0.18's: each image's ``(3, H, W)`` (``H`` and ``W`` multiples
         of ``patch_size * spatial_merge_size``) stacked, zero-padded to the largest, with ``image_sizes``; the
@@ -530,11 +539,7 @@ class MultiModalProcessor:
         out = NamedTensors()
         img, brk, end, inst = (self.tokenizer.to_token_id(t) for t in _PIXTRAL_TOKENS)
         ids = self.tokenizer.encode(prompt).astype(np.int32).tolist() if prompt else []
-        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
-        for shot in shots:
-            if not (isinstance(shot, tuple) and len(shot) == 2):
-                raise RequestError("Mistral3ImageProcessor: the processor config must end with PixtralImageSizes "
-                                   "(the images' (height, width))")
+        shots = self._sized_shots(images, "Mistral3ImageProcessor")
         if not shots:
             out["input_ids"] = np.asarray(ids, np.int32).reshape(1, -1)
             out["num_image_tokens"] = np.zeros(1, np.int64)
@@ -579,16 +584,11 @@ class MultiModalProcessor:
         from .api import NamedTensors
         from .image_transforms import pixtral_stack
         out = NamedTensors()
-        shots = [self._run_steps(blob) for blob in images.blobs] if images is not None and len(images) else []
+        shots = self._sized_shots(images, "Lfm2VlImageProcessor")
         if not shots:
             out["input_ids"] = self.tokenizer.encode(prompt).astype(np.int32).reshape(1, -1)
             out["num_image_tokens"] = np.zeros(1, np.int64)
             return out
-        for shot in shots:
-            if not (isinstance(shot, tuple) and len(shot) == 2):
-                raise RequestError("Lfm2VlImageProcessor: expected 4D pixel_values [N, C, H, W] from the image "
-                                   "preprocessor. The pipeline in processor_config.json must end with Permute3D "
-                                   "followed by PixtralImageSizes.")
         found = prompt.count(_LFM2_IMAGE)
         if found != len(shots):
             raise RequestError(f"Lfm2VlImageProcessor: the prompt contains {found} {_LFM2_IMAGE} tokens but "

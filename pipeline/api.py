@@ -415,7 +415,11 @@ SEARCH_KEYS = {"batch_size": ("batch_size", int), "chunk_size": ("chunk_size", i
                "num_return_sequences": ("num_return_sequences", int),
                "past_present_share_buffer": ("past_present_share_buffer", bool), "random_seed": ("seed", int),
                "repetition_penalty": ("repetition_penalty", float), "temperature": ("temperature", float),
-               "top_k": ("top_k", int), "top_p": ("top_p", float)}
+               "top_k": ("top_k", int), "top_p": ("top_p", float),
+               # LFM2-Audio's speech output (pipeline/lfm2_audio.py); get_search_options leaves them out, as there
+               "audio_interleaved": ("audio_interleaved", bool), "audio_temperature": ("audio_temperature", float),
+               "audio_top_k": ("audio_top_k", int)}
+_UNREPORTED = {"audio_interleaved", "audio_temperature", "audio_top_k"}
 
 
 class GeneratorParams:
@@ -447,6 +451,8 @@ class GeneratorParams:
         """Every option as onnxruntime-genai reports it: bools as bools, numbers as floats."""
         out = {}
         for k, (field, t) in sorted(SEARCH_KEYS.items()):
+            if k in _UNREPORTED:
+                continue
             v = getattr(self.search, field)
             if k == "random_seed" and v is None:
                 v = -1

@@ -484,6 +484,7 @@ class CudaDecoder(DecoderComponent):
         self.session.run_with_iobinding(b)
         res = dict(zip(self.output_names, b.get_output_arrays()))
         self._keep(res, seq_len)
+        self._keep_captured(res)  # a captured output (a hidden state the host reads) comes down; nothing else
         self.last_results = res  # device arrays, for inspection (nothing is downloaded)
         return res[self.io.logits_output]
 

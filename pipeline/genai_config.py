@@ -262,11 +262,14 @@ def load_genai_config(root: str, name: str = GENAI_CONFIG, overlay: dict | None 
     graphs = Graphs()
     decoder, n_layers, ins = _load_decoder(root, dec, graphs, files)
     components = _side_components(root, model, files)
+    audio_output = _audio_output(root, model, components, files)
     components["decoder"] = decoder
     edges = _vlm_edges(model, components, decoder) + _audio_encoder(root, model, components, n_layers, files)
     for comp in components.values():
         check_io_ports(comp, graphs, f"model.{comp.name}")
     spec = _genai_spec(root, cfg, model, dec, components, edges, n_layers, ins)
+    spec.audio_output = audio_output
+    spec.model_keys = {k: v for k, v in model.items() if not isinstance(v, (dict, list))}
     check_edges(spec, graphs, "model")
     _check_decoder_geometry(dec, decoder, ins, n_layers, "model.decoder")
     _mark_text_only(spec, graphs)
@@ -371,6 +374,19 @@ def _side_components(root: str, model: dict, files: dict) -> dict:
         comp.io.token_input = (sec.get("inputs") or {}).get("input_ids")
         components[sec_name] = comp
     return components
+
+
+def _audio_output(root: str, model: dict, components: dict, files: dict):
+    """LFM2-Audio's ``audio_output`` section (``pipeline/lfm2_audio.py``): its config, None without one; its two
+    models become the components ``depthformer`` and ``audio_embedding``, which the generator runs itself."""
+    from .lfm2_audio import AudioOutputConfig
+    cfg = AudioOutputConfig.from_model(model)
+    if cfg is not None:
+        for name, rel, key in (("depthformer", cfg.depthformer, "depthformer"),
+                               ("audio_embedding", cfg.embedding, "embedding")):
+            components[name] = component_spec(root, {"filename": rel}, f"model.audio_output.{key}", name,
+                                              "audio_output", files)
+    return cfg
 
 
 def _audio_encoder(root: str, model: dict, components: dict, n_layers: int, files: dict) -> list:
@@ -482,7 +498,8 @@ def _speculative(cfg: dict):
 _NOMINAL = {"vision": {"pixel_values": "pixel_values", "image_sizes": "image_sizes",
                        "attention_mask": "image_attention_mask"},
             "speech": {"audio_embeds": "audio_embeds", "attention_mask": "audio_attention_mask",
-                       "audio_sizes": "audio_sizes", "audio_projection_mode": "audio_projection_mode"}}
+                       "audio_sizes": "audio_sizes", "audio_projection_mode": "audio_projection_mode",
+                       "audio_lengths": "audio_lengths"}}
 
 
 def _input_aliases(model: dict) -> dict:

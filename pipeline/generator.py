@@ -113,6 +113,21 @@ class Generator:
         kind = check_speculative(model, params)
         self._spec = Speculator(self, kind) if kind else None
         self._queue = []
+        self._speech = self._speech_output()
+
+    def _speech_output(self):
+        """LFM2-Audio's speech output (``pipeline/lfm2_audio.py``) when the package has one: the decoder's hidden
+        states are kept from every run for it."""
+        cfg = self.model.spec.audio_output
+        if cfg is None:
+            return None
+        from .lfm2_audio import SpeechOutput
+        comps = self.pipe.components
+        out = SpeechOutput(cfg, comps["depthformer"], comps["audio_embedding"], int(self.model.spec.vocab_size or 0),
+                           self.search, self.batch)
+        if cfg.hidden_states in self.pipe.decoder.output_names:
+            self.pipe.decoder.capture(cfg.hidden_states)
+        return out
 
     @property
     def _seq(self) -> list:
@@ -138,7 +153,13 @@ class Generator:
         if first:
             self._expand_for_beams()
             self.pipe.begin(cur, self.external, self.max_length)
-        logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths), np.float32)
+        embeds = None
+        if self._speech is not None:
+            self._speech.begin_step(cur, first)
+            if self._speech.pending is not None:  # the last audio frame goes in in place of its placeholder
+                embeds = self._speech.take_pending(self._embeds_type())
+        logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths,
+                                              embeds=embeds), np.float32)
         self._note_hidden(self._fed)
         if logits.ndim == 2:  # a decoder whose logits have no sequence axis
             logits = logits[:, None, :]
@@ -152,6 +173,19 @@ class Generator:
             at = np.full(self.batch, cur.shape[1] - 1) if lengths is None else lengths - 1
         self._logits = np.ascontiguousarray(logits[np.arange(self.batch), at][:, None, :])
         self._last_ids = cur
+        if self._speech is not None and self._speech.in_audio:  # a frame: the logits pick its placeholder
+            hidden = self.pipe.decoder.captured
+            if hidden is None:
+                name = self.model.spec.audio_output.hidden_states
+                raise RequestError(f"Speech output needs the decoder's \"{name}\" output. Build the decoder with "
+                                   f"--extra_options include_hidden_states=true.")
+            self._logits = self._speech.sample_frame(hidden).copy()
+
+    def _embeds_type(self):
+        """The numpy type of the decoder's input embeddings."""
+        port = self.pipe.decoder.io.inputs_embeds_input
+        t = self.pipe.decoder.inputs[port].type if port in self.pipe.decoder.inputs else "tensor(float)"
+        return np.float16 if t == "tensor(float16)" else np.float32
 
     def _expand_for_beams(self):
         """An audio encoder's inputs (one row per prompt) repeated for each prompt's beams, as onnxruntime-genai
@@ -411,6 +445,8 @@ class Generator:
         """The last run's output ``name``: ``logits`` [1, positions run, vocab], a present (the cache's rows so
         far) or a recurrent state."""
         self._settle()
+        if name == "audio_codes" and self._speech is not None:
+            return self._speech.audio_codes()
         if name in self._outputs:
             return self._outputs[name].copy()
         value = self.pipe.decoder.output_value(name)

@@ -67,6 +67,10 @@ The ``gemma4_unified`` processor (Gemma 4 unified), as onnxruntime-genai 0.18's:
 patches padded to the budget's most (``max_soft_tokens * pooling_kernel_size**2``, zeros and (-1, -1)) and one
 ``<|audio|>`` per feature frame (not a quarter of them).
 
+The ``lfm2_audio`` processor (LFM2-Audio) is ``pipeline/lfm2_audio.py``'s: each clip's normalised log-mel
+(``audio_embeds``, ``audio_lengths``) and ``ceil(frames / subsampling_factor)`` copies of ``model.audio_token_id``
+at each ``<|audio|>`` (``audio_sizes``).
+
 The ``whisper`` processor: each clip through ``audio_processor_config.json``'s steps (``pipeline/audio.py``) to
 log-mel ``audio_features`` ``(n_mel, 3000)``, stacked; the prompt (or one per clip) encoded as a right-padded
 ``input_ids`` batch.
@@ -97,7 +101,7 @@ _IMAGE_TAG = re.compile(r"<\|image_\d+\|>")
 QWEN_TYPES = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "fara"}
 # the image processors (phi4mm's and gemma4's also take clips); ``whisper`` has the audio one
 PROCESSOR_TYPES = {"phi3v", "phi4mm", "gemma3", "gemma4", "gemma4_unified", "mistral3", "lfm2_vl",
-                   "videochat_flash_qwen"} | QWEN_TYPES
+                   "videochat_flash_qwen", "lfm2_audio"} | QWEN_TYPES
 _AUDIO_TAG = re.compile(r"<\|audio_\d+\|>")
 _PHI4_IMAGE, _PHI4_AUDIO = 200010, 200011  # <|endoftext10|>, <|endoftext11|>: onnxruntime-genai fixes these ids
 _G4_BOI, _G4_IMAGE, _G4_EOI = "<|image>", "<|image|>", "<image|>"
@@ -192,6 +196,9 @@ class MultiModalProcessor:
                                           f"(implemented: {', '.join(sorted(PROCESSOR_TYPES))})")
             raise RequestError(f"MultiModalProcessor cannot be created. {kind} is not a registered multi-modal "
                                f"model type.")
+        if kind == "lfm2_audio":
+            self._init_lfm2_audio(spec)
+            return
         if kind in ("phi4mm", "gemma4", "gemma4_unified"):
             self._init_speech(spec)
         if not spec.vision_config or not spec.vision_config.get("filename"):
@@ -238,6 +245,81 @@ class MultiModalProcessor:
             port = vin.get("pixel_position_ids", "pixel_position_ids")
             self.position_type = np.int32 if port in ins and ins[port][1] == "int32" else np.int64
 
+    def _init_lfm2_audio(self, spec):
+        """LFM2-Audio's processor (``pipeline/lfm2_audio.py``): the speech model's mel and length inputs checked
+        as onnxruntime-genai checks them, the mel settings, the placeholder id."""
+        from .lfm2_audio import MelConfig
+        model = spec.model_keys
+        speech = spec.speech_config or {}
+        names = speech.get("inputs") or {}
+        comp = _model_of(spec, "speech", speech)
+        ins, _ = graph_ports(comp.filename, comp.data)
+        for key, default in (("audio_embeds", "audio_embeds"), ("audio_lengths", "audio_lengths")):
+            port = names.get(key, default)
+            if port not in ins:
+                raise RequestError(f"Lfm2AudioProcessor: the speech model has no input named \"{port}\". Point "
+                                   f"model.speech.inputs.{key} in genai_config.json at the name the speech model "
+                                   f"uses.")
+            dtype = ins[port][1]
+            if key == "audio_embeds" and dtype not in ("float32", "float16"):
+                raise RequestError(f"Lfm2AudioProcessor: speech input \"{port}\" must be float or float16, got "
+                                   f"{dtype}.")
+            if key == "audio_lengths" and dtype != "int64":
+                raise RequestError(f"Lfm2AudioProcessor: speech input \"{port}\" must be int64, got {dtype}.")
+            if key == "audio_embeds":
+                self.audio_type = dtype
+        token = model.get("audio_token_id", 0)
+        if not isinstance(token, int) or isinstance(token, bool) or token <= 0:
+            raise RequestError("Lfm2AudioProcessor: model.audio_token_id must be set in genai_config.json to the id "
+                               "the embedding model replaces with the audio features.")
+        vocab = spec.vocab_size
+        if isinstance(vocab, int) and vocab > 0 and token >= vocab:
+            raise RequestError(f"Lfm2AudioProcessor: model.audio_token_id {token} is outside the vocabulary of "
+                               f"{vocab} tokens.")
+        factor = model.get("subsampling_factor", 0)
+        self.audio_token = token
+        self.subsampling = int(factor) if isinstance(factor, (int, float)) and factor > 0 else 8
+        self.mel = MelConfig.from_model(model)
+
+    def _lfm2_audio(self, prompt, audios):
+        """LFM2-Audio: each clip's normalised log-mel and its placeholders at its ``<|audio|>`` (the module
+        docstring of ``pipeline/lfm2_audio.py``)."""
+        from .api import NamedTensors
+        from .audio import _decode
+        from .lfm2_audio import MARKER, lfm2_mel, resample
+        if isinstance(prompt, (list, tuple)):
+            if len(prompt) != 1:
+                raise RequestError(f"Lfm2AudioProcessor: batched prompts are not supported; got {len(prompt)} "
+                                   f"prompts. Pass a single prompt string.")
+            prompt = prompt[0] or ""
+        blobs = audios.blobs if audios is not None else []
+        pieces = prompt.split(MARKER)
+        if len(pieces) - 1 != len(blobs):
+            raise RequestError(f"Lfm2AudioProcessor: the prompt contains {len(pieces) - 1} {MARKER} markers but "
+                               f"{len(blobs)} audio clips were provided. Put exactly one {MARKER} in the prompt per "
+                               f"clip.")
+        mels = [lfm2_mel(resample(*_decode(blob, [], 1, 0), self.mel.sample_rate), self.mel) for blob in blobs]
+        tokens = [-(-m.shape[0] // self.subsampling) for m in mels]
+        ids = []
+        for i, piece in enumerate(pieces):
+            if piece:
+                ids += self.tokenizer.encode(piece).tolist()
+            if i < len(tokens):
+                ids += [self.audio_token] * tokens[i]
+        out = NamedTensors()
+        out["input_ids"] = np.asarray(ids, np.int32).reshape(1, -1)
+        if not mels:
+            out["audio_sizes"] = np.zeros(1, np.int64)
+            return out
+        longest = max(m.shape[0] for m in mels)
+        batch = np.zeros((len(mels), longest, self.mel.num_mels), np.float32)
+        for i, m in enumerate(mels):
+            batch[i, :m.shape[0]] = m
+        out["audio_embeds"] = _round_to(batch, self.audio_type)
+        out["audio_lengths"] = np.asarray([m.shape[0] for m in mels], np.int64)
+        out["audio_sizes"] = np.asarray(tokens, np.int64)
+        return out
+
     def _init_whisper(self, spec):
         """The audio processor: ``audio_processor_config.json`` (``model.speech.config_filename``), its
         ``feature_extraction.sequence`` of steps (``pipeline/audio.py``), the encoder's feature type."""
@@ -281,6 +363,10 @@ class MultiModalProcessor:
             return self._phi4mm("" if prompt is None else prompt, images, audios)
         if self.kind == "gemma4":
             return self._gemma4("" if prompt is None else prompt, images, audios)
+        if self.kind == "lfm2_audio":
+            if images is not None:
+                raise NotImplementedError("MultiModalProcessor: the lfm2_audio processor takes no images")
+            return self._lfm2_audio("" if prompt is None else prompt, audios)
         if audios is not None:
             raise NotImplementedError("MultiModalProcessor: this processor takes no audio")
         if prompt is None:

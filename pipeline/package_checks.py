@@ -35,7 +35,9 @@ _NEUTRAL_SEARCH = {"num_beams": 1, "num_return_sequences": 1, "no_repeat_ngram_s
 # read from a genai_config's search section (onnxruntime-genai's beam search); an inference_metadata spec, whose
 # runner has no beams, takes them at their neutral values only
 _BEAM_FIELDS = {"num_beams": int, "num_return_sequences": int, "no_repeat_ngram_size": int, "length_penalty": float,
-                "early_stopping": bool}
+                "early_stopping": bool,
+                # and LFM2-Audio's speech output (pipeline/lfm2_audio.py)
+                "audio_interleaved": bool, "audio_temperature": float, "audio_top_k": int}
 _SEARCH_FIELDS = {"max_length": int, "min_length": int, "do_sample": bool, "top_k": int, "top_p": float,
                   "min_p": float, "temperature": float, "repetition_penalty": float,
                   "past_present_share_buffer": bool, "seed": int}

@@ -81,6 +81,12 @@ class Pipeline:
         if spec.model_type == "mistral3" and "vision" in spec.components:
             self._per_image = ("vision", (vc.get("inputs") or {}).get("pixel_values", "pixel_values"),
                                spec.input_aliases.get("image_sizes", "image_sizes"))
+        # LFM2-Audio: the speech model runs once per clip, on its own frames (pipeline/lfm2_audio.py)
+        self._per_clip = None
+        if spec.model_type == "lfm2_audio" and "speech" in spec.components:
+            sin = (spec.speech_config or {}).get("inputs") or {}
+            self._per_clip = (sin.get("audio_embeds", "audio_embeds"), sin.get("audio_lengths", "audio_lengths"),
+                              spec.input_aliases.get("audio_sizes", "audio_sizes"))
 
     def _free_decoder_inputs(self):
         """The decoder's inputs that neither it nor a dataflow edge fills: the required ones (a caller's
@@ -143,9 +149,16 @@ class Pipeline:
             from .multimodal import run_per_image
             _, port, sizes = self._per_image
             out = run_per_image(self.components[name], feeds, port, external.get(sizes))
+        elif self._per_clip is not None and name == "speech":
+            from .lfm2_audio import run_per_clip
+            mel, lengths, sizes = self._per_clip
+            out = run_per_clip(self.components[name], feeds, mel, lengths, external.get(sizes, []))
         else:
             out = self.components[name].run(feeds)
+        speech = self.spec.source == "genai_config" and self.spec.components[name].type == "speech_encoder"
         for port, v in out.items():
+            if speech and np.ndim(v) == 3:  # onnxruntime-genai hands a speech model's [B, T, hidden] on as rows
+                v = np.asarray(v).reshape(-1, np.shape(v)[-1])
             self.values[(name, port)] = v
 
     def _decoder_input(self, tokens):
@@ -195,13 +208,15 @@ class Pipeline:
                if p != io.token_input and (name, p) not in self._by_target and p != always]
         return bool(own) and not any(p in external for p in own)
 
-    def forward(self, cur, external, first: bool, want="logits", lengths=None):
+    def forward(self, cur, external, first: bool, want="logits", lengths=None, embeds=None):
         """The every-step stages and the decoder over the new ids ``cur`` [batch, n], appended to what the
         decoder has seen (``first``: the sequence's first run, its prefill): what ``want`` asks of the decoder
         (the last position's logits, their argmax, or ``"all"`` positions' logits).  ``lengths``: each row's
-        real new ids in a right-padded batch (``DecoderComponent.prefill``)."""
-        for st in self._stages("every_step"):
-            self._run_component(st.model, cur, external)
+        real new ids in a right-padded batch (``DecoderComponent.prefill``).  ``embeds``: the decoder's input
+        embeddings given (an LFM2-Audio frame's): the every-step stages do not run."""
+        if embeds is None:
+            for st in self._stages("every_step"):
+                self._run_component(st.model, cur, external)
         fwd = self.decoder.prefill if first else self.decoder.step
         extra = self._image_positions(cur, external) if first else None
         if self._ids_beside is not None:
@@ -211,7 +226,8 @@ class Pipeline:
             extra = dict(extra or {}, **{e.dst_port: self.values[(e.src, e.src_port)] for e in self._decoder_edges})
         if self._free_required or self._free_optional:
             extra = dict(extra or {}, **self._caller_inputs(external))
-        return fwd(**self._decoder_input(cur), extra=extra, want=want, lengths=lengths)
+        feed = self._decoder_input(cur) if embeds is None else {"embeds": embeds}
+        return fwd(**feed, extra=extra, want=want, lengths=lengths)
 
     def _image_positions(self, cur, external):
         """A Qwen-VL prompt with images: its 3-D positions (``pipeline/rope_index.py``) for the prefill, and the

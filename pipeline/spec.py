@@ -129,6 +129,10 @@ class SearchOptions:
     no_repeat_ngram_size: int = 0
     diversity_penalty: float = 0.0
     chunk_size: int = 0
+    # LFM2-Audio's speech output (pipeline/lfm2_audio.py): text and audio interleaved by count, the codes' sampling
+    audio_interleaved: bool = False
+    audio_temperature: float = 1.0
+    audio_top_k: int = 4
 
 
 @dataclass
@@ -163,6 +167,8 @@ class PipelineSpec:
     speculative: object = None                  # genai_config speculative: SpeculativeOptions
     hidden_states_input: str | None = None      # genai_config decoder.inputs.hidden_states (set_hidden_states)
     mtp: dict | None = None                     # genai_config model.mtp: the MTP head's ports (mtp.py)
+    audio_output: object = None                 # genai_config model.audio_output: AudioOutputConfig (lfm2_audio.py)
+    model_keys: dict = field(default_factory=dict)  # genai_config model's scalar keys (a processor's settings)
 
     @property
     def decoder(self) -> ComponentSpec:

@@ -158,10 +158,10 @@ def resample(pcm: np.ndarray, source: int, target: int, dtype=np.float64) -> np.
     return out[:math.ceil(new * x.size / orig)].astype(np.float32)
 
 
-def run_per_clip(component, feeds: dict, mel_port: str, lengths_port: str, sizes) -> dict:
+def run_per_clip(component, feeds: dict, mel_port: str, lengths_port: str, features_port: str, sizes) -> dict:
     """The speech model over each clip's own frames (``feeds[mel_port]`` ``[clips, longest, mels]``,
-    ``feeds[lengths_port]`` their frame counts), its ``[1, tokens, hidden]`` outputs concatenated in clip order;
-    one clip runs as it is."""
+    ``feeds[lengths_port]`` their frame counts): its ``features_port`` outputs, ``[1, tokens, hidden]`` each,
+    concatenated in clip order (its other outputs are not read); one clip runs as it is."""
     mel, lengths = np.asarray(feeds[mel_port]), np.asarray(feeds[lengths_port]).reshape(-1)
     sizes = np.asarray(sizes).reshape(-1)
     if mel.ndim != 3:
@@ -175,7 +175,7 @@ def run_per_clip(component, feeds: dict, mel_port: str, lengths_port: str, sizes
                            f"{lengths.size} entries.")
     if sizes.size <= 1:
         return component.run(feeds)
-    parts = {}
+    parts = []
     for clip in range(mel.shape[0]):
         n = int(lengths[clip])
         if n <= 0 or n > mel.shape[1]:
@@ -183,14 +183,12 @@ def run_per_clip(component, feeds: dict, mel_port: str, lengths_port: str, sizes
                                f"1..{mel.shape[1]} the mel tensor holds.")
         out = component.run(dict(feeds, **{mel_port: np.ascontiguousarray(mel[clip:clip + 1, :n]),
                                            lengths_port: np.array([n], np.int64)}))
-        for k, v in out.items():
-            v = np.asarray(v)
-            want = int(sizes[clip])
-            if v.ndim < 2 or v.shape[-2] != want:
-                raise RequestError(f"Lfm2AudioSpeechState: clip {clip} gave {k} of shape {list(v.shape)}, expected "
-                                   f"{want} rows (its audio_sizes)")
-            parts.setdefault(k, []).append(v.reshape(1, want, -1))
-    return {k: np.concatenate(v, axis=1) for k, v in parts.items()}
+        v, want = np.asarray(out[features_port]), int(sizes[clip])
+        if v.ndim < 2 or v.shape[-2] != want:
+            raise RequestError(f"Lfm2AudioSpeechState: clip {clip} gave {features_port} of shape {list(v.shape)}, "
+                               f"expected {want} rows (its audio_sizes)")
+        parts.append(v.reshape(1, want, -1))
+    return {features_port: np.concatenate(parts, axis=1)}
 
 
 # -- std::mt19937 and std::discrete_distribution (libstdc++) ----------------------------------------------------

@@ -85,7 +85,9 @@ class Pipeline:
         self._per_clip = None
         if spec.model_type == "lfm2_audio" and "speech" in spec.components:
             sin = (spec.speech_config or {}).get("inputs") or {}
+            sout = (spec.speech_config or {}).get("outputs") or {}
             self._per_clip = (sin.get("audio_embeds", "audio_embeds"), sin.get("audio_lengths", "audio_lengths"),
+                              sout.get("audio_features", "audio_features"),
                               spec.input_aliases.get("audio_sizes", "audio_sizes"))
 
     def _free_decoder_inputs(self):
@@ -151,8 +153,8 @@ class Pipeline:
             out = run_per_image(self.components[name], feeds, port, external.get(sizes))
         elif self._per_clip is not None and name == "speech":
             from .lfm2_audio import run_per_clip
-            mel, lengths, sizes = self._per_clip
-            out = run_per_clip(self.components[name], feeds, mel, lengths, external.get(sizes, []))
+            mel, lengths, features, sizes = self._per_clip
+            out = run_per_clip(self.components[name], feeds, mel, lengths, features, external.get(sizes, []))
         else:
             out = self.components[name].run(feeds)
         speech = self.spec.source == "genai_config" and self.spec.components[name].type == "speech_encoder"

@@ -144,6 +144,8 @@ def _params(args, model):
                                              "repetition_penalty") if getattr(args, k) is not None}
     if args.seed is not None:
         options["random_seed"] = args.seed
+    if getattr(args, "audio_interleaved", None):
+        options["audio_interleaved"] = True
     params.set_search_options(**options)
     speculative = {k: getattr(args, a) for k, a in (("ngram_size", "ngram_size"), ("max_draft_tokens", "draft_tokens"))
                    if getattr(args, a) is not None}
@@ -247,6 +249,11 @@ def cmd_generate(args) -> int:
         ids = _decode_into(gen, args.max_new_tokens, tok, out)
         out.write("\n")
         print(f"token_ids: {ids}", file=out)
+        if args.audio_codes:
+            import numpy as np
+            codes = np.asarray(gen.get_output("audio_codes"))
+            np.save(args.audio_codes, codes)
+            print(f"audio codes: {codes.shape[0]} frames -> {args.audio_codes}", file=out)
     return 0
 
 
@@ -347,8 +354,13 @@ def main(argv=None) -> int:
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the package's chat template; "
                            "without --prompt, converse line by line on standard input")
             p.add_argument("--batch-file", help="a text file of prompts, one per line, decoded as one batch")
-            p.add_argument("--audio", help="an audio file for a speech package (Whisper, Phi-4-multimodal), through "
-                           "its processor; --prompt gives the decoder's first tokens or holds the clip's tag")
+            p.add_argument("--audio", help="an audio file for a speech package (Whisper, Phi-4-multimodal, "
+                           "LFM2-Audio), through its processor; --prompt gives the decoder's first tokens or holds the "
+                           "clip's tag (<|audio|> for LFM2-Audio)")
+            p.add_argument("--audio-codes", help="a .npy file to write the spoken answer's codes to "
+                           "([frames, codebooks] int64; an LFM2-Audio package with speech output)")
+            p.add_argument("--audio-interleaved", action="store_true", default=None,
+                           help="LFM2-Audio: alternate text and speech by count, as its interleaved mode does")
             p.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
             p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
             p.add_argument("--top-p", type=float, help="sample within this cumulative probability")

@@ -226,3 +226,26 @@ def test_mt19937_and_discrete_distribution():
     assert [discrete_draw([1, 1, 2], Fixed(u)) for u in (0.0, 0.2499, 0.25, 0.3, 0.5, 0.51, 0.999)] == \
         [0, 0, 0, 1, 1, 2, 2]
     assert discrete_draw([3.0], Fixed(0.9)) == 0
+
+
+def test_the_command_line_writes_the_codes(package, clips, tmp_path, ort_genai, capsys):
+    """``generate --audio ... --audio-codes FILE --audio-interleaved --seed N``: the tokens and the saved codes are
+    onnxruntime-genai's for the same options."""
+    from pipeline.__main__ import main
+    prompt, out = "Hi <|audio|> there", str(tmp_path / "codes.npy")
+    assert main(["generate", package, "--prompt", prompt, "--audio", clips[0], "--max-new-tokens", "12",
+                 "--audio-codes", out, "--audio-interleaved", "--seed", "2", "--native", "none"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    model = ort_genai.Model(package)
+    inputs = model.create_multimodal_processor()(prompt, audios=ort_genai.Audios.open(clips[0]))
+    n = inputs["input_ids"].as_numpy().shape[1]
+    params = ort_genai.GeneratorParams(model)
+    params.set_search_options(max_length=n + 12, audio_interleaved=True, random_seed=2)
+    generator = ort_genai.Generator(model, params)
+    generator.set_inputs(inputs)
+    while not generator.is_done():
+        generator.generate_next_token()
+    assert printed[-2] == f"token_ids: {generator.get_sequence(0)[n:].tolist()}"
+    want = np.asarray(generator.get_output("audio_codes"))
+    assert printed[-1] == f"audio codes: {len(want)} frames -> {out}" and len(want)
+    np.testing.assert_array_equal(np.load(out), want)

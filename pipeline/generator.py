@@ -471,6 +471,10 @@ class Generator:
         if len(self.model.spec.components) == 1:
             raise RequestError(f"Please use generator.AppendTokens for {self.model.spec.model_type}. SetInputs is "
                                f"not supported for this model type.")
+        nb = int(self.search.num_beams)
+        if self.model.spec.model_type == "lfm2_audio" and "speech" in self.model.spec.components and nb > 1:
+            raise RequestError(f"Lfm2AudioSpeechState: beam search is not supported for lfm2_audio; got num_beams "
+                               f"{nb}. Set num_beams to 1.")
         ids = None
         for k, v in dict(named or {}, **more).items():
             v = v.as_numpy() if hasattr(v, "as_numpy") else v

@@ -179,7 +179,8 @@ def _error(api, path, clips, prompt="Hi <|audio|> there", which=(0,), **options)
     return None
 
 
-@pytest.mark.parametrize("what", ["batch", "beams", "eos", "no_depthformer", "placeholder", "prompts"])
+@pytest.mark.parametrize("what", ["batch", "beams", "eos", "no_depthformer", "placeholder", "prompts",
+                                  "beams_without_speech_output"])
 def test_errors_are_onnxruntime_genai_s(package, clips, tmp_path, ort_genai, what):
     path, options, prompt = package, {}, "Hi <|audio|> there"
     if what == "batch":
@@ -192,8 +193,10 @@ def test_errors_are_onnxruntime_genai_s(package, clips, tmp_path, ort_genai, wha
         path = _variant(package, tmp_path, lambda m: m["audio_output"].pop("depthformer"))
     elif what == "placeholder":
         path = _variant(package, tmp_path, lambda m: m.update(audio_token_id=600))
-    else:
+    elif what == "prompts":
         prompt = ["Hi <|audio|> there", "two"]
+    else:
+        path, options = L.build(str(tmp_path / "text"), speech_output=False), {"num_beams": 2}
     want = _error(ort_genai, path, clips, prompt, **options)
     assert want is not None
     assert _error(og, path, clips, prompt, **options) == want

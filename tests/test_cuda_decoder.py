@@ -562,3 +562,29 @@ def test_graph_probe_runs_a_bound_step_under_capture_and_names_what_needs_the_ho
         assert c["captured"] == "not on the CUDA simulator"
     else:
         assert c["captured"] == "ok" and c["replay_matches_eager"], c
+
+
+def test_lfm2_audio_speaks_with_the_decoder_on_the_device(tmp_path, ort_genai):
+    """LFM2-Audio's spoken answer with its decoder on the device: the hidden state each frame is sampled from
+    comes down, the frame's embedding goes in in place of its placeholder's; the tokens and codes are
+    onnxruntime-genai's."""
+    import pipeline as og
+    from fixtures import lfm2_audio_package as A
+    package, clip = A.build(str(tmp_path / "pkg")), A.wav(str(tmp_path / "a.wav"))
+
+    def run(api, **where):
+        model = api.Model(package, **where)
+        inputs = model.create_multimodal_processor()("Hi <|audio|> there", audios=api.Audios.open(clip))
+        params = api.GeneratorParams(model)
+        params.set_search_options(max_length=inputs["input_ids"].as_numpy().shape[1] + 6, random_seed=1)
+        generator = api.Generator(model, params)
+        generator.set_inputs(inputs)
+        while not generator.is_done():
+            generator.generate_next_token()
+        return model, generator.get_sequence(0).tolist(), np.asarray(generator.get_output("audio_codes"))
+
+    _, want, want_codes = run(ort_genai)
+    model, got, codes = run(og, native="decoder", device="cuda")
+    assert isinstance(model.pipeline.decoder, CudaDecoder)
+    assert len(want_codes) >= 2 and got == want
+    np.testing.assert_array_equal(codes, want_codes)

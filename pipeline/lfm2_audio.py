@@ -42,7 +42,15 @@ Defaults as in onnxruntime-genai: 8 codebooks of 2049 codes, ``audio_start_token
 130, 6 text and 12 audio positions, ``audio_temperature`` 1, ``audio_top_k`` 4.  Speech output needs one sequence
 and no beams.
 
-Difference: ``std::partial_sort`` leaves equal logits in an order of its own; here they are in id order.
+Differences, and why: the FFT is numpy's (double precision) where onnxruntime-genai's is single precision, so a
+feature differs from its by about 1e-5 (the tests bound it at 1e-4; the tokens and codes are equal), more in a band
+left empty by up-sampling; ``std::partial_sort`` leaves equal code logits in an order of its own, here they are in
+id order.  Ids appended after generating start a new turn in text here; onnxruntime-genai 0.18 fails on such a
+multimodal sequence (its next decoder run finds the cache one position short).
+
+Invariants: the depthformer and the audio embedding are components like the others (``native=`` names them
+``depthformer`` and ``audio_embedding``); the sampler of the codes owns its generator, apart from the text's; the
+decoder's hidden state is read only in a speech run.
 """
 from __future__ import annotations
 

@@ -153,13 +153,13 @@ class Generator:
         if first:
             self._expand_for_beams()
             self.pipe.begin(cur, self.external, self.max_length)
-        embeds = None
+        frame = {}
         if self._speech is not None:
             self._speech.begin_step(cur, first)
             if self._speech.pending is not None:  # the last audio frame goes in in place of its placeholder
-                embeds = self._speech.take_pending(self._embeds_type())
-        logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths,
-                                              embeds=embeds), np.float32)
+                frame["embeds"] = self._speech.take_pending(self._embeds_type())
+        logits = np.asarray(self.pipe.forward(cur, self.external, first, want="all", lengths=lengths, **frame),
+                            np.float32)
         self._note_hidden(self._fed)
         if logits.ndim == 2:  # a decoder whose logits have no sequence axis
             logits = logits[:, None, :]

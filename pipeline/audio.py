@@ -57,7 +57,7 @@ from .mp3 import decode_mp3, is_mp3
 from .multimodal import Blobs
 from .spec import RequestError
 
-__all__ = ["Audios", "decode_audio", "stft_norm", "log_mel", "decode_audio_ex", "phi4_audio_embed",
+__all__ = ["Audios", "decode_audio", "decode_clip", "stft_norm", "log_mel", "decode_audio_ex", "phi4_audio_embed",
            "phi4_audio_stack", "gemma4_log_mel", "gemma4_audio_sizes", "AUDIO_STEPS"]
 
 
@@ -220,6 +220,12 @@ def decode_audio(data: bytes, target_sample_rate: int = 16000, stereo_to_mono: i
     default, 30 s at 16 kHz; 0 keeps all) (see the module docstring)."""
     rates = sorted(target_sample_rates) if target_sample_rates else [int(target_sample_rate)]
     return _decode(data, rates, stereo_to_mono, max_samples)[0].reshape(1, -1)
+
+
+def decode_clip(data: bytes, stereo_to_mono: int = 1) -> tuple:
+    """``(float32 samples, rate)``: the whole clip at its own rate (mixed to mono by default), for a processor
+    that resamples it itself (LFM2-Audio's, ``pipeline/lfm2_audio.py``)."""
+    return _decode(data, [], stereo_to_mono, 0)
 
 
 @functools.lru_cache(maxsize=8)

@@ -285,7 +285,7 @@ class MultiModalProcessor:
         """LFM2-Audio: each clip's normalised log-mel and its placeholders at its ``<|audio|>`` (the module
         docstring of ``pipeline/lfm2_audio.py``)."""
         from .api import NamedTensors
-        from .audio import _decode
+        from .audio import decode_clip
         from .lfm2_audio import MARKER, lfm2_mel, resample
         if isinstance(prompt, (list, tuple)):
             if len(prompt) != 1:
@@ -298,7 +298,7 @@ class MultiModalProcessor:
             raise RequestError(f"Lfm2AudioProcessor: the prompt contains {len(pieces) - 1} {MARKER} markers but "
                                f"{len(blobs)} audio clips were provided. Put exactly one {MARKER} in the prompt per "
                                f"clip.")
-        mels = [lfm2_mel(resample(*_decode(blob, [], 1, 0), self.mel.sample_rate), self.mel) for blob in blobs]
+        mels = [lfm2_mel(resample(*decode_clip(blob), self.mel.sample_rate), self.mel) for blob in blobs]
         tokens = [-(-m.shape[0] // self.subsampling) for m in mels]
         ids = []
         for i, piece in enumerate(pieces):

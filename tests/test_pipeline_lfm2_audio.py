@@ -129,6 +129,17 @@ def _variant(package, tmp_path, edit) -> str:
     return d
 
 
+def test_the_hidden_states_output_by_its_default_name(package, clips, tmp_path, ort_genai):
+    """Without ``model.decoder.outputs.hidden_states`` the depthformer reads the decoder's ``hidden_states``."""
+    path = _variant(package, tmp_path, lambda m: m["decoder"]["outputs"].pop("hidden_states"))
+    opts = {"audio_temperature": 0.0}
+    want = _runs(ort_genai, path, clips, opts)[:2]
+    assert len(want[0][2])
+    for g, w in zip(_runs(og, path, clips, opts, "all")[:2], want):
+        assert g[1] == w[1]
+        np.testing.assert_array_equal(g[2], w[2])
+
+
 def test_text_end_leaves_the_turn_to_speech(package, clips, tmp_path, ort_genai):
     """Interleaved, once the text-end token came the rest of the turn is speech (here the token is one the
     fixture's decoder produces)."""

@@ -129,6 +129,23 @@ def _variant(package, tmp_path, edit) -> str:
     return d
 
 
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return L.build(str(tmp_path_factory.mktemp("lfm2_audio_hybrid")), hybrid=True)
+
+
+@pytest.mark.parametrize("native", ["all", "none"])
+def test_a_hybrid_decoder_as_the_published_ones(hybrid, clips, ort_genai, native):
+    """A decoder with an LFM2 convolution state (as the published decoders have, ``layer_types``): the frames fed
+    back go through the state too; greedy and interleaved runs equal onnxruntime-genai's."""
+    model = og.Model(hybrid, native=native)
+    assert [p.input for p in model.spec.decoder.io.state_pairs] == ["past.1.conv"]
+    for options in (OPTIONS[0], OPTIONS[2]):
+        want = _runs(ort_genai, hybrid, clips, options)
+        assert any(w[0] != "error" and len(w[2]) for w in want)
+        _assert_same(_runs(og, hybrid, clips, options, native), want)
+
+
 def test_the_hidden_states_output_by_its_default_name(package, clips, tmp_path, ort_genai):
     """Without ``model.decoder.outputs.hidden_states`` the depthformer reads the decoder's ``hidden_states``."""
     path = _variant(package, tmp_path, lambda m: m["decoder"]["outputs"].pop("hidden_states"))

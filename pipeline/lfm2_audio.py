@@ -35,7 +35,8 @@ run's ``depth_slices`` handed back in); a code is the argmax of the first ``code
 ``random_seed`` (``MT19937``).  With ``audio_interleaved`` the turn goes back to text after ``interleaved_n_audio``
 frames (unless ``text_end`` came); a frame whose first code is ``codebook_size - 1`` ends the speech (recorded as
 that code in every codebook, not kept).  The frame's codes, offset by ``codebook * codebook_size``, go through the
-audio embedding model; their summed rows are the decoder's next input in place of the embedding model's.  The run
+audio embedding model; their summed rows are the decoder's next input in place of the embedding model's (rounded
+to float16 as onnxruntime-genai rounds, ``to_half``, for a float16 decoder).  The run
 returns logits that pick ``audio_token_id`` (0 there, the lowest float elsewhere), so the sequence holds one
 placeholder per frame.  ``get_output("audio_codes")`` is every kept frame, ``[frames, num_codebooks]`` int64.
 Defaults as in onnxruntime-genai: 8 codebooks of 2049 codes, ``audio_start_token_id`` 128, ``text_end_token_id``
@@ -62,7 +63,7 @@ import numpy as np
 from .spec import RequestError
 
 __all__ = ["MARKER", "MelConfig", "lfm2_mel", "mel_frames", "resample", "AudioOutputConfig", "SpeechOutput", "MT19937",
-           "run_per_clip"]
+           "run_per_clip", "to_half"]
 
 MARKER = "<|audio|>"
 _F = np.float32
@@ -368,9 +369,11 @@ class SpeechOutput:
         self._previous_text = not self._audio
 
     def take_pending(self, dtype) -> np.ndarray:
-        """The last frame's embedding as the decoder's ``[1, 1, hidden]`` input (in ``dtype``), once."""
+        """The last frame's embedding as the decoder's ``[1, 1, hidden]`` input (in ``dtype``; float16 rounded as
+        onnxruntime-genai rounds it, ``to_half``), once."""
         frame, self.pending = self.pending, None
-        return frame.astype(dtype).reshape(1, 1, -1)
+        out = to_half(frame) if np.dtype(dtype) == np.float16 else frame.astype(dtype)
+        return out.reshape(1, 1, -1)
 
     def sample_frame(self, hidden) -> np.ndarray:
         """The next frame from the decoder's hidden states (their last position); the placeholder's logits."""
@@ -438,6 +441,20 @@ class SpeechOutput:
 
     def audio_codes(self) -> np.ndarray:
         return np.array(self.codes, np.int64).reshape(-1, self.cfg.num_codebooks)
+
+
+def to_half(x: np.ndarray) -> np.ndarray:
+    """float32 to float16 as onnxruntime-genai's ``FastFloat32ToFloat16``: half a unit of the last kept place added,
+    then truncated (a tie rounds away from zero, not to even), subnormals rounded the same way, overflow saturated
+    to the all-ones pattern; no NaN or infinity handling."""
+    b = np.asarray(x, np.float32).view(np.uint32) + np.uint32(0x1000)
+    e = (b & np.uint32(0x7F800000)) >> np.uint32(23)
+    m = b & np.uint32(0x007FFFFF)
+    normal = np.where(e > 112, (((e - np.uint32(112)) << np.uint32(10)) & np.uint32(0x7C00)) | (m >> np.uint32(13)), 0)
+    shift = np.clip(125 - e.astype(np.int64), 0, 31).astype(np.uint32)
+    sub = np.where((e < 113) & (e > 101), (((np.uint32(0x007FF000) + m) >> shift) + np.uint32(1)) >> np.uint32(1), 0)
+    half = ((b & np.uint32(0x80000000)) >> np.uint32(16)) | normal | sub | np.where(e > 143, 0x7FFF, 0)
+    return half.astype(np.uint16).view(np.float16)
 
 
 def _ordered_sum(rows: np.ndarray) -> np.ndarray:

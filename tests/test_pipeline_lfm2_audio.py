@@ -11,7 +11,7 @@ import pytest
 
 import pipeline as og
 from fixtures import lfm2_audio_package as L
-from pipeline.lfm2_audio import MT19937, discrete_draw
+from pipeline.lfm2_audio import MT19937, discrete_draw, to_half
 
 # the mel differs from onnxruntime-genai's by its FFT (double precision here, single there): bound fixed beforehand
 MEL_TOLERANCE = 1e-4
@@ -280,3 +280,16 @@ def test_the_command_line_writes_the_codes(package, clips, tmp_path, ort_genai, 
     want = np.asarray(generator.get_output("audio_codes"))
     assert printed[-1] == f"audio codes: {len(want)} frames -> {out}" and len(want)
     np.testing.assert_array_equal(np.load(out), want)
+
+
+def test_a_frame_for_a_float16_decoder_is_rounded_as_onnxruntime_genai_rounds():
+    """``to_half`` is onnxruntime-genai's float32-to-float16 conversion: numpy's rounding except at an exact tie,
+    which goes away from zero (not to even), and overflow saturated to the all-ones pattern."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(4096) * np.exp(rng.uniform(-12, 8, 4096))).astype(np.float32)
+    ties = ((x.view(np.uint32) & 0x1FFF) == 0x1000)
+    np.testing.assert_array_equal(to_half(x[~ties]), x[~ties].astype(np.float16))
+    tie = np.array([1 + 2 ** -11, -(1 + 2 ** -11), 2.5 * 2 ** -24], np.float32)  # the last: a subnormal tie
+    assert to_half(tie).tolist() == [1 + 2 ** -10, -(1 + 2 ** -10), 3 * 2 ** -24]
+    assert tie.astype(np.float16).tolist() == [1.0, -1.0, 2 * 2 ** -24]
+    assert to_half(np.array([1e6, -1e6], np.float32)).view(np.uint16).tolist() == [0x7FFF, 0xFFFF]

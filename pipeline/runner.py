@@ -81,6 +81,9 @@ class Pipeline:
         if spec.model_type == "mistral3" and "vision" in spec.components:
             self._per_image = ("vision", (vc.get("inputs") or {}).get("pixel_values", "pixel_values"),
                                spec.input_aliases.get("image_sizes", "image_sizes"))
+        # speech models whose [B, T, hidden] output onnxruntime-genai hands on as [B * T, hidden] rows
+        self._speech_rows = {n for n, c in spec.components.items() if c.type == "speech_encoder"} \
+            if spec.source == "genai_config" else set()
         # LFM2-Audio: the speech model runs once per clip, on its own frames (pipeline/lfm2_audio.py)
         self._per_clip = None
         if spec.model_type == "lfm2_audio" and "speech" in spec.components:
@@ -157,9 +160,9 @@ class Pipeline:
             out = run_per_clip(self.components[name], feeds, mel, lengths, features, external.get(sizes, []))
         else:
             out = self.components[name].run(feeds)
-        speech = self.spec.source == "genai_config" and self.spec.components[name].type == "speech_encoder"
+        speech = name in self._speech_rows
         for port, v in out.items():
-            if speech and np.ndim(v) == 3:  # onnxruntime-genai hands a speech model's [B, T, hidden] on as rows
+            if speech and np.ndim(v) == 3:
                 v = np.asarray(v).reshape(-1, np.shape(v)[-1])
             self.values[(name, port)] = v
 

@@ -541,7 +541,7 @@ class Engine:
 
     def _table(self, rows):
         width = max(len(r.blocks) for r in rows)
-        t = np.zeros((len(rows), width), np.int32)
+        t = np.full((len(rows), width), self.decoder.table_pad, np.int32)
         for i, r in enumerate(rows):
             t[i, :len(r.blocks)] = r.blocks
         return t

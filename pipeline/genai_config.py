@@ -71,7 +71,11 @@ def _expand(template, n, key):
 # onnxruntime-genai's default port names: a name the config leaves out is used when the graph has it
 _DEFAULT_INPUTS = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
                    "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
-                   "past_conv_names": "past_conv.%d"}
+                   "past_conv_names": "past_conv.%d", "block_table": "block_table",
+                   "cumulative_sequence_lengths": "cumulative_sequence_lengths",
+                   "past_sequence_lengths": "past_sequence_lengths", "attention_metadata": "attention_metadata"}
+# the paged decoder format's inputs (``IOSpec.varlen``): the first three make a decoder paged
+_VARLEN_INPUTS = ("block_table", "cumulative_sequence_lengths", "past_sequence_lengths")
 _DEFAULT_OUTPUTS = {"logits": "logits", "present_key_names": "present.%d.key",
                     "present_value_names": "present.%d.value", "present_conv_names": "present_conv.%d"}
 
@@ -143,6 +147,13 @@ def _decoder_io(inputs: dict, outputs: dict, n_layers: int, ins: dict, outs: dic
     io.logits_output = outputs.get("logits")
     io.attention_mask_input = inputs.get("attention_mask")
     io.position_ids_input = inputs.get("position_ids")
+    varlen = {k: inputs[k] for k in _VARLEN_INPUTS + ("attention_metadata",) if inputs.get(k) in ins}
+    if any(k in varlen for k in _VARLEN_INPUTS):
+        missing = [k for k in _VARLEN_INPUTS if k not in varlen]
+        if missing:
+            raise IncompletePackageError(f"{key}: the paged decoder format needs the inputs {list(_VARLEN_INPUTS)}; "
+                                         f"{filename} lacks {missing}")
+        io.varlen = varlen
 
     covered = [False] * n_layers
 
@@ -195,21 +206,22 @@ _ATTENTION_OPS = ("GroupQueryAttention", "MultiHeadAttention", "Attention", "Pag
 
 
 def _check_decoder_geometry(dec: dict, decoder: ComponentSpec, ins: dict, n_layers: int, key: str) -> None:
-    """The head counts and head size the config declares against the decoder graph: its cache
-    inputs (heads at axis 1, head size at axis 3 where static) and its attention nodes' ``num_heads`` and
-    ``kv_num_heads``.  A config that contradicts the graph would otherwise run and decode garbage."""
+    """The head counts and head size the config declares against the decoder graph: its cache inputs (heads at
+    axis 1, or 2 in the paged format, head size at axis 3 where static) and its attention nodes' ``num_heads``
+    and ``kv_num_heads``.  A config that contradicts the graph would otherwise run and decode garbage."""
     import onnx
     kv = int_value(dec.get("num_key_value_heads"), f"{key}.num_key_value_heads")
     heads = int_value(dec.get("num_attention_heads"), f"{key}.num_attention_heads")
     hs = int_value(dec.get("head_size"), f"{key}.head_size")
     caches = decoder.io.kv_inputs
+    axis = 2 if decoder.io.varlen else 1  # paged caches: (blocks, block_size, heads, head_size)
     for name in caches:
         shape = ins.get(name, (None,))[0]
         if not shape or len(shape) != 4:
             continue
-        if kv is not None and isinstance(shape[1], int) and shape[1] != kv:
-            raise MetadataError(f"{key}.num_key_value_heads is {kv} but the graph's {name!r} has {shape[1]} heads "
-                                f"(shape {shape})")
+        if kv is not None and isinstance(shape[axis], int) and shape[axis] != kv:
+            raise MetadataError(f"{key}.num_key_value_heads is {kv} but the graph's {name!r} has {shape[axis]} "
+                                f"heads (shape {shape})")
         if hs is not None and isinstance(shape[3], int) and shape[3] != hs:
             raise MetadataError(f"{key}.head_size is {hs} but the graph's {name!r} has head size {shape[3]} "
                                 f"(shape {shape})")

@@ -72,6 +72,11 @@ class Generator:
             raise RequestError(f"batch_size must be >= 1, got {s.batch_size}")
         if nb > 1 and s.do_sample and int(s.top_k) != 1:  # onnxruntime-genai's rule and wording
             raise RequestError("TopK and TopP cannot be used with a beam search")
+        varlen = model.spec.decoder.io.varlen
+        if varlen:
+            raise RequestError(f"decoder {model.spec.decoder.name!r} takes onnxruntime-genai's paged format (packed "
+                               f"ids and the inputs {sorted(varlen.values())}): it runs through og.Engine, not "
+                               f"og.Generator")
         self.model, self.params, self.search = model, params, s
         self.max_length = ml
         self.prompts = int(s.batch_size)

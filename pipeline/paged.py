@@ -21,6 +21,15 @@ op's CUDA kernel (``ops/cuda/paged_attention.py``); a step uploads the ids, the 
 downloads the last position's logits only.  A hybrid decoder is refused there (its per-request state would
 have to cross to the host).
 
+A decoder that takes onnxruntime-genai's paged format itself (``IOSpec.varlen``: its builder's
+``use_paged_attention`` export, or any graph with those inputs) is run as it is: no rewrite, its caches
+``(num_blocks, block_size, kv_heads, head_size)`` in the graph's own dtype are the pools, and a step feeds the rows'
+new ids packed in one axis (``input_ids`` [tokens]), ``cumulative_sequence_lengths`` [B + 1],
+``past_sequence_lengths`` [B], ``block_table`` [B, M] (-1 past a row's own blocks) and, where the graph takes
+it, ``attention_metadata`` [longest query, longest cache, longest cache] as onnxruntime-genai's Engine feeds them.
+Its present caches are copied back into the pools unless the graph wrote them in place; its logits are one row
+per request when their first axis is named ``batch_size``, else one per packed token (each row's last is taken).
+
 Invariants: the pools are allocated once (``np.zeros`` on the host, pages touched as blocks fill) and fed whole,
 never copied; every block id and position is checked by the op before it reads or writes memory.
 """
@@ -144,7 +153,8 @@ class MakePaged(Pass):
 
 
 class PagedDecoder:
-    """The package's decoder, rewritten by ``MakePaged`` and planned natively, with its pools."""
+    """The package's decoder over pools of blocks, planned natively: rewritten by ``MakePaged``, or as it is when it
+    takes onnxruntime-genai's paged format itself (``io.varlen``: packed ids, block tables, its own caches)."""
 
     def __init__(self, spec, num_blocks: int, block_size: int, providers=None, options=None):
         from runtime import InferenceSession
@@ -153,15 +163,23 @@ class PagedDecoder:
         io = dec.io
         self.spec = spec
         self.io = io
+        self.varlen = io.varlen
         if io.sequence_source != "token_ids" or not io.token_input:
             raise PagedUnsupportedError(f"decoder {dec.name!r} reads inputs_embeds: the engine feeds token ids")
-        if not io.attention_mask_input:
+        if not io.attention_mask_input and not self.varlen:
             raise PagedUnsupportedError(f"decoder {dec.name!r} has no attention mask input")
         self.block_size = int(block_size)
         self.num_blocks = int(num_blocks)
         graph = load_graph(dec.source, external_folder=os.path.dirname(dec.filename))
-        pas = MakePaged(zip(io.kv_inputs, io.kv_outputs), spec.head_size)
-        pas(graph)
+        if self.varlen:
+            if io.state_pairs:
+                raise PagedUnsupportedError(f"decoder {dec.name!r}: a decoder in the paged format with recurrent "
+                                            f"state is not supported")
+            layers = self._varlen_layers(graph, spec)
+        else:
+            pas = MakePaged(zip(io.kv_inputs, io.kv_outputs), spec.head_size)
+            pas(graph)
+            layers = {name: (kvh, d, np.dtype(np.float32)) for name, (kvh, d) in pas.layers.items()}
         options = decoder_options(options, "ONNX_NUMBA_COMPILED_REGIONS", "compiled_regions")
         options.kv_share_buffer = True  # the pools are donated to the one node that writes them
         self.session = InferenceSession(graph, options, providers=providers)
@@ -170,17 +188,27 @@ class PagedDecoder:
         outs = [o.name for o in self.session.get_outputs()]
         self._logits_at = outs.index(io.logits_output)
         self._state_at = {p.input: outs.index(p.output) for p in io.state_pairs}
+        self._present_at = {i: outs.index(o) for i, o in zip(io.kv_inputs, io.kv_outputs) if o in outs} \
+            if self.varlen else {}
         self.device = self.session.get_providers()[0] == "CUDAExecutionProvider"
         if self.device and io.state_pairs:
             raise PagedUnsupportedError(f"decoder {dec.name!r} carries recurrent state: the CUDA engine serves "
                                         f"decoders whose whole cache is attention blocks")
+        if self.device and self.varlen:
+            raise PagedUnsupportedError(f"decoder {dec.name!r} is in onnxruntime-genai's paged format: the engine "
+                                        f"runs it on the CPU")
         if self.device:
             from .device_decoder import device_full
-            zeros = lambda shape: device_full(shape, np.float32, 0)  # noqa: E731
+            zeros = lambda shape, dt: device_full(shape, dt, 0)  # noqa: E731
         else:
-            zeros = lambda shape: np.zeros(shape, np.float32)  # noqa: E731
-        self.pools = {name: zeros((self.num_blocks, kvh, self.block_size, d)) for name, (kvh, d) in pas.layers.items()}
-        self.bytes_per_block = sum(4 * kvh * self.block_size * d for kvh, d in pas.layers.values())
+            zeros = lambda shape, dt: np.zeros(shape, dt)  # noqa: E731
+        if self.varlen:  # onnxruntime-genai's layout: (blocks, block_size, heads, head_size)
+            self.pools = {name: zeros((self.num_blocks, self.block_size, kvh, d), dt)
+                          for name, (kvh, d, dt) in layers.items()}
+        else:
+            self.pools = {name: zeros((self.num_blocks, kvh, self.block_size, d), dt)
+                          for name, (kvh, d, dt) in layers.items()}
+        self.bytes_per_block = sum(dt.itemsize * kvh * self.block_size * d for kvh, d, dt in layers.values())
         pos = spec.positions
         self._pos_name = io.position_ids_input or (pos.input if pos is not None else None)
         if self._pos_name not in self.inputs:
@@ -189,8 +217,38 @@ class PagedDecoder:
         self._pos_rank = pos.rank if pos is not None and self._pos_name == pos.input else 2
         self.state_inputs = [p.input for p in io.state_pairs]
         self._token_type = np_type(self.inputs[io.token_input].type)
-        self._mask_type = np_type(self.inputs[io.attention_mask_input].type)
-        self._ones = np.ones((1, 1), self._mask_type)
+        # onnxruntime-genai's rule: logits of the paged format are per request when their first axis is named
+        # batch_size, else per packed token
+        shape = self.session.get_outputs()[self._logits_at].shape or []
+        self._logits_per_token = bool(self.varlen) and (not shape or shape[0] != "batch_size")
+        self.table_pad = -1 if self.varlen else 0
+        if not self.varlen:
+            self._mask_type = np_type(self.inputs[io.attention_mask_input].type)
+            self._ones = np.ones((1, 1), self._mask_type)
+
+    def _varlen_layers(self, graph, spec) -> dict:
+        """Each cache input of a decoder in the paged format: name -> (kv heads, head size, dtype), its static
+        dimensions checked against the pools' block count and block size."""
+        from runtime.dtypes import np_dtype
+        ins = {v.name: v for v in graph.inputs}
+        layers = {}
+        for name in self.io.kv_inputs:
+            v = ins[name]
+            shape = tuple(v.shape or ())
+            if len(shape) != 4:
+                raise PagedUnsupportedError(f"cache {name!r} has shape {list(shape)}: the paged format's caches are "
+                                            f"(num_blocks, block_size, kv_heads, head_size)")
+            for axis, want, what in ((0, self.num_blocks, "num_blocks"), (1, self.block_size, "block_size")):
+                if isinstance(shape[axis], int) and shape[axis] != want:
+                    raise PagedUnsupportedError(f"cache {name!r} has {shape[axis]} at axis {axis} (shape "
+                                                f"{list(shape)}) but engine.dynamic_batching.{what} is {want}")
+            kvh = shape[2] if isinstance(shape[2], int) else spec.num_kv_heads
+            d = shape[3] if isinstance(shape[3], int) else spec.head_size
+            if not kvh or not d:
+                raise PagedUnsupportedError(f"cache {name!r}: its heads and head size are not static and the package "
+                                            f"does not say them")
+            layers[name] = (int(kvh), int(d), np_dtype(v.elem_type))
+        return layers
 
     def state_zeros(self):
         """One sequence's recurrent state (batch 1), zeros: input name -> array."""
@@ -209,6 +267,8 @@ class PagedDecoder:
         tokens = np.ascontiguousarray(tokens, dtype=self._token_type)
         B, S = tokens.shape
         totals = np.asarray(totals, np.int64)
+        if self.varlen:
+            return self._run_varlen(tokens, totals, tables), {}
         width = int(totals.max())
         if self._ones.shape[1] < width:
             self._ones = np.ones((1, max(width, 2 * self._ones.shape[1])), self._mask_type)
@@ -242,6 +302,30 @@ class PagedDecoder:
         logits = outs[self._logits_at]
         last = logits[:, -1, :] if logits.ndim == 3 else logits
         return np.ascontiguousarray(last, dtype=np.float32), {n: outs[k] for n, k in self._state_at.items()}
+
+    def _run_varlen(self, tokens, totals, tables):
+        """A step in onnxruntime-genai's paged format: the rows' ids packed in one axis, their boundaries, the
+        positions already cached, the block tables (-1 past a row's own blocks) and the step's bounds; the caches go
+        in whole and come back written (copied back unless the graph wrote them in place)."""
+        B, S = tokens.shape
+        v = self.varlen
+        tables = np.ascontiguousarray(tables, dtype=np.int32)
+        feeds = {self.io.token_input: tokens.reshape(-1),
+                 v["cumulative_sequence_lengths"]: (np.arange(B + 1) * S).astype(np.int32),
+                 v["past_sequence_lengths"]: (totals - S).astype(np.int32), v["block_table"]: tables}
+        if "attention_metadata" in v:  # bounds of the longest query and the longest cache after the step
+            longest = int(totals.max())
+            feeds[v["attention_metadata"]] = np.asarray([S, longest, longest], np.int32)
+        feeds.update(self.pools)
+        outs = self.session.run_prepared([feeds[n] for n in self._order])
+        for name, k in self._present_at.items():
+            pool, out = self.pools[name], outs[k]
+            if out.ctypes.data != pool.ctypes.data:
+                np.copyto(pool, out)
+        logits = outs[self._logits_at]
+        if logits.shape[0] != B or self._logits_per_token:  # one row per packed token: each row's last
+            logits = logits[(np.arange(1, B + 1) * S) - 1]
+        return np.ascontiguousarray(logits.reshape(B, -1), dtype=np.float32)
 
     def _run_device(self, feeds, B):
         """A step on the device: the pools stay there (bound, written in place); the step's ids, mask and block

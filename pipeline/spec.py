@@ -66,6 +66,10 @@ class IOSpec:
     kv_batch_axis: int = 0  # 1 for combined caches (2, batch, heads, positions, head_size): GPT-2's past_%d
     state_pairs: list = field(default_factory=list)     # StatePair
     optional_inputs: dict = field(default_factory=dict)  # port -> AbsentValue
+    # onnxruntime-genai's paged decoder format (packed ids, block tables; caches (blocks, block_size, heads, head)):
+    # its inputs by role (block_table, cumulative_sequence_lengths, past_sequence_lengths, attention_metadata
+    # where the graph takes it), None for the padded format
+    varlen: dict | None = None
 
 
 @dataclass

@@ -372,3 +372,53 @@ def test_speculative_statistics_and_draft_capacity_as_onnxruntime_genai(models):
     engines = [mod.Engine(model) for mod, model in (models["og"], models["pg"])]
     assert engines[0].get_speculative_stats() == engines[1].get_speculative_stats()
     assert engines[0].max_draft_tokens_per_proposal() == engines[1].max_draft_tokens_per_proposal() == 0
+
+
+# -- onnxruntime-genai's paged decoder format (fixtures/paged_format_package.py) -----------------------------------
+PAGED_EOS = 10  # the closed-form decode reaches it after a few tokens from these prompts
+PAGED_PROMPTS = [[5, 9, 13], [7, 2, 20, 4, 8, 9, 10], [5, 9, 13, 2, 3, 4, 6, 7, 11], [5, 9, 13, 2, 3, 4, 6, 7, 40, 41]]
+
+
+@pytest.fixture(scope="module", params=["per_request", "per_token"])
+def paged(request, tmp_path_factory, ort_genai):
+    from fixtures.paged_format_package import build
+    path = build(str(tmp_path_factory.mktemp(request.param)), per_token=request.param == "per_token",
+                 eos=PAGED_EOS)
+    return {"og": (ort_genai, ort_genai.Model(path)), "pg": (pg, pg.Model(path, native="all"))}
+
+
+def test_paged_format_events_equal_onnxruntime_genai(paged):
+    """Four requests in one batch (the last two sharing their first two blocks), turns ending on EOS and on the
+    cap, then second turns: every event equal to onnxruntime-genai's, and the tokens those of the closed form."""
+    from fixtures.paged_format_package import expected_tokens
+    first = [(p, {"max_generated_tokens": 12 if k else 4}) for k, p in enumerate(PAGED_PROMPTS)]
+    turns = [(0, [12], {"max_generated_tokens": 5}), (3, [PAGED_EOS, 7, 7], {"max_generated_tokens": 20})]
+    ref, got = _both(paged, first, turns)
+    assert got == ref
+    tokens = lambda k, turn: [e[1] for e in ref[k] if e[0] == turn and e[1] is not None]  # noqa: E731
+    for k, p in enumerate(PAGED_PROMPTS):
+        assert tokens(k, 1) == expected_tokens(p, 12 if k else 4, PAGED_EOS)
+    for k, extra, cap in turns:  # the second turn reads the whole conversation back from the blocks
+        assert tokens(k, 2) == expected_tokens(PAGED_PROMPTS[k] + tokens(k, 1) + extra, cap["max_generated_tokens"],
+                                               PAGED_EOS)
+    assert {e[3] for r in ref for e in r} >= {1, 3}  # turns ended on EOS and on max_generated_tokens
+
+
+def test_paged_format_is_refused_by_the_generator_and_checked_against_the_config(tmp_path):
+    from fixtures.paged_format_package import build
+    model = pg.Model(build(str(tmp_path / "p")), native="all")
+    with pytest.raises(RuntimeError, match="paged format .* runs through og.Engine"):
+        pg.Generator(model, pg.GeneratorParams(model))
+    path = build(str(tmp_path / "b"))
+    cfg_path = os.path.join(path, "genai_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["engine"]["dynamic_batching"]["block_size"] = 8
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match=r"has 4 at axis 1 .* engine.dynamic_batching.block_size is 8"):
+        pg.Engine(pg.Model(path, native="all"))
+    bad = build(str(tmp_path / "c"), config={"inputs": {"input_ids": "input_ids", "block_table": "block_table",
+                                                        "cumulative_sequence_lengths": "cu_seqlens"}})
+    with pytest.raises(ValueError, match=r"paged decoder format needs .* lacks \['cumulative_sequence_lengths'\]"):
+        pg.Model(bad, native="all")

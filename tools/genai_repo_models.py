@@ -2,10 +2,13 @@
 
 Every folder holding a ``genai_config.json`` under ``REPO/test/models`` is loaded by the three and decoded
 greedily from the same prompt (``--prompt``, ``--batch`` rows, ``--max-length``); a Marian package takes a batch
-of two rows of the length its graphs declare.  One line per package: ``same`` (identical sequences from all three),
-``differs``, or the error each raised (its first line).  Packages that onnxruntime-genai itself cannot run here
-(a CUDA build, dummy graphs of fixed shapes, files missing from the checkout) are listed with its error, so that
-the table says which rows compare anything.  The repository is not part of this one:
+of two rows of the length its graphs declare; a decoder in the paged format (``engine.dynamic_batching`` and
+``cumulative_sequence_lengths`` among its inputs) runs through ``Engine``, one request per row (``pipeline``
+on onnxruntime refuses the Engine: it runs the decoder natively).  One line per package: ``same``
+(identical sequences from all three), ``differs``, or the error each raised (its first line).  Packages that
+onnxruntime-genai itself cannot run here (a CUDA build, dummy graphs of fixed shapes, files missing from the
+checkout) are listed with its error, so that the table says which rows compare anything.  The repository is
+not part of this one:
 
     python -m tools.genai_repo_models --repo PATH_TO_ONNXRUNTIME_GENAI [--only NAME ...]
 """
@@ -27,6 +30,33 @@ def _decode(api, path, prompt, max_length, **kw):
     while not g.is_done():
         g.generate_next_token()
     return [g.get_sequence(i).tolist() for i in range(len(prompt))]
+
+
+def _decode_engine(api, path, prompt, max_length, **kw):
+    m = api.Model(path, **kw)
+    engine = api.Engine(m)
+    requests = []
+    for row in prompt:
+        r = engine.create_request()
+        o = api.TurnOptions(r)
+        o.set_max_generated_tokens(max_length - len(row))
+        r.begin_turn(np.asarray(row, np.int32), o)
+        requests.append(r)
+    out = {id(r): list(row) for r, row in zip(requests, prompt)}
+    buf = engine.create_event_buffer(64)
+    while engine.has_pending_requests():
+        for e in engine.run(buf):
+            if e.token is not None:
+                out[id(e.request)].append(int(e.token))
+    return [out[id(r)] for r in requests]
+
+
+def _paged_format(path) -> bool:
+    import json
+    with open(os.path.join(path, "genai_config.json")) as f:
+        cfg = json.load(f)
+    inputs = ((cfg.get("model") or {}).get("decoder") or {}).get("inputs") or {}
+    return bool((cfg.get("engine") or {}).get("dynamic_batching")) and "cumulative_sequence_lengths" in inputs
 
 
 def _outcome(fn):
@@ -53,11 +83,14 @@ def main(argv=None):
     for name in found if not args.only else [n for n in found if n in args.only]:
         path = os.path.join(root, name)
         rows = {"marian-batch": [[5], [7]]}.get(name, [[5, 32000], [7, 8]] if name.startswith("marian") else prompt)
-        ref = _outcome(lambda: _decode(reference, path, rows, args.max_length))
-        ort = _outcome(lambda: _decode(og, path, rows, args.max_length, native="none"))
-        nat = _outcome(lambda: _decode(og, path, rows, args.max_length, native="all"))
+        run = _decode_engine if _paged_format(path) else _decode
+        ref = _outcome(lambda: run(reference, path, rows, args.max_length))
+        ort = _outcome(lambda: run(og, path, rows, args.max_length, native="none"))
+        nat = _outcome(lambda: run(og, path, rows, args.max_length, native="all"))
         if ref == ort == nat and not isinstance(ref, str):
             print(f"{name:50s} same      {ref}")
+        elif run is _decode_engine and ref == nat and not isinstance(ref, str):
+            print(f"{name:50s} same      {ref} (native; the Engine is refused on onnxruntime)")
         else:
             print(f"{name:50s} {'differs' if not isinstance(ref, str) else 'reference fails'}")
             for label, value in (("onnxruntime-genai", ref), ("pipeline, onnxruntime", ort),

@@ -62,6 +62,7 @@ _MAX_STOP_BYTES = 16 * 1024
 
 
 class FinishReason(enum.IntEnum):
+    __str__ = enum.Enum.__str__  # "FinishReason.EOS", as onnxruntime-genai's enums print (not the number)
     NONE = 0
     EOS = 1
     STOP_STRING = 2
@@ -72,6 +73,7 @@ class FinishReason(enum.IntEnum):
 
 
 class EngineErrorCode(enum.IntEnum):
+    __str__ = enum.Enum.__str__
     NONE = 0
     CAPACITY_DEFERRED = 1
     EXECUTION_CAPACITY_EXCEEDED = 2
@@ -82,6 +84,7 @@ class EngineErrorCode(enum.IntEnum):
 
 
 class EngineEventFlags(enum.IntFlag):
+    __str__ = enum.Enum.__str__
     NONE = 0
     TOKEN = 1
     TURN_FINISHED = 2

@@ -22,6 +22,24 @@ the checks are the typed ``paged_geometry`` returning a code into ``PAGED_ERRORS
 one table of messages the CPU wrapper, the region form and the CUDA launch (``ops/cuda/paged_attention.py``)
 raise from.
 
+``com.microsoft::PagedAttention`` (onnxruntime-genai's paged decoders, ``use_paged_attention`` in its builder;
+onnxruntime has kernels for it on CUDA and WebGPU only) is the same attention over another layout, written here on
+the same kernels:
+- inputs: ``query`` (num_tokens, hidden), or the three packed when ``key`` and ``value`` are absent; ``key_cache``
+  and ``value_cache`` (num_blocks, block_size, kv_num_heads, head_size) in float16, bfloat16 or float32;
+  ``cumulative_sequence_length`` (batch + 1), ``past_seqlens`` (batch), ``block_table`` (batch, max_blocks;
+  -1 past a sequence's own blocks), ``cos_cache`` and ``sin_cache``; ``attention_metadata`` is a launch hint and
+  is not read; outputs: (num_tokens, num_heads * head_size) in the query's dtype, and the two caches, the input
+  arrays themselves, written in place;
+- the tokens ``[cum[b], cum[b + 1])`` are sequence ``b``'s positions ``past_seqlens[b] + j``; their keys (after
+  rotary) and values are written into the caches, in the caches' dtype, then each attends causally (or to the
+  whole sequence with ``is_causal=0``) within ``local_window_size``, with ``softcap`` and ``scale`` as
+  GroupQueryAttention;
+- the attention runs in float32 (``paged_attend_*``) over the blocks the step's sequences use, gathered once;
+- refused by name: ``slot_mapping``, ``head_sink``, q/k norms, quantized caches and their scales, the LATENT
+  layout, ``rotary_offset``; checked before any write: the shapes, the boundaries, every block id a sequence
+  reaches and every rotary position (``ms_geometry``, ``MS_ERRORS``).
+
 Invariants:
 - every block id a row reaches and every rotary position is checked before memory is read or written;
 - only the blocks of positions ``[T_b - S, T_b)`` are written; a block shared by two rows (a reused prefix) is
@@ -33,6 +51,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -47,7 +66,8 @@ from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa, qkv_rows, rotate_q
 from .registry import op
 
 __all__ = ["DOMAIN", "OP", "bind_paged", "paged_geometry", "paged_f32", "PAGED_ERRORS", "raise_paged_error",
-           "paged_positions", "PAGED_PARALLEL_WORK"]
+           "paged_positions", "PAGED_PARALLEL_WORK", "MS_OP", "MS_DOMAIN", "bind_ms_paged", "ms_geometry", "ms_paged",
+           "MS_ERRORS"]
 
 DOMAIN = "onnx_numba"
 OP = "PagedGroupQueryAttention"
@@ -345,3 +365,204 @@ def _form(e, b: Gqa):
 
 op(OP, 1, domain=DOMAIN, bind=bind_paged)(_cpu)
 form(OP, domain=DOMAIN, bind=bind_paged)(_form)
+
+
+# -- com.microsoft::PagedAttention: onnxruntime-genai's paged decoders -----------------------------------------
+
+MS_OP = "PagedAttention"
+MS_DOMAIN = "com.microsoft"
+# its inputs after the ten this kernel reads; attention_metadata (the last) is a launch hint and is not read
+_MS_UNSUPPORTED = ("slot_mapping", "head_sink", "q_norm_weight", "k_norm_weight", "k_scale", "v_scale")
+_MS_INPUTS = 17
+
+
+class MsPaged(NamedTuple):
+    """A com.microsoft PagedAttention node bound at plan time."""
+
+    H: int              # num_heads
+    kvH: int            # kv_num_heads
+    scale: float        # 0: 1 / sqrt(head_size)
+    softcap: float
+    window: int         # local_window_size, -1 for none
+    rotary: bool        # do_rotary
+    interleaved: bool   # rotary_interleaved
+    causal: bool        # is_causal
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def bind_ms_paged(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0,
+                  rotary_interleaved=0, is_causal=1, rotary_offset=0, kv_cache_layout="SEPARATE", v_head_size=0,
+                  k_quant_type="NONE", v_quant_type="NONE", k_cache_dtype="", v_cache_dtype="",
+                  qk_norm_epsilon=1e-6) -> MsPaged:
+    """The attributes; what this kernel does not compute is refused by name (``InvalidAttributeError``): the
+    LATENT layout and its narrower value heads, quantized caches, a rotary offset, a window of no key."""
+    H, kvH = int(num_heads), int(kv_num_heads)
+    if H <= 0 or kvH <= 0 or H % kvH:
+        raise InvalidAttributeError(f"{MS_OP}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
+    if _text(kv_cache_layout) != "SEPARATE" or int(v_head_size):
+        raise InvalidAttributeError(f"{MS_OP}: kv_cache_layout {_text(kv_cache_layout)!r} (v_head_size "
+                                    f"{int(v_head_size)}) is not supported; this kernel reads SEPARATE caches")
+    for name, v in (("k_quant_type", k_quant_type), ("v_quant_type", v_quant_type)):
+        if _text(v) != "NONE":
+            raise InvalidAttributeError(f"{MS_OP}: {name} {_text(v)!r}: quantized caches are not supported")
+    for name, v in (("k_cache_dtype", k_cache_dtype), ("v_cache_dtype", v_cache_dtype)):
+        if _text(v) not in ("", "float16", "bfloat16"):
+            raise InvalidAttributeError(f"{MS_OP}: {name} {_text(v)!r}: quantized caches are not supported")
+    if int(rotary_offset):
+        raise InvalidAttributeError(f"{MS_OP}: rotary_offset {int(rotary_offset)} is not supported (only 0)")
+    w = int(local_window_size)
+    if w == 0:
+        raise InvalidAttributeError(f"{MS_OP}: local_window_size 0 attends no key; it is not supported")
+    return MsPaged(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
+                   bool(int(rotary_interleaved)), bool(int(is_causal)))
+
+
+MS_ERRORS = {
+    **{k: GQA_ERRORS[k] for k in (1, 2)},
+    3: ("ShapeMismatchError", "key and value must both have shape (num_tokens, kv_num_heads * head_size)"),
+    4: ("ShapeMismatchError", "key_cache and value_cache must both have shape (num_blocks, block_size, "
+                              "kv_num_heads, head_size)"),
+    5: ("ShapeMismatchError", "cumulative_sequence_length must have batch_size + 1 entries and block_table "
+                              "batch_size rows, batch_size being past_seqlens' length"),
+    6: ("InvalidArgumentError", "cumulative_sequence_length must rise from 0 to the number of tokens, and "
+                                "past_seqlens be 0 or more"),
+    7: ("IndexOutOfRangeError", "a sequence's positions reach past its block table"),
+    8: ("IndexOutOfRangeError", "a block id is outside the cache"),
+    9: GQA_ERRORS[9],
+    10: ("IndexOutOfRangeError", "a position is outside the cos/sin caches"),
+}
+
+
+def raise_ms_error(code: int, detail: str = ""):
+    raise_coded(MS_ERRORS, code, MS_OP, detail)
+
+
+@njit(**_OPTS)
+def ms_geometry(qshape, kshape, vshape, packed, kc_shape, vc_shape, cum, past, table, H, kvH):
+    """Shapes and positions of one step, checked: ``(error code, D, row (T,), pos (T,), totals (B,))``: each packed
+    token's sequence and position, and each sequence's length after the step.  Every block id of positions
+    ``[0, totals[b])`` is checked against the cache."""
+    T, hidden = qshape
+    B = past.shape[0]
+    e = np.zeros(0, np.int64)
+    if packed:
+        if hidden % (H + 2 * kvH):
+            return 1, 0, e, e, e
+        D = hidden // (H + 2 * kvH)
+    else:
+        if hidden % H:
+            return 2, 0, e, e, e
+        D = hidden // H
+        if kshape[0] != T or kshape[1] != kvH * D or vshape[0] != T or vshape[1] != kvH * D:
+            return 3, D, e, e, e
+    N, bs, ch, cd = kc_shape
+    if ch != kvH or cd != D or bs < 1 or vc_shape[0] != N or vc_shape[1] != bs or vc_shape[2] != kvH \
+            or vc_shape[3] != D:
+        return 4, D, e, e, e
+    if cum.shape[0] != B + 1 or table.shape[0] != B:
+        return 5, D, e, e, e
+    if cum[0] != 0 or cum[B] != T:
+        return 6, D, e, e, e
+    M = table.shape[1]
+    row = np.empty(T, np.int64)
+    pos = np.empty(T, np.int64)
+    totals = np.empty(B, np.int64)
+    for b in range(B):
+        n = np.int64(cum[b + 1]) - np.int64(cum[b])
+        if n < 0 or past[b] < 0:
+            return 6, D, e, e, e
+        t = np.int64(past[b]) + n
+        if (t + bs - 1) // bs > M:
+            return 7, D, e, e, e
+        for i in range((t + bs - 1) // bs):
+            blk = table[b, i]
+            if blk < 0 or blk >= N:
+                return 8, D, e, e, e
+        totals[b] = t
+        for j in range(n):
+            row[cum[b] + j] = b
+            pos[cum[b] + j] = np.int64(past[b]) + j
+    return 0, D, row, pos, totals
+
+
+def ms_paged(b: MsPaged, q, k, v, kc, vc, cum, past, table, cos, sin):
+    """The op: ``output`` (num_tokens, num_heads * head_size) in ``q``'s dtype; the step's keys (after rotary) and
+    values are written into ``kc`` and ``vc`` in place, in their dtype, before the attention reads them.
+
+    The attention runs in float32 over the blocks the step's sequences use, gathered once from the caches into
+    the pool layout of ``paged_attend_*``, each packed token a row of its own: its sequence's block table, its
+    position as the past, its sequence's length as the total."""
+    packed = k is None
+    cum = np.ascontiguousarray(cum, dtype=np.int64).reshape(-1)
+    past = np.ascontiguousarray(past, dtype=np.int64).reshape(-1)
+    table = np.ascontiguousarray(table, dtype=np.int64)
+    err, D, row, pos, totals = ms_geometry(q.shape, q.shape if packed else k.shape, q.shape if packed else v.shape,
+                                           packed, kc.shape, vc.shape, cum, past, table, b.H, b.kvH)
+    if err:
+        raise_ms_error(err)
+    T = q.shape[0]
+    qf = _f32(q).reshape(T, 1, -1)
+    kf = qf if packed else _f32(k).reshape(T, 1, -1)
+    vf = qf if packed else _f32(v).reshape(T, 1, -1)
+    q4, k4, v4 = qkv_rows(qf, kf, vf, packed, b.H, b.kvH, D)
+    if b.rotary:
+        err, pos2 = paged_positions(pos, 1, cos.shape, sin.shape, D)
+        if err:
+            raise_ms_error(err)
+        q4, k4 = rotate_qk(q4, k4, pos2, _f32(cos), _f32(sin), b.interleaved)
+    bs = kc.shape[1]
+    blk = table[row, pos // bs]
+    kc[blk, pos % bs] = k4[:, 0]
+    vc[blk, pos % bs] = v4[:, 0]
+    used = np.unique(np.concatenate([table[s, :(totals[s] + bs - 1) // bs] for s in range(len(totals))] +
+                                    [np.zeros(0, np.int64)]))
+    kpool = np.ascontiguousarray(np.asarray(kc[used], np.float32).transpose(0, 2, 1, 3))
+    vpool = np.ascontiguousarray(np.asarray(vc[used], np.float32).transpose(0, 2, 1, 3))
+    width = max(1, int((totals.max(initial=0) + bs - 1) // bs))
+    local = np.searchsorted(used, table[:, :width].clip(0)).astype(np.int32)  # rows' ids in the gathered pool
+    params = np.asarray([b.scale if b.scale != 0 else 1.0 / math.sqrt(D), b.softcap], np.float32)
+    out = np.empty((T, 1, b.H, D), np.float32)
+    attend = paged_attend_serial if int(totals[row].sum()) * b.H * D < PAGED_PARALLEL_WORK else paged_attend_par
+    attend(q4, kpool, vpool, np.ascontiguousarray(local[row]), pos, np.ascontiguousarray(totals[row]), params,
+           b.causal, b.window, False, out)
+    y = out.reshape(T, b.H * D)
+    return y if q.dtype == np.float32 else y.astype(q.dtype)
+
+
+def _ms_cpu(b: MsPaged, ctx):
+    def run(*args):
+        args = tuple(args) + (None,) * (_MS_INPUTS - len(args))
+        q, k, v, kc, vc, cum, past, table, cos, sin = args[:10]
+        for name, a in zip(_MS_UNSUPPORTED, args[10:16]):
+            if a is not None:
+                raise InvalidArgumentError(f"{MS_OP}: input {name} is not supported by this kernel")
+        if q is None or kc is None or vc is None or cum is None or past is None or table is None:
+            raise InvalidArgumentError(f"{MS_OP}: query, key_cache, value_cache, cumulative_sequence_length, "
+                                       f"past_seqlens and block_table are required")
+        if q.ndim != 2:
+            raise InvalidArgumentError(f"{MS_OP}: query must be 2-d (num_tokens, hidden), got shape "
+                                       f"{list(q.shape)}")
+        if (k is None) != (v is None) or (k is not None and (k.ndim != 2 or v.ndim != 2)):
+            raise_ms_error(3, f", got {None if k is None else list(k.shape)} and "
+                              f"{None if v is None else list(v.shape)}")
+        for name, c in (("key_cache", kc), ("value_cache", vc)):
+            if c.ndim != 4 or c.dtype.kind != "f" and c.dtype.name != "bfloat16" or not c.flags.c_contiguous \
+                    or not c.flags.writeable:
+                raise InvalidArgumentError(f"{MS_OP}: {name} must be a writable C-contiguous float array of rank 4 "
+                                           f"(num_blocks, block_size, kv_num_heads, head_size), got {c.dtype} "
+                                           f"{list(c.shape)}")
+        for name, a, rank in (("cumulative_sequence_length", cum, 1), ("past_seqlens", past, 1),
+                              ("block_table", table, 2)):
+            if a.ndim != rank or a.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"{MS_OP}: {name} must be an integer tensor of rank {rank}, got "
+                                           f"{a.dtype} {list(a.shape)}")
+        if b.rotary and (cos is None or sin is None or cos.ndim != 2 or sin.ndim != 2):
+            raise_ms_error(9, "; do_rotary=1 needs both, 2-d")
+        return ms_paged(b, q, k, v, kc, vc, cum, past, table, cos, sin), kc, vc
+    return run
+
+
+op(MS_OP, 1, domain=MS_DOMAIN, bind=bind_ms_paged, views=True)(_ms_cpu)

@@ -27,7 +27,8 @@ A decoder that takes onnxruntime-genai's paged format itself (``IOSpec.varlen``:
 new ids packed in one axis (``input_ids`` [tokens]), ``cumulative_sequence_lengths`` [B + 1],
 ``past_sequence_lengths`` [B], ``block_table`` [B, M] (-1 past a row's own blocks) and, where the graph takes
 it, ``attention_metadata`` [longest query, longest cache, longest cache] as onnxruntime-genai's Engine feeds them.
-Its present caches are copied back into the pools unless the graph wrote them in place; its logits are one row
+Its present caches are copied back into the pools, except those a com.microsoft ``PagedAttention`` node writes
+in place (``ops/paged_attention.py``), which leave the graph's outputs; its logits are one row
 per request when their first axis is named ``batch_size``, else one per packed token (each row's last is taken).
 
 Invariants: the pools are allocated once (``np.zeros`` on the host, pages touched as blocks fill) and fed whole,
@@ -176,6 +177,7 @@ class PagedDecoder:
                 raise PagedUnsupportedError(f"decoder {dec.name!r}: a decoder in the paged format with recurrent "
                                             f"state is not supported")
             layers = self._varlen_layers(graph, spec)
+            self._drop_written_in_place(graph)
         else:
             pas = MakePaged(zip(io.kv_inputs, io.kv_outputs), spec.head_size)
             pas(graph)
@@ -225,6 +227,19 @@ class PagedDecoder:
         if not self.varlen:
             self._mask_type = np_type(self.inputs[io.attention_mask_input].type)
             self._ones = np.ones((1, 1), self._mask_type)
+
+    def _drop_written_in_place(self, graph):
+        """Present caches that a com.microsoft PagedAttention node writes into its past cache in place leave the
+        graph's outputs: the pools are that past, already written, and returning the present would copy them."""
+        made = graph.producers()
+        drop = set()
+        for past, present in zip(self.io.kv_inputs, self.io.kv_outputs):
+            n = made.get(present)
+            if n is not None and n.op_type == "PagedAttention" and n.domain == _MS and any(
+                    k + 1 < len(n.outputs) and n.outputs[k + 1] == present and len(n.inputs) > k + 3
+                    and n.inputs[k + 3] == past for k in (0, 1)):
+                drop.add(present)
+        graph.outputs = [v for v in graph.outputs if v.name not in drop]
 
     def _varlen_layers(self, graph, spec) -> dict:
         """Each cache input of a decoder in the paged format: name -> (kv heads, head size, dtype), its static

@@ -1,5 +1,6 @@
-"""onnx_numba::PagedGroupQueryAttention against onnxruntime's GroupQueryAttention on the same caches laid out
-contiguously: outputs, and the pools read back through the block table against onnxruntime's presents."""
+"""onnx_numba::PagedGroupQueryAttention, and com.microsoft::PagedAttention (onnxruntime has no CPU kernel for it),
+against onnxruntime's GroupQueryAttention on the same caches laid out contiguously: outputs, and the pools read
+back through the block table against onnxruntime's presents."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -8,18 +9,17 @@ import onnxruntime as ort
 
 from ops.paged_attention import DOMAIN, OP
 from runtime import InferenceSession
-from runtime.errors import IndexOutOfRangeError, InvalidArgumentError
+from runtime.errors import IndexOutOfRangeError, InvalidArgumentError, InvalidAttributeError
 
 H, KVH, D, BS, NBLK = 4, 2, 16, 4, 12
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def _gqa_model(packed, attrs):
+def _gqa_model(packed, attrs, f=TensorProto.FLOAT):
     names = ["query", "key", "value"] if not packed else ["query", "", ""]
     node = helper.make_node("GroupQueryAttention", names + ["past_key", "past_value", "seqlens_k", "total", "cos",
                             "sin"], ["out", "present_key", "present_value"], domain="com.microsoft",
                             num_heads=H, kv_num_heads=KVH, **attrs)
-    f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("query", f, None)]
     if not packed:
         ins += [helper.make_tensor_value_info("key", f, None), helper.make_tensor_value_info("value", f, None)]
@@ -189,3 +189,111 @@ def test_paged_refuses_fewer_positions_than_new_tokens():
     feeds["query"] = np.zeros((1, 8, (H + 2 * KVH) * D), np.float32)
     with pytest.raises(InvalidArgumentError, match="fewer than its new tokens"):
         sess.run(None, feeds)
+
+
+# -- com.microsoft::PagedAttention: float16, caches (blocks, block_size, kv heads, head size), packed tokens ----
+MS_ATOL = MS_RTOL = 5e-3    # float16 outputs: onnxruntime rounds its rotated query to float16, this kernel does not
+CACHE_TOL = 2e-3            # the written keys: rotated in float32 here, then rounded once
+
+
+def _ms_model(packed, attrs, extra=()):
+    names = ["query", "key", "value"] if not packed else ["query", "", ""]
+    ins = names + ["key_cache", "value_cache", "cum", "past", "table", "cos", "sin"] + list(extra)
+    node = helper.make_node("PagedAttention", ins, ["out", "key_cache_out", "value_cache_out"],
+                            domain="com.microsoft", num_heads=H, kv_num_heads=KVH, **attrs)
+    f, i32 = TensorProto.FLOAT16, TensorProto.INT32
+    vi = helper.make_tensor_value_info
+    graph_ins = [vi(n, f, None) for n in names if n] + [vi("key_cache", f, [NBLK, BS, KVH, D]),
+                                                        vi("value_cache", f, [NBLK, BS, KVH, D]),
+                                                        vi("cum", i32, [None]), vi("past", i32, [None]),
+                                                        vi("table", i32, [None, None]), vi("cos", f, None),
+                                                        vi("sin", f, None)]
+    graph_ins += [vi(n, i32, None) for n in extra if n]
+    outs = [vi("out", f, None), vi("key_cache_out", f, [NBLK, BS, KVH, D]),
+            vi("value_cache_out", f, [NBLK, BS, KVH, D])]
+    m = helper.make_model(helper.make_graph([node], "g", graph_ins, outs),
+                          opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def _ms_inputs(rng, pasts, news, packed):
+    """Packed float16 tokens of sequences with ``pasts`` cached and ``news`` new positions; caches of random
+    garbage, each sequence's history written through a block table of shuffled blocks (-1 past its own)."""
+    h = lambda *shape: rng.standard_normal(shape).astype(np.float16)  # noqa: E731
+    T = sum(news)
+    totals = [p + n for p, n in zip(pasts, news)]
+    need = [-(-t // BS) for t in totals]
+    table = np.full((len(pasts), max(need) + 1), -1, np.int32)
+    perm, taken = rng.permutation(NBLK), 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[taken:taken + n]
+        taken += n
+    ang = rng.random((64, D // 2)) * 3
+    return dict(query=h(T, (H + 2 * KVH) * D if packed else H * D), key=h(T, KVH * D), value=h(T, KVH * D),
+                key_cache=h(NBLK, BS, KVH, D), value_cache=h(NBLK, BS, KVH, D),
+                cum=np.concatenate([[0], np.cumsum(news)]).astype(np.int32), past=np.array(pasts, np.int32),
+                table=table, cos=np.cos(ang).astype(np.float16), sin=np.sin(ang).astype(np.float16))
+
+
+def _history(cache, table, b, n):
+    """Positions [0, n) of sequence ``b`` as onnxruntime's (1, kv heads, n, head size)."""
+    return np.stack([cache[table[b, p // BS], p % BS] for p in range(n)], 1)[None] if n else \
+        np.zeros((1, KVH, 0, D), cache.dtype)
+
+
+@pytest.mark.parametrize("pasts,news,packed,attrs", [
+    ([0, 5, 9], [3, 1, 2], False, dict(do_rotary=1, softcap=5.0, local_window_size=6)),  # prompt, decode, chunk
+    ([4, 0], [1, 6], True, dict(do_rotary=1, rotary_interleaved=1, scale=0.3)),
+    ([7], [1], False, {}),
+])
+def test_ms_paged_attention_matches_onnxruntime_gqa(pasts, news, packed, attrs):
+    feeds = _ms_inputs(np.random.default_rng(sum(pasts) + len(news)), pasts, news, packed)
+    before = {k: feeds[k].copy() for k in ("key_cache", "value_cache")}
+    if packed:
+        del feeds["key"], feeds["value"]
+    out, kc, vc = InferenceSession(_ms_model(packed, attrs)).run(None, feeds)
+    assert np.array_equal(feeds["key_cache"], kc) and np.array_equal(feeds["value_cache"], vc)  # in place
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    ref = ort.InferenceSession(_gqa_model(packed, attrs, TensorProto.FLOAT16), so,
+                               providers=["CPUExecutionProvider"])
+    cum, table = feeds["cum"], feeds["table"]
+    for b, (p, n) in enumerate(zip(pasts, news)):
+        rows = slice(int(cum[b]), int(cum[b + 1]))
+        step = {"query": feeds["query"][None, rows], "past_key": _history(before["key_cache"], table, b, p),
+                "past_value": _history(before["value_cache"], table, b, p),
+                "seqlens_k": np.array([p + n - 1], np.int32), "total": np.array(p + n, np.int32),
+                "cos": feeds["cos"], "sin": feeds["sin"]}
+        if not packed:
+            step.update(key=feeds["key"][None, rows], value=feeds["value"][None, rows])
+        o, pk, pv = ref.run(None, step)
+        np.testing.assert_allclose(out[rows].astype(np.float32), o[0].astype(np.float32), atol=MS_ATOL, rtol=MS_RTOL)
+        for got, want in ((_history(kc, table, b, p + n), pk), (_history(vc, table, b, p + n), pv)):
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=CACHE_TOL,
+                                       rtol=CACHE_TOL)
+    untouched = np.setdiff1d(np.arange(NBLK), table[table >= 0])
+    assert np.array_equal(kc[untouched], before["key_cache"][untouched])
+
+
+def test_ms_paged_attention_refuses_what_it_cannot_read():
+    rng = np.random.default_rng(3)
+    sess = InferenceSession(_ms_model(False, dict(do_rotary=1)))
+    cases = [(dict(table=np.array([[NBLK]], np.int32)), IndexOutOfRangeError, "block id is outside the cache"),
+             (dict(cum=np.array([0, 2], np.int32)), InvalidArgumentError, "rise from 0 to the number of tokens"),
+             (dict(past=np.array([64], np.int32), table=np.arange(17, dtype=np.int32)[None] % NBLK),
+              IndexOutOfRangeError, "outside the cos/sin caches"),
+             (dict(table=np.zeros((1, 0), np.int32)), IndexOutOfRangeError, "reach past its block table")]
+    for change, cls, words in cases:
+        feeds = _ms_inputs(rng, [0], [1], False)
+        kc = feeds["key_cache"].copy()
+        feeds.update(change)
+        with pytest.raises(cls, match=words):
+            sess.run(None, feeds)
+        assert np.array_equal(feeds["key_cache"], kc)  # nothing written before the checks
+    feeds = _ms_inputs(rng, [0], [1], False)
+    with pytest.raises(InvalidArgumentError, match="input slot_mapping is not supported"):
+        InferenceSession(_ms_model(False, {}, extra=["slot_mapping"])).run(None, dict(feeds, slot_mapping=np.zeros(
+            1, np.int32)))
+    with pytest.raises(InvalidAttributeError, match="kv_cache_layout 'LATENT'"):
+        InferenceSession(_ms_model(False, dict(kv_cache_layout="LATENT")))

@@ -422,3 +422,35 @@ def test_paged_format_is_refused_by_the_generator_and_checked_against_the_config
                                                         "cumulative_sequence_lengths": "cu_seqlens"}})
     with pytest.raises(ValueError, match=r"paged decoder format needs .* lacks \['cumulative_sequence_lengths'\]"):
         pg.Model(bad, native="all")
+
+
+def test_paged_attention_decoder_equals_its_group_query_attention_twin(tmp_path, ort_genai):
+    """A float16 decoder over com.microsoft PagedAttention (onnxruntime has no CPU kernel for it) through og.Engine,
+    four requests at once, against onnxruntime-genai's Generator on its GroupQueryAttention twin (same weights),
+    one prompt at a time.  Tokens are compared while the reference's two best logits are more than ``GAP`` apart
+    (about ten float16 steps: float16 rounding may order a closer pair either way), at least six per prompt."""
+    from fixtures.paged_attention_package import build
+    GAP, N = 0.02, 12
+    paged, plain = build(str(tmp_path / "paged")), build(str(tmp_path / "plain"), paged=False)
+    prompts = [[5, 9, 13], [7, 2, 20, 4, 8, 9, 10, 11, 30, 31], [5, 9, 13, 2, 3, 4, 6, 7, 11], [50]]
+    ref_model = ort_genai.Model(plain)
+    ref = []
+    for p in prompts:
+        gp = ort_genai.GeneratorParams(ref_model)
+        gp.set_search_options(max_length=len(p) + N)
+        g = ort_genai.Generator(ref_model, gp)
+        g.append_tokens(np.asarray(p, np.int32))
+        steps = []
+        while not g.is_done():
+            top = np.sort(np.asarray(g.get_logits(), np.float32).reshape(-1))[-2:]
+            g.generate_next_token()
+            steps.append((int(g.get_next_tokens()[0]), float(top[1] - top[0])))
+        ref.append(steps)
+    model = pg.Model(paged, native="all")
+    got = _script(pg, model, [(p, {"max_generated_tokens": N}) for p in prompts])
+    from pipeline.paged import PagedDecoder
+    assert not PagedDecoder(model.spec, 64, 4)._present_at  # the caches are written in place, never copied back
+    for events, steps in zip(got, ref):
+        clear = next((k for k, (_, gap) in enumerate(steps) if gap <= GAP), len(steps))
+        assert clear >= 6
+        assert [e[1] for e in events[:clear]] == [t for t, _ in steps[:clear]]

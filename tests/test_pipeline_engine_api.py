@@ -202,6 +202,12 @@ def _messages(mod, model):
     return out
 
 
+def test_enums_print_as_onnxruntime_genai_s(ort_genai):
+    for name in ("FinishReason", "EngineErrorCode", "EngineEventFlags"):
+        for member in getattr(ort_genai, name).__members__:
+            assert str(getattr(getattr(pg, name), member)) == str(getattr(getattr(ort_genai, name), member))
+
+
 def test_refusals_say_what_onnxruntime_genai_says(models):
     ref, got = (_messages(*models[k]) for k in ("og", "pg"))
     assert got == ref

@@ -164,10 +164,20 @@ def form_of(node):
     return registry.resolve(node.domain, node.op_type, node.opset or 1 << 30, registry.REGION)
 
 
+def numba_typed(dt) -> bool:
+    """Whether compiled code can hold arrays of ``dt`` (None: not known yet): Numba types no float16, bfloat16,
+    float8 or string arrays."""
+    return dt is None or dt.kind in "biuc" or dt.name in ("float32", "float64")
+
+
 def emit(node, types, used_after=None):
-    """The node's Emitted block, or None when its form declines (or it has none)."""
+    """The node's Emitted block, or None when its form declines (or it has none).  A node with an input or output
+    that compiled code cannot hold (``numba_typed``) is declined before its form is asked, whatever the form:
+    a view op's form would otherwise pass a float16 value through."""
     impl = form_of(node)
     if impl is None:
+        return None
+    if not all(numba_typed(types.dtype(x)) for x in list(node.inputs) + list(node.outputs) if x):
         return None
     e = Emitted(node, types)
     try:

@@ -220,6 +220,18 @@ def test_a_node_without_a_form_splits_the_region():
     assert len(fused.plan.regions) == 2
 
 
+def test_float16_values_stay_out_of_regions():
+    """Numba types no float16 array: a run of view ops on float16 values (as a float16 export's q/k norm reshapes
+    make) runs node by node; the float32 run after its Cast is still a region."""
+    shapes = [numpy_helper.from_array(np.array(s, np.int64), n) for n, s in (("s1", [0, -1, 4]), ("s2", [-1, 8]))]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["a", "s2"], ["b"]),
+             helper.make_node("Reshape", ["b", "s1"], ["c"]), helper.make_node("Cast", ["c"], ["d"], to=F),
+             helper.make_node("Relu", ["d"], ["e"]), helper.make_node("Neg", ["e"], ["f"]),
+             helper.make_node("Exp", ["f"], ["y"])]
+    model = _model(nodes, [_vi("x", TensorProto.FLOAT16, [3, 8])], [_vi("y", F, None)], shapes)
+    _check(model, {"x": RNG.standard_normal((3, 8)).astype(np.float16)}, 3)
+
+
 def test_blocks_that_differ_only_in_a_constant_share_one_source():
     """A scale and shift by constant scalars (an image model repeats the pair with other values) reads its
     constants as arguments: both pairs, cut apart by a node without a form, are one kind."""

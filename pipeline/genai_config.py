@@ -73,7 +73,8 @@ _DEFAULT_INPUTS = {"input_ids": "input_ids", "attention_mask": "attention_mask",
                    "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
                    "past_conv_names": "past_conv.%d", "block_table": "block_table",
                    "cumulative_sequence_lengths": "cumulative_sequence_lengths",
-                   "past_sequence_lengths": "past_sequence_lengths", "attention_metadata": "attention_metadata"}
+                   "past_sequence_lengths": "past_sequence_lengths", "attention_metadata": "attention_metadata",
+                   "block_table_windowed": "block_table_windowed"}
 # the paged decoder format's inputs (``IOSpec.varlen``): the first three make a decoder paged
 _VARLEN_INPUTS = ("block_table", "cumulative_sequence_lengths", "past_sequence_lengths")
 _DEFAULT_OUTPUTS = {"logits": "logits", "present_key_names": "present.%d.key",
@@ -147,7 +148,8 @@ def _decoder_io(inputs: dict, outputs: dict, n_layers: int, ins: dict, outs: dic
     io.logits_output = outputs.get("logits")
     io.attention_mask_input = inputs.get("attention_mask")
     io.position_ids_input = inputs.get("position_ids")
-    varlen = {k: inputs[k] for k in _VARLEN_INPUTS + ("attention_metadata",) if inputs.get(k) in ins}
+    varlen = {k: inputs[k] for k in _VARLEN_INPUTS + ("attention_metadata", "block_table_windowed")
+              if inputs.get(k) in ins}
     if any(k in varlen for k in _VARLEN_INPUTS):
         missing = [k for k in _VARLEN_INPUTS if k not in varlen]
         if missing:

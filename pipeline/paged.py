@@ -27,6 +27,9 @@ A decoder that takes onnxruntime-genai's paged format itself (``IOSpec.varlen``:
 new ids packed in one axis (``input_ids`` [tokens]), ``cumulative_sequence_lengths`` [B + 1],
 ``past_sequence_lengths`` [B], ``block_table`` [B, M] (-1 past a row's own blocks) and, where the graph takes
 it, ``attention_metadata`` [longest query, longest cache, longest cache] as onnxruntime-genai's Engine feeds them.
+Sliding-window layers (``block_table_windowed``): onnxruntime-genai keeps each request's window in a ring of blocks
+of their own; here their pools are as large as the others' and keep every position, and the window's table is the
+block table itself (the attention reads only the window, so the tokens are the same; the memory is not saved).
 Its present caches are copied back into the pools, except those a com.microsoft ``PagedAttention`` node writes
 in place (``ops/paged_attention.py``), which leave the graph's outputs; its logits are one row
 per request when their first axis is named ``batch_size``, else one per packed token (each row's last is taken).
@@ -328,6 +331,8 @@ class PagedDecoder:
         feeds = {self.io.token_input: tokens.reshape(-1),
                  v["cumulative_sequence_lengths"]: (np.arange(B + 1) * S).astype(np.int32),
                  v["past_sequence_lengths"]: (totals - S).astype(np.int32), v["block_table"]: tables}
+        if "block_table_windowed" in v:  # sliding-window layers: their pools keep every block, as the others
+            feeds[v["block_table_windowed"]] = tables
         if "attention_metadata" in v:  # bounds of the longest query and the longest cache after the step
             longest = int(totals.max())
             feeds[v["attention_metadata"]] = np.asarray([S, longest, longest], np.int32)

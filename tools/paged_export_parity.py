@@ -10,14 +10,14 @@ more than ``--gap`` apart (float16 rounding may order a closer pair either way),
 
     python -m tools.paged_export_parity --arch llama [--arch phi3 ...] [--tokens 16] [--work DIR]
 
-Architectures whose ordinary CUDA export onnxruntime cannot run on the CPU (qwen3: its GroupQueryAttention fuses
-the q/k norms, which onnxruntime implements only on CUDA and WebGPU) are reported as such.
+Where the ordinary export's GroupQueryAttention fuses the q/k norms (qwen3, gemma3), which onnxruntime computes on
+CUDA and WebGPU only, the reference gets them written out before it (``unfuse_qk_norms``), as the paged export has
+them.  Gemma 3's sliding-window layers take ``block_table_windowed``.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import shutil
 import sys
 import types
@@ -49,17 +49,67 @@ def build(arch: str, work: str, seed: int = 1) -> tuple[str, str]:
     for name, extra in (("paged", ["--extra_options", "use_paged_attention=true"]), ("ordinary", [])):
         folder = os.path.join(work, arch, name)
         shutil.rmtree(folder, ignore_errors=True)
-        argv = sys.argv
-        sys.argv = ["builder", "-i", hf_dir, "-o", folder, "-p", "fp16", "-e", "cuda", "-c",
-                    os.path.join(src, "cache")] + extra
-        try:
-            runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
-        finally:
-            sys.argv = argv
+        _run_builder(mk, hf_dir, folder, os.path.join(src, "cache"), extra)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(tok_dir, f), os.path.join(folder, f))
         out.append(folder)
     return out[0], out[1]
+
+
+def _run_builder(mk, hf_dir, folder, cache, extra):
+    """The shared script's builder run (with its config fixes), for CUDA in float16 and with ``extra``."""
+    real = mk.runpy
+
+    class ForCuda:
+        @staticmethod
+        def run_module(*args, **kw):
+            sys.argv[sys.argv.index("-e") + 1] = "cuda"
+            sys.argv += extra
+            return real.run_module(*args, **kw)
+
+    mk.runpy = ForCuda
+    try:
+        mk.run_builder(hf_dir, folder, "fp16", cache)
+    finally:
+        mk.runpy = real
+
+
+def unfuse_qk_norms(folder: str) -> int:
+    """The ordinary export's GroupQueryAttention nodes that fuse the q/k RMS norms (inputs 14 and 15, which
+    onnxruntime computes on CUDA and WebGPU only) get them written out before them instead, as
+    ``SimplifiedLayerNormalization`` over each head (the paged export writes them out itself): how many."""
+    import onnx
+    from onnx import helper
+    path = os.path.join(folder, "model.onnx")
+    m = onnx.load(path)
+    g = m.graph
+    nodes, changed = [], 0
+    for n in g.node:
+        if n.op_type == "GroupQueryAttention" and len(n.input) > 15 and n.input[14] and n.input[15]:
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            heads = {0: attrs["num_heads"], 1: attrs["kv_num_heads"]}
+            eps = attrs.pop("qk_norm_epsilon", 1e-6)
+            for k, w in ((0, n.input[14]), (1, n.input[15])):
+                src = n.input[k]
+                shape = f"{src}/heads_shape"
+                g.initializer.append(onnx.numpy_helper.from_array(np.asarray([0, 0, heads[k], -1], np.int64),
+                                                                  shape))
+                back = f"{src}/flat_shape"
+                g.initializer.append(onnx.numpy_helper.from_array(np.asarray([0, 0, -1], np.int64), back))
+                nodes += [helper.make_node("Reshape", [src, shape], [f"{src}/heads"]),
+                          helper.make_node("SimplifiedLayerNormalization", [f"{src}/heads", w], [f"{src}/normed"],
+                                           axis=-1, epsilon=eps),
+                          helper.make_node("Reshape", [f"{src}/normed", back], [f"{src}/unfused"])]
+                n.input[k] = f"{src}/unfused"
+            del n.input[14:]
+            del n.attribute[:]
+            n.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+            changed += 1
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.save(m, path, save_as_external_data=True, location="model.onnx.data")
+    return changed
 
 
 def reference(ordinary: str, n: int) -> list:
@@ -71,11 +121,12 @@ def reference(ordinary: str, n: int) -> list:
     out = []
     for p in PROMPTS:
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(p) + n, past_present_share_buffer=False)
+        # room past the window, which a windowed cache (sliding_window_cache) needs as its capacity
+        params.set_search_options(max_length=max(len(p) + n, 128))
         g = og.Generator(model, params)
         g.append_tokens(np.asarray(p, np.int32))
         steps = []
-        while not g.is_done():
+        for _ in range(n):
             top = np.sort(np.asarray(g.get_logits(), np.float32).reshape(-1))[-2:]
             g.generate_next_token()
             steps.append((int(g.get_next_tokens()[0]), float(top[1] - top[0])))
@@ -113,10 +164,13 @@ def main(argv=None):
     failed = 0
     for arch in a.arch or ["llama"]:
         paged, ordinary = build(arch, a.work)
+        if unfuse_qk_norms(ordinary):
+            print(f"{arch:8s} reference: its fused q/k norms written out before GroupQueryAttention")
         try:
             ref = reference(ordinary, a.tokens)
         except Exception as exc:  # the ordinary export onnxruntime cannot run on the CPU
             print(f"{arch:8s} reference fails: {str(exc).splitlines()[0][:200]}")
+            failed += 1
             continue
         got = native(paged, a.tokens)
         for p, steps, toks in zip(PROMPTS, ref, got):

@@ -430,14 +430,17 @@ def test_paged_format_is_refused_by_the_generator_and_checked_against_the_config
         pg.Model(bad, native="all")
 
 
-def test_paged_attention_decoder_equals_its_group_query_attention_twin(tmp_path, ort_genai):
+@pytest.mark.parametrize("window", [0, 6])
+def test_paged_attention_decoder_equals_its_group_query_attention_twin(tmp_path, ort_genai, window):
     """A float16 decoder over com.microsoft PagedAttention (onnxruntime has no CPU kernel for it) through og.Engine,
     four requests at once, against onnxruntime-genai's Generator on its GroupQueryAttention twin (same weights),
-    one prompt at a time.  Tokens are compared while the reference's two best logits are more than ``GAP`` apart
-    (about ten float16 steps: float16 rounding may order a closer pair either way), at least six per prompt."""
+    one prompt at a time; with ``window``, a sliding-window first layer on ``block_table_windowed``.  Tokens are
+    compared while the reference's two best logits are more than ``GAP`` apart (about ten float16 steps: float16
+    rounding may order a closer pair either way), at least six per prompt."""
     from fixtures.paged_attention_package import build
     GAP, N = 0.02, 12
-    paged, plain = build(str(tmp_path / "paged")), build(str(tmp_path / "plain"), paged=False)
+    paged = build(str(tmp_path / "paged"), window=window)
+    plain = build(str(tmp_path / "plain"), paged=False, window=window)
     prompts = [[5, 9, 13], [7, 2, 20, 4, 8, 9, 10, 11, 30, 31], [5, 9, 13, 2, 3, 4, 6, 7, 11], [50]]
     ref_model = ort_genai.Model(plain)
     ref = []

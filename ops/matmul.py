@@ -313,24 +313,55 @@ def matmul_nd(a: np.ndarray, b: np.ndarray, buf=None, name="MatMul") -> np.ndarr
 
 # -- MatMul ----------------------------------------------------------------------------------------
 
-def _constant_weight(ctx):
-    """The node's B when it is a 2-d float32 initializer (packed into column panels for one-row calls), else None."""
+def _constant_weight(ctx, low: bool = False):
+    """The node's B when it is a 2-d float32 initializer (packed into column panels for one-row calls), else None;
+    with ``low``, when it is a 2-d float16 or bfloat16 one."""
     graph, node = getattr(ctx, "graph", None), getattr(ctx, "node", None)
     if graph is None or node is None or len(node.inputs) < 2:
         return None
     w = graph.initializers.get(node.inputs[1])
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == F32 and w.size:
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.size and \
+            ((lowp(w.dtype) or w.dtype == np.float16) if low else w.dtype == F32):
         return w
     return None
+
+
+def _widened_factory(w, buf):
+    """A float16 or bfloat16 constant weight: its float32 copy, made at the first call and kept beside it, run as a
+    float32 constant weight is (``_weight_runner``) on the activations converted to float32, the product rounded
+    back to their dtype.  A call converts only the activations, not the weight."""
+    state = []  # (what the inner runner knows the weight by, the runner)
+
+    def run(a, b):
+        if b is w and a.dtype == w.dtype:
+            if not state:
+                w32 = np.ascontiguousarray(w, dtype=F32)
+                # MLAS's order keeps only its packed slices, known by the original weight; the panels keep w32
+                state.append((w, _mlas_factory(w32, None, ident=w)) if mlas_order() else
+                             (w32, _weight_runner(w32, None)))
+            key, inner = state[0]
+            return inner(a.astype(F32), key).astype(a.dtype)
+        return matmul_nd(a, b, buf)
+    return run
 
 
 def _matmul_factory(ctx):
     buf = ctx.out[0] if ctx.out else None
     w = _constant_weight(ctx)
-    if w is None:
-        def run(a, b):
-            return matmul_nd(a, b, buf)
-        return run
+    if w is not None:
+        return _weight_runner(w, buf)
+    low = _constant_weight(ctx, low=True)
+    if low is not None:
+        return _widened_factory(low, buf)
+
+    def run(a, b):
+        return matmul_nd(a, b, buf)
+    return run
+
+
+def _weight_runner(w, buf):
+    """MatMul against the constant float32 weight ``w``: MLAS's packed order under ``mlas_order``, else its column
+    panels for one-row calls (made at the first), else ``matmul_nd``."""
     if mlas_order():
         return _mlas_factory(w, buf)
     K, N = w.shape
@@ -350,14 +381,16 @@ def _matmul_factory(ctx):
     return run_packed
 
 
-def _mlas_factory(w, buf):
+def _mlas_factory(w, buf, ident=None):
     """A float32 product against the constant weight in MLAS's packed order (``ops/_mlas_sgemm``), as onnxruntime
-    runs it; other dtypes as ``matmul_nd``."""
+    runs it; other dtypes as ``matmul_nd``.  ``ident``: the array a call passes as B for this weight (default ``w``;
+    only its packed slices are kept)."""
     K, N = w.shape
     wflat = pack_slices(w)
+    key = w if ident is None else ident
 
     def run(a, b):
-        if b is w and a.dtype == F32 and a.ndim >= 1 and a.shape[-1] == K:
+        if b is key and a.dtype == F32 and a.ndim >= 1 and a.shape[-1] == K:
             o = out_buffer(buf, a.shape[:-1] + (N,), F32)
             o[...] = sgemm_packed_mlas(np.ascontiguousarray(a).reshape(-1, K), wflat, K, N).reshape(o.shape)
             return o
@@ -370,7 +403,8 @@ bind_matmul = bind_plain("MatMul")
 
 def matmul_cpu(b: Plain, ctx):
     """MatMul on the CPU: numpy's semantics, a constant float32 weight packed into panels at its first run (under
-    ``ONNX_NUMBA_MLAS_ORDER=1``: in MLAS's slices, at plan time, multiplied in onnxruntime's order)."""
+    ``ONNX_NUMBA_MLAS_ORDER=1``: in MLAS's slices, at plan time, multiplied in onnxruntime's order); a float16 or
+    bfloat16 one converted to float32 once (``_widened_factory``)."""
     return _matmul_factory(ctx)
 
 

@@ -73,6 +73,24 @@ def test_matmul_constant_weight(shape, K, N, monkeypatch):
     _check(model, {"a": a}, monkeypatch)
 
 
+@pytest.mark.parametrize("shape,K,N", [((1, 256), 256, 512), ((3, 896), 896, 1200)])
+def test_float16_matmul_constant_weight(shape, K, N, monkeypatch):
+    """A float16 weight (a float16 export's): onnxruntime multiplies its float32 copy in MLAS's packed order and
+    rounds the product to float16; this runtime converts the weight once and does the same, bit for bit."""
+    monkeypatch.setenv("ONNX_NUMBA_MLAS_ORDER", "1")
+    w = (RNG.standard_normal((K, N)) / np.sqrt(K)).astype(np.float16)
+    a = RNG.standard_normal(shape).astype(np.float16)
+    g = h.make_graph([h.make_node("MatMul", ["a", "w"], ["y"])], "g",
+                     [h.make_tensor_value_info("a", T.FLOAT16, [None, K])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, None)], [nh.from_array(w, "w")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 18)]).SerializeToString()
+    want = _ort(model, {"a": a})[0]
+    import runtime as rt
+    sess = rt.InferenceSession(model)
+    for _ in range(2):  # the first call converts the weight, the second uses the copy
+        np.testing.assert_array_equal(sess.run(None, {"a": a})[0], want)
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [
     ((20, 700), (700, 40)),        # N > M: two threads split N (32 and 8 columns), each with its own K slices
     ((130, 300), (300, 33)),       # M >= N: two threads split M

@@ -9,6 +9,8 @@ dependencies).  Every prompt is decoded greedily; tokens are compared while the 
 more than ``--gap`` apart (float16 rounding may order a closer pair either way), and also whole.
 
     python -m tools.paged_export_parity --arch llama [--arch phi3 ...] [--tokens 16] [--work DIR]
+    python -m tools.paged_export_parity --arch qwen2 --hidden 896 --intermediate 4864 --layers 24 --heads 14 \
+        --kv-heads 2 --time 64 --tokens 32      # prefill and decode times of both, one request
 
 Where the ordinary export's GroupQueryAttention fuses the q/k norms (qwen3, gemma3), which onnxruntime computes on
 CUDA and WebGPU only, the reference gets them written out before it (``unfuse_qk_norms``), as the paged export has
@@ -29,13 +31,15 @@ SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 PROMPTS = [[5, 9, 13, 100, 200], [7, 2, 20, 4, 8, 9, 10, 11, 30, 31] * 3, [1000, 1001], [50]]
 
 
-def build(arch: str, work: str, seed: int = 1) -> tuple[str, str]:
-    """The paged and the ordinary CUDA float16 export of one random model: their folders."""
+def build(arch: str, work: str, seed: int = 1, **sizes) -> tuple[str, str]:
+    """The paged and the ordinary CUDA float16 export of one random model (``sizes``: hidden, layers, heads,
+    kv_heads, vocab, intermediate, as ``make_genai_package.py`` takes them): their folders."""
     sys.path.insert(0, SHARED)
     import make_genai_package as mk
     import torch
     a = types.SimpleNamespace(arch=arch, hidden=256, layers=2, heads=4, kv_heads=2, vocab=2048, init=0.1,
                               intermediate=0, seed=seed)
+    a.__dict__.update({k: v for k, v in sizes.items() if v})
     src = os.path.join(work, arch, "src")
     shutil.rmtree(src, ignore_errors=True)
     tok_dir, hf_dir = os.path.join(src, "tok"), os.path.join(src, "hf")
@@ -154,18 +158,86 @@ def native(paged: str, n: int) -> list:
     return [tokens[id(r)] for r in requests]
 
 
+def timing(paged: str, ordinary: str, prompt_tokens: int, steps: int, runs: int) -> None:
+    """Prefill and decode of one request: the paged export through og.Engine natively, then the ordinary export
+    on onnxruntime-genai's Generator (its threads do not spin, so the first does not slow the second); medians of
+    ``runs`` runs after a warm-up, in milliseconds."""
+    import time
+    import onnxruntime_genai as og
+    import pipeline as pg
+    prompt = np.asarray([(7 * i) % 1000 + 3 for i in range(prompt_tokens)], np.int32)
+
+    def engine_run(engine):
+        r = engine.create_request()
+        o = pg.TurnOptions(r)
+        o.set_max_generated_tokens(steps + 1)
+        r.begin_turn(prompt, o)
+        buf, marks = engine.create_event_buffer(64), [time.perf_counter()]
+        while engine.has_pending_requests():
+            engine.run(buf)
+            marks.append(time.perf_counter())
+        r.close()
+        return marks
+
+    def generator_run(model):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=prompt_tokens + steps + 1)
+        g = og.Generator(model, params)
+        marks = [time.perf_counter()]
+        g.append_tokens(prompt)
+        marks.append(time.perf_counter())
+        for _ in range(steps):
+            g.generate_next_token()
+            marks.append(time.perf_counter())
+        return marks
+
+    sides = (("native og.Engine, paged export", lambda: pg.Engine(pg.Model(paged, native="all")), engine_run),
+             ("onnxruntime-genai Generator, ordinary export", lambda: _og_model(ordinary), generator_run))
+    for label, make, run in sides:
+        t0 = time.perf_counter()
+        target = make()
+        run(target)  # warm-up: compiles, first allocations
+        warm = time.perf_counter() - t0
+        pre, dec = [], []
+        for _ in range(runs):
+            m = run(target)
+            pre.append(m[1] - m[0])
+            dec.append(float(np.median(np.diff(m[2:]))))
+        print(f"{label:46s} load + warm-up {warm:6.1f} s   prefill of {prompt_tokens}: "
+              f"{1e3 * float(np.median(pre)):7.1f} ms   decode: {1e3 * float(np.median(dec)):6.2f} ms/token")
+        del target
+
+
+def _og_model(folder):
+    import onnxruntime_genai as og
+    cfg = og.Config(folder)
+    cfg.clear_providers()
+    cfg.overlay('{"model": {"decoder": {"session_options": {"session.intra_op.allow_spinning": "0"}}}}')
+    return og.Model(cfg)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", action="append", default=None, help="builder architecture (repeatable; llama)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens per prompt")
     ap.add_argument("--gap", type=float, default=0.02, help="the smallest gap of the two best logits compared")
     ap.add_argument("--work", default="/tmp/paged_export_parity", help="where the packages are built")
+    for k in ("hidden", "layers", "heads", "kv-heads", "intermediate", "vocab"):
+        ap.add_argument(f"--{k}", type=int, default=0, help=f"model {k} (0: make_genai_package's small default)")
+    ap.add_argument("--time", type=int, default=0, metavar="PROMPT_TOKENS",
+                    help="time prefill of this many tokens and decode instead of comparing tokens")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs (--time)")
     a = ap.parse_args(argv)
+    sizes = dict(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate,
+                 vocab=a.vocab)
     failed = 0
     for arch in a.arch or ["llama"]:
-        paged, ordinary = build(arch, a.work)
+        paged, ordinary = build(arch, a.work, **sizes)
         if unfuse_qk_norms(ordinary):
             print(f"{arch:8s} reference: its fused q/k norms written out before GroupQueryAttention")
+        if a.time:
+            timing(paged, ordinary, a.time, a.tokens, a.runs)
+            continue
         try:
             ref = reference(ordinary, a.tokens)
         except Exception as exc:  # the ordinary export onnxruntime cannot run on the CPU

@@ -51,7 +51,6 @@ Invariants:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -376,19 +375,6 @@ _MS_UNSUPPORTED = ("slot_mapping", "head_sink", "q_norm_weight", "k_norm_weight"
 _MS_INPUTS = 17
 
 
-class MsPaged(NamedTuple):
-    """A com.microsoft PagedAttention node bound at plan time."""
-
-    H: int              # num_heads
-    kvH: int            # kv_num_heads
-    scale: float        # 0: 1 / sqrt(head_size)
-    softcap: float
-    window: int         # local_window_size, -1 for none
-    rotary: bool        # do_rotary
-    interleaved: bool   # rotary_interleaved
-    causal: bool        # is_causal
-
-
 def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -396,9 +382,10 @@ def _text(v) -> str:
 def bind_ms_paged(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0,
                   rotary_interleaved=0, is_causal=1, rotary_offset=0, kv_cache_layout="SEPARATE", v_head_size=0,
                   k_quant_type="NONE", v_quant_type="NONE", k_cache_dtype="", v_cache_dtype="",
-                  qk_norm_epsilon=1e-6) -> MsPaged:
-    """The attributes; what this kernel does not compute is refused by name (``InvalidAttributeError``): the
-    LATENT layout and its narrower value heads, quantized caches, a rotary offset, a window of no key."""
+                  qk_norm_epsilon=1e-6) -> Gqa:
+    """The attributes, as GroupQueryAttention's bound form (the same attention; no smooth softmax, no score
+    output); what this kernel does not compute is refused by name (``InvalidAttributeError``): the LATENT layout
+    and its narrower value heads, quantized caches, a rotary offset, a window of no key."""
     H, kvH = int(num_heads), int(kv_num_heads)
     if H <= 0 or kvH <= 0 or H % kvH:
         raise InvalidAttributeError(f"{MS_OP}: num_heads ({H}) must be a positive multiple of kv_num_heads ({kvH})")
@@ -416,8 +403,9 @@ def bind_ms_paged(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, loca
     w = int(local_window_size)
     if w == 0:
         raise InvalidAttributeError(f"{MS_OP}: local_window_size 0 attends no key; it is not supported")
-    return MsPaged(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
-                   bool(int(rotary_interleaved)), bool(int(is_causal)))
+    return Gqa(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
+               bool(int(rotary_interleaved)), smooth=False, causal=bool(int(is_causal)), qk_output=0, windowed=False,
+               n_outputs=ctx.n_outputs)
 
 
 MS_ERRORS = {
@@ -488,7 +476,7 @@ def ms_geometry(qshape, kshape, vshape, packed, kc_shape, vc_shape, cum, past, t
     return 0, D, row, pos, totals
 
 
-def ms_paged(b: MsPaged, q, k, v, kc, vc, cum, past, table, cos, sin):
+def ms_paged(b: Gqa, q, k, v, kc, vc, cum, past, table, cos, sin):
     """The op: ``output`` (num_tokens, num_heads * head_size) in ``q``'s dtype; the step's keys (after rotary) and
     values are written into ``kc`` and ``vc`` in place, in their dtype, before the attention reads them.
 
@@ -532,7 +520,7 @@ def ms_paged(b: MsPaged, q, k, v, kc, vc, cum, past, table, cos, sin):
     return y if q.dtype == np.float32 else y.astype(q.dtype)
 
 
-def _ms_cpu(b: MsPaged, ctx):
+def _ms_cpu(b: Gqa, ctx):
     def run(*args):
         args = tuple(args) + (None,) * (_MS_INPUTS - len(args))
         q, k, v, kc, vc, cum, past, table, cos, sin = args[:10]

@@ -32,23 +32,29 @@ def _decode(api, path, prompt, max_length, **kw):
     return [g.get_sequence(i).tolist() for i in range(len(prompt))]
 
 
-def _decode_engine(api, path, prompt, max_length, **kw):
-    m = api.Model(path, **kw)
-    engine = api.Engine(m)
+def engine_tokens(api, model, prompts, max_new) -> list:
+    """Every prompt a request of one ``api.Engine`` over ``model``, run together: each one's generated tokens
+    (``max_new``: an int, or one per prompt)."""
+    engine = api.Engine(model)
     requests = []
-    for row in prompt:
+    for k, row in enumerate(prompts):
         r = engine.create_request()
         o = api.TurnOptions(r)
-        o.set_max_generated_tokens(max_length - len(row))
+        o.set_max_generated_tokens(max_new[k] if isinstance(max_new, (list, tuple)) else max_new)
         r.begin_turn(np.asarray(row, np.int32), o)
         requests.append(r)
-    out = {id(r): list(row) for r, row in zip(requests, prompt)}
+    out = {id(r): [] for r in requests}
     buf = engine.create_event_buffer(64)
     while engine.has_pending_requests():
         for e in engine.run(buf):
             if e.token is not None:
                 out[id(e.request)].append(int(e.token))
     return [out[id(r)] for r in requests]
+
+
+def _decode_engine(api, path, prompt, max_length, **kw):
+    new = engine_tokens(api, api.Model(path, **kw), prompt, [max_length - len(row) for row in prompt])
+    return [list(row) + t for row, t in zip(prompt, new)]
 
 
 def _paged_format(path) -> bool:

@@ -141,21 +141,8 @@ def reference(ordinary: str, n: int) -> list:
 def native(paged: str, n: int) -> list:
     """The paged export through og.Engine natively, every prompt a request of one batch: their tokens."""
     import pipeline as pg
-    engine = pg.Engine(pg.Model(paged, native="all"))
-    requests = []
-    for p in PROMPTS:
-        r = engine.create_request()
-        o = pg.TurnOptions(r)
-        o.set_max_generated_tokens(n)
-        r.begin_turn(np.asarray(p, np.int32), o)
-        requests.append(r)
-    tokens = {id(r): [] for r in requests}
-    buf = engine.create_event_buffer(64)
-    while engine.has_pending_requests():
-        for e in engine.run(buf):
-            if e.token is not None:
-                tokens[id(e.request)].append(int(e.token))
-    return [tokens[id(r)] for r in requests]
+    from .genai_repo_models import engine_tokens
+    return engine_tokens(pg, pg.Model(paged, native="all"), PROMPTS, n)
 
 
 def timing(paged: str, ordinary: str, prompt_tokens: int, steps: int, runs: int) -> None:

@@ -6,6 +6,8 @@ the windowed cache of fixed capacity) are stated in ``ops/contrib_attention.py``
 driver calls.  The op in four parts:
 - ``bind_gqa(ctx, **attributes)``: the attributes with their defaults, checked once; returns ``Gqa``;
 - ``gqa_inputs``: which inputs are present and their ranks (Python, run time; a form knows them statically);
+  the fused q/k norms (``q_norm_weight``, ``k_norm_weight``, ``qk_norms``) run in the CPU wrapper, before the
+  driver (onnxruntime computes them on CUDA and WebGPU only; the region form and the CUDA launch decline them);
 - ``gqa_geometry``, ``gqa_positions``, ``gqa_extras``: the run-time checks and the per-entry positions, typed
   (``@njit``) so that the driver, the CPU wrapper and the CUDA launch run the very same code; each returns an
   error code into ``GQA_ERRORS``, the one table of messages;
@@ -39,7 +41,7 @@ from .attention import rope_tok_kernel
 from .forms import Decline, float_only, raise_on, form
 from .registry import op
 
-__all__ = ["Gqa", "bind_gqa", "gqa_inputs", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
+__all__ = ["Gqa", "bind_gqa", "gqa_inputs", "qk_norms", "gqa_geometry", "gqa_positions", "gqa_extras", "gqa_f32",
            "GQA_ERRORS", "raise_gqa_error", "qkv_rows", "rotate_qk", "gqa_f32_mlas", "gqa_f32_blocked",
            "blocked_prefill", "driver"]
 
@@ -68,6 +70,7 @@ class Gqa(NamedTuple):
     windowed: bool        # sliding_window_cache
     n_outputs: int
     no_keys: bool = False  # local_window_size 0: a window of no key, and onnxruntime's output is zeros
+    qk_eps: float = 1e-6   # qk_norm_epsilon: the fused q/k norms' epsilon
 
 
 def bind_gqa(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0,
@@ -83,7 +86,7 @@ def bind_gqa(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, local_win
     w = int(local_window_size)
     return Gqa(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
                bool(int(rotary_interleaved)), int(smooth_softmax) > 0, bool(int(causal)), int(qk_output),
-               bool(int(sliding_window_cache)), ctx.n_outputs, w == 0)
+               bool(int(sliding_window_cache)), ctx.n_outputs, w == 0, float(qk_norm_epsilon))
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -115,15 +118,20 @@ def raise_gqa_error(code: int, detail: str = ""):
 
 
 _UNSUPPORTED = ("k_scale", "v_scale", "q_norm_weight", "k_norm_weight", "query_seqlens")
+_NORMS = ("q_norm_weight", "k_norm_weight")
 
 
-def gqa_inputs(b: Gqa, args) -> tuple:
+def gqa_inputs(b: Gqa, args, norms: bool = False) -> tuple:
     """The node's first twelve inputs (None where absent), after the checks on presence and rank that a form
     makes statically: query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-    sin_cache, position_ids, attention_bias, head_sink."""
+    sin_cache, position_ids, attention_bias, head_sink; with ``norms``, then ``q_norm_weight`` and
+    ``k_norm_weight`` (accepted together, else refused as the other inputs this kernel does not read)."""
     args = tuple(args) + (None,) * (17 - len(args))
+    qn, kn = args[14], args[15]
+    if norms and (qn is None) != (kn is None):
+        raise InvalidArgumentError("GroupQueryAttention: q_norm_weight and k_norm_weight must be given together")
     for what, v in zip(_UNSUPPORTED, args[12:]):
-        if v is not None:
+        if v is not None and not (norms and what in _NORMS):
             raise InvalidArgumentError(f"GroupQueryAttention: input {what} is not supported by this kernel")
     q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink = args[:12]
     if sl is None or tot is None:
@@ -145,7 +153,34 @@ def gqa_inputs(b: Gqa, args) -> tuple:
         raise_gqa_error(9, f", got {list(cos.shape)} and {list(sin.shape)}")
     if bias is not None and bias.ndim != 4:
         raise_gqa_error(12, f", got {list(bias.shape)}")
+    if norms:
+        return q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink, qn, kn
     return q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink
+
+
+def qk_norms(qf, kf, packed: bool, H: int, kvH: int, qw, kw, eps: float, op: str = "GroupQueryAttention"):
+    """The fused q/k norms (``q_norm_weight``, ``k_norm_weight``): every query and key head, float32, divided by
+    the root mean square of its ``head_size`` values (plus ``eps``) and scaled by the weight, before rotary, as
+    the model's own RMSNorm over each head computes it.  ``qf`` holds all three when ``packed``.  New arrays."""
+    W = qf.shape[-1]
+    D = W // (H + 2 * kvH) if packed else W // H
+    for name, w in (("q_norm_weight", qw), ("k_norm_weight", kw)):
+        if np.asarray(w).shape != (D,):
+            raise ShapeMismatchError(f"{op}: {name} must have head_size ({D}) entries, got shape "
+                                     f"{list(np.asarray(w).shape)}")
+    qw, kw = np.asarray(qw, np.float32), np.asarray(kw, np.float32)
+
+    def heads(x, n, w):
+        h = x.reshape(x.shape[:-1] + (n, D))
+        r = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True, dtype=np.float32) + np.float32(eps)) * w
+        return r.reshape(x.shape).astype(np.float32)
+
+    if packed:
+        out = np.array(qf, np.float32)
+        out[..., :H * D] = heads(qf[..., :H * D], H, qw)
+        out[..., H * D:(H + kvH) * D] = heads(qf[..., H * D:(H + kvH) * D], kvH, kw)
+        return out, out
+    return np.ascontiguousarray(heads(qf, H, qw)), np.ascontiguousarray(heads(kf, kvH, kw))
 
 
 @njit(**_OPTS)
@@ -559,7 +594,7 @@ def _cpu(b: Gqa, ctx):
     mlas = mlas_order()  # the setting, read once per node
 
     def run(*args):
-        q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink = gqa_inputs(b, args)
+        q, k, v, pk, pv, sl, tot, cos, sin, pos, bias, sink, qn, kn = gqa_inputs(b, args, norms=True)
         dtype = q.dtype
         total = int(np.asarray(tot).reshape(-1)[0])
         fk = fv = _Z4
@@ -569,8 +604,11 @@ def _cpu(b: Gqa, ctx):
             L = max(total, 0 if pk is None else pk.shape[2])
             fk, fv = np.zeros((B, b.kvH, L, D), np.float32), np.zeros((B, b.kvH, L, D), np.float32)
         qf = _f32(q)
+        kf = qf if k is None else _f32(k)
+        if qn is not None:  # the fused q/k norms, before rotary
+            qf, kf = qk_norms(qf, kf, k is None, b.H, b.kvH, qn, kn, b.qk_eps)
         err, y, pres_k, pres_v, qk = driver(mlas and dtype == F32)(
-            qf, qf if k is None else _f32(k), qf if v is None else _f32(v), k is None,
+            qf, kf, qf if v is None else _f32(v), k is None,
             _Z4 if pk is None else _f32(pk), _Z4 if pv is None else _f32(pv), pk is not None,
             np.asarray(sl).reshape(-1).astype(np.int64), total, _ZC if cos is None else _f32(cos),
             _ZC if sin is None else _f32(sin), _ZP if pos is None else positions_2d(pos), pos is not None,

@@ -36,8 +36,9 @@ the same kernels:
   whole sequence with ``is_causal=0``) within ``local_window_size``, with ``softcap`` and ``scale`` as
   GroupQueryAttention;
 - the attention runs in float32 (``paged_attend_*``) over the blocks the step's sequences use, gathered once;
-- refused by name: ``slot_mapping``, ``head_sink``, q/k norms, quantized caches and their scales, the LATENT
-  layout, ``rotary_offset``; checked before any write: the shapes, the boundaries, every block id a sequence
+- the fused q/k norms (``q_norm_weight``, ``k_norm_weight``) as GroupQueryAttention's (``qk_norms``);
+- refused by name: ``slot_mapping``, ``head_sink``, quantized caches and their scales, the LATENT layout,
+  ``rotary_offset``; checked before any write: the shapes, the boundaries, every block id a sequence
   reaches and every rotary position (``ms_geometry``, ``MS_ERRORS``).
 
 Invariants:
@@ -61,7 +62,7 @@ from .contrib_attention import key_scores1, key_scores4, value_sums1, value_sums
 from ._prefetch import prefetch_all
 from ._prefill_attention import key_range, normalize
 from .forms import Decline, float_only, form, raise_on
-from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa, qkv_rows, rotate_qk
+from .group_query_attention import GQA_ERRORS, Gqa, bind_gqa, qk_norms, qkv_rows, rotate_qk
 from .registry import op
 
 __all__ = ["DOMAIN", "OP", "bind_paged", "paged_geometry", "paged_f32", "PAGED_ERRORS", "raise_paged_error",
@@ -371,7 +372,7 @@ form(OP, domain=DOMAIN, bind=bind_paged)(_form)
 MS_OP = "PagedAttention"
 MS_DOMAIN = "com.microsoft"
 # its inputs after the ten this kernel reads; attention_metadata (the last) is a launch hint and is not read
-_MS_UNSUPPORTED = ("slot_mapping", "head_sink", "q_norm_weight", "k_norm_weight", "k_scale", "v_scale")
+_MS_UNSUPPORTED = {10: "slot_mapping", 11: "head_sink", 14: "k_scale", 15: "v_scale"}
 _MS_INPUTS = 17
 
 
@@ -405,7 +406,7 @@ def bind_ms_paged(ctx, num_heads=0, kv_num_heads=0, scale=0.0, softcap=0.0, loca
         raise InvalidAttributeError(f"{MS_OP}: local_window_size 0 attends no key; it is not supported")
     return Gqa(H, kvH, float(scale), float(softcap), w if w > 0 else -1, bool(int(do_rotary)),
                bool(int(rotary_interleaved)), smooth=False, causal=bool(int(is_causal)), qk_output=0, windowed=False,
-               n_outputs=ctx.n_outputs)
+               n_outputs=ctx.n_outputs, qk_eps=float(qk_norm_epsilon))
 
 
 MS_ERRORS = {
@@ -476,7 +477,7 @@ def ms_geometry(qshape, kshape, vshape, packed, kc_shape, vc_shape, cum, past, t
     return 0, D, row, pos, totals
 
 
-def ms_paged(b: Gqa, q, k, v, kc, vc, cum, past, table, cos, sin):
+def ms_paged(b: Gqa, q, k, v, kc, vc, cum, past, table, cos, sin, qn=None, kn=None):
     """The op: ``output`` (num_tokens, num_heads * head_size) in ``q``'s dtype; the step's keys (after rotary) and
     values are written into ``kc`` and ``vc`` in place, in their dtype, before the attention reads them.
 
@@ -495,6 +496,9 @@ def ms_paged(b: Gqa, q, k, v, kc, vc, cum, past, table, cos, sin):
     qf = _f32(q).reshape(T, 1, -1)
     kf = qf if packed else _f32(k).reshape(T, 1, -1)
     vf = qf if packed else _f32(v).reshape(T, 1, -1)
+    if qn is not None:  # the fused q/k norms, before rotary
+        qf, kf = qk_norms(qf, kf, packed, b.H, b.kvH, qn, kn, b.qk_eps, MS_OP)
+        vf = qf if packed else vf
     q4, k4, v4 = qkv_rows(qf, kf, vf, packed, b.H, b.kvH, D)
     if b.rotary:
         err, pos2 = paged_positions(pos, 1, cos.shape, sin.shape, D)
@@ -524,9 +528,12 @@ def _ms_cpu(b: Gqa, ctx):
     def run(*args):
         args = tuple(args) + (None,) * (_MS_INPUTS - len(args))
         q, k, v, kc, vc, cum, past, table, cos, sin = args[:10]
-        for name, a in zip(_MS_UNSUPPORTED, args[10:16]):
-            if a is not None:
+        for at, name in _MS_UNSUPPORTED.items():
+            if args[at] is not None:
                 raise InvalidArgumentError(f"{MS_OP}: input {name} is not supported by this kernel")
+        qn, kn = args[12], args[13]
+        if (qn is None) != (kn is None):
+            raise InvalidArgumentError(f"{MS_OP}: q_norm_weight and k_norm_weight must be given together")
         if q is None or kc is None or vc is None or cum is None or past is None or table is None:
             raise InvalidArgumentError(f"{MS_OP}: query, key_cache, value_cache, cumulative_sequence_length, "
                                        f"past_seqlens and block_table are required")
@@ -549,7 +556,7 @@ def _ms_cpu(b: Gqa, ctx):
                                            f"{a.dtype} {list(a.shape)}")
         if b.rotary and (cos is None or sin is None or cos.ndim != 2 or sin.ndim != 2):
             raise_ms_error(9, "; do_rotary=1 needs both, 2-d")
-        return ms_paged(b, q, k, v, kc, vc, cum, past, table, cos, sin), kc, vc
+        return ms_paged(b, q, k, v, kc, vc, cum, past, table, cos, sin, qn, kn), kc, vc
     return run
 
 

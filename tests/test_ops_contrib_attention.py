@@ -388,3 +388,60 @@ def test_decode_kernel_serial_and_parallel_forms_agree():
                 w = np.exp(s - s.max())
                 w /= w.sum()
                 np.testing.assert_allclose(a[bi, 0, h], w @ pv[bi, h // 4, :n], rtol=1e-5, atol=1e-5)
+
+
+def _norm_reference(H, kvH, D, dt, eps):
+    """GroupQueryAttention after the q/k norms written out (Reshape to heads, SimplifiedLayerNormalization,
+    Reshape back), which onnxruntime runs on the CPU; the fused inputs it computes on CUDA and WebGPU only."""
+    T = ONNX_T[dt]
+    i64 = lambda name, v: helper.make_tensor(name, TP.INT64, [len(v)], v)  # noqa: E731
+    nodes = []
+    for x, n, w in (("query", H, "q_norm_weight"), ("key", kvH, "k_norm_weight")):
+        nodes += [helper.make_node("Reshape", [x, f"{x}_heads_shape"], [f"{x}_heads"]),
+                  helper.make_node("SimplifiedLayerNormalization", [f"{x}_heads", w], [f"{x}_normed"], axis=-1,
+                                   epsilon=eps),
+                  helper.make_node("Reshape", [f"{x}_normed", f"{x}_flat_shape"], [f"{x}_n"])]
+    nodes.append(helper.make_node("GroupQueryAttention", ["query_n", "key_n", "value", "past_key", "past_value",
+                                                          "seqlens_k", "total_sequence_length", "cos_cache",
+                                                          "sin_cache"], ["output", "present_key", "present_value"],
+                                  domain=MS, num_heads=H, kv_num_heads=kvH, do_rotary=1))
+    names = [("query", T), ("key", T), ("value", T), ("past_key", T), ("past_value", T),
+             ("seqlens_k", TP.INT32), ("total_sequence_length", TP.INT32), ("cos_cache", T), ("sin_cache", T),
+             ("q_norm_weight", T), ("k_norm_weight", T)]
+    inits = [i64("query_heads_shape", [0, 0, H, D]), i64("key_heads_shape", [0, 0, kvH, D]),
+             i64("query_flat_shape", [0, 0, H * D]), i64("key_flat_shape", [0, 0, kvH * D])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, None) for n, t in names],
+                          [helper.make_tensor_value_info(n, T, None) for n in ("output", "present_key",
+                                                                               "present_value")], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gqa_fused_qk_norms_equal_the_norms_written_out(dt, packed):
+    """q_norm_weight and k_norm_weight (a CUDA export's Qwen 3 or Gemma 3 attention): each head RMS-normalised
+    and scaled before rotary, against onnxruntime on the norms written out before the attention (a prompt after a
+    past, unpacked; two rows' decode step, packed)."""
+    B, S = (2, 1) if packed else (1, 3)
+    P, H, kvH, D, eps = 4, 4, 2, 16, 1e-6
+    q, k, v = _rand((B, S, H * D), dt), _rand((B, S, kvH * D), dt), _rand((B, S, kvH * D), dt)
+    qw, kw = (1 + 0.5 * _rand((D,))).astype(dt), (1 + 0.5 * _rand((D,))).astype(dt)
+    cos, sin = _caches(P + S + 4, D, dt)
+    feeds = dict(past_key=_rand((B, kvH, P, D), dt), past_value=_rand((B, kvH, P, D), dt),
+                 seqlens_k=np.full(B, P + S - 1, np.int32), total_sequence_length=np.asarray([P + S], np.int32),
+                 cos_cache=cos, sin_cache=sin, q_norm_weight=qw, k_norm_weight=kw)
+    want = ort.InferenceSession(_norm_reference(H, kvH, D, dt, eps).SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, dict(feeds, query=q, key=k, value=v))
+    qkv = [("query", dt), ("", dt), ("", dt)] if packed else [("query", dt), ("key", dt), ("value", dt)]
+    ins = qkv + [("past_key", dt), ("past_value", dt), ("seqlens_k", np.int32), ("total_sequence_length", np.int32),
+                 ("cos_cache", dt), ("sin_cache", dt)] + [("", dt)] * 5 + [("q_norm_weight", dt),
+                                                                         ("k_norm_weight", dt)]
+    m = _model("GroupQueryAttention", ins, [("output", dt), ("present_key", dt), ("present_value", dt)],
+               num_heads=H, kv_num_heads=kvH, do_rotary=1, qk_norm_epsilon=eps)
+    mine = dict(feeds, query=np.concatenate([q, k, v], -1)) if packed else dict(feeds, query=q, key=k, value=v)
+    ours = runtime.InferenceSession(m.SerializeToString()).run(None, mine)
+    _check(ours, want, feeds["seqlens_k"], S, dt)
+    with pytest.raises(InvalidArgumentError, match="must be given together"):
+        m2 = _model("GroupQueryAttention", ins[:-1], [("output", dt)], num_heads=H, kv_num_heads=kvH, do_rotary=1)
+        runtime.InferenceSession(m2.SerializeToString()).run(None, {n: v for n, v in mine.items()
+                                                                     if n != "k_norm_weight"})

@@ -208,7 +208,7 @@ def _ms_model(packed, attrs, extra=()):
                                                         vi("cum", i32, [None]), vi("past", i32, [None]),
                                                         vi("table", i32, [None, None]), vi("cos", f, None),
                                                         vi("sin", f, None)]
-    graph_ins += [vi(n, i32, None) for n in extra if n]
+    graph_ins += [vi(n, f if n.endswith("norm_weight") else i32, None) for n in extra if n]
     outs = [vi("out", f, None), vi("key_cache_out", f, [NBLK, BS, KVH, D]),
             vi("value_cache_out", f, [NBLK, BS, KVH, D])]
     m = helper.make_model(helper.make_graph([node], "g", graph_ins, outs),
@@ -242,17 +242,34 @@ def _history(cache, table, b, n):
         np.zeros((1, KVH, 0, D), cache.dtype)
 
 
+def _rms_heads(x, w, eps=1e-6):
+    """Each head of ``x`` (..., heads * D) RMS-normalised and scaled by ``w`` (D,), in float32, rounded back."""
+    h = x.astype(np.float32).reshape(x.shape[:-1] + (-1, D))
+    return (h / np.sqrt((h * h).mean(-1, keepdims=True) + eps) * w.astype(np.float32)).reshape(x.shape).astype(
+        x.dtype)
+
+
 @pytest.mark.parametrize("pasts,news,packed,attrs", [
     ([0, 5, 9], [3, 1, 2], False, dict(do_rotary=1, softcap=5.0, local_window_size=6)),  # prompt, decode, chunk
     ([4, 0], [1, 6], True, dict(do_rotary=1, rotary_interleaved=1, scale=0.3)),
     ([7], [1], False, {}),
+    ([3, 0], [2, 4], False, dict(do_rotary=1, norms=1)),  # the fused q/k norms, as a Qwen 3 CUDA export has them
 ])
 def test_ms_paged_attention_matches_onnxruntime_gqa(pasts, news, packed, attrs):
-    feeds = _ms_inputs(np.random.default_rng(sum(pasts) + len(news)), pasts, news, packed)
+    rng = np.random.default_rng(sum(pasts) + len(news))
+    feeds = _ms_inputs(rng, pasts, news, packed)
     before = {k: feeds[k].copy() for k in ("key_cache", "value_cache")}
+    attrs, extra = dict(attrs), []
+    if attrs.pop("norms", 0):  # the reference gets the query and key normalised beforehand
+        extra = ["", "", "q_norm_weight", "k_norm_weight"]
+        feeds.update(q_norm_weight=(1 + 0.5 * rng.standard_normal(D)).astype(np.float16),
+                     k_norm_weight=(1 + 0.5 * rng.standard_normal(D)).astype(np.float16))
     if packed:
         del feeds["key"], feeds["value"]
-    out, kc, vc = InferenceSession(_ms_model(packed, attrs)).run(None, feeds)
+    out, kc, vc = InferenceSession(_ms_model(packed, attrs, extra)).run(None, feeds)
+    if extra:
+        feeds = dict(feeds, query=_rms_heads(feeds["query"], feeds["q_norm_weight"]),
+                     key=_rms_heads(feeds["key"], feeds["k_norm_weight"]))
     assert np.array_equal(feeds["key_cache"], kc) and np.array_equal(feeds["value_cache"], vc)  # in place
     so = ort.SessionOptions()
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")

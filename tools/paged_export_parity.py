@@ -6,7 +6,9 @@ Both are the CUDA float16 exports (the only ones the builder makes paged); onnxr
 onnxruntime's GroupQueryAttention, both on the CPU.  Random weights, built offline by ``../shared/tools/
 make_genai_package.py``'s model and tokenizer (needs ``torch``, ``transformers`` and ``onnx_ir``, not project
 dependencies).  Every prompt is decoded greedily; tokens are compared while the reference's two best logits are
-more than ``--gap`` apart (float16 rounding may order a closer pair either way), and also whole.
+more than ``--gap`` apart (float16 rounding may order a closer pair either way), and also whole.  The ordinary
+export as built (its q/k norms fused into GroupQueryAttention for Qwen 3 and Gemma 3) also runs natively through
+``og.Generator`` and is compared with the same reference.
 
     python -m tools.paged_export_parity --arch llama [--arch phi3 ...] [--tokens 16] [--work DIR]
     python -m tools.paged_export_parity --arch qwen2 --hidden 896 --intermediate 4864 --layers 24 --heads 14 \
@@ -145,6 +147,24 @@ def native(paged: str, n: int) -> list:
     return engine_tokens(pg, pg.Model(paged, native="all"), PROMPTS, n)
 
 
+def native_generator(ordinary: str, n: int) -> list:
+    """The ordinary export (its q/k norms fused, as built) through og.Generator natively: each prompt's tokens."""
+    import pipeline as pg
+    model = pg.Model(ordinary, native="all")
+    out = []
+    for p in PROMPTS:
+        params = pg.GeneratorParams(model)
+        params.set_search_options(max_length=max(len(p) + n, 128))
+        g = pg.Generator(model, params)
+        g.append_tokens(np.asarray(p, np.int32))
+        toks = []
+        for _ in range(n):
+            g.generate_next_token()
+            toks.append(int(g.get_next_tokens()[0]))
+        out.append(toks)
+    return out
+
+
 def timing(paged: str, ordinary: str, prompt_tokens: int, steps: int, runs: int) -> None:
     """Prefill and decode of one request: the paged export through og.Engine natively, then the ordinary export
     on onnxruntime-genai's Generator (its threads do not spin, so the first does not slow the second); medians of
@@ -220,25 +240,28 @@ def main(argv=None):
     failed = 0
     for arch in a.arch or ["llama"]:
         paged, ordinary = build(arch, a.work, **sizes)
-        if unfuse_qk_norms(ordinary):
-            print(f"{arch:8s} reference: its fused q/k norms written out before GroupQueryAttention")
         if a.time:
+            unfuse_qk_norms(ordinary)
             timing(paged, ordinary, a.time, a.tokens, a.runs)
             continue
+        as_built = native_generator(ordinary, a.tokens)  # before its norms are written out for onnxruntime
+        if unfuse_qk_norms(ordinary):
+            print(f"{arch:8s} reference: its fused q/k norms written out before GroupQueryAttention")
         try:
             ref = reference(ordinary, a.tokens)
         except Exception as exc:  # the ordinary export onnxruntime cannot run on the CPU
             print(f"{arch:8s} reference fails: {str(exc).splitlines()[0][:200]}")
             failed += 1
             continue
-        got = native(paged, a.tokens)
-        for p, steps, toks in zip(PROMPTS, ref, got):
-            clear = next((k for k, (_, gap) in enumerate(steps) if gap <= a.gap), len(steps))
-            same = toks[:clear] == [t for t, _ in steps[:clear]]
-            whole = toks == [t for t, _ in steps]
-            failed += not same
-            print(f"{arch:8s} prompt of {len(p):2d}: {'same' if same else 'DIFFERS'} over the {clear} clear steps; "
-                  f"all {len(steps)}: {'same' if whole else 'differ'}")
+        for what, got in (("paged, og.Engine", native(paged, a.tokens)),
+                          ("ordinary as built, og.Generator", as_built)):
+            for p, steps, toks in zip(PROMPTS, ref, got):
+                clear = next((k for k, (_, gap) in enumerate(steps) if gap <= a.gap), len(steps))
+                same = toks[:clear] == [t for t, _ in steps[:clear]]
+                whole = toks == [t for t, _ in steps]
+                failed += not same
+                print(f"{arch:8s} {what:32s} prompt of {len(p):2d}: {'same' if same else 'DIFFERS'} over the "
+                      f"{clear} clear steps; all {len(steps)}: {'same' if whole else 'differ'}")
     return 1 if failed else 0
 
 

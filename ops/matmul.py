@@ -329,13 +329,16 @@ def _constant_weight(ctx, low: bool = False):
 def _widened_factory(w, buf):
     """A float16 or bfloat16 constant weight: its float32 copy, made at the first call and kept beside it, run as a
     float32 constant weight is (``_weight_runner``) on the activations converted to float32, the product rounded
-    back to their dtype.  A call converts only the activations, not the weight."""
+    back to their dtype.  A call converts only the activations, not the weight; a weight mapped from external
+    data gives its resident pages back once copied."""
     state = []  # (what the inner runner knows the weight by, the runner)
 
     def run(a, b):
         if b is w and a.dtype == w.dtype:
             if not state:
+                from runtime.loader import release_pages
                 w32 = np.ascontiguousarray(w, dtype=F32)
+                release_pages([w], whole=False)  # a mapped weight's pages: the copy is what runs now
                 # MLAS's order keeps only its packed slices, known by the original weight; the panels keep w32
                 state.append((w, _mlas_factory(w32, None, ident=w)) if mlas_order() else
                              (w32, _weight_runner(w32, None)))

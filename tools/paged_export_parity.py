@@ -112,9 +112,13 @@ def unfuse_qk_norms(folder: str) -> int:
             n.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
             changed += 1
         nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
-    onnx.save(m, path, save_as_external_data=True, location="model.onnx.data")
+    if changed:
+        del g.node[:]
+        g.node.extend(nodes)
+        data = os.path.join(folder, "model.onnx.data")
+        if os.path.exists(data):  # loaded whole above; onnx would append to the old file
+            os.remove(data)
+        onnx.save(m, path, save_as_external_data=True, location="model.onnx.data")
     return changed
 
 

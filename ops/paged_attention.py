@@ -371,7 +371,8 @@ form(OP, domain=DOMAIN, bind=bind_paged)(_form)
 
 MS_OP = "PagedAttention"
 MS_DOMAIN = "com.microsoft"
-# its inputs after the ten this kernel reads; attention_metadata (the last) is a launch hint and is not read
+# the inputs this kernel refuses, by position; past the first ten it reads the q/k norms (12, 13), and
+# attention_metadata (16) is a launch hint it does not read
 _MS_UNSUPPORTED = {10: "slot_mapping", 11: "head_sink", 14: "k_scale", 15: "v_scale"}
 _MS_INPUTS = 17
 

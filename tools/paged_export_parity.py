@@ -122,18 +122,14 @@ def unfuse_qk_norms(folder: str) -> int:
     return changed
 
 
-def reference(ordinary: str, n: int) -> list:
-    """onnxruntime-genai's greedy steps on the ordinary export, on the CPU: [(token, gap of the two best)]."""
-    import onnxruntime_genai as og
-    cfg = og.Config(ordinary)
-    cfg.clear_providers()
-    model = og.Model(cfg)
+def greedy_steps(api, model, n: int) -> list:
+    """Every prompt decoded greedily for ``n`` tokens by ``api``'s Generator: [(token, gap of the two best logits
+    before it)] per prompt.  ``max_length`` leaves room past a window, which a windowed cache needs as capacity."""
     out = []
     for p in PROMPTS:
-        params = og.GeneratorParams(model)
-        # room past the window, which a windowed cache (sliding_window_cache) needs as its capacity
+        params = api.GeneratorParams(model)
         params.set_search_options(max_length=max(len(p) + n, 128))
-        g = og.Generator(model, params)
+        g = api.Generator(model, params)
         g.append_tokens(np.asarray(p, np.int32))
         steps = []
         for _ in range(n):
@@ -142,6 +138,14 @@ def reference(ordinary: str, n: int) -> list:
             steps.append((int(g.get_next_tokens()[0]), float(top[1] - top[0])))
         out.append(steps)
     return out
+
+
+def reference(ordinary: str, n: int) -> list:
+    """onnxruntime-genai's greedy steps on the ordinary export, on the CPU: [(token, gap of the two best)]."""
+    import onnxruntime_genai as og
+    cfg = og.Config(ordinary)
+    cfg.clear_providers()
+    return greedy_steps(og, og.Model(cfg), n)
 
 
 def native(paged: str, n: int) -> list:
@@ -154,19 +158,7 @@ def native(paged: str, n: int) -> list:
 def native_generator(ordinary: str, n: int) -> list:
     """The ordinary export (its q/k norms fused, as built) through og.Generator natively: each prompt's tokens."""
     import pipeline as pg
-    model = pg.Model(ordinary, native="all")
-    out = []
-    for p in PROMPTS:
-        params = pg.GeneratorParams(model)
-        params.set_search_options(max_length=max(len(p) + n, 128))
-        g = pg.Generator(model, params)
-        g.append_tokens(np.asarray(p, np.int32))
-        toks = []
-        for _ in range(n):
-            g.generate_next_token()
-            toks.append(int(g.get_next_tokens()[0]))
-        out.append(toks)
-    return out
+    return [[t for t, _ in steps] for steps in greedy_steps(pg, pg.Model(ordinary, native="all"), n)]
 
 
 def timing(paged: str, ordinary: str, prompt_tokens: int, steps: int, runs: int) -> None:

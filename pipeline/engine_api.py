@@ -33,6 +33,9 @@ Where it differs, on purpose:
   continuous and paged, so both are served on every package; a request's tokens are the same either way (every
   kernel computes a row from that row alone).  Likewise a prompt reuses cached prefix blocks on every package,
   and ``cached_prompt_tokens`` counts them as onnxruntime-genai's paged engine does (its static path says 0).
+- a request whose turn has ended holds no batch slot: onnxruntime-genai 0.18's paged engine counts every open
+  request against ``max_batch_size`` and, past it, reports ``CAPACITY_BLOCKED`` (with no request) at every run
+  until a request is closed; here a new turn waits only for a running one to end.
 - token ids outside the vocabulary are refused by ``begin_turn`` (onnxruntime-genai fails the turn at run time).
 - speculative draft tokens are refused: they are not implemented here (``max_draft_tokens_per_proposal()`` is 0).
   A turn's grammar (``set_guidance``) constrains its tokens through llguidance (``pipeline/guidance.py``).

@@ -505,7 +505,9 @@ def ms_paged(b: Gqa, q, k, v, kc, vc, cum, past, table, cos, sin, qn=None, kn=No
         err, pos2 = paged_positions(pos, 1, cos.shape, sin.shape, D)
         if err:
             raise_ms_error(err)
-        q4, k4 = rotate_qk(q4, k4, pos2, _f32(cos), _f32(sin), b.interleaved)
+        # only the step's rows of the caches go to float32 (a float16 export's caches hold every position)
+        rows = np.arange(T, dtype=np.int64).reshape(T, 1)
+        q4, k4 = rotate_qk(q4, k4, rows, _f32(cos[pos2[:, 0]]), _f32(sin[pos2[:, 0]]), b.interleaved)
     bs = kc.shape[1]
     blk = table[row, pos // bs]
     kc[blk, pos % bs] = k4[:, 0]
